@@ -1,0 +1,9 @@
+//! hyper 1.x glue for an OpenAI-compatible LLM router.
+//!
+//! The server and pooled upstream client, the OpenAI routes proxied with
+//! streaming bodies that own their load guards, retries, circuit-breaker
+//! outcomes, admin and status routes, Prometheus metrics, limits and clear
+//! JSON errors. This crate owns no routing algorithm: it maps HTTP onto the
+//! crates below. The implementation lands with its own issue; this page says
+//! what it will hold.
+#![warn(missing_docs)]
