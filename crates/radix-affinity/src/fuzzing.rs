@@ -1,0 +1,1 @@
+//! Fuzzing entry points (filled in below).

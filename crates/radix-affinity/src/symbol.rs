@@ -1,0 +1,305 @@
+//! Symbols (what a tree is keyed by) and their compact storage units.
+//!
+//! Labels are stored as *units*: UTF-8 bytes for `char` (so ASCII text costs one
+//! byte per character, not four) and the values themselves for `u32` token ids.
+//! Every edge label starts and ends on a symbol boundary, so matching never
+//! splits a Unicode scalar value.
+
+use std::fmt::Debug;
+
+pub(crate) mod sealed {
+    use std::fmt::Debug;
+
+    /// Storage unit of a label. Implemented for `u8` (UTF-8) and `u32`.
+    pub trait Unit: Copy + Eq + Debug + Send + Sync + 'static {
+        /// Some value, to initialize scratch buffers.
+        const ZERO: Self;
+        /// Key (the first symbol, as a number) of a non-empty unit sequence that
+        /// starts on a symbol boundary.
+        fn key(units: &[Self]) -> u32;
+        /// The largest symbol boundary `<= n` in `units`.
+        fn floor_boundary(units: &[Self], n: usize) -> usize;
+        /// Number of symbols in `units`.
+        fn count_symbols(units: &[Self]) -> usize;
+    }
+
+    /// Prevents implementations of [`Symbol`](super::Symbol) outside this crate.
+    pub trait Sealed {}
+}
+
+pub(crate) use sealed::Unit;
+
+/// A symbol type a [`RadixTree`](crate::RadixTree) can be keyed by: `char` for
+/// text and `u32` for token ids.
+///
+/// The trait is sealed: its methods describe the compact storage of labels,
+/// which the tree relies on for correctness.
+pub trait Symbol: sealed::Sealed + Copy + Eq + Debug + Send + Sync + 'static {
+    /// Storage unit of labels made of this symbol.
+    #[doc(hidden)]
+    type Unit: Unit;
+
+    /// The symbols viewed directly as storage units, when they are the same.
+    #[doc(hidden)]
+    fn as_units(symbols: &[Self]) -> Option<&[Self::Unit]>;
+
+    /// Encodes one symbol into `buf`, returning the number of units written.
+    #[doc(hidden)]
+    fn encode(self, buf: &mut [Self::Unit; 4]) -> usize;
+
+    /// The symbol as a number (its child key).
+    #[doc(hidden)]
+    fn key(self) -> u32;
+}
+
+impl sealed::Sealed for char {}
+impl sealed::Sealed for u32 {}
+
+impl Symbol for char {
+    type Unit = u8;
+
+    fn as_units(_symbols: &[Self]) -> Option<&[u8]> {
+        None
+    }
+
+    fn encode(self, buf: &mut [u8; 4]) -> usize {
+        self.encode_utf8(buf).len()
+    }
+
+    fn key(self) -> u32 {
+        self as u32
+    }
+}
+
+impl Symbol for u32 {
+    type Unit = u32;
+
+    fn as_units(symbols: &[Self]) -> Option<&[u32]> {
+        Some(symbols)
+    }
+
+    fn encode(self, buf: &mut [u32; 4]) -> usize {
+        buf[0] = self;
+        1
+    }
+
+    fn key(self) -> u32 {
+        self
+    }
+}
+
+#[inline]
+fn is_utf8_continuation(byte: u8) -> bool {
+    (byte as i8) < -64
+}
+
+impl Unit for u8 {
+    const ZERO: u8 = 0;
+
+    #[inline]
+    fn key(units: &[u8]) -> u32 {
+        // Decodes the first scalar value of valid UTF-8 (labels are only ever
+        // cut on boundaries of valid text).
+        let b0 = units[0] as u32;
+        let cont = |i: usize| units.get(i).map_or(0, |b| (*b as u32) & 0x3F);
+        if b0 < 0x80 {
+            b0
+        } else if b0 < 0xE0 {
+            ((b0 & 0x1F) << 6) | cont(1)
+        } else if b0 < 0xF0 {
+            ((b0 & 0x0F) << 12) | (cont(1) << 6) | cont(2)
+        } else {
+            ((b0 & 0x07) << 18) | (cont(1) << 12) | (cont(2) << 6) | cont(3)
+        }
+    }
+
+    #[inline]
+    fn floor_boundary(units: &[u8], mut n: usize) -> usize {
+        while n > 0 && n < units.len() && is_utf8_continuation(units[n]) {
+            n -= 1;
+        }
+        n
+    }
+
+    #[inline]
+    fn count_symbols(units: &[u8]) -> usize {
+        // Branch-free so it vectorizes: every byte that is not a continuation
+        // byte starts a scalar value.
+        units
+            .iter()
+            .map(|&b| usize::from(!is_utf8_continuation(b)))
+            .sum()
+    }
+}
+
+impl Unit for u32 {
+    const ZERO: u32 = 0;
+
+    #[inline]
+    fn key(units: &[u32]) -> u32 {
+        units[0]
+    }
+
+    #[inline]
+    fn floor_boundary(_units: &[u32], n: usize) -> usize {
+        n
+    }
+
+    #[inline]
+    fn count_symbols(units: &[u32]) -> usize {
+        units.len()
+    }
+}
+
+/// Length of the common prefix of `a` and `b`, in units.
+///
+/// Compares 64-unit blocks with slice equality (a `bcmp` call) first, so long
+/// shared prefixes such as system prompts run at memory speed.
+#[inline]
+pub(crate) fn common_prefix<U: Unit>(a: &[U], b: &[U]) -> usize {
+    const BLOCK: usize = 64;
+    let len = a.len().min(b.len());
+    let mut i = 0;
+    while i + BLOCK <= len && a[i..i + BLOCK] == b[i..i + BLOCK] {
+        i += BLOCK;
+    }
+    while i < len && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
+
+/// One step of a walk: how far the probe advanced along one edge label.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Step {
+    /// Positions consumed in the probe's own indexing.
+    pub(crate) advance: usize,
+    /// Units of the label matched (a symbol boundary).
+    pub(crate) label_units: usize,
+    /// Symbols matched.
+    pub(crate) symbols: usize,
+}
+
+/// The input of a walk: either already-encoded units (`&str` bytes, token ids)
+/// or symbols that are encoded on the fly (`&[char]`), so lookups never
+/// allocate.
+pub(crate) trait Probe<U: Unit> {
+    fn at_end(&self, pos: usize) -> bool;
+    fn key_at(&self, pos: usize) -> u32;
+    fn match_label(&self, pos: usize, label: &[U], label_symbols: usize) -> Step;
+    /// Appends the rest of the input from `pos` (at most about `max_units`
+    /// units, cut on a symbol boundary) to `out`.
+    fn take_rest(&self, pos: usize, max_units: usize, out: &mut Vec<U>) -> Step;
+}
+
+/// A probe over encoded units.
+pub(crate) struct UnitProbe<'a, U>(pub(crate) &'a [U]);
+
+impl<U: Unit> Probe<U> for UnitProbe<'_, U> {
+    #[inline]
+    fn at_end(&self, pos: usize) -> bool {
+        pos >= self.0.len()
+    }
+
+    #[inline]
+    fn key_at(&self, pos: usize) -> u32 {
+        U::key(&self.0[pos..])
+    }
+
+    #[inline]
+    fn match_label(&self, pos: usize, label: &[U], label_symbols: usize) -> Step {
+        let rest = &self.0[pos..];
+        let n = common_prefix(label, rest);
+        if n == label.len() {
+            return Step {
+                advance: n,
+                label_units: n,
+                symbols: label_symbols,
+            };
+        }
+        // When the input ended inside the label, `n` is the end of a whole
+        // input symbol, hence a boundary; otherwise back up to one.
+        let n = if n == rest.len() {
+            n
+        } else {
+            U::floor_boundary(label, n)
+        };
+        Step {
+            advance: n,
+            label_units: n,
+            symbols: U::count_symbols(&label[..n]),
+        }
+    }
+
+    fn take_rest(&self, pos: usize, max_units: usize, out: &mut Vec<U>) -> Step {
+        let rest = &self.0[pos..];
+        let n = if rest.len() <= max_units {
+            rest.len()
+        } else {
+            U::floor_boundary(rest, max_units)
+        };
+        out.extend_from_slice(&rest[..n]);
+        Step {
+            advance: n,
+            label_units: n,
+            symbols: U::count_symbols(&rest[..n]),
+        }
+    }
+}
+
+/// A probe over symbols that are not stored as themselves (`char`).
+pub(crate) struct SymbolProbe<'a, S>(pub(crate) &'a [S]);
+
+impl<S: Symbol> Probe<S::Unit> for SymbolProbe<'_, S> {
+    #[inline]
+    fn at_end(&self, pos: usize) -> bool {
+        pos >= self.0.len()
+    }
+
+    #[inline]
+    fn key_at(&self, pos: usize) -> u32 {
+        self.0[pos].key()
+    }
+
+    fn match_label(&self, pos: usize, label: &[S::Unit], _label_symbols: usize) -> Step {
+        let mut buf = [<S::Unit as Unit>::ZERO; 4];
+        let mut label_pos = 0;
+        let mut i = pos;
+        while i < self.0.len() && label_pos < label.len() {
+            let len = self.0[i].encode(&mut buf);
+            if label[label_pos..].starts_with(&buf[..len]) {
+                label_pos += len;
+                i += 1;
+            } else {
+                break;
+            }
+        }
+        Step {
+            advance: i - pos,
+            label_units: label_pos,
+            symbols: i - pos,
+        }
+    }
+
+    fn take_rest(&self, pos: usize, max_units: usize, out: &mut Vec<S::Unit>) -> Step {
+        let mut buf = [<S::Unit as Unit>::ZERO; 4];
+        let start = out.len();
+        let mut i = pos;
+        while i < self.0.len() && out.len() - start < max_units.max(1) {
+            let len = self.0[i].encode(&mut buf);
+            out.extend_from_slice(&buf[..len]);
+            i += 1;
+        }
+        Step {
+            advance: i - pos,
+            label_units: out.len() - start,
+            symbols: i - pos,
+        }
+    }
+}
+
+impl<S: Debug> Debug for SymbolProbe<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SymbolProbe").field(&self.0).finish()
+    }
+}
