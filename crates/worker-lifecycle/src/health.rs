@@ -39,6 +39,13 @@ pub trait HealthProbe: Send + Sync + 'static {
     fn probe(&self, worker: &Worker) -> impl Future<Output = Result<(), ProbeError>> + Send;
 }
 
+/// A shared probe is a probe (so a test or a router can keep a handle).
+impl<P: HealthProbe> HealthProbe for Arc<P> {
+    fn probe(&self, worker: &Worker) -> impl Future<Output = Result<(), ProbeError>> + Send {
+        (**self).probe(worker)
+    }
+}
+
 /// Health-check settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthCheckConfig {
