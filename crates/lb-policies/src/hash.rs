@@ -58,6 +58,9 @@ mod tests {
         // router versions (and between routers of different versions).
         assert_eq!(stable_hash(b"", 0), 0xe220_a839_7b1d_cdaf);
         assert_eq!(stable_hash(b"session-42", 0), 0x7c67_1a74_b229_f8c5);
-        assert_eq!(stable_hash(b"http://worker-3:8000", 7), 0xde66_759e_99d0_f6a0);
+        assert_eq!(
+            stable_hash(b"http://worker-3:8000", 7),
+            0xde66_759e_99d0_f6a0
+        );
     }
 }

@@ -191,7 +191,7 @@ struct ModelState {
 }
 
 impl ModelState {
-    fn new<'k>(members: impl IntoIterator<Item = &'k Arc<str>>) -> Self {
+    fn new<'k>(members: impl IntoIterator<Item = &'k (Arc<str>, bool)>) -> Self {
         let state = ModelState {
             text: TextTree::new(),
             tokens: TokenTree::new(),
@@ -199,8 +199,9 @@ impl ModelState {
         };
         {
             let mut table = sync::write(&state.members);
-            for key in members {
-                state.admit(&mut table, key);
+            for (key, live) in members {
+                let slot = state.admit(&mut table, key);
+                table.slots[slot].live = *live;
             }
         }
         state
@@ -236,9 +237,9 @@ impl ModelState {
                 self.admit(&mut table, key);
             }
             MembershipEvent::Removed { key } | MembershipEvent::Replaced { key } => {
-                let Some(&slot) = table.by_key.get(key) else {
-                    return;
-                };
+                // An unknown key gets a slot too: a removed one as a
+                // tombstone, so a stale candidate slice cannot admit it.
+                let slot = self.admit(&mut table, key);
                 let s = &mut table.slots[slot];
                 if matches!(event, MembershipEvent::Removed { .. }) {
                     s.live = false;
@@ -301,9 +302,10 @@ impl ModelState {
 pub struct CacheAware {
     config: CacheAwareConfig,
     models: RwLock<HashMap<Box<str>, Arc<ModelState>>>,
-    /// Live member keys, to seed the trees of models seen later. Lock order:
-    /// `fleet`, then `models`.
-    fleet: Mutex<Vec<Arc<str>>>,
+    /// Every key membership events named, and whether it is still a
+    /// member, to seed the trees of models seen later. Lock order: `fleet`,
+    /// then `models`.
+    fleet: Mutex<Vec<(Arc<str>, bool)>>,
     rotation: AtomicUsize,
 }
 
@@ -388,21 +390,28 @@ impl CacheAware {
             && max as f64 > min as f64 * self.config.balance_rel_threshold
     }
 
+    /// The fair least-loaded fallback. The rotation advances only here, so
+    /// cold traffic interleaved with affinity hits still rotates evenly.
+    fn least_loaded<B: Backend>(
+        &self,
+        candidates: &[B],
+        reason: DecisionReason,
+    ) -> Option<Decision> {
+        let start = self.rotation.fetch_add(1, Ordering::Relaxed);
+        fair_least_loaded(candidates, start).map(|(i, _)| Decision::new(i, reason))
+    }
+
     fn decide<B: Backend>(
         &self,
         state: &ModelState,
         candidates: &[B],
         ctx: &RequestContext<'_>,
     ) -> Option<Decision> {
-        let start = self.rotation.fetch_add(1, Ordering::Relaxed);
-        let (least, min_load) = fair_least_loaded(candidates, start)?;
-        let fallback = |reason| Some(Decision::new(least, reason));
-
         if self.config.gate == LoadGate::FleetWide && self.fleet_imbalanced(candidates) {
-            return fallback(DecisionReason::CacheFleetImbalance);
+            return self.least_loaded(candidates, DecisionReason::CacheFleetImbalance);
         }
         let Some((found, tokens)) = state.prefix_match(ctx.routing) else {
-            return fallback(DecisionReason::CacheLowMatch);
+            return self.least_loaded(candidates, DecisionReason::CacheLowMatch);
         };
         let rate = if found.input == 0 {
             0.0
@@ -411,7 +420,7 @@ impl CacheAware {
         };
         let tenant = match found.tenant {
             Some(t) if rate > self.config.cache_threshold => t,
-            _ => return fallback(DecisionReason::CacheLowMatch),
+            _ => return self.least_loaded(candidates, DecisionReason::CacheLowMatch),
         };
         let preferred = {
             let table = sync::read(&state.members);
@@ -430,14 +439,23 @@ impl CacheAware {
                 })
         };
         let Some(preferred) = preferred.filter(|&i| candidates[i].is_available()) else {
-            return fallback(DecisionReason::CacheOwnerUnavailable);
+            return self.least_loaded(candidates, DecisionReason::CacheOwnerUnavailable);
         };
-        if self.config.gate == LoadGate::PerRequest
-            && self
+        if self.config.gate == LoadGate::PerRequest {
+            // Statistics over available candidates only: an idle worker that
+            // is down or draining is not a place the request could go.
+            let min_load = candidates
+                .iter()
+                .filter(|c| c.is_available())
+                .map(|c| c.load())
+                .min()
+                .unwrap_or(0);
+            if self
                 .config
                 .preferred_yields(candidates[preferred].load(), min_load)
-        {
-            return fallback(DecisionReason::CacheOverloaded);
+            {
+                return self.least_loaded(candidates, DecisionReason::CacheOverloaded);
+            }
         }
         Some(Decision::new(preferred, DecisionReason::CacheHit))
     }
@@ -462,13 +480,10 @@ impl PolicyState for CacheAware {
     fn on_membership(&self, event: MembershipEvent<'_>) {
         let mut fleet = sync::lock(&self.fleet);
         let key = event.key();
-        let position = fleet.iter().position(|k| &**k == key);
-        match (event, position) {
-            (MembershipEvent::Added { .. }, None) => fleet.push(key.into()),
-            (MembershipEvent::Removed { .. }, Some(i)) => {
-                fleet.swap_remove(i);
-            }
-            _ => {}
+        let live = !matches!(event, MembershipEvent::Removed { .. });
+        match fleet.iter_mut().find(|(k, _)| &**k == key) {
+            Some(entry) => entry.1 = live,
+            None => fleet.push((key.into(), live)),
         }
         let models: Vec<Arc<ModelState>> = sync::read(&self.models).values().cloned().collect();
         for state in models {
