@@ -94,10 +94,12 @@ impl<B, Bk: PdBackend> PdBody<B, Bk> {
 
     fn end(&mut self, outcome: LegOutcome) {
         self.upstream = None;
-        self.prefill = None;
         if let Some(lease) = self.lease.take() {
             lease.finish(outcome);
         }
+        // The decode stream is over; a prefill leg still running has no
+        // consumer left.
+        self.prefill = None;
     }
 }
 

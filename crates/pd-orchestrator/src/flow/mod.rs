@@ -128,7 +128,6 @@ pub enum Handoff {
 }
 
 /// The decode response head plus a body that owns the decode phase.
-#[derive(Debug)]
 pub struct PdResponse<B, Bk: PdBackend> {
     /// Decode response status (2xx).
     pub status: StatusCode,
@@ -143,6 +142,19 @@ pub struct PdResponse<B, Bk: PdBackend> {
     pub prefill: Bk::Worker,
     /// Prefill attempts made (1 without retries).
     pub prefill_attempts: u32,
+}
+
+impl<B, Bk: PdBackend> std::fmt::Debug for PdResponse<B, Bk> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PdResponse")
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .field("body", &self.body)
+            .field("handoff", &self.handoff)
+            .field("prefill", &self.prefill.endpoint().base_url())
+            .field("prefill_attempts", &self.prefill_attempts)
+            .finish()
+    }
 }
 
 /// Why one prefill leg did not produce a usable response.
@@ -526,10 +538,14 @@ where
         }
 
         // Non-streaming: read the decode body while the prefill (if still
-        // running) keeps going, then merge.
+        // running) keeps going; the decode phase ends when its body is read,
+        // then the merge waits for the prefill's usage.
         let limit = self.config.max_decode_response_bytes;
-        let (collected, prefill_response) = match prefill {
-            PrefillState::Done(response) => (collect_limited(&mut body, limit).await, response),
+        let (collected, prefill) = match prefill {
+            PrefillState::Done(response) => (
+                collect_limited(&mut body, limit).await,
+                PrefillState::Done(response),
+            ),
             PrefillState::Running(mut driver, result) => {
                 let mut collector = Collector::default();
                 let mut running = true;
@@ -540,18 +556,15 @@ where
                     collector.poll_collect(cx, &mut body, limit)
                 })
                 .await;
-                if running && collected.is_ok() {
-                    driver.await;
-                }
-                let prefill_result = result.take();
-                if matches!(prefill_result, Some(Err(_))) {
-                    self.stats
-                        .prefill_failures_during_decode
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                (collected, prefill_result.and_then(Result::ok))
+                let state = if running {
+                    PrefillState::Running(driver, result)
+                } else {
+                    PrefillState::Done(self.prefill_result(&result))
+                };
+                (collected, state)
             }
         };
+        drop(body);
         let bytes = match collected {
             Ok(bytes) => {
                 lease.finish(LegOutcome::Success);
@@ -564,11 +577,33 @@ where
                 });
             }
         };
+        let prefill_response = match prefill {
+            PrefillState::Done(response) => response,
+            PrefillState::Running(driver, result) => {
+                driver.await;
+                self.prefill_result(&result)
+            }
+        };
         let bytes = match (&prefill_response, self.config.merge_non_streaming) {
             (Some(prefill_response), true) => self.merged(prefill_response, bytes, &mut headers),
             _ => bytes,
         };
         Ok((status, headers, PdBody::full(bytes)))
+    }
+
+    /// The concurrent prefill's response, counting a failure that decode
+    /// outlived.
+    fn prefill_result(&self, result: &ResultCell) -> Option<Value> {
+        match result.take() {
+            Some(Ok(response)) => Some(response),
+            Some(Err(_)) => {
+                self.stats
+                    .prefill_failures_during_decode
+                    .fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            None => None,
+        }
     }
 
     fn merged(&self, prefill: &Value, decode: Bytes, headers: &mut HeaderMap) -> Bytes {
