@@ -95,7 +95,7 @@ pub struct CircuitBreakerConfig {
     /// Upper bound of the open timeout (before jitter).
     pub max_open_timeout: Duration,
     /// Fraction in `[0, 1]` of the open timeout that jitter may take off:
-    /// the actual timeout is in `(t × (1 − jitter), t]`.
+    /// the actual timeout is in `[t × (1 − jitter), t]`.
     pub jitter: f64,
     /// Seed of the breaker's jitter generator. Equal seeds give equal
     /// timelines; `None` seeds from process entropy.

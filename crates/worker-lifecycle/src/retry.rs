@@ -87,7 +87,7 @@ impl RetryPolicy {
     }
 
     /// The backoff before retry number `retry` (1-based), with jitter from
-    /// `rng`: in `(b × (1 − jitter), b]` where `b` is
+    /// `rng`: in `[b × (1 − jitter), b]` where `b` is
     /// [`backoff_before_jitter`](Self::backoff_before_jitter).
     pub fn backoff(&self, retry: u32, rng: &mut impl RandomSource) -> Duration {
         let base = self.backoff_before_jitter(retry);

@@ -289,8 +289,7 @@ fn jitter_stays_within_bounds_and_is_reproducible_by_seed() {
             let p = b.try_acquire(t).unwrap();
             b.record(p, Outcome::Timeout, t);
         }
-        let v = hook_seen.lock().unwrap().clone();
-        v
+        hook_seen.lock().unwrap().clone()
     };
     let first = durations(&config);
     assert_eq!(first, durations(&config), "same seed, same timeline");
