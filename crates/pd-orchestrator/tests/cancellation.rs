@@ -89,22 +89,20 @@ fn run(
             scenario.prefill.clone(),
             scenario.decode.clone()
         ));
-        if let Poll::Ready(result) = poll_n(future.as_mut(), 32) {
-            if let Ok(mut response) = result {
-                for _ in 0..32 {
-                    match poll_frame(&mut response.body) {
-                        Poll::Ready(None) => {
-                            completed = !response.body.prefill_active();
-                            break;
-                        }
-                        Poll::Ready(Some(Err(error))) => {
-                            panic!("{}: unexpected body error {error}", scenario.name)
-                        }
-                        Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
+        if let Poll::Ready(Ok(mut response)) = poll_n(future.as_mut(), 32) {
+            for _ in 0..32 {
+                match poll_frame(&mut response.body) {
+                    Poll::Ready(None) => {
+                        completed = !response.body.prefill_active();
+                        break;
                     }
+                    Poll::Ready(Some(Err(error))) => {
+                        panic!("{}: unexpected body error {error}", scenario.name)
+                    }
+                    Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
                 }
-                // The response (and its body) drops here, mid-stream or not.
             }
+            // The response (and its body) drops here, mid-stream or not.
         }
         // The flow future drops here, at whatever await point it stalled.
     }

@@ -446,11 +446,7 @@ fn prefill_failure_retries_on_a_fresh_worker_then_succeeds() {
             s.log.at(&format!("release prefill {P}")) < s.log.at(&format!("reserve prefill {P2}"))
         );
         assert_eq!(
-            s.backend
-                .outcomes()
-                .into_iter()
-                .map(|(url, phase, outcome)| (url, phase, outcome))
-                .collect::<Vec<_>>(),
+            s.backend.outcomes(),
             [
                 (P.to_owned(), Phase::Prefill, LegOutcome::WorkerFailure),
                 (P2.to_owned(), Phase::Prefill, LegOutcome::Success),
