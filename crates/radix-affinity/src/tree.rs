@@ -38,6 +38,9 @@ fn shard_index(key: u32) -> usize {
 /// One shard behind its own lock.
 type ShardLock<U> = Padded<RwLock<Shard<U>>>;
 
+/// Bound on eviction passes when racing inserts keep adding to the tenant.
+const EVICTION_ROUNDS: usize = 4;
+
 /// Keeps each shard's lock word on its own cache line.
 #[derive(Debug)]
 #[repr(align(128))]
@@ -200,21 +203,13 @@ impl<S: Symbol> RadixTree<S> {
     /// a little below the limit).
     ///
     /// Costs what the over-budget tenants hold (log-linear), never a scan of
-    /// the whole tree; other tenants' lookups proceed meanwhile, and each
-    /// shard is write-locked only for one node removal at a time.
+    /// the whole tree; lookups and inserts proceed meanwhile, and each shard is
+    /// write-locked only for one node removal at a time. Inserts racing with
+    /// the call may leave a tenant above the limit when it returns.
     pub fn evict_tenant_by_size(&self, max_per_tenant: usize) {
         let limit = max_per_tenant as u64;
-        for (tenant, &size) in self.sizes().iter().enumerate() {
-            if size > limit {
-                let mut candidates = Vec::new();
-                for (i, shard) in self.shards.iter().enumerate() {
-                    shard
-                        .0
-                        .read()
-                        .collect_leaves(i as u32, Some(tenant as u32), &mut candidates);
-                }
-                self.evict_lru(candidates, size, limit);
-            }
+        for tenant in 0..self.tenants.count() {
+            self.evict_rounds(Some(tenant), limit);
         }
     }
 
@@ -222,21 +217,32 @@ impl<S: Symbol> RadixTree<S> {
     /// until [`total_size`](Self::total_size) is at most `budget`.
     ///
     /// Collects the leaves of the whole tree once (this is a tree-wide
-    /// policy), then removes them oldest first.
+    /// policy), then removes them oldest first, one shard write lock per
+    /// removal.
     pub fn evict_to_total(&self, budget: usize) {
-        let total = self.total_size() as u64;
-        let budget = budget as u64;
-        if total <= budget {
-            return;
+        self.evict_rounds(None, budget as u64);
+    }
+
+    /// Collects candidates and evicts them; repeats (a few times at most) when
+    /// racing inserts kept the real size above `limit`.
+    fn evict_rounds(&self, tenant: Option<u32>, limit: u64) {
+        for _ in 0..EVICTION_ROUNDS {
+            let size = match tenant {
+                Some(t) => self.tenant_size(TenantId(t)) as u64,
+                None => self.total_size() as u64,
+            };
+            if size <= limit {
+                return;
+            }
+            let mut candidates = Vec::new();
+            for (i, shard) in self.shards.iter().enumerate() {
+                shard
+                    .0
+                    .read()
+                    .collect_leaves(i as u32, tenant, &mut candidates);
+            }
+            self.evict_lru(candidates, size, limit);
         }
-        let mut candidates = Vec::new();
-        for (i, shard) in self.shards.iter().enumerate() {
-            shard
-                .0
-                .read()
-                .collect_leaves(i as u32, None, &mut candidates);
-        }
-        self.evict_lru(candidates, total, budget);
     }
 
     /// Pops candidates oldest first, re-validating each under its shard's write
