@@ -443,15 +443,18 @@ async fn route(
             );
             response
         }
+        // Mooncake's bootstrap answer: engine id (and address) per DP rank.
         (&Method::GET, "/query") => json_response(
             StatusCode::OK,
             json!({
-                "engine_id": shared.engine_id,
-                "dp_size": 1,
-                "engine_ids": {"0": shared.engine_id},
-                "host": shared.config.advertise_host,
-                "port": shared.port,
-                "bootstrap_port": shared.bootstrap_port,
+                "0": {
+                    "engine_id": shared.engine_id,
+                    "host": shared.config.advertise_host,
+                    "port": shared.port,
+                    "bootstrap_port": shared.bootstrap_port,
+                    "dp_rank": 0,
+                    "dp_size": 1,
+                },
             })
             .to_string(),
         ),
