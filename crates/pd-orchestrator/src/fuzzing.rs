@@ -10,7 +10,7 @@ use crate::connector::{
 use crate::endpoint::{Endpoint, MooncakeEndpoint, MoriIoEndpoint};
 
 /// Parses a Mooncake bootstrap `/query` answer.
-pub fn bootstrap_query_response(data: &[u8]) {
+pub fn pd_bootstrap_query(data: &[u8]) {
     if let Ok(ranks) = crate::bootstrap::parse_query_response(data) {
         assert!(!ranks.is_empty());
     }
@@ -18,7 +18,7 @@ pub fn bootstrap_query_response(data: &[u8]) {
 
 /// Splits `data` at the first NUL into a prefill and a decode response and
 /// merges them.
-pub fn merge_responses(data: &[u8]) {
+pub fn pd_merge_responses(data: &[u8]) {
     let (prefill, decode) = match data.iter().position(|&b| b == 0) {
         Some(at) => (&data[..at], &data[at + 1..]),
         None => (data, &b"{}"[..]),
@@ -35,7 +35,7 @@ pub fn merge_responses(data: &[u8]) {
 
 /// Treats `data` as a client body (and, after a NUL, a prefill response) and
 /// builds both legs' bodies for every connector.
-pub fn rewrite_bodies(data: &[u8]) {
+pub fn pd_rewrite_bodies(data: &[u8]) {
     let (client, prefill_response) = match data.iter().position(|&b| b == 0) {
         Some(at) => (&data[..at], Some(&data[at + 1..])),
         None => (data, None),
