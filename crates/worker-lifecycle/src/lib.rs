@@ -130,6 +130,11 @@ pub use registry::{
 pub use retry::{DEFAULT_RETRYABLE_STATUSES, RetryBudget, RetryBudgetConfig, RetryPolicy};
 pub use rng::{RandomSource, SplitMix64};
 pub use static_set::{StaticSetError, StaticWorkerSet};
+/// The README's example runs as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use worker::{
     Endpoint, EndpointError, HealthChange, Lifecycle, RoleKind, Unavailable, Worker, WorkerOptions,
     WorkerRole, WorkerSpec,
