@@ -39,12 +39,16 @@
 //!   FIFO order (the head also waits while its blocks do not fit). The
 //!   engine runs in steps: a step admits waiting requests, then every
 //!   running request produces one token when the step ends.
-//! - **Step time.**
-//!   `step = [admitted > 0] * (prefill_base + prefill_per_token * sum(uncached)
-//!   + kv_transfer_per_token * sum(transferred))
-//!   + [decoding > 0] * (decode_base + decode_per_seq * decoding)`,
-//!   where `uncached = prompt_tokens - cached_tokens` of each admitted
-//!   request and `decoding` is the number of requests already running.
+//! - **Step time.** With `uncached = prompt_tokens - cached_tokens` of
+//!   each request admitted in the step, `transferred` the prompt tokens a
+//!   decode engine received over a KV connector, and `decoding` the number
+//!   of requests already running:
+//!
+//!   ```text
+//!   step = (admitted > 0) * (prefill_base + prefill_per_token * sum(uncached)
+//!                            + kv_transfer_per_token * sum(transferred))
+//!        + (decoding > 0) * (decode_base + decode_per_seq * decoding)
+//!   ```
 //! - **Latency.** `TTFT = queue wait + the step that admits the request`, so
 //!   it grows with the uncached tokens of everything admitted together and
 //!   with the requests ahead in the queue; each further token costs one
