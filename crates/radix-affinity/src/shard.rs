@@ -139,6 +139,8 @@ pub(crate) struct WalkEnd {
     pub(crate) node: u32,
     /// Symbols matched.
     pub(crate) matched: usize,
+    /// Probe position after the match.
+    pub(crate) pos: usize,
 }
 
 #[derive(Debug)]
@@ -188,12 +190,12 @@ impl<U: Unit> Shard<U> {
             let step = probe.match_label(pos, &child_node.label, child_node.symbols as usize);
             matched += step.symbols;
             node = child;
+            pos += step.advance;
             if step.label_units < child_node.label.len() {
                 break;
             }
-            pos += step.advance;
         }
-        WalkEnd { node, matched }
+        WalkEnd { node, matched, pos }
     }
 
     /// Refreshes `tenant`'s stamp on `node` and all its ancestors.

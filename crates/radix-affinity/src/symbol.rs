@@ -21,6 +21,8 @@ pub(crate) mod sealed {
         fn floor_boundary(units: &[Self], n: usize) -> usize;
         /// Number of symbols in `units`.
         fn count_symbols(units: &[Self]) -> usize;
+        /// Length of the common prefix of `a` and `b`, in units.
+        fn common_prefix(a: &[Self], b: &[Self]) -> usize;
     }
 
     /// Prevents implementations of [`Symbol`](super::Symbol) outside this crate.
@@ -123,12 +125,49 @@ impl Unit for u8 {
 
     #[inline]
     fn count_symbols(units: &[u8]) -> usize {
-        // Branch-free so it vectorizes: every byte that is not a continuation
-        // byte starts a scalar value.
-        units
-            .iter()
-            .map(|&b| usize::from(!is_utf8_continuation(b)))
-            .sum()
+        // Every byte that is not a continuation byte starts a scalar value.
+        // Blocks of 64 are summed in u8 lanes (no overflow), which LLVM turns
+        // into compare + subtract + one horizontal add per block on SSE2.
+        let mut blocks = units.chunks_exact(64);
+        let mut count = 0usize;
+        for block in &mut blocks {
+            let starts: u8 = block
+                .iter()
+                .map(|&b| u8::from(!is_utf8_continuation(b)))
+                .fold(0u8, |acc, x| acc.wrapping_add(x));
+            count += usize::from(starts);
+        }
+        count
+            + blocks
+                .remainder()
+                .iter()
+                .filter(|&&b| !is_utf8_continuation(b))
+                .count()
+    }
+
+    #[inline]
+    fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+        let len = a.len().min(b.len());
+        let (a, b) = (&a[..len], &b[..len]);
+        // Fast path: the whole shorter side matches (one bcmp), the common case
+        // for a long label such as a system prompt.
+        if a == b {
+            return len;
+        }
+        let mut i = 0;
+        while i + 8 <= len {
+            let x = u64::from_le_bytes(a[i..i + 8].try_into().unwrap_or([0; 8]));
+            let y = u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+            let diff = x ^ y;
+            if diff != 0 {
+                return i + (diff.trailing_zeros() / 8) as usize;
+            }
+            i += 8;
+        }
+        while i < len && a[i] == b[i] {
+            i += 1;
+        }
+        i
     }
 }
 
@@ -149,24 +188,15 @@ impl Unit for u32 {
     fn count_symbols(units: &[u32]) -> usize {
         units.len()
     }
-}
 
-/// Length of the common prefix of `a` and `b`, in units.
-///
-/// Compares 64-unit blocks with slice equality (a `bcmp` call) first, so long
-/// shared prefixes such as system prompts run at memory speed.
-#[inline]
-pub(crate) fn common_prefix<U: Unit>(a: &[U], b: &[U]) -> usize {
-    const BLOCK: usize = 64;
-    let len = a.len().min(b.len());
-    let mut i = 0;
-    while i + BLOCK <= len && a[i..i + BLOCK] == b[i..i + BLOCK] {
-        i += BLOCK;
+    #[inline]
+    fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+        let len = a.len().min(b.len());
+        if a[..len] == b[..len] {
+            return len;
+        }
+        a.iter().zip(b).take_while(|(x, y)| x == y).count()
     }
-    while i < len && a[i] == b[i] {
-        i += 1;
-    }
-    i
 }
 
 /// One step of a walk: how far the probe advanced along one edge label.
@@ -190,6 +220,8 @@ pub(crate) trait Probe<U: Unit> {
     /// Appends the rest of the input from `pos` (at most about `max_units`
     /// units, cut on a symbol boundary) to `out`.
     fn take_rest(&self, pos: usize, max_units: usize, out: &mut Vec<U>) -> Step;
+    /// Symbols from `pos` to the end.
+    fn count_rest(&self, pos: usize) -> usize;
 }
 
 /// A probe over encoded units.
@@ -209,7 +241,7 @@ impl<U: Unit> Probe<U> for UnitProbe<'_, U> {
     #[inline]
     fn match_label(&self, pos: usize, label: &[U], label_symbols: usize) -> Step {
         let rest = &self.0[pos..];
-        let n = common_prefix(label, rest);
+        let n = U::common_prefix(label, rest);
         if n == label.len() {
             return Step {
                 advance: n,
@@ -229,6 +261,11 @@ impl<U: Unit> Probe<U> for UnitProbe<'_, U> {
             label_units: n,
             symbols: U::count_symbols(&label[..n]),
         }
+    }
+
+    #[inline]
+    fn count_rest(&self, pos: usize) -> usize {
+        U::count_symbols(self.0.get(pos..).unwrap_or(&[]))
     }
 
     fn take_rest(&self, pos: usize, max_units: usize, out: &mut Vec<U>) -> Step {
@@ -281,6 +318,11 @@ impl<S: Symbol> Probe<S::Unit> for SymbolProbe<'_, S> {
         }
     }
 
+    #[inline]
+    fn count_rest(&self, pos: usize) -> usize {
+        self.0.len().saturating_sub(pos)
+    }
+
     fn take_rest(&self, pos: usize, max_units: usize, out: &mut Vec<S::Unit>) -> Step {
         let mut buf = [<S::Unit as Unit>::ZERO; 4];
         let start = out.len();
@@ -301,5 +343,73 @@ impl<S: Symbol> Probe<S::Unit> for SymbolProbe<'_, S> {
 impl<S: Debug> Debug for SymbolProbe<'_, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("SymbolProbe").field(&self.0).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts() -> Vec<String> {
+        let pieces = ["a", "é", "一", "😀", "bc", "丁"];
+        let mut out = vec![String::new()];
+        let mut state = 7u64;
+        for len in [1usize, 7, 8, 9, 63, 64, 65, 130, 300] {
+            let mut s = String::new();
+            while s.chars().count() < len {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                s.push_str(pieces[(state >> 33) as usize % pieces.len()]);
+            }
+            out.push(s);
+        }
+        out
+    }
+
+    #[test]
+    fn utf8_count_matches_std() {
+        for s in texts() {
+            for start in s.char_indices().map(|(i, _)| i).take(9) {
+                let tail = &s[start..];
+                assert_eq!(
+                    u8::count_symbols(tail.as_bytes()),
+                    tail.chars().count(),
+                    "{tail:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn utf8_common_prefix_and_boundary() {
+        for a in texts() {
+            for b in texts() {
+                let naive = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+                assert_eq!(u8::common_prefix(a.as_bytes(), b.as_bytes()), naive);
+                let boundary = u8::floor_boundary(a.as_bytes(), naive);
+                assert!(a.is_char_boundary(boundary), "{a:?} {naive}");
+                assert!(boundary <= naive && naive - boundary < 4);
+            }
+        }
+        let a = "x一y".as_bytes();
+        let b = "x丁y".as_bytes();
+        assert_eq!(u8::common_prefix(a, b), 3);
+        assert_eq!(u8::floor_boundary(a, 3), 1);
+    }
+
+    #[test]
+    fn utf8_key_decodes_first_scalar() {
+        for c in ['a', 'é', '一', '😀', '\u{10FFFF}'] {
+            let mut buf = [0; 4];
+            assert_eq!(u8::key(c.encode_utf8(&mut buf).as_bytes()), c as u32);
+        }
+    }
+
+    #[test]
+    fn token_common_prefix() {
+        assert_eq!(u32::common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        assert_eq!(u32::common_prefix(&[1, 2], &[1, 2, 4]), 2);
+        assert_eq!(u32::count_symbols(&[9, 9, 9]), 3);
     }
 }

@@ -155,8 +155,8 @@ impl<S: Symbol> RadixTree<S> {
     /// whose last-use stamps along the matched path are refreshed.
     pub fn prefix_match_symbols(&self, symbols: &[S]) -> PrefixMatch {
         match S::as_units(symbols) {
-            Some(units) => self.match_probe(&UnitProbe(units), symbols.len()),
-            None => self.match_probe(&SymbolProbe(symbols), symbols.len()),
+            Some(units) => self.match_probe(&UnitProbe(units)),
+            None => self.match_probe(&SymbolProbe(symbols)),
         }
     }
 
@@ -338,16 +338,19 @@ impl<S: Symbol> RadixTree<S> {
     }
 
     #[inline]
-    fn match_probe<P: Probe<S::Unit>>(&self, probe: &P, input: usize) -> PrefixMatch {
+    fn match_probe<P: Probe<S::Unit>>(&self, probe: &P) -> PrefixMatch {
         let Some(shard) = self.shard_for(probe) else {
             return PrefixMatch {
                 tenant: None,
                 matched: 0,
-                input,
+                input: 0,
             };
         };
         let shard: RwLockReadGuard<'_, Shard<S::Unit>> = shard.read();
         let end = shard.walk(probe, |_| true);
+        // Only the unmatched tail is counted: the matched part's length comes
+        // from the per-node symbol counts.
+        let input = end.matched + probe.count_rest(end.pos);
         if end.node == ROOT {
             return PrefixMatch {
                 tenant: None,
@@ -389,7 +392,7 @@ impl RadixTree<char> {
     /// lengths are in chars. Refreshes the owner's last-use stamps along the
     /// matched path. Takes one shard read lock and does not allocate.
     pub fn prefix_match(&self, text: &str) -> PrefixMatch {
-        self.match_probe(&UnitProbe(text.as_bytes()), text.chars().count())
+        self.match_probe(&UnitProbe(text.as_bytes()))
     }
 
     /// How many leading chars of `text` `tenant` holds (no stamp changes).
