@@ -314,6 +314,19 @@ impl Admission {
     pub(crate) fn unprobed() -> Self {
         Self { probe_epoch: None }
     }
+
+    /// The probe epoch, consuming the admission (for compact storage).
+    pub(crate) fn into_probe_epoch(self) -> Option<u64> {
+        self.probe_epoch
+    }
+
+    /// Rebuilds an admission from [`into_probe_epoch`](Self::into_probe_epoch);
+    /// `u64::MAX` means "not a probe".
+    pub(crate) fn from_probe_epoch(epoch: u64) -> Self {
+        Self {
+            probe_epoch: (epoch != u64::MAX).then_some(epoch),
+        }
+    }
 }
 
 /// Why a breaker refused a request.
@@ -430,6 +443,9 @@ pub struct CircuitBreaker {
     closed: AtomicU64,
     rejected: AtomicU64,
     probes_in_flight: AtomicU32,
+    // Mirror of `Inner::consecutive_failures`, written under the lock, so a
+    // success on a healthy closed breaker needs no lock at all.
+    failure_streak: AtomicU32,
     hook: Option<TransitionHook>,
 }
 
@@ -479,6 +495,7 @@ impl CircuitBreaker {
             closed: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             probes_in_flight: AtomicU32::new(0),
+            failure_streak: AtomicU32::new(0),
             hook,
             config,
         }
@@ -587,6 +604,18 @@ impl CircuitBreaker {
             return;
         }
         let class = outcome.class();
+        if class == OutcomeClass::Neutral && !admission.is_probe() {
+            return;
+        }
+        if class == OutcomeClass::Success
+            && !admission.is_probe()
+            && self.config.failure_rate.is_none()
+            && self.state() == BreakerState::Closed
+            && self.failure_streak.load(Ordering::Acquire) == 0
+        {
+            // Nothing to reset: the common case of a healthy worker.
+            return;
+        }
         let mut transitions = Transitions::default();
         {
             let mut inner = self.inner.lock();
@@ -596,12 +625,15 @@ impl CircuitBreaker {
                     OutcomeClass::Neutral => {}
                     OutcomeClass::Success => {
                         inner.consecutive_failures = 0;
+                        self.failure_streak.store(0, Ordering::Release);
                         if let Some(w) = &mut inner.window {
                             w.record(now, false);
                         }
                     }
                     OutcomeClass::WorkerFailure => {
                         inner.consecutive_failures = inner.consecutive_failures.saturating_add(1);
+                        self.failure_streak
+                            .store(inner.consecutive_failures, Ordering::Release);
                         let rate_tripped = match (&mut inner.window, &self.config.failure_rate) {
                             (Some(w), Some(cfg)) => {
                                 w.record(now, true);
@@ -687,6 +719,7 @@ impl CircuitBreaker {
             until: now + open_for,
         };
         inner.consecutive_failures = 0;
+        self.failure_streak.store(0, Ordering::Release);
         inner.epoch += 1;
         self.probes_in_flight.store(0, Ordering::Release);
         if let Some(w) = &mut inner.window {
@@ -699,6 +732,7 @@ impl CircuitBreaker {
         inner.phase = Phase::Closed;
         inner.openings = 0;
         inner.consecutive_failures = 0;
+        self.failure_streak.store(0, Ordering::Release);
         inner.epoch += 1;
         self.probes_in_flight.store(0, Ordering::Release);
         self.enter(

@@ -24,15 +24,19 @@ use std::time::Instant;
 
 use crate::breaker::Admission;
 use crate::outcome::Outcome;
-use crate::sync::{Arc as SyncArc, AtomicBool, Mutex, Ordering};
+use crate::sync::{Arc as SyncArc, AtomicBool, AtomicU64, Ordering};
+
+/// `probe_epoch` value meaning "no probe slot held".
+const NO_PROBE: u64 = u64::MAX;
 use crate::worker::Worker;
 
 struct Reservation {
     worker: Arc<Worker>,
     released: AtomicBool,
-    // The breaker admission (a half-open probe slot, or nothing); taken once
-    // by the first outcome, or handed back when the reservation ends.
-    admission: Mutex<Option<Admission>>,
+    // The epoch of the breaker's half-open probe slot this reservation holds,
+    // or NO_PROBE; taken once by the first outcome, or handed back when the
+    // reservation ends. An atomic, not a lock: the common case is NO_PROBE.
+    probe_epoch: AtomicU64,
 }
 
 impl Reservation {
@@ -49,10 +53,20 @@ impl Reservation {
     }
 }
 
+impl Reservation {
+    fn take_probe(&self) -> Admission {
+        if self.probe_epoch.load(Ordering::Acquire) == NO_PROBE {
+            return Admission::unprobed();
+        }
+        Admission::from_probe_epoch(self.probe_epoch.swap(NO_PROBE, Ordering::AcqRel))
+    }
+}
+
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.release();
-        if let Some(admission) = self.admission.lock().take() {
+        let admission = self.take_probe();
+        if admission.is_probe() {
             self.worker.breaker().abandon(admission);
         }
     }
@@ -77,16 +91,12 @@ impl fmt::Debug for LoadGuard {
 
 impl LoadGuard {
     pub(crate) fn new(worker: Arc<Worker>, admission: Admission) -> Self {
-        let admission = if admission.is_probe() {
-            Some(admission)
-        } else {
-            None
-        };
+        let probe_epoch = admission.into_probe_epoch().unwrap_or(NO_PROBE);
         Self {
             reservation: SyncArc::new(Reservation {
                 worker,
                 released: AtomicBool::new(false),
-                admission: Mutex::new(admission),
+                probe_epoch: AtomicU64::new(probe_epoch),
             }),
         }
     }
@@ -119,7 +129,7 @@ impl LoadGuard {
     /// Whether this reservation holds one of the breaker's half-open probe
     /// slots that has not been recorded yet.
     pub fn is_probe(&self) -> bool {
-        self.reservation.admission.lock().is_some()
+        self.reservation.probe_epoch.load(Ordering::Acquire) != NO_PROBE
     }
 
     /// Tells the worker's circuit breaker how the request went, at the
@@ -133,12 +143,7 @@ impl LoadGuard {
 
     /// [`record_outcome`](Self::record_outcome) at an explicit time.
     pub fn record_outcome_at(&self, outcome: Outcome, now: Instant) {
-        let admission = self
-            .reservation
-            .admission
-            .lock()
-            .take()
-            .unwrap_or_else(Admission::unprobed);
+        let admission = self.reservation.take_probe();
         self.reservation
             .worker
             .breaker()
