@@ -121,6 +121,12 @@ impl LoadGuard {
         self.reservation.release()
     }
 
+    /// An identity of the reservation shared by all its handles.
+    #[doc(hidden)]
+    pub fn reservation_id(&self) -> *const () {
+        SyncArc::as_ptr(&self.reservation).cast()
+    }
+
     /// Whether the reservation has ended.
     pub fn is_released(&self) -> bool {
         self.reservation.released.load(Ordering::Acquire)

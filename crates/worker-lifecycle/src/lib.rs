@@ -96,6 +96,8 @@ mod breaker;
 mod clock;
 #[cfg(not(loom))]
 mod drain;
+#[doc(hidden)]
+pub mod fuzzing;
 mod guard;
 #[cfg(not(loom))]
 mod health;
