@@ -400,6 +400,9 @@ fn models_have_separate_trees() {
         .expect("available");
     assert_eq!(other.reason, DecisionReason::CacheLowMatch);
     assert!(p.affinity_size(MODEL, &key(owner)) > 0);
+    assert!(p.remove_model(MODEL));
+    assert!(!p.has_model(MODEL));
+    assert_eq!(select(&p, &fleet, &text).1, DecisionReason::CacheLowMatch);
 }
 
 #[test]
