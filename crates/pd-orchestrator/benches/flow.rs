@@ -68,7 +68,7 @@ impl PdBackend for Counting {
     fn reselect_prefill(&self, _: &Arc<Endpoint>, _: u32) -> Option<Arc<Endpoint>> {
         None
     }
-    fn record(&self, _: &Arc<Endpoint>, _: Phase, outcome: LegOutcome) {
+    fn record(&self, _: &Arc<Endpoint>, _: Phase, outcome: LegOutcome, _: Option<StatusCode>) {
         black_box(outcome);
     }
 }

@@ -72,7 +72,7 @@
 //!     type Guard = ();
 //!     fn reserve(&self, _: &Arc<Endpoint>, _: Phase) {}
 //!     fn reselect_prefill(&self, _: &Arc<Endpoint>, _: u32) -> Option<Arc<Endpoint>> { None }
-//!     fn record(&self, _: &Arc<Endpoint>, phase: Phase, outcome: LegOutcome) {
+//!     fn record(&self, _: &Arc<Endpoint>, phase: Phase, outcome: LegOutcome, _: Option<StatusCode>) {
 //!         self.0.lock().unwrap().push((phase, outcome));
 //!     }
 //! }

@@ -516,7 +516,7 @@ where
     async fn finish_decode(
         &self,
         response: LegResponse<T::Body>,
-        lease: PhaseLease<Bk>,
+        mut lease: PhaseLease<Bk>,
         legs: &Legs<'_>,
         prefill: PrefillState,
     ) -> Result<(StatusCode, HeaderMap, PdBody<T::Body, Bk>), PdError> {
@@ -525,6 +525,7 @@ where
             mut headers,
             mut body,
         } = response;
+        lease.saw_status(status);
         if !status.is_success() {
             let error_body = collect_limited(&mut body, self.config.max_error_body_bytes)
                 .await
