@@ -460,6 +460,10 @@ fn run_variant(variant: Variant, reps: usize) -> String {
             "route_2t_cpu_ns_per_op".into(),
             stat(&|r| r.route2_cpu as f64 / n_r),
         ),
+        (
+            "route_2t_unshared_ops_per_s".into(),
+            stat(&|r| n_r / (r.independent2_wall as f64 / 1e9)),
+        ),
         ("evict_ms".into(), stat(&|r| r.evict_cpu as f64 / 1e6)),
         (
             "evict_tenant_ms".into(),

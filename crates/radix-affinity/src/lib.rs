@@ -3,7 +3,8 @@
 //! For each request text the tree answers "which tenant (worker) holds the
 //! longest prefix of this, and how long is it?", records which tenant now holds
 //! a text, keeps each tenant within a budget by evicting its least recently
-//! used entries, and forgets a tenant entirely.
+//! used entries, and forgets a tenant entirely. It depends on no other
+//! workspace crate and on no async runtime.
 //!
 //! ```
 //! use radix_affinity::TextTree;
@@ -18,14 +19,130 @@
 //! assert_eq!(m.tenant, Some(a));
 //! assert_eq!((m.matched, m.input), (34, 40));
 //! assert_eq!(tree.prefix_match_tenant("You are a helpful assistant. Hello", b), 29);
+//! assert_eq!(tree.tenant_size(a), 34);
+//! assert_eq!(tree.total_size(), 34 + 32); // the shared prefix counts for both
 //!
 //! tree.remove_tenant(a);
 //! assert_eq!(tree.prefix_match("You are a helpful assistant. Hello").tenant, Some(b));
+//!
+//! // Token ids: the same tree over u32.
+//! let tokens = radix_affinity::TokenTree::new();
+//! let w = tokens.intern("http://worker-a:8000");
+//! tokens.insert_symbols(&[101, 7, 7, 42], w);
+//! assert_eq!(tokens.prefix_match_symbols(&[101, 7, 9]).matched, 2);
 //! ```
 //!
-//! This crate depends on no other workspace crate and on no async runtime.
+//! # Semantics
+//!
+//! A tenant *holds* every prefix of every text inserted for it (until evicted
+//! or removed). [`RadixTree::prefix_match`] returns the longest prefix of the
+//! input that anybody holds and, among the tenants holding the deepest node
+//! reached, the one that used it most recently; that tenant's last-use stamps
+//! on the whole matched path are refreshed (the lookup counts as a use, since
+//! the caller is about to route there). A tenant's *size* is the number of
+//! symbols it holds; a node shared by k tenants counts once for each, and
+//! [`RadixTree::total_size`] is the sum. Eviction removes a tenant's least
+//! recently used *leaves* (nodes it holds without holding any child), whole
+//! nodes at a time, until the budget is met.
+//!
+//! # Structure
+//!
+//! - **Shards by first symbol.** The tree is 256 independent subtrees: one per
+//!   ASCII first character and 128 hashed buckets for the rest. A text lives
+//!   entirely in the shard of its first symbol, so a lookup or an insert
+//!   touches exactly one shard.
+//! - **Arena nodes.** A shard stores its nodes in a `Vec` addressed by `u32`
+//!   index with a free list; parents are indices, so there are no reference
+//!   cycles and dropping the tree frees everything. A slot's generation is
+//!   bumped when it is freed, so a stale reference (an eviction candidate) is
+//!   recognised after reuse.
+//! - **Compact edges.** A node's label is one boxed slice of *units*: UTF-8
+//!   bytes for text (one byte per ASCII character, never four) and the ids
+//!   themselves for tokens. Labels are cut only on symbol boundaries, so a
+//!   match never splits a Unicode scalar value even when two characters share
+//!   leading bytes. Children are a sorted vector of `(first symbol, index)`
+//!   with two entries inline; there is no per-node hash map. A node is one
+//!   64-byte cache line for what the walk reads (label, children, symbol
+//!   count, parent) plus one for its owners.
+//! - **Owners.** Each node lists its tenants as `(tenant id, last use,
+//!   children held by this tenant, position in the tenant's node list)`; one
+//!   owner is stored inline. Tenants are interned `u32` ids, never strings.
+//! - **Per-tenant index.** Each shard keeps, per tenant, its symbol count and
+//!   the list of nodes it holds. Eviction and removal start from that list, so
+//!   they cost what the tenant holds, not the size of the tree; the
+//!   "children held" count makes "is this the tenant's leaf?" O(1).
+//!
+//! # Concurrency: what is locked, what is not, and why it is safe
+//!
+//! Every shard sits behind its own reader-writer lock (`parking_lot`, on its
+//! own cache line). There is no global lock.
+//!
+//! | operation | locks | allocates |
+//! |---|---|---|
+//! | `prefix_match`, `prefix_match_tenant` | the shard of the first symbol, **read** | no |
+//! | `insert` | the shard of the first symbol, **write**, for one walk down | the new leaf label, split halves |
+//! | `evict_*` | each shard **read** to collect candidates, then the candidate's shard **write** for one node at a time | candidate heap |
+//! | `remove_tenant` | each shard where the tenant holds something, **write**, once | no |
+//! | `tenant_size`, `total_size`, `tenants`, `validate` | each shard **read**, one at a time | the result |
+//! | `intern`, `tenant_name`, `tenant_id` | the name table (a separate lock the request path never takes) | on first intern |
+//!
+//! *Why it is safe.* All structural state of a shard (nodes, labels,
+//! children, owners, counters, per-tenant lists) changes only under that
+//! shard's write lock, in the same critical section, so a reader holding the
+//! read lock sees a consistent subtree and a recount of a shard always equals
+//! its counters ([`RadixTree::validate`] checks exactly that, and the stress
+//! test runs it concurrently with writers). The only thing written under a
+//! read lock is a last-use stamp, which is an atomic. Eviction never acts on
+//! what it collected without re-validating it under the write lock: the slot's
+//! generation, that the tenant still holds the node, that it is still the
+//! tenant's leaf, and that its stamp has not moved (if it has, the candidate
+//! goes back into the heap with the new stamp). Nodes are unlinked by index,
+//! never by first character, so a split racing an eviction cannot make it drop
+//! the wrong subtree; when racing inserts keep a tenant above the limit, a
+//! further pass (at most four) collects fresh candidates. The crate contains
+//! no `unsafe` code other than a prefetch hint. The locks and atomics go
+//! through a small `sync` shim so that `tests/loom_*.rs` model-check racing
+//! lookups, splits, evictions and removals under loom.
+//!
+//! *LRU stamps without contended writes.* A lookup must refresh the stamp of
+//! every node on its path, and the top nodes of a popular system prompt are
+//! on every path. With the default [`Clock::Coarse`], stamps are ticks of about
+//! one millisecond from a vDSO clock read, and a node's stamp is stored (a
+//! relaxed store) only when the stored value is older than the current tick;
+//! so a hot node's cache line is written at most about once per millisecond
+//! per tenant instead of on every lookup, and reads stay reads. Two racing
+//! stores may leave the older of two values from neighbouring ticks, which
+//! only blurs LRU order within a millisecond. [`Clock::Logical`] gives every
+//! operation its own tick (exact order, one shared increment per operation)
+//! for tests and simulations.
+//!
+//! *What is not fine-grained.* Writers lock the whole shard of their first
+//! symbol for the duration of one insert (a walk plus one or two small
+//! allocations, about a microsecond on the benchmark workload), not only the
+//! nodes they change. Inserts of texts with different first symbols run in
+//! parallel; inserts of texts with the same first symbol serialize, and
+//! lookups in that shard wait for them. When all traffic starts with the same
+//! symbol (a fixed chat template, a BOS token), the tree behaves like one
+//! reader-writer lock: lookups still run in parallel with each other, inserts
+//! do not. Node-level locking was weighed against this and not done here,
+//! because a shard lock is what could be proven correct with loom and the
+//! model in the time available.
+//!
+//! # Memory
+//!
+//! Per node: 128 bytes (two cache lines, one owner inline) plus the label. On
+//! the benchmark workload (20,000 requests of about 2,600 characters sharing
+//! 256 system prompts) the resident-set growth is about 0.3 bytes per
+//! inserted character, where the unique text alone is about 0.21.
+//!
+//! # Features and stability
+//!
+//! No cargo features. `fuzzing` and [`workload`] are public for the fuzz
+//! target, the benches and other implementations that want the same requests;
+//! `fuzzing` is hidden from the docs and not covered by semver.
 
 mod clock;
+#[doc(hidden)]
 pub mod fuzzing;
 mod shard;
 mod symbol;
@@ -50,3 +167,8 @@ pub struct InvariantViolation {
     /// What is wrong.
     pub detail: String,
 }
+
+/// The README's code blocks are compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
