@@ -7,3 +7,11 @@
 //! crates below. The implementation lands with its own issue; this page says
 //! what it will hold.
 #![warn(missing_docs)]
+
+pub mod body;
+pub mod error;
+pub mod extract;
+
+pub use body::{BoxBody, BoxError, GuardedBody, IdleTimeout, IdleTimeoutError};
+pub use error::ApiError;
+pub use extract::{RequestInfo, RouteKind, RoutingInput, extract};
