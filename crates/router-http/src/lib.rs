@@ -11,7 +11,11 @@
 pub mod body;
 pub mod error;
 pub mod extract;
+pub mod headers;
+pub mod limits;
 
 pub use body::{BoxBody, BoxError, GuardedBody, IdleTimeout, IdleTimeoutError};
 pub use error::ApiError;
 pub use extract::{RequestInfo, RouteKind, RoutingInput, extract};
+pub use headers::{RequestId, RequestIds};
+pub use limits::{AdmissionPermit, ConcurrencyConfig, ConcurrencyLimiter, RateLimiter};
