@@ -9,13 +9,17 @@
 #![warn(missing_docs)]
 
 pub mod body;
+pub mod client;
 pub mod error;
 pub mod extract;
 pub mod headers;
 pub mod limits;
+pub mod server;
 
 pub use body::{BoxBody, BoxError, GuardedBody, IdleTimeout, IdleTimeoutError};
+pub use client::{ClientConfig, UpstreamClient, UpstreamError};
 pub use error::ApiError;
 pub use extract::{RequestInfo, RouteKind, RoutingInput, extract};
 pub use headers::{RequestId, RequestIds};
 pub use limits::{AdmissionPermit, ConcurrencyConfig, ConcurrencyLimiter, RateLimiter};
+pub use server::{ShutdownOutcome, serve};
