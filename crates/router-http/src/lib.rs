@@ -14,6 +14,7 @@ pub mod error;
 pub mod extract;
 pub mod headers;
 pub mod limits;
+pub mod metrics;
 pub mod server;
 
 pub use body::{BoxBody, BoxError, GuardedBody, IdleTimeout, IdleTimeoutError};
