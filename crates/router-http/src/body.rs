@@ -3,8 +3,8 @@
 //! A streamed completion is load on its worker until its last byte, so the
 //! load guard cannot be released when the handler returns the response head:
 //! it moves into the body. [`GuardedBody`] wraps any body and a guard (any
-//! value whose `Drop` releases something) and lets the guard go at the first
-//! of:
+//! [`Finish`] value: a load guard, a concurrency permit, a tuple of them) and
+//! lets the guard go, telling it how the body ended, at the first of:
 //!
 //! - the inner body reports its end (`poll_frame` returns `None`, or
 //!   `is_end_stream` turns true after a frame);
@@ -27,19 +27,60 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
+/// How a guarded body ended, as told to its guard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// The inner body reached its end: every byte was produced.
+    Complete,
+    /// The inner body failed (upstream reset, idle or request timeout).
+    Failed,
+    /// The body was dropped before its end: the client went away, or the
+    /// server gave up on the connection.
+    Dropped,
+}
+
+/// What a [`GuardedBody`] holds: told once how the body ended, then gone.
+pub trait Finish {
+    /// Called exactly once, when the body ends, fails or is dropped.
+    fn finish(self, end: BodyEnd);
+}
+
+impl Finish for () {
+    fn finish(self, _end: BodyEnd) {}
+}
+
+impl<A: Finish, B: Finish> Finish for (A, B) {
+    fn finish(self, end: BodyEnd) {
+        self.0.finish(end);
+        self.1.finish(end);
+    }
+}
+
 pin_project! {
-    /// A body that holds a guard until the body ends, fails or is dropped.
-    ///
-    /// The guard is any value whose `Drop` releases what it holds (a load
-    /// guard, a concurrency permit, a tuple of both).
-    pub struct GuardedBody<B, G> {
+    /// A body that holds a guard until the body ends, fails or is dropped,
+    /// and tells the guard which of the three happened.
+    pub struct GuardedBody<B, G>
+    where
+        G: Finish,
+    {
         #[pin]
         inner: B,
         guard: Option<G>,
     }
+
+    impl<B, G> PinnedDrop for GuardedBody<B, G>
+    where
+        G: Finish,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(guard) = this.project().guard.take() {
+                guard.finish(BodyEnd::Dropped);
+            }
+        }
+    }
 }
 
-impl<B, G> GuardedBody<B, G> {
+impl<B, G: Finish> GuardedBody<B, G> {
     /// Wraps `inner`, holding `guard` until the body is finished.
     pub fn new(inner: B, guard: G) -> Self {
         Self {
@@ -62,16 +103,12 @@ impl<B, G> GuardedBody<B, G> {
     pub fn get_mut(&mut self) -> &mut B {
         &mut self.inner
     }
-
-    /// Unwraps the body, releasing the guard now.
-    pub fn into_inner(self) -> B {
-        self.inner
-    }
 }
 
 impl<B, G> Body for GuardedBody<B, G>
 where
     B: Body,
+    G: Finish,
 {
     type Data = B::Data;
     type Error = B::Error;
@@ -82,14 +119,16 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
         let polled = this.inner.as_mut().poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
-                this.guard.take();
+        let end = match &polled {
+            Poll::Ready(None) => Some(BodyEnd::Complete),
+            Poll::Ready(Some(Err(_))) => Some(BodyEnd::Failed),
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => Some(BodyEnd::Complete),
+            Poll::Ready(Some(Ok(_))) | Poll::Pending => None,
+        };
+        if let Some(end) = end {
+            if let Some(guard) = this.guard.take() {
+                guard.finish(end);
             }
-            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => {
-                this.guard.take();
-            }
-            Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
         }
         polled
     }
@@ -189,13 +228,22 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Counts its releases: `Drop` adds one.
+    /// Counts its releases: `finish` adds one, and remembers how it ended.
     struct CountingGuard(Arc<AtomicUsize>);
-    impl Drop for CountingGuard {
-        fn drop(&mut self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
+    impl Finish for CountingGuard {
+        fn finish(self, end: BodyEnd) {
+            let code = match end {
+                BodyEnd::Complete => 1,
+                BodyEnd::Failed => 1 << 8,
+                BodyEnd::Dropped => 1 << 16,
+            };
+            self.0.fetch_add(code, Ordering::SeqCst);
         }
     }
+
+    const COMPLETE: usize = 1;
+    const FAILED: usize = 1 << 8;
+    const DROPPED: usize = 1 << 16;
 
     fn counter() -> (Arc<AtomicUsize>, CountingGuard) {
         let released = Arc::new(AtomicUsize::new(0));
@@ -220,10 +268,14 @@ mod tests {
         );
         assert!(body.frame().await.is_some());
         assert!(body.frame().await.is_none());
-        assert_eq!(released.load(Ordering::SeqCst), 1);
+        assert_eq!(released.load(Ordering::SeqCst), COMPLETE);
         assert!(!body.is_holding());
         drop(body);
-        assert_eq!(released.load(Ordering::SeqCst), 1, "released exactly once");
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            COMPLETE,
+            "released exactly once"
+        );
     }
 
     #[tokio::test]
@@ -231,7 +283,7 @@ mod tests {
         let (released, guard) = counter();
         let mut body = GuardedBody::new(Full::new(Bytes::from_static(b"done")), guard);
         assert!(body.frame().await.is_some());
-        assert_eq!(released.load(Ordering::SeqCst), 1);
+        assert_eq!(released.load(Ordering::SeqCst), COMPLETE);
     }
 
     #[tokio::test]
@@ -244,7 +296,9 @@ mod tests {
         let mut body = GuardedBody::new(StreamBody::new(futures_stream(frames)), guard);
         assert!(body.frame().await.unwrap().is_ok());
         assert!(body.frame().await.unwrap().is_err());
-        assert_eq!(released.load(Ordering::SeqCst), 1);
+        assert_eq!(released.load(Ordering::SeqCst), FAILED);
+        drop(body);
+        assert_eq!(released.load(Ordering::SeqCst), FAILED);
     }
 
     #[tokio::test]
@@ -256,8 +310,9 @@ mod tests {
         ];
         let mut body = GuardedBody::new(StreamBody::new(futures_stream(frames)), guard);
         assert!(body.frame().await.is_some());
+        assert_eq!(released.load(Ordering::SeqCst), 0);
         drop(body);
-        assert_eq!(released.load(Ordering::SeqCst), 1);
+        assert_eq!(released.load(Ordering::SeqCst), DROPPED);
     }
 
     #[tokio::test(start_paused = true)]
@@ -272,7 +327,7 @@ mod tests {
         let frame = body.frame().await.unwrap();
         assert!(matches!(frame, Err(IdleTimeoutError::Idle(_))));
         assert_eq!(started.elapsed(), Duration::from_secs(5));
-        assert_eq!(released.load(Ordering::SeqCst), 1);
+        assert_eq!(released.load(Ordering::SeqCst), FAILED);
     }
 
     fn futures_stream(frames: Vec<Chunk>) -> impl futures_util::Stream<Item = Chunk> {

@@ -17,7 +17,7 @@ pub mod limits;
 pub mod metrics;
 pub mod server;
 
-pub use body::{BoxBody, BoxError, GuardedBody, IdleTimeout, IdleTimeoutError};
+pub use body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout, IdleTimeoutError};
 pub use client::{ClientConfig, UpstreamClient, UpstreamError};
 pub use error::ApiError;
 pub use extract::{RequestInfo, RouteKind, RoutingInput, extract};

@@ -9,6 +9,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use router_http::GuardedBody;
+use router_http::body::{BodyEnd, Finish};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,8 +18,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 struct CountingGuard(Arc<AtomicUsize>);
-impl Drop for CountingGuard {
-    fn drop(&mut self) {
+impl Finish for CountingGuard {
+    fn finish(self, end: BodyEnd) {
+        assert_eq!(end, BodyEnd::Dropped, "the client left before the end");
         self.0.fetch_add(1, Ordering::SeqCst);
     }
 }
