@@ -15,6 +15,7 @@ pub mod extract;
 pub mod headers;
 pub mod limits;
 pub mod metrics;
+pub mod routes;
 pub mod server;
 
 pub use body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout, IdleTimeoutError};
@@ -23,4 +24,5 @@ pub use error::ApiError;
 pub use extract::{RequestInfo, RouteKind, RoutingInput, extract};
 pub use headers::{RequestId, RequestIds};
 pub use limits::{AdmissionPermit, ConcurrencyConfig, ConcurrencyLimiter, RateLimiter};
+pub use routes::Route;
 pub use server::{ShutdownOutcome, serve};
