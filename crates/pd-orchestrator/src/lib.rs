@@ -1,9 +1,155 @@
 //! Prefill/decode disaggregation, generic over the transport.
 //!
-//! Pair selection over role-separated pools, KV connector strategies (NIXL,
-//! Mooncake, MoRI-IO) that describe how the two request bodies are rewritten
-//! and what passes between the phases, and the two-phase flow with one load
-//! guard per phase. No HTTP: the flow runs over a transport trait so every
-//! ordering, failure and cancellation is testable without sockets. The
-//! implementation lands with its own issue; this page says what it will hold.
+//! A disaggregated request runs in two legs: a **prefill** engine processes
+//! the prompt and produces its KV cache, a **decode** engine receives that
+//! cache over a KV connector and generates the tokens. This crate holds
+//! everything between "a (prefill, decode) pair was chosen" and "the client
+//! has a streaming body":
+//!
+//! - [`connector`]: the KV connector strategies behind [`KvConnector`] —
+//!   [`Nixl`] (pull, sequential), [`Mooncake`] (push, concurrent by default),
+//!   [`MoriIo`] (READ sequential, WRITE concurrent, with
+//!   [`MoriIoModeGate`] refusing registrations of the other mode). Each says
+//!   how the two bodies are rewritten and what passes from the prefill
+//!   response to the decode request.
+//! - [`bootstrap`]: learning a Mooncake prefill engine's id per DP rank from
+//!   its bootstrap server, with retry and backoff, behind small traits.
+//! - [`headers`]: the P2P request-id convention
+//!   (`___prefill_addr_{P}___decode_addr_{D}_{uuid}`), the
+//!   `X-data-parallel-rank` header, explicit forwarding of client auth.
+//! - [`merge`]: usage and prompt-logprob merging for non-streaming
+//!   responses.
+//! - [`PdFlow`]: the two-phase flow over a [`Transport`], with one load
+//!   guard per phase from a [`PdBackend`] and outcomes recorded per leg.
+//!
+//! There is no HTTP client and no async runtime here: the router supplies
+//! the transport (hyper) and the backend (its worker pools, load guards and
+//! circuit breakers), so every ordering, failure and cancellation is tested
+//! without sockets.
+//!
+//! # Example
+//!
+//! A NIXL request over an in-memory transport: the prefill answers with its
+//! `kv_transfer_params`, which the decode leg receives verbatim.
+//!
+//! ```
+//! use std::future::{Ready, ready};
+//! use std::sync::{Arc, Mutex};
+//! use bytes::Bytes;
+//! use http::{HeaderMap, StatusCode};
+//! use http_body::Body as _;
+//! use pd_orchestrator::{
+//!     Endpoint, FlowConfig, ForwardHeaders, LegOutcome, LegRequest, LegResponse, Nixl,
+//!     OnceBody, PdBackend, PdFlow, PdRequest, Phase, Transport,
+//! };
+//! use serde_json::{Value, json};
+//!
+//! /// Answers prefill with KV params and decode with a completion; keeps
+//! /// every leg it sent.
+//! #[derive(Default)]
+//! struct Memory(Mutex<Vec<LegRequest>>);
+//! impl Transport for Memory {
+//!     type Body = OnceBody;
+//!     type Error = std::convert::Infallible;
+//!     type Future = Ready<Result<LegResponse<OnceBody>, Self::Error>>;
+//!     fn send(&self, leg: LegRequest) -> Self::Future {
+//!         let answer = match leg.phase {
+//!             Phase::Prefill => json!({"kv_transfer_params": {"remote_engine_id": "p0",
+//!                                      "remote_block_ids": [1, 2]}}),
+//!             Phase::Decode => json!({"choices": [{"text": "Paris"}]}),
+//!         };
+//!         self.0.lock().unwrap().push(leg);
+//!         let body = OnceBody::new(serde_json::to_vec(&answer).unwrap());
+//!         ready(Ok(LegResponse { status: StatusCode::OK, headers: HeaderMap::new(), body }))
+//!     }
+//! }
+//!
+//! /// Counts load per phase; a real router plugs in its worker pools here.
+//! #[derive(Default)]
+//! struct Loads(Mutex<Vec<(Phase, LegOutcome)>>);
+//! impl PdBackend for Loads {
+//!     type Worker = Arc<Endpoint>;
+//!     type Guard = ();
+//!     fn reserve(&self, _: &Arc<Endpoint>, _: Phase) {}
+//!     fn reselect_prefill(&self, _: &Arc<Endpoint>, _: u32) -> Option<Arc<Endpoint>> { None }
+//!     fn record(&self, _: &Arc<Endpoint>, phase: Phase, outcome: LegOutcome) {
+//!         self.0.lock().unwrap().push((phase, outcome));
+//!     }
+//! }
+//!
+//! // Every future here is ready at once, so polling once drives it.
+//! fn now<F: std::future::Future>(f: F) -> F::Output {
+//!     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+//!     match std::pin::pin!(f).poll(&mut cx) {
+//!         std::task::Poll::Ready(out) => out,
+//!         std::task::Poll::Pending => unreachable!("in-memory futures are ready"),
+//!     }
+//! }
+//!
+//! let prefill = Arc::new(Endpoint::new("http://10.0.0.1:8000")?);
+//! let decode = Arc::new(Endpoint::new("http://10.0.0.2:8000")?);
+//! let flow = PdFlow::new(Memory::default(), Arc::new(Loads::default()), FlowConfig::default());
+//! let request = PdRequest {
+//!     path: "/v1/completions".into(),
+//!     body: json!({"model": "m", "prompt": "The capital of France is", "max_tokens": 8}),
+//!     request_id: "42".into(),
+//!     forward: ForwardHeaders::new(),
+//! };
+//! let mut response = now(flow.run(&Nixl, request, prefill, decode))?;
+//! assert_eq!(response.status, StatusCode::OK);
+//! let frame = now(std::future::poll_fn(|cx| std::pin::Pin::new(&mut response.body).poll_frame(cx)));
+//! let text: Value = serde_json::from_slice(frame.unwrap()?.data_ref().unwrap())?;
+//! assert_eq!(text["choices"][0]["text"], "Paris");
+//!
+//! let legs = flow.transport().0.lock().unwrap();
+//! let prefill_body: Value = serde_json::from_slice(&legs[0].body)?;
+//! assert_eq!(prefill_body["max_tokens"], 1);
+//! assert_eq!(prefill_body["kv_transfer_params"]["do_remote_decode"], true);
+//! let decode_body: Value = serde_json::from_slice(&legs[1].body)?;
+//! assert_eq!(decode_body["max_tokens"], 8);
+//! assert_eq!(decode_body["kv_transfer_params"]["remote_block_ids"], json!([1, 2]));
+//! assert_eq!(
+//!     legs[1].headers["x-request-id"],
+//!     "___prefill_addr_10.0.0.1:8000___decode_addr_10.0.0.2:8000_42"
+//! );
+//! assert_eq!(
+//!     *flow.backend().0.lock().unwrap(),
+//!     [(Phase::Prefill, LegOutcome::Success), (Phase::Decode, LegOutcome::Success)]
+//! );
+//! # Ok::<(), pd_orchestrator::BoxError>(())
+//! ```
+//!
+//! # Cancel safety
+//!
+//! [`PdFlow::run`] may be dropped at any await point and [`PdBody`] at any
+//! time: each reserved phase guard is released exactly once and its outcome
+//! recorded as [`LegOutcome::Cancelled`]. See [`PdFlow`] for the
+//! guard timelines.
+//!
+//! # Stability
+//!
+//! Pre-1.0. Error and outcome enums are `#[non_exhaustive]`.
 #![warn(missing_docs)]
+
+pub mod bootstrap;
+pub mod connector;
+mod endpoint;
+mod error;
+mod flow;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod headers;
+pub mod merge;
+
+pub use connector::{
+    ConnectorKind, DecodeHandoff, KvConnector, LegContext, ModeMismatch, Mooncake, MoriIo,
+    MoriIoMode, MoriIoModeGate, Nixl, PhaseOrder,
+};
+pub use endpoint::{DEFAULT_MOONCAKE_BOOTSTRAP_PORT, Endpoint, MooncakeEndpoint, MoriIoEndpoint};
+pub use error::{ConnectorError, EndpointError, PdError};
+pub use flow::{
+    BoxError, FlowConfig, FlowStats, FlowStatsSnapshot, Handoff, LegOutcome, LegRequest,
+    LegResponse, OnceBody, PdBackend, PdBody, PdFlow, PdRequest, PdResponse, PdWorker, Phase,
+    Transport,
+};
+pub use headers::ForwardHeaders;

@@ -1,0 +1,451 @@
+//! The OpenAI-compatible wire format: request parsing, the chat template,
+//! JSON responses, SSE chunks and vLLM-style errors.
+//!
+//! Parsing is lenient where vLLM is (unknown fields are ignored, `null`
+//! means absent) and strict where it is not (bad JSON, wrong types and
+//! missing required fields are 400 errors naming the problem).
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// Which endpoint a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`
+    Chat,
+    /// `POST /v1/completions`
+    Completions,
+}
+
+/// A parsed generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    /// The endpoint.
+    pub endpoint: Endpoint,
+    /// The model named by the client, if any.
+    pub model: Option<String>,
+    /// The prompt text (chat: after the template).
+    pub prompt: Prompt,
+    /// `max_tokens` (or `max_completion_tokens` for chat).
+    pub max_tokens: Option<u32>,
+    /// `stream`.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// `stream_options.continuous_usage_stats`.
+    pub continuous_usage: bool,
+    /// `kv_transfer_params`, verbatim.
+    pub kv_transfer_params: Option<Value>,
+}
+
+/// A prompt as text or as token ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Prompt {
+    /// Text, tokenized by the engine's rule.
+    Text(String),
+    /// Token ids, used as given.
+    Tokens(Vec<u32>),
+}
+
+/// A client error, rendered as vLLM does.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: u16,
+    /// The error type name (`BadRequestError`, `NotFoundError`, ...).
+    pub kind: &'static str,
+    /// A message naming the problem.
+    pub message: String,
+}
+
+impl ApiError {
+    /// A 400 `BadRequestError`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 400,
+            kind: "BadRequestError",
+            message: message.into(),
+        }
+    }
+
+    /// A 404 `NotFoundError`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 404,
+            kind: "NotFoundError",
+            message: message.into(),
+        }
+    }
+
+    /// An error with any status; the type name follows the status class.
+    pub fn with_status(status: u16, message: impl Into<String>) -> Self {
+        let kind = match status {
+            400 => "BadRequestError",
+            404 => "NotFoundError",
+            429 => "RateLimitError",
+            503 => "ServiceUnavailableError",
+            401..=403 | 405..=428 | 430..=499 => "InvalidRequestError",
+            _ => "InternalServerError",
+        };
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The JSON body: `{"error": {"message", "type", "param", "code"}}`.
+    pub fn to_json(&self) -> String {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": null,
+                "code": self.status,
+            }
+        })
+        .to_string()
+    }
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+    #[serde(default)]
+    continuous_usage_stats: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct ChatBody {
+    #[serde(default)]
+    model: Option<String>,
+    messages: Vec<ChatMessage>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    kv_transfer_params: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<MessageContent>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct CompletionBody {
+    #[serde(default)]
+    model: Option<String>,
+    prompt: PromptField,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    kv_transfer_params: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PromptField {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// Parses a request body for `endpoint`.
+pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
+    // Syntax first, so malformed JSON gets its own clear message.
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request(
+            "The request body must be a JSON object",
+        ));
+    }
+    let invalid = |e: serde_json::Error| ApiError::bad_request(format!("Invalid request: {e}"));
+    match endpoint {
+        Endpoint::Chat => {
+            let body: ChatBody = serde_json::from_value(value).map_err(invalid)?;
+            if body.messages.is_empty() {
+                return Err(ApiError::bad_request("messages must not be empty"));
+            }
+            let options = body.stream_options;
+            Ok(GenerationRequest {
+                endpoint,
+                model: body.model,
+                prompt: Prompt::Text(apply_chat_template(&body.messages)),
+                max_tokens: body.max_completion_tokens.or(body.max_tokens),
+                stream: body.stream.unwrap_or(false),
+                include_usage: options.as_ref().and_then(|o| o.include_usage) == Some(true),
+                continuous_usage: options.and_then(|o| o.continuous_usage_stats) == Some(true),
+                kv_transfer_params: body.kv_transfer_params.filter(|v| !v.is_null()),
+            })
+        }
+        Endpoint::Completions => {
+            let body: CompletionBody = serde_json::from_value(value).map_err(invalid)?;
+            let prompt = match body.prompt {
+                PromptField::Text(text) => Prompt::Text(text),
+                PromptField::Tokens(tokens) => Prompt::Tokens(tokens),
+                PromptField::Texts(mut texts) if texts.len() == 1 => {
+                    Prompt::Text(texts.pop().unwrap_or_default())
+                }
+                PromptField::TokenLists(mut lists) if lists.len() == 1 => {
+                    Prompt::Tokens(lists.pop().unwrap_or_default())
+                }
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "engine-sim serves one prompt per request; batched prompts are not supported",
+                    ));
+                }
+            };
+            let options = body.stream_options;
+            Ok(GenerationRequest {
+                endpoint,
+                model: body.model,
+                prompt,
+                max_tokens: body.max_tokens,
+                stream: body.stream.unwrap_or(false),
+                include_usage: options.as_ref().and_then(|o| o.include_usage) == Some(true),
+                continuous_usage: options.and_then(|o| o.continuous_usage_stats) == Some(true),
+                kv_transfer_params: body.kv_transfer_params.filter(|v| !v.is_null()),
+            })
+        }
+    }
+}
+
+/// The chat template: `<|{role}|>\n{content}\n` per message, then
+/// `<|assistant|>\n`. Content parts are joined with a newline.
+fn apply_chat_template(messages: &[ChatMessage]) -> String {
+    let mut out = String::new();
+    for message in messages {
+        out.push_str("<|");
+        out.push_str(&message.role);
+        out.push_str("|>\n");
+        match &message.content {
+            Some(MessageContent::Text(text)) => out.push_str(text),
+            Some(MessageContent::Parts(parts)) => {
+                let mut first = true;
+                for text in parts.iter().filter_map(|p| p.text.as_deref()) {
+                    if !first {
+                        out.push('\n');
+                    }
+                    out.push_str(text);
+                    first = false;
+                }
+            }
+            None => {}
+        }
+        out.push('\n');
+    }
+    out.push_str("<|assistant|>\n");
+    out
+}
+
+/// Usage numbers of one response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Output tokens so far.
+    pub completion_tokens: u32,
+    /// Prompt tokens from the prefix cache or a KV transfer.
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    /// The `usage` object.
+    pub fn to_json(self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens as usize,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+}
+
+/// Identity shared by every chunk of one response.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    /// `chatcmpl-...` or `cmpl-...`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model name.
+    pub model: String,
+    /// The endpoint.
+    pub endpoint: Endpoint,
+}
+
+impl ResponseMeta {
+    /// The response id prefix for an endpoint.
+    pub fn id_prefix(endpoint: Endpoint) -> &'static str {
+        match endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completions => "cmpl",
+        }
+    }
+}
+
+/// The non-streaming response body.
+pub fn full_response(
+    meta: &ResponseMeta,
+    text: &str,
+    finish_reason: &str,
+    usage: Usage,
+    kv_transfer_params: Option<&Value>,
+) -> Value {
+    let choice = match meta.endpoint {
+        Endpoint::Chat => json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "logprobs": null,
+            "finish_reason": finish_reason,
+            "stop_reason": null,
+        }),
+        Endpoint::Completions => json!({
+            "index": 0,
+            "text": text,
+            "logprobs": null,
+            "finish_reason": finish_reason,
+            "stop_reason": null,
+        }),
+    };
+    json!({
+        "id": meta.id,
+        "object": match meta.endpoint {
+            Endpoint::Chat => "chat.completion",
+            Endpoint::Completions => "text_completion",
+        },
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+        "usage": usage.to_json(),
+        "kv_transfer_params": kv_transfer_params,
+    })
+}
+
+/// One streamed chunk. `delta` is the new text; chat's first chunk also
+/// carries `role`. `usage` is set only with `continuous_usage_stats`.
+pub fn stream_chunk(
+    meta: &ResponseMeta,
+    delta: &str,
+    first: bool,
+    finish_reason: Option<&str>,
+    usage: Option<Usage>,
+) -> Value {
+    let choice = match meta.endpoint {
+        Endpoint::Chat => {
+            let delta = if first {
+                json!({"role": "assistant", "content": delta})
+            } else {
+                json!({"content": delta})
+            };
+            json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason})
+        }
+        Endpoint::Completions => json!({
+            "index": 0, "text": delta, "logprobs": null,
+            "finish_reason": finish_reason, "stop_reason": null,
+        }),
+    };
+    let mut chunk = json!({
+        "id": meta.id,
+        "object": match meta.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        },
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+    });
+    if let Some(usage) = usage {
+        chunk["usage"] = usage.to_json();
+    }
+    chunk
+}
+
+/// The final usage-only chunk (`choices: []`) sent when
+/// `stream_options.include_usage` is true.
+pub fn usage_chunk(meta: &ResponseMeta, usage: Usage) -> Value {
+    json!({
+        "id": meta.id,
+        "object": match meta.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        },
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [],
+        "usage": usage.to_json(),
+    })
+}
+
+/// Frames a JSON value as one SSE event: `data: {json}\n\n`.
+pub fn sse_event(value: &Value) -> bytes::Bytes {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"data: ");
+    // Serializing a Value into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut out, value);
+    out.extend_from_slice(b"\n\n");
+    out.into()
+}
+
+/// The stream terminator.
+pub const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_parses_with_unknown_fields_and_parts() {
+        let body = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],
+            "temperature":0.5,"stream":true,"stream_options":{"include_usage":true},"whatever":[1]}"#;
+        let req = parse_request(Endpoint::Chat, body).expect("valid");
+        assert_eq!(
+            req.prompt,
+            Prompt::Text("<|user|>\nhi\n<|assistant|>\n".into())
+        );
+        assert!(req.stream && req.include_usage);
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let e = parse_request(Endpoint::Chat, b"{not json").unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("Invalid JSON"));
+        let e = parse_request(Endpoint::Completions, br#"{"model":"m"}"#).unwrap_err();
+        assert!(e.message.contains("prompt"), "{}", e.message);
+        let v: Value = serde_json::from_str(&e.to_json()).expect("json");
+        assert_eq!(v["error"]["code"], 400);
+        assert_eq!(v["error"]["type"], "BadRequestError");
+    }
+}

@@ -1,0 +1,115 @@
+//! The tokenizer rule and the block hash chain.
+//!
+//! A token is `chars_per_token` consecutive Unicode scalar values (the last
+//! token may be shorter), so `tokens(text) = ceil(chars(text) / chars_per_token)`.
+//! A token's id is a stable hash of its characters: equal text gives equal
+//! ids on every run and every machine.
+//!
+//! Block `i` of a prompt holds tokens `i*B .. (i+1)*B` and is identified by
+//! `hash_i = H(hash_{i-1}, tokens of block i)` with `hash_{-1}` a constant,
+//! so two prompts share block `i` exactly when they share every token up to
+//! the end of block `i`. Only full blocks get a hash, as in vLLM.
+
+/// A 64-bit finaliser (splitmix64): cheap, stable and well mixed.
+#[inline]
+pub(crate) fn mix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+const TOKEN_SEED: u64 = 0x5EED_0F70_CE4E_0001;
+const BLOCK_SEED: u64 = 0xB10C_C4A1_0000_0001;
+
+/// Number of tokens in `text`: `ceil(chars / chars_per_token)`.
+/// A `chars_per_token` of 0 is treated as 1.
+pub fn count_tokens(text: &str, chars_per_token: usize) -> usize {
+    text.chars().count().div_ceil(chars_per_token.max(1))
+}
+
+/// Appends the token ids of `text` to `out`.
+pub fn tokenize_into(text: &str, chars_per_token: usize, out: &mut Vec<u32>) {
+    let per = chars_per_token.max(1);
+    let mut hash = TOKEN_SEED;
+    let mut in_token = 0;
+    for ch in text.chars() {
+        hash = mix64(hash ^ u64::from(ch));
+        in_token += 1;
+        if in_token == per {
+            out.push(fold(hash));
+            hash = TOKEN_SEED;
+            in_token = 0;
+        }
+    }
+    if in_token > 0 {
+        out.push(fold(hash));
+    }
+}
+
+/// The token ids of `text`.
+pub fn tokenize(text: &str, chars_per_token: usize) -> Vec<u32> {
+    let mut out = Vec::with_capacity(count_tokens(text, chars_per_token));
+    tokenize_into(text, chars_per_token, &mut out);
+    out
+}
+
+#[inline]
+fn fold(hash: u64) -> u32 {
+    // Truncation is the point: a 32-bit token id from a 64-bit hash.
+    (hash ^ (hash >> 32)) as u32
+}
+
+/// The hash chain of the full blocks of `tokens` (a trailing partial block
+/// gets no hash). A `block_size` of 0 is treated as 1.
+pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    let size = block_size.max(1);
+    let mut out = Vec::with_capacity(tokens.len() / size);
+    let mut prev = BLOCK_SEED;
+    for block in tokens.chunks_exact(size) {
+        let mut hash = mix64(prev);
+        for &token in block {
+            hash = mix64(hash ^ u64::from(token));
+        }
+        out.push(hash);
+        prev = hash;
+    }
+    out
+}
+
+/// A stable hash of a whole token sequence; seeds the generated text so the
+/// same prompt gets the same answer whatever else the engine is doing.
+pub fn sequence_hash(tokens: &[u32]) -> u64 {
+    tokens
+        .iter()
+        .fold(TOKEN_SEED ^ tokens.len() as u64, |hash, &token| {
+            mix64(hash ^ u64::from(token))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_is_ceil_of_chars() {
+        assert_eq!(count_tokens("", 4), 0);
+        assert_eq!(count_tokens("abcd", 4), 1);
+        assert_eq!(count_tokens("abcde", 4), 2);
+        assert_eq!(count_tokens("héllo wörld", 4), 3);
+        assert_eq!(tokenize("héllo wörld", 4).len(), 3);
+    }
+
+    #[test]
+    fn shared_prefix_shares_block_hashes() {
+        let a = tokenize(&format!("{}{}", "x".repeat(64 * 4), "tail one"), 4);
+        let b = tokenize(&format!("{}{}", "x".repeat(64 * 4), "other tail!!"), 4);
+        let ha = block_hashes(&a, 16);
+        let hb = block_hashes(&b, 16);
+        assert_eq!(ha.len(), 4);
+        assert_eq!(ha, hb);
+        let c = tokenize(&format!("y{}", "x".repeat(64 * 4 - 1)), 4);
+        let hc = block_hashes(&c, 16);
+        assert!(ha.iter().zip(&hc).all(|(x, y)| x != y));
+    }
+}

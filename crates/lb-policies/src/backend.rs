@@ -1,0 +1,190 @@
+//! The backend trait: what a policy needs to know about one worker.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// A worker a policy can choose, as seen by the policy.
+///
+/// The host implements this for its own worker type (or an adapter around
+/// it). Every method is a cheap read of live state: policies call them on
+/// every decision, on every candidate, so they should be plain atomic loads.
+///
+/// The trait is object safe, and it is implemented for `&T`, `Box<T>` and
+/// `Arc<T>` whenever `T: Backend` (including `T = dyn Backend`), so a
+/// candidate slice can be `&[Arc<MyWorker>]`, `&[&MyWorker]` or
+/// `&[Arc<dyn Backend + Send + Sync>]` without copying anything.
+pub trait Backend {
+    /// A key that identifies this worker for as long as it is a member of the
+    /// fleet (typically its URL). Hash policies place keys by it and
+    /// membership events name workers by it.
+    fn key(&self) -> &str;
+
+    /// Requests currently in flight on this worker.
+    fn load(&self) -> usize;
+
+    /// Requests this worker has been given so far (a tie-breaker among
+    /// equally loaded workers: the one that has had less work goes first).
+    fn processed(&self) -> u64;
+
+    /// Whether the worker may take new work now (healthy, not draining,
+    /// circuit closed). Policies never choose an unavailable candidate and
+    /// never let one influence load statistics.
+    fn is_available(&self) -> bool;
+}
+
+impl<T: Backend + ?Sized> Backend for &T {
+    fn key(&self) -> &str {
+        (**self).key()
+    }
+    fn load(&self) -> usize {
+        (**self).load()
+    }
+    fn processed(&self) -> u64 {
+        (**self).processed()
+    }
+    fn is_available(&self) -> bool {
+        (**self).is_available()
+    }
+}
+
+impl<T: Backend + ?Sized> Backend for Box<T> {
+    fn key(&self) -> &str {
+        (**self).key()
+    }
+    fn load(&self) -> usize {
+        (**self).load()
+    }
+    fn processed(&self) -> u64 {
+        (**self).processed()
+    }
+    fn is_available(&self) -> bool {
+        (**self).is_available()
+    }
+}
+
+impl<T: Backend + ?Sized> Backend for Arc<T> {
+    fn key(&self) -> &str {
+        (**self).key()
+    }
+    fn load(&self) -> usize {
+        (**self).load()
+    }
+    fn processed(&self) -> u64 {
+        (**self).processed()
+    }
+    fn is_available(&self) -> bool {
+        (**self).is_available()
+    }
+}
+
+/// A ready-made [`Backend`]: a key plus atomics the host updates.
+///
+/// Useful for tests, simulations, benches and small proxies that have no
+/// worker type of their own. All setters take `&self`.
+#[derive(Debug)]
+pub struct BasicBackend {
+    key: Box<str>,
+    load: AtomicUsize,
+    processed: AtomicU64,
+    available: AtomicBool,
+}
+
+impl BasicBackend {
+    /// An available backend with no load and nothing processed.
+    pub fn new(key: impl Into<Box<str>>) -> Self {
+        BasicBackend {
+            key: key.into(),
+            load: AtomicUsize::new(0),
+            processed: AtomicU64::new(0),
+            available: AtomicBool::new(true),
+        }
+    }
+
+    /// Builder form of [`set_load`](Self::set_load).
+    #[must_use]
+    pub fn with_load(self, load: usize) -> Self {
+        self.set_load(load);
+        self
+    }
+
+    /// Builder form of [`set_available`](Self::set_available).
+    #[must_use]
+    pub fn with_available(self, available: bool) -> Self {
+        self.set_available(available);
+        self
+    }
+
+    /// Sets the in-flight load.
+    pub fn set_load(&self, load: usize) {
+        self.load.store(load, Ordering::Relaxed);
+    }
+
+    /// Sets the processed-request count.
+    pub fn set_processed(&self, processed: u64) {
+        self.processed.store(processed, Ordering::Relaxed);
+    }
+
+    /// Marks the backend available or not.
+    pub fn set_available(&self, available: bool) {
+        self.available.store(available, Ordering::Relaxed);
+    }
+
+    /// Records the start of a request: load + 1, processed + 1.
+    pub fn begin_request(&self) {
+        self.load.fetch_add(1, Ordering::Relaxed);
+        self.processed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records the end of a request: load − 1, never below zero.
+    pub fn end_request(&self) {
+        // A failed update means the load was already zero: nothing to undo.
+        let _ = self
+            .load
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| l.checked_sub(1));
+    }
+}
+
+impl Backend for BasicBackend {
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn load(&self) -> usize {
+        self.load.load(Ordering::Relaxed)
+    }
+    fn processed(&self) -> u64 {
+        self.processed.load(Ordering::Relaxed)
+    }
+    fn is_available(&self) -> bool {
+        self.available.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrappers_forward_every_method() {
+        let b = Arc::new(BasicBackend::new("w0").with_load(3));
+        b.set_processed(9);
+        let dynamic: Arc<dyn Backend + Send + Sync> = b.clone();
+        let by_ref: &BasicBackend = &b;
+        let boxed: Box<&BasicBackend> = Box::new(by_ref);
+        for view in [&dynamic as &dyn Backend, &by_ref, &boxed, &b] {
+            assert_eq!(view.key(), "w0");
+            assert_eq!(view.load(), 3);
+            assert_eq!(view.processed(), 9);
+            assert!(view.is_available());
+        }
+    }
+
+    #[test]
+    fn end_request_never_goes_below_zero() {
+        let b = BasicBackend::new("w");
+        b.begin_request();
+        b.end_request();
+        b.end_request();
+        assert_eq!(b.load(), 0);
+        assert_eq!(b.processed(), 1);
+    }
+}

@@ -1,0 +1,497 @@
+//! Cache-aware routing: prefix affinity from a radix tree, a per-request
+//! load gate, and fair ties.
+//!
+//! # The decision
+//!
+//! 1. Match the request's routing text (or token ids) against the model's
+//!    tree: `(tenant, matched, input)`.
+//! 2. If `matched / input > cache_threshold`, the matched tenant is the
+//!    *preferred* worker. It takes the request unless it is overloaded
+//!    compared with the least loaded **available** candidate:
+//!    `load(preferred) > min_load + balance_abs_threshold` **and**
+//!    `load(preferred) > min_load × balance_rel_threshold`.
+//! 3. Otherwise (low match, owner overloaded or not an available candidate)
+//!    the least loaded available candidate takes it, ties broken by
+//!    processed count and then a rotating start.
+//! 4. The routing text is inserted into the tree for the chosen worker.
+//!
+//! Why per request (invariant 11): the older *fleet-wide* gate turned
+//! affinity off for every request whenever any two workers were far apart
+//! in load — one hot worker, or one idle unhealthy one, disabled prefix
+//! routing for the whole fleet. It is kept as [`LoadGate::FleetWide`]
+//! (policy name `cache_aware_fleet_gate`) so simulations can compare.
+//!
+//! # State and synchronization
+//!
+//! One tree pair (text and tokens) per model id, created with the model's
+//! first request and seeded with every current member, so a freshly
+//! discovered fleet routes cache-aware from the first request. Membership
+//! events intern (added), forget (removed) or reset (replaced) a worker's
+//! affinity in every model's tree; nothing scans the tree on the request
+//! path. A per-model member table maps tree tenants to candidates with a
+//! position hint (no allocation per decision on a known fleet). Inserts
+//! for a chosen worker happen under that table's read lock after checking
+//! the worker is still a member, and removal takes its write lock, so a
+//! request racing with a removal cannot leave the removed worker's
+//! affinity behind.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize as HintCell;
+use std::time::Duration;
+
+use radix_affinity::{PrefixMatch, TenantId, TextTree, TokenTree};
+
+use super::{fair_least_loaded, find_candidate};
+use crate::backend::Backend;
+use crate::context::{RequestContext, RoutingInput};
+use crate::decision::{Decision, DecisionReason};
+use crate::error::PolicyError;
+use crate::membership::MembershipEvent;
+use crate::policy::{Policy, PolicyState};
+use crate::sync::{self, AtomicUsize, Mutex, Ordering, RwLock};
+
+/// How cache-aware decides that affinity must yield to load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
+pub enum LoadGate {
+    /// Compare the preferred worker with the least loaded available
+    /// candidate, per request (the default; invariant 11).
+    #[default]
+    PerRequest,
+    /// The old gate: if the whole fleet's max − min load exceeds the
+    /// thresholds, ignore affinity for every request. For comparison in
+    /// simulations; not recommended.
+    FleetWide,
+}
+
+/// Knobs of [`CacheAware`].
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(default)
+)]
+#[non_exhaustive]
+pub struct CacheAwareConfig {
+    /// Minimum match rate (`matched / input`, in symbols) above which the
+    /// matched worker is preferred. In `0.0..=1.0`. Default 0.3.
+    pub cache_threshold: f64,
+    /// Absolute load margin: the preferred worker yields only if its load
+    /// exceeds the least loaded available candidate's by more than this.
+    /// Default 64.
+    pub balance_abs_threshold: usize,
+    /// Relative load margin: ...and only if its load is more than this
+    /// factor times the least loaded candidate's. At least 1.0. Default 1.5.
+    pub balance_rel_threshold: f64,
+    /// How often the host should call [`CacheAware::evict`] (the policy
+    /// runs no timer of its own). Default 120 s.
+    pub eviction_interval: Duration,
+    /// Per-tenant tree budget in symbols (chars or tokens) that eviction
+    /// trims each worker's least recently used entries down to. Default
+    /// 2^26 (67,108,864).
+    pub max_tree_size: usize,
+    /// Which load gate to apply. Default [`LoadGate::PerRequest`].
+    pub gate: LoadGate,
+}
+
+impl Default for CacheAwareConfig {
+    fn default() -> Self {
+        CacheAwareConfig {
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+            eviction_interval: Duration::from_secs(120),
+            max_tree_size: 1 << 26,
+            gate: LoadGate::PerRequest,
+        }
+    }
+}
+
+impl CacheAwareConfig {
+    /// Checks every knob's range.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if !(0.0..=1.0).contains(&self.cache_threshold) {
+            return Err(PolicyError::InvalidConfig {
+                field: "cache_threshold",
+                reason: format!("must be in 0.0..=1.0, got {}", self.cache_threshold),
+            });
+        }
+        if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold >= 1.0) {
+            return Err(PolicyError::InvalidConfig {
+                field: "balance_rel_threshold",
+                reason: format!(
+                    "must be a finite factor >= 1.0, got {}",
+                    self.balance_rel_threshold
+                ),
+            });
+        }
+        if self.eviction_interval.is_zero() {
+            return Err(PolicyError::InvalidConfig {
+                field: "eviction_interval",
+                reason: "must be greater than zero".to_owned(),
+            });
+        }
+        if self.max_tree_size == 0 {
+            return Err(PolicyError::InvalidConfig {
+                field: "max_tree_size",
+                reason: "must be greater than zero".to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a preferred worker at `preferred` load yields to a least
+    /// loaded available candidate at `min_load` (the per-request gate).
+    pub fn preferred_yields(&self, preferred: usize, min_load: usize) -> bool {
+        preferred > min_load.saturating_add(self.balance_abs_threshold)
+            && preferred as f64 > min_load as f64 * self.balance_rel_threshold
+    }
+}
+
+/// What a model's member table knows about one worker key.
+#[derive(Debug)]
+struct Slot {
+    key: Arc<str>,
+    /// False once removed (a tombstone: inserts for it are refused until it
+    /// is added again).
+    live: bool,
+    text: TenantId,
+    tokens: TenantId,
+    hint: HintCell,
+}
+
+#[derive(Debug, Default)]
+struct Members {
+    slots: Vec<Slot>,
+    by_key: HashMap<Arc<str>, usize>,
+    /// Slot of each text-tree tenant, indexed by its dense
+    /// [`TenantId::index`].
+    by_text_tenant: Vec<Option<usize>>,
+    /// Slot of each token-tree tenant, likewise.
+    by_token_tenant: Vec<Option<usize>>,
+}
+
+/// Records `slot` at `tenant`'s dense index.
+fn set_tenant_slot(table: &mut Vec<Option<usize>>, tenant: TenantId, slot: usize) {
+    let i = tenant.index() as usize;
+    if table.len() <= i {
+        table.resize(i + 1, None);
+    }
+    table[i] = Some(slot);
+}
+
+/// One model's trees and member table.
+struct ModelState {
+    text: TextTree,
+    tokens: TokenTree,
+    members: RwLock<Members>,
+}
+
+impl ModelState {
+    fn new<'k>(members: impl IntoIterator<Item = &'k (Arc<str>, bool)>) -> Self {
+        let state = ModelState {
+            text: TextTree::new(),
+            tokens: TokenTree::new(),
+            members: RwLock::new(Members::default()),
+        };
+        {
+            let mut table = sync::write(&state.members);
+            for (key, live) in members {
+                let slot = state.admit(&mut table, key);
+                table.slots[slot].live = *live;
+            }
+        }
+        state
+    }
+
+    /// Makes `key` a live member, interning it in both trees. Returns its
+    /// slot.
+    fn admit(&self, table: &mut Members, key: &str) -> usize {
+        if let Some(&slot) = table.by_key.get(key) {
+            table.slots[slot].live = true;
+            return slot;
+        }
+        let key: Arc<str> = key.into();
+        let (text, tokens) = (self.text.intern(&key), self.tokens.intern(&key));
+        let slot = table.slots.len();
+        table.slots.push(Slot {
+            key: Arc::clone(&key),
+            live: true,
+            text,
+            tokens,
+            hint: HintCell::new(0),
+        });
+        table.by_key.insert(key, slot);
+        set_tenant_slot(&mut table.by_text_tenant, text, slot);
+        set_tenant_slot(&mut table.by_token_tenant, tokens, slot);
+        slot
+    }
+
+    fn apply(&self, event: MembershipEvent<'_>) {
+        let mut table = sync::write(&self.members);
+        match event {
+            MembershipEvent::Added { key } => {
+                self.admit(&mut table, key);
+            }
+            MembershipEvent::Removed { key } | MembershipEvent::Replaced { key } => {
+                // An unknown key gets a slot too: a removed one as a
+                // tombstone, so a stale candidate slice cannot admit it.
+                let slot = self.admit(&mut table, key);
+                let s = &mut table.slots[slot];
+                if matches!(event, MembershipEvent::Removed { .. }) {
+                    s.live = false;
+                }
+                // Under the write lock: no request can be between its
+                // liveness check and its insert for this worker.
+                self.text.remove_tenant(s.text);
+                self.tokens.remove_tenant(s.tokens);
+            }
+        }
+    }
+
+    fn prefix_match(&self, input: RoutingInput<'_>) -> Option<(PrefixMatch, bool)> {
+        match input {
+            RoutingInput::None => None,
+            RoutingInput::Text(text) => Some((self.text.prefix_match(text), false)),
+            RoutingInput::Tokens(tokens) => Some((self.tokens.prefix_match_symbols(tokens), true)),
+        }
+    }
+
+    fn insert(&self, input: RoutingInput<'_>, slot: &Slot) {
+        match input {
+            RoutingInput::None => {}
+            RoutingInput::Text(text) => self.text.insert(text, slot.text),
+            RoutingInput::Tokens(tokens) => self.tokens.insert_symbols(tokens, slot.tokens),
+        }
+    }
+
+    /// Inserts the routing input for the chosen worker if it is a member
+    /// (admitting a worker never announced by an event, refusing a removed
+    /// one).
+    fn record_choice(&self, input: RoutingInput<'_>, key: &str) {
+        if matches!(input, RoutingInput::None) {
+            return;
+        }
+        {
+            let table = sync::read(&self.members);
+            if let Some(&slot) = table.by_key.get(key) {
+                let slot = &table.slots[slot];
+                if slot.live {
+                    self.insert(input, slot);
+                }
+                return;
+            }
+        }
+        // A worker no event announced (the host routes before or without
+        // membership events): admit it now so affinity still builds up.
+        let mut table = sync::write(&self.members);
+        let slot = match table.by_key.get(key) {
+            Some(&slot) if !table.slots[slot].live => return,
+            Some(&slot) => slot,
+            None => self.admit(&mut table, key),
+        };
+        self.insert(input, &table.slots[slot]);
+    }
+}
+
+/// The cache-aware policy. See the [module docs](self) for the decision
+/// and its synchronization.
+pub struct CacheAware {
+    config: CacheAwareConfig,
+    models: RwLock<HashMap<Box<str>, Arc<ModelState>>>,
+    /// Every key membership events named, and whether it is still a
+    /// member, to seed the trees of models seen later. Lock order: `fleet`,
+    /// then `models`.
+    fleet: Mutex<Vec<(Arc<str>, bool)>>,
+    rotation: AtomicUsize,
+}
+
+impl std::fmt::Debug for CacheAware {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheAware")
+            .field("config", &self.config)
+            .field("models", &sync::read(&self.models).len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CacheAware {
+    /// A policy with no trees yet (each model's tree is created with its
+    /// first request).
+    pub fn new(config: CacheAwareConfig) -> Result<Self, PolicyError> {
+        config.validate()?;
+        Ok(CacheAware {
+            config,
+            models: RwLock::new(HashMap::new()),
+            fleet: Mutex::new(Vec::new()),
+            rotation: AtomicUsize::new(0),
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &CacheAwareConfig {
+        &self.config
+    }
+
+    /// Trims every model's trees so that each worker holds at most
+    /// `max_tree_size` symbols, least recently used first. The host calls
+    /// this from its own timer every `eviction_interval`.
+    pub fn evict(&self) {
+        let models: Vec<Arc<ModelState>> = sync::read(&self.models).values().cloned().collect();
+        for state in models {
+            state.text.evict_tenant_by_size(self.config.max_tree_size);
+            state.tokens.evict_tenant_by_size(self.config.max_tree_size);
+        }
+    }
+
+    /// Symbols of `model`'s text tree attributed to worker `key` (0 when the
+    /// model or worker is unknown). For metrics and tests.
+    pub fn affinity_size(&self, model: &str, key: &str) -> usize {
+        let Some(state) = sync::read(&self.models).get(model).cloned() else {
+            return 0;
+        };
+        let table = sync::read(&state.members);
+        table
+            .by_key
+            .get(key)
+            .map_or(0, |&slot| state.text.tenant_size(table.slots[slot].text))
+    }
+
+    /// Whether `model` has a tree yet.
+    pub fn has_model(&self, model: &str) -> bool {
+        sync::read(&self.models).contains_key(model)
+    }
+
+    fn model(&self, model: &str) -> Arc<ModelState> {
+        if let Some(state) = sync::read(&self.models).get(model) {
+            return Arc::clone(state);
+        }
+        let fleet = sync::lock(&self.fleet);
+        let mut models = sync::write(&self.models);
+        let state = models
+            .entry(model.into())
+            .or_insert_with(|| Arc::new(ModelState::new(fleet.iter())));
+        Arc::clone(state)
+    }
+
+    /// Fleet-wide spread over all candidates, available or not, as the old
+    /// gate computed it.
+    fn fleet_imbalanced<B: Backend>(&self, candidates: &[B]) -> bool {
+        let (mut min, mut max) = (usize::MAX, 0usize);
+        for c in candidates {
+            let load = c.load();
+            min = min.min(load);
+            max = max.max(load);
+        }
+        max.saturating_sub(min) > self.config.balance_abs_threshold
+            && max as f64 > min as f64 * self.config.balance_rel_threshold
+    }
+
+    /// The fair least-loaded fallback. The rotation advances only here, so
+    /// cold traffic interleaved with affinity hits still rotates evenly.
+    fn least_loaded<B: Backend>(
+        &self,
+        candidates: &[B],
+        reason: DecisionReason,
+    ) -> Option<Decision> {
+        let start = self.rotation.fetch_add(1, Ordering::Relaxed);
+        fair_least_loaded(candidates, start).map(|(i, _)| Decision::new(i, reason))
+    }
+
+    fn decide<B: Backend>(
+        &self,
+        state: &ModelState,
+        candidates: &[B],
+        ctx: &RequestContext<'_>,
+    ) -> Option<Decision> {
+        if self.config.gate == LoadGate::FleetWide && self.fleet_imbalanced(candidates) {
+            return self.least_loaded(candidates, DecisionReason::CacheFleetImbalance);
+        }
+        let Some((found, tokens)) = state.prefix_match(ctx.routing) else {
+            return self.least_loaded(candidates, DecisionReason::CacheLowMatch);
+        };
+        let rate = if found.input == 0 {
+            0.0
+        } else {
+            found.matched as f64 / found.input as f64
+        };
+        let tenant = match found.tenant {
+            Some(t) if rate > self.config.cache_threshold => t,
+            _ => return self.least_loaded(candidates, DecisionReason::CacheLowMatch),
+        };
+        let preferred = {
+            let table = sync::read(&state.members);
+            let by_tenant = if tokens {
+                &table.by_token_tenant
+            } else {
+                &table.by_text_tenant
+            };
+            by_tenant
+                .get(tenant.index() as usize)
+                .copied()
+                .flatten()
+                .and_then(|slot| {
+                    let slot = &table.slots[slot];
+                    find_candidate(&slot.key, &slot.hint, candidates)
+                })
+        };
+        let Some(preferred) = preferred.filter(|&i| candidates[i].is_available()) else {
+            return self.least_loaded(candidates, DecisionReason::CacheOwnerUnavailable);
+        };
+        if self.config.gate == LoadGate::PerRequest {
+            // Statistics over available candidates only: an idle worker that
+            // is down or draining is not a place the request could go.
+            let min_load = candidates
+                .iter()
+                .filter(|c| c.is_available())
+                .map(|c| c.load())
+                .min()
+                .unwrap_or(0);
+            if self
+                .config
+                .preferred_yields(candidates[preferred].load(), min_load)
+            {
+                return self.least_loaded(candidates, DecisionReason::CacheOverloaded);
+            }
+        }
+        Some(Decision::new(preferred, DecisionReason::CacheHit))
+    }
+}
+
+impl<B: Backend> Policy<B> for CacheAware {
+    fn select(&self, candidates: &[B], ctx: &RequestContext<'_>) -> Option<Decision> {
+        let state = self.model(ctx.model);
+        let decision = self.decide(&state, candidates, ctx)?;
+        state.record_choice(ctx.routing, candidates[decision.index].key());
+        Some(decision)
+    }
+}
+
+impl PolicyState for CacheAware {
+    fn name(&self) -> &str {
+        match self.config.gate {
+            LoadGate::PerRequest => "cache_aware",
+            LoadGate::FleetWide => "cache_aware_fleet_gate",
+        }
+    }
+    fn on_membership(&self, event: MembershipEvent<'_>) {
+        let mut fleet = sync::lock(&self.fleet);
+        let key = event.key();
+        let live = !matches!(event, MembershipEvent::Removed { .. });
+        match fleet.iter_mut().find(|(k, _)| &**k == key) {
+            Some(entry) => entry.1 = live,
+            None => fleet.push((key.into(), live)),
+        }
+        let models: Vec<Arc<ModelState>> = sync::read(&self.models).values().cloned().collect();
+        for state in models {
+            state.apply(event);
+        }
+    }
+
+    fn maintain(&self) {
+        self.evict();
+    }
+}

@@ -1,0 +1,132 @@
+//! The built-in policies.
+
+pub mod cache_aware;
+pub mod consistent_hash;
+pub mod least_loaded;
+pub mod power_of_two;
+pub mod random;
+pub mod rendezvous;
+pub mod round_robin;
+
+use std::sync::atomic::{AtomicUsize as HintCell, Ordering as HintOrdering};
+
+use crate::backend::Backend;
+
+/// Finds the candidate whose key is `key`, trying `hint` (where it was last
+/// found) first so that a stable slice costs one string comparison, then
+/// scanning and remembering the new position.
+pub(crate) fn find_candidate<B: Backend>(
+    key: &str,
+    hint: &HintCell,
+    candidates: &[B],
+) -> Option<usize> {
+    let guess = hint.load(HintOrdering::Relaxed);
+    if candidates.get(guess).is_some_and(|c| c.key() == key) {
+        return Some(guess);
+    }
+    let found = candidates.iter().position(|c| c.key() == key)?;
+    hint.store(found, HintOrdering::Relaxed);
+    Some(found)
+}
+
+/// The fair least-loaded choice among available candidates: smallest
+/// `(load, processed)`, and among exact ties the first met when scanning
+/// from `start` (wrapping). Callers rotate or hash `start`, so equal-load
+/// traffic never lands on "index 0 every time" (invariant 12).
+///
+/// Returns the index and its load.
+pub(crate) fn fair_least_loaded<B: Backend>(
+    candidates: &[B],
+    start: usize,
+) -> Option<(usize, usize)> {
+    let n = candidates.len();
+    if n == 0 {
+        return None;
+    }
+    let start = start % n;
+    let mut best: Option<(usize, usize, u64)> = None;
+    let order = (start..n).chain(0..start);
+    for i in order {
+        let c = &candidates[i];
+        if !c.is_available() {
+            continue;
+        }
+        let (load, processed) = (c.load(), c.processed());
+        match best {
+            Some((_, bl, bp)) if (load, processed) >= (bl, bp) => {}
+            _ => best = Some((i, load, processed)),
+        }
+    }
+    best.map(|(i, load, _)| (i, load))
+}
+
+/// Uniformly random available candidate: a few rejection draws (exactly
+/// uniform), then an exact count-and-pick when most candidates are down.
+pub(crate) fn random_available<B: Backend>(
+    candidates: &[B],
+    rng: &crate::rng::SharedRng,
+    exclude: Option<usize>,
+) -> Option<usize> {
+    let n = candidates.len();
+    let pool = n - usize::from(exclude.is_some_and(|e| e < n));
+    if pool == 0 {
+        return None;
+    }
+    // Map a draw in 0..pool onto 0..n, skipping `exclude`.
+    let nth = |k: usize| match exclude {
+        Some(e) if k >= e => k + 1,
+        _ => k,
+    };
+    for _ in 0..4 {
+        let i = nth(rng.below(pool));
+        if candidates[i].is_available() {
+            return Some(i);
+        }
+    }
+    let eligible = |i: &usize| Some(*i) != exclude && candidates[*i].is_available();
+    let available = (0..n).filter(eligible).count();
+    if available == 0 {
+        return None;
+    }
+    (0..n).filter(eligible).nth(rng.below(available))
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::BasicBackend;
+
+    #[test]
+    fn least_loaded_breaks_ties_by_processed_then_start() {
+        let c = [
+            BasicBackend::new("a").with_load(2),
+            BasicBackend::new("b").with_load(1),
+            BasicBackend::new("c").with_load(1),
+            BasicBackend::new("d").with_load(0).with_available(false),
+        ];
+        assert_eq!(fair_least_loaded(&c, 0), Some((1, 1)));
+        assert_eq!(fair_least_loaded(&c, 2), Some((2, 1)));
+        c[2].set_processed(5);
+        assert_eq!(fair_least_loaded(&c, 2), Some((1, 1)));
+        for x in &c {
+            x.set_available(false);
+        }
+        assert_eq!(fair_least_loaded(&c, 0), None);
+        assert_eq!(fair_least_loaded::<BasicBackend>(&[], 3), None);
+    }
+
+    #[test]
+    fn random_available_respects_exclusion_and_availability() {
+        let rng = crate::rng::SharedRng::new(1);
+        let c: Vec<_> = (0..5)
+            .map(|i| BasicBackend::new(format!("w{i}")).with_available(i % 2 == 0))
+            .collect();
+        for _ in 0..500 {
+            let i = random_available(&c, &rng, Some(2)).expect("0 and 4 are up");
+            assert!(i == 0 || i == 4, "{i}");
+        }
+        let one = [BasicBackend::new("x")];
+        assert_eq!(random_available(&one, &rng, Some(0)), None);
+        assert_eq!(random_available(&one, &rng, None), Some(0));
+    }
+}

@@ -1,0 +1,122 @@
+//! The policy trait and a counting wrapper.
+
+use std::sync::Arc;
+
+use crate::backend::Backend;
+use crate::context::RequestContext;
+use crate::decision::{Decision, DecisionCounters, DecisionCounts};
+use crate::membership::MembershipEvent;
+
+/// The part of a policy that does not depend on the backend type: its name
+/// and the hooks that keep its state in step with the fleet.
+///
+/// Split from [`Policy`] so that `policy.on_membership(..)` on a concrete
+/// policy needs no backend type annotation.
+pub trait PolicyState: Send + Sync {
+    /// The policy's name, as on the command line (e.g. `"cache_aware"`).
+    fn name(&self) -> &str;
+
+    /// Keeps the policy's state in step with the fleet. Stateless policies
+    /// ignore it (the default).
+    fn on_membership(&self, event: MembershipEvent<'_>) {
+        let _ = event;
+    }
+
+    /// Periodic upkeep the host calls from its own timer (cache-aware evicts
+    /// its trees to their budget here). The default does nothing.
+    fn maintain(&self) {}
+}
+
+/// A load-balancing policy over candidates of type `B`.
+///
+/// Built-in policies implement `Policy<B>` for every `B: Backend`. The trait
+/// is object safe (`Arc<dyn Policy<B>>`), takes `&self` everywhere and must
+/// be `Send + Sync`: one instance serves concurrent requests.
+pub trait Policy<B: Backend>: PolicyState {
+    /// Chooses one of `candidates` for the request, or `None` when no
+    /// candidate is available. The returned index is always that of an
+    /// available candidate.
+    fn select(&self, candidates: &[B], ctx: &RequestContext<'_>) -> Option<Decision>;
+}
+
+macro_rules! forward_policy {
+    ($wrapper:ident) => {
+        impl<P: PolicyState + ?Sized> PolicyState for $wrapper<P> {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
+            fn on_membership(&self, event: MembershipEvent<'_>) {
+                (**self).on_membership(event)
+            }
+            fn maintain(&self) {
+                (**self).maintain()
+            }
+        }
+
+        impl<B: Backend, P: Policy<B> + ?Sized> Policy<B> for $wrapper<P> {
+            fn select(&self, candidates: &[B], ctx: &RequestContext<'_>) -> Option<Decision> {
+                (**self).select(candidates, ctx)
+            }
+        }
+    };
+}
+
+forward_policy!(Box);
+forward_policy!(Arc);
+
+/// Wraps a policy and counts its decisions by reason.
+///
+/// The registry wraps every instance it creates this way, custom policies
+/// included, so the host exports one set of counters per model.
+#[derive(Debug, Default)]
+pub struct Counted<P: ?Sized> {
+    counters: DecisionCounters,
+    inner: P,
+}
+
+impl<P> Counted<P> {
+    /// Wraps `inner` with all counters at zero.
+    pub fn new(inner: P) -> Self {
+        Counted {
+            counters: DecisionCounters::new(),
+            inner,
+        }
+    }
+
+    /// Unwraps the policy.
+    pub fn into_inner(self) -> P {
+        self.inner
+    }
+}
+
+impl<P: ?Sized> Counted<P> {
+    /// The wrapped policy.
+    pub fn get_ref(&self) -> &P {
+        &self.inner
+    }
+
+    /// The counts so far.
+    pub fn counts(&self) -> DecisionCounts {
+        self.counters.snapshot()
+    }
+}
+
+impl<P: PolicyState + ?Sized> PolicyState for Counted<P> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn on_membership(&self, event: MembershipEvent<'_>) {
+        self.inner.on_membership(event)
+    }
+    fn maintain(&self) {
+        self.inner.maintain()
+    }
+}
+
+impl<B: Backend, P: Policy<B> + ?Sized> Policy<B> for Counted<P> {
+    fn select(&self, candidates: &[B], ctx: &RequestContext<'_>) -> Option<Decision> {
+        let decision = self.inner.select(candidates, ctx);
+        self.counters.record(decision.as_ref());
+        decision
+    }
+}

@@ -1,0 +1,277 @@
+//! One policy instance per model id, built by name.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::backend::Backend;
+use crate::context::RequestContext;
+use crate::decision::{Decision, DecisionCounts};
+use crate::error::PolicyError;
+use crate::membership::MembershipEvent;
+use crate::policies::cache_aware::{CacheAware, CacheAwareConfig, LoadGate};
+use crate::policies::consistent_hash::{ConsistentHash, ConsistentHashConfig};
+use crate::policies::least_loaded::LeastLoaded;
+use crate::policies::power_of_two::PowerOfTwo;
+use crate::policies::random::RandomPolicy;
+use crate::policies::rendezvous::RendezvousHash;
+use crate::policies::round_robin::RoundRobin;
+use crate::policy::{Counted, Policy, PolicyState};
+use crate::sync::{self, Mutex, RwLock};
+
+/// The built-in policy names, as on the command line.
+pub const BUILTIN_POLICIES: [&str; 8] = [
+    "random",
+    "round_robin",
+    "power_of_two",
+    "least_loaded",
+    "consistent_hash",
+    "rendezvous_hash",
+    "cache_aware",
+    "cache_aware_fleet_gate",
+];
+
+/// Which policy to build and its knobs.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(default)
+)]
+#[non_exhaustive]
+pub struct PolicyConfig {
+    /// Policy name: one of [`BUILTIN_POLICIES`] or a registered factory's
+    /// name. Default `"cache_aware"`.
+    pub name: String,
+    /// Seed for the random policies (`random`, `power_of_two`); `None`
+    /// (default) seeds differently in every process.
+    pub seed: Option<u64>,
+    /// Knobs of `cache_aware` / `cache_aware_fleet_gate` (the latter forces
+    /// [`LoadGate::FleetWide`]).
+    pub cache_aware: CacheAwareConfig,
+    /// Knobs of `consistent_hash`.
+    pub consistent_hash: ConsistentHashConfig,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig::named("cache_aware")
+    }
+}
+
+impl PolicyConfig {
+    /// The named policy with default knobs.
+    pub fn named(name: impl Into<String>) -> Self {
+        PolicyConfig {
+            name: name.into(),
+            seed: None,
+            cache_aware: CacheAwareConfig::default(),
+            consistent_hash: ConsistentHashConfig::default(),
+        }
+    }
+
+    /// Sets the seed of the random policies.
+    #[must_use]
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+}
+
+/// Builds one of the [`BUILTIN_POLICIES`] from `config`.
+pub fn build_builtin<B: Backend>(config: &PolicyConfig) -> Result<Box<dyn Policy<B>>, PolicyError> {
+    let seeded = |f: fn(u64) -> Box<dyn Policy<B>>, g: fn() -> Box<dyn Policy<B>>| match config.seed
+    {
+        Some(seed) => f(seed),
+        None => g(),
+    };
+    Ok(match config.name.as_str() {
+        "random" => seeded(
+            |s| Box::new(RandomPolicy::with_seed(s)),
+            || Box::new(RandomPolicy::new()),
+        ),
+        "power_of_two" => seeded(
+            |s| Box::new(PowerOfTwo::with_seed(s)),
+            || Box::new(PowerOfTwo::new()),
+        ),
+        "round_robin" => Box::new(RoundRobin::new()),
+        "least_loaded" => Box::new(LeastLoaded::new()),
+        "consistent_hash" => Box::new(ConsistentHash::new(config.consistent_hash.clone())?),
+        "rendezvous_hash" => Box::new(RendezvousHash::new()),
+        "cache_aware" => Box::new(CacheAware::new(config.cache_aware.clone())?),
+        "cache_aware_fleet_gate" => {
+            let mut knobs = config.cache_aware.clone();
+            knobs.gate = LoadGate::FleetWide;
+            Box::new(CacheAware::new(knobs)?)
+        }
+        other => {
+            return Err(PolicyError::UnknownPolicy {
+                name: other.to_owned(),
+                known: BUILTIN_POLICIES.join(", "),
+            });
+        }
+    })
+}
+
+/// Builds a policy from a configuration (a custom factory).
+pub type PolicyFactory<B> =
+    Arc<dyn Fn(&PolicyConfig) -> Result<Box<dyn Policy<B>>, PolicyError> + Send + Sync>;
+
+/// A model's policy instance as the registry hands it out: the policy
+/// wrapped in decision counters.
+pub type ModelPolicy<B> = Counted<Box<dyn Policy<B>>>;
+
+/// Keeps one policy instance per model id.
+///
+/// Instances are created on a model's first use from the model's
+/// configuration (or the default one), by built-in name or by a factory
+/// registered with [`register_factory`](Self::register_factory). The
+/// registry also tracks fleet membership: [`on_membership`](Self::on_membership)
+/// forwards each event to every instance, and a new instance is first told
+/// about every current member, so a policy created late starts in step with
+/// the fleet.
+pub struct PolicyRegistry<B> {
+    default: PolicyConfig,
+    per_model: RwLock<HashMap<Box<str>, PolicyConfig>>,
+    factories: RwLock<HashMap<String, PolicyFactory<B>>>,
+    instances: RwLock<HashMap<Box<str>, Arc<ModelPolicy<B>>>>,
+    /// Lock order: `members`, then `instances`.
+    members: Mutex<Vec<Arc<str>>>,
+}
+
+impl<B> fmt::Debug for PolicyRegistry<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyRegistry")
+            .field("default", &self.default)
+            .field("models", &sync::read(&self.instances).len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> PolicyRegistry<B> {
+    /// A registry whose models use `default` unless configured otherwise.
+    /// Fails if `default` names no built-in policy or has invalid knobs
+    /// (register custom factories first and use
+    /// [`with_factory`](Self::with_factory) to default to one).
+    pub fn new(default: PolicyConfig) -> Result<Self, PolicyError> {
+        build_builtin::<B>(&default)?;
+        Ok(Self::unchecked(default))
+    }
+
+    /// A registry defaulting to a custom policy built by `factory` under
+    /// `name`.
+    pub fn with_factory(name: &str, factory: PolicyFactory<B>) -> Result<Self, PolicyError> {
+        let default = PolicyConfig::named(name);
+        factory(&default)?;
+        let registry = Self::unchecked(default);
+        sync::write(&registry.factories).insert(name.to_owned(), factory);
+        Ok(registry)
+    }
+
+    fn unchecked(default: PolicyConfig) -> Self {
+        PolicyRegistry {
+            default,
+            per_model: RwLock::new(HashMap::new()),
+            factories: RwLock::new(HashMap::new()),
+            instances: RwLock::new(HashMap::new()),
+            members: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Registers (or replaces) a custom policy factory under `name`; a
+    /// custom name shadows a built-in one.
+    pub fn register_factory(&self, name: impl Into<String>, factory: PolicyFactory<B>) {
+        sync::write(&self.factories).insert(name.into(), factory);
+    }
+
+    /// Uses `config` for `model` from now on. The configuration is checked
+    /// by building it once; an existing instance for the model is replaced
+    /// (its learned state, such as a cache tree, starts over).
+    pub fn set_model_config(&self, model: &str, config: PolicyConfig) -> Result<(), PolicyError> {
+        let members = sync::lock(&self.members);
+        let policy = self.build(&config, &members)?;
+        sync::write(&self.per_model).insert(model.into(), config);
+        sync::write(&self.instances).insert(model.into(), policy);
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        config: &PolicyConfig,
+        members: &[Arc<str>],
+    ) -> Result<Arc<ModelPolicy<B>>, PolicyError> {
+        let factory = sync::read(&self.factories).get(&config.name).cloned();
+        let policy = match factory {
+            Some(factory) => factory(config)?,
+            None => build_builtin::<B>(config)?,
+        };
+        for key in members {
+            policy.on_membership(MembershipEvent::Added { key });
+        }
+        Ok(Arc::new(Counted::new(policy)))
+    }
+
+    /// The policy instance for `model`, created on first use.
+    pub fn policy(&self, model: &str) -> Result<Arc<ModelPolicy<B>>, PolicyError> {
+        if let Some(policy) = sync::read(&self.instances).get(model) {
+            return Ok(Arc::clone(policy));
+        }
+        let members = sync::lock(&self.members);
+        if let Some(policy) = sync::read(&self.instances).get(model) {
+            return Ok(Arc::clone(policy));
+        }
+        let config = sync::read(&self.per_model)
+            .get(model)
+            .cloned()
+            .unwrap_or_else(|| self.default.clone());
+        let policy = self.build(&config, &members)?;
+        sync::write(&self.instances).insert(model.into(), Arc::clone(&policy));
+        Ok(policy)
+    }
+
+    /// Selects with the policy of `ctx.model`.
+    pub fn select(
+        &self,
+        candidates: &[B],
+        ctx: &RequestContext<'_>,
+    ) -> Result<Option<Decision>, PolicyError> {
+        Ok(self.policy(ctx.model)?.select(candidates, ctx))
+    }
+
+    /// Records a membership change and forwards it to every instance.
+    pub fn on_membership(&self, event: MembershipEvent<'_>) {
+        let mut members = sync::lock(&self.members);
+        let key = event.key();
+        let position = members.iter().position(|k| &**k == key);
+        match (event, position) {
+            (MembershipEvent::Added { .. }, None) => members.push(key.into()),
+            (MembershipEvent::Removed { .. }, Some(i)) => {
+                members.remove(i);
+            }
+            _ => {}
+        }
+        for policy in sync::read(&self.instances).values() {
+            policy.on_membership(event);
+        }
+    }
+
+    /// Runs every instance's periodic upkeep (cache-aware eviction). Call
+    /// it from the host's timer.
+    pub fn maintain(&self) {
+        let policies: Vec<_> = sync::read(&self.instances).values().cloned().collect();
+        for policy in policies {
+            policy.maintain();
+        }
+    }
+
+    /// `(model, policy name, counts)` for every instance, sorted by model:
+    /// what the host exports as metrics.
+    pub fn counts(&self) -> Vec<(String, String, DecisionCounts)> {
+        let mut out: Vec<_> = sync::read(&self.instances)
+            .iter()
+            .map(|(model, p)| (model.to_string(), p.name().to_owned(), p.counts()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}

@@ -1,0 +1,407 @@
+//! Cache-aware: affinity, the per-request gate, fair ties, membership, and
+//! the regressions of the upstream router's cache-aware bugs.
+
+mod common;
+
+use common::{announce, fleet, key};
+use lb_policies::{
+    Backend, BasicBackend, CacheAware, CacheAwareConfig, DecisionReason, LoadGate, MembershipEvent,
+    Policy, PolicyState, RequestContext,
+};
+use proptest::prelude::*;
+
+const MODEL: &str = "m";
+
+fn policy(gate: LoadGate) -> CacheAware {
+    let mut config = CacheAwareConfig::default();
+    config.gate = gate;
+    CacheAware::new(config).expect("default knobs are valid")
+}
+
+fn select(p: &CacheAware, fleet: &[BasicBackend], text: &str) -> (usize, DecisionReason) {
+    let d = p
+        .select(fleet, &RequestContext::new(MODEL).with_text(text))
+        .expect("an available worker");
+    assert!(fleet[d.index].is_available(), "chose an unavailable worker");
+    (d.index, d.reason)
+}
+
+/// A prompt long enough that a repeat matches far above the threshold.
+fn prompt(i: usize) -> String {
+    format!("system prompt #{i}: you are a careful assistant; answer briefly. ").repeat(4)
+}
+
+/// Routes `text` once so that some worker owns it; returns that worker.
+fn establish(p: &CacheAware, fleet: &[BasicBackend], text: &str) -> usize {
+    let (owner, reason) = select(p, fleet, text);
+    assert_eq!(reason, DecisionReason::CacheLowMatch);
+    assert_eq!(select(p, fleet, text), (owner, DecisionReason::CacheHit));
+    owner
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Loads within the thresholds never break affinity.
+    #[test]
+    fn balanced_load_keeps_same_text_on_same_worker(
+        n in 2usize..12,
+        loads in prop::collection::vec(0usize..60, 12),
+        texts in prop::collection::vec("[a-z ]{40,120}", 1..6),
+    ) {
+        let fleet = fleet(n);
+        let p = policy(LoadGate::PerRequest);
+        announce(&p, &fleet);
+        for text in &texts {
+            let (owner, _) = select(&p, &fleet, text);
+            for (b, load) in fleet.iter().zip(&loads) {
+                b.set_load(*load); // spread < 64: no worker counts as overloaded
+            }
+            for _ in 0..3 {
+                let (again, reason) = select(&p, &fleet, text);
+                prop_assert_eq!(again, owner);
+                prop_assert_eq!(reason, DecisionReason::CacheHit);
+            }
+            for b in &fleet {
+                b.set_load(0);
+            }
+        }
+    }
+
+    /// The owner yields exactly when it is over both margins against the
+    /// least loaded available candidate.
+    #[test]
+    fn overloaded_preferred_worker_yields(n in 2usize..10, min_load in 0usize..200, extra in 0usize..300) {
+        let fleet = fleet(n);
+        let p = policy(LoadGate::PerRequest);
+        announce(&p, &fleet);
+        let text = prompt(n);
+        let owner = establish(&p, &fleet, &text);
+        for b in &fleet {
+            b.set_load(min_load + 10);
+        }
+        fleet[(owner + 1) % n].set_load(min_load);
+        let owner_load = min_load + extra;
+        fleet[owner].set_load(owner_load);
+        let yields = owner_load > min_load + 64 && owner_load as f64 > min_load as f64 * 1.5;
+        prop_assert_eq!(p.config().preferred_yields(owner_load, min_load), yields);
+        let (chosen, reason) = select(&p, &fleet, &text);
+        if yields {
+            prop_assert_eq!(reason, DecisionReason::CacheOverloaded);
+            prop_assert_eq!(chosen, (owner + 1) % n);
+        } else {
+            prop_assert_eq!((chosen, reason), (owner, DecisionReason::CacheHit));
+        }
+    }
+
+    /// An idle unhealthy worker is not "the least loaded": it must not make
+    /// a moderately loaded owner yield (the per-request gate uses available
+    /// candidates only). The fleet-wide gate is fooled, as upstream was.
+    #[test]
+    fn unhealthy_idle_worker_does_not_flip_the_gate(n in 3usize..10, base in 65usize..200) {
+        let fleet = fleet(n);
+        for gate in [LoadGate::PerRequest, LoadGate::FleetWide] {
+            let p = policy(gate);
+            announce(&p, &fleet);
+            let text = prompt(base);
+            for b in &fleet {
+                b.set_load(0);
+                b.set_available(true);
+            }
+            let owner = establish(&p, &fleet, &text);
+            for b in &fleet {
+                b.set_load(base);
+            }
+            let down = (owner + 1) % n;
+            fleet[down].set_load(0);
+            fleet[down].set_available(false);
+            let (chosen, reason) = select(&p, &fleet, &text);
+            match gate {
+                LoadGate::PerRequest => {
+                    prop_assert_eq!((chosen, reason), (owner, DecisionReason::CacheHit));
+                }
+                _ => prop_assert_eq!(reason, DecisionReason::CacheFleetImbalance),
+            }
+        }
+    }
+}
+
+/// One hot worker turns affinity off for everyone under the fleet-wide
+/// gate, but only for its own requests under the per-request gate.
+#[test]
+fn one_hot_worker_does_not_disable_affinity_for_others() {
+    let fleet = fleet(4);
+    let p = policy(LoadGate::PerRequest);
+    let old = policy(LoadGate::FleetWide);
+    announce(&p, &fleet);
+    announce(&old, &fleet);
+    // Give every worker a prompt of its own.
+    let texts: Vec<String> = (0..4).map(prompt).collect();
+    let owners: Vec<usize> = texts.iter().map(|t| establish(&p, &fleet, t)).collect();
+    let old_owners: Vec<usize> = texts.iter().map(|t| establish(&old, &fleet, t)).collect();
+    let mut sorted = owners.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        [0, 1, 2, 3],
+        "cold prompts spread over idle workers"
+    );
+    let hot = owners[0];
+    fleet[hot].set_load(500);
+    for (t, &owner) in texts.iter().zip(&owners).skip(1) {
+        assert_eq!(select(&p, &fleet, t), (owner, DecisionReason::CacheHit));
+    }
+    for t in texts.iter().skip(1) {
+        let (_, reason) = select(&old, &fleet, t);
+        assert_eq!(reason, DecisionReason::CacheFleetImbalance);
+    }
+    assert_eq!(
+        select(&p, &fleet, &texts[0]).1,
+        DecisionReason::CacheOverloaded
+    );
+    assert_ne!(old_owners.len(), 0);
+}
+
+/// Equal-load cold traffic spreads evenly (measured: max − min share).
+#[test]
+fn equal_load_cold_traffic_spreads_evenly() {
+    for n in [2usize, 3, 8, 13] {
+        let fleet = fleet(n);
+        let p = policy(LoadGate::PerRequest);
+        announce(&p, &fleet);
+        let per_worker = 50;
+        let mut counts = vec![0usize; n];
+        for i in 0..n * per_worker {
+            // Distinct leading characters: no request matches an earlier one.
+            let text = format!("{i:08}-{}", "cold request body ".repeat(3));
+            let (chosen, reason) = select(&p, &fleet, &text);
+            assert_eq!(reason, DecisionReason::CacheLowMatch);
+            counts[chosen] += 1;
+        }
+        let spread = counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0);
+        eprintln!("n={n}: counts {counts:?}, spread {spread}");
+        assert!(spread <= 1, "uneven cold spread {counts:?}");
+    }
+}
+
+/// With processed counts advancing (the host's real behaviour), ties still
+/// go to the worker that has had the least work.
+#[test]
+fn ties_prefer_fewer_processed_requests() {
+    let fleet = fleet(3);
+    let p = policy(LoadGate::PerRequest);
+    fleet[0].set_processed(10);
+    fleet[1].set_processed(3);
+    fleet[2].set_processed(7);
+    let (chosen, _) = select(&p, &fleet, "a cold prompt");
+    assert_eq!(chosen, 1);
+}
+
+// ---- Regressions from the upstream write-up (PR #299 / #238) ----
+
+/// Tree initialised on first membership: no missing-tree fallback; the
+/// second identical request already hits.
+#[test]
+fn regression_fresh_fleet_routes_cache_aware_from_the_first_request() {
+    let fleet = fleet(3);
+    let p = policy(LoadGate::PerRequest);
+    announce(&p, &fleet);
+    assert!(!p.has_model(MODEL));
+    let text = prompt(1);
+    let (owner, reason) = select(&p, &fleet, &text);
+    assert_eq!(reason, DecisionReason::CacheLowMatch);
+    assert!(p.has_model(MODEL));
+    assert!(p.affinity_size(MODEL, &key(owner)) >= text.chars().count());
+    assert_eq!(select(&p, &fleet, &text), (owner, DecisionReason::CacheHit));
+}
+
+/// A model first seen after the fleet was announced gets every member.
+#[test]
+fn regression_late_model_is_seeded_with_the_fleet() {
+    let fleet = fleet(2);
+    let p = policy(LoadGate::PerRequest);
+    announce(&p, &fleet);
+    p.on_membership(MembershipEvent::Removed { key: &key(1) });
+    // Worker 1 was removed before the model existed: a stale slice that
+    // still lists it cannot give it affinity.
+    fleet[0].set_load(5);
+    let (chosen, _) = select(&p, &fleet, &prompt(7));
+    assert_eq!(chosen, 1, "least loaded of the (stale) slice");
+    assert_eq!(
+        p.affinity_size(MODEL, &key(1)),
+        0,
+        "removed worker gained affinity"
+    );
+}
+
+/// Stale affinity removed on removal.
+#[test]
+fn regression_removal_drops_affinity() {
+    let fleet = fleet(3);
+    let p = policy(LoadGate::PerRequest);
+    announce(&p, &fleet);
+    let text = prompt(2);
+    let owner = establish(&p, &fleet, &text);
+    p.on_membership(MembershipEvent::Removed { key: &key(owner) });
+    assert_eq!(p.affinity_size(MODEL, &key(owner)), 0);
+    let survivors: Vec<BasicBackend> = (0..3)
+        .filter(|&i| i != owner)
+        .map(|i| BasicBackend::new(key(i)))
+        .collect();
+    let (_, reason) = select(&p, &survivors, &text);
+    assert_eq!(reason, DecisionReason::CacheLowMatch);
+    // A stale slice still listing the removed worker: no hit for it, and
+    // routing there does not resurrect its affinity.
+    let (_, reason) = select(&p, &fleet, &prompt(3));
+    assert_ne!(reason, DecisionReason::CacheHit);
+    assert_eq!(p.affinity_size(MODEL, &key(owner)), 0);
+    // Added again: it takes part again.
+    p.on_membership(MembershipEvent::Added { key: &key(owner) });
+    for b in &fleet {
+        b.set_load(1);
+    }
+    fleet[owner].set_load(0);
+    let fresh = prompt(4);
+    assert_eq!(select(&p, &fleet, &fresh).0, owner);
+    assert_eq!(
+        select(&p, &fleet, &fresh),
+        (owner, DecisionReason::CacheHit)
+    );
+}
+
+/// Stale affinity removed on replacement (same URL, new lifetime); the
+/// worker stays a member.
+#[test]
+fn regression_replacement_drops_affinity_but_keeps_membership() {
+    let fleet = fleet(3);
+    let p = policy(LoadGate::PerRequest);
+    announce(&p, &fleet);
+    let text = prompt(5);
+    let owner = establish(&p, &fleet, &text);
+    p.on_membership(MembershipEvent::Replaced { key: &key(owner) });
+    assert_eq!(p.affinity_size(MODEL, &key(owner)), 0);
+    let (again, reason) = select(&p, &fleet, &text);
+    assert_eq!(reason, DecisionReason::CacheLowMatch);
+    assert!(
+        p.affinity_size(MODEL, &key(again)) > 0,
+        "the new lifetime learns again"
+    );
+}
+
+/// Overloaded owner yields (live load, as persistent workers report it).
+#[test]
+fn regression_overloaded_owner_yields() {
+    let fleet = fleet(2);
+    let p = policy(LoadGate::PerRequest);
+    announce(&p, &fleet);
+    let text = prompt(6);
+    let owner = establish(&p, &fleet, &text);
+    for _ in 0..100 {
+        fleet[owner].begin_request();
+    }
+    let (chosen, reason) = select(&p, &fleet, &text);
+    assert_eq!(
+        (chosen, reason),
+        (1 - owner, DecisionReason::CacheOverloaded)
+    );
+}
+
+/// Equal-load fairness: not "index 0 every time".
+#[test]
+fn regression_equal_load_is_not_first_in_list() {
+    let fleet = fleet(4);
+    let p = policy(LoadGate::PerRequest);
+    let firsts: Vec<usize> = (0..8)
+        .map(|i| select(&p, &fleet, &format!("{i} cold")).0)
+        .collect();
+    assert_eq!(firsts.iter().filter(|&&i| i == 0).count(), 2, "{firsts:?}");
+}
+
+#[test]
+fn owner_that_is_down_hands_over_and_says_so() {
+    let fleet = fleet(3);
+    let p = policy(LoadGate::PerRequest);
+    let text = prompt(8);
+    let owner = establish(&p, &fleet, &text);
+    fleet[owner].set_available(false);
+    let (chosen, reason) = select(&p, &fleet, &text);
+    assert_ne!(chosen, owner);
+    assert_eq!(reason, DecisionReason::CacheOwnerUnavailable);
+}
+
+#[test]
+fn token_ids_route_like_text() {
+    let fleet = fleet(3);
+    let p = policy(LoadGate::PerRequest);
+    let tokens: Vec<u32> = (0..200).collect();
+    let ctx = RequestContext::new(MODEL).with_tokens(&tokens);
+    let first = p.select(&fleet[..], &ctx).expect("available");
+    let again = p.select(&fleet[..], &ctx).expect("available");
+    assert_eq!(
+        (again.index, again.reason),
+        (first.index, DecisionReason::CacheHit)
+    );
+    let no_input = p
+        .select(&fleet[..], &RequestContext::new(MODEL))
+        .expect("available");
+    assert_eq!(no_input.reason, DecisionReason::CacheLowMatch);
+}
+
+#[test]
+fn models_have_separate_trees() {
+    let fleet = fleet(2);
+    let p = policy(LoadGate::PerRequest);
+    let text = prompt(9);
+    let owner = establish(&p, &fleet, &text);
+    let other = p
+        .select(
+            &fleet[..],
+            &RequestContext::new("other-model").with_text(&text),
+        )
+        .expect("available");
+    assert_eq!(other.reason, DecisionReason::CacheLowMatch);
+    assert!(p.affinity_size(MODEL, &key(owner)) > 0);
+}
+
+#[test]
+fn eviction_trims_each_worker_to_its_budget() {
+    let mut config = CacheAwareConfig::default();
+    config.max_tree_size = 1000;
+    let p = CacheAware::new(config).expect("valid");
+    let fleet = fleet(1);
+    for i in 0..50 {
+        select(&p, &fleet, &format!("{i:04} {}", "x".repeat(200)));
+    }
+    assert!(p.affinity_size(MODEL, &key(0)) > 1000);
+    p.maintain();
+    assert!(p.affinity_size(MODEL, &key(0)) <= 1000);
+}
+
+#[test]
+fn invalid_knobs_are_rejected() {
+    let cases: [fn(&mut CacheAwareConfig); 5] = [
+        |c| c.cache_threshold = 1.5,
+        |c| c.cache_threshold = f64::NAN,
+        |c| c.balance_rel_threshold = 0.5,
+        |c| c.max_tree_size = 0,
+        |c| c.eviction_interval = std::time::Duration::ZERO,
+    ];
+    for set in cases {
+        let mut config = CacheAwareConfig::default();
+        set(&mut config);
+        assert!(CacheAware::new(config).is_err());
+    }
+}
+
+#[test]
+fn no_available_candidate_gives_none() {
+    let fleet = fleet(2);
+    for b in &fleet {
+        b.set_available(false);
+    }
+    let p = policy(LoadGate::PerRequest);
+    assert_eq!(
+        p.select(&fleet[..], &RequestContext::new(MODEL).with_text("x")),
+        None
+    );
+}

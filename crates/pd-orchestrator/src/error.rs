@@ -1,0 +1,141 @@
+//! Error kinds of the crate. The HTTP edge maps them to a status and a JSON
+//! body once, through [`PdError::status`].
+
+use bytes::Bytes;
+use http::StatusCode;
+
+/// A worker base URL that cannot be addressed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EndpointError {
+    /// The URL is not `http(s)://host[:port]`.
+    #[error("invalid worker URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+/// The selected pair lacks what the connector needs to address it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectorError {
+    /// A Mooncake prefill endpoint whose bootstrap server was never queried.
+    #[error("prefill {url} has no Mooncake bootstrap data (query its bootstrap server at startup)")]
+    MissingMooncakeBootstrap {
+        /// Base URL of the prefill endpoint.
+        url: String,
+    },
+    /// The bootstrap server reported no engine id for the prefill DP rank.
+    #[error("prefill {url} reported no Mooncake engine id for DP rank {rank}")]
+    MissingMooncakeEngineId {
+        /// Base URL of the prefill endpoint.
+        url: String,
+        /// The DP rank looked up (0 when the endpoint has none).
+        rank: u32,
+    },
+    /// A MoRI-IO endpoint registered without its side-channel facts.
+    #[error("{role} {url} has no MoRI-IO registration data")]
+    MissingMoriIo {
+        /// Base URL of the endpoint.
+        url: String,
+        /// `"prefill"` or `"decode"`.
+        role: &'static str,
+    },
+}
+
+/// Why a two-phase request did not produce a decode response.
+///
+/// Every variant is decided before any decode byte reached the client, so a
+/// caller may retry the whole request when [`PdError::is_retryable`] says so.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum PdError {
+    /// The client body is not a JSON object.
+    #[error("request body must be a JSON object")]
+    InvalidBody,
+    /// The request id or an endpoint's KV address cannot be sent as the
+    /// `X-Request-Id` header (control characters, non-ASCII).
+    #[error("request id {0:?} is not a valid header value")]
+    InvalidRequestId(String),
+    /// The connector cannot address the selected pair.
+    #[error(transparent)]
+    Connector(#[from] ConnectorError),
+    /// The prefill worker answered with a status that is not the worker's
+    /// fault (non-2xx other than 5xx, 408 and 429); its status and body are
+    /// passed through to the client.
+    #[error("prefill rejected the request with {status}")]
+    PrefillRejected {
+        /// Status of the prefill response.
+        status: StatusCode,
+        /// Its body (bounded), for the client.
+        body: Bytes,
+    },
+    /// Every prefill attempt failed on the worker side (transport error,
+    /// 5xx, 408/429, unreadable or oversized body).
+    #[error("prefill failed after {attempts} attempt(s): {last}")]
+    PrefillFailed {
+        /// How many prefill attempts were made.
+        attempts: u32,
+        /// The last failure, for logs.
+        last: String,
+    },
+    /// The decode request could not be sent or its response head not read.
+    #[error("decode failed: {reason}")]
+    DecodeFailed {
+        /// The transport error, for logs.
+        reason: String,
+    },
+    /// The decode worker answered with a non-2xx status.
+    #[error("decode answered {status}")]
+    DecodeRejected {
+        /// Status of the decode response.
+        status: StatusCode,
+        /// Its body (bounded), for the client.
+        body: Bytes,
+    },
+    /// A non-streaming decode body could not be read to the end.
+    #[error("decode body failed: {reason}")]
+    DecodeBodyFailed {
+        /// The body error, for logs.
+        reason: String,
+    },
+}
+
+impl PdError {
+    /// The HTTP status the edge should answer with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidBody => StatusCode::BAD_REQUEST,
+            Self::InvalidRequestId(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Connector(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::PrefillRejected { status, .. } | Self::DecodeRejected { status, .. } => *status,
+            Self::PrefillFailed { .. }
+            | Self::DecodeFailed { .. }
+            | Self::DecodeBodyFailed { .. } => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// Whether retrying the whole request (a fresh pair) may succeed: the
+    /// failure was the workers', and no decode byte reached the client.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::InvalidBody
+            | Self::InvalidRequestId(_)
+            | Self::Connector(_)
+            | Self::PrefillRejected { .. } => false,
+            Self::PrefillFailed { .. }
+            | Self::DecodeFailed { .. }
+            | Self::DecodeBodyFailed { .. } => true,
+            Self::DecodeRejected { status, .. } => is_retryable_status(*status),
+        }
+    }
+}
+
+/// Statuses that mean "this worker, now" rather than "this request": retried
+/// with a fresh worker.
+pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
+    status.is_server_error() || matches!(status.as_u16(), 408 | 429)
+}

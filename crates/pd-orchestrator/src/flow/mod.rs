@@ -1,0 +1,831 @@
+//! The two-phase flow; see [`PdFlow`].
+
+mod body;
+mod collect;
+mod traits;
+
+pub use body::{OnceBody, PdBody};
+pub use traits::{
+    BoxError, LegOutcome, LegRequest, LegResponse, PdBackend, PdWorker, Phase, Transport,
+};
+
+use std::future::poll_fn;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use serde_json::{Map, Value};
+
+use crate::connector::{
+    DecodeHandoff, KV_TRANSFER_PARAMS, KvConnector, LegContext, PhaseOrder, apply_decode_handoff,
+    prepare_prefill_body,
+};
+use crate::error::{PdError, is_retryable_status};
+use crate::headers::{ForwardHeaders, leg_headers, p2p_request_id};
+use crate::merge::merge_non_streaming;
+use body::PrefillDriver;
+use collect::{Collector, collect_limited};
+use traits::PhaseLease;
+
+/// Limits and switches of the flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowConfig {
+    /// Prefill attempts in sequential mode, including the first. Default 3.
+    pub max_prefill_attempts: u32,
+    /// Largest prefill response read. Default 16 MiB (block id lists of
+    /// long prompts are large).
+    pub max_prefill_response_bytes: usize,
+    /// Largest non-streaming decode response read for merging. Default
+    /// 64 MiB.
+    pub max_decode_response_bytes: usize,
+    /// Largest error body kept for the client. Default 64 KiB.
+    pub max_error_body_bytes: usize,
+    /// Merge usage and prompt logprobs of the prefill response into
+    /// non-streaming decode responses. Default true.
+    pub merge_non_streaming: bool,
+}
+
+impl Default for FlowConfig {
+    fn default() -> Self {
+        Self {
+            max_prefill_attempts: 3,
+            max_prefill_response_bytes: 16 << 20,
+            max_decode_response_bytes: 64 << 20,
+            max_error_body_bytes: 64 << 10,
+            merge_non_streaming: true,
+        }
+    }
+}
+
+/// Counters of one flow, for metrics.
+#[derive(Debug, Default)]
+pub struct FlowStats {
+    requests: AtomicU64,
+    prefill_retries: AtomicU64,
+    missing_prefill_kv_params: AtomicU64,
+    merged_responses: AtomicU64,
+    prefill_failures_during_decode: AtomicU64,
+}
+
+/// A copy of [`FlowStats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowStatsSnapshot {
+    /// Requests started.
+    pub requests: u64,
+    /// Prefill attempts after the first (sequential mode).
+    pub prefill_retries: u64,
+    /// 2xx prefill responses without `kv_transfer_params`: decode
+    /// recomputed the prompt.
+    pub missing_prefill_kv_params: u64,
+    /// Non-streaming responses whose usage or logprobs were merged.
+    pub merged_responses: u64,
+    /// Concurrent prefill legs that failed while decode was already
+    /// streaming (recorded, stream left to finish).
+    pub prefill_failures_during_decode: u64,
+}
+
+impl FlowStats {
+    /// Current values.
+    pub fn snapshot(&self) -> FlowStatsSnapshot {
+        FlowStatsSnapshot {
+            requests: self.requests.load(Ordering::Relaxed),
+            prefill_retries: self.prefill_retries.load(Ordering::Relaxed),
+            missing_prefill_kv_params: self.missing_prefill_kv_params.load(Ordering::Relaxed),
+            merged_responses: self.merged_responses.load(Ordering::Relaxed),
+            prefill_failures_during_decode: self
+                .prefill_failures_during_decode
+                .load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One client request to run over a (prefill, decode) pair.
+#[derive(Debug, Clone)]
+pub struct PdRequest {
+    /// The client's path, e.g. `/v1/chat/completions`; both legs use it.
+    pub path: String,
+    /// The client's parsed body (a JSON object), parsed once by the caller.
+    pub body: Value,
+    /// The per-request id: the `{uuid}` of the request-id convention, and
+    /// the root of transfer ids.
+    pub request_id: String,
+    /// Client headers to forward on both legs.
+    pub forward: ForwardHeaders,
+}
+
+/// Whether the decode leg received KV parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// Decode got its `kv_transfer_params`.
+    Params,
+    /// The prefill returned none; decode recomputed the prompt. Counted in
+    /// [`FlowStatsSnapshot::missing_prefill_kv_params`]; the caller should
+    /// log it.
+    MissingPrefillParams,
+}
+
+/// The decode response head plus a body that owns the decode phase.
+pub struct PdResponse<B, Bk: PdBackend> {
+    /// Decode response status (2xx).
+    pub status: StatusCode,
+    /// Decode response headers (`content-length` removed when the body was
+    /// merged).
+    pub headers: HeaderMap,
+    /// The body; see [`PdBody`].
+    pub body: PdBody<B, Bk>,
+    /// Whether decode got KV parameters.
+    pub handoff: Handoff,
+    /// The prefill worker that served the request (after retries).
+    pub prefill: Bk::Worker,
+    /// Prefill attempts made (1 without retries).
+    pub prefill_attempts: u32,
+}
+
+impl<B, Bk: PdBackend> std::fmt::Debug for PdResponse<B, Bk> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PdResponse")
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .field("body", &self.body)
+            .field("handoff", &self.handoff)
+            .field("prefill", &self.prefill.endpoint().base_url())
+            .field("prefill_attempts", &self.prefill_attempts)
+            .finish()
+    }
+}
+
+/// Why one prefill leg did not produce a usable response.
+#[derive(Debug)]
+enum PrefillLegError {
+    /// The worker failed; another may succeed.
+    Failed(String),
+    /// The engine rejected the request itself.
+    Rejected { status: StatusCode, body: Bytes },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    prefill: usize,
+    error: usize,
+}
+
+/// The two-phase flow: prefill leg, hand-off, decode leg, with one load
+/// guard per phase.
+///
+/// # When does each phase count as load?
+///
+/// Sequential ([`PhaseOrder::Sequential`]):
+///
+/// ```text
+/// prefill guard: reserve at dispatch ─────────── release when the prefill body is read
+/// decode guard:                                  reserve at dispatch ───── release at end of decode stream
+/// ```
+///
+/// Concurrent ([`PhaseOrder::Concurrent`]): both reserved at dispatch; each
+/// released by its own phase. A prefill that fails before the decode
+/// response head arrives aborts the decode leg (the decode engine would wait
+/// for KV that never comes); a decode that fails aborts the prefill leg (its
+/// KV has no consumer). Once decode is streaming, a prefill failure is
+/// recorded but the stream is left to finish.
+///
+/// # Cancel safety
+///
+/// Every guard lives in a value owned by the future or the body that does
+/// the work ([`PdBody`] for the decode stream). Dropping the flow future at
+/// any await point, or the body at any time, releases each reserved phase
+/// exactly once and records [`LegOutcome::Cancelled`] for it.
+///
+/// # Retries
+///
+/// The prefill status is always checked. In sequential mode a prefill that
+/// fails on the worker side is retried with a fresh worker from
+/// [`PdBackend::reselect_prefill`] before decode starts. Decode is never
+/// retried here: a [`PdError`] returned by [`PdFlow::run`] means no decode
+/// byte reached the client, so the caller may retry the whole request when
+/// [`PdError::is_retryable`]; once [`PdFlow::run`] returned a body, nothing
+/// is retried.
+#[derive(Debug)]
+pub struct PdFlow<T, Bk> {
+    transport: T,
+    backend: Arc<Bk>,
+    config: FlowConfig,
+    stats: Arc<FlowStats>,
+}
+
+impl<T, Bk> PdFlow<T, Bk>
+where
+    T: Transport,
+    Bk: PdBackend,
+{
+    /// A flow sending legs through `transport`, reserving and recording
+    /// through `backend`.
+    pub fn new(transport: T, backend: Arc<Bk>, config: FlowConfig) -> Self {
+        Self {
+            transport,
+            backend,
+            config,
+            stats: Arc::default(),
+        }
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    /// The counters of this flow.
+    pub fn stats(&self) -> &Arc<FlowStats> {
+        &self.stats
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<Bk> {
+        &self.backend
+    }
+
+    /// Runs `request` over the (`prefill`, `decode`) pair with `connector`.
+    ///
+    /// # Errors
+    /// A [`PdError`] when no decode response can be returned; no guard is
+    /// left reserved and every reserved leg has recorded its outcome.
+    pub async fn run<C>(
+        &self,
+        connector: &C,
+        request: PdRequest,
+        prefill: Bk::Worker,
+        decode: Bk::Worker,
+    ) -> Result<PdResponse<T::Body, Bk>, PdError>
+    where
+        C: KvConnector + ?Sized,
+    {
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let PdRequest {
+            path,
+            body,
+            request_id,
+            forward,
+        } = request;
+        let Value::Object(mut decode_body) = body else {
+            return Err(PdError::InvalidBody);
+        };
+        decode_body.remove(KV_TRANSFER_PARAMS);
+        let streaming = decode_body.get("stream").and_then(Value::as_bool) == Some(true);
+        let mut prefill_body = decode_body.clone();
+        prepare_prefill_body(&mut prefill_body);
+        let legs = Legs {
+            path: &path,
+            request_id: &request_id,
+            forward: &forward,
+            streaming,
+        };
+        match connector.phase_order() {
+            PhaseOrder::Sequential => {
+                self.run_sequential(connector, legs, prefill_body, decode_body, prefill, decode)
+                    .await
+            }
+            PhaseOrder::Concurrent => {
+                self.run_concurrent(connector, legs, prefill_body, decode_body, prefill, decode)
+                    .await
+            }
+        }
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            prefill: self.config.max_prefill_response_bytes,
+            error: self.config.max_error_body_bytes,
+        }
+    }
+
+    async fn run_sequential<C: KvConnector + ?Sized>(
+        &self,
+        connector: &C,
+        legs: Legs<'_>,
+        mut prefill_body: Map<String, Value>,
+        mut decode_body: Map<String, Value>,
+        mut prefill: Bk::Worker,
+        decode: Bk::Worker,
+    ) -> Result<PdResponse<T::Body, Bk>, PdError> {
+        let max_attempts = self.config.max_prefill_attempts.max(1);
+        let mut attempt = 0;
+        let (mut prefill_response, wire_id) = loop {
+            let ctx = legs.context(attempt, &prefill, &decode);
+            let params = connector.prefill_params(&ctx)?;
+            prefill_body.insert(KV_TRANSFER_PARAMS.to_owned(), params);
+            let (leg, wire_id) = legs.build(Phase::Prefill, &ctx, ctx.prefill, &prefill_body)?;
+            let lease = PhaseLease::reserve(&self.backend, prefill.clone(), Phase::Prefill);
+            let sent = self.transport.send(leg);
+            let failure = match run_prefill_leg(sent, lease, self.limits()).await {
+                Ok(response) => break (response, wire_id),
+                Err(PrefillLegError::Rejected { status, body }) => {
+                    return Err(PdError::PrefillRejected { status, body });
+                }
+                Err(PrefillLegError::Failed(failure)) => failure,
+            };
+            attempt += 1;
+            tracing::warn!(
+                prefill = prefill.endpoint().base_url(),
+                attempt,
+                %failure,
+                "prefill attempt failed"
+            );
+            let next = if attempt < max_attempts {
+                self.backend.reselect_prefill(&prefill, attempt)
+            } else {
+                None
+            };
+            match next {
+                Some(next) => {
+                    self.stats.prefill_retries.fetch_add(1, Ordering::Relaxed);
+                    prefill = next;
+                }
+                None => {
+                    return Err(PdError::PrefillFailed {
+                        attempts: attempt,
+                        last: failure,
+                    });
+                }
+            }
+        };
+
+        let ctx = legs.context(attempt, &prefill, &decode);
+        let mut handoff = connector.decode_params(&ctx, Some(&mut prefill_response))?;
+        let handoff_kind = self.note_handoff(&handoff, &ctx, connector);
+        apply_decode_handoff(&mut decode_body, &mut handoff);
+        let leg = legs.leg(Phase::Decode, ctx.decode, &wire_id, &decode_body)?;
+        let lease = PhaseLease::reserve(&self.backend, decode.clone(), Phase::Decode);
+        let sent = self.transport.send(leg);
+        let response = match sent.await {
+            Ok(response) => response,
+            Err(error) => {
+                lease.finish(LegOutcome::WorkerFailure);
+                return Err(PdError::DecodeFailed {
+                    reason: error.to_string(),
+                });
+            }
+        };
+        let (status, headers, body) = self
+            .finish_decode(
+                response,
+                lease,
+                legs.streaming,
+                PrefillState::Done(Some(prefill_response)),
+            )
+            .await?;
+        Ok(PdResponse {
+            status,
+            headers,
+            body,
+            handoff: handoff_kind,
+            prefill,
+            prefill_attempts: attempt + 1,
+        })
+    }
+
+    async fn run_concurrent<C: KvConnector + ?Sized>(
+        &self,
+        connector: &C,
+        legs: Legs<'_>,
+        mut prefill_body: Map<String, Value>,
+        mut decode_body: Map<String, Value>,
+        prefill: Bk::Worker,
+        decode: Bk::Worker,
+    ) -> Result<PdResponse<T::Body, Bk>, PdError> {
+        // Build both legs before reserving anything: a connector error
+        // leaves no load behind.
+        let ctx = legs.context(0, &prefill, &decode);
+        let params = connector.prefill_params(&ctx)?;
+        prefill_body.insert(KV_TRANSFER_PARAMS.to_owned(), params);
+        let mut handoff = connector.decode_params(&ctx, None)?;
+        let handoff_kind = self.note_handoff(&handoff, &ctx, connector);
+        apply_decode_handoff(&mut decode_body, &mut handoff);
+        let (prefill_leg, wire_id) =
+            legs.build(Phase::Prefill, &ctx, ctx.prefill, &prefill_body)?;
+        let decode_leg = legs.leg(Phase::Decode, ctx.decode, &wire_id, &decode_body)?;
+
+        let (result_tx, result_rx) = oneshot_cell();
+        let prefill_lease = PhaseLease::reserve(&self.backend, prefill.clone(), Phase::Prefill);
+        let prefill_sent = self.transport.send(prefill_leg);
+        let limits = self.limits();
+        let stats = Arc::clone(&self.stats);
+        let mut driver: Option<PrefillDriver> = Some(Box::pin(async move {
+            let result = run_prefill_leg(prefill_sent, prefill_lease, limits).await;
+            if result_tx.set(result).is_err() {
+                // Decode already streaming: nobody waits for this result.
+                stats
+                    .prefill_failures_during_decode
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+
+        let decode_lease = PhaseLease::reserve(&self.backend, decode.clone(), Phase::Decode);
+        let mut decode_sent = pin!(self.transport.send(decode_leg));
+        let head = poll_fn(|cx| {
+            if let Some(running) = driver.as_mut() {
+                if running.as_mut().poll(cx).is_ready() {
+                    driver = None;
+                    if result_rx.peek_failed() {
+                        return Poll::Ready(None);
+                    }
+                }
+            }
+            decode_sent.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        let response = match head {
+            None => {
+                // Prefill failed before decode answered: abort decode.
+                drop(decode_lease);
+                return Err(match result_rx.take() {
+                    Some(Err(PrefillLegError::Rejected { status, body })) => {
+                        PdError::PrefillRejected { status, body }
+                    }
+                    Some(Err(PrefillLegError::Failed(last))) => {
+                        PdError::PrefillFailed { attempts: 1, last }
+                    }
+                    Some(Ok(_)) | None => PdError::PrefillFailed {
+                        attempts: 1,
+                        last: "prefill ended without a result".to_owned(),
+                    },
+                });
+            }
+            Some(Err(error)) => {
+                decode_lease.finish(LegOutcome::WorkerFailure);
+                // `driver` drops with this frame: the prefill leg is aborted.
+                return Err(PdError::DecodeFailed {
+                    reason: error.to_string(),
+                });
+            }
+            Some(Ok(response)) => response,
+        };
+        let prefill_state = match driver {
+            Some(driver) => PrefillState::Running(driver, result_rx),
+            None => PrefillState::Done(result_rx.take().and_then(Result::ok)),
+        };
+        let (status, headers, body) = self
+            .finish_decode(response, decode_lease, legs.streaming, prefill_state)
+            .await?;
+        Ok(PdResponse {
+            status,
+            headers,
+            body,
+            handoff: handoff_kind,
+            prefill,
+            prefill_attempts: 1,
+        })
+    }
+
+    fn note_handoff<C: KvConnector + ?Sized>(
+        &self,
+        handoff: &DecodeHandoff,
+        ctx: &LegContext<'_>,
+        connector: &C,
+    ) -> Handoff {
+        match handoff {
+            DecodeHandoff::Params(_) => Handoff::Params,
+            DecodeHandoff::MissingPrefillParams => {
+                self.stats
+                    .missing_prefill_kv_params
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    connector = connector.kind().as_str(),
+                    prefill = ctx.prefill.base_url(),
+                    request_id = ctx.request_id,
+                    "prefill response carried no kv_transfer_params; decode will recompute the prompt"
+                );
+                Handoff::MissingPrefillParams
+            }
+        }
+    }
+
+    /// Checks the decode status and builds the client body: streaming (the
+    /// lease moves into the body) or collected and merged.
+    async fn finish_decode(
+        &self,
+        response: LegResponse<T::Body>,
+        lease: PhaseLease<Bk>,
+        streaming: bool,
+        prefill: PrefillState,
+    ) -> Result<(StatusCode, HeaderMap, PdBody<T::Body, Bk>), PdError> {
+        let LegResponse {
+            status,
+            mut headers,
+            mut body,
+        } = response;
+        if !status.is_success() {
+            let error_body = collect_limited(&mut body, self.config.max_error_body_bytes)
+                .await
+                .unwrap_or_default();
+            lease.finish(if is_retryable_status(status) {
+                LegOutcome::WorkerFailure
+            } else {
+                LegOutcome::ClientError
+            });
+            return Err(PdError::DecodeRejected {
+                status,
+                body: error_body,
+            });
+        }
+        if streaming {
+            let driver = match prefill {
+                PrefillState::Running(driver, _) => Some(driver),
+                PrefillState::Done(_) => None,
+            };
+            return Ok((status, headers, PdBody::streaming(body, lease, driver)));
+        }
+
+        // Non-streaming: read the decode body while the prefill (if still
+        // running) keeps going; the decode phase ends when its body is read,
+        // then the merge waits for the prefill's usage.
+        let limit = self.config.max_decode_response_bytes;
+        let (collected, prefill) = match prefill {
+            PrefillState::Done(response) => (
+                collect_limited(&mut body, limit).await,
+                PrefillState::Done(response),
+            ),
+            PrefillState::Running(mut driver, result) => {
+                let mut collector = Collector::default();
+                let mut running = true;
+                let collected = poll_fn(|cx| {
+                    if running && driver.as_mut().poll(cx).is_ready() {
+                        running = false;
+                    }
+                    collector.poll_collect(cx, &mut body, limit)
+                })
+                .await;
+                let state = if running {
+                    PrefillState::Running(driver, result)
+                } else {
+                    PrefillState::Done(self.prefill_result(&result))
+                };
+                (collected, state)
+            }
+        };
+        drop(body);
+        let bytes = match collected {
+            Ok(bytes) => {
+                lease.finish(LegOutcome::Success);
+                bytes
+            }
+            Err(error) => {
+                lease.finish(LegOutcome::WorkerFailure);
+                return Err(PdError::DecodeBodyFailed {
+                    reason: error.to_string(),
+                });
+            }
+        };
+        let prefill_response = match prefill {
+            PrefillState::Done(response) => response,
+            PrefillState::Running(driver, result) => {
+                driver.await;
+                self.prefill_result(&result)
+            }
+        };
+        let bytes = match (&prefill_response, self.config.merge_non_streaming) {
+            (Some(prefill_response), true) => self.merged(prefill_response, bytes, &mut headers),
+            _ => bytes,
+        };
+        Ok((status, headers, PdBody::full(bytes)))
+    }
+
+    /// The concurrent prefill's response, counting a failure that decode
+    /// outlived.
+    fn prefill_result(&self, result: &ResultCell) -> Option<Value> {
+        match result.take() {
+            Some(Ok(response)) => Some(response),
+            Some(Err(_)) => {
+                self.stats
+                    .prefill_failures_during_decode
+                    .fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn merged(&self, prefill: &Value, decode: Bytes, headers: &mut HeaderMap) -> Bytes {
+        let Ok(mut value) = serde_json::from_slice::<Value>(&decode) else {
+            return decode;
+        };
+        let report = merge_non_streaming(prefill, &mut value);
+        if !(report.usage || report.logprobs) {
+            return decode;
+        }
+        match serde_json::to_vec(&value) {
+            Ok(merged) => {
+                self.stats.merged_responses.fetch_add(1, Ordering::Relaxed);
+                headers.remove(http::header::CONTENT_LENGTH);
+                Bytes::from(merged)
+            }
+            Err(_) => decode,
+        }
+    }
+}
+
+/// Per-request facts shared by both legs.
+#[derive(Clone, Copy)]
+struct Legs<'a> {
+    path: &'a str,
+    request_id: &'a str,
+    forward: &'a ForwardHeaders,
+    streaming: bool,
+}
+
+impl<'a> Legs<'a> {
+    fn context<'b, W: PdWorker>(
+        &self,
+        attempt: u32,
+        prefill: &'b W,
+        decode: &'b W,
+    ) -> LegContext<'b>
+    where
+        'a: 'b,
+    {
+        LegContext {
+            request_id: self.request_id,
+            attempt,
+            prefill: prefill.endpoint(),
+            decode: decode.endpoint(),
+        }
+    }
+
+    /// Builds a leg and the wire request id of this (prefill, decode) pair.
+    fn build(
+        &self,
+        phase: Phase,
+        ctx: &LegContext<'_>,
+        target: &crate::Endpoint,
+        body: &Map<String, Value>,
+    ) -> Result<(LegRequest, String), PdError> {
+        let wire_id = p2p_request_id(
+            &ctx.prefill.kv_addr(),
+            &ctx.decode.kv_addr(),
+            self.request_id,
+        );
+        let leg = self.leg(phase, target, &wire_id, body)?;
+        Ok((leg, wire_id))
+    }
+
+    fn leg(
+        &self,
+        phase: Phase,
+        target: &crate::Endpoint,
+        wire_id: &str,
+        body: &Map<String, Value>,
+    ) -> Result<LegRequest, PdError> {
+        let headers = leg_headers(self.forward, wire_id, target)?;
+        // Serializing a map of JSON values cannot fail (all keys are strings).
+        let body = serde_json::to_vec(body).map_err(|_| PdError::InvalidBody)?;
+        Ok(LegRequest {
+            phase,
+            url: target.url_for(self.path),
+            headers,
+            body: Bytes::from(body),
+        })
+    }
+}
+
+/// The prefill leg, from dispatch to its body read: checks the status,
+/// reads the body, parses it, and ends its lease with the outcome.
+async fn run_prefill_leg<F, B, E, Bk>(
+    sent: F,
+    lease: PhaseLease<Bk>,
+    limits: Limits,
+) -> Result<Value, PrefillLegError>
+where
+    F: std::future::Future<Output = Result<LegResponse<B>, E>>,
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+    E: std::fmt::Display,
+    Bk: PdBackend,
+{
+    let response = match sent.await {
+        Ok(response) => response,
+        Err(error) => {
+            lease.finish(LegOutcome::WorkerFailure);
+            return Err(PrefillLegError::Failed(format!("transport: {error}")));
+        }
+    };
+    let LegResponse {
+        status, mut body, ..
+    } = response;
+    if !status.is_success() {
+        let error_body = collect_limited(&mut body, limits.error)
+            .await
+            .unwrap_or_default();
+        if is_retryable_status(status) {
+            lease.finish(LegOutcome::WorkerFailure);
+            return Err(PrefillLegError::Failed(format!("status {status}")));
+        }
+        lease.finish(LegOutcome::ClientError);
+        return Err(PrefillLegError::Rejected {
+            status,
+            body: error_body,
+        });
+    }
+    let bytes = match collect_limited(&mut body, limits.prefill).await {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            lease.finish(LegOutcome::WorkerFailure);
+            return Err(PrefillLegError::Failed(error.to_string()));
+        }
+    };
+    drop(body);
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(value) if value.is_object() => {
+            lease.finish(LegOutcome::Success);
+            Ok(value)
+        }
+        _ => {
+            lease.finish(LegOutcome::WorkerFailure);
+            Err(PrefillLegError::Failed(
+                "prefill response is not a JSON object".to_owned(),
+            ))
+        }
+    }
+}
+
+enum PrefillState {
+    /// The prefill leg ended; its parsed response when it succeeded.
+    Done(Option<Value>),
+    /// Still in flight (concurrent mode), with the cell its result lands in.
+    Running(PrefillDriver, ResultCell),
+}
+
+type PrefillResult = Result<Value, PrefillLegError>;
+
+/// A single-use slot the concurrent prefill driver writes its result into.
+/// Shared only between the driver and the flow, never across a lock held
+/// over an await.
+struct ResultCell(Arc<std::sync::Mutex<CellState>>);
+
+enum CellState {
+    Empty,
+    Full(PrefillResult),
+    Closed,
+}
+
+struct ResultSender(Arc<std::sync::Mutex<CellState>>);
+
+fn oneshot_cell() -> (ResultSender, ResultCell) {
+    let shared = Arc::new(std::sync::Mutex::new(CellState::Empty));
+    (ResultSender(Arc::clone(&shared)), ResultCell(shared))
+}
+
+impl ResultSender {
+    /// Stores the result; `Err` when it was a failure nobody will read.
+    fn set(self, result: PrefillResult) -> Result<(), ()> {
+        let failed = result.is_err();
+        let mut state = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match *state {
+            CellState::Closed => {
+                if failed {
+                    Err(())
+                } else {
+                    Ok(())
+                }
+            }
+            _ => {
+                *state = CellState::Full(result);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl ResultCell {
+    fn peek_failed(&self) -> bool {
+        let state = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        matches!(*state, CellState::Full(Err(_)))
+    }
+
+    fn take(&self) -> Option<PrefillResult> {
+        let mut state = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match std::mem::replace(&mut *state, CellState::Closed) {
+            CellState::Full(result) => Some(result),
+            CellState::Empty | CellState::Closed => None,
+        }
+    }
+}
+
+impl Drop for ResultCell {
+    fn drop(&mut self) {
+        let mut state = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *state = CellState::Closed;
+    }
+}

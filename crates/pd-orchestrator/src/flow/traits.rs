@@ -1,0 +1,180 @@
+//! The seams of the two-phase flow: the transport that sends one leg, and
+//! the backend that owns workers, load guards and breaker outcomes.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+
+use crate::endpoint::Endpoint;
+
+/// The boxed error type of [`crate::PdBody`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Which half of a disaggregated request a leg, a guard or an outcome
+/// belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Prompt processing; produces the KV cache.
+    Prefill,
+    /// Token generation from the transferred KV cache.
+    Decode,
+}
+
+impl Phase {
+    /// `"prefill"` or `"decode"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One leg as the transport sends it: `POST {url}` with these headers and
+/// this JSON body.
+#[derive(Debug, Clone)]
+pub struct LegRequest {
+    /// Which phase this leg runs.
+    pub phase: Phase,
+    /// Full URL: the endpoint's base URL plus the client's path.
+    pub url: String,
+    /// Headers to send (content type, request id, DP rank, forwarded auth).
+    pub headers: HeaderMap,
+    /// The serialized JSON body.
+    pub body: Bytes,
+}
+
+/// The head of an engine's response and its body, still streaming.
+#[derive(Debug)]
+pub struct LegResponse<B> {
+    /// Response status.
+    pub status: StatusCode,
+    /// Response headers.
+    pub headers: HeaderMap,
+    /// Response body.
+    pub body: B,
+}
+
+/// Sends one leg to an engine.
+///
+/// The returned future is `'static`: a concurrent flow keeps the prefill
+/// leg running inside the decode response body after the flow returned.
+/// Dropping the future (or the body) must abort the HTTP exchange.
+pub trait Transport: Send + Sync {
+    /// The response body type.
+    type Body: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static;
+    /// Why a leg could not be sent or its response head not read.
+    type Error: fmt::Display + Send + 'static;
+    /// The in-flight leg.
+    type Future: Future<Output = Result<LegResponse<Self::Body>, Self::Error>> + Send + 'static;
+
+    /// Starts sending `leg`.
+    fn send(&self, leg: LegRequest) -> Self::Future;
+}
+
+/// A worker as the flow sees it: something with an [`Endpoint`].
+pub trait PdWorker {
+    /// How to address this worker.
+    fn endpoint(&self) -> &Endpoint;
+}
+
+impl<W: PdWorker + ?Sized> PdWorker for Arc<W> {
+    fn endpoint(&self) -> &Endpoint {
+        (**self).endpoint()
+    }
+}
+
+impl PdWorker for Endpoint {
+    fn endpoint(&self) -> &Endpoint {
+        self
+    }
+}
+
+/// How one leg ended, for circuit breakers and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LegOutcome {
+    /// The leg completed with a 2xx and its body was read to the end.
+    Success,
+    /// The worker failed: transport error, 5xx, 408/429, body error,
+    /// unusable prefill response. Counts against its breaker.
+    WorkerFailure,
+    /// The engine rejected the request itself (4xx): not the worker's fault.
+    ClientError,
+    /// The leg was abandoned before it ended: the client went away, or the
+    /// other phase failed and this one was aborted. Not the worker's fault.
+    Cancelled,
+}
+
+/// The caller's side of the flow: load guards per phase, a fresh prefill
+/// worker for a retry, and outcome recording.
+///
+/// This is the seam where the router plugs in its worker pools: `Guard` is
+/// its RAII load guard (any `Send + 'static` value whose `Drop` releases the
+/// load), `reselect_prefill` asks the prefill policy again, `record` feeds
+/// circuit breakers and metrics.
+pub trait PdBackend: Send + Sync + 'static {
+    /// A selected worker (usually an `Arc` of the pool's worker object).
+    type Worker: PdWorker + Clone + Send + Sync + 'static;
+    /// A load reservation on one worker for one phase; dropping it releases.
+    type Guard: Send + 'static;
+
+    /// Counts `phase` load on `worker` until the returned guard is dropped.
+    /// Called when the leg is dispatched.
+    fn reserve(&self, worker: &Self::Worker, phase: Phase) -> Self::Guard;
+
+    /// A different prefill worker for retry number `attempt` (1-based) after
+    /// `failed` failed, or `None` to give up.
+    fn reselect_prefill(&self, failed: &Self::Worker, attempt: u32) -> Option<Self::Worker>;
+
+    /// Records how a leg ended. Called exactly once per reserved guard,
+    /// right after the guard is released.
+    fn record(&self, worker: &Self::Worker, phase: Phase, outcome: LegOutcome);
+}
+
+/// A reserved phase: the guard plus the duty to record one outcome.
+/// Dropping it unfinished records [`LegOutcome::Cancelled`].
+pub(crate) struct PhaseLease<Bk: PdBackend> {
+    backend: Arc<Bk>,
+    worker: Bk::Worker,
+    phase: Phase,
+    guard: Option<Bk::Guard>,
+}
+
+impl<Bk: PdBackend> PhaseLease<Bk> {
+    pub(crate) fn reserve(backend: &Arc<Bk>, worker: Bk::Worker, phase: Phase) -> Self {
+        let guard = backend.reserve(&worker, phase);
+        Self {
+            backend: Arc::clone(backend),
+            worker,
+            phase,
+            guard: Some(guard),
+        }
+    }
+
+    pub(crate) fn finish(mut self, outcome: LegOutcome) {
+        self.end(outcome);
+    }
+
+    fn end(&mut self, outcome: LegOutcome) {
+        if let Some(guard) = self.guard.take() {
+            drop(guard);
+            self.backend.record(&self.worker, self.phase, outcome);
+        }
+    }
+}
+
+impl<Bk: PdBackend> Drop for PhaseLease<Bk> {
+    fn drop(&mut self) {
+        self.end(LegOutcome::Cancelled);
+    }
+}

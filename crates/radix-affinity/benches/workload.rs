@@ -1,0 +1,2 @@
+//! Criterion benchmark of the normative workload (filled in with the generator).
+fn main() {}

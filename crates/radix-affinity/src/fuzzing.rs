@@ -1,0 +1,471 @@
+//! Fuzzing and model-testing entry points.
+//!
+//! [`Model`] is a deliberately naive single-threaded reference tree (char
+//! labels, ordered maps, recounted sizes, linear scans for every eviction
+//! step) with the semantics the real tree documents. [`check_ops`] runs an
+//! operation sequence against a [`TextTree`], a [`TokenTree`] and the model
+//! with [`Clock::Logical`] (so "least/most recently used" is exact) and panics
+//! on the first disagreement. [`radix_ops`] decodes arbitrary bytes into such a
+//! sequence; the cargo-fuzz target `radix_ops` and the crate's tests call it.
+
+use std::collections::BTreeMap;
+
+use crate::{Clock, TenantId, TextTree, TokenTree};
+
+/// One operation of a model test. Tenants are small indices into a fixed set
+/// of names interned up front.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `insert(text, tenant)`; `via_symbols` uses `insert_symbols(&[char])`.
+    Insert {
+        /// Text to insert.
+        text: String,
+        /// Tenant index.
+        tenant: u8,
+        /// Use the `&[char]` entry point instead of `&str`.
+        via_symbols: bool,
+    },
+    /// `prefix_match(text)`; `via_symbols` uses `prefix_match_symbols`.
+    Match {
+        /// Text to look up.
+        text: String,
+        /// Use the `&[char]` entry point instead of `&str`.
+        via_symbols: bool,
+    },
+    /// `prefix_match_tenant(text, tenant)`.
+    MatchTenant {
+        /// Text to look up.
+        text: String,
+        /// Tenant index.
+        tenant: u8,
+    },
+    /// `evict_tenant_by_size(max)`.
+    EvictTenants(usize),
+    /// `evict_to_total(budget)`.
+    EvictTotal(usize),
+    /// `remove_tenant(tenant)`.
+    Remove(u8),
+}
+
+/// Number of tenants the harness interns.
+pub const TENANTS: u8 = 4;
+
+#[derive(Debug, Clone)]
+struct MNode {
+    label: Vec<char>,
+    children: BTreeMap<char, usize>,
+    /// tenant -> last use
+    owners: BTreeMap<u8, u64>,
+    parent: usize,
+    alive: bool,
+}
+
+/// Naive reference tree with the documented semantics.
+#[derive(Debug, Clone)]
+pub struct Model {
+    nodes: Vec<MNode>,
+    clock: u64,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Model {
+    /// An empty model.
+    pub fn new() -> Self {
+        Self {
+            nodes: vec![MNode {
+                label: Vec::new(),
+                children: BTreeMap::new(),
+                owners: BTreeMap::new(),
+                parent: 0,
+                alive: true,
+            }],
+            clock: 0,
+        }
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// Inserts `text` for `tenant`.
+    pub fn insert(&mut self, text: &[char], tenant: u8) {
+        let now = self.tick();
+        let mut node = 0;
+        let mut pos = 0;
+        while pos < text.len() {
+            let next = match self.nodes[node].children.get(&text[pos]).copied() {
+                None => {
+                    let leaf = self.nodes.len();
+                    self.nodes.push(MNode {
+                        label: text[pos..].to_vec(),
+                        children: BTreeMap::new(),
+                        owners: BTreeMap::new(),
+                        parent: node,
+                        alive: true,
+                    });
+                    self.nodes[node].children.insert(text[pos], leaf);
+                    leaf
+                }
+                Some(child) => {
+                    let label = &self.nodes[child].label;
+                    let common = label
+                        .iter()
+                        .zip(&text[pos..])
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    if common < label.len() {
+                        // Split: a new upper node takes the first `common` chars.
+                        let upper = self.nodes.len();
+                        let lower_label = label[common..].to_vec();
+                        let upper_label = label[..common].to_vec();
+                        let owners = self.nodes[child].owners.clone();
+                        self.nodes.push(MNode {
+                            label: upper_label,
+                            children: BTreeMap::from([(lower_label[0], child)]),
+                            owners,
+                            parent: node,
+                            alive: true,
+                        });
+                        self.nodes[child].label = lower_label;
+                        self.nodes[child].parent = upper;
+                        self.nodes[node].children.insert(text[pos], upper);
+                        upper
+                    } else {
+                        child
+                    }
+                }
+            };
+            let stamp = self.nodes[next].owners.entry(tenant).or_insert(now);
+            *stamp = (*stamp).max(now);
+            pos += self.nodes[next].label.len();
+            node = next;
+        }
+    }
+
+    /// Walks `text`; returns the deepest node (0 if none) and matched chars,
+    /// following only nodes that `follow` accepts.
+    fn walk(&self, text: &[char], follow: impl Fn(&MNode) -> bool) -> (usize, usize) {
+        let mut node = 0;
+        let mut pos = 0;
+        while pos < text.len() {
+            let Some(&child) = self.nodes[node].children.get(&text[pos]) else {
+                break;
+            };
+            if !follow(&self.nodes[child]) {
+                break;
+            }
+            let label = &self.nodes[child].label;
+            let common = label
+                .iter()
+                .zip(&text[pos..])
+                .take_while(|(a, b)| a == b)
+                .count();
+            node = child;
+            pos += common;
+            if common < label.len() {
+                break;
+            }
+        }
+        (node, pos)
+    }
+
+    /// Longest-prefix lookup: (most recent owner of the deepest node, matched).
+    pub fn prefix_match(&mut self, text: &[char]) -> (Option<u8>, usize) {
+        let now = self.tick();
+        let (node, matched) = self.walk(text, |_| true);
+        if node == 0 {
+            return (None, 0);
+        }
+        let tenant = self.nodes[node]
+            .owners
+            .iter()
+            .max_by_key(|&(_, &stamp)| stamp)
+            .map(|(&t, _)| t);
+        if let Some(t) = tenant {
+            let mut n = node;
+            while n != 0 {
+                if let Some(stamp) = self.nodes[n].owners.get_mut(&t) {
+                    *stamp = (*stamp).max(now);
+                }
+                n = self.nodes[n].parent;
+            }
+        }
+        (tenant, matched)
+    }
+
+    /// Chars of `text` that `tenant` holds.
+    pub fn prefix_match_tenant(&self, text: &[char], tenant: u8) -> usize {
+        self.walk(text, |n| n.owners.contains_key(&tenant)).1
+    }
+
+    /// Recounted size of `tenant`.
+    pub fn size(&self, tenant: u8) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.alive && n.owners.contains_key(&tenant))
+            .map(|n| n.label.len())
+            .sum()
+    }
+
+    /// Sum of all tenant sizes.
+    pub fn total(&self) -> usize {
+        (0..TENANTS).map(|t| self.size(t)).sum()
+    }
+
+    /// The least recently used (stamp, node, tenant) leaf hold, optionally of
+    /// one tenant.
+    fn oldest_leaf(&self, only: Option<u8>) -> Option<(u64, usize, u8)> {
+        let mut best = None;
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !n.alive || i == 0 {
+                continue;
+            }
+            for (&t, &stamp) in &n.owners {
+                if only.is_some_and(|o| o != t) {
+                    continue;
+                }
+                let is_leaf = n
+                    .children
+                    .values()
+                    .all(|&c| !self.nodes[c].owners.contains_key(&t));
+                if is_leaf && best.is_none_or(|(s, _, _)| stamp < s) {
+                    best = Some((stamp, i, t));
+                }
+            }
+        }
+        best
+    }
+
+    fn drop_hold(&mut self, node: usize, tenant: u8) {
+        self.nodes[node].owners.remove(&tenant);
+        if self.nodes[node].owners.is_empty() {
+            self.nodes[node].alive = false;
+            let first = self.nodes[node].label[0];
+            let parent = self.nodes[node].parent;
+            self.nodes[parent].children.remove(&first);
+        }
+    }
+
+    /// Evicts each tenant's LRU leaves until it holds at most `max`.
+    pub fn evict_tenants(&mut self, max: usize) {
+        for t in 0..TENANTS {
+            while self.size(t) > max {
+                let Some((_, node, _)) = self.oldest_leaf(Some(t)) else {
+                    break;
+                };
+                self.drop_hold(node, t);
+            }
+        }
+    }
+
+    /// Evicts LRU leaf holds of any tenant until the total is at most `budget`.
+    pub fn evict_total(&mut self, budget: usize) {
+        while self.total() > budget {
+            let Some((_, node, t)) = self.oldest_leaf(None) else {
+                break;
+            };
+            self.drop_hold(node, t);
+        }
+    }
+
+    /// Forgets `tenant`.
+    pub fn remove(&mut self, tenant: u8) {
+        // Leaves first, so parents are emptied after their children.
+        while let Some((_, node, _)) = self.oldest_leaf(Some(tenant)) {
+            self.drop_hold(node, tenant);
+        }
+    }
+}
+
+/// Runs `ops` against a [`TextTree`], a [`TokenTree`] (chars as token ids) and
+/// the [`Model`], panicking on the first disagreement or broken invariant.
+pub fn check_ops(ops: &[Op]) {
+    let text = TextTree::with_clock(Clock::Logical);
+    let tokens = TokenTree::with_clock(Clock::Logical);
+    let mut model = Model::new();
+    let names: Vec<String> = (0..TENANTS)
+        .map(|i| format!("http://worker-{i}:8000"))
+        .collect();
+    let text_ids: Vec<TenantId> = names.iter().map(|n| text.intern(n)).collect();
+    let token_ids: Vec<TenantId> = names.iter().map(|n| tokens.intern(n)).collect();
+    let tenant_index = |id: TenantId| id.index() as u8;
+    for (step, op) in ops.iter().enumerate() {
+        match op {
+            Op::Insert {
+                text: s,
+                tenant,
+                via_symbols,
+            } => {
+                let t = tenant % TENANTS;
+                let chars: Vec<char> = s.chars().collect();
+                if *via_symbols {
+                    text.insert_symbols(&chars, text_ids[t as usize]);
+                } else {
+                    text.insert(s, text_ids[t as usize]);
+                }
+                tokens.insert_symbols(&to_tokens(&chars), token_ids[t as usize]);
+                model.insert(&chars, t);
+            }
+            Op::Match {
+                text: s,
+                via_symbols,
+            } => {
+                let chars: Vec<char> = s.chars().collect();
+                let got = if *via_symbols {
+                    text.prefix_match_symbols(&chars)
+                } else {
+                    text.prefix_match(s)
+                };
+                let got_tokens = tokens.prefix_match_symbols(&to_tokens(&chars));
+                let (want_tenant, want_matched) = model.prefix_match(&chars);
+                let got_pair = (got.tenant.map(tenant_index), got.matched, got.input);
+                let want = (want_tenant, want_matched, chars.len());
+                assert_eq!(got_pair, want, "step {step}: text tree prefix_match({s:?})");
+                let got_tokens = (
+                    got_tokens.tenant.map(tenant_index),
+                    got_tokens.matched,
+                    got_tokens.input,
+                );
+                assert_eq!(
+                    got_tokens, want,
+                    "step {step}: token tree prefix_match({s:?})"
+                );
+            }
+            Op::MatchTenant { text: s, tenant } => {
+                let t = tenant % TENANTS;
+                let chars: Vec<char> = s.chars().collect();
+                let want = model.prefix_match_tenant(&chars, t);
+                assert_eq!(
+                    text.prefix_match_tenant(s, text_ids[t as usize]),
+                    want,
+                    "step {step}: text prefix_match_tenant({s:?}, {t})"
+                );
+                assert_eq!(
+                    text.prefix_match_tenant_symbols(&chars, text_ids[t as usize]),
+                    want,
+                    "step {step}: text prefix_match_tenant_symbols({s:?}, {t})"
+                );
+                assert_eq!(
+                    tokens.prefix_match_tenant_symbols(&to_tokens(&chars), token_ids[t as usize]),
+                    want,
+                    "step {step}: token prefix_match_tenant({s:?}, {t})"
+                );
+            }
+            Op::EvictTenants(max) => {
+                text.evict_tenant_by_size(*max);
+                tokens.evict_tenant_by_size(*max);
+                model.evict_tenants(*max);
+            }
+            Op::EvictTotal(budget) => {
+                text.evict_to_total(*budget);
+                tokens.evict_to_total(*budget);
+                model.evict_total(*budget);
+            }
+            Op::Remove(tenant) => {
+                let t = tenant % TENANTS;
+                text.remove_tenant(text_ids[t as usize]);
+                tokens.remove_tenant(token_ids[t as usize]);
+                model.remove(t);
+            }
+        }
+        for t in 0..TENANTS {
+            let want = model.size(t);
+            assert_eq!(
+                text.tenant_size(text_ids[t as usize]),
+                want,
+                "step {step} {op:?}: text size of {t}"
+            );
+            assert_eq!(
+                tokens.tenant_size(token_ids[t as usize]),
+                want,
+                "step {step} {op:?}: token size of {t}"
+            );
+        }
+        assert_eq!(text.total_size(), model.total(), "step {step}: total size");
+        if let Err(e) = text.validate() {
+            panic!("step {step} {op:?}: text tree: {e}");
+        }
+        if let Err(e) = tokens.validate() {
+            panic!("step {step} {op:?}: token tree: {e}");
+        }
+    }
+    let listed: Vec<u8> = text
+        .tenants()
+        .iter()
+        .map(|(id, _)| tenant_index(*id))
+        .collect();
+    let want: Vec<u8> = (0..TENANTS).filter(|&t| model.size(t) > 0).collect();
+    assert_eq!(listed, want, "tenants()");
+}
+
+fn to_tokens(chars: &[char]) -> Vec<u32> {
+    chars.iter().map(|&c| c as u32).collect()
+}
+
+/// Characters the byte decoder draws from: ASCII, 2-byte, and 3- and 4-byte
+/// pairs that share all but their last UTF-8 byte (a matcher that compared
+/// bytes without respecting scalar boundaries would split them).
+pub const ALPHABET: [char; 8] = ['a', 'b', 'c', 'é', '一', '丁', '😀', '😁'];
+
+/// Decodes arbitrary bytes into operations and runs [`check_ops`]. Never
+/// panics unless the tree disagrees with the model (a bug).
+pub fn radix_ops(data: &[u8]) {
+    check_ops(&decode_ops(data));
+}
+
+/// The operation sequence [`radix_ops`] runs for `data` (at most 64 ops).
+pub fn decode_ops(data: &[u8]) -> Vec<Op> {
+    let mut bytes = data.iter().copied();
+    let mut next = move || bytes.next();
+    let mut ops = Vec::new();
+    let mut texts: Vec<String> = Vec::new();
+    while let Some(code) = next() {
+        if ops.len() >= 64 {
+            break;
+        }
+        let arg = next().unwrap_or(0);
+        let mut text = || {
+            let len = next().unwrap_or(0);
+            // High bit: extend an earlier text, so prefixes are shared.
+            let mut s = if len & 0x80 != 0 && !texts.is_empty() {
+                let base = &texts[(len as usize >> 4) % texts.len()];
+                let keep = (len as usize & 0x7) % (base.chars().count() + 1);
+                base.chars().take(keep).collect()
+            } else {
+                String::new()
+            };
+            for _ in 0..(len & 0x0F) % 9 {
+                let c = next().unwrap_or(0);
+                s.push(ALPHABET[c as usize % ALPHABET.len()]);
+            }
+            texts.push(s.clone());
+            s
+        };
+        let op = match code % 10 {
+            0..=3 => Op::Insert {
+                text: text(),
+                tenant: arg % TENANTS,
+                via_symbols: arg & 0x80 != 0,
+            },
+            4 | 5 => Op::Match {
+                text: text(),
+                via_symbols: arg & 0x80 != 0,
+            },
+            6 => Op::MatchTenant {
+                text: text(),
+                tenant: arg % TENANTS,
+            },
+            7 => Op::EvictTenants(arg as usize % 24),
+            8 => Op::EvictTotal(arg as usize % 48),
+            _ => Op::Remove(arg % TENANTS),
+        };
+        ops.push(op);
+    }
+    ops
+}

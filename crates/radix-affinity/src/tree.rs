@@ -1,0 +1,402 @@
+//! The concurrent tree: shards by first symbol, each behind its own lock.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::InvariantViolation;
+use crate::clock::{Clock, Ticker};
+use crate::shard::{Candidate, Evicted, ROOT, Shard};
+use crate::symbol::{Probe, Symbol, SymbolProbe, UnitProbe};
+use crate::sync::{RwLock, RwLockReadGuard};
+use crate::tenant::{Interner, TenantId};
+
+/// Number of shards: one per ASCII code point plus 128 hashed buckets.
+#[cfg(not(loom))]
+const SHARDS: usize = 256;
+/// Few shards under loom so that models stay small.
+#[cfg(loom)]
+const SHARDS: usize = 4;
+
+#[inline]
+fn shard_index(key: u32) -> usize {
+    #[cfg(not(loom))]
+    {
+        if key < 128 {
+            key as usize
+        } else {
+            128 + (key.wrapping_mul(0x9E37_79B1) >> 25) as usize
+        }
+    }
+    #[cfg(loom)]
+    {
+        key as usize % SHARDS
+    }
+}
+
+/// One shard behind its own lock.
+type ShardLock<U> = Padded<RwLock<Shard<U>>>;
+
+/// Bound on eviction passes when racing inserts keep adding to the tenant.
+const EVICTION_ROUNDS: usize = 4;
+
+/// Keeps each shard's lock word on its own cache line.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// Result of a longest-prefix lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Most recently used tenant of the deepest matching node; `None` when
+    /// nothing matched.
+    pub tenant: Option<TenantId>,
+    /// Matched length in symbols (chars for text).
+    pub matched: usize,
+    /// Input length in symbols.
+    pub input: usize,
+}
+
+/// A concurrent multi-tenant radix tree over symbols `S` (`char` for text,
+/// `u32` for token ids). See the [crate docs](crate) for the structure and the
+/// concurrency design.
+///
+/// `RadixTree` is `Send + Sync` and every method takes `&self`: share it with
+/// an `Arc`.
+pub struct RadixTree<S: Symbol = char> {
+    shards: Box<[ShardLock<S::Unit>]>,
+    tenants: Interner,
+    clock: Ticker,
+    _symbols: PhantomData<fn() -> S>,
+}
+
+/// A tree keyed by text (Unicode scalar values, stored as UTF-8).
+pub type TextTree = RadixTree<char>;
+/// A tree keyed by token ids.
+pub type TokenTree = RadixTree<u32>;
+
+impl<S: Symbol> Default for RadixTree<S> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S: Symbol> std::fmt::Debug for RadixTree<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RadixTree")
+            .field("tenants", &self.tenants.count())
+            .field("total_size", &self.total_size())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Symbol> RadixTree<S> {
+    /// An empty tree with the default [`Clock::Coarse`].
+    pub fn new() -> Self {
+        Self::with_clock(Clock::default())
+    }
+
+    /// An empty tree stamping uses with `clock`.
+    pub fn with_clock(clock: Clock) -> Self {
+        Self {
+            shards: (0..SHARDS)
+                .map(|_| Padded(RwLock::new(Shard::new())))
+                .collect(),
+            tenants: Interner::new(),
+            clock: Ticker::new(clock),
+            _symbols: PhantomData,
+        }
+    }
+
+    /// The id of tenant `name`, interning it on first use (idempotent).
+    pub fn intern(&self, name: &str) -> TenantId {
+        self.tenants.intern(name)
+    }
+
+    /// The id of tenant `name` if it was interned.
+    pub fn tenant_id(&self, name: &str) -> Option<TenantId> {
+        self.tenants.get(name)
+    }
+
+    /// The name of an interned tenant.
+    pub fn tenant_name(&self, id: TenantId) -> Option<Arc<str>> {
+        self.tenants.name(id)
+    }
+
+    /// Tenants that currently hold at least one symbol, in id order.
+    ///
+    /// Costs one read lock per shard; meant for admin and metrics, not for
+    /// the request path.
+    pub fn tenants(&self) -> Vec<(TenantId, Arc<str>)> {
+        let sizes = self.sizes();
+        sizes
+            .iter()
+            .enumerate()
+            .filter(|&(_, &size)| size > 0)
+            .filter_map(|(i, _)| {
+                let id = TenantId(i as u32);
+                self.tenants.name(id).map(|name| (id, name))
+            })
+            .collect()
+    }
+
+    /// Records that `tenant` holds `symbols` (and so every prefix of it).
+    ///
+    /// Ids not interned by this tree are ignored.
+    pub fn insert_symbols(&self, symbols: &[S], tenant: TenantId) {
+        match S::as_units(symbols) {
+            Some(units) => self.insert_probe(&UnitProbe(units), tenant),
+            None => self.insert_probe(&SymbolProbe(symbols), tenant),
+        }
+    }
+
+    /// Longest stored prefix of `symbols` and its most recently used owner,
+    /// whose last-use stamps along the matched path are refreshed.
+    pub fn prefix_match_symbols(&self, symbols: &[S]) -> PrefixMatch {
+        match S::as_units(symbols) {
+            Some(units) => self.match_probe(&UnitProbe(units)),
+            None => self.match_probe(&SymbolProbe(symbols)),
+        }
+    }
+
+    /// How many leading symbols of `symbols` `tenant` holds. Does not count as
+    /// a use (no stamp changes).
+    pub fn prefix_match_tenant_symbols(&self, symbols: &[S], tenant: TenantId) -> usize {
+        match S::as_units(symbols) {
+            Some(units) => self.match_tenant_probe(&UnitProbe(units), tenant),
+            None => self.match_tenant_probe(&SymbolProbe(symbols), tenant),
+        }
+    }
+
+    /// Symbols attributed to `tenant` (a node shared by k tenants counts once
+    /// for each).
+    pub fn tenant_size(&self, tenant: TenantId) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.0.read().size_of(tenant.0))
+            .sum::<u64>() as usize
+    }
+
+    /// Sum of all tenant sizes.
+    pub fn total_size(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.0.read().sizes.iter().sum::<u64>())
+            .sum::<u64>() as usize
+    }
+
+    /// Per-tenant sizes indexed by tenant id.
+    fn sizes(&self) -> Vec<u64> {
+        let mut sizes = vec![0u64; self.tenants.count() as usize];
+        for shard in self.shards.iter() {
+            let shard = shard.0.read();
+            for (total, &size) in sizes.iter_mut().zip(&shard.sizes) {
+                *total += size;
+            }
+        }
+        sizes
+    }
+
+    /// Evicts each tenant's least recently used entries until it holds at most
+    /// `max_per_tenant` symbols (whole nodes are evicted, so a tenant may end
+    /// a little below the limit).
+    ///
+    /// Costs what the over-budget tenants hold (log-linear), never a scan of
+    /// the whole tree; lookups and inserts proceed meanwhile, and each shard is
+    /// write-locked only for one node removal at a time. Inserts racing with
+    /// the call may leave a tenant above the limit when it returns.
+    pub fn evict_tenant_by_size(&self, max_per_tenant: usize) {
+        let limit = max_per_tenant as u64;
+        for tenant in 0..self.tenants.count() {
+            self.evict_rounds(Some(tenant), limit);
+        }
+    }
+
+    /// Evicts the least recently used (tenant, entry) pairs across all tenants
+    /// until [`total_size`](Self::total_size) is at most `budget`.
+    ///
+    /// Collects the leaves of the whole tree once (this is a tree-wide
+    /// policy), then removes them oldest first, one shard write lock per
+    /// removal.
+    pub fn evict_to_total(&self, budget: usize) {
+        self.evict_rounds(None, budget as u64);
+    }
+
+    /// Collects candidates and evicts them; repeats (a few times at most) when
+    /// racing inserts kept the real size above `limit`.
+    fn evict_rounds(&self, tenant: Option<u32>, limit: u64) {
+        for _ in 0..EVICTION_ROUNDS {
+            let size = match tenant {
+                Some(t) => self.tenant_size(TenantId(t)) as u64,
+                None => self.total_size() as u64,
+            };
+            if size <= limit {
+                return;
+            }
+            let mut candidates = Vec::new();
+            for (i, shard) in self.shards.iter().enumerate() {
+                shard
+                    .0
+                    .read()
+                    .collect_leaves(i as u32, tenant, &mut candidates);
+            }
+            self.evict_lru(candidates, size, limit);
+        }
+    }
+
+    /// Pops candidates oldest first, re-validating each under its shard's write
+    /// lock, until `size` is at most `limit`.
+    fn evict_lru(&self, candidates: Vec<Candidate>, mut size: u64, limit: u64) {
+        let mut heap: BinaryHeap<Reverse<Candidate>> =
+            candidates.into_iter().map(Reverse).collect();
+        while size > limit {
+            let Some(Reverse(candidate)) = heap.pop() else {
+                break;
+            };
+            let outcome = self.shards[candidate.shard as usize]
+                .0
+                .write()
+                .evict(candidate);
+            match outcome {
+                Evicted::Removed { symbols, next } => {
+                    size = size.saturating_sub(symbols);
+                    if let Some(next) = next {
+                        heap.push(Reverse(next));
+                    }
+                }
+                Evicted::Touched(candidate) => heap.push(Reverse(candidate)),
+                Evicted::Stale => {}
+            }
+        }
+    }
+
+    /// Forgets everything `tenant` holds; afterwards no lookup returns it
+    /// until it is inserted again. The id and name stay interned.
+    ///
+    /// Costs what the tenant holds plus one lock acquisition per shard.
+    pub fn remove_tenant(&self, tenant: TenantId) {
+        for shard in self.shards.iter() {
+            // Skip shards where it holds nothing without taking the write lock.
+            if shard.0.read().size_of(tenant.0) == 0 {
+                continue;
+            }
+            shard.0.write().remove_tenant(tenant.0);
+        }
+    }
+
+    /// Checks the tree's invariants, including that every tenant's counter
+    /// equals a recount of the nodes it holds. Takes each shard's read lock in
+    /// turn, so run it while no writer is active for a global answer.
+    pub fn validate(&self) -> Result<(), InvariantViolation> {
+        for (i, shard) in self.shards.iter().enumerate() {
+            shard
+                .0
+                .read()
+                .check()
+                .map_err(|detail| InvariantViolation { shard: i, detail })?;
+        }
+        Ok(())
+    }
+
+    /// Recounts every tenant's size from the nodes (not from the counters).
+    pub fn recount(&self) -> Vec<(TenantId, usize)> {
+        let mut sizes = vec![0usize; self.tenants.count() as usize];
+        for shard in self.shards.iter() {
+            let shard = shard.0.read();
+            for node in &shard.nodes {
+                for e in &node.tenants {
+                    if let Some(size) = sizes.get_mut(e.tenant as usize) {
+                        *size += node.symbols as usize;
+                    }
+                }
+            }
+        }
+        sizes
+            .into_iter()
+            .enumerate()
+            .map(|(i, size)| (TenantId(i as u32), size))
+            .collect()
+    }
+
+    fn shard_for<P: Probe<S::Unit>>(&self, probe: &P) -> Option<&RwLock<Shard<S::Unit>>> {
+        if probe.at_end(0) {
+            return None;
+        }
+        Some(&self.shards[shard_index(probe.key_at(0))].0)
+    }
+
+    fn insert_probe<P: Probe<S::Unit>>(&self, probe: &P, tenant: TenantId) {
+        if !self.tenants.is_valid(tenant) {
+            return;
+        }
+        let Some(shard) = self.shard_for(probe) else {
+            return;
+        };
+        let now = self.clock.now();
+        shard.write().insert(probe, tenant.0, now);
+    }
+
+    #[inline]
+    fn match_probe<P: Probe<S::Unit>>(&self, probe: &P) -> PrefixMatch {
+        let Some(shard) = self.shard_for(probe) else {
+            return PrefixMatch {
+                tenant: None,
+                matched: 0,
+                input: 0,
+            };
+        };
+        let shard: RwLockReadGuard<'_, Shard<S::Unit>> = shard.read();
+        let end = shard.walk(probe, |_| true);
+        // Only the unmatched tail is counted: the matched part's length comes
+        // from the per-node symbol counts.
+        let input = end.matched + probe.count_rest(end.pos);
+        if end.node == ROOT {
+            return PrefixMatch {
+                tenant: None,
+                matched: 0,
+                input,
+            };
+        }
+        let tenant = shard.nodes[end.node as usize]
+            .most_recent()
+            .map(|e| e.tenant);
+        if let Some(t) = tenant {
+            shard.touch_path(end.node, t, self.clock.now());
+        }
+        PrefixMatch {
+            tenant: tenant.map(TenantId),
+            matched: end.matched,
+            input,
+        }
+    }
+
+    fn match_tenant_probe<P: Probe<S::Unit>>(&self, probe: &P, tenant: TenantId) -> usize {
+        let Some(shard) = self.shard_for(probe) else {
+            return 0;
+        };
+        let shard = shard.read();
+        shard.walk(probe, |n| n.entry(tenant.0).is_some()).matched
+    }
+}
+
+impl RadixTree<char> {
+    /// Records that `tenant` holds `text` (and so every prefix of it).
+    ///
+    /// Ids not interned by this tree are ignored.
+    pub fn insert(&self, text: &str, tenant: TenantId) {
+        self.insert_probe(&UnitProbe(text.as_bytes()), tenant);
+    }
+
+    /// Longest stored prefix of `text` and its most recently used owner;
+    /// lengths are in chars. Refreshes the owner's last-use stamps along the
+    /// matched path. Takes one shard read lock and does not allocate.
+    pub fn prefix_match(&self, text: &str) -> PrefixMatch {
+        self.match_probe(&UnitProbe(text.as_bytes()))
+    }
+
+    /// How many leading chars of `text` `tenant` holds (no stamp changes).
+    pub fn prefix_match_tenant(&self, text: &str, tenant: TenantId) -> usize {
+        self.match_tenant_probe(&UnitProbe(text.as_bytes()), tenant)
+    }
+}

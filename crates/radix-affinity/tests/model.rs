@@ -1,0 +1,101 @@
+//! proptest: random operation sequences against the naive reference model
+//! (`radix_affinity::fuzzing::Model`), on ASCII and on multi-byte text.
+
+use proptest::prelude::*;
+use radix_affinity::fuzzing::{Op, check_ops};
+
+/// Texts over a small alphabet so that prefixes are shared often; built from a
+/// few stems so that long shared prefixes (system prompts) occur too.
+fn text(alphabet: &'static [char]) -> impl Strategy<Value = String> {
+    let stems = prop::sample::select(vec!["", "ab", "abcab", "ba", "ccc"]);
+    (
+        stems,
+        prop::collection::vec(prop::sample::select(alphabet), 0..8),
+    )
+        .prop_map(|(stem, tail)| {
+            let mut s: String = stem
+                .chars()
+                .map(|c| alphabet[(c as usize - 'a' as usize) % alphabet.len()])
+                .collect();
+            s.extend(tail);
+            s
+        })
+}
+
+fn op(alphabet: &'static [char]) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (text(alphabet), 0u8..4, any::<bool>()).prop_map(|(text, tenant, via_symbols)| Op::Insert { text, tenant, via_symbols }),
+        3 => (text(alphabet), any::<bool>()).prop_map(|(text, via_symbols)| Op::Match { text, via_symbols }),
+        2 => (text(alphabet), 0u8..4).prop_map(|(text, tenant)| Op::MatchTenant { text, tenant }),
+        1 => (0usize..20).prop_map(Op::EvictTenants),
+        1 => (0usize..40).prop_map(Op::EvictTotal),
+        1 => (0u8..4).prop_map(Op::Remove),
+    ]
+}
+
+const ASCII: &[char] = &['a', 'b', 'c', 'd'];
+/// Pairs that share every UTF-8 byte but the last, plus 2-byte and ASCII.
+const MULTIBYTE: &[char] = &['a', 'é', '一', '丁', '😀', '😁'];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn ascii_text_matches_model(ops in prop::collection::vec(op(ASCII), 1..60)) {
+        check_ops(&ops);
+    }
+
+    #[test]
+    fn multibyte_text_matches_model(ops in prop::collection::vec(op(MULTIBYTE), 1..60)) {
+        check_ops(&ops);
+    }
+}
+
+/// A hand-written sequence with known answers, so the model itself is checked.
+#[test]
+fn known_answers() {
+    let tree = radix_affinity::TextTree::with_clock(radix_affinity::Clock::Logical);
+    let a = tree.intern("a");
+    let b = tree.intern("b");
+    tree.insert("hello world", a);
+    tree.insert("hello there", b);
+    assert_eq!(tree.tenant_size(a), 11);
+    assert_eq!(tree.tenant_size(b), 11);
+    assert_eq!(tree.total_size(), 22);
+    // "hello " is shared; the deepest node of "hello" is that shared node, most
+    // recently used by b.
+    let m = tree.prefix_match("hello");
+    assert_eq!((m.tenant, m.matched, m.input), (Some(b), 5, 5));
+    let m = tree.prefix_match("hello wo!");
+    assert_eq!((m.tenant, m.matched, m.input), (Some(a), 8, 9));
+    assert_eq!(tree.prefix_match_tenant("hello world!", b), 6);
+    // The lookup above made a the most recent user of "hello ".
+    assert_eq!(tree.prefix_match("hello").tenant, Some(a));
+    // b's leaf "there" is its LRU entry: evicting b down to 6 drops it.
+    tree.evict_tenant_by_size(6);
+    assert_eq!(tree.tenant_size(b), 6);
+    assert_eq!(
+        tree.tenant_size(a),
+        6,
+        "a held 11 > 6, so its leaf goes too"
+    );
+    tree.remove_tenant(a);
+    assert_eq!(tree.prefix_match("hello").tenant, Some(b));
+    assert_eq!(tree.tenants().len(), 1);
+    tree.validate().unwrap();
+}
+
+#[test]
+fn multibyte_never_splits_a_scalar() {
+    let tree = radix_affinity::TextTree::new();
+    let a = tree.intern("a");
+    // U+4E00 and U+4E01 share their first two UTF-8 bytes.
+    tree.insert("x一y", a);
+    let m = tree.prefix_match("x丁y");
+    assert_eq!((m.matched, m.input), (1, 3));
+    tree.insert("x丁z", a);
+    assert_eq!(tree.tenant_size(a), 5, "x + 一y + 丁z");
+    assert_eq!(tree.prefix_match("x丁z").matched, 3);
+    assert_eq!(tree.prefix_match("😀").matched, 0);
+    tree.validate().unwrap();
+}

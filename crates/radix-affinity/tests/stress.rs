@@ -1,0 +1,119 @@
+//! Multi-threaded stress: racing inserts, lookups, evictions and removals on
+//! shared prefixes, while a checker thread keeps verifying that every shard's
+//! counters equal a recount of its nodes. Bounded by iteration counts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+
+use radix_affinity::{TenantId, TextTree};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Few stems and a tiny alphabet so threads constantly split the same edges.
+fn text(rng: &mut Rng) -> String {
+    const STEMS: [&str; 4] = [
+        "system: you are helpful. ",
+        "system: you are terse. ",
+        "一丁😀",
+        "s",
+    ];
+    const TAIL: [char; 5] = ['a', 'b', 'é', '一', '丁'];
+    let mut s = String::from(STEMS[rng.below(4) as usize]);
+    for _ in 0..rng.below(12) {
+        s.push(TAIL[rng.below(5) as usize]);
+    }
+    s
+}
+
+#[test]
+fn racing_writers_keep_counters_exact() {
+    let tree = Arc::new(TextTree::new());
+    let tenants: Vec<TenantId> = (0..6).map(|i| tree.intern(&format!("w{i}"))).collect();
+    let done = Arc::new(AtomicBool::new(false));
+
+    let checker = {
+        let tree = Arc::clone(&tree);
+        let done = Arc::clone(&done);
+        thread::spawn(move || {
+            let mut checks = 0u32;
+            while !done.load(Ordering::Acquire) || checks == 0 {
+                // Each shard is checked under its read lock: counters must
+                // equal the recount at every instant, not only at the end.
+                tree.validate().unwrap();
+                checks += 1;
+            }
+            checks
+        })
+    };
+
+    let workers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let tree = Arc::clone(&tree);
+            let tenants = tenants.clone();
+            thread::spawn(move || {
+                let mut rng = Rng(w * 7919 + 1);
+                for _ in 0..10_000 {
+                    let t = tenants[rng.below(tenants.len() as u64) as usize];
+                    match rng.below(100) {
+                        0..=49 => tree.insert(&text(&mut rng), t),
+                        50..=84 => {
+                            let s = text(&mut rng);
+                            let m = tree.prefix_match(&s);
+                            assert!(m.matched <= m.input);
+                            assert_eq!(m.input, s.chars().count());
+                            assert_eq!(m.tenant.is_some(), m.matched > 0);
+                        }
+                        85..=92 => {
+                            let s = text(&mut rng);
+                            assert!(tree.prefix_match_tenant(&s, t) <= s.chars().count());
+                        }
+                        93..=95 => tree.evict_tenant_by_size(rng.below(60) as usize),
+                        96..=97 => tree.evict_to_total(rng.below(200) as usize),
+                        _ => tree.remove_tenant(t),
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    done.store(true, Ordering::Release);
+    assert!(checker.join().unwrap() > 0);
+
+    tree.validate().unwrap();
+    for (id, recounted) in tree.recount() {
+        assert_eq!(tree.tenant_size(id), recounted, "tenant {id:?}");
+    }
+    let total: usize = tree.recount().iter().map(|&(_, s)| s).sum();
+    assert_eq!(tree.total_size(), total);
+
+    // Quiescent eviction and removal leave exact, bounded results.
+    tree.evict_tenant_by_size(10);
+    for &t in &tenants {
+        assert!(tree.tenant_size(t) <= 10);
+    }
+    tree.evict_to_total(15);
+    assert!(tree.total_size() <= 15);
+    for &t in &tenants {
+        tree.remove_tenant(t);
+    }
+    assert_eq!(tree.total_size(), 0);
+    assert!(tree.tenants().is_empty());
+    tree.validate().unwrap();
+}

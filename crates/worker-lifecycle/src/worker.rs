@@ -1,0 +1,579 @@
+//! The worker: one persistent scheduling identity per registration lifetime.
+//!
+//! A [`Worker`] is created once per (role, endpoint, generation) and shared
+//! as `Arc<Worker>` by every routing decision for that lifetime, so its
+//! load, processed count, health and breaker state are the live ones. A new
+//! registration lifetime gets a new `Worker` with fresh state; requests
+//! still holding the old one finish against the old one.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::breaker::{Admission, CircuitBreaker, CircuitBreakerConfig, Rejected, TransitionHook};
+use crate::clock::{Clock, SystemClock};
+use crate::guard::LoadGuard;
+use crate::sync::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+/// What a worker does in the serving topology.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WorkerRole {
+    /// Serves whole requests (no disaggregation).
+    Regular,
+    /// Prefill side of a prefill/decode pair.
+    Prefill {
+        /// Port of the KV bootstrap server, for connectors that need one.
+        bootstrap_port: Option<u16>,
+    },
+    /// Decode side of a prefill/decode pair.
+    Decode,
+}
+
+impl WorkerRole {
+    /// The role without its parameters.
+    pub fn kind(self) -> RoleKind {
+        match self {
+            Self::Regular => RoleKind::Regular,
+            Self::Prefill { .. } => RoleKind::Prefill,
+            Self::Decode => RoleKind::Decode,
+        }
+    }
+}
+
+/// A role without parameters: what registries and pools are partitioned by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RoleKind {
+    /// Regular workers.
+    Regular,
+    /// Prefill workers.
+    Prefill,
+    /// Decode workers.
+    Decode,
+}
+
+impl RoleKind {
+    /// Lower-case name: `regular`, `prefill` or `decode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Regular => "regular",
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+        }
+    }
+}
+
+impl fmt::Display for RoleKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a worker listens: its base URL and, for data-parallel engines,
+/// the rank addressed through that URL.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    url: String,
+    dp_rank: Option<u32>,
+}
+
+/// A rejected endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EndpointError {
+    /// The URL is empty.
+    #[error("endpoint URL is empty")]
+    Empty,
+    /// The URL does not start with `http://` or `https://`.
+    #[error("endpoint URL {0:?} must start with http:// or https://")]
+    Scheme(String),
+    /// The URL has no host after the scheme.
+    #[error("endpoint URL {0:?} has no host")]
+    NoHost(String),
+    /// The URL contains whitespace or control characters.
+    #[error("endpoint URL {0:?} contains whitespace or control characters")]
+    BadCharacter(String),
+}
+
+impl Endpoint {
+    /// Checks and normalizes `url` (a trailing `/` is dropped, so
+    /// `http://a:8000/` and `http://a:8000` are the same endpoint).
+    pub fn new(url: &str, dp_rank: Option<u32>) -> Result<Self, EndpointError> {
+        if url.is_empty() {
+            return Err(EndpointError::Empty);
+        }
+        if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(EndpointError::BadCharacter(url.to_owned()));
+        }
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"))
+            .ok_or_else(|| EndpointError::Scheme(url.to_owned()))?;
+        if rest.is_empty() || rest.starts_with('/') {
+            return Err(EndpointError::NoHost(url.to_owned()));
+        }
+        Ok(Self {
+            url: url.trim_end_matches('/').to_owned(),
+            dp_rank,
+        })
+    }
+
+    /// The base URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The data-parallel rank, if any.
+    pub fn dp_rank(&self) -> Option<u32> {
+        self.dp_rank
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.dp_rank {
+            Some(rank) => write!(f, "{}@{}", self.url, rank),
+            None => f.write_str(&self.url),
+        }
+    }
+}
+
+/// The identity of a worker apart from its generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSpec {
+    /// Role (with the prefill bootstrap port).
+    pub role: WorkerRole,
+    /// Where it listens.
+    pub endpoint: Endpoint,
+    /// The model it serves, if known.
+    pub model_id: Option<String>,
+    /// Free-form labels (zone, hardware, version).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl WorkerSpec {
+    /// A spec with no model id and no labels.
+    pub fn new(role: WorkerRole, endpoint: Endpoint) -> Self {
+        Self {
+            role,
+            endpoint,
+            model_id: None,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// Sets the model id.
+    pub fn with_model(mut self, model_id: impl Into<String>) -> Self {
+        self.model_id = Some(model_id.into());
+        self
+    }
+
+    /// Adds a label.
+    pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// Where a worker is in its life. States only move forward:
+/// pending → ready → draining → removed (any state may go straight to
+/// removed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Lifecycle {
+    /// Known but not yet taking traffic.
+    Pending,
+    /// Taking traffic.
+    Ready,
+    /// Finishing its in-flight work; never selected for new work.
+    Draining,
+    /// Gone from its pool or set; in-flight guards may still finish on it.
+    Removed,
+}
+
+impl Lifecycle {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Self::Pending,
+            1 => Self::Ready,
+            2 => Self::Draining,
+            _ => Self::Removed,
+        }
+    }
+
+    fn as_u8(self) -> u8 {
+        match self {
+            Self::Pending => 0,
+            Self::Ready => 1,
+            Self::Draining => 2,
+            Self::Removed => 3,
+        }
+    }
+}
+
+/// What runs alongside each worker: its breaker settings, the clock used by
+/// the time-free convenience methods, and an optional breaker hook.
+#[derive(Clone)]
+pub struct WorkerOptions {
+    /// Breaker settings for every worker built with these options.
+    pub breaker: CircuitBreakerConfig,
+    /// The clock behind [`Worker::is_available`] and [`Worker::try_reserve`].
+    pub clock: Arc<dyn Clock>,
+    /// Told about every breaker transition with the worker's key.
+    pub breaker_hook: Option<TransitionHook>,
+    /// The state a new worker starts in (`Ready` by default, so that a
+    /// freshly discovered fleet is routable from the first request).
+    pub initial_lifecycle: Lifecycle,
+}
+
+impl fmt::Debug for WorkerOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerOptions")
+            .field("breaker", &self.breaker)
+            .field("clock", &self.clock)
+            .field("breaker_hook", &self.breaker_hook.is_some())
+            .field("initial_lifecycle", &self.initial_lifecycle)
+            .finish()
+    }
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self {
+            breaker: CircuitBreakerConfig::default(),
+            clock: Arc::new(SystemClock),
+            breaker_hook: None,
+            initial_lifecycle: Lifecycle::Ready,
+        }
+    }
+}
+
+/// Why [`Worker::try_reserve`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unavailable {
+    /// The worker is pending, draining or removed.
+    #[error("worker is {0:?}, not ready")]
+    NotReady(Lifecycle),
+    /// The last health checks failed.
+    #[error("worker is unhealthy")]
+    Unhealthy,
+    /// The circuit breaker refused.
+    #[error(transparent)]
+    Breaker(#[from] Rejected),
+}
+
+/// A health change reported by [`Worker::record_probe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthChange {
+    /// The worker became healthy.
+    BecameHealthy,
+    /// The worker became unhealthy.
+    BecameUnhealthy,
+}
+
+/// An inference worker for one registration lifetime.
+///
+/// Identity (role, endpoint, generation, model, labels) is immutable;
+/// runtime state is atomic. Share it as `Arc<Worker>`.
+pub struct Worker {
+    spec: WorkerSpec,
+    generation: u64,
+    key: Box<str>,
+    load: AtomicUsize,
+    processed: AtomicU64,
+    underflows: AtomicU64,
+    healthy: AtomicBool,
+    health_ok_streak: AtomicU32,
+    health_fail_streak: AtomicU32,
+    lifecycle: AtomicU8,
+    breaker: CircuitBreaker,
+    clock: Arc<dyn Clock>,
+    idle_watchers: AtomicUsize,
+    #[cfg(not(loom))]
+    idle: tokio::sync::Notify,
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("key", &self.key)
+            .field("load", &self.load())
+            .field("processed", &self.processed())
+            .field("healthy", &self.is_healthy())
+            .field("lifecycle", &self.lifecycle())
+            .field("breaker", &self.breaker.state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// A worker for registration `generation` of `spec`.
+    pub fn new(spec: WorkerSpec, generation: u64, options: &WorkerOptions) -> Arc<Self> {
+        let key = Self::make_key(&spec, generation);
+        let breaker =
+            CircuitBreaker::with_hook(&key, options.breaker.clone(), options.breaker_hook.clone());
+        Arc::new(Self {
+            spec,
+            generation,
+            key: key.into_boxed_str(),
+            load: AtomicUsize::new(0),
+            processed: AtomicU64::new(0),
+            underflows: AtomicU64::new(0),
+            healthy: AtomicBool::new(true),
+            health_ok_streak: AtomicU32::new(0),
+            health_fail_streak: AtomicU32::new(0),
+            lifecycle: AtomicU8::new(options.initial_lifecycle.as_u8()),
+            breaker,
+            clock: options.clock.clone(),
+            idle_watchers: AtomicUsize::new(0),
+            #[cfg(not(loom))]
+            idle: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn make_key(spec: &WorkerSpec, generation: u64) -> String {
+        use fmt::Write;
+        let mut key = String::with_capacity(spec.endpoint.url.len() + 24);
+        let _ = write!(key, "{}:{}#{}", spec.role.kind(), spec.endpoint, generation);
+        key
+    }
+
+    /// A stable key for this worker lifetime, unique across roles, ranks and
+    /// generations: `role:url[@rank]#generation`, for example
+    /// `prefill:http://10.0.0.1:8000@1#7`. Policies can key their state on it.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Everything that identifies the worker apart from its generation.
+    pub fn spec(&self) -> &WorkerSpec {
+        &self.spec
+    }
+
+    /// The role.
+    pub fn role(&self) -> WorkerRole {
+        self.spec.role
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.spec.endpoint
+    }
+
+    /// The base URL.
+    pub fn url(&self) -> &str {
+        &self.spec.endpoint.url
+    }
+
+    /// The data-parallel rank, if any.
+    pub fn dp_rank(&self) -> Option<u32> {
+        self.spec.endpoint.dp_rank
+    }
+
+    /// The model id, if known.
+    pub fn model_id(&self) -> Option<&str> {
+        self.spec.model_id.as_deref()
+    }
+
+    /// The labels.
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        &self.spec.labels
+    }
+
+    /// The registration generation this worker object belongs to.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Requests currently reserved on this worker (live [`LoadGuard`]s).
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::Acquire)
+    }
+
+    /// Requests finished on this worker: every released reservation counts
+    /// once, whatever its outcome (success, error, cancellation), because
+    /// fair tie-breaking wants "how much work did this worker take", not
+    /// "how much succeeded".
+    pub fn processed(&self) -> u64 {
+        self.processed.load(Ordering::Relaxed)
+    }
+
+    /// Times a load decrement would have gone below zero and was clamped.
+    /// Guards make this impossible; it stays 0 unless there is a bug, and
+    /// tests assert so.
+    pub fn underflows(&self) -> u64 {
+        self.underflows.load(Ordering::Relaxed)
+    }
+
+    /// Whether the health checker currently considers the worker healthy
+    /// (workers start healthy).
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    /// The lifecycle state.
+    pub fn lifecycle(&self) -> Lifecycle {
+        Lifecycle::from_u8(self.lifecycle.load(Ordering::Acquire))
+    }
+
+    /// The circuit breaker.
+    pub fn breaker(&self) -> &CircuitBreaker {
+        &self.breaker
+    }
+
+    /// Whether a policy may select this worker now: ready, healthy, and its
+    /// breaker would admit a request. Cheap: atomics only, unless the
+    /// breaker is open or half-open.
+    pub fn is_available(&self) -> bool {
+        self.lifecycle() == Lifecycle::Ready
+            && self.is_healthy()
+            && (self.breaker.state() == crate::BreakerState::Closed
+                || self.breaker.would_admit(self.clock.now()))
+    }
+
+    /// Reserves one request on this worker unconditionally (load + 1) and
+    /// returns the owning guard. Use it when the caller has already chosen
+    /// this worker; [`try_reserve`](Self::try_reserve) also asks the breaker.
+    pub fn reserve(self: &Arc<Self>) -> LoadGuard {
+        self.load.fetch_add(1, Ordering::AcqRel);
+        LoadGuard::new(self.clone(), Admission::unprobed())
+    }
+
+    /// Reserves one request if the worker is available now: ready, healthy
+    /// and admitted by its breaker (which, half-open, hands out one of its
+    /// probe slots; the guard returns the slot when it is dropped without an
+    /// outcome).
+    pub fn try_reserve(self: &Arc<Self>) -> Result<LoadGuard, Unavailable> {
+        self.try_reserve_at(self.clock.now())
+    }
+
+    /// [`try_reserve`](Self::try_reserve) at an explicit time.
+    pub fn try_reserve_at(self: &Arc<Self>, now: Instant) -> Result<LoadGuard, Unavailable> {
+        let lifecycle = self.lifecycle();
+        if lifecycle != Lifecycle::Ready {
+            return Err(Unavailable::NotReady(lifecycle));
+        }
+        if !self.is_healthy() {
+            return Err(Unavailable::Unhealthy);
+        }
+        let admission = self.breaker.try_acquire(now)?;
+        self.load.fetch_add(1, Ordering::AcqRel);
+        Ok(LoadGuard::new(self.clone(), admission))
+    }
+
+    /// The clock this worker was built with.
+    pub fn clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    /// Called exactly once per reservation, by the guard.
+    pub(crate) fn release_one(&self) {
+        let previous = self
+            .load
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_sub(1));
+        match previous {
+            Ok(1) => self.wake_idle_watchers(),
+            Ok(_) => {}
+            Err(_) => {
+                self.underflows.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(worker = %self.key, "load decrement below zero clamped");
+            }
+        }
+        self.processed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn wake_idle_watchers(&self) {
+        // SeqCst pairs with the watcher's SeqCst increment and load check in
+        // `wait_idle`: either the watcher sees load 0, or we see the watcher.
+        if self.idle_watchers.load(Ordering::SeqCst) > 0 {
+            #[cfg(not(loom))]
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// Marks the worker ready (from pending). Returns false if it was not
+    /// pending.
+    pub fn mark_ready(&self) -> bool {
+        self.transition(Lifecycle::Pending, Lifecycle::Ready)
+    }
+
+    /// Starts draining: the worker takes no new work. Returns false if it was
+    /// already draining or removed.
+    pub fn start_drain(&self) -> bool {
+        self.transition(Lifecycle::Ready, Lifecycle::Draining)
+            || self.transition(Lifecycle::Pending, Lifecycle::Draining)
+    }
+
+    /// Marks the worker removed. In-flight guards stay valid and finish on
+    /// this object. Returns false if it was already removed.
+    pub fn mark_removed(&self) -> bool {
+        self.lifecycle
+            .swap(Lifecycle::Removed.as_u8(), Ordering::AcqRel)
+            != Lifecycle::Removed.as_u8()
+    }
+
+    fn transition(&self, from: Lifecycle, to: Lifecycle) -> bool {
+        self.lifecycle
+            .compare_exchange(
+                from.as_u8(),
+                to.as_u8(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// Feeds one health-probe result through the consecutive-count
+    /// hysteresis: `failure_threshold` failures in a row make a healthy
+    /// worker unhealthy, `success_threshold` successes in a row make an
+    /// unhealthy one healthy. Never touches load. Meant for one writer (the
+    /// health checker).
+    pub fn record_probe(
+        &self,
+        ok: bool,
+        failure_threshold: u32,
+        success_threshold: u32,
+    ) -> Option<HealthChange> {
+        if ok {
+            self.health_fail_streak.store(0, Ordering::Relaxed);
+            let streak = self.health_ok_streak.fetch_add(1, Ordering::Relaxed) + 1;
+            if !self.is_healthy() && streak >= success_threshold.max(1) {
+                self.healthy.store(true, Ordering::Release);
+                return Some(HealthChange::BecameHealthy);
+            }
+        } else {
+            self.health_ok_streak.store(0, Ordering::Relaxed);
+            let streak = self.health_fail_streak.fetch_add(1, Ordering::Relaxed) + 1;
+            if self.is_healthy() && streak >= failure_threshold.max(1) {
+                self.healthy.store(false, Ordering::Release);
+                return Some(HealthChange::BecameUnhealthy);
+            }
+        }
+        None
+    }
+
+    /// Waits until the load is 0 or `deadline` passes, whichever is first.
+    /// Returns the load left (0 when the worker went idle). Cancel-safe.
+    #[cfg(not(loom))]
+    pub async fn wait_idle(&self, deadline: tokio::time::Instant) -> usize {
+        struct Watching<'a>(&'a AtomicUsize);
+        impl Drop for Watching<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.idle_watchers.fetch_add(1, Ordering::SeqCst);
+        let _watching = Watching(&self.idle_watchers);
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.load.load(Ordering::SeqCst) == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.load();
+            }
+        }
+    }
+}
