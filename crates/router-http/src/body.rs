@@ -143,37 +143,53 @@ where
 }
 
 pin_project! {
-    /// A body that fails with [`IdleTimeoutError`] when the inner body yields
-    /// nothing for longer than the idle timeout.
+    /// A body that fails when the inner body yields nothing for longer than
+    /// the idle timeout, or is still running at an absolute deadline (the
+    /// whole-request timeout).
     pub struct IdleTimeout<B> {
         #[pin]
         inner: B,
         idle: Duration,
         #[pin]
-        sleep: Sleep,
+        idle_sleep: Sleep,
+        #[pin]
+        deadline: Sleep,
         timed_out: bool,
     }
 }
 
-/// The error of a body that went quiet for longer than its idle timeout.
+/// The error of a body stopped by [`IdleTimeout`], or of its inner body.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IdleTimeoutError<E> {
     /// No frame arrived within the idle timeout.
     #[error("the upstream body sent nothing for {0:?}")]
     Idle(Duration),
+    /// The whole-request deadline passed while the body was still running.
+    #[error("the request exceeded its deadline")]
+    Deadline,
     /// The inner body failed.
     #[error(transparent)]
     Inner(E),
 }
 
+/// Far enough in the future to mean "no deadline", near enough not to
+/// overflow the timer.
+const NO_DEADLINE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 impl<B> IdleTimeout<B> {
     /// Wraps `inner`; each frame restarts the `idle` countdown.
     pub fn new(inner: B, idle: Duration) -> Self {
+        Self::with_deadline(inner, idle, Instant::now() + NO_DEADLINE)
+    }
+
+    /// Wraps `inner` with an idle timeout and an absolute `deadline`.
+    pub fn with_deadline(inner: B, idle: Duration, deadline: Instant) -> Self {
         Self {
             inner,
             idle,
-            sleep: tokio::time::sleep(idle),
+            idle_sleep: tokio::time::sleep(idle),
+            deadline: tokio::time::sleep_until(deadline),
             timed_out: false,
         }
     }
@@ -191,15 +207,19 @@ impl<B: Body> Body for IdleTimeout<B> {
         if *this.timed_out {
             return Poll::Ready(None);
         }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            *this.timed_out = true;
+            return Poll::Ready(Some(Err(IdleTimeoutError::Deadline)));
+        }
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.sleep.as_mut().reset(Instant::now() + *this.idle);
+                this.idle_sleep.as_mut().reset(Instant::now() + *this.idle);
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(IdleTimeoutError::Inner(err)))),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
-                ready!(this.sleep.as_mut().poll(cx));
+                ready!(this.idle_sleep.as_mut().poll(cx));
                 *this.timed_out = true;
                 Poll::Ready(Some(Err(IdleTimeoutError::Idle(*this.idle))))
             }
@@ -327,6 +347,36 @@ mod tests {
         let frame = body.frame().await.unwrap();
         assert!(matches!(frame, Err(IdleTimeoutError::Idle(_))));
         assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(released.load(Ordering::SeqCst), FAILED);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_stops_a_body_that_keeps_talking() {
+        let (released, guard) = counter();
+        // A frame every second, forever: never idle, but past the deadline.
+        let chatty = futures_util::stream::unfold((), |()| async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Some((
+                Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(b"x"))),
+                (),
+            ))
+        });
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(3_500);
+        let mut body = Box::pin(GuardedBody::new(
+            IdleTimeout::with_deadline(StreamBody::new(chatty), Duration::from_secs(5), deadline),
+            guard,
+        ));
+        let mut frames = 0;
+        loop {
+            match body.frame().await {
+                Some(Ok(_)) => frames += 1,
+                Some(Err(IdleTimeoutError::Deadline)) => break,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(frames, 3);
+        assert_eq!(started.elapsed(), Duration::from_millis(3_500));
         assert_eq!(released.load(Ordering::SeqCst), FAILED);
     }
 

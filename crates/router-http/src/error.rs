@@ -11,9 +11,10 @@
 //! rewritten: they reach the client as the worker sent them. Only what the
 //! router decides on its own goes through [`ApiError`].
 
+use crate::body::BoxBody;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use std::time::Duration;
 
 /// An error the router answers on its own, with the HTTP status it maps to.
@@ -60,6 +61,12 @@ pub enum ApiError {
     /// An admin route named a worker that does not exist.
     #[error("worker not found: {0}")]
     WorkerNotFound(String),
+    /// An admin route tried to add a worker that is already registered.
+    #[error("worker already exists: {0}")]
+    WorkerExists(String),
+    /// A worker being added did not become healthy in time.
+    #[error("worker did not become healthy: {0}")]
+    WorkerNotReady(String),
     /// The router is shutting down and admits no new requests.
     #[error("the router is shutting down")]
     ShuttingDown,
@@ -82,6 +89,8 @@ impl ApiError {
             Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Self::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::WorkerExists(_) => StatusCode::CONFLICT,
+            Self::WorkerNotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -93,12 +102,14 @@ impl ApiError {
             | Self::UnknownModel(_)
             | Self::PayloadTooLarge { .. }
             | Self::WorkerNotFound(_)
+            | Self::WorkerExists(_)
             | Self::MethodNotAllowed => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
             Self::TooManyRequests { .. } | Self::QueueTimeout(_) => "rate_limit_error",
             Self::NoAvailableWorker(_)
             | Self::ShuttingDown
             | Self::BadGateway(_)
+            | Self::WorkerNotReady(_)
             | Self::GatewayTimeout(_) => "service_unavailable_error",
         }
     }
@@ -119,6 +130,8 @@ impl ApiError {
             Self::WorkerNotFound(_) => "worker_not_found",
             Self::ShuttingDown => "shutting_down",
             Self::MethodNotAllowed => "method_not_allowed",
+            Self::WorkerExists(_) => "worker_exists",
+            Self::WorkerNotReady(_) => "worker_not_ready",
         }
     }
 
@@ -135,11 +148,11 @@ impl ApiError {
     }
 
     /// The complete HTTP response, with `Retry-After` where the error has one.
-    pub fn into_response<B>(self) -> Response<B>
-    where
-        B: From<Full<Bytes>>,
-    {
-        let mut response = Response::new(B::from(Full::new(self.json_body())));
+    pub fn into_response(self) -> Response<BoxBody> {
+        let body = Full::new(self.json_body())
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let mut response = Response::new(body);
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
         headers.insert(
@@ -157,7 +170,6 @@ impl ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
 
     #[test]
     fn body_is_openai_shaped_json_naming_the_problem() {
@@ -177,7 +189,7 @@ mod tests {
         let error = ApiError::TooManyRequests {
             retry_after: Duration::from_millis(200),
         };
-        let response: Response<Full<Bytes>> = error.into_response();
+        let response = error.into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");

@@ -149,6 +149,216 @@ pub fn escape_label(value: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(escaped)
 }
 
+/// The router's own counters and histograms, recorded on the request path.
+#[derive(Debug)]
+pub struct RouterMetrics {
+    /// Responses by route and status class: `[route][class]`, class 1xx..5xx.
+    responses: [[Counter; 5]; ROUTES.len()],
+    /// Request durations to response headers, by route.
+    header_latency: [Histogram; ROUTES.len()],
+    /// Errors the router answered itself, by code.
+    errors: [Counter; ERROR_CODES.len()],
+    /// Upstream failures before a response, by kind.
+    upstream_failures: [Counter; 3],
+    /// Retried attempts.
+    pub retries: Counter,
+    /// Response bodies that reached their end.
+    pub bodies_completed: Counter,
+    /// Response bodies that failed (upstream error, idle or request timeout).
+    pub bodies_failed: Counter,
+    /// Response bodies dropped before their end (client went away).
+    pub bodies_dropped: Counter,
+}
+
+const ROUTES: [&str; 17] = [
+    "chat_completions",
+    "completions",
+    "embeddings",
+    "rerank",
+    "responses",
+    "generate",
+    "other",
+    "models",
+    "health",
+    "liveness",
+    "readiness",
+    "metrics",
+    "add_worker",
+    "remove_worker",
+    "list_workers",
+    "workers",
+    "register",
+];
+
+const ERROR_CODES: [&str; 16] = [
+    "invalid_json",
+    "invalid_request",
+    "model_not_found",
+    "payload_too_large",
+    "too_many_requests",
+    "queue_timeout",
+    "invalid_api_key",
+    "no_available_worker",
+    "upstream_error",
+    "upstream_timeout",
+    "worker_not_found",
+    "shutting_down",
+    "method_not_allowed",
+    "worker_exists",
+    "worker_not_ready",
+    "other",
+];
+
+const UPSTREAM_FAILURES: [&str; 3] = ["connect", "timeout", "transport"];
+
+impl Default for RouterMetrics {
+    fn default() -> Self {
+        Self {
+            responses: std::array::from_fn(|_| std::array::from_fn(|_| Counter::default())),
+            header_latency: std::array::from_fn(|_| Histogram::new(LATENCY_BOUNDS)),
+            errors: std::array::from_fn(|_| Counter::default()),
+            upstream_failures: std::array::from_fn(|_| Counter::default()),
+            retries: Counter::default(),
+            bodies_completed: Counter::default(),
+            bodies_failed: Counter::default(),
+            bodies_dropped: Counter::default(),
+        }
+    }
+}
+
+impl RouterMetrics {
+    /// Records a response's status and its time to headers.
+    pub fn record_response(
+        &self,
+        route: crate::Route,
+        status: http::StatusCode,
+        elapsed: Duration,
+    ) {
+        let route = route_index(route.label());
+        let class = (status.as_u16() / 100).clamp(1, 5) as usize - 1;
+        self.responses[route][class].inc();
+        self.header_latency[route].observe_duration(elapsed);
+    }
+
+    /// Records an error the router answered itself.
+    pub fn record_error(&self, error: &crate::ApiError) {
+        let code = error.code();
+        let index = ERROR_CODES
+            .iter()
+            .position(|c| *c == code)
+            .unwrap_or(ERROR_CODES.len() - 1);
+        self.errors[index].inc();
+    }
+
+    /// Records an upstream failure before any response.
+    pub fn record_upstream_failure(&self, error: &crate::UpstreamError) {
+        let index = match error {
+            crate::UpstreamError::Connect(_) => 0,
+            crate::UpstreamError::HeaderTimeout(_) => 1,
+            _ => 2,
+        };
+        self.upstream_failures[index].inc();
+    }
+
+    /// Responses recorded for `route` with a status in `class` (1 to 5).
+    pub fn responses(&self, route: crate::Route, class: u16) -> u64 {
+        let class = class.clamp(1, 5) as usize - 1;
+        self.responses[route_index(route.label())][class].get()
+    }
+
+    /// Writes every series in the text format.
+    pub fn render(&self, out: &mut String) {
+        family(
+            out,
+            "router_requests_total",
+            "counter",
+            "Responses by route and status class.",
+        );
+        for (route, classes) in ROUTES.iter().zip(&self.responses) {
+            for (class, counter) in classes.iter().enumerate() {
+                let value = counter.get();
+                if value > 0 {
+                    let labels = format!("route=\"{route}\",status=\"{}xx\"", class + 1);
+                    sample(out, "router_requests_total", &labels, value);
+                }
+            }
+        }
+        family(
+            out,
+            "router_request_header_seconds",
+            "histogram",
+            "Time from request arrival to response headers, by route.",
+        );
+        for (route, histogram) in ROUTES.iter().zip(&self.header_latency) {
+            if histogram.count() > 0 {
+                histogram.render(
+                    out,
+                    "router_request_header_seconds",
+                    &format!("route=\"{route}\""),
+                );
+            }
+        }
+        family(
+            out,
+            "router_errors_total",
+            "counter",
+            "Errors answered by the router, by code.",
+        );
+        for (code, counter) in ERROR_CODES.iter().zip(&self.errors) {
+            sample(
+                out,
+                "router_errors_total",
+                &format!("code=\"{code}\""),
+                counter.get(),
+            );
+        }
+        family(
+            out,
+            "router_upstream_failures_total",
+            "counter",
+            "Attempts that failed before a worker response, by kind.",
+        );
+        for (kind, counter) in UPSTREAM_FAILURES.iter().zip(&self.upstream_failures) {
+            sample(
+                out,
+                "router_upstream_failures_total",
+                &format!("kind=\"{kind}\""),
+                counter.get(),
+            );
+        }
+        family(out, "router_retries_total", "counter", "Retried attempts.");
+        sample(out, "router_retries_total", "", self.retries.get());
+        family(
+            out,
+            "router_response_bodies_total",
+            "counter",
+            "Response bodies by how they ended.",
+        );
+        sample(
+            out,
+            "router_response_bodies_total",
+            "end=\"complete\"",
+            self.bodies_completed.get(),
+        );
+        sample(
+            out,
+            "router_response_bodies_total",
+            "end=\"failed\"",
+            self.bodies_failed.get(),
+        );
+        sample(
+            out,
+            "router_response_bodies_total",
+            "end=\"client_dropped\"",
+            self.bodies_dropped.get(),
+        );
+    }
+}
+
+fn route_index(label: &str) -> usize {
+    ROUTES.iter().position(|r| *r == label).unwrap_or(6)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
