@@ -192,6 +192,17 @@ pub struct EngineConfig {
     pub faults: FaultConfig,
 }
 
+impl EngineConfig {
+    /// The default engine with no simulated latency (`time_scale` 0): the
+    /// usual backend of integration tests and overhead benchmarks.
+    pub fn instant() -> Self {
+        EngineConfig {
+            time_scale: 0.0,
+            ..EngineConfig::default()
+        }
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {

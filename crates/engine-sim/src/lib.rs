@@ -58,7 +58,9 @@
 //!   the same prompt always gets the same text.
 //! - **Time scale.** The server maps model time to tokio time as
 //!   `wall = model * time_scale`; 0 means no simulated latency (steps finish
-//!   at once, for overhead benchmarks).
+//!   at once, for overhead benchmarks; see [`EngineConfig::instant`]). Under
+//!   scale 0 model time runs ahead of real time by the modelled work, so
+//!   `kv_hold_timeout` may expire sooner in real time.
 //!
 //! # Prefill/decode
 //!

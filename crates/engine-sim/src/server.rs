@@ -308,7 +308,9 @@ async fn serve(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let driver = tokio::spawn(drive(shared.clone(), shutdown.clone()));
+    // The driver outlives the accept loop so in-flight responses can finish
+    // during the graceful shutdown; it is stopped after it.
+    let driver = tokio::spawn(drive(shared.clone()));
     let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
     loop {
@@ -362,7 +364,7 @@ async fn accept_optional(listener: Option<&TcpListener>) -> io::Result<(TcpStrea
 }
 
 /// Runs the engine model in tokio time.
-async fn drive(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+async fn drive(shared: Arc<Shared>) {
     let mut timer_target: Option<Duration> = None;
     loop {
         let next = {
@@ -385,7 +387,6 @@ async fn drive(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
         tokio::select! {
             _ = shared.wake.notified() => {}
             _ = sleep, if next.is_some() => timer_target = next,
-            _ = shutdown.wait_for(|stop| *stop) => return,
         }
     }
 }

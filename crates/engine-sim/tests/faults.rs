@@ -265,3 +265,31 @@ async fn health_is_refused_after_a_delay_while_generation_works() {
     assert_eq!(refused.headers["x-worker-id"], engine.engine_id());
     assert_eq!(chat_status(&engine, &[]).await, 200);
 }
+
+#[tokio::test(start_paused = true)]
+async fn reset_mid_body_is_a_tcp_reset() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let engine = engine(FaultConfig::default()).await;
+    let mut stream = tokio::net::TcpStream::connect(engine.addr())
+        .await
+        .expect("connect");
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-sim-fault: reset-mid-body\r\ncontent-length: {}\r\n\r\n{STREAM}",
+        STREAM.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut received = Vec::new();
+    let mut buf = [0u8; 1024];
+    let error = loop {
+        match stream.read(&mut buf).await {
+            Ok(0) => panic!("clean EOF instead of a reset after {received:?}"),
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset);
+    let text = String::from_utf8_lossy(&received);
+    assert!(text.starts_with("HTTP/1.1 200"));
+    assert!(text.contains("data: "), "some body arrived first: {text}");
+    assert!(!text.contains("[DONE]"));
+}

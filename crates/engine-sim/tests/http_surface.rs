@@ -170,3 +170,34 @@ async fn many_engines_run_in_one_process() {
         engine.shutdown().await;
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn graceful_shutdown_finishes_in_flight_streams() {
+    let engine = spawn(EngineConfig::default(), ServeOptions::default())
+        .await
+        .expect("spawn");
+    let addr = engine.addr();
+    let response = common::open(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(&json!({"prompt": "long answer", "max_tokens": 50, "stream": true}).to_string()),
+        &[],
+    )
+    .await
+    .expect("headers");
+    let shutdown = tokio::spawn(engine.shutdown());
+    use http_body_util::BodyExt;
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("complete body")
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
+    shutdown.await.expect("shutdown");
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "no longer listening"
+    );
+}

@@ -244,3 +244,55 @@ async fn without_a_shared_registry_well_formed_params_are_accepted() {
     .await;
     assert_eq!(counts(&decode).await, (1.0, 1.0));
 }
+
+#[tokio::test]
+async fn moriio_write_legs_rendezvous_on_the_transfer_id() {
+    let (prefill, decode, registry) = pair(KvConnector::Moriio, MoriioMode::Write).await;
+    let decode_params = json!({"do_remote_prefill": true, "do_remote_decode": false,
+        "transfer_id": "tx-42", "remote_engine_id": null, "remote_block_ids": null,
+        "remote_host": "127.0.0.1", "remote_port": prefill.addr().port(), "remote_dp_size": 1});
+    // WRITE runs both legs at once: decode may arrive first.
+    let decode_task = {
+        let addr = decode.addr();
+        tokio::spawn(async move {
+            post(
+                addr,
+                "/v1/completions",
+                &json!({"prompt": prompt(), "max_tokens": 3,
+                "kv_transfer_params": decode_params}),
+            )
+            .await
+        })
+    };
+    tokio::task::yield_now().await;
+    prefill_leg(
+        &prefill,
+        json!({"do_remote_decode": true, "do_remote_prefill": false, "transfer_id": "tx-42",
+               "remote_host": "127.0.0.1", "remote_port": decode.addr().port()}),
+    )
+    .await;
+    let decoded = decode_task.await.expect("decode");
+    assert_eq!(decoded.status, 200);
+    assert_eq!(counts(&decode).await, (1.0, 0.0));
+    // A second decode with the same id finds nothing left to claim.
+    let replay = json!({"do_remote_prefill": true, "transfer_id": "tx-42"});
+    let mut config = EngineConfig {
+        role: Role::Decode,
+        kv_connector: KvConnector::Moriio,
+        moriio_mode: MoriioMode::Write,
+        time_scale: 0.0,
+        ..EngineConfig::default()
+    };
+    config.kv_wait_timeout = std::time::Duration::from_millis(10);
+    let other = spawn(
+        config,
+        ServeOptions {
+            registry: Some(registry.clone()),
+            ..ServeOptions::default()
+        },
+    )
+    .await
+    .expect("decode");
+    decode_leg(&other, Some(replay)).await;
+    assert_eq!(counts(&other).await, (0.0, 1.0));
+}

@@ -4,15 +4,13 @@
 //! `examples/decision_bench` measures medians and p99 over the full sets.
 #![allow(missing_docs)] // criterion_main! generates an undocumented main
 
-#[path = "../examples/decision_bench/workload.rs"]
-mod workload;
-
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use lb_policies::{
     Backend, BasicBackend, MembershipEvent, Policy, PolicyConfig, PolicyRegistry, RequestContext,
 };
+use radix_affinity::workload;
 
 const SIMPLE: [&str; 6] = [
     "random",
@@ -60,16 +58,15 @@ fn simple_policies(c: &mut Criterion) {
 
 fn cache_aware(c: &mut Criterion) {
     let load = workload::Workload::new(workload::Variant::Ascii);
-    let mut warm = load.warm();
-    warm.truncate(2_000);
-    let route = load.route(&warm, 2_000);
+    let route = load.routes(2_000);
+    let warm = &load.warm[..2_000];
     let mut group = c.benchmark_group("decision");
     for workers in [8usize, 64, 1000] {
         let fleet = fleet(workers);
         for name in ["cache_aware", "cache_aware_fleet_gate"] {
             let registry = registry(name, &fleet);
             let policy = registry.policy("m").expect("built");
-            for r in &warm {
+            for r in warm {
                 let owner = workload::owner(r.sp) % workers;
                 policy.select(
                     &fleet[owner..=owner],

@@ -58,10 +58,11 @@
 //!
 //! * [`Backend`]: what a policy reads from a worker. Implemented for `&T`,
 //!   `Box<T>` and `Arc<T>`; [`BasicBackend`] is a ready-made one.
-//! * [`Policy`]: `select(candidates, ctx) -> Option<Decision>`, plus
-//!   [`on_membership`](Policy::on_membership) and
-//!   [`maintain`](Policy::maintain). A [`Decision`] is an index into the
-//!   candidate slice and a [`DecisionReason`].
+//! * [`Policy`]: `select(candidates, ctx) -> Option<Decision>`, and its
+//!   backend-independent half [`PolicyState`]: `name`,
+//!   [`on_membership`](PolicyState::on_membership) and
+//!   [`maintain`](PolicyState::maintain). A [`Decision`] is an index into
+//!   the candidate slice and a [`DecisionReason`].
 //! * [`RequestContext`]: model, routing text or tokens, hash keys
 //!   ([`HashKeys`]: session, then user, then a configured header), request id.
 //! * [`PolicyRegistry`]: one instance per model, built by name
@@ -93,6 +94,8 @@ mod backend;
 mod context;
 mod decision;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod hash;
 mod membership;
 pub mod policies;

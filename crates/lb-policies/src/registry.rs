@@ -229,6 +229,14 @@ impl<B: Backend> PolicyRegistry<B> {
         Ok(policy)
     }
 
+    /// Drops `model`'s instance (and its learned state, such as a cache
+    /// tree). Returns whether there was one. Every distinct model id the
+    /// host routes creates an instance, so hosts validate model ids (or
+    /// remove the ones they stop serving).
+    pub fn remove_model(&self, model: &str) -> bool {
+        sync::write(&self.instances).remove(model).is_some()
+    }
+
     /// Selects with the policy of `ctx.model`.
     pub fn select(
         &self,

@@ -184,6 +184,45 @@ fn equal_load_cold_traffic_spreads_evenly() {
     }
 }
 
+/// Cold traffic with live load: requests start on the chosen worker and
+/// finish after a pseudo-random number of later arrivals. Shares stay within
+/// a few percent of fair (measured and printed).
+#[test]
+fn cold_traffic_with_live_load_spreads_evenly() {
+    let n = 8;
+    let fleet = fleet(n);
+    let p = policy(LoadGate::PerRequest);
+    announce(&p, &fleet);
+    let mut in_flight: Vec<(usize, usize)> = Vec::new(); // (worker, finishes at)
+    let mut counts = vec![0usize; n];
+    let mut rng = 0x9e37_79b9_u64;
+    let total = 4000;
+    for step in 0..total {
+        in_flight.retain(|&(w, until)| {
+            let keep = until > step;
+            if !keep {
+                fleet[w].end_request();
+            }
+            keep
+        });
+        let text = format!("{step:06} {}", "unrelated request ".repeat(2));
+        let (chosen, _) = select(&p, &fleet, &text);
+        fleet[chosen].begin_request();
+        counts[chosen] += 1;
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        in_flight.push((chosen, step + 1 + (rng % 40) as usize));
+    }
+    let fair = total / n;
+    let worst = counts.iter().map(|&c| c.abs_diff(fair)).max().unwrap_or(0);
+    eprintln!("live-load cold spread: counts {counts:?}, worst deviation {worst} of {fair}");
+    assert!(
+        worst * 100 <= fair * 3,
+        "share off by more than 3%: {counts:?}"
+    );
+}
+
 /// With processed counts advancing (the host's real behaviour), ties still
 /// go to the worker that has had the least work.
 #[test]
@@ -361,6 +400,9 @@ fn models_have_separate_trees() {
         .expect("available");
     assert_eq!(other.reason, DecisionReason::CacheLowMatch);
     assert!(p.affinity_size(MODEL, &key(owner)) > 0);
+    assert!(p.remove_model(MODEL));
+    assert!(!p.has_model(MODEL));
+    assert_eq!(select(&p, &fleet, &text).1, DecisionReason::CacheLowMatch);
 }
 
 #[test]

@@ -62,6 +62,9 @@ fn one_instance_per_model() {
     let b = registry.policy("b").expect("builds");
     assert!(Arc::ptr_eq(&a1, &a2));
     assert!(!Arc::ptr_eq(&a1, &b));
+    assert!(registry.remove_model("b"));
+    assert!(!registry.remove_model("b"));
+    assert!(!Arc::ptr_eq(&b, &registry.policy("b").expect("rebuilt")));
     // Separate round-robin counters per model.
     let fleet = fleet(3);
     let pick = |m| {

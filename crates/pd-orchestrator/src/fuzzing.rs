@@ -82,3 +82,25 @@ pub fn pd_rewrite_bodies(data: &[u8]) {
         let _ = connector.decode_params(&ctx, response.as_mut());
     }
 }
+
+/// Splits `data` at NUL bytes into the chunks of a decode SSE stream and
+/// rewrites its usage events; a stream that never mentions `"usage"` must
+/// come out byte for byte.
+pub fn pd_sse_usage(data: &[u8]) {
+    let mut rewriter = crate::flow::UsageRewriter::new(256);
+    rewriter.set_prefill(&serde_json::json!({"usage": {"prompt_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 1}}}));
+    let mut out = Vec::with_capacity(data.len());
+    for chunk in data.split(|&b| b == 0) {
+        if let Some(bytes) = rewriter.push(bytes::Bytes::copy_from_slice(chunk)) {
+            out.extend_from_slice(&bytes);
+        }
+    }
+    if let Some(bytes) = rewriter.finish() {
+        out.extend_from_slice(&bytes);
+    }
+    let input: Vec<u8> = data.iter().copied().filter(|&b| b != 0).collect();
+    if !input.windows(7).any(|w| w == b"\"usage\"") {
+        assert_eq!(out, input, "a stream without usage events changed");
+    }
+}

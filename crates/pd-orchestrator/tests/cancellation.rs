@@ -33,6 +33,9 @@ struct Scenario {
     spare: Option<Arc<Endpoint>>,
     failing_first_prefill: bool,
     stream: bool,
+    /// Streaming with `include_usage`: the usage event is rewritten, split
+    /// across chunks, and the stream ends with an unterminated tail.
+    usage: bool,
 }
 
 fn prefill_step() -> Step {
@@ -42,8 +45,15 @@ fn prefill_step() -> Step {
     ])
 }
 
-fn decode_step(stream: bool) -> Step {
-    if stream {
+fn decode_step(stream: bool, usage: bool) -> Step {
+    if usage {
+        Step::chunks(&[
+            "data: {\"a\":1}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,",
+            "\"completion_tokens\":2}}\n\n",
+            "data: [DONE]",
+        ])
+    } else if stream {
         Step::chunks(&["data: {\"a\":1}\n\n", "data: [DONE]\n\n"])
     } else {
         Step::chunks(&[
@@ -71,13 +81,17 @@ fn run(
     transport.push(Phase::Prefill, prefill_step().gated(prefill_gate));
     transport.push(
         Phase::Decode,
-        decode_step(scenario.stream).gated(decode_gate),
+        decode_step(scenario.stream, scenario.usage).gated(decode_gate),
     );
     let backend = TestBackend::with_spares(&log, scenario.spare.iter().cloned().collect());
     let flow = PdFlow::new(transport, Arc::clone(&backend), FlowConfig::default());
     let request = PdRequest {
         path: "/v1/completions".into(),
-        body: json!({"model": "m", "prompt": "abc", "stream": scenario.stream}),
+        body: if scenario.usage {
+            json!({"model": "m", "prompt": "abc", "stream": true, "stream_options": {"include_usage": true}})
+        } else {
+            json!({"model": "m", "prompt": "abc", "stream": scenario.stream})
+        },
         request_id: "c".into(),
         forward: ForwardHeaders::new(),
     };
@@ -136,6 +150,29 @@ fn await_points(scenario: &Scenario) -> (usize, usize) {
 
 fn scenarios() -> Vec<Scenario> {
     let mut out = Vec::new();
+    for (name, connector, prefill) in [
+        (
+            "nixl-usage",
+            Box::new(Nixl) as Box<dyn KvConnector>,
+            endpoint(P),
+        ),
+        (
+            "mooncake-usage",
+            Box::new(Mooncake::concurrent()),
+            mooncake_prefill(P, None),
+        ),
+    ] {
+        out.push(Scenario {
+            name,
+            connector,
+            prefill,
+            decode: endpoint(D),
+            spare: None,
+            failing_first_prefill: false,
+            stream: true,
+            usage: true,
+        });
+    }
     for stream in [true, false] {
         out.push(Scenario {
             name: "nixl",
@@ -145,6 +182,7 @@ fn scenarios() -> Vec<Scenario> {
             spare: None,
             failing_first_prefill: false,
             stream,
+            usage: false,
         });
         out.push(Scenario {
             name: "nixl-retry",
@@ -154,6 +192,7 @@ fn scenarios() -> Vec<Scenario> {
             spare: Some(endpoint("http://10.0.0.3:8000")),
             failing_first_prefill: true,
             stream,
+            usage: false,
         });
         out.push(Scenario {
             name: "mooncake-concurrent",
@@ -163,6 +202,7 @@ fn scenarios() -> Vec<Scenario> {
             spare: None,
             failing_first_prefill: false,
             stream,
+            usage: false,
         });
         out.push(Scenario {
             name: "moriio-read",
@@ -172,6 +212,7 @@ fn scenarios() -> Vec<Scenario> {
             spare: None,
             failing_first_prefill: false,
             stream,
+            usage: false,
         });
         out.push(Scenario {
             name: "moriio-write",
@@ -181,6 +222,7 @@ fn scenarios() -> Vec<Scenario> {
             spare: None,
             failing_first_prefill: false,
             stream,
+            usage: false,
         });
     }
     out

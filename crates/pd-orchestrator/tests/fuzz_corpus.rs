@@ -4,14 +4,17 @@
 
 use std::path::PathBuf;
 
-use pd_orchestrator::fuzzing::{pd_bootstrap_query, pd_merge_responses, pd_rewrite_bodies};
+use pd_orchestrator::fuzzing::{
+    pd_bootstrap_query, pd_merge_responses, pd_rewrite_bodies, pd_sse_usage,
+};
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 3] = [
+const TARGETS: [(&str, Target); 4] = [
     ("pd_bootstrap_query", pd_bootstrap_query),
     ("pd_merge_responses", pd_merge_responses),
     ("pd_rewrite_bodies", pd_rewrite_bodies),
+    ("pd_sse_usage", pd_sse_usage),
 ];
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -56,7 +59,7 @@ fn pseudo_random_inputs_run_clean() {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     };
-    const FRAGMENTS: [&str; 24] = [
+    const FRAGMENTS: [&str; 27] = [
         "{",
         "}",
         "[",
@@ -81,6 +84,9 @@ fn pseudo_random_inputs_run_clean() {
         "\"é\"",
         "\u{0}",
         "\"min_tokens\"",
+        "data: ",
+        "\n\n",
+        "\r\n",
     ];
     for round in 0..300 {
         let (_, target) = TARGETS[round % TARGETS.len()];

@@ -211,3 +211,147 @@ fn streaming_bodies_and_disabled_merging_pass_decode_bytes_through() {
         backend.assert_balanced();
     }
 }
+
+const TOKEN_EVENT: &str = "data: {\"choices\":[{\"index\":0,\"text\":\" hi\"}],\"usage\":null}\n\n";
+const USAGE_EVENT: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":4,\"total_tokens\":13,\"prompt_tokens_details\":{\"cached_tokens\":9}}}\n\n";
+
+fn streamed_usage(out: &[u8]) -> Value {
+    let text = String::from_utf8(out.to_vec()).unwrap();
+    let line = text
+        .split("\n\n")
+        .find(|event| event.contains("\"choices\":[]"))
+        .unwrap_or_else(|| panic!("no usage event in {text}"));
+    serde_json::from_str::<Value>(line.strip_prefix("data: ").unwrap()).unwrap()["usage"].clone()
+}
+
+#[test]
+fn streaming_usage_event_gets_the_prefill_prompt_accounting() {
+    let log = Log::default();
+    let transport = ScriptedTransport::new(&log);
+    transport.push(
+        Phase::Prefill,
+        Step::json(json!({"usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10,
+            "prompt_tokens_details": {"cached_tokens": 2}}, "kv_transfer_params": {"remote_engine_id": "e"}})),
+    );
+    // The usage event arrives split across two chunks.
+    let (head, tail) = USAGE_EVENT.split_at(40);
+    transport.push(
+        Phase::Decode,
+        Step::chunks(&[TOKEN_EVENT, head, tail, "data: [DONE]\n\n"]),
+    );
+    let backend = TestBackend::new(&log);
+    let flow = PdFlow::new(transport, Arc::clone(&backend), FlowConfig::default());
+    let body = json!({"prompt": "x", "stream": true, "stream_options": {"include_usage": true}});
+    let decode = endpoint(D);
+    let mut response = ready(flow.run(
+        &Nixl,
+        request("/v1/completions", body),
+        endpoint(P),
+        decode.clone(),
+    ))
+    .unwrap();
+
+    let Poll::Ready(Some(Ok(first))) = poll_frame(&mut response.body) else {
+        panic!("no first frame")
+    };
+    assert_eq!(
+        first.into_data().unwrap(),
+        TOKEN_EVENT.as_bytes(),
+        "token events pass unchanged"
+    );
+    let rest = read_all(&mut response.body).unwrap();
+    assert_eq!(
+        streamed_usage(&rest),
+        json!({"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13,
+               "prompt_tokens_details": {"cached_tokens": 2}})
+    );
+    assert!(
+        String::from_utf8(rest)
+            .unwrap()
+            .ends_with("data: [DONE]\n\n")
+    );
+    assert_eq!(backend.live(&decode, Phase::Decode), 0);
+    drop(response);
+    backend.assert_balanced();
+}
+
+#[test]
+fn concurrent_streaming_usage_uses_the_prefill_once_it_finished() {
+    for prefill_done_before_usage in [true, false] {
+        let log = Log::default();
+        let transport = ScriptedTransport::new(&log);
+        let prefill_gate = Permits::new(0);
+        let decode_gate = Permits::new(2); // head + token event
+        transport.push(
+            Phase::Prefill,
+            Step::json(json!({"usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}}))
+                .gated(&prefill_gate),
+        );
+        transport.push(
+            Phase::Decode,
+            Step::chunks(&[TOKEN_EVENT, USAGE_EVENT, "data: [DONE]\n\n"]).gated(&decode_gate),
+        );
+        let backend = TestBackend::new(&log);
+        let flow = PdFlow::new(transport, Arc::clone(&backend), FlowConfig::default());
+        let body =
+            json!({"prompt": "x", "stream": true, "stream_options": {"include_usage": true}});
+        let connector = Mooncake::concurrent();
+        let mut response = ready(flow.run(
+            &connector,
+            request("/v1/completions", body),
+            mooncake_prefill(P, None),
+            endpoint(D),
+        ))
+        .unwrap();
+        assert!(matches!(
+            poll_frame(&mut response.body),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        if prefill_done_before_usage {
+            prefill_gate.add(3);
+        }
+        decode_gate.add(10);
+        let rest = read_all(&mut response.body).unwrap();
+        let cached = streamed_usage(&rest)["prompt_tokens_details"]["cached_tokens"].clone();
+        // Before the prefill answered, the stream is passed on as it is.
+        assert_eq!(
+            cached,
+            if prefill_done_before_usage {
+                json!(0)
+            } else {
+                json!(9)
+            }
+        );
+        drop(response);
+        backend.assert_balanced();
+    }
+}
+
+#[test]
+fn streams_without_requested_usage_are_not_touched() {
+    let log = Log::default();
+    let transport = ScriptedTransport::new(&log);
+    transport.push(
+        Phase::Prefill,
+        Step::json(
+            json!({"usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}}),
+        ),
+    );
+    transport.push(Phase::Decode, Step::chunks(&[TOKEN_EVENT, USAGE_EVENT]));
+    let backend = TestBackend::new(&log);
+    let flow = PdFlow::new(transport, Arc::clone(&backend), FlowConfig::default());
+    let body = json!({"prompt": "x", "stream": true});
+    let mut response = ready(flow.run(
+        &Nixl,
+        request("/v1/completions", body),
+        endpoint(P),
+        endpoint(D),
+    ))
+    .unwrap();
+    assert_eq!(
+        read_all(&mut response.body).unwrap(),
+        format!("{TOKEN_EVENT}{USAGE_EVENT}").as_bytes()
+    );
+    drop(response);
+    backend.assert_balanced();
+}

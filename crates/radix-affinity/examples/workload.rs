@@ -11,6 +11,7 @@
 //! thread's on-CPU time (`/proc/thread-self/schedstat`), with wall time as
 //! secondary; the 2-thread route loop reports wall time.
 
+use std::io::Write;
 use std::process::Command;
 use std::sync::Barrier;
 use std::time::Instant;
@@ -105,6 +106,7 @@ struct Rep {
     route_wall: u64,
     route2_wall: u64,
     route2_cpu: u64,
+    independent2_wall: u64,
     evict_cpu: u64,
     evict_tenant_cpu: u64,
     remove_cpu: u64,
@@ -185,6 +187,31 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
     rep.route2_wall = start.elapsed().as_nanos() as u64;
     rep.route2_cpu = cpus.iter().sum();
     drop(setup);
+
+    // Control for (d): the same two threads, each on its own warm tree, so
+    // nothing is shared. What this reaches is the machine's own 2-thread
+    // scaling (shared cores, memory bandwidth, other load), the ceiling (d)
+    // can be compared with.
+    let trees = [warm_tree(w), warm_tree(w)];
+    let barrier = Barrier::new(2);
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for (t, setup) in trees.iter().enumerate() {
+            let (barrier, routes) = (&barrier, &s.routes);
+            scope.spawn(move || {
+                barrier.wait();
+                route(
+                    &setup.tree,
+                    &setup.ids,
+                    (t..routes.len()).step_by(2),
+                    routes,
+                    32 * t,
+                );
+            });
+        }
+    });
+    rep.independent2_wall = start.elapsed().as_nanos() as u64;
+    drop(trees);
 
     // (e) eviction to 10 % of the tenant-attributed units, tree-wide LRU ...
     let setup = warm_tree(w);
@@ -320,7 +347,8 @@ fn memory_child(variant: Variant) {
     let after = rss_bytes();
     let units = setup.tree.total_size();
     // A token tree over the same texts, for comparison (separate measurement).
-    println!("{} {} {}", after.saturating_sub(before), chars, units);
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{} {} {}", after.saturating_sub(before), chars, units);
     drop(setup);
     let mut tokens = Vec::new();
     let tree = TokenTree::new();
@@ -333,7 +361,12 @@ fn memory_child(variant: Variant) {
         tree.insert_symbols(&tokens, ids[workload::owner(r.sp)]);
     }
     let after = rss_bytes();
-    println!("{} {}", after.saturating_sub(before), tree.total_size());
+    let _ = writeln!(
+        out,
+        "{} {}",
+        after.saturating_sub(before),
+        tree.total_size()
+    );
 }
 
 fn memory(variant: Variant) -> Option<(f64, f64, f64)> {

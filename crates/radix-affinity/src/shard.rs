@@ -46,27 +46,31 @@ impl Entry {
     }
 }
 
+/// A node. `repr(C)` with 64-byte alignment keeps what the walk reads (label,
+/// children, symbol count, parent) in one cache line; the owners follow.
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub(crate) struct Node<U> {
     /// Edge label from the parent; empty for the root and for free slots.
     pub(crate) label: Box<[U]>,
     /// `(first symbol of the child's label, child index)`, sorted by key.
-    pub(crate) children: Vec<(u32, u32)>,
-    /// Tenants holding this node; empty only for the root and free slots.
-    pub(crate) tenants: SmallVec<[Entry; 1]>,
-    pub(crate) parent: u32,
+    /// Up to two inline (most nodes), so the walk does not chase a pointer.
+    pub(crate) children: SmallVec<[(u32, u32); 2]>,
     /// Symbols in `label`.
     pub(crate) symbols: u32,
+    pub(crate) parent: u32,
     /// Bumped whenever the slot is freed, so stale eviction candidates are
     /// recognised after the slot is reused.
     pub(crate) generation: u32,
+    /// Tenants holding this node; empty only for the root and free slots.
+    pub(crate) tenants: SmallVec<[Entry; 1]>,
 }
 
 impl<U> Node<U> {
     fn empty(parent: u32, generation: u32) -> Self {
         Self {
             label: Box::new([]),
-            children: Vec::new(),
+            children: SmallVec::new(),
             tenants: SmallVec::new(),
             parent,
             symbols: 0,

@@ -27,13 +27,13 @@
 //!
 //! # Defaults, and why
 //!
-//! | setting | here | Envoy outlier detection | Linkerd failure accrual | vllm-router |
+//! | setting | here | Envoy outlier detection | Linkerd failure accrual | vllm-router (command-line defaults of its sglang-derived breaker) |
 //! |---|---|---|---|---|
 //! | consecutive failures to open | 5 | 5 (`consecutive_5xx`) | 7 | 10 |
 //! | open timeout | 5 s, ×2 per reopening, cap 60 s, up to 20 % jitter | 30 s × number of ejections, cap 300 s | exponential backoff 1 s … 60 s with jitter | 60 s, fixed |
-//! | half-open probes | 1 at a time | n/a (host returns after the ejection time) | 1 probe | unbounded |
+//! | half-open probes | 1 at a time | n/a (host returns after the ejection time) | 1 probe | every request is let through |
 //! | successes to close | 2 | n/a | 1 | 3 |
-//! | failure-rate window | off by default; when set it is used | separate `failure_percentage` detector | n/a | a window setting its breaker does not read |
+//! | failure-rate window | off by default; when set it is used | separate `failure_percentage` detector | n/a | 120 s `window_duration`, stored but never read |
 //!
 //! An LLM worker that fails five requests in a row is very likely down or
 //! restarting, and a restart takes tens of seconds (model load), so the first

@@ -275,6 +275,15 @@ pub enum HealthChange {
 ///
 /// Identity (role, endpoint, generation, model, labels) is immutable;
 /// runtime state is atomic. Share it as `Arc<Worker>`.
+///
+/// Load changes only through [`LoadGuard`]s: there is deliberately no way to
+/// set or reset it, so nothing (a health check, a recovery, an operator) can
+/// erase the count of requests that are really in flight. A worker whose
+/// process restarted gets a new `Worker` (new generation) instead.
+///
+/// For a load-balancing policy the useful accessors are [`key`](Self::key),
+/// [`load`](Self::load), [`processed`](Self::processed) and
+/// [`is_available`](Self::is_available); all are cheap.
 pub struct Worker {
     spec: WorkerSpec,
     generation: u64,
@@ -470,7 +479,7 @@ impl Worker {
     pub(crate) fn release_one(&self) {
         let previous = self
             .load
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_sub(1));
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(1));
         match previous {
             Ok(1) => self.wake_idle_watchers(),
             Ok(_) => {}

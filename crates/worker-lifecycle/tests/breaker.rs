@@ -476,3 +476,43 @@ fn worker_probe_slot_is_returned_when_the_guard_is_dropped_without_an_outcome() 
     assert_eq!(w.load(), 0);
     assert_eq!(w.underflows(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn worker_breaker_timeline_under_paused_tokio_time() {
+    use worker_lifecycle::TokioClock;
+    let options = WorkerOptions {
+        breaker: exact(),
+        clock: Arc::new(TokioClock),
+        ..WorkerOptions::default()
+    };
+    let endpoint = Endpoint::new("http://127.0.0.1:7001", None).unwrap();
+    let w = Worker::new(WorkerSpec::new(WorkerRole::Decode, endpoint), 1, &options);
+    let ms = Duration::from_millis(1);
+    for _ in 0..3 {
+        w.try_reserve()
+            .unwrap()
+            .record_outcome(Outcome::ServerError(500));
+    }
+    // First opening: exactly 2 s.
+    tokio::time::sleep(2 * S - ms).await;
+    assert!(!w.is_available());
+    tokio::time::sleep(ms).await;
+    assert!(w.is_available());
+    let probe = w.try_reserve().unwrap();
+    assert!(probe.is_probe());
+    assert!(w.try_reserve().is_err(), "a single probe at a time");
+    probe.record_outcome(Outcome::Timeout);
+    drop(probe);
+    // Second opening: exactly 4 s.
+    tokio::time::sleep(4 * S - ms).await;
+    assert!(!w.is_available());
+    tokio::time::sleep(ms).await;
+    for _ in 0..2 {
+        let probe = w.try_reserve().unwrap();
+        assert!(probe.is_probe());
+        probe.record_outcome(Outcome::Success);
+    }
+    assert_eq!(w.breaker().state(), BreakerState::Closed);
+    assert!(w.is_available());
+    assert_eq!((w.load(), w.underflows(), w.processed()), (0, 0, 6));
+}

@@ -272,7 +272,12 @@ impl ModelState {
     /// (admitting a worker never announced by an event, refusing a removed
     /// one).
     fn record_choice(&self, input: RoutingInput<'_>, key: &str) {
-        if matches!(input, RoutingInput::None) {
+        let empty = match input {
+            RoutingInput::None => true,
+            RoutingInput::Text(text) => text.is_empty(),
+            RoutingInput::Tokens(tokens) => tokens.is_empty(),
+        };
+        if empty {
             return;
         }
         {
@@ -360,6 +365,12 @@ impl CacheAware {
             .map_or(0, |&slot| state.text.tenant_size(table.slots[slot].text))
     }
 
+    /// Forgets `model`'s trees (for a model the host no longer serves).
+    /// Returns whether it had any. Its next request starts a fresh tree.
+    pub fn remove_model(&self, model: &str) -> bool {
+        sync::write(&self.models).remove(model).is_some()
+    }
+
     /// Whether `model` has a tree yet.
     pub fn has_model(&self, model: &str) -> bool {
         sync::read(&self.models).contains_key(model)
@@ -433,10 +444,11 @@ impl CacheAware {
                 .get(tenant.index() as usize)
                 .copied()
                 .flatten()
-                .and_then(|slot| {
-                    let slot = &table.slots[slot];
-                    find_candidate(&slot.key, &slot.hint, candidates)
-                })
+                .map(|slot| &table.slots[slot])
+                // A worker removed after the match was taken is no owner,
+                // even if the host's candidate slice still lists it.
+                .filter(|slot| slot.live)
+                .and_then(|slot| find_candidate(&slot.key, &slot.hint, candidates))
         };
         let Some(preferred) = preferred.filter(|&i| candidates[i].is_available()) else {
             return self.least_loaded(candidates, DecisionReason::CacheOwnerUnavailable);

@@ -44,18 +44,31 @@ pub(crate) fn fair_least_loaded<B: Backend>(
         return None;
     }
     let start = start % n;
+    // (index, load, processed); `processed` is read only when loads tie,
+    // which saves one atomic load per candidate on the common path.
     let mut best: Option<(usize, usize, u64)> = None;
-    let order = (start..n).chain(0..start);
-    for i in order {
+    let mut consider = |i: usize| {
         let c = &candidates[i];
         if !c.is_available() {
-            continue;
+            return;
         }
-        let (load, processed) = (c.load(), c.processed());
+        let load = c.load();
         match best {
-            Some((_, bl, bp)) if (load, processed) >= (bl, bp) => {}
-            _ => best = Some((i, load, processed)),
+            Some((_, best_load, _)) if load > best_load => {}
+            Some((_, best_load, best_processed)) if load == best_load => {
+                let processed = c.processed();
+                if processed < best_processed {
+                    best = Some((i, load, processed));
+                }
+            }
+            _ => best = Some((i, load, c.processed())),
         }
+    };
+    for i in start..n {
+        consider(i);
+    }
+    for i in 0..start {
+        consider(i);
     }
     best.map(|(i, load, _)| (i, load))
 }

@@ -2,6 +2,7 @@
 
 mod body;
 mod collect;
+pub(crate) mod sse;
 mod traits;
 
 pub use body::{OnceBody, PdBody};
@@ -26,8 +27,9 @@ use crate::connector::{
 use crate::error::{PdError, is_retryable_status};
 use crate::headers::{ForwardHeaders, leg_headers, p2p_request_id};
 use crate::merge::merge_non_streaming;
-use body::PrefillDriver;
+use body::{BodyPrefill, PrefillDriver};
 use collect::{Collector, collect_limited};
+pub(crate) use sse::UsageRewriter;
 use traits::PhaseLease;
 
 /// Limits and switches of the flow.
@@ -46,6 +48,14 @@ pub struct FlowConfig {
     /// Merge usage and prompt logprobs of the prefill response into
     /// non-streaming decode responses. Default true.
     pub merge_non_streaming: bool,
+    /// Rewrite the usage events of streaming responses whose client asked
+    /// for usage (`stream_options.include_usage` or
+    /// `continuous_usage_stats`) with the prefill's prompt accounting.
+    /// Default true.
+    pub rewrite_streaming_usage: bool,
+    /// Largest partial SSE event buffered while rewriting usage; a larger
+    /// one is passed through unrewritten. Default 1 MiB.
+    pub max_sse_event_bytes: usize,
 }
 
 impl Default for FlowConfig {
@@ -56,6 +66,8 @@ impl Default for FlowConfig {
             max_decode_response_bytes: 64 << 20,
             max_error_body_bytes: 64 << 10,
             merge_non_streaming: true,
+            rewrite_streaming_usage: true,
+            max_sse_event_bytes: 1 << 20,
         }
     }
 }
@@ -159,7 +171,7 @@ impl<B, Bk: PdBackend> std::fmt::Debug for PdResponse<B, Bk> {
 
 /// Why one prefill leg did not produce a usable response.
 #[derive(Debug)]
-enum PrefillLegError {
+pub(crate) enum PrefillLegError {
     /// The worker failed; another may succeed.
     Failed(String),
     /// The engine rejected the request itself.
@@ -273,6 +285,7 @@ where
         };
         decode_body.remove(KV_TRANSFER_PARAMS);
         let streaming = decode_body.get("stream").and_then(Value::as_bool) == Some(true);
+        let stream_usage = streaming && wants_stream_usage(&decode_body);
         let mut prefill_body = decode_body.clone();
         prepare_prefill_body(&mut prefill_body);
         let legs = Legs {
@@ -280,6 +293,7 @@ where
             request_id: &request_id,
             forward: &forward,
             streaming,
+            stream_usage,
         };
         match connector.phase_order() {
             PhaseOrder::Sequential => {
@@ -371,7 +385,7 @@ where
             .finish_decode(
                 response,
                 lease,
-                legs.streaming,
+                &legs,
                 PrefillState::Done(Some(prefill_response)),
             )
             .await?;
@@ -406,28 +420,24 @@ where
             legs.build(Phase::Prefill, &ctx, ctx.prefill, &prefill_body)?;
         let decode_leg = legs.leg(Phase::Decode, ctx.decode, &wire_id, &decode_body)?;
 
-        let (result_tx, result_rx) = oneshot_cell();
         let prefill_lease = PhaseLease::reserve(&self.backend, prefill.clone(), Phase::Prefill);
         let prefill_sent = self.transport.send(prefill_leg);
-        let limits = self.limits();
-        let stats = Arc::clone(&self.stats);
-        let mut driver: Option<PrefillDriver> = Some(Box::pin(async move {
-            let result = run_prefill_leg(prefill_sent, prefill_lease, limits).await;
-            if result_tx.set(result).is_err() {
-                // Decode already streaming: nobody waits for this result.
-                stats
-                    .prefill_failures_during_decode
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-        }));
+        let mut driver: Option<PrefillDriver> = Some(Box::pin(run_prefill_leg(
+            prefill_sent,
+            prefill_lease,
+            self.limits(),
+        )));
+        let mut prefill_result: Option<PrefillResult> = None;
 
         let decode_lease = PhaseLease::reserve(&self.backend, decode.clone(), Phase::Decode);
         let mut decode_sent = pin!(self.transport.send(decode_leg));
         let head = poll_fn(|cx| {
             if let Some(running) = driver.as_mut() {
-                if running.as_mut().poll(cx).is_ready() {
+                if let Poll::Ready(result) = running.as_mut().poll(cx) {
                     driver = None;
-                    if result_rx.peek_failed() {
+                    let failed = result.is_err();
+                    prefill_result = Some(result);
+                    if failed {
                         return Poll::Ready(None);
                     }
                 }
@@ -439,7 +449,7 @@ where
             None => {
                 // Prefill failed before decode answered: abort decode.
                 drop(decode_lease);
-                return Err(match result_rx.take() {
+                return Err(match prefill_result {
                     Some(Err(PrefillLegError::Rejected { status, body })) => {
                         PdError::PrefillRejected { status, body }
                     }
@@ -462,11 +472,11 @@ where
             Some(Ok(response)) => response,
         };
         let prefill_state = match driver {
-            Some(driver) => PrefillState::Running(driver, result_rx),
-            None => PrefillState::Done(result_rx.take().and_then(Result::ok)),
+            Some(driver) => PrefillState::Running(driver),
+            None => PrefillState::Done(prefill_result.and_then(Result::ok)),
         };
         let (status, headers, body) = self
-            .finish_decode(response, decode_lease, legs.streaming, prefill_state)
+            .finish_decode(response, decode_lease, &legs, prefill_state)
             .await?;
         Ok(PdResponse {
             status,
@@ -507,7 +517,7 @@ where
         &self,
         response: LegResponse<T::Body>,
         lease: PhaseLease<Bk>,
-        streaming: bool,
+        legs: &Legs<'_>,
         prefill: PrefillState,
     ) -> Result<(StatusCode, HeaderMap, PdBody<T::Body, Bk>), PdError> {
         let LegResponse {
@@ -529,12 +539,30 @@ where
                 body: error_body,
             });
         }
-        if streaming {
-            let driver = match prefill {
-                PrefillState::Running(driver, _) => Some(driver),
-                PrefillState::Done(_) => None,
+        if legs.streaming {
+            let mut rewriter = (legs.stream_usage && self.config.rewrite_streaming_usage)
+                .then(|| UsageRewriter::new(self.config.max_sse_event_bytes));
+            let body_prefill = match prefill {
+                PrefillState::Running(driver) => Some(BodyPrefill {
+                    driver,
+                    stats: Arc::clone(&self.stats),
+                }),
+                PrefillState::Done(response) => {
+                    if let (Some(rewriter), Some(response)) = (rewriter.as_mut(), response.as_ref())
+                    {
+                        rewriter.set_prefill(response);
+                    }
+                    None
+                }
             };
-            return Ok((status, headers, PdBody::streaming(body, lease, driver)));
+            if rewriter.is_some() {
+                headers.remove(http::header::CONTENT_LENGTH);
+            }
+            return Ok((
+                status,
+                headers,
+                PdBody::streaming(body, lease, body_prefill, rewriter),
+            ));
         }
 
         // Non-streaming: read the decode body while the prefill (if still
@@ -546,20 +574,21 @@ where
                 collect_limited(&mut body, limit).await,
                 PrefillState::Done(response),
             ),
-            PrefillState::Running(mut driver, result) => {
+            PrefillState::Running(mut driver) => {
                 let mut collector = Collector::default();
-                let mut running = true;
+                let mut finished: Option<PrefillResult> = None;
                 let collected = poll_fn(|cx| {
-                    if running && driver.as_mut().poll(cx).is_ready() {
-                        running = false;
+                    if finished.is_none() {
+                        if let Poll::Ready(result) = driver.as_mut().poll(cx) {
+                            finished = Some(result);
+                        }
                     }
                     collector.poll_collect(cx, &mut body, limit)
                 })
                 .await;
-                let state = if running {
-                    PrefillState::Running(driver, result)
-                } else {
-                    PrefillState::Done(self.prefill_result(&result))
+                let state = match finished {
+                    Some(result) => PrefillState::Done(self.prefill_result(result)),
+                    None => PrefillState::Running(driver),
                 };
                 (collected, state)
             }
@@ -579,10 +608,7 @@ where
         };
         let prefill_response = match prefill {
             PrefillState::Done(response) => response,
-            PrefillState::Running(driver, result) => {
-                driver.await;
-                self.prefill_result(&result)
-            }
+            PrefillState::Running(driver) => self.prefill_result(driver.await),
         };
         let bytes = match (&prefill_response, self.config.merge_non_streaming) {
             (Some(prefill_response), true) => self.merged(prefill_response, bytes, &mut headers),
@@ -593,16 +619,15 @@ where
 
     /// The concurrent prefill's response, counting a failure that decode
     /// outlived.
-    fn prefill_result(&self, result: &ResultCell) -> Option<Value> {
-        match result.take() {
-            Some(Ok(response)) => Some(response),
-            Some(Err(_)) => {
+    fn prefill_result(&self, result: PrefillResult) -> Option<Value> {
+        match result {
+            Ok(response) => Some(response),
+            Err(_) => {
                 self.stats
                     .prefill_failures_during_decode
                     .fetch_add(1, Ordering::Relaxed);
                 None
             }
-            None => None,
         }
     }
 
@@ -632,6 +657,7 @@ struct Legs<'a> {
     request_id: &'a str,
     forward: &'a ForwardHeaders,
     streaming: bool,
+    stream_usage: bool,
 }
 
 impl<'a> Legs<'a> {
@@ -751,81 +777,19 @@ where
 enum PrefillState {
     /// The prefill leg ended; its parsed response when it succeeded.
     Done(Option<Value>),
-    /// Still in flight (concurrent mode), with the cell its result lands in.
-    Running(PrefillDriver, ResultCell),
+    /// Still in flight (concurrent mode).
+    Running(PrefillDriver),
 }
 
-type PrefillResult = Result<Value, PrefillLegError>;
+/// What a prefill leg ends with.
+pub(crate) type PrefillResult = Result<Value, PrefillLegError>;
 
-/// A single-use slot the concurrent prefill driver writes its result into.
-/// Shared only between the driver and the flow, never across a lock held
-/// over an await.
-struct ResultCell(Arc<std::sync::Mutex<CellState>>);
-
-enum CellState {
-    Empty,
-    Full(PrefillResult),
-    Closed,
-}
-
-struct ResultSender(Arc<std::sync::Mutex<CellState>>);
-
-fn oneshot_cell() -> (ResultSender, ResultCell) {
-    let shared = Arc::new(std::sync::Mutex::new(CellState::Empty));
-    (ResultSender(Arc::clone(&shared)), ResultCell(shared))
-}
-
-impl ResultSender {
-    /// Stores the result; `Err` when it was a failure nobody will read.
-    fn set(self, result: PrefillResult) -> Result<(), ()> {
-        let failed = result.is_err();
-        let mut state = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match *state {
-            CellState::Closed => {
-                if failed {
-                    Err(())
-                } else {
-                    Ok(())
-                }
-            }
-            _ => {
-                *state = CellState::Full(result);
-                Ok(())
-            }
-        }
-    }
-}
-
-impl ResultCell {
-    fn peek_failed(&self) -> bool {
-        let state = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        matches!(*state, CellState::Full(Err(_)))
-    }
-
-    fn take(&self) -> Option<PrefillResult> {
-        let mut state = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match std::mem::replace(&mut *state, CellState::Closed) {
-            CellState::Full(result) => Some(result),
-            CellState::Empty | CellState::Closed => None,
-        }
-    }
-}
-
-impl Drop for ResultCell {
-    fn drop(&mut self) {
-        let mut state = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *state = CellState::Closed;
-    }
+/// Whether the client asked for usage inside the stream.
+fn wants_stream_usage(body: &Map<String, Value>) -> bool {
+    let Some(options) = body.get("stream_options") else {
+        return false;
+    };
+    ["include_usage", "continuous_usage_stats"]
+        .iter()
+        .any(|key| options.get(key).and_then(Value::as_bool) == Some(true))
 }

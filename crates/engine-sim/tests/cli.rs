@@ -1,0 +1,93 @@
+//! The binary: starts, serves, and refuses bad flags with a message.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_engine-sim");
+
+/// Kills the child even when an assertion fails.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn binary_serves_on_the_printed_address() {
+    let mut child = Child(
+        Command::new(BIN)
+            .args([
+                "--port",
+                "0",
+                "--time-scale",
+                "0",
+                "--role",
+                "prefill",
+                "--engine-id",
+                "p-cli",
+            ])
+            .args(["--bootstrap-port", "0", "--kv-connector", "mooncake"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn engine-sim"),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().expect("stdout")).lines();
+    let banner = lines.next().expect("banner").expect("utf-8");
+    assert!(
+        banner.contains("p-cli") && banner.contains("prefill"),
+        "{banner}"
+    );
+    let url = banner.rsplit(' ').next().expect("url");
+    let addr = url.trim_start_matches("http://");
+    let bootstrap = lines.next().expect("bootstrap line").expect("utf-8");
+    let bootstrap_addr = bootstrap
+        .rsplit("http://")
+        .next()
+        .expect("bootstrap address")
+        .to_owned();
+
+    let get = |addr: &str, path: &str| {
+        let mut stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+        .expect("write");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("read");
+        response
+    };
+    let health = get(addr, "/health");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(health.to_ascii_lowercase().contains("x-worker-id: p-cli"));
+    let query = get(&bootstrap_addr, "/query");
+    assert!(query.contains(r#""engine_id":"p-cli""#), "{query}");
+}
+
+#[test]
+fn bad_flags_exit_non_zero_with_a_message() {
+    for args in [
+        vec!["--fault-failure-rate", "1.5"],
+        vec!["--role", "teacher"],
+        vec!["--prefill-base", "soon"],
+        vec!["--time-scale", "-1"],
+    ] {
+        let output = Command::new(BIN)
+            .args(&args)
+            .args(["--port", "0"])
+            .output()
+            .expect("run engine-sim");
+        assert!(!output.status.success(), "{args:?} accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.trim().is_empty(), "{args:?}: no message");
+    }
+}
