@@ -218,6 +218,9 @@ fn metrics(router: &Router) -> Response<BoxBody> {
     response
 }
 
+/// A per-worker metric family: name, type, help, and how to read it.
+type WorkerSeries = (&'static str, &'static str, &'static str, fn(&Worker) -> f64);
+
 /// Per-worker series, read from the workers at scrape time.
 pub(crate) fn render_workers(workers: &[Arc<Worker>], out: &mut String) {
     let labels: Vec<String> = workers
@@ -231,7 +234,7 @@ pub(crate) fn render_workers(workers: &[Arc<Worker>], out: &mut String) {
             )
         })
         .collect();
-    let series: [(&str, &str, &str, fn(&Worker) -> f64); 5] = [
+    let series: [WorkerSeries; 5] = [
         (
             "router_worker_load",
             "gauge",

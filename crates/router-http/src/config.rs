@@ -62,6 +62,9 @@ pub struct RouterConfig {
     pub drain_timeout: Duration,
     /// Interval of the cache-aware trees' eviction to their budget (default 120 s).
     pub eviction_interval: Duration,
+    /// After a shutdown signal, how long in-flight requests may take to
+    /// finish before their connections are dropped (default 30 s).
+    pub shutdown_grace: Duration,
 }
 
 impl Default for RouterConfig {
@@ -87,6 +90,7 @@ impl Default for RouterConfig {
             worker_startup_check_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(60),
             eviction_interval: Duration::from_secs(120),
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 }

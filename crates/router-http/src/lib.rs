@@ -29,6 +29,6 @@ pub use error::ApiError;
 pub use extract::{RequestInfo, RouteKind, RoutingInput, extract};
 pub use headers::{RequestId, RequestIds};
 pub use limits::{AdmissionPermit, ConcurrencyConfig, ConcurrencyLimiter, RateLimiter};
-pub use router::Router;
+pub use router::{BackgroundTasks, Router};
 pub use routes::Route;
 pub use server::{ShutdownOutcome, serve};

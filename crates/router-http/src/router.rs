@@ -374,6 +374,21 @@ impl Router {
     }
 }
 
+/// The router's background tasks; dropping this stops them.
+#[derive(Debug)]
+#[must_use = "the background tasks stop when this is dropped"]
+pub struct BackgroundTasks {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for BackgroundTasks {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
 /// The response handed to the client: the worker's status, headers and
 /// body, with hop-by-hop headers removed, the request id added, and the body
 /// owning the attempt's guard and the admission permit.
@@ -612,6 +627,60 @@ pub fn validate_worker_url(url: &str) -> Result<Uri, ApiError> {
 }
 
 impl Router {
+    /// Serves on `listener` until `shutdown` resolves; then stops admitting
+    /// (readiness and health answer 503 at once), lets requests in flight
+    /// finish for up to the configured grace period, and returns.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> crate::ShutdownOutcome {
+        let router = self.clone();
+        let service = hyper::service::service_fn(move |request| {
+            let router = router.clone();
+            async move { Ok::<_, std::convert::Infallible>(router.handle(request).await) }
+        });
+        let stopping = self.clone();
+        let shutdown = async move {
+            shutdown.await;
+            stopping.begin_shutdown();
+        };
+        crate::serve(
+            listener,
+            service,
+            shutdown,
+            self.shared.config.shutdown_grace,
+        )
+        .await
+    }
+
+    /// Starts the router's background work: health checks of every worker
+    /// (never touching load) and the periodic cache-tree eviction. The tasks
+    /// stop when the returned handle is dropped.
+    pub fn spawn_background(&self) -> BackgroundTasks {
+        let shared = Arc::clone(&self.shared);
+        let probe = crate::HttpProbe::new(shared.client.clone(), &shared.config.health_endpoint);
+        let checker = Arc::new(worker_lifecycle::HealthChecker::new(
+            probe,
+            shared.config.health.clone(),
+        ));
+        let workers = Arc::clone(&shared);
+        let health = checker.spawn(move || workers.workers.workers());
+        let evictor = Arc::clone(&shared);
+        let eviction = tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(evictor.config.eviction_interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                ticker.tick().await;
+                evictor.policies.maintain();
+            }
+        });
+        BackgroundTasks {
+            tasks: vec![health, eviction],
+        }
+    }
+
     /// Status of the whole fleet for readiness: whether every required role
     /// has at least one available worker.
     pub fn is_ready(&self) -> bool {
