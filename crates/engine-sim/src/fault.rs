@@ -10,7 +10,7 @@
 //! | `stall-after-headers[=DUR]` | send 200 headers, then nothing for DUR (default: forever), then the body |
 //! | `reset-mid-body` | send the headers and part of the body, then reset the TCP connection |
 //!
-//! `DUR` is `250ms`, `2s` or a bare number of milliseconds. An unknown item
+//! `DUR` is `20us`, `250ms`, `2s` or a bare number of milliseconds. An unknown item
 //! is a 400 error, so a typo never silently disables a test's fault.
 //! Per-engine faults apply in this order: slow start (wait until ready),
 //! fixed status, fail first N, failure rate, stall before headers; the
@@ -54,10 +54,13 @@ pub enum FaultHeaderError {
     },
 }
 
-/// Parses a duration: `250ms`, `2s`, or a bare number of milliseconds.
+/// Parses a duration: `20us`, `250ms`, `2s` (fractions allowed), or a bare
+/// number of milliseconds.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
-    if let Some(ms) = text.strip_suffix("ms") {
+    if let Some(us) = text.strip_suffix("us") {
+        us.trim().parse().ok().map(Duration::from_micros)
+    } else if let Some(ms) = text.strip_suffix("ms") {
         ms.trim().parse().ok().map(Duration::from_millis)
     } else if let Some(s) = text.strip_suffix('s') {
         s.trim()
@@ -125,6 +128,9 @@ mod tests {
         let f = parse_fault_header("stall-before-headers").expect("valid");
         assert_eq!(f.stall_before_headers, Some(FOREVER));
         assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("20us"), Some(Duration::from_micros(20)));
+        assert_eq!(parse_duration("7"), Some(Duration::from_millis(7)));
+        assert_eq!(parse_duration("-1s"), None);
         assert!(parse_fault_header("explode").is_err());
         assert!(parse_fault_header("status=abc").is_err());
     }

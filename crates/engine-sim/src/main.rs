@@ -29,8 +29,8 @@ enum ModeArg {
 }
 
 /// A simulated vLLM-style engine: OpenAI API, prefix KV cache, latency
-/// model, P/D roles and fault injection. Durations accept `250ms`, `2s` or
-/// a bare number of milliseconds.
+/// model, P/D roles and fault injection. Durations accept `20us`, `250ms`,
+/// `2s` or a bare number of milliseconds.
 #[derive(Debug, Parser)]
 #[command(name = "engine-sim", version)]
 struct Args {
@@ -82,15 +82,24 @@ struct Args {
     /// Fixed cost of a prefill step.
     #[arg(long, default_value = "2ms", value_parser = duration)]
     prefill_base: Duration,
-    /// Cost per uncached prompt token (e.g. 20us is written 0.00002s).
-    #[arg(long, default_value = "0.00002s", value_parser = duration)]
+    /// Cost per uncached prompt token.
+    #[arg(long, default_value = "20us", value_parser = duration)]
     prefill_per_token: Duration,
     /// Fixed cost of a decode step.
     #[arg(long, default_value = "8ms", value_parser = duration)]
     decode_base: Duration,
     /// Extra decode cost per running sequence.
-    #[arg(long, default_value = "0.0001s", value_parser = duration)]
+    #[arg(long, default_value = "100us", value_parser = duration)]
     decode_per_seq: Duration,
+    /// Cost per prompt token received from a prefill engine.
+    #[arg(long, default_value = "1us", value_parser = duration)]
+    kv_transfer_per_token: Duration,
+    /// How long a prefill engine keeps blocks for an unclaimed transfer.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    kv_hold_timeout: Duration,
+    /// How long a decode engine waits for a push transfer to appear.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    kv_wait_timeout: Duration,
     /// Model time per real time (0 = no simulated latency).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
@@ -127,7 +136,8 @@ struct Args {
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
-    parse_duration(text).ok_or_else(|| format!("not a duration: {text:?} (use 250ms, 2s or 250)"))
+    parse_duration(text)
+        .ok_or_else(|| format!("not a duration: {text:?} (use 20us, 250ms, 2s or 250)"))
 }
 
 impl Args {
@@ -150,6 +160,7 @@ impl Args {
             engine_id: self.engine_id.clone(),
             advertise_host: self.advertise_host.clone(),
             time_scale: self.time_scale,
+            kv_wait_timeout: self.kv_wait_timeout,
             ..EngineConfig::default()
         };
         let model = &mut config.model;
@@ -164,6 +175,8 @@ impl Args {
         model.prefill_per_token = self.prefill_per_token;
         model.decode_base = self.decode_base;
         model.decode_per_seq = self.decode_per_seq;
+        model.kv_transfer_per_token = self.kv_transfer_per_token;
+        model.kv_hold_timeout = self.kv_hold_timeout;
         model.seed = self.seed;
         let faults = &mut config.faults;
         faults.fixed_status = self.fault_status;

@@ -144,7 +144,17 @@ impl Shared {
     }
 
     fn stats(&self) -> EngineStats {
-        self.core.lock().engine.stats()
+        let stats = {
+            let mut core = self.core.lock();
+            // Apply transfer claims other engines made since the driver
+            // last ran, so a scrape right after a decode sees them.
+            let now = core.engine.now();
+            core.engine.advance_to(now);
+            dispatch(&mut core);
+            core.engine.stats()
+        };
+        self.wake.notify_one();
+        stats
     }
 }
 

@@ -36,6 +36,7 @@ async fn chat_stream_is_ordered_and_ends_with_usage_and_done() {
     )
     .await;
     assert_eq!(reply.status, 200);
+    assert_eq!(reply.headers["x-worker-id"], engine.engine_id());
     assert!(
         reply.headers["content-type"]
             .to_str()

@@ -295,3 +295,94 @@ fn empty_candidate_slices_give_none() {
         assert_eq!(p.select(&empty, &ctx), None, "{}", p.name());
     }
 }
+
+#[test]
+fn random_is_uniform_over_available_candidates() {
+    let fleet = fleet(8);
+    fleet[2].set_available(false);
+    fleet[6].set_available(false);
+    let p = RandomPolicy::with_seed(42);
+    let mut seen = [0u32; 8];
+    for _ in 0..6000 {
+        seen[p
+            .select(&fleet[..], &RequestContext::new("m"))
+            .expect("up")
+            .index] += 1;
+    }
+    for (i, &c) in seen.iter().enumerate() {
+        if i == 2 || i == 6 {
+            assert_eq!(c, 0);
+        } else {
+            // Expect 1000 each; ±15% is over 5 standard deviations.
+            assert!((850..=1150).contains(&c), "{seen:?}");
+        }
+    }
+}
+
+/// Engine-reported load overrides in-flight counts where the source knows
+/// the worker.
+#[test]
+fn power_of_two_uses_the_load_source() {
+    struct Reported;
+    impl lb_policies::LoadSource for Reported {
+        fn load(&self, key: &str) -> Option<usize> {
+            match key {
+                "a" => Some(50), // busy engine, idle in our counts
+                "b" => Some(1),
+                _ => None,
+            }
+        }
+    }
+    let fleet = [
+        BasicBackend::new("a").with_load(0),
+        BasicBackend::new("b").with_load(9),
+    ];
+    let plain = PowerOfTwo::with_seed(5);
+    let informed = PowerOfTwo::with_seed(5).with_load_source(std::sync::Arc::new(Reported));
+    for _ in 0..16 {
+        let ctx = RequestContext::new("m");
+        assert_eq!(plain.select(&fleet[..], &ctx).map(|d| d.index), Some(0));
+        assert_eq!(informed.select(&fleet[..], &ctx).map(|d| d.index), Some(1));
+    }
+    // Unknown to the source: falls back to in-flight load.
+    let fleet = [
+        BasicBackend::new("x").with_load(3),
+        BasicBackend::new("y").with_load(1),
+    ];
+    assert_eq!(
+        informed
+            .select(&fleet[..], &RequestContext::new("m"))
+            .map(|d| d.index),
+        Some(1)
+    );
+}
+
+/// Two real threads hammering one round robin: the atomic counter hands
+/// out distinct turns, so the totals are exact.
+#[test]
+fn round_robin_is_exact_under_concurrency() {
+    let fleet = std::sync::Arc::new(fleet(5));
+    let rr = std::sync::Arc::new(RoundRobin::new());
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (fleet, rr) = (fleet.clone(), rr.clone());
+            std::thread::spawn(move || {
+                let mut seen = [0u32; 5];
+                for _ in 0..10_000 {
+                    seen[rr
+                        .select(&fleet[..], &RequestContext::new("m"))
+                        .expect("up")
+                        .index] += 1;
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut total = [0u32; 5];
+    for t in threads {
+        for (sum, n) in total.iter_mut().zip(t.join().expect("no panic")) {
+            *sum += n;
+        }
+    }
+    assert_eq!(total, [4000; 5]);
+}

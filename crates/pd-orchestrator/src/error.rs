@@ -56,9 +56,11 @@ pub enum PdError {
     /// The client body is not a JSON object.
     #[error("request body must be a JSON object")]
     InvalidBody,
-    /// The request id or an endpoint's KV address cannot be sent as the
-    /// `X-Request-Id` header (control characters, non-ASCII).
-    #[error("request id {0:?} is not a valid header value")]
+    /// The request id is empty, too long or has characters other than ASCII
+    /// letters, digits, `-`, `_`, `.` (a `:` would corrupt the peer address
+    /// engines parse out of the wire id), or an endpoint's KV address cannot
+    /// be sent as the `X-Request-Id` header.
+    #[error("request id {0:?} cannot be used in the P2P request-id convention")]
     InvalidRequestId(String),
     /// The connector cannot address the selected pair.
     #[error(transparent)]

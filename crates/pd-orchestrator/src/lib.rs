@@ -18,7 +18,7 @@
 //!   (`___prefill_addr_{P}___decode_addr_{D}_{uuid}`), the
 //!   `X-data-parallel-rank` header, explicit forwarding of client auth.
 //! - [`merge`]: usage and prompt-logprob merging for non-streaming
-//!   responses.
+//!   responses (and usage events of streams that ask for them).
 //! - [`PdFlow`]: the two-phase flow over a [`Transport`], with one load
 //!   guard per phase from a [`PdBackend`] and outcomes recorded per leg.
 //!
@@ -72,7 +72,7 @@
 //!     type Guard = ();
 //!     fn reserve(&self, _: &Arc<Endpoint>, _: Phase) {}
 //!     fn reselect_prefill(&self, _: &Arc<Endpoint>, _: u32) -> Option<Arc<Endpoint>> { None }
-//!     fn record(&self, _: &Arc<Endpoint>, phase: Phase, outcome: LegOutcome) {
+//!     fn record(&self, _: &Arc<Endpoint>, phase: Phase, outcome: LegOutcome, _: Option<StatusCode>) {
 //!         self.0.lock().unwrap().push((phase, outcome));
 //!     }
 //! }

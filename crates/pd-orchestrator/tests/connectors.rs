@@ -348,11 +348,19 @@ fn invalid_body_and_request_id_are_refused_before_dispatch() {
     let error =
         ready(flow.run(&Nixl, bad, endpoint("http://p:1"), endpoint("http://d:2"))).unwrap_err();
     assert!(matches!(error, PdError::InvalidBody));
-    let mut bad = request();
-    bad.request_id = "line\nbreak".into();
-    let error =
-        ready(flow.run(&Nixl, bad, endpoint("http://p:1"), endpoint("http://d:2"))).unwrap_err();
-    assert!(matches!(error, PdError::InvalidRequestId(_)));
+    for id in [
+        "line\nbreak",
+        "",
+        "host:1234",
+        "with space",
+        &"x".repeat(129),
+    ] {
+        let mut bad = request();
+        bad.request_id = id.into();
+        let error = ready(flow.run(&Nixl, bad, endpoint("http://p:1"), endpoint("http://d:2")))
+            .unwrap_err();
+        assert!(matches!(error, PdError::InvalidRequestId(_)), "{id:?}");
+    }
     assert!(transport.sent().is_empty());
     assert_eq!(backend.reserved(), 0);
 }

@@ -304,6 +304,16 @@ fn concurrent_decode_error_while_prefill_active_releases_both_once() {
         assert_eq!(s.backend.live(&prefill, Phase::Prefill), 0);
         assert_eq!(s.backend.live(&decode, Phase::Decode), 0);
         assert!(s.log.events().contains(&"abort prefill".to_owned()));
+        let expected_status = match &error {
+            PdError::DecodeRejected { .. } => Some(503),
+            _ => None,
+        };
+        assert!(
+            s.backend
+                .statuses()
+                .contains(&(Phase::Decode, expected_status))
+        );
+        assert!(s.backend.statuses().contains(&(Phase::Prefill, None)));
         let outcomes = s.backend.outcome_kinds();
         assert!(outcomes.contains(&(Phase::Decode, LegOutcome::WorkerFailure)));
         assert!(outcomes.contains(&(Phase::Prefill, LegOutcome::Cancelled)));

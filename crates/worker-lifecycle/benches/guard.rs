@@ -77,5 +77,34 @@ fn guards(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, guards);
+/// Two threads reserving and dropping on the same worker: the cost of the
+/// shared load counter's cache line moving between cores.
+fn contended(c: &mut Criterion) {
+    let spec = WorkerSpec::new(
+        WorkerRole::Regular,
+        Endpoint::new("http://127.0.0.1:8001", None).expect("valid endpoint"),
+    );
+    let worker = Worker::new(spec, 1, &WorkerOptions::default());
+    c.bench_function("reserve+drop, 2 threads on one worker (per op)", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    let worker = &worker;
+                    s.spawn(move || {
+                        for _ in 0..iters {
+                            drop(black_box(worker.reserve()));
+                        }
+                    });
+                }
+            });
+            // Two threads did `iters` operations each: wall time per operation.
+            start.elapsed() / 2
+        })
+    });
+    assert_eq!(worker.load(), 0);
+    assert_eq!(worker.underflows(), 0);
+}
+
+criterion_group!(benches, guards, contended);
 criterion_main!(benches);

@@ -131,7 +131,9 @@ pub use pool::{DiscoveryPool, PoolError, PoolView};
 pub use registry::{
     RegisterOutcome, Registration, RegistryError, RegistrySnapshot, ServiceRegistry, SnapshotEntry,
 };
-pub use retry::{DEFAULT_RETRYABLE_STATUSES, RetryBudget, RetryBudgetConfig, RetryPolicy};
+pub use retry::{
+    DEFAULT_RETRYABLE_STATUSES, RetryBudget, RetryBudgetConfig, RetryDecision, RetryPolicy,
+};
 pub use rng::{RandomSource, SplitMix64};
 pub use static_set::{StaticSetError, StaticWorkerSet};
 /// The README's example runs as a doc test.

@@ -14,6 +14,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::outcome::Outcome;
 use crate::rng::RandomSource;
 use crate::sync::{AtomicU64, Ordering};
 
@@ -97,6 +98,63 @@ impl RetryPolicy {
             self.jitter.clamp(0.0, 1.0)
         };
         base.mul_f64(1.0 - jitter * rng.next_unit())
+    }
+}
+
+/// What [`RetryPolicy::decide`] says about a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryDecision {
+    /// Retry after waiting this long.
+    RetryAfter(Duration),
+    /// The outcome is not one that a retry can fix (success, a client error
+    /// outside the retryable list, the client went away, the router refused).
+    NotRetryable,
+    /// `max_retries` retries have been made already.
+    RetriesExhausted,
+    /// The shared retry budget has no room: retrying would multiply load.
+    BudgetExhausted,
+}
+
+impl RetryPolicy {
+    /// Whether an attempt that ended with `outcome` may be retried at all:
+    /// a status in [`retryable_statuses`](Self::retryable_statuses), a
+    /// connection that could not be made or was reset, or a timeout when 504
+    /// (gateway timeout) is in the list.
+    pub fn is_retryable(&self, outcome: Outcome) -> bool {
+        match outcome {
+            Outcome::ServerError(status) | Outcome::ClientError(status) => {
+                self.is_retryable_status(status)
+            }
+            Outcome::ConnectError | Outcome::ConnectionReset => true,
+            Outcome::Timeout => self.is_retryable_status(504),
+            Outcome::Success | Outcome::ClientCancelled | Outcome::RouterRejected => false,
+        }
+    }
+
+    /// Decides about retry number `retries_done + 1` after an attempt ended
+    /// with `outcome` at `now`: checks retryability, `max_retries`, then
+    /// withdraws from `budget` (if any) and picks the backoff.
+    pub fn decide(
+        &self,
+        outcome: Outcome,
+        retries_done: u32,
+        budget: Option<&RetryBudget>,
+        now: Instant,
+        rng: &mut impl RandomSource,
+    ) -> RetryDecision {
+        if !self.is_retryable(outcome) {
+            return RetryDecision::NotRetryable;
+        }
+        let retry = retries_done.saturating_add(1);
+        if !self.allows_retry(retry) {
+            return RetryDecision::RetriesExhausted;
+        }
+        if let Some(budget) = budget {
+            if !budget.try_withdraw(now) {
+                return RetryDecision::BudgetExhausted;
+            }
+        }
+        RetryDecision::RetryAfter(self.backoff(retry, rng))
     }
 }
 

@@ -230,3 +230,25 @@ fn guard_is_send_sync_and_static() {
     assert_traits::<LoadGuard>();
     assert_traits::<Arc<Worker>>();
 }
+
+#[tokio::test]
+async fn guard_in_a_stream_that_fails_mid_body_is_released_at_the_error() {
+    let w = worker();
+    let guard = w.reserve();
+    // Two chunks, then an upstream reset: the body ends with an error and
+    // takes the guard with it.
+    let items: Vec<Result<u8, &str>> = vec![Ok(1), Ok(2), Err("connection reset")];
+    let mut stream = Box::pin(futures_util::stream::iter(items).map(move |item| {
+        if item.is_err() {
+            guard.release();
+        }
+        item
+    }));
+    assert_eq!(stream.next().await, Some(Ok(1)));
+    assert_eq!(stream.next().await, Some(Ok(2)));
+    assert_eq!(w.load(), 1);
+    assert_eq!(stream.next().await, Some(Err("connection reset")));
+    assert_settled(&w, 1);
+    drop(stream);
+    assert_settled(&w, 1);
+}

@@ -76,3 +76,28 @@ fn reconcile_racing_select_and_reserve() {
         assert_eq!(current.underflows(), 0);
     });
 }
+
+#[test]
+fn racing_registrations_of_one_endpoint_start_one_lifetime() {
+    loom::model(|| {
+        let t = Instant::now();
+        let endpoint = Endpoint::new("http://a:1", None).unwrap();
+        let registry = Arc::new(ServiceRegistry::new(
+            RoleKind::Prefill,
+            Duration::from_secs(60),
+        ));
+        // An entry that has expired but was never swept.
+        let expired = registry.register(endpoint.clone(), Registration::default(), t);
+        let later = t + Duration::from_secs(60);
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let (registry, endpoint) = (registry.clone(), endpoint.clone());
+                thread::spawn(move || registry.register(endpoint, Registration::default(), later))
+            })
+            .collect();
+        let outcomes: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(outcomes[0].generation, outcomes[1].generation);
+        assert!(outcomes[0].generation > expired.generation);
+        assert_eq!(outcomes.iter().filter(|o| o.new_lifetime).count(), 1);
+    });
+}

@@ -116,3 +116,67 @@ fn budget_is_a_fraction_of_recent_requests() {
     }
     assert_eq!((0..10).filter(|_| budget.try_withdraw(later)).count(), 2);
 }
+
+#[test]
+fn decide_checks_retryability_then_count_then_budget() {
+    use worker_lifecycle::{Outcome, RetryDecision};
+    let p = RetryPolicy {
+        max_retries: 2,
+        jitter: 0.0,
+        initial_backoff: Duration::from_millis(10),
+        ..RetryPolicy::default()
+    };
+    let t = Instant::now();
+    let mut rng = SplitMix64::new(0);
+    let budget = RetryBudget::new(
+        RetryBudgetConfig {
+            ratio: 0.0,
+            min_per_second: 1,
+            window: Duration::from_secs(1),
+        },
+        t,
+    );
+    for outcome in [
+        Outcome::Success,
+        Outcome::ClientError(400),
+        Outcome::ServerError(501),
+        Outcome::ClientCancelled,
+        Outcome::RouterRejected,
+    ] {
+        assert_eq!(
+            p.decide(outcome, 0, None, t, &mut rng),
+            RetryDecision::NotRetryable,
+            "{outcome:?}"
+        );
+    }
+    for outcome in [
+        Outcome::ServerError(503),
+        Outcome::ClientError(429),
+        Outcome::ConnectError,
+        Outcome::ConnectionReset,
+        Outcome::Timeout,
+    ] {
+        assert!(p.is_retryable(outcome), "{outcome:?}");
+    }
+    assert_eq!(
+        p.decide(Outcome::ServerError(502), 0, None, t, &mut rng),
+        RetryDecision::RetryAfter(Duration::from_millis(10))
+    );
+    assert_eq!(
+        p.decide(Outcome::ServerError(502), 1, None, t, &mut rng),
+        RetryDecision::RetryAfter(Duration::from_millis(20))
+    );
+    assert_eq!(
+        p.decide(Outcome::ServerError(502), 2, None, t, &mut rng),
+        RetryDecision::RetriesExhausted
+    );
+    // The budget (1 retry per second, no traffic) allows one retry, then no more.
+    assert!(matches!(
+        p.decide(Outcome::ConnectError, 0, Some(&budget), t, &mut rng),
+        RetryDecision::RetryAfter(_)
+    ));
+    assert_eq!(
+        p.decide(Outcome::ConnectError, 0, Some(&budget), t, &mut rng),
+        RetryDecision::BudgetExhausted
+    );
+}

@@ -343,4 +343,37 @@ mod tests {
             Some(PhaseOrder::Concurrent)
         );
     }
+
+    #[test]
+    fn racing_first_registrations_agree_on_one_mode() {
+        for _ in 0..50 {
+            let gate = std::sync::Arc::new(MoriIoModeGate::new());
+            let admitted: Vec<Vec<MoriIoMode>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..4)
+                    .map(|t| {
+                        let gate = std::sync::Arc::clone(&gate);
+                        scope.spawn(move || {
+                            let mode = if t % 2 == 0 {
+                                MoriIoMode::Read
+                            } else {
+                                MoriIoMode::Write
+                            };
+                            (0..20)
+                                .filter_map(|_| gate.admit(mode).ok())
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let decided = gate.current().unwrap();
+            let admitted: Vec<_> = admitted.into_iter().flatten().collect();
+            assert_eq!(
+                admitted.len(),
+                40,
+                "exactly the two threads of the winning mode got in"
+            );
+            assert!(admitted.iter().all(|&m| m == decided));
+        }
+    }
 }

@@ -122,7 +122,9 @@ pub struct PdRequest {
     /// The client's parsed body (a JSON object), parsed once by the caller.
     pub body: Value,
     /// The per-request id: the `{uuid}` of the request-id convention, and
-    /// the root of transfer ids.
+    /// the root of transfer ids. ASCII letters, digits, `-`, `_` and `.`
+    /// only, at most 128 bytes: the engines parse the peer address out of
+    /// the wire id, so a `:` here would corrupt it.
     pub request_id: String,
     /// Client headers to forward on both legs.
     pub forward: ForwardHeaders,
@@ -280,6 +282,9 @@ where
             request_id,
             forward,
         } = request;
+        if !valid_request_id(&request_id) {
+            return Err(PdError::InvalidRequestId(request_id));
+        }
         let Value::Object(mut decode_body) = body else {
             return Err(PdError::InvalidBody);
         };
@@ -516,7 +521,7 @@ where
     async fn finish_decode(
         &self,
         response: LegResponse<T::Body>,
-        lease: PhaseLease<Bk>,
+        mut lease: PhaseLease<Bk>,
         legs: &Legs<'_>,
         prefill: PrefillState,
     ) -> Result<(StatusCode, HeaderMap, PdBody<T::Body, Bk>), PdError> {
@@ -525,6 +530,7 @@ where
             mut headers,
             mut body,
         } = response;
+        lease.saw_status(status);
         if !status.is_success() {
             let error_body = collect_limited(&mut body, self.config.max_error_body_bytes)
                 .await
@@ -783,6 +789,14 @@ enum PrefillState {
 
 /// What a prefill leg ends with.
 pub(crate) type PrefillResult = Result<Value, PrefillLegError>;
+
+fn valid_request_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
 
 /// Whether the client asked for usage inside the stream.
 fn wants_stream_usage(body: &Map<String, Value>) -> bool {

@@ -137,8 +137,17 @@ pub trait PdBackend: Send + Sync + 'static {
     fn reselect_prefill(&self, failed: &Self::Worker, attempt: u32) -> Option<Self::Worker>;
 
     /// Records how a leg ended. Called exactly once per reserved guard,
-    /// right after the guard is released.
-    fn record(&self, worker: &Self::Worker, phase: Phase, outcome: LegOutcome);
+    /// right after the guard is released. `status` is the response status
+    /// when a response head arrived (`None`: the leg failed or was abandoned
+    /// before that), so a breaker can tell a connect failure from a 5xx, or
+    /// a body cut mid-stream (`WorkerFailure` with a 2xx status).
+    fn record(
+        &self,
+        worker: &Self::Worker,
+        phase: Phase,
+        outcome: LegOutcome,
+        status: Option<StatusCode>,
+    );
 }
 
 /// A reserved phase: the guard plus the duty to record one outcome.
@@ -148,6 +157,7 @@ pub(crate) struct PhaseLease<Bk: PdBackend> {
     worker: Bk::Worker,
     phase: Phase,
     guard: Option<Bk::Guard>,
+    status: Option<StatusCode>,
 }
 
 impl<Bk: PdBackend> PhaseLease<Bk> {
@@ -158,7 +168,13 @@ impl<Bk: PdBackend> PhaseLease<Bk> {
             worker,
             phase,
             guard: Some(guard),
+            status: None,
         }
+    }
+
+    /// Notes the status of the leg's response head.
+    pub(crate) fn saw_status(&mut self, status: StatusCode) {
+        self.status = Some(status);
     }
 
     pub(crate) fn finish(mut self, outcome: LegOutcome) {
@@ -168,7 +184,8 @@ impl<Bk: PdBackend> PhaseLease<Bk> {
     fn end(&mut self, outcome: LegOutcome) {
         if let Some(guard) = self.guard.take() {
             drop(guard);
-            self.backend.record(&self.worker, self.phase, outcome);
+            self.backend
+                .record(&self.worker, self.phase, outcome, self.status);
         }
     }
 }

@@ -299,6 +299,7 @@ struct Counters {
 pub struct TestBackend {
     counters: Arc<Counters>,
     outcomes: Mutex<Vec<(String, Phase, LegOutcome)>>,
+    statuses: Mutex<Vec<(Phase, Option<u16>)>>,
     spare_prefills: Mutex<VecDeque<Arc<Endpoint>>>,
     pub log: Log,
 }
@@ -348,6 +349,10 @@ impl TestBackend {
     }
     pub fn outcomes(&self) -> Vec<(String, Phase, LegOutcome)> {
         self.outcomes.lock().unwrap().clone()
+    }
+    /// The response status each recorded leg saw, in record order.
+    pub fn statuses(&self) -> Vec<(Phase, Option<u16>)> {
+        self.statuses.lock().unwrap().clone()
     }
     pub fn outcome_kinds(&self) -> Vec<(Phase, LegOutcome)> {
         self.outcomes()
@@ -407,12 +412,22 @@ impl PdBackend for TestBackend {
         self.spare_prefills.lock().unwrap().pop_front()
     }
 
-    fn record(&self, worker: &Arc<Endpoint>, phase: Phase, outcome: LegOutcome) {
+    fn record(
+        &self,
+        worker: &Arc<Endpoint>,
+        phase: Phase,
+        outcome: LegOutcome,
+        status: Option<StatusCode>,
+    ) {
         self.log.push(format!("outcome {phase} {outcome:?}"));
         self.outcomes
             .lock()
             .unwrap()
             .push((worker.base_url().to_owned(), phase, outcome));
+        self.statuses
+            .lock()
+            .unwrap()
+            .push((phase, status.map(|s| s.as_u16())));
     }
 }
 
