@@ -103,6 +103,8 @@ mod guard;
 mod health;
 mod membership;
 mod outcome;
+#[cfg(feature = "lb-policies")]
+mod policies;
 mod pool;
 mod registry;
 mod retry;

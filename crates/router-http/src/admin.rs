@@ -1,0 +1,335 @@
+//! The router's own routes: health, readiness, status, worker admin and
+//! metrics.
+//!
+//! Health (`/health`) answers 200 while the router is up and accepting
+//! requests, even with no workers, as vllm-router's does; readiness
+//! (`/readiness`) answers 200 only when a worker is available to serve;
+//! liveness (`/liveness`) always answers 200. `/workers` shows each worker's
+//! live state as the router's own accounting sees it.
+
+use crate::body::{BoxBody, BoxError};
+use crate::error::ApiError;
+use crate::metrics::{escape_label, family, sample};
+use crate::router::{Router, validate_worker_url};
+use crate::routes::{Route, query_param};
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use std::sync::Arc;
+use worker_lifecycle::{
+    Endpoint, HealthProbe, Lifecycle, ProbeError, Worker, WorkerRole, WorkerSpec,
+};
+
+/// Answers one of the router's own routes.
+pub(crate) async fn handle<B>(
+    router: &Router,
+    route: Route,
+    request: Request<B>,
+) -> Result<Response<BoxBody>, ApiError>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let query = request.uri().query().map(str::to_owned);
+    match route {
+        Route::Health if router.is_accepting() => {
+            Ok(json(StatusCode::OK, &serde_json::json!({"status": "ok"})))
+        }
+        Route::Health => Err(ApiError::ShuttingDown),
+        Route::Liveness => Ok(json(
+            StatusCode::OK,
+            &serde_json::json!({"status": "alive"}),
+        )),
+        Route::Readiness => Ok(readiness(router)),
+        Route::Metrics => Ok(metrics(router)),
+        Route::ListWorkers => {
+            let urls: Vec<String> = router
+                .workers()
+                .iter()
+                .map(|w| w.endpoint().to_string())
+                .collect();
+            Ok(json(StatusCode::OK, &serde_json::json!({ "urls": urls })))
+        }
+        Route::Workers => {
+            let workers: Vec<_> = router.workers().iter().map(|w| worker_json(w)).collect();
+            Ok(json(StatusCode::OK, &serde_json::Value::Array(workers)))
+        }
+        Route::AddWorker => add_worker(router, query.as_deref()).await,
+        Route::RemoveWorker => remove_worker(router, query.as_deref()).await,
+        Route::Register => Err(ApiError::InvalidRequest(
+            "HTTP registration is not enabled on this router".into(),
+        )),
+        Route::Proxy(_) | Route::Models => Err(ApiError::MethodNotAllowed),
+    }
+}
+
+fn readiness(router: &Router) -> Response<BoxBody> {
+    let workers = router.workers();
+    let available = workers.iter().filter(|w| w.is_available()).count();
+    let body = serde_json::json!({
+        "ready": router.is_ready(),
+        "accepting": router.is_accepting(),
+        "workers": workers.len(),
+        "available_workers": available,
+    });
+    let status = if router.is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(status, &body)
+}
+
+/// One worker as `/workers` shows it.
+pub(crate) fn worker_json(worker: &Worker) -> serde_json::Value {
+    serde_json::json!({
+        "url": worker.url(),
+        "dp_rank": worker.dp_rank(),
+        "role": worker.role().kind().as_str(),
+        "model": worker.model_id(),
+        "generation": worker.generation(),
+        "load": worker.load(),
+        "processed": worker.processed(),
+        "healthy": worker.is_healthy(),
+        "available": worker.is_available(),
+        "breaker": worker.breaker().state().as_str(),
+        "lifecycle": lifecycle_str(worker.lifecycle()),
+        "underflows": worker.underflows(),
+    })
+}
+
+fn lifecycle_str(lifecycle: Lifecycle) -> &'static str {
+    match lifecycle {
+        Lifecycle::Pending => "pending",
+        Lifecycle::Ready => "ready",
+        Lifecycle::Draining => "draining",
+        _ => "removed",
+    }
+}
+
+async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<BoxBody>, ApiError> {
+    let url = query_param(query, "url")
+        .ok_or_else(|| ApiError::InvalidRequest("missing query parameter `url`".into()))?;
+    validate_worker_url(&url)?;
+    let endpoint =
+        Endpoint::new(&url, None).map_err(|err| ApiError::InvalidRequest(err.to_string()))?;
+    if router.worker_set().get(&endpoint).is_some() {
+        return Err(ApiError::WorkerExists(url));
+    }
+    let config = router.config();
+    let probe = HttpProbe::new(router.shared().client.clone(), &config.health_endpoint);
+    let deadline = tokio::time::Instant::now() + config.worker_startup_timeout;
+    // Probe a stand-alone worker object: nothing is routable until healthy.
+    let candidate = Worker::new(
+        WorkerSpec::new(WorkerRole::Regular, endpoint.clone()),
+        0,
+        &config.worker_options,
+    );
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let attempt = tokio::time::timeout(
+            remaining.min(config.health.timeout),
+            probe.probe(&candidate),
+        )
+        .await;
+        if matches!(attempt, Ok(Ok(()))) {
+            break;
+        }
+        if tokio::time::Instant::now() + config.worker_startup_check_interval >= deadline {
+            return Err(ApiError::WorkerNotReady(format!(
+                "{url} did not answer {} with 200 within {:?}",
+                config.health_endpoint, config.worker_startup_timeout
+            )));
+        }
+        tokio::time::sleep(config.worker_startup_check_interval).await;
+    }
+    let event = router
+        .worker_set()
+        .add(WorkerSpec::new(WorkerRole::Regular, endpoint))
+        .map_err(|err| ApiError::WorkerExists(err.to_string()))?;
+    router.apply(&event);
+    let worker = event.added().map(|w| worker_json(w)).unwrap_or_default();
+    Ok(json(
+        StatusCode::OK,
+        &serde_json::json!({"status": "added", "worker": worker}),
+    ))
+}
+
+async fn remove_worker(
+    router: &Router,
+    query: Option<&str>,
+) -> Result<Response<BoxBody>, ApiError> {
+    let url = query_param(query, "url")
+        .ok_or_else(|| ApiError::InvalidRequest("missing query parameter `url`".into()))?;
+    let endpoint =
+        Endpoint::new(&url, None).map_err(|err| ApiError::InvalidRequest(err.to_string()))?;
+    let deadline = tokio::time::Instant::now() + router.config().drain_timeout;
+    let report = router
+        .worker_set()
+        .drain(&endpoint, deadline)
+        .await
+        .map_err(|_| ApiError::WorkerNotFound(url.clone()))?;
+    for event in &report.events {
+        router.apply(event);
+    }
+    let drained = matches!(report.outcome, worker_lifecycle::DrainOutcome::Idle);
+    Ok(json(
+        StatusCode::OK,
+        &serde_json::json!({"status": "removed", "url": url, "drained": drained}),
+    ))
+}
+
+fn metrics(router: &Router) -> Response<BoxBody> {
+    let mut out = String::with_capacity(8 * 1024);
+    router.metrics().render(&mut out);
+    render_workers(&router.workers(), &mut out);
+    family(
+        &mut out,
+        "router_policy_decisions_total",
+        "counter",
+        "Policy decisions by model, policy and reason.",
+    );
+    for (model, policy, counts) in router.policies().counts() {
+        let model = escape_label(&model);
+        for (reason, value) in counts.iter() {
+            let labels = format!("model=\"{model}\",policy=\"{policy}\",reason=\"{reason}\"");
+            sample(&mut out, "router_policy_decisions_total", &labels, value);
+        }
+    }
+    family(
+        &mut out,
+        "router_in_flight_requests",
+        "gauge",
+        "Requests holding an admission permit.",
+    );
+    sample(
+        &mut out,
+        "router_in_flight_requests",
+        "",
+        router.in_flight(),
+    );
+    let mut response = Response::new(full(Bytes::from(out)));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+/// A per-worker metric family: name, type, help, and how to read it.
+type WorkerSeries = (&'static str, &'static str, &'static str, fn(&Worker) -> f64);
+
+/// Per-worker series, read from the workers at scrape time.
+pub(crate) fn render_workers(workers: &[Arc<Worker>], out: &mut String) {
+    let labels: Vec<String> = workers
+        .iter()
+        .map(|w| {
+            format!(
+                "url=\"{}\",role=\"{}\",generation=\"{}\"",
+                escape_label(&w.endpoint().to_string()),
+                w.role().kind().as_str(),
+                w.generation()
+            )
+        })
+        .collect();
+    let series: [WorkerSeries; 5] = [
+        (
+            "router_worker_load",
+            "gauge",
+            "In-flight requests counted by the router.",
+            |w| w.load() as f64,
+        ),
+        (
+            "router_worker_processed_total",
+            "counter",
+            "Requests completed on the worker.",
+            |w| w.processed() as f64,
+        ),
+        (
+            "router_worker_healthy",
+            "gauge",
+            "1 when the last health checks passed.",
+            |w| f64::from(u8::from(w.is_healthy())),
+        ),
+        (
+            "router_worker_breaker_open",
+            "gauge",
+            "1 when the circuit breaker is not closed.",
+            |w| {
+                f64::from(u8::from(
+                    w.breaker().state() != worker_lifecycle::BreakerState::Closed,
+                ))
+            },
+        ),
+        (
+            "router_worker_load_underflows_total",
+            "counter",
+            "Decrements clamped at zero (should stay 0).",
+            |w| w.underflows() as f64,
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        family(out, name, kind, help);
+        for (worker, labels) in workers.iter().zip(&labels) {
+            sample(out, name, labels, value(worker));
+        }
+    }
+}
+
+/// A JSON response.
+pub(crate) fn json(status: StatusCode, value: &serde_json::Value) -> Response<BoxBody> {
+    let mut response = Response::new(full(Bytes::from(value.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn full(bytes: Bytes) -> BoxBody {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// Probes a worker with `GET {url}{endpoint}`: healthy on a 2xx answer.
+#[derive(Debug, Clone)]
+pub struct HttpProbe {
+    client: crate::client::UpstreamClient,
+    endpoint: String,
+}
+
+impl HttpProbe {
+    /// A probe of `endpoint` (e.g. `/health`) through `client`.
+    pub fn new(client: crate::client::UpstreamClient, endpoint: &str) -> Self {
+        Self {
+            client,
+            endpoint: endpoint.to_owned(),
+        }
+    }
+}
+
+impl HealthProbe for HttpProbe {
+    async fn probe(&self, worker: &Worker) -> Result<(), ProbeError> {
+        let uri = format!("{}{}", worker.url(), self.endpoint);
+        let request = Request::get(uri)
+            .body(Full::new(Bytes::new()))
+            .map_err(|err| ProbeError::Unreachable(err.to_string()))?;
+        let response = self
+            .client
+            .send(request)
+            .await
+            .map_err(|err| ProbeError::Unreachable(err.to_string()))?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(ProbeError::Unhealthy(format!(
+                "status {}",
+                response.status()
+            )))
+        }
+    }
+}

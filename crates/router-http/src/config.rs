@@ -1,0 +1,125 @@
+//! The router's configuration: plain structs with documented defaults.
+//!
+//! Defaults follow vllm-router's command line where it has the setting, so a
+//! deployment that switches routers keeps its behaviour.
+
+use crate::client::ClientConfig;
+use crate::headers::DEFAULT_REQUEST_ID_HEADERS;
+use crate::limits::ConcurrencyConfig;
+use lb_policies::PolicyConfig;
+use std::time::Duration;
+use worker_lifecycle::{HealthCheckConfig, RetryBudgetConfig, RetryPolicy, WorkerOptions};
+
+/// Everything a [`Router`](crate::Router) is built from.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    /// The load-balancing policy of every model (default `cache_aware` with
+    /// threshold 0.3, abs 64, rel 1.5).
+    pub policy: PolicyConfig,
+    /// Largest request body accepted, in bytes (default 512 MiB); larger is 413.
+    pub max_payload_size: usize,
+    /// Concurrency limit and queue (defaults 32768 in flight, queue 100, 60 s).
+    pub concurrency: ConcurrencyConfig,
+    /// Optional token-bucket rate limit: requests per second (burst = one second's worth).
+    pub rate_limit_per_second: Option<f64>,
+    /// Inference API key: when set, proxied routes need `Authorization: Bearer KEY` (401 otherwise).
+    pub api_key: Option<String>,
+    /// Admin API key: when set, admin routes need `Authorization: Bearer KEY`
+    /// and fail closed; when unset, admin routes accept the inference key if
+    /// one is set, and are open otherwise.
+    pub admin_api_key: Option<String>,
+    /// Request-id headers looked for, in order (default `x-request-id`,
+    /// `x-correlation-id`, `x-trace-id`, `request-id`).
+    pub request_id_headers: Vec<String>,
+    /// Header whose value is a session key for hash-based policies
+    /// (default `x-session-id`).
+    pub session_header: String,
+    /// Upstream client timeouts and pool.
+    pub client: ClientConfig,
+    /// Whole-request deadline, response body included (default 1800 s).
+    pub request_timeout: Duration,
+    /// A streamed response that sends nothing for this long fails and
+    /// releases everything it holds (default 300 s).
+    pub stream_idle_timeout: Duration,
+    /// Retries before the first byte reaches the client (worker-lifecycle's
+    /// default: 2 retries on 408/429/500/502/503/504, exponential backoff).
+    pub retry: RetryPolicy,
+    /// Retry budget: retries as a fraction of recent requests, plus a floor.
+    pub retry_budget: RetryBudgetConfig,
+    /// Options of every worker built by the router (circuit breaker settings).
+    pub worker_options: WorkerOptions,
+    /// Health checks of the workers.
+    pub health: HealthCheckConfig,
+    /// Path probed for worker health (default `/health`).
+    pub health_endpoint: String,
+    /// How long `POST /add_worker` waits for the new worker's first healthy
+    /// probe (default 600 s, as `--worker-startup-timeout-secs`).
+    pub worker_startup_timeout: Duration,
+    /// Time between probes while waiting for a new worker (default 1 s).
+    pub worker_startup_check_interval: Duration,
+    /// How long `POST /remove_worker` waits for the worker's load to reach 0
+    /// before removing it anyway (default 60 s).
+    pub drain_timeout: Duration,
+    /// Interval of the cache-aware trees' eviction to their budget (default 120 s).
+    pub eviction_interval: Duration,
+    /// After a shutdown signal, how long in-flight requests may take to
+    /// finish before their connections are dropped (default 30 s).
+    pub shutdown_grace: Duration,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            policy: PolicyConfig::named("cache_aware"),
+            max_payload_size: 512 * 1024 * 1024,
+            concurrency: ConcurrencyConfig::default(),
+            rate_limit_per_second: None,
+            api_key: None,
+            admin_api_key: None,
+            request_id_headers: DEFAULT_REQUEST_ID_HEADERS.map(String::from).to_vec(),
+            session_header: "x-session-id".into(),
+            client: ClientConfig::default(),
+            request_timeout: Duration::from_secs(1800),
+            stream_idle_timeout: Duration::from_secs(300),
+            retry: RetryPolicy::default(),
+            retry_budget: RetryBudgetConfig::default(),
+            worker_options: WorkerOptions::default(),
+            health: HealthCheckConfig::default(),
+            health_endpoint: "/health".into(),
+            worker_startup_timeout: Duration::from_secs(600),
+            worker_startup_check_interval: Duration::from_secs(1),
+            drain_timeout: Duration::from_secs(60),
+            eviction_interval: Duration::from_secs(120),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A configuration the router refuses to start with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The policy name or its knobs are invalid.
+    #[error("invalid policy configuration: {0}")]
+    Policy(#[from] lb_policies::PolicyError),
+    /// A request-id header name is not a valid header name.
+    #[error("invalid request-id header name: {0}")]
+    RequestIdHeader(String),
+    /// The session header name is not a valid header name.
+    #[error("invalid session header name: {0:?}")]
+    SessionHeader(String),
+    /// The rate limit is not a positive number.
+    #[error("the rate limit must be a positive number of requests per second, got {0}")]
+    RateLimit(f64),
+    /// The concurrency limit is zero.
+    #[error("max concurrent requests must be at least 1")]
+    Concurrency,
+    /// A worker could not be added.
+    #[error("invalid worker {url}: {reason}")]
+    Worker {
+        /// The worker URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}

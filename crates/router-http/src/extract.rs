@@ -1,0 +1,392 @@
+//! What the router needs to know about a request body, from one parse.
+//!
+//! The body is parsed once, into borrowed views that skip every field the
+//! router does not use; the original bytes are what is forwarded, so the
+//! router never re-serializes a request on the regular path. From that one
+//! parse come the model id, whether the client asked for a stream, the hash
+//! keys (`user`) and the *routing text*: the text whose prefix the cache-aware
+//! policy matches against its tree.
+//!
+//! The routing text of a chat request is every message rendered in order,
+//! role and text content (text parts of multi-part content included), so that
+//! turn *n* of a conversation is a prefix of turn *n + 1*, the way the engine's
+//! own prefix cache sees it. Rendering only the first message, or a session id,
+//! sends every conversation with the same system prompt to the same place
+//! regardless of what the worker actually holds.
+
+use crate::error::ApiError;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use std::borrow::Cow;
+
+/// Which OpenAI-style route a body was sent to; decides how it is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RouteKind {
+    /// `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/embeddings`.
+    Embeddings,
+    /// `POST /v1/rerank` and `/rerank`.
+    Rerank,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `POST /generate` (SGLang/vLLM native).
+    Generate,
+    /// Any other path: proxied transparently, routed without text.
+    Other,
+}
+
+/// The routing input of a request: text for text-keyed trees, or token ids
+/// when the client sent a pre-tokenized prompt.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RoutingInput {
+    /// No routing text could be derived (the policy routes without affinity).
+    #[default]
+    None,
+    /// Text, as the cache-aware tree keys it.
+    Text(String),
+    /// Token ids from a pre-tokenized prompt.
+    Tokens(Vec<u32>),
+}
+
+impl RoutingInput {
+    /// The text, when the input is text.
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Self::Text(text) => Some(text),
+            _ => None,
+        }
+    }
+
+    /// The token ids, when the input is tokens.
+    pub fn tokens(&self) -> Option<&[u32]> {
+        match self {
+            Self::Tokens(tokens) => Some(tokens),
+            _ => None,
+        }
+    }
+}
+
+/// Everything the router reads from a request body.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RequestInfo {
+    /// The `model` field, when present.
+    pub model: Option<String>,
+    /// Whether the client asked for a streamed (SSE) response.
+    pub stream: bool,
+    /// The `user` field, a hash key for session-affine policies.
+    pub user: Option<String>,
+    /// What the cache-aware policy matches.
+    pub routing: RoutingInput,
+}
+
+/// Parses `body` as sent to `route` and extracts the [`RequestInfo`].
+///
+/// An empty body on [`RouteKind::Other`] is fine (a plain proxied call);
+/// anything that is not a JSON object on the OpenAI routes is a 400 whose
+/// message says what is wrong. Nesting deeper than serde_json's recursion
+/// limit (128) inside a field the router reads is refused the same way;
+/// fields it does not read are skipped iteratively (no recursion, linear
+/// work) and reach the worker untouched.
+pub fn extract(route: RouteKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
+    if route == RouteKind::Other {
+        // Best effort: an unknown path may carry anything, or nothing.
+        return Ok(serde_json::from_slice::<Body<'_>>(body)
+            .map(|body| body.into_info(RoutingInput::None))
+            .unwrap_or_default());
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::InvalidRequest(
+            "the request body is empty; a JSON object is required".into(),
+        ));
+    }
+    let mut parsed: Body<'_> = serde_json::from_slice(body).map_err(|err| {
+        if err.is_data() {
+            ApiError::InvalidRequest(err.to_string())
+        } else {
+            ApiError::InvalidJson(err.to_string())
+        }
+    })?;
+    let routing = match route {
+        RouteKind::ChatCompletions => {
+            let messages = parsed.messages.take().ok_or_else(|| missing("messages"))?;
+            RoutingInput::Text(render_messages(&messages))
+        }
+        RouteKind::Completions => parsed
+            .prompt
+            .take()
+            .ok_or_else(|| missing("prompt"))?
+            .into_routing(),
+        RouteKind::Embeddings | RouteKind::Responses => parsed
+            .input
+            .take()
+            .map(Prompt::into_routing)
+            .unwrap_or_default(),
+        RouteKind::Rerank => parsed
+            .query
+            .take()
+            .map(|query| RoutingInput::Text(query.into_owned()))
+            .unwrap_or_default(),
+        RouteKind::Generate => match (parsed.text.take(), parsed.input_ids.take()) {
+            (Some(text), _) => text.into_routing(),
+            (None, Some(ids)) => RoutingInput::Tokens(ids),
+            (None, None) => RoutingInput::None,
+        },
+        RouteKind::Other => RoutingInput::None,
+    };
+    Ok(parsed.into_info(routing))
+}
+
+fn missing(field: &str) -> ApiError {
+    ApiError::InvalidRequest(format!("missing required field `{field}`"))
+}
+
+/// Renders chat messages in order as `role: text\n`, text parts of
+/// multi-part content concatenated, other parts (images, audio) skipped.
+fn render_messages(messages: &[Message<'_>]) -> String {
+    let capacity = messages
+        .iter()
+        .map(|message| message.role.len() + 3 + message.content.text_len())
+        .sum();
+    let mut text = String::with_capacity(capacity);
+    for message in messages {
+        text.push_str(&message.role);
+        text.push_str(": ");
+        message.content.push_text(&mut text);
+        text.push('\n');
+    }
+    text
+}
+
+/// The fields of every route the router reads; everything else is skipped
+/// without being buffered. One struct for all routes keeps it to one parse.
+#[derive(Deserialize, Default)]
+struct Body<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(borrow, default)]
+    user: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    messages: Option<Vec<Message<'a>>>,
+    #[serde(borrow, default)]
+    prompt: Option<Prompt<'a>>,
+    #[serde(borrow, default)]
+    input: Option<Prompt<'a>>,
+    #[serde(borrow, default)]
+    query: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Prompt<'a>>,
+    #[serde(default)]
+    input_ids: Option<Vec<u32>>,
+}
+
+impl Body<'_> {
+    fn into_info(self, routing: RoutingInput) -> RequestInfo {
+        RequestInfo {
+            model: self.model.map(Cow::into_owned),
+            stream: self.stream.unwrap_or(false),
+            user: self.user.map(Cow::into_owned),
+            routing,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Content<'a>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(untagged)]
+enum Content<'a> {
+    #[default]
+    Missing,
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Parts(#[serde(borrow)] Vec<ContentPart<'a>>),
+    // `null` content (assistant tool calls) and anything unexpected.
+    Other(IgnoredAny),
+}
+
+impl Content<'_> {
+    fn text_len(&self) -> usize {
+        match self {
+            Self::Text(text) => text.len(),
+            Self::Parts(parts) => parts
+                .iter()
+                .map(|part| part.text.as_ref().map_or(0, |text| text.len()))
+                .sum(),
+            Self::Missing | Self::Other(_) => 0,
+        }
+    }
+
+    fn push_text(&self, out: &mut String) {
+        match self {
+            Self::Text(text) => out.push_str(text),
+            Self::Parts(parts) => {
+                for text in parts.iter().filter_map(|part| part.text.as_deref()) {
+                    out.push_str(text);
+                }
+            }
+            Self::Missing | Self::Other(_) => {}
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ContentPart<'a> {
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+}
+
+/// A prompt as the OpenAI API accepts it: a string, a batch of strings, token
+/// ids, or a batch of token-id lists. A batch routes by its first element, the
+/// one whose prefix the engine processes first.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Texts(#[serde(borrow)] Vec<Cow<'a, str>>),
+    Tokens(Vec<u32>),
+    TokenBatches(Vec<Vec<u32>>),
+    // Structured inputs (the Responses API's item lists) route without text.
+    Other(IgnoredAny),
+}
+
+impl Prompt<'_> {
+    fn into_routing(self) -> RoutingInput {
+        match self {
+            Self::Text(text) => RoutingInput::Text(text.into_owned()),
+            Self::Texts(texts) => texts
+                .into_iter()
+                .next()
+                .map(|text| RoutingInput::Text(text.into_owned()))
+                .unwrap_or_default(),
+            Self::Tokens(tokens) => RoutingInput::Tokens(tokens),
+            Self::TokenBatches(batches) => batches
+                .into_iter()
+                .next()
+                .map(RoutingInput::Tokens)
+                .unwrap_or_default(),
+            Self::Other(_) => RoutingInput::None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &str) -> RequestInfo {
+        extract(RouteKind::ChatCompletions, body.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn chat_renders_every_message_in_order() {
+        let info = chat(
+            r#"{"model":"m","stream":true,"user":"u1","messages":[
+                {"role":"system","content":"You are terse."},
+                {"role":"user","content":[{"type":"text","text":"Hi "},
+                    {"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"there"}]},
+                {"role":"assistant","content":null,"tool_calls":[]}]}"#,
+        );
+        assert_eq!(info.model.as_deref(), Some("m"));
+        assert!(info.stream);
+        assert_eq!(info.user.as_deref(), Some("u1"));
+        assert_eq!(
+            info.routing.text(),
+            Some("system: You are terse.\nuser: Hi there\nassistant: \n")
+        );
+    }
+
+    #[test]
+    fn a_later_turn_extends_the_earlier_turn() {
+        let first = chat(r#"{"messages":[{"role":"user","content":"a \"quoted\" q"}]}"#);
+        let second = chat(
+            r#"{"messages":[{"role":"user","content":"a \"quoted\" q"},
+                {"role":"assistant","content":"answer"},{"role":"user","content":"more"}]}"#,
+        );
+        let (first, second) = (
+            first.routing.text().unwrap(),
+            second.routing.text().unwrap(),
+        );
+        assert!(
+            second.starts_with(first),
+            "{second:?} must extend {first:?}"
+        );
+    }
+
+    #[test]
+    fn completions_accept_text_batches_and_tokens() {
+        let text = extract(RouteKind::Completions, br#"{"prompt":"hello"}"#).unwrap();
+        assert_eq!(text.routing, RoutingInput::Text("hello".into()));
+        let batch = extract(RouteKind::Completions, br#"{"prompt":["a","b"]}"#).unwrap();
+        assert_eq!(batch.routing, RoutingInput::Text("a".into()));
+        let tokens = extract(RouteKind::Completions, br#"{"prompt":[1,2,3]}"#).unwrap();
+        assert_eq!(tokens.routing.tokens(), Some(&[1, 2, 3][..]));
+        let batches = extract(RouteKind::Completions, br#"{"prompt":[[7,8],[9]]}"#).unwrap();
+        assert_eq!(batches.routing.tokens(), Some(&[7, 8][..]));
+    }
+
+    #[test]
+    fn malformed_and_missing_fields_are_distinct_400s() {
+        let malformed = extract(RouteKind::ChatCompletions, b"{\"messages\": [").unwrap_err();
+        assert!(
+            matches!(malformed, ApiError::InvalidJson(_)),
+            "{malformed:?}"
+        );
+        let missing = extract(RouteKind::ChatCompletions, br#"{"model":"m"}"#).unwrap_err();
+        assert!(matches!(&missing, ApiError::InvalidRequest(m) if m.contains("messages")));
+        let empty = extract(RouteKind::Completions, b"  ").unwrap_err();
+        assert_eq!(empty.status(), http::StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn deep_nesting_in_a_read_field_is_refused_cleanly() {
+        let depth = 100_000;
+        let mut body = String::from(r#"{"messages":[{"role":"user","content":"#);
+        body.extend(std::iter::repeat_n('[', depth));
+        body.extend(std::iter::repeat_n(']', depth));
+        body.push_str("}]}");
+        let error = extract(RouteKind::ChatCompletions, body.as_bytes()).unwrap_err();
+        assert_eq!(error.status(), http::StatusCode::BAD_REQUEST);
+        assert!(error.to_string().contains("recursion limit"), "{error}");
+    }
+
+    #[test]
+    fn deep_nesting_in_an_unread_field_is_skipped_without_recursion() {
+        // serde_json skips ignored values iteratively: no stack growth, linear work.
+        let depth = 100_000;
+        let mut body = String::from(r#"{"messages":[],"extra":"#);
+        body.extend(std::iter::repeat_n('[', depth));
+        body.extend(std::iter::repeat_n(']', depth));
+        body.push('}');
+        let info = extract(RouteKind::ChatCompletions, body.as_bytes()).unwrap();
+        assert_eq!(info.routing.text(), Some(""));
+    }
+
+    #[test]
+    fn other_routes_tolerate_any_body() {
+        assert_eq!(
+            extract(RouteKind::Other, b"not json").unwrap(),
+            RequestInfo::default()
+        );
+        let info = extract(RouteKind::Other, br#"{"model":"m"}"#).unwrap();
+        assert_eq!(info.model.as_deref(), Some("m"));
+    }
+
+    #[test]
+    fn generate_prefers_text_then_input_ids() {
+        let text = extract(RouteKind::Generate, br#"{"text":"t","input_ids":[1]}"#).unwrap();
+        assert_eq!(text.routing.text(), Some("t"));
+        let ids = extract(RouteKind::Generate, br#"{"input_ids":[4,5]}"#).unwrap();
+        assert_eq!(ids.routing.tokens(), Some(&[4, 5][..]));
+    }
+}

@@ -1,0 +1,399 @@
+//! Prometheus metrics: lock-free primitives and the text exposition format.
+//!
+//! The request path only increments atomics: counters and histogram buckets
+//! live in fixed arrays indexed by small enums, so recording a request
+//! neither hashes label sets nor takes a lock. State that already lives
+//! elsewhere (each worker's load, processed count, health and breaker state;
+//! the policies' decision counts; the cache-aware tree sizes) is not copied
+//! into metrics at all: it is read at scrape time and rendered then, so the
+//! two can never disagree.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A monotonically increasing counter.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds one.
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A histogram with fixed upper bounds.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    buckets: Box<[AtomicU64]>,
+    // The sum is kept in millionths so it can be an atomic integer.
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+/// Latency bounds in seconds, from 1 ms to 10 min.
+pub const LATENCY_BOUNDS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    600.0,
+];
+
+/// Ratio bounds for values in `[0, 1]` (cache-aware match rates).
+pub const RATIO_BOUNDS: &[f64] = &[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
+
+impl Histogram {
+    /// A histogram with the given upper bounds (ascending; `+Inf` is implied).
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, value: f64) {
+        let index = self.bounds.partition_point(|&bound| bound < value);
+        self.buckets[index].fetch_add(1, Ordering::Relaxed);
+        // Negative and non-finite values count, but add nothing to the sum.
+        let micros = if value.is_finite() && value > 0.0 {
+            (value * 1e6) as u64
+        } else {
+            0
+        };
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records a duration in seconds.
+    pub fn observe_duration(&self, duration: Duration) {
+        self.observe(duration.as_secs_f64());
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Writes the histogram's series (`_bucket`, `_sum`, `_count`) with the
+    /// given extra labels (`key="value",...` without braces, may be empty).
+    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let separator = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0;
+        for (index, bound) in self.bounds.iter().enumerate() {
+            cumulative += self.buckets[index].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{separator}le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        cumulative += self.buckets[self.bounds.len()].load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{separator}le=\"+Inf\"}} {cumulative}"
+        );
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let braces = |labels: &str| {
+            if labels.is_empty() {
+                String::new()
+            } else {
+                format!("{{{labels}}}")
+            }
+        };
+        let _ = writeln!(out, "{name}_sum{} {sum}", braces(labels));
+        let _ = writeln!(out, "{name}_count{} {cumulative}", braces(labels));
+    }
+}
+
+/// Writes the `# HELP` and `# TYPE` lines of a metric family.
+pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Writes one sample line: `name{labels} value`.
+pub fn sample(out: &mut String, name: &str, labels: &str, value: impl std::fmt::Display) {
+    if labels.is_empty() {
+        let _ = writeln!(out, "{name} {value}");
+    } else {
+        let _ = writeln!(out, "{name}{{{labels}}} {value}");
+    }
+}
+
+/// Escapes a label value for the text format (backslash, quote, newline).
+pub fn escape_label(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '"', '\n']) {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let mut escaped = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(escaped)
+}
+
+/// The router's own counters and histograms, recorded on the request path.
+#[derive(Debug)]
+pub struct RouterMetrics {
+    /// Responses by route and status class: `[route][class]`, class 1xx..5xx.
+    responses: [[Counter; 5]; ROUTES.len()],
+    /// Request durations to response headers, by route.
+    header_latency: [Histogram; ROUTES.len()],
+    /// Errors the router answered itself, by code.
+    errors: [Counter; ERROR_CODES.len()],
+    /// Upstream failures before a response, by kind.
+    upstream_failures: [Counter; 3],
+    /// Retried attempts.
+    pub retries: Counter,
+    /// Response bodies that reached their end.
+    pub bodies_completed: Counter,
+    /// Response bodies that failed (upstream error, idle or request timeout).
+    pub bodies_failed: Counter,
+    /// Response bodies dropped before their end (client went away).
+    pub bodies_dropped: Counter,
+}
+
+const ROUTES: [&str; 17] = [
+    "chat_completions",
+    "completions",
+    "embeddings",
+    "rerank",
+    "responses",
+    "generate",
+    "other",
+    "models",
+    "health",
+    "liveness",
+    "readiness",
+    "metrics",
+    "add_worker",
+    "remove_worker",
+    "list_workers",
+    "workers",
+    "register",
+];
+
+const ERROR_CODES: [&str; 16] = [
+    "invalid_json",
+    "invalid_request",
+    "model_not_found",
+    "payload_too_large",
+    "too_many_requests",
+    "queue_timeout",
+    "invalid_api_key",
+    "no_available_worker",
+    "upstream_error",
+    "upstream_timeout",
+    "worker_not_found",
+    "shutting_down",
+    "method_not_allowed",
+    "worker_exists",
+    "worker_not_ready",
+    "other",
+];
+
+const UPSTREAM_FAILURES: [&str; 3] = ["connect", "timeout", "transport"];
+
+impl Default for RouterMetrics {
+    fn default() -> Self {
+        Self {
+            responses: std::array::from_fn(|_| std::array::from_fn(|_| Counter::default())),
+            header_latency: std::array::from_fn(|_| Histogram::new(LATENCY_BOUNDS)),
+            errors: std::array::from_fn(|_| Counter::default()),
+            upstream_failures: std::array::from_fn(|_| Counter::default()),
+            retries: Counter::default(),
+            bodies_completed: Counter::default(),
+            bodies_failed: Counter::default(),
+            bodies_dropped: Counter::default(),
+        }
+    }
+}
+
+impl RouterMetrics {
+    /// Records a response's status and its time to headers.
+    pub fn record_response(
+        &self,
+        route: crate::Route,
+        status: http::StatusCode,
+        elapsed: Duration,
+    ) {
+        let route = route_index(route.label());
+        let class = (status.as_u16() / 100).clamp(1, 5) as usize - 1;
+        self.responses[route][class].inc();
+        self.header_latency[route].observe_duration(elapsed);
+    }
+
+    /// Records an error the router answered itself.
+    pub fn record_error(&self, error: &crate::ApiError) {
+        let code = error.code();
+        let index = ERROR_CODES
+            .iter()
+            .position(|c| *c == code)
+            .unwrap_or(ERROR_CODES.len() - 1);
+        self.errors[index].inc();
+    }
+
+    /// Records an upstream failure before any response.
+    pub fn record_upstream_failure(&self, error: &crate::UpstreamError) {
+        let index = match error {
+            crate::UpstreamError::Connect(_) => 0,
+            crate::UpstreamError::HeaderTimeout(_) => 1,
+            _ => 2,
+        };
+        self.upstream_failures[index].inc();
+    }
+
+    /// Responses recorded for `route` with a status in `class` (1 to 5).
+    pub fn responses(&self, route: crate::Route, class: u16) -> u64 {
+        let class = class.clamp(1, 5) as usize - 1;
+        self.responses[route_index(route.label())][class].get()
+    }
+
+    /// Writes every series in the text format.
+    pub fn render(&self, out: &mut String) {
+        family(
+            out,
+            "router_requests_total",
+            "counter",
+            "Responses by route and status class.",
+        );
+        for (route, classes) in ROUTES.iter().zip(&self.responses) {
+            for (class, counter) in classes.iter().enumerate() {
+                let value = counter.get();
+                if value > 0 {
+                    let labels = format!("route=\"{route}\",status=\"{}xx\"", class + 1);
+                    sample(out, "router_requests_total", &labels, value);
+                }
+            }
+        }
+        family(
+            out,
+            "router_request_header_seconds",
+            "histogram",
+            "Time from request arrival to response headers, by route.",
+        );
+        for (route, histogram) in ROUTES.iter().zip(&self.header_latency) {
+            if histogram.count() > 0 {
+                histogram.render(
+                    out,
+                    "router_request_header_seconds",
+                    &format!("route=\"{route}\""),
+                );
+            }
+        }
+        family(
+            out,
+            "router_errors_total",
+            "counter",
+            "Errors answered by the router, by code.",
+        );
+        for (code, counter) in ERROR_CODES.iter().zip(&self.errors) {
+            sample(
+                out,
+                "router_errors_total",
+                &format!("code=\"{code}\""),
+                counter.get(),
+            );
+        }
+        family(
+            out,
+            "router_upstream_failures_total",
+            "counter",
+            "Attempts that failed before a worker response, by kind.",
+        );
+        for (kind, counter) in UPSTREAM_FAILURES.iter().zip(&self.upstream_failures) {
+            sample(
+                out,
+                "router_upstream_failures_total",
+                &format!("kind=\"{kind}\""),
+                counter.get(),
+            );
+        }
+        family(out, "router_retries_total", "counter", "Retried attempts.");
+        sample(out, "router_retries_total", "", self.retries.get());
+        family(
+            out,
+            "router_response_bodies_total",
+            "counter",
+            "Response bodies by how they ended.",
+        );
+        sample(
+            out,
+            "router_response_bodies_total",
+            "end=\"complete\"",
+            self.bodies_completed.get(),
+        );
+        sample(
+            out,
+            "router_response_bodies_total",
+            "end=\"failed\"",
+            self.bodies_failed.get(),
+        );
+        sample(
+            out,
+            "router_response_bodies_total",
+            "end=\"client_dropped\"",
+            self.bodies_dropped.get(),
+        );
+    }
+}
+
+fn route_index(label: &str) -> usize {
+    ROUTES.iter().position(|r| *r == label).unwrap_or(6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_renders_cumulative_buckets_sum_and_count() {
+        let histogram = Histogram::new(&[0.1, 1.0]);
+        histogram.observe(0.05);
+        histogram.observe(0.5);
+        histogram.observe(0.5);
+        histogram.observe(7.0);
+        let mut out = String::new();
+        histogram.render(&mut out, "x_seconds", "route=\"chat\"");
+        assert_eq!(
+            out,
+            "x_seconds_bucket{route=\"chat\",le=\"0.1\"} 1\n\
+             x_seconds_bucket{route=\"chat\",le=\"1\"} 3\n\
+             x_seconds_bucket{route=\"chat\",le=\"+Inf\"} 4\n\
+             x_seconds_sum{route=\"chat\"} 8.05\n\
+             x_seconds_count{route=\"chat\"} 4\n"
+        );
+    }
+
+    #[test]
+    fn a_value_on_a_bound_falls_in_that_bucket() {
+        let histogram = Histogram::new(&[1.0, 2.0]);
+        histogram.observe(1.0);
+        let mut out = String::new();
+        histogram.render(&mut out, "h", "");
+        assert!(out.starts_with("h_bucket{le=\"1\"} 1\n"), "{out}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("plain"), "plain");
+        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,730 @@
+//! The router: one request, top-down.
+//!
+//! [`Router::handle`] is the whole request path, in order:
+//!
+//! 1. route the method and path ([`Route::of`]); check the API keys;
+//! 2. answer the router's own routes (health, status, admin, metrics);
+//! 3. for a proxied route: refuse when shutting down; take a rate-limit token
+//!    and an admission permit (or wait in the bounded queue);
+//! 4. read the body once, up to the payload limit, and extract the model,
+//!    the stream flag, the hash keys and the routing text ([`extract`]);
+//! 5. select a worker with the model's policy among the workers that serve
+//!    the model, and reserve it: an owned [`LoadGuard`];
+//! 6. forward the original bytes through the pooled client;
+//! 7. on a connect error or a retryable status, before any byte reached the
+//!    client: record the breaker outcome, drop that attempt (its response
+//!    and its guard go together), back off, and select again without the
+//!    worker that failed, within the retry budget;
+//! 8. otherwise hand the worker's response to the client unchanged (minus
+//!    hop-by-hop headers, plus the request id), its body wrapped so that the
+//!    guard and the permit live exactly as long as the body does.
+//!
+//! Nothing on this path holds a lock across an `.await`.
+
+use crate::body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout};
+use crate::client::{UpstreamClient, UpstreamError};
+use crate::config::{ConfigError, RouterConfig};
+use crate::error::ApiError;
+use crate::extract::{RequestInfo, RouteKind, RoutingInput, extract};
+use crate::headers::{RequestId, RequestIds, strip_hop_by_hop};
+use crate::limits::{AdmissionPermit, ConcurrencyLimiter, RateLimiter};
+use crate::metrics::RouterMetrics;
+use crate::routes::Route;
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Request, Response, Uri};
+use http_body::Body;
+use http_body_util::{BodyExt, Full, Limited};
+use lb_policies::{PolicyRegistry, RequestContext};
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use tokio::time::Instant;
+use worker_lifecycle::{
+    Endpoint, LoadGuard, MembershipEvent, Outcome, RandomSource, RetryBudget, RoleKind, SplitMix64,
+    StaticWorkerSet, Worker, WorkerRole, WorkerSpec,
+};
+
+/// The header carrying a worker's data-parallel rank to the engine.
+pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
+
+/// An OpenAI-compatible router over a set of workers. Cheap to clone: every
+/// clone shares the same state.
+#[derive(Clone)]
+pub struct Router {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("workers", &self.shared.workers.workers().len())
+            .field("accepting", &self.is_accepting())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) config: RouterConfig,
+    pub(crate) client: UpstreamClient,
+    pub(crate) workers: StaticWorkerSet,
+    pub(crate) policies: PolicyRegistry<Arc<Worker>>,
+    limiter: ConcurrencyLimiter,
+    rate: Option<RateLimiter>,
+    ids: RequestIds,
+    session_header: HeaderName,
+    dp_rank_header: HeaderName,
+    retry_budget: RetryBudget,
+    jitter_seed: AtomicU64,
+    pub(crate) metrics: RouterMetrics,
+    accepting: AtomicBool,
+}
+
+impl Router {
+    /// Builds a router from `config`, with no workers yet.
+    pub fn new(config: RouterConfig) -> Result<Self, ConfigError> {
+        let policies = PolicyRegistry::new(config.policy.clone())?;
+        let ids = RequestIds::new(&config.request_id_headers)
+            .map_err(|err| ConfigError::RequestIdHeader(err.to_string()))?;
+        let session_header = HeaderName::from_bytes(config.session_header.as_bytes())
+            .map_err(|_| ConfigError::SessionHeader(config.session_header.clone()))?;
+        if config.concurrency.max_concurrent == 0 {
+            return Err(ConfigError::Concurrency);
+        }
+        let rate = match config.rate_limit_per_second {
+            Some(rate) => {
+                Some(RateLimiter::new(rate, rate.max(1.0)).ok_or(ConfigError::RateLimit(rate))?)
+            }
+            None => None,
+        };
+        let workers = StaticWorkerSet::new(RoleKind::Regular, config.worker_options.clone())
+            .map_err(|err| ConfigError::Worker {
+                url: String::new(),
+                reason: err.to_string(),
+            })?;
+        let retry_budget = RetryBudget::new(config.retry_budget.clone(), std::time::Instant::now());
+        let shared = Shared {
+            client: UpstreamClient::new(config.client),
+            limiter: ConcurrencyLimiter::new(config.concurrency),
+            workers,
+            policies,
+            rate,
+            ids,
+            session_header,
+            dp_rank_header: HeaderName::from_static(DP_RANK_HEADER),
+            retry_budget,
+            jitter_seed: AtomicU64::new(SplitMix64::from_entropy().next_u64()),
+            metrics: RouterMetrics::default(),
+            accepting: AtomicBool::new(true),
+            config,
+        };
+        Ok(Self {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// The configuration the router was built with.
+    pub fn config(&self) -> &RouterConfig {
+        &self.shared.config
+    }
+
+    /// Adds a regular worker at `url` (with an optional data-parallel rank
+    /// and model id) without waiting for its health, and tells the policies.
+    pub fn add_worker(
+        &self,
+        url: &str,
+        dp_rank: Option<u32>,
+        model: Option<&str>,
+    ) -> Result<Arc<Worker>, ConfigError> {
+        let invalid = |reason: String| ConfigError::Worker {
+            url: url.to_owned(),
+            reason,
+        };
+        validate_worker_url(url).map_err(|err| invalid(err.to_string()))?;
+        let endpoint = Endpoint::new(url, dp_rank).map_err(|err| invalid(err.to_string()))?;
+        let mut spec = WorkerSpec::new(WorkerRole::Regular, endpoint);
+        if let Some(model) = model {
+            spec = spec.with_model(model);
+        }
+        let event = self
+            .shared
+            .workers
+            .add(spec)
+            .map_err(|err| invalid(err.to_string()))?;
+        let worker = event.added().cloned();
+        self.apply(&event);
+        worker.ok_or_else(|| invalid("the worker set did not add it".into()))
+    }
+
+    /// Forwards a membership event to the policies: a replaced worker is a
+    /// removal of the old lifetime's key and an addition of the new one's.
+    pub fn apply(&self, event: &MembershipEvent) {
+        use lb_policies::MembershipEvent as PolicyEvent;
+        if let Some(old) = event.removed() {
+            self.shared
+                .policies
+                .on_membership(PolicyEvent::Removed { key: old.key() });
+        }
+        if let Some(new) = event.added() {
+            self.shared
+                .policies
+                .on_membership(PolicyEvent::Added { key: new.key() });
+        }
+    }
+
+    /// Every worker, as a snapshot.
+    pub fn workers(&self) -> Arc<[Arc<Worker>]> {
+        self.shared.workers.workers()
+    }
+
+    /// The worker set behind the router.
+    pub fn worker_set(&self) -> &StaticWorkerSet {
+        &self.shared.workers
+    }
+
+    /// The policies, one per model.
+    pub fn policies(&self) -> &PolicyRegistry<Arc<Worker>> {
+        &self.shared.policies
+    }
+
+    /// The router's own counters.
+    pub fn metrics(&self) -> &RouterMetrics {
+        &self.shared.metrics
+    }
+
+    /// Whether new requests are admitted (false once shutdown began).
+    pub fn is_accepting(&self) -> bool {
+        self.shared.accepting.load(Ordering::Acquire)
+    }
+
+    /// Stops admitting new requests: readiness and health turn 503 at once,
+    /// proxied routes answer 503; requests in flight continue.
+    pub fn begin_shutdown(&self) {
+        self.shared.accepting.store(false, Ordering::Release);
+    }
+
+    /// Requests in flight through the router (admission permits held).
+    pub fn in_flight(&self) -> usize {
+        self.shared.limiter.in_flight()
+    }
+
+    /// Handles one request. Never fails: every error is an HTTP response.
+    pub async fn handle<B>(&self, request: Request<B>) -> Response<BoxBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let started = Instant::now();
+        let route = Route::of(request.method(), request.uri().path());
+        let result = match self.authorize(route, request.headers()) {
+            Err(err) => Err(err),
+            Ok(()) => match route {
+                Route::Proxy(kind) => self.proxy(kind, request, started).await,
+                Route::Models => self.proxy(RouteKind::Other, request, started).await,
+                other => crate::admin::handle(self, other, request).await,
+            },
+        };
+        let response = result.unwrap_or_else(|err| {
+            self.shared.metrics.record_error(&err);
+            err.into_response()
+        });
+        self.shared
+            .metrics
+            .record_response(route, response.status(), started.elapsed());
+        response
+    }
+
+    fn authorize(&self, route: Route, headers: &http::HeaderMap) -> Result<(), ApiError> {
+        let config = &self.shared.config;
+        let required = if route.is_admin() {
+            config
+                .admin_api_key
+                .as_deref()
+                .or(config.api_key.as_deref())
+        } else if route.needs_api_key() {
+            config.api_key.as_deref()
+        } else {
+            None
+        };
+        match required {
+            None => Ok(()),
+            Some(key) if bearer(headers) == Some(key) => Ok(()),
+            Some(_) => Err(ApiError::Unauthorized),
+        }
+    }
+
+    async fn proxy<B>(
+        &self,
+        kind: RouteKind,
+        request: Request<B>,
+        started: Instant,
+    ) -> Result<Response<BoxBody>, ApiError>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let shared = &self.shared;
+        if !self.is_accepting() {
+            return Err(ApiError::ShuttingDown);
+        }
+        if let Some(rate) = &shared.rate {
+            rate.try_acquire()?;
+        }
+        let permit = shared.limiter.admit().await?;
+        let (parts, body) = request.into_parts();
+        let bytes = read_body(body, &parts.headers, shared.config.max_payload_size).await?;
+        let info = extract(kind, &bytes)?;
+        let request_id = shared.ids.resolve(&parts.headers);
+        let deadline = started + shared.config.request_timeout;
+
+        let all = shared.workers.workers();
+        let model = info.model.as_deref().unwrap_or("");
+        let candidates = serving(&all, model)?;
+        let session = parts
+            .headers
+            .get(&shared.session_header)
+            .and_then(|value| value.to_str().ok());
+        let context = routing_context(model, &info, session, &request_id);
+
+        shared
+            .retry_budget
+            .record_request(std::time::Instant::now());
+        let mut jitter = SplitMix64::new(shared.jitter_seed.fetch_add(1, Ordering::Relaxed));
+        let mut failed: Vec<Arc<Worker>> = Vec::new();
+        let mut retries = 0u32;
+        // Each pass either sends an attempt or rules a worker out, so the
+        // loop ends after at most (retries + 1) sends and one skip per worker.
+        let mut skips = 0usize;
+        loop {
+            let pool = without(&candidates, &failed);
+            let decision = shared
+                .policies
+                .select(&pool, &context)
+                .map_err(|err| ApiError::InvalidRequest(err.to_string()))?
+                .ok_or_else(|| no_available_worker(&candidates))?;
+            let worker = Arc::clone(&pool[decision.index]);
+            let guard = match worker.try_reserve() {
+                Ok(guard) => guard,
+                Err(_unavailable) if skips < candidates.len() => {
+                    // Lost a race for the breaker's probe slot or the worker
+                    // just turned unavailable: choose again without it.
+                    skips += 1;
+                    failed.push(worker);
+                    continue;
+                }
+                Err(_unavailable) => return Err(no_available_worker(&candidates)),
+            };
+            let upstream = build_upstream(&parts, &worker, &bytes, &request_id, shared)?;
+            match shared.client.send(upstream).await {
+                Err(err) => {
+                    guard.record_outcome(outcome_of(&err));
+                    drop(guard);
+                    shared.metrics.record_upstream_failure(&err);
+                    if err.is_retryable() && self.may_retry(retries, deadline) {
+                        retries += 1;
+                        shared.metrics.retries.inc();
+                        failed.push(worker);
+                        tokio::time::sleep(shared.config.retry.backoff(retries, &mut jitter)).await;
+                        continue;
+                    }
+                    return Err(match err {
+                        UpstreamError::HeaderTimeout(_) => {
+                            ApiError::GatewayTimeout(err.to_string())
+                        }
+                        _ => ApiError::BadGateway(err.to_string()),
+                    });
+                }
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    if shared.config.retry.is_retryable_status(status)
+                        && self.may_retry(retries, deadline)
+                    {
+                        guard.record_outcome(Outcome::from_status(status));
+                        // This attempt ends here: its unread body and its
+                        // guard are dropped together.
+                        drop(response);
+                        drop(guard);
+                        retries += 1;
+                        shared.metrics.retries.inc();
+                        failed.push(worker);
+                        tokio::time::sleep(shared.config.retry.backoff(retries, &mut jitter)).await;
+                        continue;
+                    }
+                    let success = response.status().is_success();
+                    if !success {
+                        guard.record_outcome(Outcome::from_status(status));
+                    }
+                    let in_flight = InFlight {
+                        guard,
+                        _permit: permit,
+                        shared: Arc::clone(shared),
+                        outcome_pending: success,
+                    };
+                    return Ok(respond(response, in_flight, request_id, shared, deadline));
+                }
+            }
+        }
+    }
+
+    fn may_retry(&self, retries: u32, deadline: Instant) -> bool {
+        let shared = &self.shared;
+        shared.config.retry.allows_retry(retries + 1)
+            && Instant::now() < deadline
+            && shared.retry_budget.try_withdraw(std::time::Instant::now())
+    }
+}
+
+/// The router's background tasks; dropping this stops them.
+#[derive(Debug)]
+#[must_use = "the background tasks stop when this is dropped"]
+pub struct BackgroundTasks {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for BackgroundTasks {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The response handed to the client: the worker's status, headers and
+/// body, with hop-by-hop headers removed, the request id added, and the body
+/// owning the attempt's guard and the admission permit.
+fn respond(
+    response: Response<hyper::body::Incoming>,
+    in_flight: InFlight,
+    request_id: RequestId,
+    shared: &Shared,
+    deadline: Instant,
+) -> Response<BoxBody> {
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.insert(request_id.header, request_id.value);
+    let body = IdleTimeout::with_deadline(body, shared.config.stream_idle_timeout, deadline);
+    let body = GuardedBody::new(body, in_flight)
+        .map_err(|err| -> BoxError { Box::new(err) })
+        .boxed_unsync();
+    Response::from_parts(parts, body)
+}
+
+/// What one admitted request holds while its response body runs.
+struct InFlight {
+    guard: LoadGuard,
+    _permit: AdmissionPermit,
+    shared: Arc<Shared>,
+    /// A 2xx response's breaker outcome is known only when its body ends.
+    outcome_pending: bool,
+}
+
+impl Finish for InFlight {
+    fn finish(self, end: BodyEnd) {
+        let metrics = &self.shared.metrics;
+        match end {
+            BodyEnd::Complete => metrics.bodies_completed.inc(),
+            BodyEnd::Failed => metrics.bodies_failed.inc(),
+            BodyEnd::Dropped => metrics.bodies_dropped.inc(),
+        }
+        let outcome = match end {
+            BodyEnd::Complete => Outcome::Success,
+            BodyEnd::Failed => Outcome::ConnectionReset,
+            BodyEnd::Dropped => Outcome::ClientCancelled,
+        };
+        if self.outcome_pending || end == BodyEnd::Failed {
+            self.guard.record_outcome(outcome);
+        }
+        // The guard and the permit are released here, by being dropped.
+    }
+}
+
+/// Reads the whole request body, refusing more than `limit` bytes with 413
+/// (at once when `content-length` already says so).
+async fn read_body<B>(body: B, headers: &http::HeaderMap, limit: usize) -> Result<Bytes, ApiError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err)
+            if err
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(ApiError::PayloadTooLarge { limit })
+        }
+        Err(err) => Err(ApiError::InvalidRequest(format!(
+            "could not read the request body: {err}"
+        ))),
+    }
+}
+
+/// The workers that serve `model`: all of them when none declares a model.
+fn serving<'a>(all: &'a [Arc<Worker>], model: &str) -> Result<Cow<'a, [Arc<Worker>]>, ApiError> {
+    let serves =
+        |worker: &Arc<Worker>| model.is_empty() || worker.model_id().is_none_or(|m| m == model);
+    if all.iter().all(serves) {
+        return Ok(Cow::Borrowed(all));
+    }
+    let matching: Vec<_> = all.iter().filter(|w| serves(w)).cloned().collect();
+    if matching.is_empty() {
+        return Err(ApiError::UnknownModel(model.to_owned()));
+    }
+    Ok(Cow::Owned(matching))
+}
+
+/// The candidates without the workers that already failed this request,
+/// unless that would leave none available (then a failed one may be retried).
+fn without<'a>(candidates: &'a [Arc<Worker>], failed: &[Arc<Worker>]) -> Cow<'a, [Arc<Worker>]> {
+    if failed.is_empty() {
+        return Cow::Borrowed(candidates);
+    }
+    let rest: Vec<_> = candidates
+        .iter()
+        .filter(|w| !failed.iter().any(|f| Arc::ptr_eq(f, w)))
+        .cloned()
+        .collect();
+    if rest.iter().any(|w| w.is_available()) {
+        Cow::Owned(rest)
+    } else {
+        Cow::Borrowed(candidates)
+    }
+}
+
+fn no_available_worker(candidates: &[Arc<Worker>]) -> ApiError {
+    if candidates.is_empty() {
+        return ApiError::NoAvailableWorker("no workers are registered".into());
+    }
+    let (mut unhealthy, mut breaker_open, mut not_ready) = (0, 0, 0);
+    for worker in candidates {
+        if worker.lifecycle() != worker_lifecycle::Lifecycle::Ready {
+            not_ready += 1;
+        } else if !worker.is_healthy() {
+            unhealthy += 1;
+        } else {
+            breaker_open += 1;
+        }
+    }
+    ApiError::NoAvailableWorker(format!(
+        "all {} workers are unavailable ({unhealthy} unhealthy, {breaker_open} with an open \
+         circuit breaker, {not_ready} draining or not ready)",
+        candidates.len()
+    ))
+}
+
+fn routing_context<'a>(
+    model: &'a str,
+    info: &'a RequestInfo,
+    session: Option<&'a str>,
+    request_id: &'a RequestId,
+) -> RequestContext<'a> {
+    let mut context = RequestContext::new(model);
+    context = match &info.routing {
+        RoutingInput::Text(text) => context.with_text(text),
+        RoutingInput::Tokens(tokens) => context.with_tokens(tokens),
+        RoutingInput::None => context,
+    };
+    if let Some(session) = session {
+        context = context.with_session(session);
+    }
+    if let Some(user) = info.user.as_deref() {
+        context = context.with_user(user);
+    }
+    if let Ok(id) = request_id.value.to_str() {
+        context = context.with_request_id(id);
+    }
+    context
+}
+
+fn build_upstream(
+    parts: &http::request::Parts,
+    worker: &Worker,
+    body: &Bytes,
+    request_id: &RequestId,
+    shared: &Shared,
+) -> Result<Request<Full<Bytes>>, ApiError> {
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", http::uri::PathAndQuery::as_str);
+    let uri: Uri = format!("{}{}", worker.url(), path).parse().map_err(|err| {
+        ApiError::BadGateway(format!("invalid worker URL {}: {err}", worker.url()))
+    })?;
+    let mut request = Request::new(Full::new(body.clone()));
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = uri;
+    let headers = request.headers_mut();
+    headers.clone_from(&parts.headers);
+    strip_hop_by_hop(headers);
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert(request_id.header.clone(), request_id.value.clone());
+    // The router decides the rank; a client-sent value is overridden.
+    headers.remove(&shared.dp_rank_header);
+    if let Some(rank) = worker.dp_rank() {
+        headers.insert(shared.dp_rank_header.clone(), HeaderValue::from(rank));
+    }
+    Ok(request)
+}
+
+fn outcome_of(err: &UpstreamError) -> Outcome {
+    match err {
+        UpstreamError::Connect(_) => Outcome::ConnectError,
+        UpstreamError::HeaderTimeout(_) => Outcome::Timeout,
+        _ => Outcome::ConnectionReset,
+    }
+}
+
+fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+/// Checks a worker URL before anything is sent to it: `http` or `https`, a
+/// host, an optional valid port, no user info, query or fragment.
+pub fn validate_worker_url(url: &str) -> Result<Uri, ApiError> {
+    let invalid =
+        |why: &str| ApiError::InvalidRequest(format!("invalid worker URL {url:?}: {why}"));
+    let uri: Uri = url.parse().map_err(|_| invalid("not a URL"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        Some(_) => return Err(invalid("the scheme must be http or https")),
+        None => return Err(invalid("a scheme (http:// or https://) is required")),
+    }
+    let authority = uri
+        .authority()
+        .ok_or_else(|| invalid("a host is required"))?;
+    if authority.as_str().contains('@') {
+        return Err(invalid("user info is not allowed"));
+    }
+    if authority.host().is_empty() {
+        return Err(invalid("a host is required"));
+    }
+    if authority
+        .as_str()
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| {
+            !host.ends_with(']') && !host.contains(']') && port.parse::<u16>().is_err()
+        })
+    {
+        return Err(invalid("the port must be a number from 0 to 65535"));
+    }
+    if uri.query().is_some() || url.contains('#') {
+        return Err(invalid("a query or fragment is not allowed"));
+    }
+    Ok(uri)
+}
+
+impl Router {
+    /// Serves on `listener` until `shutdown` resolves; then stops admitting
+    /// (readiness and health answer 503 at once), lets requests in flight
+    /// finish for up to the configured grace period, and returns.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> crate::ShutdownOutcome {
+        let router = self.clone();
+        let service = hyper::service::service_fn(move |request| {
+            let router = router.clone();
+            async move { Ok::<_, std::convert::Infallible>(router.handle(request).await) }
+        });
+        let stopping = self.clone();
+        let shutdown = async move {
+            shutdown.await;
+            stopping.begin_shutdown();
+        };
+        crate::serve(
+            listener,
+            service,
+            shutdown,
+            self.shared.config.shutdown_grace,
+        )
+        .await
+    }
+
+    /// Starts the router's background work: health checks of every worker
+    /// (never touching load) and the periodic cache-tree eviction. The tasks
+    /// stop when the returned handle is dropped.
+    pub fn spawn_background(&self) -> BackgroundTasks {
+        let shared = Arc::clone(&self.shared);
+        let probe = crate::HttpProbe::new(shared.client.clone(), &shared.config.health_endpoint);
+        let checker = Arc::new(worker_lifecycle::HealthChecker::new(
+            probe,
+            shared.config.health.clone(),
+        ));
+        let workers = Arc::clone(&shared);
+        let health = checker.spawn(move || workers.workers.workers());
+        let evictor = Arc::clone(&shared);
+        let eviction = tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(evictor.config.eviction_interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                ticker.tick().await;
+                evictor.policies.maintain();
+            }
+        });
+        BackgroundTasks {
+            tasks: vec![health, eviction],
+        }
+    }
+
+    /// Status of the whole fleet for readiness: whether every required role
+    /// has at least one available worker.
+    pub fn is_ready(&self) -> bool {
+        self.is_accepting() && self.workers().iter().any(|w| w.is_available())
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::StatusCode;
+
+    #[test]
+    fn worker_urls_are_validated_before_use() {
+        assert!(validate_worker_url("http://127.0.0.1:8001").is_ok());
+        assert!(validate_worker_url("https://engine.local").is_ok());
+        assert!(validate_worker_url("http://[::1]:8000").is_ok());
+        for bad in [
+            "127.0.0.1:8001",
+            "ftp://host",
+            "http://",
+            "http://host:99999",
+            "http://user:pw@host",
+            "http://host/?q=1",
+            "not a url",
+        ] {
+            let err = validate_worker_url(bad).unwrap_err();
+            assert_eq!(err.status(), StatusCode::BAD_REQUEST, "{bad}");
+        }
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_case_insensitively() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer  k1"),
+        );
+        assert_eq!(bearer(&headers), Some("k1"));
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic k1"));
+        assert_eq!(bearer(&headers), None);
+    }
+}
