@@ -68,14 +68,15 @@ fn step(script: LegScript, phase: Phase, stream: bool) -> Step {
     }
 }
 
-fn connector(
-    index: usize,
-) -> (
+/// A connector with its prefill, decode and spare prefill endpoints.
+type Setup = (
     Box<dyn KvConnector>,
     Arc<Endpoint>,
     Arc<Endpoint>,
     Vec<Arc<Endpoint>>,
-) {
+);
+
+fn connector(index: usize) -> Setup {
     let spares = |make: &dyn Fn(&str) -> Arc<Endpoint>| {
         vec![make("http://10.0.0.5:1"), make("http://10.0.0.6:1")]
     };
