@@ -84,6 +84,15 @@ impl Router {
     /// Builds a router from `config`, with no workers yet.
     pub fn new(config: RouterConfig) -> Result<Self, ConfigError> {
         let policies = PolicyRegistry::new(config.policy.clone())?;
+        Self::with_policies(config, policies)
+    }
+
+    /// Builds a router that selects with `policies` (for instance a registry
+    /// with custom policy factories registered); `config.policy` is ignored.
+    pub fn with_policies(
+        config: RouterConfig,
+        policies: PolicyRegistry<Arc<Worker>>,
+    ) -> Result<Self, ConfigError> {
         let ids = RequestIds::new(&config.request_id_headers)
             .map_err(|err| ConfigError::RequestIdHeader(err.to_string()))?;
         let session_header = HeaderName::from_bytes(config.session_header.as_bytes())
