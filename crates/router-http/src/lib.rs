@@ -14,6 +14,8 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod extract;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod headers;
 pub mod limits;
 pub mod metrics;
