@@ -150,6 +150,9 @@ pin_project! {
         #[pin]
         inner: B,
         idle: Duration,
+        // Frames only record when they arrived; the timer is moved lazily,
+        // when it fires early, so a fast stream never touches the timer.
+        last_frame: Instant,
         #[pin]
         idle_sleep: Sleep,
         #[pin]
@@ -188,6 +191,7 @@ impl<B> IdleTimeout<B> {
         Self {
             inner,
             idle,
+            last_frame: Instant::now(),
             idle_sleep: tokio::time::sleep(idle),
             deadline: tokio::time::sleep_until(deadline),
             timed_out: false,
@@ -213,16 +217,22 @@ impl<B: Body> Body for IdleTimeout<B> {
         }
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.idle_sleep.as_mut().reset(Instant::now() + *this.idle);
+                *this.last_frame = Instant::now();
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(IdleTimeoutError::Inner(err)))),
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => {
+            Poll::Pending => loop {
                 ready!(this.idle_sleep.as_mut().poll(cx));
+                let idle_until = *this.last_frame + *this.idle;
+                if Instant::now() < idle_until {
+                    // A frame arrived since the timer was set: move it.
+                    this.idle_sleep.as_mut().reset(idle_until);
+                    continue;
+                }
                 *this.timed_out = true;
-                Poll::Ready(Some(Err(IdleTimeoutError::Idle(*this.idle))))
-            }
+                return Poll::Ready(Some(Err(IdleTimeoutError::Idle(*this.idle))));
+            },
         }
     }
 

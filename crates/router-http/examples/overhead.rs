@@ -1,0 +1,372 @@
+//! Router overhead: the same closed-loop load sent directly to a minimal
+//! upstream and through the router, with round_robin and cache_aware.
+//!
+//! ```sh
+//! cargo run --release -p router-http --example overhead -- --json
+//! cargo run --release -p router-http --example overhead -- --quick
+//! ```
+//!
+//! The upstream is a minimal hyper responder (a fixed chat completion, or 16
+//! SSE chunks and `[DONE]`), so what is measured is the router, not an
+//! engine. Cases: 1 KB and 8 KB chat bodies, non-streaming and 16-chunk
+//! streaming, 32 and 256 connections, plus 1 connection for added latency.
+//! Every request carries a different prompt (a shared prefix and a unique
+//! suffix), so cache_aware does real tree work.
+//!
+//! Threads: the upstream, the router and the load generator each run on
+//! their own single-threaded runtime, so the router's own CPU time per
+//! request can be read from its thread's `/proc/self/task/*/schedstat` — the
+//! most reliable figure on a shared machine. Throughput depends on the
+//! machine's cores being shared by all three.
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper_util::rt::TokioIo;
+use router_http::{Router, RouterConfig};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+
+const COMPLETION: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, how can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":250,"completion_tokens":10,"total_tokens":260}}"#;
+const CHUNK: &str = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"token \"},\"finish_reason\":null}]}\n\n";
+
+#[derive(Clone, Copy)]
+struct Case {
+    body_bytes: usize,
+    stream: bool,
+    connections: usize,
+}
+
+struct Measured {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    router_cpu_us_per_req: Option<f64>,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let json = args.iter().any(|a| a == "--json");
+    let quick = args.iter().any(|a| a == "--quick");
+    let duration = if quick {
+        Duration::from_millis(400)
+    } else {
+        Duration::from_secs(3)
+    };
+
+    let upstream = spawn_runtime("upstream", |rt| rt.block_on(start_upstream()));
+    let mut results = serde_json::Map::new();
+    let mut cases = Vec::new();
+    for body_bytes in [1024, 8 * 1024] {
+        for stream in [false, true] {
+            for connections in [1, 32, 256] {
+                cases.push(Case {
+                    body_bytes,
+                    stream,
+                    connections,
+                });
+            }
+        }
+    }
+    if quick {
+        cases.retain(|c| c.body_bytes == 1024 && c.connections != 256);
+    }
+    for case in cases {
+        let direct = measure(case, upstream, None, duration);
+        let mut entry = serde_json::Map::new();
+        entry.insert("direct_rps".into(), round(direct.rps).into());
+        entry.insert("direct_p50_ms".into(), round3(direct.p50_ms).into());
+        entry.insert("direct_p99_ms".into(), round3(direct.p99_ms).into());
+        for policy in ["round_robin", "cache_aware"] {
+            let routed = measure(case, upstream, Some(policy), duration);
+            entry.insert(
+                policy.into(),
+                serde_json::json!({
+                    "router_rps": round(routed.rps),
+                    "p50_ms": round3(routed.p50_ms),
+                    "p99_ms": round3(routed.p99_ms),
+                    "router_cpu_us_per_req": routed.router_cpu_us_per_req.map(round3),
+                    "ratio_to_direct": round3(routed.rps / direct.rps),
+                }),
+            );
+        }
+        let name = format!(
+            "{}KB_{}_{}c",
+            case.body_bytes / 1024,
+            if case.stream { "stream16" } else { "nonstream" },
+            case.connections
+        );
+        if !json {
+            eprintln!("{name}: {}", serde_json::Value::Object(entry.clone()));
+        }
+        results.insert(name, serde_json::Value::Object(entry));
+    }
+    println!("{}", serde_json::Value::Object(results));
+}
+
+fn round(x: f64) -> f64 {
+    x.round()
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Runs `f` on a new single-threaded runtime on a named thread; returns what
+/// `f` hands back through the channel once started. The thread lives for the
+/// rest of the program.
+fn spawn_runtime<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce(&tokio::runtime::Runtime) -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let value = f(&runtime);
+            tx.send(value).expect("main thread waits");
+            runtime.block_on(std::future::pending::<()>());
+        })
+        .expect("thread");
+    rx.recv().expect("runtime started")
+}
+
+async fn start_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((socket, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = socket.set_nodelay(true);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    |request: Request<hyper::body::Incoming>| async move {
+                        let body = request
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                        let stream = memchr_stream(&body);
+                        let response = if stream {
+                            let chunks = (0..16)
+                                .map(|_| {
+                                    Ok::<_, Infallible>(Frame::data(Bytes::from_static(
+                                        CHUNK.as_bytes(),
+                                    )))
+                                })
+                                .chain(std::iter::once(Ok(Frame::data(Bytes::from_static(
+                                    b"data: [DONE]\n\n",
+                                )))));
+                            let body =
+                                StreamBody::new(futures_util::stream::iter(chunks)).boxed_unsync();
+                            Response::builder()
+                                .header("content-type", "text/event-stream")
+                                .body(body)
+                        } else {
+                            let body = Full::new(Bytes::from_static(COMPLETION.as_bytes()))
+                                .map_err(|never| match never {})
+                                .boxed_unsync();
+                            Response::builder()
+                                .header("content-type", "application/json")
+                                .body(body)
+                        };
+                        Ok::<_, Infallible>(response.expect("valid response"))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(socket), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Whether a request body asks for a stream (a cheap scan, no JSON parse:
+/// the upstream must cost as little as possible).
+fn memchr_stream(body: &[u8]) -> bool {
+    body.windows(14).any(|w| w == b"\"stream\":true}")
+}
+
+fn measure(
+    case: Case,
+    upstream: SocketAddr,
+    policy: Option<&'static str>,
+    duration: Duration,
+) -> Measured {
+    // A router of its own per measurement, on its own thread.
+    let router_thread = policy.map(|policy| {
+        let name = format!("router-{policy}");
+        spawn_runtime(&name, move |rt| {
+            rt.block_on(async move {
+                let mut config = RouterConfig {
+                    policy: lb_policies::PolicyConfig::named(policy),
+                    ..RouterConfig::default()
+                };
+                config.client.pool_max_idle_per_host = 1024;
+                let router = Router::new(config).expect("config");
+                router
+                    .add_worker(&format!("http://{upstream}"), None, None)
+                    .expect("worker");
+                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let addr = listener.local_addr().expect("addr");
+                tokio::spawn(async move {
+                    router.serve(listener, std::future::pending()).await;
+                });
+                (addr, thread_id())
+            })
+        })
+    });
+    let target = router_thread.map_or(upstream, |(addr, _)| addr);
+    let router_tid = router_thread.map(|(_, tid)| tid);
+
+    let bodies = Arc::new(make_bodies(case, 512));
+    let (latencies, requests, elapsed, cpu_ns) = spawn_runtime("loadgen", move |rt| {
+        rt.block_on(async move {
+            // Warm-up: connections open, pools filled.
+            run_load(target, case, bodies.clone(), Duration::from_millis(200)).await;
+            let cpu_before = router_tid.map(thread_cpu_ns);
+            let started = Instant::now();
+            let latencies = run_load(target, case, bodies, duration).await;
+            let elapsed = started.elapsed();
+            let cpu = router_tid
+                .map(thread_cpu_ns)
+                .zip(cpu_before)
+                .map(|(a, b)| a - b);
+            let requests = latencies.len();
+            (latencies, requests, elapsed, cpu)
+        })
+    });
+    let mut sorted = latencies;
+    sorted.sort_unstable();
+    let pick = |q: f64| {
+        sorted
+            .get(((sorted.len() as f64 * q) as usize).min(sorted.len().saturating_sub(1)))
+            .map_or(0.0, |d: &Duration| d.as_secs_f64() * 1000.0)
+    };
+    Measured {
+        rps: requests as f64 / elapsed.as_secs_f64(),
+        p50_ms: pick(0.50),
+        p99_ms: pick(0.99),
+        router_cpu_us_per_req: cpu_ns.map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),
+    }
+}
+
+fn make_bodies(case: Case, count: usize) -> Vec<Bytes> {
+    let system = "You are a helpful assistant that answers questions about routing. ".repeat(64);
+    (0..count)
+        .map(|i| {
+            let mut content = format!("question {i}: ");
+            let skeleton = serde_json::json!({
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": ""},
+                    {"role": "user", "content": ""}
+                ],
+                "max_tokens": 16,
+                "stream": case.stream,
+            })
+            .to_string();
+            let room = case
+                .body_bytes
+                .saturating_sub(skeleton.len() + content.len());
+            let system_part = &system[..room.min(system.len()) * 3 / 4];
+            while content.len() < room - system_part.len() {
+                content.push_str("abc ");
+            }
+            content.truncate(room - system_part.len());
+            Bytes::from(
+                serde_json::json!({
+                    "model": "m",
+                    "messages": [
+                        {"role": "system", "content": system_part},
+                        {"role": "user", "content": content}
+                    ],
+                    "max_tokens": 16,
+                    "stream": case.stream,
+                })
+                .to_string(),
+            )
+        })
+        .collect()
+}
+
+async fn run_load(
+    target: SocketAddr,
+    case: Case,
+    bodies: Arc<Vec<Bytes>>,
+    duration: Duration,
+) -> Vec<Duration> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::with_capacity(case.connections);
+    for connection in 0..case.connections {
+        let (stop, bodies) = (stop.clone(), bodies.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let Ok(stream) = TcpStream::connect(target).await else {
+                return latencies;
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok((mut sender, conn)) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+            else {
+                return latencies;
+            };
+            tokio::spawn(conn);
+            let mut i = connection;
+            while !stop.load(Ordering::Relaxed) {
+                let body = bodies[i % bodies.len()].clone();
+                i += case.connections;
+                let request = Request::post("/v1/chat/completions")
+                    .header("host", "bench")
+                    .header("content-type", "application/json")
+                    .body(Full::new(body))
+                    .expect("request");
+                let started = Instant::now();
+                let Ok(response) = sender.send_request(request).await else {
+                    break;
+                };
+                if response.into_body().collect().await.is_err() {
+                    break;
+                }
+                latencies.push(started.elapsed());
+            }
+            latencies
+        }));
+    }
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap_or_default());
+    }
+    all
+}
+
+/// This thread's kernel id.
+fn thread_id() -> u32 {
+    std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|path| path.file_name()?.to_str()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// On-CPU nanoseconds of thread `tid` of this process.
+fn thread_cpu_ns(tid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
