@@ -2,7 +2,7 @@
 //! built-in cache-aware policy, and a custom policy registered by name.
 //!
 //! ```text
-//! cargo run -p lb-policies --example custom_policy
+//! cargo run -p lb-policies --example policy_plugin
 //! ```
 
 use std::sync::Arc;

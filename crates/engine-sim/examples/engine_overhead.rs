@@ -2,7 +2,7 @@
 //! (`time_scale = 0`): keep-alive clients send small non-streaming
 //! completions as fast as they can.
 //!
-//! `cargo run -p engine-sim --release --example overhead -- [CLIENTS] [REQUESTS]`
+//! `cargo run -p engine-sim --release --example engine_overhead -- [CLIENTS] [REQUESTS]`
 
 use std::time::Instant;
 
