@@ -225,9 +225,10 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
     let budget = setup.tree.total_size() / 10;
     let ((), c, _) = timed(|| {
         let mut sizes: Vec<usize> = setup
-            .ids
-            .iter()
-            .map(|&t| setup.tree.tenant_size(t))
+            .tree
+            .tenant_sizes()
+            .into_iter()
+            .map(|(_, s)| s)
             .collect();
         sizes.sort_unstable();
         let level = water_level(&sizes, budget);
