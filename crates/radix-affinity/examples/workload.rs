@@ -106,6 +106,7 @@ struct Rep {
     route_wall: u64,
     route2_wall: u64,
     route2_cpu: u64,
+    route2_waits: u64,
     independent2_wall: u64,
     evict_cpu: u64,
     evict_tenant_cpu: u64,
@@ -186,6 +187,8 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
     });
     rep.route2_wall = start.elapsed().as_nanos() as u64;
     rep.route2_cpu = cpus.iter().sum();
+    let waits = setup.tree.lock_waits();
+    rep.route2_waits = waits.reads + waits.writes;
     drop(setup);
 
     // Control for (d): the same two threads, each on its own warm tree, so
@@ -460,6 +463,10 @@ fn run_variant(variant: Variant, reps: usize) -> String {
         (
             "route_2t_cpu_ns_per_op".into(),
             stat(&|r| r.route2_cpu as f64 / n_r),
+        ),
+        (
+            "route_2t_lock_waits_per_op".into(),
+            stat(&|r| r.route2_waits as f64 / (2.0 * n_r)),
         ),
         (
             "route_2t_unshared_ops_per_s".into(),
