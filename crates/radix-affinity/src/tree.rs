@@ -241,8 +241,10 @@ impl<S: Symbol> RadixTree<S> {
     /// the call may leave a tenant above the limit when it returns.
     pub fn evict_tenant_by_size(&self, max_per_tenant: usize) {
         let limit = max_per_tenant as u64;
-        for tenant in 0..self.tenants.count() {
-            self.evict_rounds(Some(tenant), limit);
+        for (tenant, size) in self.sizes().into_iter().enumerate() {
+            if size > limit {
+                self.evict_rounds(Some(tenant as u32), limit);
+            }
         }
     }
 
@@ -281,6 +283,10 @@ impl<S: Symbol> RadixTree<S> {
     /// Pops candidates oldest first, re-validating each under its shard's write
     /// lock, until `size` is at most `limit`.
     fn evict_lru(&self, candidates: Vec<Candidate>, mut size: u64, limit: u64) {
+        // Candidates used again while we work are re-queued with their new
+        // stamp; bound that so constant use cannot keep one pass spinning (the
+        // caller's next pass collects afresh).
+        let mut requeues_left = candidates.len() + 1024;
         let mut heap: BinaryHeap<Reverse<Candidate>> =
             candidates.into_iter().map(Reverse).collect();
         while size > limit {
@@ -297,7 +303,13 @@ impl<S: Symbol> RadixTree<S> {
                         heap.push(Reverse(next));
                     }
                 }
-                Evicted::Touched(candidate) => heap.push(Reverse(candidate)),
+                Evicted::Touched(candidate) => {
+                    if requeues_left == 0 {
+                        break;
+                    }
+                    requeues_left -= 1;
+                    heap.push(Reverse(candidate));
+                }
                 Evicted::Stale => {}
             }
         }
