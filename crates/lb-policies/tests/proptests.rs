@@ -186,6 +186,39 @@ proptest! {
         }
     }
 
+    /// The ring is maintained incrementally (merge on add, filter on
+    /// remove); after any sequence of events it places keys exactly like a
+    /// ring built from scratch for the surviving members.
+    #[test]
+    fn incremental_ring_equals_a_fresh_ring(ops in prop::collection::vec((any::<bool>(), 0usize..10), 1..40)) {
+        let all = fleet(10);
+        let p = ConsistentHash::new(ConsistentHashConfig::default().with_virtual_nodes(32)).expect("valid");
+        let mut members = std::collections::BTreeSet::new();
+        for (add, i) in ops {
+            if add {
+                p.on_membership(MembershipEvent::Added { key: &key(i) });
+                members.insert(i);
+            } else {
+                p.on_membership(MembershipEvent::Removed { key: &key(i) });
+                members.remove(&i);
+            }
+        }
+        prop_assert_eq!(p.member_count(), members.len());
+        let fresh = ConsistentHash::new(ConsistentHashConfig::default().with_virtual_nodes(32)).expect("valid");
+        for &i in members.iter().rev() {
+            fresh.on_membership(MembershipEvent::Added { key: &key(i) });
+        }
+        for k in 0..200 {
+            let s = session(k);
+            let ctx = RequestContext::new("m").with_session(&s);
+            let (a, b) = (p.select(&all[..], &ctx), fresh.select(&all[..], &ctx));
+            prop_assert_eq!(a, b);
+            if let Some(d) = a {
+                prop_assert!(members.contains(&d.index) || d.reason == DecisionReason::HashUnmapped);
+            }
+        }
+    }
+
     #[test]
     fn bounded_load_never_exceeds_its_bound(fleet in arb_fleet(16), c in 1.0f64..2.0, hot_keys in 1usize..4) {
         let config = ConsistentHashConfig::default().with_bounded_load(c);

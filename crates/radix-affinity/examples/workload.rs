@@ -106,7 +106,11 @@ struct Rep {
     route_wall: u64,
     route2_wall: u64,
     route2_cpu: u64,
+    route2_waits: u64,
     independent2_wall: u64,
+    templated_cpu: u64,
+    templated2_wall: u64,
+    templated2_waits: u64,
     evict_cpu: u64,
     evict_tenant_cpu: u64,
     remove_cpu: u64,
@@ -120,6 +124,25 @@ struct Sets {
     lookup_copies: Vec<String>,
     routes: Vec<Request>,
     insert_bytes: usize,
+    /// W and the first R items behind one fixed chat-template prefix, for
+    /// the worst case of this design (every text in one shard).
+    templated_warm: Vec<Request>,
+    templated_routes: Vec<Request>,
+}
+
+/// A fixed prefix in front of every text: what a chat template does.
+const TEMPLATE: &str = "<|im_start|>system\n";
+/// R items used for the templated 2-thread route loop.
+const TEMPLATED_ROUTES: usize = 20_000;
+
+fn templated(requests: &[Request]) -> Vec<Request> {
+    requests
+        .iter()
+        .map(|r| Request {
+            text: format!("{TEMPLATE}{}", r.text),
+            sp: r.sp,
+        })
+        .collect()
 }
 
 fn one_rep(w: &Workload, s: &Sets) -> Rep {
@@ -186,6 +209,8 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
     });
     rep.route2_wall = start.elapsed().as_nanos() as u64;
     rep.route2_cpu = cpus.iter().sum();
+    let waits = setup.tree.lock_waits();
+    rep.route2_waits = waits.reads + waits.writes;
     drop(setup);
 
     // Control for (d): the same two threads, each on its own warm tree, so
@@ -213,6 +238,47 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
     rep.independent2_wall = start.elapsed().as_nanos() as u64;
     drop(trees);
 
+    // Worst case for shard locking, outside the spec: every text starts with
+    // the same template, so every text lives in one shard and every insert
+    // takes the same write lock. One thread, then two, each on a fresh tree.
+    let routes = &s.templated_routes;
+    let templated_tree = || {
+        let tree = TextTree::new();
+        let ids: Vec<TenantId> = (0..workload::TENANT_COUNT)
+            .map(|i| tree.intern(&workload::tenant_name(i)))
+            .collect();
+        for r in &s.templated_warm {
+            tree.insert(&r.text, ids[workload::owner(r.sp)]);
+        }
+        Setup { tree, ids }
+    };
+    let setup = templated_tree();
+    let ((), c, _) = timed(|| route(&setup.tree, &setup.ids, 0..routes.len(), routes, 0));
+    rep.templated_cpu = c;
+    drop(setup);
+    let setup = templated_tree();
+    let barrier = Barrier::new(2);
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..2usize {
+            let (setup, barrier) = (&setup, &barrier);
+            scope.spawn(move || {
+                barrier.wait();
+                route(
+                    &setup.tree,
+                    &setup.ids,
+                    (t..routes.len()).step_by(2),
+                    routes,
+                    32 * t,
+                );
+            });
+        }
+    });
+    rep.templated2_wall = start.elapsed().as_nanos() as u64;
+    let waits = setup.tree.lock_waits();
+    rep.templated2_waits = waits.reads + waits.writes;
+    drop(setup);
+
     // (e) eviction to 10 % of the tenant-attributed units, tree-wide LRU ...
     let setup = warm_tree(w);
     let budget = setup.tree.total_size() / 10;
@@ -225,9 +291,10 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
     let budget = setup.tree.total_size() / 10;
     let ((), c, _) = timed(|| {
         let mut sizes: Vec<usize> = setup
-            .ids
-            .iter()
-            .map(|&t| setup.tree.tenant_size(t))
+            .tree
+            .tenant_sizes()
+            .into_iter()
+            .map(|(_, s)| s)
             .collect();
         sizes.sort_unstable();
         let level = water_level(&sizes, budget);
@@ -397,14 +464,18 @@ fn run_variant(variant: Variant, reps: usize) -> String {
     eprintln!("generating {} ...", variant.name());
     let w = Workload::new(variant);
     let lookups = w.lookups(workload::LOOKUPS);
-    let sets = Sets {
+    let mut sets = Sets {
         inserts: w.inserts(workload::WARM_REQUESTS),
         lookup_copies: lookups.iter().map(|l| l.text.clone()).collect(),
         lookups,
         routes: w.routes(workload::LOOKUPS),
         insert_bytes: 0,
+        templated_warm: Vec::new(),
+        templated_routes: Vec::new(),
     };
     let checksums_ok = verify_checksums(&w, &sets);
+    sets.templated_warm = templated(&w.warm);
+    sets.templated_routes = templated(&sets.routes[..TEMPLATED_ROUTES]);
     let insert_bytes: usize = sets.inserts.iter().map(|r| r.text.len()).sum();
     let mut results = Vec::new();
     for r in 0..reps {
@@ -459,6 +530,22 @@ fn run_variant(variant: Variant, reps: usize) -> String {
         (
             "route_2t_cpu_ns_per_op".into(),
             stat(&|r| r.route2_cpu as f64 / n_r),
+        ),
+        (
+            "route_2t_lock_waits_per_op".into(),
+            stat(&|r| r.route2_waits as f64 / (2.0 * n_r)),
+        ),
+        (
+            "templated_route_ops_per_s".into(),
+            stat(&|r| TEMPLATED_ROUTES as f64 / (r.templated_cpu as f64 / 1e9)),
+        ),
+        (
+            "templated_route_2t_ops_per_s".into(),
+            stat(&|r| TEMPLATED_ROUTES as f64 / (r.templated2_wall as f64 / 1e9)),
+        ),
+        (
+            "templated_route_2t_lock_waits_per_op".into(),
+            stat(&|r| r.templated2_waits as f64 / (2.0 * TEMPLATED_ROUTES as f64)),
         ),
         (
             "route_2t_unshared_ops_per_s".into(),

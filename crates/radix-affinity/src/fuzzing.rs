@@ -374,19 +374,26 @@ pub fn check_ops(ops: &[Op]) {
                 model.remove(t);
             }
         }
-        for t in 0..TENANTS {
-            let want = model.size(t);
-            assert_eq!(
-                text.tenant_size(text_ids[t as usize]),
-                want,
-                "step {step} {op:?}: text size of {t}"
-            );
-            assert_eq!(
-                tokens.tenant_size(token_ids[t as usize]),
-                want,
-                "step {step} {op:?}: token size of {t}"
-            );
-        }
+        let want: Vec<usize> = (0..TENANTS).map(|t| model.size(t)).collect();
+        let sizes = |sizes: Vec<(TenantId, usize)>| -> Vec<usize> {
+            sizes.into_iter().map(|(_, s)| s).collect()
+        };
+        assert_eq!(
+            sizes(text.tenant_sizes()),
+            want,
+            "step {step} {op:?}: text sizes"
+        );
+        assert_eq!(
+            sizes(tokens.tenant_sizes()),
+            want,
+            "step {step} {op:?}: token sizes"
+        );
+        let t = step % TENANTS as usize;
+        assert_eq!(
+            text.tenant_size(text_ids[t]),
+            want[t],
+            "step {step}: tenant_size"
+        );
         assert_eq!(text.total_size(), model.total(), "step {step}: total size");
         if let Err(e) = text.validate() {
             panic!("step {step} {op:?}: text tree: {e}");

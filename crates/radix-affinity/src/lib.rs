@@ -86,6 +86,9 @@
 //! | `tenant_size`, `total_size`, `tenants`, `validate` | each shard **read**, one at a time | the result |
 //! | `intern`, `tenant_name`, `tenant_id` | the name table (a separate lock the request path never takes) | on first intern |
 //!
+//! [`RadixTree::lock_waits`] counts the lookups and writes that found their
+//! shard lock taken and had to wait, so contention is measured, not guessed.
+//!
 //! *Why it is safe.* All structural state of a shard (nodes, labels,
 //! children, owners, counters, per-tenant lists) changes only under that
 //! shard's write lock, in the same critical section, so a reader holding the
@@ -154,7 +157,7 @@ pub mod workload;
 pub use clock::Clock;
 pub use symbol::Symbol;
 pub use tenant::TenantId;
-pub use tree::{PrefixMatch, RadixTree, TextTree, TokenTree};
+pub use tree::{LockWaits, PrefixMatch, RadixTree, TextTree, TokenTree};
 
 /// A broken internal invariant found by [`RadixTree::validate`]; always a bug
 /// in this crate.

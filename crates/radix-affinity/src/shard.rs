@@ -564,3 +564,43 @@ impl<U: Unit> Shard<U> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The crate docs promise two cache lines per node (walk fields, then
+    /// owners) with one owner inline.
+    #[test]
+    fn node_layout_is_two_cache_lines() {
+        assert_eq!(std::mem::size_of::<Node<u8>>(), 128);
+        assert_eq!(std::mem::size_of::<Node<u32>>(), 128);
+        assert_eq!(std::mem::align_of::<Node<u8>>(), 64);
+        assert!(std::mem::offset_of!(Node<u8>, generation) < 64);
+    }
+
+    #[test]
+    fn freed_slots_are_reused_with_a_new_generation() {
+        let mut shard: Shard<u8> = Shard::new();
+        let probe = crate::symbol::UnitProbe("abc".as_bytes());
+        shard.insert(&probe, 0, 1);
+        let node = shard.nodes[ROOT as usize].children[0].1;
+        let generation = shard.nodes[node as usize].generation;
+        assert_eq!(shard.remove_tenant(0), 3);
+        shard.insert(&crate::symbol::UnitProbe("xy".as_bytes()), 1, 2);
+        let reused = shard.nodes[ROOT as usize].children[0].1;
+        assert_eq!(reused, node, "the freed slot is reused");
+        assert_ne!(shard.nodes[reused as usize].generation, generation);
+        // A candidate collected before the reuse is recognised as stale.
+        let stale = Candidate {
+            stamp: 1,
+            tenant: 0,
+            shard: 0,
+            node,
+            generation,
+        };
+        assert!(matches!(shard.evict(stale), Evicted::Stale));
+        assert_eq!(shard.size_of(1), 2);
+        shard.check().unwrap();
+    }
+}

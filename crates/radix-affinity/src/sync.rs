@@ -2,7 +2,7 @@
 //! `--cfg loom`, so the same tree code is model-checked (see `tests/loom_*.rs`).
 
 #[cfg(not(loom))]
-pub(crate) use parking_lot::{RwLock, RwLockReadGuard};
+pub(crate) use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -30,5 +30,13 @@ impl<T> RwLock<T> {
 
     pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
         self.0.write().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    pub(crate) fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
+        self.0.try_read().ok()
+    }
+
+    pub(crate) fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
+        self.0.try_write().ok()
     }
 }

@@ -9,7 +9,7 @@ use crate::InvariantViolation;
 use crate::clock::{Clock, Ticker};
 use crate::shard::{Candidate, Evicted, ROOT, Shard};
 use crate::symbol::{Probe, Symbol, SymbolProbe, UnitProbe};
-use crate::sync::{RwLock, RwLockReadGuard};
+use crate::sync::{AtomicU64, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::tenant::{Interner, TenantId};
 
 /// Number of shards: one per ASCII code point plus 128 hashed buckets.
@@ -58,6 +58,24 @@ pub struct PrefixMatch {
     pub input: usize,
 }
 
+/// How often operations found their shard's lock held in a conflicting mode
+/// and had to wait, since the tree was created. See [`RadixTree::lock_waits`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockWaits {
+    /// Lookups (`prefix_match*`) that waited for a writer.
+    pub reads: u64,
+    /// Inserts, evictions and removals that waited for a reader or a writer.
+    pub writes: u64,
+}
+
+/// Wait counters, written only when a lock is contended.
+#[derive(Debug)]
+struct Waits {
+    reads: AtomicU64,
+    writes: AtomicU64,
+}
+
 /// A concurrent multi-tenant radix tree over symbols `S` (`char` for text,
 /// `u32` for token ids). See the [crate docs](crate) for the structure and the
 /// concurrency design.
@@ -68,6 +86,7 @@ pub struct RadixTree<S: Symbol = char> {
     shards: Box<[ShardLock<S::Unit>]>,
     tenants: Interner,
     clock: Ticker,
+    waits: Padded<Waits>,
     _symbols: PhantomData<fn() -> S>,
 }
 
@@ -105,6 +124,10 @@ impl<S: Symbol> RadixTree<S> {
                 .collect(),
             tenants: Interner::new(),
             clock: Ticker::new(clock),
+            waits: Padded(Waits {
+                reads: AtomicU64::new(0),
+                writes: AtomicU64::new(0),
+            }),
             _symbols: PhantomData,
         }
     }
@@ -186,6 +209,16 @@ impl<S: Symbol> RadixTree<S> {
             .sum::<u64>() as usize
     }
 
+    /// Every interned tenant's size, in id order, in one pass over the shards
+    /// (cheaper than calling [`tenant_size`](Self::tenant_size) per tenant).
+    pub fn tenant_sizes(&self) -> Vec<(TenantId, usize)> {
+        self.sizes()
+            .into_iter()
+            .enumerate()
+            .map(|(i, size)| (TenantId(i as u32), size as usize))
+            .collect()
+    }
+
     /// Per-tenant sizes indexed by tenant id.
     fn sizes(&self) -> Vec<u64> {
         let mut sizes = vec![0u64; self.tenants.count() as usize];
@@ -208,8 +241,10 @@ impl<S: Symbol> RadixTree<S> {
     /// the call may leave a tenant above the limit when it returns.
     pub fn evict_tenant_by_size(&self, max_per_tenant: usize) {
         let limit = max_per_tenant as u64;
-        for tenant in 0..self.tenants.count() {
-            self.evict_rounds(Some(tenant), limit);
+        for (tenant, size) in self.sizes().into_iter().enumerate() {
+            if size > limit {
+                self.evict_rounds(Some(tenant as u32), limit);
+            }
         }
     }
 
@@ -248,15 +283,18 @@ impl<S: Symbol> RadixTree<S> {
     /// Pops candidates oldest first, re-validating each under its shard's write
     /// lock, until `size` is at most `limit`.
     fn evict_lru(&self, candidates: Vec<Candidate>, mut size: u64, limit: u64) {
+        // Candidates used again while we work are re-queued with their new
+        // stamp; bound that so constant use cannot keep one pass spinning (the
+        // caller's next pass collects afresh).
+        let mut requeues_left = candidates.len() + 1024;
         let mut heap: BinaryHeap<Reverse<Candidate>> =
             candidates.into_iter().map(Reverse).collect();
         while size > limit {
             let Some(Reverse(candidate)) = heap.pop() else {
                 break;
             };
-            let outcome = self.shards[candidate.shard as usize]
-                .0
-                .write()
+            let outcome = self
+                .write_shard(&self.shards[candidate.shard as usize].0)
                 .evict(candidate);
             match outcome {
                 Evicted::Removed { symbols, next } => {
@@ -265,7 +303,13 @@ impl<S: Symbol> RadixTree<S> {
                         heap.push(Reverse(next));
                     }
                 }
-                Evicted::Touched(candidate) => heap.push(Reverse(candidate)),
+                Evicted::Touched(candidate) => {
+                    if requeues_left == 0 {
+                        break;
+                    }
+                    requeues_left -= 1;
+                    heap.push(Reverse(candidate));
+                }
                 Evicted::Stale => {}
             }
         }
@@ -281,7 +325,47 @@ impl<S: Symbol> RadixTree<S> {
             if shard.0.read().size_of(tenant.0) == 0 {
                 continue;
             }
-            shard.0.write().remove_tenant(tenant.0);
+            self.write_shard(&shard.0).remove_tenant(tenant.0);
+        }
+    }
+
+    /// How many lookups and writes had to wait for a shard lock so far: a
+    /// direct measure of lock contention (for metrics and benchmarks). The
+    /// counters are only written on the contended path.
+    pub fn lock_waits(&self) -> LockWaits {
+        LockWaits {
+            reads: self.waits.0.reads.load(Ordering::Relaxed),
+            writes: self.waits.0.writes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Read-locks `lock`, counting the acquisition if it has to wait.
+    #[inline]
+    fn read_shard<'a>(
+        &self,
+        lock: &'a RwLock<Shard<S::Unit>>,
+    ) -> RwLockReadGuard<'a, Shard<S::Unit>> {
+        match lock.try_read() {
+            Some(guard) => guard,
+            None => {
+                self.waits.0.reads.fetch_add(1, Ordering::Relaxed);
+                lock.read()
+            }
+        }
+    }
+
+    /// Write-locks `lock`, counting the acquisition if it has to wait.
+    #[inline]
+    fn write_shard<'a>(
+        &self,
+        lock: &'a RwLock<Shard<S::Unit>>,
+    ) -> RwLockWriteGuard<'a, Shard<S::Unit>> {
+        match lock.try_write() {
+            Some(guard) => guard,
+            None => {
+                self.waits.0.writes.fetch_add(1, Ordering::Relaxed);
+                lock.write()
+            }
         }
     }
 
@@ -334,7 +418,7 @@ impl<S: Symbol> RadixTree<S> {
             return;
         };
         let now = self.clock.now();
-        shard.write().insert(probe, tenant.0, now);
+        self.write_shard(shard).insert(probe, tenant.0, now);
     }
 
     #[inline]
@@ -346,7 +430,7 @@ impl<S: Symbol> RadixTree<S> {
                 input: 0,
             };
         };
-        let shard: RwLockReadGuard<'_, Shard<S::Unit>> = shard.read();
+        let shard = self.read_shard(shard);
         let end = shard.walk(probe, |_| true);
         // Only the unmatched tail is counted: the matched part's length comes
         // from the per-node symbol counts.
@@ -375,7 +459,7 @@ impl<S: Symbol> RadixTree<S> {
         let Some(shard) = self.shard_for(probe) else {
             return 0;
         };
-        let shard = shard.read();
+        let shard = self.read_shard(shard);
         shard.walk(probe, |n| n.entry(tenant.0).is_some()).matched
     }
 }

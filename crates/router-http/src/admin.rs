@@ -45,15 +45,27 @@ where
         Route::Readiness => Ok(readiness(router)),
         Route::Metrics => Ok(metrics(router)),
         Route::ListWorkers => {
-            let urls: Vec<String> = router
-                .workers()
-                .iter()
-                .map(|w| w.endpoint().to_string())
-                .collect();
-            Ok(json(StatusCode::OK, &serde_json::json!({ "urls": urls })))
+            let urls = |workers: &[Arc<Worker>]| -> Vec<String> {
+                workers.iter().map(|w| w.endpoint().to_string()).collect()
+            };
+            let mut body = serde_json::json!({ "urls": urls(&router.all_workers()) });
+            if let Some(pd) = router.pd() {
+                body["prefill"] = urls(&pd.prefill().refresh()?).into();
+                body["decode"] = urls(&pd.decode().refresh()?).into();
+            }
+            Ok(json(StatusCode::OK, &body))
         }
         Route::Workers => {
-            let workers: Vec<_> = router.workers().iter().map(|w| worker_json(w)).collect();
+            if let Some(pd) = router.pd() {
+                // Reconcile discovered roles so the view is current.
+                pd.prefill().refresh()?;
+                pd.decode().refresh()?;
+            }
+            let workers: Vec<_> = router
+                .all_workers()
+                .iter()
+                .map(|w| worker_json(w))
+                .collect();
             Ok(json(StatusCode::OK, &serde_json::Value::Array(workers)))
         }
         Route::AddWorker => add_worker(router, query.as_deref()).await,
@@ -66,15 +78,24 @@ where
 }
 
 fn readiness(router: &Router) -> Response<BoxBody> {
-    let workers = router.workers();
+    let ready = router.is_ready();
+    let workers = router.all_workers();
     let available = workers.iter().filter(|w| w.is_available()).count();
-    let body = serde_json::json!({
-        "ready": router.is_ready(),
+    let mut body = serde_json::json!({
+        "ready": ready,
         "accepting": router.is_accepting(),
         "workers": workers.len(),
         "available_workers": available,
     });
-    let status = if router.is_ready() {
+    if let Some(pd) = router.pd() {
+        for role in [pd.prefill(), pd.decode()] {
+            let workers = role.workers();
+            let available = workers.iter().filter(|w| w.is_available()).count();
+            body[format!("{}_workers", role.role())] = workers.len().into();
+            body[format!("available_{}_workers", role.role())] = available.into();
+        }
+    }
+    let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -184,7 +205,10 @@ async fn remove_worker(
 fn metrics(router: &Router) -> Response<BoxBody> {
     let mut out = String::with_capacity(8 * 1024);
     router.metrics().render(&mut out);
-    render_workers(&router.workers(), &mut out);
+    render_workers(&router.all_workers(), &mut out);
+    if let Some(pd) = &router.shared().pd {
+        pd.render(&mut out);
+    }
     family(
         &mut out,
         "router_policy_decisions_total",

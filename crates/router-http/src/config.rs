@@ -6,6 +6,7 @@
 use crate::client::ClientConfig;
 use crate::headers::DEFAULT_REQUEST_ID_HEADERS;
 use crate::limits::ConcurrencyConfig;
+use crate::pd::PdConfig;
 use lb_policies::PolicyConfig;
 use std::time::Duration;
 use worker_lifecycle::{HealthCheckConfig, RetryBudgetConfig, RetryPolicy, WorkerOptions};
@@ -65,6 +66,9 @@ pub struct RouterConfig {
     /// After a shutdown signal, how long in-flight requests may take to
     /// finish before their connections are dropped (default 30 s).
     pub shutdown_grace: Duration,
+    /// Prefill/decode disaggregation (default `None`: every worker serves
+    /// whole requests). See [`crate::pd`].
+    pub pd: Option<PdConfig>,
 }
 
 impl Default for RouterConfig {
@@ -91,6 +95,7 @@ impl Default for RouterConfig {
             drain_timeout: Duration::from_secs(60),
             eviction_interval: Duration::from_secs(120),
             shutdown_grace: Duration::from_secs(30),
+            pd: None,
         }
     }
 }
@@ -122,4 +127,12 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The prefill/decode section is inconsistent (a role with no source,
+    /// a connector missing the facts it needs).
+    #[error("invalid prefill/decode configuration: {0}")]
+    Pd(String),
+    /// A Mooncake prefill engine's bootstrap server could not be queried at
+    /// startup.
+    #[error("prefill/decode startup failed: {0}")]
+    Bootstrap(#[from] pd_orchestrator::bootstrap::BootstrapError),
 }

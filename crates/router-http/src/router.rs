@@ -78,6 +78,8 @@ pub(crate) struct Shared {
     jitter_seed: AtomicU64,
     pub(crate) metrics: RouterMetrics,
     accepting: AtomicBool,
+    /// Prefill/decode pools and flow, in P/D mode.
+    pub(crate) pd: Option<crate::pd::PdState>,
 }
 
 impl Router {
@@ -112,8 +114,14 @@ impl Router {
                 reason: err.to_string(),
             })?;
         let retry_budget = RetryBudget::new(config.retry_budget.clone(), std::time::Instant::now());
+        let client = UpstreamClient::new(config.client);
+        let pd = match &config.pd {
+            Some(pd) => Some(crate::pd::PdState::new(pd, &config, &client)?),
+            None => None,
+        };
         let shared = Shared {
-            client: UpstreamClient::new(config.client),
+            client,
+            pd,
             limiter: ConcurrencyLimiter::new(config.concurrency),
             workers,
             policies,
@@ -130,6 +138,41 @@ impl Router {
         Ok(Self {
             shared: Arc::new(shared),
         })
+    }
+
+    /// Builds a router from `config` and, in P/D mode, runs its startup
+    /// work: the Mooncake bootstrap queries of the static prefill workers
+    /// ([`Router::bootstrap_pd`]). What a command line calls.
+    pub async fn start(config: RouterConfig) -> Result<Self, ConfigError> {
+        let router = Self::new(config)?;
+        router.bootstrap_pd().await?;
+        Ok(router)
+    }
+
+    /// In P/D mode with the Mooncake connector, learns the engine ids of
+    /// every static prefill worker from its bootstrap server (retried with
+    /// backoff); a no-op otherwise. Prefill workers whose engine ids are
+    /// unknown are not selected.
+    pub async fn bootstrap_pd(&self) -> Result<(), ConfigError> {
+        match &self.shared.pd {
+            Some(pd) => pd.bootstrap(&self.shared.client).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The prefill/decode pools, in P/D mode.
+    pub fn pd(&self) -> Option<&Arc<crate::pd::PdPools>> {
+        self.shared.pd.as_ref().map(crate::pd::PdState::pools)
+    }
+
+    /// Every worker of every role: the regular ones, then (in P/D mode)
+    /// the prefill and decode workers as last reconciled.
+    pub fn all_workers(&self) -> Vec<Arc<Worker>> {
+        let mut all: Vec<Arc<Worker>> = self.workers().iter().cloned().collect();
+        if let Some(pd) = self.pd() {
+            all.extend(pd.workers());
+        }
+        all
     }
 
     /// The configuration the router was built with.
@@ -286,7 +329,34 @@ impl Router {
         let request_id = shared.ids.resolve(&parts.headers);
         let deadline = started + shared.config.request_timeout;
 
-        let all = shared.workers.workers();
+        if let Some(pd) = &shared.pd {
+            if matches!(
+                kind,
+                RouteKind::ChatCompletions | RouteKind::Completions | RouteKind::Generate
+            ) {
+                let session = parts
+                    .headers
+                    .get(&shared.session_header)
+                    .and_then(|value| value.to_str().ok())
+                    .map(str::to_owned);
+                let call = crate::pd::PdCall {
+                    parts,
+                    bytes,
+                    info,
+                    request_id,
+                    session,
+                    permit,
+                    deadline,
+                };
+                return crate::pd::proxy(self, shared, pd, call).await;
+            }
+        }
+        // In P/D mode the other routes (models, embeddings...) go to the
+        // decode workers, chosen by the decode policy.
+        let (all, policies) = match self.pd() {
+            Some(pd) => (pd.decode().refresh()?, pd.decode().policies()),
+            None => (shared.workers.workers(), &shared.policies),
+        };
         let model = info.model.as_deref().unwrap_or("");
         let candidates = serving(&all, model)?;
         let session = parts
@@ -306,8 +376,7 @@ impl Router {
         let mut skips = 0usize;
         loop {
             let pool = without(&candidates, &failed);
-            let decision = shared
-                .policies
+            let decision = policies
                 .select(&pool, &context)
                 .map_err(|err| ApiError::InvalidRequest(err.to_string()))?
                 .ok_or_else(|| no_available_worker(&candidates))?;
@@ -375,7 +444,7 @@ impl Router {
         }
     }
 
-    fn may_retry(&self, retries: u32, deadline: Instant) -> bool {
+    pub(crate) fn may_retry(&self, retries: u32, deadline: Instant) -> bool {
         let shared = &self.shared;
         shared.config.retry.allows_retry(retries + 1)
             && Instant::now() < deadline
@@ -673,8 +742,8 @@ impl Router {
             probe,
             shared.config.health.clone(),
         ));
-        let workers = Arc::clone(&shared);
-        let health = checker.spawn(move || workers.workers.workers());
+        let router = self.clone();
+        let health = checker.spawn(move || Arc::from(router.all_workers()));
         let evictor = Arc::clone(&shared);
         let eviction = tokio::spawn(async move {
             let mut ticker = tokio::time::interval(evictor.config.eviction_interval);
@@ -683,6 +752,10 @@ impl Router {
             loop {
                 ticker.tick().await;
                 evictor.policies.maintain();
+                if let Some(pd) = &evictor.pd {
+                    pd.pools().prefill().policies().maintain();
+                    pd.pools().decode().policies().maintain();
+                }
             }
         });
         BackgroundTasks {
@@ -693,7 +766,13 @@ impl Router {
     /// Status of the whole fleet for readiness: whether every required role
     /// has at least one available worker.
     pub fn is_ready(&self) -> bool {
-        self.is_accepting() && self.workers().iter().any(|w| w.is_available())
+        if !self.is_accepting() {
+            return false;
+        }
+        match self.pd() {
+            Some(pd) => pd.is_ready(),
+            None => self.workers().iter().any(|w| w.is_available()),
+        }
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {

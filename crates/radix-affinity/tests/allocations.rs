@@ -1,6 +1,8 @@
-//! Dropping a tree returns every byte it allocated: nodes live in per-shard
-//! arenas addressed by index and parents are indices, so there are no
-//! reference cycles to leak.
+//! Allocation behaviour, measured with a counting global allocator: lookups
+//! never allocate, and dropping a tree returns every byte it allocated (nodes
+//! live in per-shard arenas addressed by index and parents are indices, so
+//! there are no reference cycles to leak). One test function, so no other
+//! test thread allocates while it counts.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -8,11 +10,13 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 struct Counting;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
+static CALLS: AtomicIsize = AtomicIsize::new(0);
 
 // SAFETY: forwards to the system allocator unchanged; only counts bytes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        CALLS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -28,7 +32,7 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 #[test]
-fn dropping_the_tree_frees_everything() {
+fn lookups_do_not_allocate_and_drop_frees_everything() {
     let texts: Vec<String> = (0..300)
         .map(|i| format!("system prompt {} / user {i} 一丁😀", i % 7))
         .collect();
@@ -45,6 +49,22 @@ fn dropping_the_tree_frees_everything() {
             tree.insert(t, ids[1]);
         }
         assert!(tree.total_size() > 0);
+
+        let chars: Vec<char> = texts[3].chars().collect();
+        let tokens = radix_affinity::TokenTree::new();
+        let w = tokens.intern("w");
+        tokens.insert_symbols(&[1, 2, 3, 4], w);
+        let calls = CALLS.load(Ordering::Relaxed);
+        let mut matched = 0;
+        for t in &texts {
+            matched += tree.prefix_match(t).matched;
+            matched += tree.prefix_match_tenant(t, ids[2]);
+        }
+        matched += tree.prefix_match_symbols(&chars).matched;
+        matched += tree.prefix_match("no such prefix").matched;
+        matched += tokens.prefix_match_symbols(&[1, 2, 9]).matched;
+        assert_eq!(CALLS.load(Ordering::Relaxed), calls, "a lookup allocated");
+        assert!(matched > 0);
         assert!(LIVE.load(Ordering::Relaxed) > before);
     }
     assert_eq!(

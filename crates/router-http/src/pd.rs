@@ -1,0 +1,1496 @@
+//! Prefill/decode disaggregation: role-separated pools, pair selection, and
+//! the hyper side of `pd-orchestrator`'s two-phase flow.
+//!
+//! In P/D mode ([`RouterConfig::pd`](crate::RouterConfig::pd)) the router
+//! keeps two pools of workers, one per role, each with its own policy
+//! registry. A prefill worker and a decode worker at the same URL are two
+//! workers with two loads (invariant 2). Workers come from static URLs
+//! ([`PdConfig::prefill`], [`PdConfig::decode`]) or from a
+//! [`ServiceRegistry`] per role that a discovery listener feeds.
+//!
+//! # Pair selection
+//!
+//! [`PdPools::select_pair`] runs both roles' serialized steps nested
+//! (prefill pool, then decode pool — always that order, so two requests
+//! cannot deadlock): each step reads its registry, reconciles, and forwards
+//! the membership events to that role's policies. Only when both roles are
+//! reconciled does it decide: if either role has no available candidate the
+//! answer is a 503 naming the role, decided *before* either policy is asked
+//! (a cache-aware policy inserts the prompt into its tree when it selects),
+//! so a refused request leaves no tree entry and no load behind
+//! (invariant 13). Then the prefill policy chooses and the prefill worker is
+//! reserved; then the decode policy chooses, and the decode worker is
+//! reserved too when the connector dispatches both legs at once. With a
+//! sequential connector the decode reservation is taken only when the decode
+//! leg is dispatched, so decode load is not counted during a long prefill
+//! (invariant 9).
+//!
+//! # The flow
+//!
+//! [`PdPools`] is the [`PdBackend`] of `pd-orchestrator`'s [`PdFlow`]:
+//! reservations are worker-lifecycle [`LoadGuard`]s, a failed prefill is
+//! replaced by a fresh prefill selection that excludes every prefill worker
+//! that already failed this request, and each leg's outcome goes to its
+//! worker's circuit breaker and to the per-phase counters.
+//! [`HyperTransport`] sends the legs through the router's pooled
+//! [`UpstreamClient`]. The decode response body owns the decode guard
+//! (inside `pd-orchestrator`'s `PdBody`) and the router's admission permit
+//! (the surrounding [`GuardedBody`]); both are released at end of stream, at
+//! a body error, or when the client goes away.
+//!
+//! # Mooncake
+//!
+//! A Mooncake decode leg names the prefill engine's KV engine id, learned
+//! from the prefill's bootstrap server. [`Router::start`](crate::Router::start)
+//! (or [`Router::bootstrap_pd`](crate::Router::bootstrap_pd)) queries every
+//! static prefill worker once at startup, with retries; a prefill worker
+//! whose engine ids are not known is not selected.
+
+use crate::body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout};
+use crate::client::{UpstreamClient, UpstreamError};
+use crate::config::{ConfigError, RouterConfig};
+use crate::error::ApiError;
+use crate::extract::{RequestInfo, RoutingInput};
+use crate::headers::{RequestId, strip_hop_by_hop};
+use crate::limits::AdmissionPermit;
+use crate::metrics::{Counter, escape_label, family, sample};
+use crate::router::Shared;
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use lb_policies::{PolicyConfig, PolicyRegistry, RequestContext};
+use pd_orchestrator::bootstrap::{BootstrapQuery, BootstrapRetry, Sleeper, learn_engine_ids};
+use pd_orchestrator::{
+    Endpoint as PdEndpoint, FlowConfig, FlowStatsSnapshot, ForwardHeaders, KvConnector, LegOutcome,
+    LegRequest, LegResponse, Mooncake, MoriIo, MoriIoEndpoint, MoriIoMode, Nixl, PdBackend,
+    PdError, PdFlow, PdRequest, PdWorker, Phase, PhaseOrder, Transport,
+};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+use worker_lifecycle::{
+    Endpoint, LoadGuard, MembershipEvent, Outcome, PoolError, RoleKind, ServiceRegistry,
+    StaticWorkerSet, Worker, WorkerOptions, WorkerRole, WorkerSpec,
+};
+
+/// Which KV connector the engines use, and so how the two legs are built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PdConnector {
+    /// NIXL: the decode engine pulls; sequential legs.
+    Nixl,
+    /// Mooncake: the prefill engine pushes. `concurrent` dispatches both
+    /// legs at once (the default: decode parameters do not depend on the
+    /// prefill response); sequential lets a failed prefill be retried on
+    /// another worker before decode starts.
+    Mooncake {
+        /// Dispatch decode together with prefill.
+        concurrent: bool,
+    },
+    /// MoRI-IO in READ (sequential) or WRITE (concurrent) mode.
+    MoriIo(MoriIoMode),
+}
+
+impl PdConnector {
+    /// The name used on the command line: `nixl`, `mooncake`,
+    /// `mooncake-sequential`, `moriio-read` or `moriio-write`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Nixl => "nixl",
+            Self::Mooncake { concurrent: true } => "mooncake",
+            Self::Mooncake { concurrent: false } => "mooncake-sequential",
+            Self::MoriIo(MoriIoMode::Read) => "moriio-read",
+            Self::MoriIo(_) => "moriio-write",
+        }
+    }
+
+    fn build(self) -> Arc<dyn KvConnector> {
+        match self {
+            Self::Nixl => Arc::new(Nixl),
+            Self::Mooncake { concurrent: true } => Arc::new(Mooncake::concurrent()),
+            Self::Mooncake { concurrent: false } => Arc::new(Mooncake::sequential()),
+            Self::MoriIo(mode) => Arc::new(MoriIo::new(mode)),
+        }
+    }
+
+    fn is_mooncake(self) -> bool {
+        matches!(self, Self::Mooncake { .. })
+    }
+
+    fn is_moriio(self) -> bool {
+        matches!(self, Self::MoriIo(_))
+    }
+}
+
+impl std::str::FromStr for PdConnector {
+    type Err = ConfigError;
+
+    /// Parses [`PdConnector::as_str`] names; `moriio` alone means READ.
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Ok(match name.trim().to_ascii_lowercase().as_str() {
+            "nixl" => Self::Nixl,
+            "mooncake" => Self::Mooncake { concurrent: true },
+            "mooncake-sequential" => Self::Mooncake { concurrent: false },
+            "moriio" | "moriio-read" => Self::MoriIo(MoriIoMode::Read),
+            "moriio-write" => Self::MoriIo(MoriIoMode::Write),
+            other => {
+                return Err(ConfigError::Pd(format!(
+                    "unknown KV connector {other:?} (expected nixl, mooncake, \
+                     mooncake-sequential, moriio-read or moriio-write)"
+                )));
+            }
+        })
+    }
+}
+
+/// One statically configured prefill or decode worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PdWorkerConfig {
+    /// Base URL, e.g. `http://10.0.0.1:8000`.
+    pub url: String,
+    /// Data-parallel rank addressed through this URL, if any.
+    pub dp_rank: Option<u32>,
+    /// Mooncake bootstrap port of a prefill engine (default 8998).
+    pub bootstrap_port: Option<u16>,
+    /// The model it serves, if known.
+    pub model: Option<String>,
+    /// KV side-channel address for the P2P request-id convention (default:
+    /// the HTTP `host:port`).
+    pub kv_addr: Option<String>,
+    /// MoRI-IO side-channel facts (required with the MoRI-IO connector).
+    pub moriio: Option<MoriIoEndpoint>,
+}
+
+impl PdWorkerConfig {
+    /// A worker at `url` with nothing else set.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            dp_rank: None,
+            bootstrap_port: None,
+            model: None,
+            kv_addr: None,
+            moriio: None,
+        }
+    }
+
+    /// Sets the Mooncake bootstrap port.
+    #[must_use]
+    pub fn with_bootstrap_port(mut self, port: u16) -> Self {
+        self.bootstrap_port = Some(port);
+        self
+    }
+
+    /// Sets the data-parallel rank.
+    #[must_use]
+    pub fn with_dp_rank(mut self, rank: u32) -> Self {
+        self.dp_rank = Some(rank);
+        self
+    }
+
+    /// Sets the model id.
+    #[must_use]
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// Sets the KV side-channel address.
+    #[must_use]
+    pub fn with_kv_addr(mut self, addr: impl Into<String>) -> Self {
+        self.kv_addr = Some(addr.into());
+        self
+    }
+
+    /// Sets the MoRI-IO facts.
+    #[must_use]
+    pub fn with_moriio(mut self, moriio: MoriIoEndpoint) -> Self {
+        self.moriio = Some(moriio);
+        self
+    }
+}
+
+/// Registration labels read from discovered workers (a discovery listener
+/// sets them from what the engine announced).
+pub mod labels {
+    /// KV side-channel address (`host:port`) for the P2P request id.
+    pub const KV_ADDR: &str = "kv_addr";
+    /// MoRI-IO handshake port.
+    pub const MORIIO_HANDSHAKE_PORT: &str = "moriio_handshake_port";
+    /// MoRI-IO notify port.
+    pub const MORIIO_NOTIFY_PORT: &str = "moriio_notify_port";
+    /// Data-parallel size of the engine.
+    pub const DP_SIZE: &str = "dp_size";
+    /// Tensor-parallel size of the engine.
+    pub const TP_SIZE: &str = "tp_size";
+    /// Mooncake engine id of DP rank 0 (`mooncake_engine_id`) or of rank N
+    /// (`mooncake_engine_id.N`), when the listener already knows them.
+    pub const MOONCAKE_ENGINE_ID: &str = "mooncake_engine_id";
+}
+
+/// The prefill/decode section of the router configuration.
+///
+/// Each role takes its workers from static URLs or from a registry (not
+/// both: a role with a registry must have no static URLs).
+#[derive(Debug, Clone)]
+pub struct PdConfig {
+    /// The KV connector of the engines.
+    pub connector: PdConnector,
+    /// Policy of the prefill role (default: the router's main policy).
+    pub prefill_policy: Option<PolicyConfig>,
+    /// Policy of the decode role (default: the router's main policy).
+    pub decode_policy: Option<PolicyConfig>,
+    /// Static prefill workers.
+    pub prefill: Vec<PdWorkerConfig>,
+    /// Static decode workers.
+    pub decode: Vec<PdWorkerConfig>,
+    /// Registry of discovered prefill workers (role Prefill).
+    pub prefill_registry: Option<Arc<ServiceRegistry>>,
+    /// Registry of discovered decode workers (role Decode).
+    pub decode_registry: Option<Arc<ServiceRegistry>>,
+    /// Limits of the two-phase flow (prefill attempts, body sizes, merging).
+    pub flow: FlowConfig,
+    /// Retry schedule of the Mooncake bootstrap queries at startup.
+    pub bootstrap_retry: BootstrapRetry,
+}
+
+impl PdConfig {
+    /// A configuration for `connector` with no workers yet and default
+    /// policies and limits.
+    pub fn new(connector: PdConnector) -> Self {
+        Self {
+            connector,
+            prefill_policy: None,
+            decode_policy: None,
+            prefill: Vec::new(),
+            decode: Vec::new(),
+            prefill_registry: None,
+            decode_registry: None,
+            flow: FlowConfig::default(),
+            bootstrap_retry: BootstrapRetry::default(),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+enum Source {
+    Static(StaticWorkerSet),
+    Discovery {
+        pool: worker_lifecycle::DiscoveryPool,
+        registry: Arc<ServiceRegistry>,
+    },
+}
+
+/// A worker eligible for a request, with its flow endpoint.
+type Candidate = (Arc<Worker>, Arc<PdEndpoint>);
+
+/// The workers of one role, its policies, and each worker's flow endpoint.
+pub struct PdRole {
+    role: RoleKind,
+    connector: PdConnector,
+    source: Source,
+    policies: PolicyRegistry<Arc<Worker>>,
+    /// The flow's view of each worker, by worker key (one per lifetime).
+    endpoints: Mutex<HashMap<Box<str>, Arc<PdEndpoint>>>,
+    unavailable: Counter,
+}
+
+impl std::fmt::Debug for PdRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PdRole")
+            .field("role", &self.role)
+            .field("workers", &self.workers().len())
+            .field("discovery", &self.registry().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PdRole {
+    fn new(
+        role: RoleKind,
+        connector: PdConnector,
+        statics: &[PdWorkerConfig],
+        registry: Option<Arc<ServiceRegistry>>,
+        policy: PolicyConfig,
+        options: &WorkerOptions,
+    ) -> Result<Self, ConfigError> {
+        let invalid = |reason: String| ConfigError::Pd(format!("{role} workers: {reason}"));
+        let source = match registry {
+            Some(registry) => {
+                if !statics.is_empty() {
+                    return Err(invalid(
+                        "a role takes its workers from static URLs or from a registry, not both"
+                            .into(),
+                    ));
+                }
+                if registry.role() != role {
+                    return Err(invalid(format!(
+                        "the registry given is for the {} role",
+                        registry.role()
+                    )));
+                }
+                let pool = worker_lifecycle::DiscoveryPool::new(role, options.clone())
+                    .map_err(|err| invalid(err.to_string()))?;
+                Source::Discovery { pool, registry }
+            }
+            None => Source::Static(
+                StaticWorkerSet::new(role, options.clone())
+                    .map_err(|err| invalid(err.to_string()))?,
+            ),
+        };
+        let this = Self {
+            role,
+            connector,
+            source,
+            policies: PolicyRegistry::new(policy)?,
+            endpoints: Mutex::new(HashMap::new()),
+            unavailable: Counter::default(),
+        };
+        for spec in statics {
+            this.add_static(spec)?;
+        }
+        Ok(this)
+    }
+
+    fn add_static(&self, spec: &PdWorkerConfig) -> Result<(), ConfigError> {
+        let invalid = |reason: String| ConfigError::Worker {
+            url: spec.url.clone(),
+            reason: format!("{} worker: {reason}", self.role),
+        };
+        let Source::Static(set) = &self.source else {
+            return Err(invalid("this role is discovered".into()));
+        };
+        crate::router::validate_worker_url(&spec.url).map_err(|err| invalid(err.to_string()))?;
+        let mut endpoint = PdEndpoint::new(&spec.url).map_err(|err| invalid(err.to_string()))?;
+        if let Some(rank) = spec.dp_rank {
+            endpoint = endpoint.with_dp_rank(rank);
+        }
+        if let Some(addr) = &spec.kv_addr {
+            endpoint = endpoint.with_kv_addr(addr.clone());
+        }
+        match spec.moriio {
+            Some(moriio) => endpoint = endpoint.with_moriio(moriio),
+            None if self.connector.is_moriio() => {
+                return Err(invalid(
+                    "the MoRI-IO connector needs the worker's handshake and notify ports".into(),
+                ));
+            }
+            None => {}
+        }
+        let role = match self.role {
+            RoleKind::Prefill => WorkerRole::Prefill {
+                bootstrap_port: spec.bootstrap_port,
+            },
+            _ => WorkerRole::Decode,
+        };
+        let lifecycle_endpoint =
+            Endpoint::new(&spec.url, spec.dp_rank).map_err(|err| invalid(err.to_string()))?;
+        let mut worker_spec = WorkerSpec::new(role, lifecycle_endpoint);
+        if let Some(model) = &spec.model {
+            worker_spec = worker_spec.with_model(model.clone());
+        }
+        let event = set
+            .add(worker_spec)
+            .map_err(|err| invalid(err.to_string()))?;
+        if let Some(worker) = event.added() {
+            lock(&self.endpoints).insert(worker.key().into(), Arc::new(endpoint));
+        }
+        self.apply(&event);
+        Ok(())
+    }
+
+    /// The role.
+    pub fn role(&self) -> RoleKind {
+        self.role
+    }
+
+    /// The workers as of the last reconciliation (static: all of them).
+    pub fn workers(&self) -> Arc<[Arc<Worker>]> {
+        match &self.source {
+            Source::Static(set) => set.workers(),
+            Source::Discovery { pool, .. } => pool.workers(),
+        }
+    }
+
+    /// Reconciles with the registry now (static: nothing to do) and returns
+    /// the workers.
+    pub fn refresh(&self) -> Result<Arc<[Arc<Worker>]>, ApiError> {
+        self.step(Instant::now(), Arc::clone)
+    }
+
+    /// The role's policies, one per model.
+    pub fn policies(&self) -> &PolicyRegistry<Arc<Worker>> {
+        &self.policies
+    }
+
+    /// The registry of a discovered role.
+    pub fn registry(&self) -> Option<&Arc<ServiceRegistry>> {
+        match &self.source {
+            Source::Static(_) => None,
+            Source::Discovery { registry, .. } => Some(registry),
+        }
+    }
+
+    /// The serialized step of this role: reconcile (discovery), forward the
+    /// membership events to the policies, then run `f` on the workers, all
+    /// under the pool's lock.
+    fn step<R>(
+        &self,
+        now: Instant,
+        f: impl FnOnce(&Arc<[Arc<Worker>]>) -> R,
+    ) -> Result<R, ApiError> {
+        match &self.source {
+            Source::Static(set) => Ok(f(&set.workers())),
+            Source::Discovery { pool, registry } => pool
+                .with_reconciled(registry, now, |view| {
+                    for event in view.events() {
+                        self.apply(event);
+                    }
+                    f(&view.workers_arc())
+                })
+                .map_err(|err: PoolError| {
+                    ApiError::NoAvailableWorker(format!("{} pool: {err}", self.role))
+                }),
+        }
+    }
+
+    fn apply(&self, event: &MembershipEvent) {
+        use lb_policies::MembershipEvent as PolicyEvent;
+        if let Some(old) = event.removed() {
+            lock(&self.endpoints).remove(old.key());
+            self.policies
+                .on_membership(PolicyEvent::Removed { key: old.key() });
+        }
+        if let Some(new) = event.added() {
+            self.policies
+                .on_membership(PolicyEvent::Added { key: new.key() });
+        }
+    }
+
+    /// The flow endpoint of `worker`: built once per worker lifetime (from
+    /// its registration labels when discovered).
+    fn endpoint(&self, worker: &Arc<Worker>) -> Option<Arc<PdEndpoint>> {
+        let mut endpoints = lock(&self.endpoints);
+        if let Some(endpoint) = endpoints.get(worker.key()) {
+            return Some(Arc::clone(endpoint));
+        }
+        let endpoint = Arc::new(discovered_endpoint(worker, self.connector)?);
+        endpoints.insert(worker.key().into(), Arc::clone(&endpoint));
+        Some(endpoint)
+    }
+
+    /// Whether the flow can address `worker` with the connector: a Mooncake
+    /// prefill needs its engine ids, a MoRI-IO worker its ports.
+    fn can_address(&self, endpoint: &PdEndpoint) -> bool {
+        match self.connector {
+            PdConnector::Mooncake { .. } if self.role == RoleKind::Prefill => {
+                endpoint.mooncake().is_some()
+            }
+            PdConnector::MoriIo(_) => endpoint.moriio().is_some(),
+            _ => true,
+        }
+    }
+
+    /// The candidates of a request: the workers that serve its model, that
+    /// the connector can address, and that have not failed it already.
+    fn candidates(
+        &self,
+        workers: &[Arc<Worker>],
+        scope: &PdScope,
+    ) -> Result<Vec<Candidate>, ApiError> {
+        let excluded = lock(scope.excluded(self.role));
+        let model = scope.model.as_str();
+        let mut out = Vec::with_capacity(workers.len());
+        let mut serving_any = false;
+        for worker in workers {
+            let serves = model.is_empty() || worker.model_id().is_none_or(|m| m == model);
+            if !serves {
+                continue;
+            }
+            serving_any = true;
+            if excluded.iter().any(|failed| Arc::ptr_eq(failed, worker)) {
+                continue;
+            }
+            if let Some(endpoint) = self.endpoint(worker).filter(|e| self.can_address(e)) {
+                out.push((Arc::clone(worker), endpoint));
+            }
+        }
+        if !serving_any && !workers.is_empty() {
+            return Err(ApiError::UnknownModel(model.to_owned()));
+        }
+        Ok(out)
+    }
+
+    /// Selections refused because this role had no available worker.
+    pub fn unavailable_count(&self) -> u64 {
+        self.unavailable.get()
+    }
+
+    fn unavailable(&self, registered: usize, candidates: usize) -> ApiError {
+        self.unavailable.inc();
+        let role = self.role;
+        if registered == 0 {
+            ApiError::NoAvailableWorker(format!("no {role} workers are registered"))
+        } else {
+            ApiError::NoAvailableWorker(format!(
+                "no {role} worker is available ({registered} registered, {candidates} \
+                 eligible for this request, none ready, healthy and admitted by its breaker)"
+            ))
+        }
+    }
+
+    /// Asks the policy among `candidates` (at least one available) and
+    /// reserves the choice when `reserve`; a worker that refuses the
+    /// reservation (it lost a race for its breaker's probe slot) is left out
+    /// and the policy asked again.
+    fn choose(
+        &self,
+        candidates: &[Candidate],
+        scope: &Arc<PdScope>,
+        reserve: bool,
+        registered: usize,
+    ) -> Result<PdTarget, ApiError> {
+        let context = scope.context();
+        let mut pool: Cow<'_, [Candidate]> = Cow::Borrowed(candidates);
+        let mut workers: Vec<Arc<Worker>> = pool.iter().map(|(w, _)| Arc::clone(w)).collect();
+        for _ in 0..=candidates.len() {
+            let decision = self
+                .policies
+                .select(&workers, &context)
+                .map_err(|err| ApiError::InvalidRequest(err.to_string()))?
+                .ok_or_else(|| self.unavailable(registered, candidates.len()))?;
+            let (worker, endpoint) = pool[decision.index].clone();
+            let reserved = if reserve {
+                match worker.try_reserve() {
+                    Ok(guard) => Some(guard),
+                    Err(_) => {
+                        let index = decision.index;
+                        pool.to_mut().remove(index);
+                        workers.remove(index);
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            return Ok(PdTarget(Arc::new(TargetInner {
+                worker,
+                endpoint,
+                scope: Arc::clone(scope),
+                reserved: Mutex::new(reserved),
+                recorder: Mutex::new(None),
+            })));
+        }
+        Err(self.unavailable(registered, candidates.len()))
+    }
+}
+
+/// The flow endpoint of a discovered worker, from its registration labels.
+fn discovered_endpoint(worker: &Worker, connector: PdConnector) -> Option<PdEndpoint> {
+    let mut endpoint = match PdEndpoint::new(worker.url()) {
+        Ok(endpoint) => endpoint,
+        Err(err) => {
+            tracing::warn!(worker = worker.key(), %err, "worker URL cannot be addressed by the P/D flow");
+            return None;
+        }
+    };
+    if let Some(rank) = worker.dp_rank() {
+        endpoint = endpoint.with_dp_rank(rank);
+    }
+    let labels = worker.labels();
+    if let Some(addr) = labels.get(labels::KV_ADDR) {
+        endpoint = endpoint.with_kv_addr(addr.clone());
+    }
+    let number = |key: &str| labels.get(key).and_then(|v| v.trim().parse::<u32>().ok());
+    if connector.is_moriio() {
+        let port = |key: &str| labels.get(key).and_then(|v| v.trim().parse::<u16>().ok());
+        if let (Some(handshake_port), Some(notify_port)) = (
+            port(labels::MORIIO_HANDSHAKE_PORT),
+            port(labels::MORIIO_NOTIFY_PORT),
+        ) {
+            endpoint = endpoint.with_moriio(MoriIoEndpoint {
+                handshake_port,
+                notify_port,
+                dp_size: number(labels::DP_SIZE).unwrap_or(1),
+                tp_size: number(labels::TP_SIZE).unwrap_or(1),
+            });
+        }
+    }
+    if connector.is_mooncake() {
+        if let WorkerRole::Prefill { bootstrap_port } = worker.role() {
+            let engine_ids: std::collections::BTreeMap<u32, String> = labels
+                .iter()
+                .filter_map(|(key, value)| {
+                    let rank = match key.strip_prefix(labels::MOONCAKE_ENGINE_ID)? {
+                        "" => 0,
+                        rest => rest.strip_prefix('.')?.parse().ok()?,
+                    };
+                    Some((rank, value.clone()))
+                })
+                .collect();
+            if !engine_ids.is_empty() {
+                let bootstrap_addr = endpoint.mooncake_bootstrap_addr(bootstrap_port);
+                endpoint = endpoint.with_mooncake(pd_orchestrator::MooncakeEndpoint {
+                    bootstrap_addr,
+                    engine_ids,
+                });
+            }
+        }
+    }
+    Some(endpoint)
+}
+
+/// What one request routes by, shared by its selections (the first pair,
+/// a prefill retry, a retry of the whole request).
+#[derive(Debug)]
+pub struct PdScope {
+    model: String,
+    routing: RoutingInput,
+    session: Option<String>,
+    user: Option<String>,
+    request_id: String,
+    failed_prefill: Mutex<Vec<Arc<Worker>>>,
+    failed_decode: Mutex<Vec<Arc<Worker>>>,
+}
+
+impl PdScope {
+    /// A request for `model` (empty: any) routed by `routing`.
+    pub fn new(model: impl Into<String>, routing: RoutingInput) -> Self {
+        Self {
+            model: model.into(),
+            routing,
+            session: None,
+            user: None,
+            request_id: String::new(),
+            failed_prefill: Mutex::new(Vec::new()),
+            failed_decode: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Sets the session and user hash keys and the request id.
+    #[must_use]
+    pub fn with_keys(
+        mut self,
+        session: Option<String>,
+        user: Option<String>,
+        request_id: String,
+    ) -> Self {
+        self.session = session;
+        self.user = user;
+        self.request_id = request_id;
+        self
+    }
+
+    /// Leaves `worker` out of this request's later selections of its role.
+    pub fn exclude(&self, worker: &Arc<Worker>) {
+        let mut failed = lock(self.excluded(worker.role().kind()));
+        if !failed.iter().any(|w| Arc::ptr_eq(w, worker)) {
+            failed.push(Arc::clone(worker));
+        }
+    }
+
+    fn excluded(&self, role: RoleKind) -> &Mutex<Vec<Arc<Worker>>> {
+        match role {
+            RoleKind::Prefill => &self.failed_prefill,
+            _ => &self.failed_decode,
+        }
+    }
+
+    fn context(&self) -> RequestContext<'_> {
+        let mut context = RequestContext::new(&self.model);
+        context = match &self.routing {
+            RoutingInput::Text(text) => context.with_text(text),
+            RoutingInput::Tokens(tokens) => context.with_tokens(tokens),
+            RoutingInput::None => context,
+        };
+        if let Some(session) = self.session.as_deref() {
+            context = context.with_session(session);
+        }
+        if let Some(user) = self.user.as_deref() {
+            context = context.with_user(user);
+        }
+        if !self.request_id.is_empty() {
+            context = context.with_request_id(&self.request_id);
+        }
+        context
+    }
+}
+
+struct TargetInner {
+    worker: Arc<Worker>,
+    endpoint: Arc<PdEndpoint>,
+    scope: Arc<PdScope>,
+    /// Reserved at selection, not yet handed to the flow.
+    reserved: Mutex<Option<LoadGuard>>,
+    /// A second handle of the dispatched reservation, kept until the leg's
+    /// outcome is recorded so a half-open breaker's probe gets its result.
+    recorder: Mutex<Option<LoadGuard>>,
+}
+
+/// A selected worker of one role, as the flow addresses it. Cheap to clone.
+///
+/// A target reserved at selection holds that reservation until the flow
+/// dispatches its leg (or the target is dropped unused, which releases it).
+#[derive(Clone)]
+pub struct PdTarget(Arc<TargetInner>);
+
+impl std::fmt::Debug for PdTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PdTarget")
+            .field("worker", &self.0.worker.key())
+            .field("reserved", &lock(&self.0.reserved).is_some())
+            .finish()
+    }
+}
+
+impl PdTarget {
+    /// The worker.
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.0.worker
+    }
+
+    /// Whether a reservation taken at selection is still waiting for its leg.
+    pub fn is_reserved(&self) -> bool {
+        lock(&self.0.reserved).is_some()
+    }
+}
+
+impl PdWorker for PdTarget {
+    fn endpoint(&self) -> &PdEndpoint {
+        &self.0.endpoint
+    }
+}
+
+/// A chosen (prefill, decode) pair.
+#[derive(Debug, Clone)]
+pub struct PdPair {
+    /// The prefill worker, reserved.
+    pub prefill: PdTarget,
+    /// The decode worker: reserved when the connector runs both legs at
+    /// once, otherwise reserved when its leg is dispatched.
+    pub decode: PdTarget,
+}
+
+const OUTCOMES: [&str; 4] = ["success", "worker_failure", "client_error", "cancelled"];
+
+/// Per-phase counters of the P/D path.
+#[derive(Debug, Default)]
+pub struct PdMetrics {
+    /// Leg outcomes: `[phase][outcome]`, phase 0 prefill, 1 decode.
+    outcomes: [[Counter; 4]; 2],
+}
+
+impl PdMetrics {
+    fn record(&self, phase: Phase, outcome: LegOutcome) {
+        let slot = match outcome {
+            LegOutcome::Success => 0,
+            LegOutcome::WorkerFailure => 1,
+            LegOutcome::ClientError => 2,
+            _ => 3,
+        };
+        self.outcomes[phase_index(phase)][slot].inc();
+    }
+
+    /// Legs of `phase` that ended with `outcome` (`success`,
+    /// `worker_failure`, `client_error` or `cancelled`).
+    pub fn outcomes(&self, phase: Phase, outcome: &str) -> u64 {
+        OUTCOMES
+            .iter()
+            .position(|o| *o == outcome)
+            .map_or(0, |slot| self.outcomes[phase_index(phase)][slot].get())
+    }
+}
+
+fn phase_index(phase: Phase) -> usize {
+    match phase {
+        Phase::Prefill => 0,
+        Phase::Decode => 1,
+    }
+}
+
+/// Both roles' pools and policies: pair selection, and the flow's backend.
+#[derive(Debug)]
+pub struct PdPools {
+    prefill: PdRole,
+    decode: PdRole,
+    connector: PdConnector,
+    concurrent: bool,
+    metrics: PdMetrics,
+}
+
+impl PdPools {
+    /// Builds both roles from `config`: static workers are added at once,
+    /// discovered ones appear at the first step that reconciles them. The
+    /// role policies default to `default_policy`.
+    pub fn new(
+        config: &PdConfig,
+        default_policy: &PolicyConfig,
+        options: &WorkerOptions,
+    ) -> Result<Self, ConfigError> {
+        let connector = config.connector;
+        let prefill = PdRole::new(
+            RoleKind::Prefill,
+            connector,
+            &config.prefill,
+            config.prefill_registry.clone(),
+            config
+                .prefill_policy
+                .clone()
+                .unwrap_or_else(|| default_policy.clone()),
+            options,
+        )?;
+        let decode = PdRole::new(
+            RoleKind::Decode,
+            connector,
+            &config.decode,
+            config.decode_registry.clone(),
+            config
+                .decode_policy
+                .clone()
+                .unwrap_or_else(|| default_policy.clone()),
+            options,
+        )?;
+        let concurrent = connector.build().phase_order() == PhaseOrder::Concurrent;
+        Ok(Self {
+            prefill,
+            decode,
+            connector,
+            concurrent,
+            metrics: PdMetrics::default(),
+        })
+    }
+
+    /// The prefill role.
+    pub fn prefill(&self) -> &PdRole {
+        &self.prefill
+    }
+
+    /// The decode role.
+    pub fn decode(&self) -> &PdRole {
+        &self.decode
+    }
+
+    /// The connector.
+    pub fn connector(&self) -> PdConnector {
+        self.connector
+    }
+
+    /// The per-phase counters.
+    pub fn metrics(&self) -> &PdMetrics {
+        &self.metrics
+    }
+
+    /// Chooses a (prefill, decode) pair for `scope`; see the module docs.
+    ///
+    /// # Errors
+    /// [`ApiError::NoAvailableWorker`] (503, naming the role) when a role
+    /// has no available candidate — decided after both roles were
+    /// reconciled and before either policy was asked, so nothing is left
+    /// behind; [`ApiError::UnknownModel`] when no worker of a role serves
+    /// the model.
+    pub fn select_pair(&self, scope: &Arc<PdScope>) -> Result<PdPair, ApiError> {
+        let now = Instant::now();
+        self.prefill
+            .step(now, |prefill_workers| {
+                self.decode.step(now, |decode_workers| {
+                    self.choose_pair(scope, prefill_workers, decode_workers)
+                })
+            })
+            .and_then(|inner| inner)
+            .and_then(|inner| inner)
+    }
+
+    fn choose_pair(
+        &self,
+        scope: &Arc<PdScope>,
+        prefill_workers: &[Arc<Worker>],
+        decode_workers: &[Arc<Worker>],
+    ) -> Result<PdPair, ApiError> {
+        let prefill = self.prefill.candidates(prefill_workers, scope)?;
+        let decode = self.decode.candidates(decode_workers, scope)?;
+        // Both roles are checked before either policy runs: a cache-aware
+        // policy inserts the prompt into its tree when it selects.
+        if !prefill.iter().any(|(w, _)| w.is_available()) {
+            return Err(self
+                .prefill
+                .unavailable(prefill_workers.len(), prefill.len()));
+        }
+        if !decode.iter().any(|(w, _)| w.is_available()) {
+            return Err(self.decode.unavailable(decode_workers.len(), decode.len()));
+        }
+        let prefill = self
+            .prefill
+            .choose(&prefill, scope, true, prefill_workers.len())?;
+        // A decode failure here drops the prefill target, releasing it.
+        let decode = self
+            .decode
+            .choose(&decode, scope, self.concurrent, decode_workers.len())?;
+        Ok(PdPair { prefill, decode })
+    }
+
+    /// Every worker of both roles (prefill first), as last reconciled.
+    pub fn workers(&self) -> Vec<Arc<Worker>> {
+        let mut all: Vec<Arc<Worker>> = self.prefill.workers().iter().cloned().collect();
+        all.extend(self.decode.workers().iter().cloned());
+        all
+    }
+
+    /// Whether each role has an available worker (after reconciling).
+    pub fn is_ready(&self) -> bool {
+        let available = |role: &PdRole| {
+            role.refresh()
+                .is_ok_and(|workers| workers.iter().any(|w| w.is_available()))
+        };
+        available(&self.prefill) && available(&self.decode)
+    }
+
+    /// Learns the Mooncake engine ids of every static prefill worker that
+    /// does not have them yet (a no-op for other connectors).
+    ///
+    /// # Errors
+    /// [`ConfigError::Bootstrap`] naming the bootstrap URL when a server
+    /// never answers within `retry`, or answers something unusable.
+    pub async fn bootstrap(
+        &self,
+        client: &UpstreamClient,
+        retry: &BootstrapRetry,
+    ) -> Result<(), ConfigError> {
+        if !self.connector.is_mooncake() {
+            return Ok(());
+        }
+        let query = HyperBootstrap(client.clone());
+        for worker in self.prefill.workers().iter() {
+            let Some(endpoint) = self.prefill.endpoint(worker) else {
+                continue;
+            };
+            if endpoint.mooncake().is_some() {
+                continue;
+            }
+            let bootstrap_port = match worker.role() {
+                WorkerRole::Prefill { bootstrap_port } => bootstrap_port,
+                _ => None,
+            };
+            let learned =
+                learn_engine_ids(&query, &TokioSleeper, &endpoint, bootstrap_port, retry).await?;
+            tracing::info!(
+                prefill = worker.url(),
+                bootstrap = learned.bootstrap_addr,
+                ranks = learned.engine_ids.len(),
+                "learned Mooncake engine ids"
+            );
+            let updated = Arc::new((*endpoint).clone().with_mooncake(learned));
+            lock(&self.prefill.endpoints).insert(worker.key().into(), updated);
+        }
+        Ok(())
+    }
+
+    /// Writes the P/D series: leg outcomes per phase, refusals per role,
+    /// the flow's counters and both roles' policy decisions.
+    pub(crate) fn render(&self, flow: FlowStatsSnapshot, out: &mut String) {
+        family(
+            out,
+            "router_pd_leg_outcomes_total",
+            "counter",
+            "Prefill and decode legs by how they ended.",
+        );
+        for phase in [Phase::Prefill, Phase::Decode] {
+            for outcome in OUTCOMES {
+                let labels = format!("phase=\"{phase}\",outcome=\"{outcome}\"");
+                sample(
+                    out,
+                    "router_pd_leg_outcomes_total",
+                    &labels,
+                    self.metrics.outcomes(phase, outcome),
+                );
+            }
+        }
+        family(
+            out,
+            "router_pd_unavailable_total",
+            "counter",
+            "Requests refused with 503 because a role had no available worker.",
+        );
+        for role in [&self.prefill, &self.decode] {
+            sample(
+                out,
+                "router_pd_unavailable_total",
+                &format!("role=\"{}\"", role.role),
+                role.unavailable_count(),
+            );
+        }
+        let flow_series: [(&str, &str, u64); 5] = [
+            (
+                "router_pd_requests_total",
+                "Two-phase requests started.",
+                flow.requests,
+            ),
+            (
+                "router_pd_prefill_retries_total",
+                "Prefill attempts after the first, on a fresh prefill worker.",
+                flow.prefill_retries,
+            ),
+            (
+                "router_pd_missing_prefill_kv_params_total",
+                "2xx prefill responses without kv_transfer_params (decode recomputed the prompt).",
+                flow.missing_prefill_kv_params,
+            ),
+            (
+                "router_pd_merged_responses_total",
+                "Non-streaming responses whose usage or prompt logprobs were merged.",
+                flow.merged_responses,
+            ),
+            (
+                "router_pd_prefill_failures_during_decode_total",
+                "Concurrent prefill legs that failed while decode was already streaming.",
+                flow.prefill_failures_during_decode,
+            ),
+        ];
+        for (name, help, value) in flow_series {
+            family(out, name, "counter", help);
+            sample(out, name, "", value);
+        }
+        family(
+            out,
+            "router_pd_policy_decisions_total",
+            "counter",
+            "Policy decisions of each P/D role by model, policy and reason.",
+        );
+        for role in [&self.prefill, &self.decode] {
+            for (model, policy, counts) in role.policies.counts() {
+                let model = escape_label(&model);
+                for (reason, value) in counts.iter() {
+                    let labels = format!(
+                        "role=\"{}\",model=\"{model}\",policy=\"{policy}\",reason=\"{reason}\"",
+                        role.role
+                    );
+                    sample(out, "router_pd_policy_decisions_total", &labels, value);
+                }
+            }
+        }
+    }
+}
+
+/// The breaker outcome of a leg (docs/pd.md, "Wiring it into a router").
+fn breaker_outcome(outcome: LegOutcome, status: Option<StatusCode>) -> Outcome {
+    match (outcome, status) {
+        (LegOutcome::Success, _) => Outcome::Success,
+        (LegOutcome::WorkerFailure, Some(status)) if status.is_success() => {
+            Outcome::ConnectionReset
+        }
+        (LegOutcome::WorkerFailure, Some(status)) => Outcome::from_status(status.as_u16()),
+        (LegOutcome::WorkerFailure, None) => Outcome::ConnectError,
+        (LegOutcome::ClientError, Some(status)) => Outcome::ClientError(status.as_u16()),
+        (LegOutcome::ClientError, None) => Outcome::ClientError(400),
+        _ => Outcome::ClientCancelled,
+    }
+}
+
+impl PdBackend for PdPools {
+    type Worker = PdTarget;
+    type Guard = LoadGuard;
+
+    fn reserve(&self, target: &PdTarget, _phase: Phase) -> LoadGuard {
+        let reserved = lock(&target.0.reserved).take();
+        let guard = reserved.unwrap_or_else(|| {
+            // A sequential decode leg, dispatched now. Its breaker admitted it
+            // at selection; if it refuses now (a probe slot taken meanwhile)
+            // the leg still goes out and its load is still counted.
+            target
+                .0
+                .worker
+                .try_reserve()
+                .unwrap_or_else(|_| target.0.worker.reserve())
+        });
+        *lock(&target.0.recorder) = Some(guard.share());
+        guard
+    }
+
+    fn reselect_prefill(&self, failed: &PdTarget, _attempt: u32) -> Option<PdTarget> {
+        let scope = Arc::clone(&failed.0.scope);
+        scope.exclude(&failed.0.worker);
+        self.prefill
+            .step(Instant::now(), |workers| {
+                let candidates = self.prefill.candidates(workers, &scope).ok()?;
+                if !candidates.iter().any(|(w, _)| w.is_available()) {
+                    return None;
+                }
+                self.prefill
+                    .choose(&candidates, &scope, true, workers.len())
+                    .ok()
+            })
+            .ok()
+            .flatten()
+    }
+
+    fn record(
+        &self,
+        target: &PdTarget,
+        phase: Phase,
+        outcome: LegOutcome,
+        status: Option<StatusCode>,
+    ) {
+        self.metrics.record(phase, outcome);
+        if let Some(handle) = lock(&target.0.recorder).take() {
+            handle.record_outcome(breaker_outcome(outcome, status));
+            // The last handle of the reservation: the load comes down here.
+            drop(handle);
+        }
+    }
+}
+
+/// Sends P/D legs through the router's pooled [`UpstreamClient`]; each
+/// response body fails when it sends nothing for the idle timeout.
+#[derive(Debug, Clone)]
+pub struct HyperTransport {
+    client: UpstreamClient,
+    idle: Duration,
+}
+
+impl HyperTransport {
+    /// A transport over `client` whose bodies time out after `idle`
+    /// without a frame.
+    pub fn new(client: UpstreamClient, idle: Duration) -> Self {
+        Self { client, idle }
+    }
+}
+
+/// A leg's response body: hyper's, with the idle timeout.
+pub type LegBody = Pin<Box<IdleTimeout<Incoming>>>;
+
+impl Transport for HyperTransport {
+    type Body = LegBody;
+    type Error = UpstreamError;
+    type Future = Pin<Box<dyn Future<Output = Result<LegResponse<LegBody>, UpstreamError>> + Send>>;
+
+    fn send(&self, leg: LegRequest) -> Self::Future {
+        let client = self.client.clone();
+        let idle = self.idle;
+        Box::pin(async move {
+            let mut request = Request::post(leg.url.as_str())
+                .body(Full::new(leg.body))
+                .map_err(|err| UpstreamError::InvalidRequest(err.to_string()))?;
+            *request.headers_mut() = leg.headers;
+            let response = client.send(request).await?;
+            let (parts, body) = response.into_parts();
+            Ok(LegResponse {
+                status: parts.status,
+                headers: parts.headers,
+                body: Box::pin(IdleTimeout::new(body, idle)),
+            })
+        })
+    }
+}
+
+/// `GET` of a Mooncake bootstrap `/query` through the pooled client.
+struct HyperBootstrap(UpstreamClient);
+
+/// Largest bootstrap answer read.
+const MAX_BOOTSTRAP_BODY: usize = 1 << 20;
+
+impl BootstrapQuery for HyperBootstrap {
+    fn get(&self, url: &str) -> impl Future<Output = Result<Vec<u8>, String>> + Send {
+        let client = self.0.clone();
+        let request = Request::get(url)
+            .body(Full::new(Bytes::new()))
+            .map_err(|err| err.to_string());
+        async move {
+            let response = client.send(request?).await.map_err(|err| err.to_string())?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(format!("status {status}"));
+            }
+            let body = Limited::new(response.into_body(), MAX_BOOTSTRAP_BODY)
+                .collect()
+                .await
+                .map_err(|err| err.to_string())?;
+            Ok(body.to_bytes().to_vec())
+        }
+    }
+}
+
+struct TokioSleeper;
+
+impl Sleeper for TokioSleeper {
+    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(duration)
+    }
+}
+
+/// The P/D state of a router: the pools and the flow.
+pub(crate) struct PdState {
+    pub(crate) flow: PdFlow<HyperTransport, PdPools>,
+    connector: Arc<dyn KvConnector>,
+    bootstrap_retry: BootstrapRetry,
+}
+
+impl PdState {
+    pub(crate) fn new(
+        pd: &PdConfig,
+        config: &RouterConfig,
+        client: &UpstreamClient,
+    ) -> Result<Self, ConfigError> {
+        let pools = PdPools::new(pd, &config.policy, &config.worker_options)?;
+        let transport = HyperTransport::new(client.clone(), config.stream_idle_timeout);
+        Ok(Self {
+            flow: PdFlow::new(transport, Arc::new(pools), pd.flow),
+            connector: pd.connector.build(),
+            bootstrap_retry: pd.bootstrap_retry,
+        })
+    }
+
+    pub(crate) fn pools(&self) -> &Arc<PdPools> {
+        self.flow.backend()
+    }
+
+    pub(crate) async fn bootstrap(&self, client: &UpstreamClient) -> Result<(), ConfigError> {
+        self.pools().bootstrap(client, &self.bootstrap_retry).await
+    }
+
+    pub(crate) fn render(&self, out: &mut String) {
+        self.pools().render(self.flow.stats().snapshot(), out);
+    }
+}
+
+/// Headers forwarded to both legs besides the ones the flow sets.
+const FORWARDED: [&str; 3] = ["traceparent", "tracestate", "baggage"];
+
+/// Everything one two-phase request needs from the router's path.
+pub(crate) struct PdCall {
+    pub(crate) parts: http::request::Parts,
+    pub(crate) bytes: Bytes,
+    pub(crate) info: RequestInfo,
+    pub(crate) request_id: RequestId,
+    pub(crate) session: Option<String>,
+    pub(crate) permit: AdmissionPermit,
+    pub(crate) deadline: tokio::time::Instant,
+}
+
+/// Runs one two-phase request: select a pair, run the flow, and hand the
+/// decode response to the client with a body owning what the request holds.
+pub(crate) async fn proxy(
+    router: &crate::Router,
+    shared: &Arc<Shared>,
+    pd: &PdState,
+    call: PdCall,
+) -> Result<Response<BoxBody>, ApiError> {
+    let PdCall {
+        parts,
+        bytes,
+        info,
+        request_id,
+        session,
+        permit,
+        deadline,
+    } = call;
+    let body: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|err| ApiError::InvalidJson(err.to_string()))?;
+    drop(bytes);
+    let flow_id = flow_request_id(&request_id);
+    let scope = Arc::new(
+        PdScope::new(info.model.unwrap_or_default(), info.routing).with_keys(
+            session,
+            info.user,
+            flow_id.clone(),
+        ),
+    );
+    let mut forward = ForwardHeaders::new();
+    if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
+        forward = forward.with_authorization(auth.clone());
+    }
+    for name in FORWARDED {
+        if let Some(value) = parts.headers.get(name) {
+            forward = forward.with_header(HeaderName::from_static(name), value.clone());
+        }
+    }
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+
+    let mut retries = 0u32;
+    let mut body = Some(body);
+    loop {
+        let pair = pd.pools().select_pair(&scope)?;
+        let (prefill_worker, decode_worker) = (
+            Arc::clone(pair.prefill.worker()),
+            Arc::clone(pair.decode.worker()),
+        );
+        // Keep the body for a retry only when one may still happen.
+        let attempt_body = if shared.config.retry.allows_retry(retries + 1) {
+            body.clone().unwrap_or_default()
+        } else {
+            body.take().unwrap_or_default()
+        };
+        let request = PdRequest {
+            path: path.clone(),
+            body: attempt_body,
+            request_id: flow_id.clone(),
+            forward: forward.clone(),
+        };
+        let run = pd
+            .flow
+            .run(&pd.connector, request, pair.prefill, pair.decode);
+        let error = match tokio::time::timeout_at(deadline, run).await {
+            Err(_elapsed) => {
+                return Err(ApiError::GatewayTimeout(
+                    "the prefill/decode request exceeded its deadline".into(),
+                ));
+            }
+            Ok(Ok(response)) => {
+                let (mut headers, status) = (response.headers, response.status);
+                strip_hop_by_hop(&mut headers);
+                headers.insert(request_id.header.clone(), request_id.value.clone());
+                // The flow's body errors are boxed; the timeout wrapper
+                // wants a concrete error type.
+                let decode_body = response.body.map_err(std::io::Error::other);
+                let body = IdleTimeout::with_deadline(
+                    decode_body,
+                    shared.config.stream_idle_timeout,
+                    deadline,
+                );
+                let in_flight = PdInFlight {
+                    _permit: permit,
+                    shared: Arc::clone(shared),
+                };
+                let body = GuardedBody::new(body, in_flight)
+                    .map_err(|err| -> BoxError { Box::new(err) })
+                    .boxed_unsync();
+                let mut out = Response::new(body);
+                *out.status_mut() = status;
+                *out.headers_mut() = headers;
+                return Ok(out);
+            }
+            Ok(Err(error)) => error,
+        };
+        tracing::warn!(request_id = flow_id, %error, "prefill/decode request failed");
+        match &error {
+            PdError::DecodeFailed { .. }
+            | PdError::DecodeRejected { .. }
+            | PdError::DecodeBodyFailed { .. } => scope.exclude(&decode_worker),
+            PdError::PrefillFailed { .. } => scope.exclude(&prefill_worker),
+            _ => {}
+        }
+        if error.is_retryable() && body.is_some() && router.may_retry(retries, deadline) {
+            retries += 1;
+            shared.metrics.retries.inc();
+            continue;
+        }
+        return pd_error(error, &request_id);
+    }
+}
+
+/// The flow's request id: the client's when it fits the P2P convention's
+/// alphabet, else a fresh one (the client's stays on the response).
+fn flow_request_id(request_id: &RequestId) -> String {
+    let value = request_id.value.as_bytes();
+    let fits = !value.is_empty()
+        && value.len() <= 96
+        && value
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if fits {
+        String::from_utf8_lossy(value).into_owned()
+    } else {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("pd-{}-{n}", std::process::id())
+    }
+}
+
+/// A flow error as the client sees it: an engine's own rejection passes
+/// through with its status and body; everything else is the router's error.
+fn pd_error(error: PdError, request_id: &RequestId) -> Result<Response<BoxBody>, ApiError> {
+    match error {
+        PdError::PrefillRejected { status, body } | PdError::DecodeRejected { status, body } => {
+            let mut response = Response::new(
+                Full::new(body)
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            );
+            *response.status_mut() = status;
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            headers.insert(request_id.header.clone(), request_id.value.clone());
+            Ok(response)
+        }
+        PdError::InvalidBody => Err(ApiError::InvalidRequest(error.to_string())),
+        PdError::Connector(_) => Err(ApiError::NoAvailableWorker(error.to_string())),
+        other => Err(ApiError::BadGateway(other.to_string())),
+    }
+}
+
+/// What a two-phase response body holds besides the decode guard (which
+/// lives inside the flow's body): the admission permit.
+struct PdInFlight {
+    _permit: AdmissionPermit,
+    shared: Arc<Shared>,
+}
+
+impl Finish for PdInFlight {
+    fn finish(self, end: BodyEnd) {
+        let metrics = &self.shared.metrics;
+        match end {
+            BodyEnd::Complete => metrics.bodies_completed.inc(),
+            BodyEnd::Failed => metrics.bodies_failed.inc(),
+            BodyEnd::Dropped => metrics.bodies_dropped.inc(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connector_names_round_trip() {
+        for connector in [
+            PdConnector::Nixl,
+            PdConnector::Mooncake { concurrent: true },
+            PdConnector::Mooncake { concurrent: false },
+            PdConnector::MoriIo(MoriIoMode::Read),
+            PdConnector::MoriIo(MoriIoMode::Write),
+        ] {
+            assert_eq!(
+                connector.as_str().parse::<PdConnector>().unwrap(),
+                connector
+            );
+        }
+        assert!("nccl".parse::<PdConnector>().is_err());
+    }
+
+    #[test]
+    fn leg_outcomes_map_to_breaker_outcomes() {
+        let ok = Some(StatusCode::OK);
+        assert_eq!(breaker_outcome(LegOutcome::Success, ok), Outcome::Success);
+        assert!(breaker_outcome(LegOutcome::WorkerFailure, ok).is_worker_failure());
+        assert!(breaker_outcome(LegOutcome::WorkerFailure, None).is_worker_failure());
+        assert_eq!(
+            breaker_outcome(LegOutcome::WorkerFailure, Some(StatusCode::BAD_GATEWAY)),
+            Outcome::ServerError(502)
+        );
+        assert!(!breaker_outcome(LegOutcome::ClientError, None).is_worker_failure());
+        assert!(!breaker_outcome(LegOutcome::Cancelled, None).is_worker_failure());
+    }
+
+    #[test]
+    fn client_ids_outside_the_p2p_alphabet_are_replaced() {
+        let id = |value: &'static str| RequestId {
+            header: HeaderName::from_static("x-request-id"),
+            value: HeaderValue::from_static(value),
+        };
+        assert_eq!(flow_request_id(&id("abc-1.2_x")), "abc-1.2_x");
+        let replaced = flow_request_id(&id("a:b"));
+        assert!(replaced.starts_with("pd-"), "{replaced}");
+    }
+}

@@ -1,0 +1,659 @@
+//! Prefill/decode mode over HTTP: engine-sim prefill and decode engines
+//! sharing one transfer registry, so every decode leg's KV hand-off is
+//! checked by the decode engine itself.
+
+mod common;
+
+use common::{Connection, call, chat_body, json};
+use engine_sim::{
+    EngineConfig, EngineHandle, FaultConfig, KvConnector, MoriioMode, Role, ServeOptions,
+    TransferRegistry,
+};
+use http::StatusCode;
+use http_body_util::BodyExt;
+use pd_orchestrator::{MoriIoEndpoint, MoriIoMode, Phase};
+use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router, RouterConfig};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use worker_lifecycle::{Endpoint, Registration, RoleKind, ServiceRegistry, Worker};
+
+/// A P/D router serving on a loopback port, with its engines.
+struct PdFixture {
+    router: Router,
+    addr: SocketAddr,
+    prefill: Vec<EngineHandle>,
+    decode: Vec<EngineHandle>,
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<router_http::ShutdownOutcome>>,
+}
+
+impl PdFixture {
+    async fn serve(router: Router, prefill: Vec<EngineHandle>, decode: Vec<EngineHandle>) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serving = router.clone();
+        let server = tokio::spawn(async move {
+            serving
+                .serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Self {
+            router,
+            addr,
+            prefill,
+            decode,
+            stop: Some(stop),
+            server: Some(server),
+        }
+    }
+
+    fn pd(&self) -> &Arc<router_http::PdPools> {
+        self.router.pd().expect("P/D mode")
+    }
+
+    fn prefill_workers(&self) -> Arc<[Arc<Worker>]> {
+        self.pd().prefill().workers()
+    }
+
+    fn decode_workers(&self) -> Arc<[Arc<Worker>]> {
+        self.pd().decode().workers()
+    }
+
+    /// Waits (bounded) until every worker of both roles is at load 0, and
+    /// checks no decrement was ever clamped and no permit leaked.
+    async fn assert_loads_return_to_zero(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let loads: Vec<usize> = self.router.all_workers().iter().map(|w| w.load()).collect();
+            if loads.iter().all(|&l| l == 0) && self.router.in_flight() == 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "loads did not return to 0: {loads:?}, in flight {}",
+                self.router.in_flight()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for worker in self.router.all_workers() {
+            assert_eq!(worker.underflows(), 0, "underflow on {}", worker.key());
+        }
+    }
+
+    async fn shutdown(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.server.take().unwrap().await.unwrap();
+    }
+}
+
+fn engine(role: Role, connector: KvConnector, mode: MoriioMode, id: &str) -> EngineConfig {
+    EngineConfig {
+        role,
+        kv_connector: connector,
+        moriio_mode: mode,
+        engine_id: Some(id.to_owned()),
+        ..EngineConfig::instant()
+    }
+}
+
+async fn spawn(config: EngineConfig, registry: &Arc<TransferRegistry>) -> EngineHandle {
+    let bootstrap = (config.role == Role::Prefill && config.kv_connector == KvConnector::Mooncake)
+        .then(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let options = ServeOptions {
+        registry: Some(registry.clone()),
+        bootstrap_addr: bootstrap,
+        ..ServeOptions::default()
+    };
+    engine_sim::spawn(config, options).await.unwrap()
+}
+
+const MORIIO_PORTS: MoriIoEndpoint = MoriIoEndpoint {
+    handshake_port: 7301,
+    notify_port: 7302,
+    dp_size: 1,
+    tp_size: 1,
+};
+
+/// The static worker entry of `handle`, with what the connector needs.
+fn worker_config(handle: &EngineHandle, connector: PdConnector) -> PdWorkerConfig {
+    let mut config = PdWorkerConfig::new(handle.url());
+    if let Some(bootstrap) = handle.bootstrap_addr() {
+        config = config.with_bootstrap_port(bootstrap.port());
+    }
+    if matches!(connector, PdConnector::MoriIo(_)) {
+        config = config.with_moriio(MORIIO_PORTS);
+    }
+    config
+}
+
+fn router_config(pd: PdConfig, policy: &str) -> RouterConfig {
+    RouterConfig {
+        policy: lb_policies::PolicyConfig::named(policy),
+        pd: Some(pd),
+        ..RouterConfig::default()
+    }
+}
+
+fn engine_connector(connector: PdConnector) -> (KvConnector, MoriioMode) {
+    match connector {
+        PdConnector::Mooncake { .. } => (KvConnector::Mooncake, MoriioMode::Read),
+        PdConnector::MoriIo(MoriIoMode::Write) => (KvConnector::Moriio, MoriioMode::Write),
+        PdConnector::MoriIo(_) => (KvConnector::Moriio, MoriioMode::Read),
+        _ => (KvConnector::Nixl, MoriioMode::Read),
+    }
+}
+
+/// `prefill` prefill engines (with the given faults, in order) and one
+/// decode engine, all speaking `connector` and sharing one registry.
+async fn start(
+    connector: PdConnector,
+    prefill_faults: &[FaultConfig],
+    decode: EngineConfig,
+    policy: &str,
+) -> PdFixture {
+    let registry = TransferRegistry::new();
+    let (kv, mode) = engine_connector(connector);
+    let mut prefill = Vec::new();
+    for (i, faults) in prefill_faults.iter().enumerate() {
+        let mut config = engine(Role::Prefill, kv, mode, &format!("prefill-{i}"));
+        config.faults = faults.clone();
+        prefill.push(spawn(config, &registry).await);
+    }
+    let decode_config = EngineConfig {
+        role: Role::Decode,
+        kv_connector: kv,
+        moriio_mode: mode,
+        engine_id: Some("decode-0".into()),
+        ..decode
+    };
+    let decode = vec![spawn(decode_config, &registry).await];
+    let mut pd = PdConfig::new(connector);
+    pd.prefill = prefill
+        .iter()
+        .map(|h| worker_config(h, connector))
+        .collect();
+    pd.decode = decode.iter().map(|h| worker_config(h, connector)).collect();
+    let router = Router::start(router_config(pd, policy)).await.unwrap();
+    PdFixture::serve(router, prefill, decode).await
+}
+
+fn completion_body(prompt: &str, stream: bool) -> String {
+    serde_json::json!({
+        "model": "sim-model",
+        "prompt": prompt,
+        "max_tokens": 6,
+        "stream": stream,
+        "stream_options": if stream { serde_json::json!({"include_usage": true}) } else { serde_json::Value::Null },
+    })
+    .to_string()
+}
+
+fn invalid_transfers(handle: &EngineHandle) -> u64 {
+    handle.stats().kv_transfers_invalid.values().sum()
+}
+
+/// Every connector: chat and completions, streamed and not, all succeed,
+/// and the decode engine counts every hand-off valid.
+#[tokio::test]
+async fn every_connector_hands_off_valid_transfers() {
+    for connector in [
+        PdConnector::Nixl,
+        PdConnector::Mooncake { concurrent: true },
+        PdConnector::Mooncake { concurrent: false },
+        PdConnector::MoriIo(MoriIoMode::Read),
+        PdConnector::MoriIo(MoriIoMode::Write),
+    ] {
+        let fixture = start(
+            connector,
+            &[FaultConfig::default()],
+            EngineConfig::instant(),
+            "round_robin",
+        )
+        .await;
+        let prompt = "Explain how a radix tree stores shared prefixes. ".repeat(4);
+        // (path, body, completion tokens asked for)
+        let requests = [
+            ("/v1/chat/completions", chat_body(&prompt, false), 8),
+            ("/v1/chat/completions", chat_body(&prompt, true), 8),
+            ("/v1/completions", completion_body(&prompt, false), 6),
+            ("/v1/completions", completion_body(&prompt, true), 6),
+        ];
+        for (path, body, tokens) in &requests {
+            let (status, headers, bytes) = call(
+                fixture.addr,
+                "POST",
+                path,
+                &[
+                    ("content-type", "application/json"),
+                    ("x-request-id", "req-7"),
+                ],
+                body.clone(),
+            )
+            .await;
+            let text = String::from_utf8_lossy(&bytes);
+            assert_eq!(status, StatusCode::OK, "{connector:?} {path}: {text}");
+            assert_eq!(headers["x-request-id"], "req-7");
+            if text.starts_with("data:") {
+                assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+            } else {
+                let value = json(&bytes);
+                assert_eq!(
+                    value["usage"]["completion_tokens"], *tokens,
+                    "{connector:?} {value}"
+                );
+                // The prompt was processed by the prefill engine: reported
+                // once, and not as a full cache hit from the transfer.
+                assert!(value["usage"]["prompt_tokens"].as_u64().unwrap() > 10);
+            }
+        }
+        let decode = &fixture.decode[0];
+        assert_eq!(
+            decode.stats().kv_transfers_valid,
+            requests.len() as u64,
+            "{connector:?}: {:?}",
+            decode.stats().kv_transfers_invalid
+        );
+        assert_eq!(invalid_transfers(decode), 0, "{connector:?}");
+        assert_eq!(
+            fixture.pd().metrics().outcomes(Phase::Decode, "success"),
+            requests.len() as u64
+        );
+        assert_eq!(
+            fixture.pd().metrics().outcomes(Phase::Prefill, "success"),
+            requests.len() as u64
+        );
+        fixture.assert_loads_return_to_zero().await;
+        assert_eq!(
+            fixture.prefill_workers()[0].processed(),
+            requests.len() as u64
+        );
+        assert_eq!(
+            fixture.decode_workers()[0].processed(),
+            requests.len() as u64
+        );
+        fixture.shutdown().await;
+    }
+}
+
+/// A slowly decoding engine: the decode load stays 1 while the client
+/// reads the stream (the prefill's is already 0 with a sequential
+/// connector), and returns to 0 once the stream is read to its end.
+#[tokio::test]
+async fn streaming_decode_load_lasts_until_the_last_chunk() {
+    let slow = EngineConfig {
+        time_scale: 1.0,
+        ..EngineConfig::default()
+    };
+    let fixture = start(
+        PdConnector::Nixl,
+        &[FaultConfig::default()],
+        slow,
+        "round_robin",
+    )
+    .await;
+    let body = serde_json::json!({
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "Count slowly."}],
+        "max_tokens": 12,
+        "stream": true,
+    })
+    .to_string();
+    let mut connection = Connection::open(fixture.addr).await;
+    let response = connection
+        .send("POST", "/v1/chat/completions", &[], body)
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.data_ref().is_some_and(|d| !d.is_empty()));
+    assert_eq!(fixture.decode_workers()[0].load(), 1, "decode is streaming");
+    assert_eq!(
+        fixture.prefill_workers()[0].load(),
+        0,
+        "prefill ended before decode"
+    );
+    let mut text = String::from_utf8_lossy(first.data_ref().unwrap()).into_owned();
+    while let Some(frame) = body.frame().await {
+        if let Some(data) = frame.unwrap().data_ref() {
+            text.push_str(&String::from_utf8_lossy(data));
+        }
+        // Until the last of the 12 tokens arrived the engine still has a
+        // token to produce, so the decode stream cannot have ended yet.
+        if text.matches("\"delta\":{\"content\"").count() < 12 {
+            assert_eq!(fixture.decode_workers()[0].load(), 1, "mid-stream");
+        }
+    }
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    fixture.assert_loads_return_to_zero().await;
+    assert_eq!(fixture.decode[0].stats().kv_transfers_valid, 1);
+    fixture.shutdown().await;
+}
+
+/// A decode engine that sends its headers and then nothing: the client
+/// going away releases the decode load (and the permit) while the upstream
+/// is still stalled.
+#[tokio::test]
+async fn client_dropping_a_stalled_stream_releases_the_decode_load() {
+    let stalled = EngineConfig {
+        faults: FaultConfig {
+            stall_after_headers: Some(Duration::MAX),
+            ..FaultConfig::default()
+        },
+        ..EngineConfig::instant()
+    };
+    let fixture = start(
+        PdConnector::Nixl,
+        &[FaultConfig::default()],
+        stalled,
+        "round_robin",
+    )
+    .await;
+    let mut connection = Connection::open(fixture.addr).await;
+    let response = connection
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            chat_body("Never finishes.", true),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(fixture.decode_workers()[0].load(), 1);
+    assert_eq!(fixture.router.in_flight(), 1);
+    drop(response);
+    drop(connection);
+    fixture.assert_loads_return_to_zero().await;
+    assert_eq!(
+        fixture.pd().metrics().outcomes(Phase::Decode, "cancelled"),
+        1,
+        "the dropped decode leg is recorded as cancelled"
+    );
+    fixture.shutdown().await;
+}
+
+/// A prefill engine that answers 503: every request is retried on the
+/// other prefill worker before decode starts, and succeeds.
+#[tokio::test]
+async fn failed_prefill_is_retried_on_another_prefill_worker() {
+    let broken = FaultConfig {
+        fixed_status: Some(503),
+        ..FaultConfig::default()
+    };
+    let fixture = start(
+        PdConnector::Nixl,
+        &[broken, FaultConfig::default()],
+        EngineConfig::instant(),
+        "round_robin",
+    )
+    .await;
+    for i in 0..4 {
+        let (status, _, bytes) = call(
+            fixture.addr,
+            "POST",
+            "/v1/completions",
+            &[],
+            completion_body(&format!("Request number {i} about prefill retries."), false),
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+    let metrics = fixture.pd().metrics();
+    assert_eq!(metrics.outcomes(Phase::Decode, "success"), 4);
+    assert_eq!(metrics.outcomes(Phase::Prefill, "success"), 4);
+    let failures = metrics.outcomes(Phase::Prefill, "worker_failure");
+    assert!(
+        failures >= 1,
+        "round robin sent some requests to the broken prefill"
+    );
+    assert_eq!(fixture.decode[0].stats().kv_transfers_valid, 4);
+    assert_eq!(invalid_transfers(&fixture.decode[0]), 0);
+    let (_, _, text) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let text = String::from_utf8_lossy(&text);
+    assert!(
+        text.contains(&format!("router_pd_prefill_retries_total {failures}")),
+        "{text}"
+    );
+    fixture.assert_loads_return_to_zero().await;
+    fixture.shutdown().await;
+}
+
+/// No decode worker: 503 naming the decode role, and nothing left behind —
+/// no load, no reservation ever made, no policy decision (so no cache-tree
+/// insertion) in either role.
+#[tokio::test]
+async fn empty_decode_pool_is_a_clean_503() {
+    let registry = TransferRegistry::new();
+    let prefill = spawn(
+        engine(Role::Prefill, KvConnector::Nixl, MoriioMode::Read, "p0"),
+        &registry,
+    )
+    .await;
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill = vec![PdWorkerConfig::new(prefill.url())];
+    let router = Router::start(router_config(pd, "cache_aware"))
+        .await
+        .unwrap();
+    let fixture = PdFixture::serve(router, vec![prefill], Vec::new()).await;
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let body = if path == "/v1/completions" {
+            completion_body("No decode worker anywhere.", false)
+        } else {
+            chat_body("No decode worker anywhere.", false)
+        };
+        let (status, _, bytes) = call(fixture.addr, "POST", path, &[], body).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let error = json(&bytes);
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains("decode"), "{message}");
+        assert_eq!(error["error"]["code"], "no_available_worker");
+    }
+    let prefill = &fixture.prefill_workers()[0];
+    assert_eq!(prefill.load(), 0);
+    assert_eq!(prefill.processed(), 0, "no reservation was ever made");
+    for role in [fixture.pd().prefill(), fixture.pd().decode()] {
+        let decisions: u64 = role
+            .policies()
+            .counts()
+            .iter()
+            .map(|(_, _, counts)| counts.total() + counts.no_candidate())
+            .sum();
+        assert_eq!(decisions, 0, "{} policy was asked", role.role());
+    }
+    assert_eq!(fixture.pd().decode().unavailable_count(), 2);
+    assert_eq!(fixture.prefill[0].stats().requests_finished, 0);
+    let (status, _, bytes) = call(fixture.addr, "GET", "/readiness", &[], "").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(json(&bytes)["decode_workers"], 0);
+    fixture.shutdown().await;
+}
+
+/// One engine listed as both prefill and decode: two workers with their own
+/// keys, loads and processed counts. A regular engine returns no KV
+/// parameters, so decode recomputes the prompt — counted, never silent.
+#[tokio::test]
+async fn same_url_in_both_roles_is_two_workers() {
+    let shared_engine = engine_sim::spawn(EngineConfig::instant(), ServeOptions::default())
+        .await
+        .unwrap();
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill = vec![PdWorkerConfig::new(shared_engine.url())];
+    pd.decode = vec![PdWorkerConfig::new(shared_engine.url())];
+    let router = Router::start(router_config(pd, "round_robin"))
+        .await
+        .unwrap();
+    let fixture = PdFixture::serve(router, Vec::new(), vec![shared_engine]).await;
+    let (status, _, bytes) = call(fixture.addr, "GET", "/workers", &[], "").await;
+    assert_eq!(status, StatusCode::OK);
+    let workers = json(&bytes);
+    let workers = workers.as_array().unwrap();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    let roles: Vec<&str> = workers
+        .iter()
+        .map(|w| w["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["prefill", "decode"]);
+    assert_eq!(workers[0]["url"], workers[1]["url"]);
+
+    let (status, _, bytes) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        chat_body("Same engine, two roles.", false),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    fixture.assert_loads_return_to_zero().await;
+    let (prefill, decode) = (&fixture.prefill_workers()[0], &fixture.decode_workers()[0]);
+    assert_ne!(prefill.key(), decode.key());
+    assert_eq!((prefill.processed(), decode.processed()), (1, 1));
+
+    let (_, _, text) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let text = String::from_utf8_lossy(&text);
+    assert!(
+        text.contains("router_pd_missing_prefill_kv_params_total 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("role=\"prefill\""),
+        "per-worker series carry the role"
+    );
+    assert!(text.contains("router_worker_load{url=\""), "{text}");
+    let (status, _, bytes) = call(fixture.addr, "GET", "/list_workers", &[], "").await;
+    assert_eq!(status, StatusCode::OK);
+    let list = json(&bytes);
+    assert_eq!(list["prefill"].as_array().unwrap().len(), 1);
+    assert_eq!(list["decode"].as_array().unwrap().len(), 1);
+    fixture.shutdown().await;
+}
+
+/// Discovery: workers come from the registries; requests flow; when both
+/// registrations expire the router answers 503; a new registration is a
+/// fresh worker with load 0.
+#[tokio::test]
+async fn discovered_workers_route_expire_and_come_back_fresh() {
+    let ttl = Duration::from_millis(1500);
+    let transfers = TransferRegistry::new();
+    let prefill = spawn(
+        engine(Role::Prefill, KvConnector::Nixl, MoriioMode::Read, "p0"),
+        &transfers,
+    )
+    .await;
+    let decode = spawn(
+        engine(Role::Decode, KvConnector::Nixl, MoriioMode::Read, "d0"),
+        &transfers,
+    )
+    .await;
+    let prefill_registry = Arc::new(ServiceRegistry::new(RoleKind::Prefill, ttl));
+    let decode_registry = Arc::new(ServiceRegistry::new(RoleKind::Decode, ttl));
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill_registry = Some(prefill_registry.clone());
+    pd.decode_registry = Some(decode_registry.clone());
+    let router = Router::start(router_config(pd, "cache_aware"))
+        .await
+        .unwrap();
+    let fixture = PdFixture::serve(router, vec![prefill], vec![decode]).await;
+    let prefill_endpoint = Endpoint::new(&fixture.prefill[0].url(), None).unwrap();
+    let decode_endpoint = Endpoint::new(&fixture.decode[0].url(), None).unwrap();
+    let register = || {
+        let now = Instant::now();
+        prefill_registry.register(prefill_endpoint.clone(), Registration::default(), now);
+        decode_registry.register(decode_endpoint.clone(), Registration::default(), now);
+    };
+
+    // Nothing registered yet: 503, the prefill role named first.
+    let (status, _, bytes) = call(
+        fixture.addr,
+        "POST",
+        "/v1/completions",
+        &[],
+        completion_body("Anyone there?", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(String::from_utf8_lossy(&bytes).contains("prefill"));
+
+    register();
+    for i in 0..3 {
+        let (status, _, bytes) = call(
+            fixture.addr,
+            "POST",
+            "/v1/completions",
+            &[],
+            completion_body(&format!("Discovered request {i}."), i == 1),
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+    assert_eq!(fixture.decode[0].stats().kv_transfers_valid, 3);
+    fixture.assert_loads_return_to_zero().await;
+    let old_prefill = fixture.prefill_workers()[0].clone();
+    let old_decode = fixture.decode_workers()[0].clone();
+    assert_eq!((old_prefill.processed(), old_decode.processed()), (3, 3));
+
+    // Both registrations expire: 503, and the old workers leave their pools.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/completions",
+        &[],
+        completion_body("After expiry.", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(fixture.prefill_workers().is_empty());
+    assert!(fixture.decode_workers().is_empty());
+    assert_eq!(
+        old_prefill.lifecycle(),
+        worker_lifecycle::Lifecycle::Removed
+    );
+
+    // Registering again starts new lifetimes: fresh workers, fresh counts.
+    register();
+    let (status, _, bytes) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        chat_body("Back again.", false),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    fixture.assert_loads_return_to_zero().await;
+    let new_prefill = fixture.prefill_workers()[0].clone();
+    let new_decode = fixture.decode_workers()[0].clone();
+    assert!(!Arc::ptr_eq(&new_prefill, &old_prefill));
+    assert_ne!(new_prefill.generation(), old_prefill.generation());
+    assert_ne!(new_decode.key(), old_decode.key());
+    assert_eq!((new_prefill.processed(), new_decode.processed()), (1, 1));
+    assert_eq!((old_prefill.processed(), old_decode.processed()), (3, 3));
+    assert_eq!(fixture.decode[0].stats().kv_transfers_valid, 4);
+    assert_eq!(invalid_transfers(&fixture.decode[0]), 0);
+    fixture.shutdown().await;
+}
