@@ -37,7 +37,8 @@ mod tests {
         let set = StaticWorkerSet::new(RoleKind::Regular, WorkerOptions::default()).unwrap();
         for port in [8001, 8002] {
             let endpoint = Endpoint::new(&format!("http://127.0.0.1:{port}"), None).unwrap();
-            set.add(WorkerSpec::new(WorkerRole::Regular, endpoint)).unwrap();
+            set.add(WorkerSpec::new(WorkerRole::Regular, endpoint))
+                .unwrap();
         }
         let workers = set.workers();
         let guard = workers[0].reserve();
