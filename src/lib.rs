@@ -15,6 +15,8 @@
 //! The reference router is `cargo run --release --example router`.
 #![warn(missing_docs)]
 
+pub mod cli;
+
 pub use engine_sim as sim;
 pub use lb_policies as policies;
 pub use pd_orchestrator as pd;
