@@ -897,7 +897,15 @@ impl PdPools {
     /// behind; [`ApiError::UnknownModel`] when no worker of a role serves
     /// the model.
     pub fn select_pair(&self, scope: &Arc<PdScope>) -> Result<PdPair, ApiError> {
-        let now = Instant::now();
+        self.select_pair_at(scope, Instant::now())
+    }
+
+    /// [`select_pair`](Self::select_pair) with the registries read at `now`
+    /// (entries whose time-to-live ended by then are expired).
+    ///
+    /// # Errors
+    /// As [`select_pair`](Self::select_pair).
+    pub fn select_pair_at(&self, scope: &Arc<PdScope>, now: Instant) -> Result<PdPair, ApiError> {
         self.prefill
             .step(now, |prefill_workers| {
                 self.decode.step(now, |decode_workers| {
