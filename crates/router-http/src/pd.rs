@@ -44,7 +44,31 @@
 //! from the prefill's bootstrap server. [`Router::start`](crate::Router::start)
 //! (or [`Router::bootstrap_pd`](crate::Router::bootstrap_pd)) queries every
 //! static prefill worker once at startup, with retries; a prefill worker
-//! whose engine ids are not known is not selected.
+//! whose engine ids are not known is not selected. A discovered prefill
+//! worker is queried in the background when it joins its pool.
+//!
+//! # Example
+//!
+//! ```
+//! use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router, RouterConfig};
+//!
+//! let mut pd = PdConfig::new(PdConnector::Nixl);
+//! pd.prefill = vec![PdWorkerConfig::new("http://10.0.0.1:8000")];
+//! // The same URL as a decode worker is a second, separate worker.
+//! pd.decode = vec![
+//!     PdWorkerConfig::new("http://10.0.0.1:8000"),
+//!     PdWorkerConfig::new("http://10.0.0.2:8000"),
+//! ];
+//! let config = RouterConfig { pd: Some(pd), ..RouterConfig::default() };
+//! // `Router::start(config).await` also runs the Mooncake bootstrap.
+//! let router = Router::new(config)?;
+//! let pools = router.pd().expect("P/D mode");
+//! assert_eq!(pools.prefill().workers().len(), 1);
+//! assert_eq!(pools.decode().workers().len(), 2);
+//! assert_eq!(router.all_workers().len(), 3);
+//! assert!(router.is_ready(), "an available worker in each role");
+//! # Ok::<(), router_http::ConfigError>(())
+//! ```
 
 use crate::body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout};
 use crate::client::{UpstreamClient, UpstreamError};
@@ -224,6 +248,9 @@ pub mod labels {
     pub const MORIIO_HANDSHAKE_PORT: &str = "moriio_handshake_port";
     /// MoRI-IO notify port.
     pub const MORIIO_NOTIFY_PORT: &str = "moriio_notify_port";
+    /// MoRI-IO mode the engine runs (`read` or `write`): a worker whose
+    /// mode differs from the router's connector is refused.
+    pub const MORIIO_MODE: &str = "moriio_mode";
     /// Data-parallel size of the engine.
     pub const DP_SIZE: &str = "dp_size";
     /// Tensor-parallel size of the engine.
@@ -299,8 +326,17 @@ pub struct PdRole {
     source: Source,
     policies: PolicyRegistry<Arc<Worker>>,
     /// The flow's view of each worker, by worker key (one per lifetime).
-    endpoints: Mutex<HashMap<Box<str>, Arc<PdEndpoint>>>,
+    endpoints: Arc<Mutex<HashMap<Box<str>, Arc<PdEndpoint>>>>,
     unavailable: Counter,
+    /// How discovered Mooncake prefill workers learn their engine ids.
+    bootstrap: std::sync::OnceLock<Bootstrapper>,
+}
+
+/// The client and schedule of background Mooncake bootstrap queries.
+#[derive(Debug, Clone)]
+struct Bootstrapper {
+    client: UpstreamClient,
+    retry: BootstrapRetry,
 }
 
 impl std::fmt::Debug for PdRole {
@@ -351,8 +387,9 @@ impl PdRole {
             connector,
             source,
             policies: PolicyRegistry::new(policy)?,
-            endpoints: Mutex::new(HashMap::new()),
+            endpoints: Arc::new(Mutex::new(HashMap::new())),
             unavailable: Counter::default(),
+            bootstrap: std::sync::OnceLock::new(),
         };
         for spec in statics {
             this.add_static(spec)?;
@@ -472,7 +509,55 @@ impl PdRole {
         if let Some(new) = event.added() {
             self.policies
                 .on_membership(PolicyEvent::Added { key: new.key() });
+            let discovered = matches!(self.source, Source::Discovery { .. });
+            if discovered && self.connector.is_mooncake() && self.role == RoleKind::Prefill {
+                if let Some(endpoint) = self.endpoint(new).filter(|e| e.mooncake().is_none()) {
+                    self.learn_in_background(new, endpoint);
+                }
+            }
         }
+    }
+
+    /// Queries a newly discovered Mooncake prefill worker's bootstrap
+    /// server off the request path; the worker becomes selectable once its
+    /// engine ids are known. Spawning does not block, so this may run under
+    /// the pool's lock.
+    fn learn_in_background(&self, worker: &Arc<Worker>, endpoint: Arc<PdEndpoint>) {
+        let (Some(bootstrapper), Ok(runtime)) = (
+            self.bootstrap.get().cloned(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            tracing::warn!(
+                prefill = worker.key(),
+                "no runtime to query the Mooncake bootstrap server of a discovered prefill worker"
+            );
+            return;
+        };
+        let endpoints = Arc::clone(&self.endpoints);
+        let worker = Arc::clone(worker);
+        runtime.spawn(async move {
+            let query = HyperBootstrap(bootstrapper.client);
+            let port = match worker.role() {
+                WorkerRole::Prefill { bootstrap_port } => bootstrap_port,
+                _ => None,
+            };
+            match learn_engine_ids(&query, &TokioSleeper, &endpoint, port, &bootstrapper.retry)
+                .await
+            {
+                Ok(learned) => {
+                    let mut endpoints = lock(&endpoints);
+                    // A worker that left meanwhile stays gone.
+                    if let Some(slot) = endpoints.get_mut(worker.key()) {
+                        *slot = Arc::new((*endpoint).clone().with_mooncake(learned));
+                    }
+                }
+                Err(err) => tracing::error!(
+                    prefill = worker.key(),
+                    %err,
+                    "discovered Mooncake prefill worker stays unselectable"
+                ),
+            }
+        });
     }
 
     /// The flow endpoint of `worker`: built once per worker lifetime (from
@@ -610,7 +695,19 @@ fn discovered_endpoint(worker: &Worker, connector: PdConnector) -> Option<PdEndp
         endpoint = endpoint.with_kv_addr(addr.clone());
     }
     let number = |key: &str| labels.get(key).and_then(|v| v.trim().parse::<u32>().ok());
-    if connector.is_moriio() {
+    if let PdConnector::MoriIo(mode) = connector {
+        if let Some(label) = labels.get(labels::MORIIO_MODE) {
+            let refused = match label.parse::<MoriIoMode>() {
+                Ok(registered) => MoriIoMode::validate_registration(Some(mode), registered)
+                    .err()
+                    .map(|mismatch| mismatch.to_string()),
+                Err(err) => Some(err.to_string()),
+            };
+            if let Some(reason) = refused {
+                tracing::warn!(worker = worker.key(), %reason, "MoRI-IO worker refused");
+                return None;
+            }
+        }
         let port = |key: &str| labels.get(key).and_then(|v| v.trim().parse::<u16>().ok());
         if let (Some(handshake_port), Some(notify_port)) = (
             port(labels::MORIIO_HANDSHAKE_PORT),
@@ -1246,6 +1343,10 @@ impl PdState {
         client: &UpstreamClient,
     ) -> Result<Self, ConfigError> {
         let pools = PdPools::new(pd, &config.policy, &config.worker_options)?;
+        let _ = pools.prefill.bootstrap.set(Bootstrapper {
+            client: client.clone(),
+            retry: pd.bootstrap_retry,
+        });
         let transport = HyperTransport::new(client.clone(), config.stream_idle_timeout);
         Ok(Self {
             flow: PdFlow::new(transport, Arc::new(pools), pd.flow),
@@ -1489,6 +1590,56 @@ mod tests {
         );
         assert!(!breaker_outcome(LegOutcome::ClientError, None).is_worker_failure());
         assert!(!breaker_outcome(LegOutcome::Cancelled, None).is_worker_failure());
+    }
+
+    fn labelled(role: WorkerRole, pairs: &[(&str, &str)]) -> Arc<Worker> {
+        let mut spec = WorkerSpec::new(role, Endpoint::new("http://10.0.0.9:8000", None).unwrap());
+        for (key, value) in pairs {
+            spec = spec.with_label(*key, *value);
+        }
+        Worker::new(spec, 1, &WorkerOptions::default())
+    }
+
+    #[test]
+    fn discovered_endpoints_come_from_registration_labels() {
+        let ports = [
+            (labels::MORIIO_HANDSHAKE_PORT, "7001"),
+            (labels::MORIIO_NOTIFY_PORT, "7002"),
+            (labels::DP_SIZE, "2"),
+            (labels::KV_ADDR, "10.0.0.9:5555"),
+        ];
+        let read = PdConnector::MoriIo(MoriIoMode::Read);
+        let worker = labelled(WorkerRole::Decode, &ports);
+        let endpoint = discovered_endpoint(&worker, read).unwrap();
+        let moriio = endpoint.moriio().unwrap();
+        assert_eq!((moriio.handshake_port, moriio.notify_port), (7001, 7002));
+        assert_eq!((moriio.dp_size, moriio.tp_size), (2, 1));
+        assert_eq!(endpoint.kv_addr(), "10.0.0.9:5555");
+
+        // A registration in the other MoRI-IO mode is refused.
+        let mut write = ports.to_vec();
+        write.push((labels::MORIIO_MODE, "write"));
+        assert!(discovered_endpoint(&labelled(WorkerRole::Decode, &write), read).is_none());
+        let mut same = ports.to_vec();
+        same.push((labels::MORIIO_MODE, "read"));
+        assert!(discovered_endpoint(&labelled(WorkerRole::Decode, &same), read).is_some());
+
+        // Mooncake engine ids announced by the listener.
+        let prefill = labelled(
+            WorkerRole::Prefill {
+                bootstrap_port: Some(9000),
+            },
+            &[
+                (labels::MOONCAKE_ENGINE_ID, "e0"),
+                ("mooncake_engine_id.1", "e1"),
+            ],
+        );
+        let endpoint =
+            discovered_endpoint(&prefill, PdConnector::Mooncake { concurrent: true }).unwrap();
+        let mooncake = endpoint.mooncake().unwrap();
+        assert_eq!(mooncake.bootstrap_addr, "http://10.0.0.9:9000");
+        assert_eq!(mooncake.engine_id(Some(1)), Some("e1"));
+        assert_eq!(mooncake.engine_id(None), Some("e0"));
     }
 
     #[test]

@@ -534,6 +534,13 @@ async fn same_url_in_both_roles_is_two_workers() {
         "per-worker series carry the role"
     );
     assert!(text.contains("router_worker_load{url=\""), "{text}");
+    // Routes other than the two-phase ones go to a decode worker.
+    let (status, _, bytes) = call(fixture.addr, "GET", "/v1/models", &[], "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(json(&bytes)["data"][0]["id"], "sim-model");
+    fixture.assert_loads_return_to_zero().await;
+    assert_eq!(fixture.decode_workers()[0].processed(), 2);
+    assert_eq!(fixture.prefill_workers()[0].processed(), 1);
     let (status, _, bytes) = call(fixture.addr, "GET", "/list_workers", &[], "").await;
     assert_eq!(status, StatusCode::OK);
     let list = json(&bytes);
@@ -655,5 +662,84 @@ async fn discovered_workers_route_expire_and_come_back_fresh() {
     assert_eq!((old_prefill.processed(), old_decode.processed()), (3, 3));
     assert_eq!(fixture.decode[0].stats().kv_transfers_valid, 4);
     assert_eq!(invalid_transfers(&fixture.decode[0]), 0);
+    fixture.shutdown().await;
+}
+
+/// A discovered Mooncake prefill worker learns its engine ids from its
+/// bootstrap server in the background, then takes requests.
+#[tokio::test]
+async fn discovered_mooncake_prefill_is_bootstrapped_in_the_background() {
+    let transfers = TransferRegistry::new();
+    let prefill = spawn(
+        engine(
+            Role::Prefill,
+            KvConnector::Mooncake,
+            MoriioMode::Read,
+            "mp0",
+        ),
+        &transfers,
+    )
+    .await;
+    let decode = spawn(
+        engine(Role::Decode, KvConnector::Mooncake, MoriioMode::Read, "md0"),
+        &transfers,
+    )
+    .await;
+    let prefill_registry = Arc::new(ServiceRegistry::new(
+        RoleKind::Prefill,
+        Duration::from_secs(60),
+    ));
+    let decode_registry = Arc::new(ServiceRegistry::new(
+        RoleKind::Decode,
+        Duration::from_secs(60),
+    ));
+    let mut pd = PdConfig::new(PdConnector::Mooncake { concurrent: true });
+    pd.prefill_registry = Some(prefill_registry.clone());
+    pd.decode_registry = Some(decode_registry.clone());
+    pd.bootstrap_retry.initial_backoff = Duration::from_millis(20);
+    let router = Router::start(router_config(pd, "round_robin"))
+        .await
+        .unwrap();
+    let now = Instant::now();
+    let registration = Registration {
+        bootstrap_port: prefill.bootstrap_addr().map(|a| a.port()),
+        ..Registration::default()
+    };
+    prefill_registry.register(
+        Endpoint::new(&prefill.url(), None).unwrap(),
+        registration,
+        now,
+    );
+    decode_registry.register(
+        Endpoint::new(&decode.url(), None).unwrap(),
+        Registration::default(),
+        now,
+    );
+    let fixture = PdFixture::serve(router, vec![prefill], vec![decode]).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut refused = 0;
+    loop {
+        let (status, _, bytes) = call(
+            fixture.addr,
+            "POST",
+            "/v1/completions",
+            &[],
+            completion_body("Pushed over Mooncake.", false),
+        )
+        .await;
+        if status == StatusCode::OK {
+            break;
+        }
+        // Until the engine ids are known the prefill worker is not eligible.
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(String::from_utf8_lossy(&bytes).contains("prefill"));
+        refused += 1;
+        assert!(tokio::time::Instant::now() < deadline, "never bootstrapped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(fixture.pd().prefill().unavailable_count(), refused);
+    assert_eq!(fixture.decode[0].stats().kv_transfers_valid, 1);
+    assert_eq!(invalid_transfers(&fixture.decode[0]), 0);
+    fixture.assert_loads_return_to_zero().await;
     fixture.shutdown().await;
 }
