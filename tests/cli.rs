@@ -532,26 +532,28 @@ fn flags_with_no_effect_are_reported_not_refused() {
 
 #[test]
 fn a_config_file_round_trips() {
-    let mut args = Args::default();
-    args.host = "0.0.0.0".into();
-    args.port = 31000;
-    args.worker_urls = vec![
-        "http://127.0.0.1:9001".into(),
-        "http://127.0.0.1:9002".into(),
-    ];
-    args.policy = PolicyName::ConsistentHash;
-    args.cache_threshold = 0.75;
-    args.balance_rel_threshold = 3.0;
-    args.api_key = Some("k".into());
-    args.rate_limit_tokens_per_second = Some(99.5);
-    args.request_id_headers = vec!["x-id".into()];
-    args.disable_retries = true;
-    args.cb_window_duration_secs = 45;
-    args.health_check_endpoint = "/healthz".into();
-    args.log_level = LogLevel::Debug;
-    args.log_json = true;
-    args.cors_allowed_origins = vec!["*".into()];
-    args.sim_workers = 1;
+    let args = Args {
+        host: "0.0.0.0".into(),
+        port: 31000,
+        worker_urls: vec![
+            "http://127.0.0.1:9001".into(),
+            "http://127.0.0.1:9002".into(),
+        ],
+        policy: PolicyName::ConsistentHash,
+        cache_threshold: 0.75,
+        balance_rel_threshold: 3.0,
+        api_key: Some("k".into()),
+        rate_limit_tokens_per_second: Some(99.5),
+        request_id_headers: vec!["x-id".into()],
+        disable_retries: true,
+        cb_window_duration_secs: 45,
+        health_check_endpoint: "/healthz".into(),
+        log_level: LogLevel::Debug,
+        log_json: true,
+        cors_allowed_origins: vec!["*".into()],
+        sim_workers: 1,
+        ..Args::default()
+    };
     let text = settings::to_toml(&args);
     let path = temp_file("roundtrip.toml", &text);
     let parsed = settings::parse_from(["router", "--config", path.to_str().unwrap()]).unwrap();

@@ -386,7 +386,11 @@ mod tests {
         let registries = Registries::new(Duration::from_secs(5));
         let now = Instant::now();
         let identity = Bytes::from_static(b"peer");
-        assert!(registries.apply(std::slice::from_ref(&identity), now).is_err());
+        assert!(
+            registries
+                .apply(std::slice::from_ref(&identity), now)
+                .is_err()
+        );
         assert!(
             registries
                 .apply(&[identity.clone(), Bytes::from_static(b"\x93")], now)
