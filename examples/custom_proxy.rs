@@ -61,6 +61,19 @@ type ProxyBody = http_body_util::combinators::BoxBody<Bytes, BoxError>;
 
 const ENGINES: usize = 3;
 const MAX_BODY: usize = 16 << 20;
+/// Request headers that describe the client's connection, not the request,
+/// and so are not forwarded (hyper sets `host` and the framing itself).
+const HOP_BY_HOP: [&str; 9] = [
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
 
 /// The proxy's own backend type: where to send requests, plus the
 /// lifecycle worker whose atomics the policies read and whose guards count
@@ -131,7 +144,14 @@ impl Proxy {
         let bytes = Limited::new(body, MAX_BODY)
             .collect()
             .await
-            .map_err(|err| (StatusCode::BAD_REQUEST, format!("reading the body: {err}")))?
+            .map_err(|err| {
+                let status = if err.is::<http_body_util::LengthLimitError>() {
+                    StatusCode::PAYLOAD_TOO_LARGE
+                } else {
+                    StatusCode::BAD_REQUEST
+                };
+                (status, format!("reading the body: {err}"))
+            })?
             .to_bytes();
         let (model, text) = routing_text(&bytes);
         let mut ctx = RequestContext::new(&model);
@@ -162,7 +182,7 @@ impl Proxy {
         let uri = format!("http://{}{path}", upstream.authority);
         let mut outgoing = Request::builder().method(parts.method).uri(uri);
         for (name, value) in &parts.headers {
-            if name != http::header::HOST && name != http::header::CONNECTION {
+            if !HOP_BY_HOP.contains(&name.as_str()) {
                 outgoing = outgoing.header(name, value);
             }
         }
