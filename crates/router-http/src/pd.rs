@@ -1399,9 +1399,13 @@ pub(crate) async fn proxy(
         permit,
         deadline,
     } = call;
-    let body: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|err| ApiError::InvalidJson(err.to_string()))?;
-    drop(bytes);
+    let parse = |bytes: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(bytes)
+            .map_err(|err| ApiError::InvalidJson(err.to_string()))
+    };
+    // Parsed once per attempt: a retry re-parses the bytes rather than the
+    // first attempt paying for a deep copy it rarely needs.
+    let mut body = Some(parse(&bytes)?);
     let flow_id = flow_request_id(&request_id);
     let scope = Arc::new(
         PdScope::new(info.model.unwrap_or_default(), info.routing).with_keys(
@@ -1425,18 +1429,15 @@ pub(crate) async fn proxy(
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
 
     let mut retries = 0u32;
-    let mut body = Some(body);
     loop {
         let pair = pd.pools().select_pair(&scope)?;
         let (prefill_worker, decode_worker) = (
             Arc::clone(pair.prefill.worker()),
             Arc::clone(pair.decode.worker()),
         );
-        // Keep the body for a retry only when one may still happen.
-        let attempt_body = if shared.config.retry.allows_retry(retries + 1) {
-            body.clone().unwrap_or_default()
-        } else {
-            body.take().unwrap_or_default()
+        let attempt_body = match body.take() {
+            Some(body) => body,
+            None => parse(&bytes)?,
         };
         let request = PdRequest {
             path: path.clone(),
@@ -1487,7 +1488,7 @@ pub(crate) async fn proxy(
             PdError::PrefillFailed { .. } => scope.exclude(&prefill_worker),
             _ => {}
         }
-        if error.is_retryable() && body.is_some() && router.may_retry(retries, deadline) {
+        if error.is_retryable() && router.may_retry(retries, deadline) {
             retries += 1;
             shared.metrics.retries.inc();
             continue;
@@ -1496,21 +1497,23 @@ pub(crate) async fn proxy(
     }
 }
 
-/// The flow's request id: the client's when it fits the P2P convention's
-/// alphabet, else a fresh one (the client's stays on the response).
+/// The flow's request id, unique in this process: transfer ids derive from
+/// it, and two requests that share a client id (a client reusing ids, a
+/// fixed header) must not rendezvous on each other's KV. It keeps the
+/// client's id as a prefix when that fits the P2P convention's alphabet, for
+/// correlating engine logs; the client's id itself stays on the response.
 fn flow_request_id(request_id: &RequestId) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let value = request_id.value.as_bytes();
     let fits = !value.is_empty()
         && value.len() <= 96
         && value
             .iter()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if fits {
-        String::from_utf8_lossy(value).into_owned()
-    } else {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("pd-{}-{n}", std::process::id())
+    match std::str::from_utf8(value) {
+        Ok(client) if fits => format!("{client}.{n}"),
+        _ => format!("pd-{}-{n}", std::process::id()),
     }
 }
 
@@ -1648,7 +1651,13 @@ mod tests {
             header: HeaderName::from_static("x-request-id"),
             value: HeaderValue::from_static(value),
         };
-        assert_eq!(flow_request_id(&id("abc-1.2_x")), "abc-1.2_x");
+        let first = flow_request_id(&id("abc-1.2_x"));
+        let second = flow_request_id(&id("abc-1.2_x"));
+        assert!(first.starts_with("abc-1.2_x."), "{first}");
+        assert_ne!(
+            first, second,
+            "a reused client id still gives unique transfer ids"
+        );
         let replaced = flow_request_id(&id("a:b"));
         assert!(replaced.starts_with("pd-"), "{replaced}");
     }

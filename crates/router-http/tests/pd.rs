@@ -743,3 +743,69 @@ async fn discovered_mooncake_prefill_is_bootstrapped_in_the_background() {
     fixture.assert_loads_return_to_zero().await;
     fixture.shutdown().await;
 }
+
+/// A decode engine that answers 503: the whole request is retried on a
+/// fresh pair without that decode worker, before any byte reached the
+/// client, and every transfer the healthy decode engine saw is valid.
+#[tokio::test]
+async fn failed_decode_is_retried_on_a_fresh_pair() {
+    let registry = TransferRegistry::new();
+    let prefill = spawn(
+        engine(Role::Prefill, KvConnector::Nixl, MoriioMode::Read, "p0"),
+        &registry,
+    )
+    .await;
+    let mut broken = engine(
+        Role::Decode,
+        KvConnector::Nixl,
+        MoriioMode::Read,
+        "d-broken",
+    );
+    broken.faults.fixed_status = Some(503);
+    let broken = spawn(broken, &registry).await;
+    let healthy = spawn(
+        engine(
+            Role::Decode,
+            KvConnector::Nixl,
+            MoriioMode::Read,
+            "d-healthy",
+        ),
+        &registry,
+    )
+    .await;
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill = vec![PdWorkerConfig::new(prefill.url())];
+    pd.decode = vec![
+        PdWorkerConfig::new(broken.url()),
+        PdWorkerConfig::new(healthy.url()),
+    ];
+    let router = Router::start(router_config(pd, "round_robin"))
+        .await
+        .unwrap();
+    let fixture = PdFixture::serve(router, vec![prefill], vec![broken, healthy]).await;
+    for i in 0..4 {
+        let (status, _, bytes) = call(
+            fixture.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("x-request-id", "same-id-every-time")],
+            chat_body(&format!("Decode retry {i}."), i % 2 == 0),
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+    let metrics = fixture.pd().metrics();
+    assert_eq!(metrics.outcomes(Phase::Decode, "success"), 4);
+    let failed = metrics.outcomes(Phase::Decode, "worker_failure");
+    assert!(failed >= 1, "round robin tried the broken decode worker");
+    assert_eq!(fixture.router.metrics().retries.get(), failed);
+    assert_eq!(fixture.decode[1].stats().kv_transfers_valid, 4);
+    assert_eq!(invalid_transfers(&fixture.decode[1]), 0);
+    fixture.assert_loads_return_to_zero().await;
+    fixture.shutdown().await;
+}
