@@ -397,14 +397,77 @@ impl PdRole {
         Ok(this)
     }
 
-    fn add_static(&self, spec: &PdWorkerConfig) -> Result<(), ConfigError> {
+    fn add_static(&self, spec: &PdWorkerConfig) -> Result<Arc<Worker>, ConfigError> {
+        let (worker_spec, endpoint) = self.build_static(spec)?;
+        self.insert_static(worker_spec, endpoint, &spec.url)
+    }
+
+    /// Adds a static worker at run time (the admin route): a Mooncake
+    /// prefill worker's engine ids are learned first, so it joins the pool
+    /// already selectable.
+    ///
+    /// # Errors
+    /// [`ConfigError::Worker`] for an invalid spec, a duplicate or a
+    /// discovered role; [`ConfigError::Bootstrap`] when its bootstrap
+    /// server does not answer.
+    pub async fn add_worker(&self, spec: &PdWorkerConfig) -> Result<Arc<Worker>, ConfigError> {
+        let (worker_spec, mut endpoint) = self.build_static(spec)?;
+        if self.connector.is_mooncake() && self.role == RoleKind::Prefill {
+            if let Some(bootstrapper) = self.bootstrap.get() {
+                let query = HyperBootstrap(bootstrapper.client.clone());
+                let learned = learn_engine_ids(
+                    &query,
+                    &TokioSleeper,
+                    &endpoint,
+                    spec.bootstrap_port,
+                    &bootstrapper.retry,
+                )
+                .await?;
+                endpoint = endpoint.with_mooncake(learned);
+            }
+        }
+        self.insert_static(worker_spec, endpoint, &spec.url)
+    }
+
+    /// Drains the static worker at `endpoint` (no new work; waits until its
+    /// load is 0 or `deadline`) and removes it. Returns whether it drained.
+    ///
+    /// # Errors
+    /// [`ApiError::WorkerNotFound`] when no such worker is in this role;
+    /// [`ApiError::InvalidRequest`] for a discovered role (its workers leave
+    /// by deregistering).
+    pub async fn remove_worker(
+        &self,
+        endpoint: &Endpoint,
+        deadline: tokio::time::Instant,
+    ) -> Result<bool, ApiError> {
+        let Source::Static(set) = &self.source else {
+            return Err(ApiError::InvalidRequest(format!(
+                "{} workers are discovered; they leave by deregistering",
+                self.role
+            )));
+        };
+        let report = set
+            .drain(endpoint, deadline)
+            .await
+            .map_err(|_| ApiError::WorkerNotFound(format!("{} worker {endpoint}", self.role)))?;
+        for event in &report.events {
+            self.apply(event);
+        }
+        Ok(matches!(
+            report.outcome,
+            worker_lifecycle::DrainOutcome::Idle
+        ))
+    }
+
+    fn build_static(&self, spec: &PdWorkerConfig) -> Result<(WorkerSpec, PdEndpoint), ConfigError> {
         let invalid = |reason: String| ConfigError::Worker {
             url: spec.url.clone(),
             reason: format!("{} worker: {reason}", self.role),
         };
-        let Source::Static(set) = &self.source else {
+        if !matches!(self.source, Source::Static(_)) {
             return Err(invalid("this role is discovered".into()));
-        };
+        }
         crate::router::validate_worker_url(&spec.url).map_err(|err| invalid(err.to_string()))?;
         let mut endpoint = PdEndpoint::new(&spec.url).map_err(|err| invalid(err.to_string()))?;
         if let Some(rank) = spec.dp_rank {
@@ -434,14 +497,30 @@ impl PdRole {
         if let Some(model) = &spec.model {
             worker_spec = worker_spec.with_model(model.clone());
         }
-        let event = set
-            .add(worker_spec)
-            .map_err(|err| invalid(err.to_string()))?;
-        if let Some(worker) = event.added() {
-            lock(&self.endpoints).insert(worker.key().into(), Arc::new(endpoint));
-        }
+        Ok((worker_spec, endpoint))
+    }
+
+    fn insert_static(
+        &self,
+        spec: WorkerSpec,
+        endpoint: PdEndpoint,
+        url: &str,
+    ) -> Result<Arc<Worker>, ConfigError> {
+        let invalid = |reason: String| ConfigError::Worker {
+            url: url.to_owned(),
+            reason: format!("{} worker: {reason}", self.role),
+        };
+        let Source::Static(set) = &self.source else {
+            return Err(invalid("this role is discovered".into()));
+        };
+        let event = set.add(spec).map_err(|err| invalid(err.to_string()))?;
+        let worker = event
+            .added()
+            .cloned()
+            .ok_or_else(|| invalid("the worker set did not add it".into()))?;
+        lock(&self.endpoints).insert(worker.key().into(), Arc::new(endpoint));
         self.apply(&event);
-        Ok(())
+        Ok(worker)
     }
 
     /// The role.

@@ -474,6 +474,76 @@ async fn empty_decode_pool_is_a_clean_503() {
     let (status, _, bytes) = call(fixture.addr, "GET", "/readiness", &[], "").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(json(&bytes)["decode_workers"], 0);
+
+    // An operator adds a decode worker: requests flow; removing it again
+    // brings the clean 503 back.
+    let decode = spawn(
+        engine(Role::Decode, KvConnector::Nixl, MoriioMode::Read, "d0"),
+        &registry,
+    )
+    .await;
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        &format!("/add_worker?url={}", decode.url()),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "P/D mode needs a role");
+    let (status, _, bytes) = call(
+        fixture.addr,
+        "POST",
+        &format!("/add_worker?url={}&role=decode", decode.url()),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    assert_eq!(json(&bytes)["worker"]["role"], "decode");
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/completions",
+        &[],
+        completion_body("Now there is a decode worker.", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(decode.stats().kv_transfers_valid, 1);
+    let (status, _, _) = call(fixture.addr, "GET", "/readiness", &[], "").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, bytes) = call(
+        fixture.addr,
+        "POST",
+        &format!("/remove_worker?url={}&role=decode", decode.url()),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    assert_eq!(json(&bytes)["drained"], true);
+    assert!(fixture.decode_workers().is_empty());
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/completions",
+        &[],
+        completion_body("Gone again.", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    fixture.assert_loads_return_to_zero().await;
     fixture.shutdown().await;
 }
 
