@@ -316,9 +316,6 @@ enum Source {
     },
 }
 
-/// A worker eligible for a request, with its flow endpoint.
-type Candidate = (Arc<Worker>, Arc<PdEndpoint>);
-
 /// The workers of one role, its policies, and each worker's flow endpoint.
 pub struct PdRole {
     role: RoleKind,
@@ -664,33 +661,38 @@ impl PdRole {
     }
 
     /// The candidates of a request: the workers that serve its model, that
-    /// the connector can address, and that have not failed it already.
-    fn candidates(
+    /// have not failed it already, and (for connectors that need facts
+    /// learned at registration) that the connector can address. Borrows the
+    /// pool's list when nothing is filtered out, the common case.
+    fn candidates<'a>(
         &self,
-        workers: &[Arc<Worker>],
+        workers: &'a [Arc<Worker>],
         scope: &PdScope,
-    ) -> Result<Vec<Candidate>, ApiError> {
+    ) -> Result<Cow<'a, [Arc<Worker>]>, ApiError> {
         let excluded = lock(scope.excluded(self.role));
         let model = scope.model.as_str();
-        let mut out = Vec::with_capacity(workers.len());
-        let mut serving_any = false;
-        for worker in workers {
+        let needs_facts = match self.connector {
+            PdConnector::Mooncake { .. } => self.role == RoleKind::Prefill,
+            PdConnector::MoriIo(_) => true,
+            _ => false,
+        };
+        let keep = |worker: &Arc<Worker>| {
             let serves = model.is_empty() || worker.model_id().is_none_or(|m| m == model);
-            if !serves {
-                continue;
-            }
-            serving_any = true;
-            if excluded.iter().any(|failed| Arc::ptr_eq(failed, worker)) {
-                continue;
-            }
-            if let Some(endpoint) = self.endpoint(worker).filter(|e| self.can_address(e)) {
-                out.push((Arc::clone(worker), endpoint));
-            }
+            serves
+                && !excluded.iter().any(|failed| Arc::ptr_eq(failed, worker))
+                && (!needs_facts || self.endpoint(worker).is_some_and(|e| self.can_address(&e)))
+        };
+        if workers.iter().all(keep) {
+            return Ok(Cow::Borrowed(workers));
         }
-        if !serving_any && !workers.is_empty() {
+        let kept: Vec<Arc<Worker>> = workers.iter().filter(|w| keep(w)).cloned().collect();
+        let serving_any = workers
+            .iter()
+            .any(|w| model.is_empty() || w.model_id().is_none_or(|m| m == model));
+        if !serving_any {
             return Err(ApiError::UnknownModel(model.to_owned()));
         }
-        Ok(out)
+        Ok(Cow::Owned(kept))
     }
 
     /// Selections refused because this role had no available worker.
@@ -717,28 +719,33 @@ impl PdRole {
     /// and the policy asked again.
     fn choose(
         &self,
-        candidates: &[Candidate],
+        candidates: &[Arc<Worker>],
         scope: &Arc<PdScope>,
         reserve: bool,
         registered: usize,
     ) -> Result<PdTarget, ApiError> {
         let context = scope.context();
-        let mut pool: Cow<'_, [Candidate]> = Cow::Borrowed(candidates);
-        let mut workers: Vec<Arc<Worker>> = pool.iter().map(|(w, _)| Arc::clone(w)).collect();
+        let mut pool: Cow<'_, [Arc<Worker>]> = Cow::Borrowed(candidates);
         for _ in 0..=candidates.len() {
             let decision = self
                 .policies
-                .select(&workers, &context)
+                .select(&pool, &context)
                 .map_err(|err| ApiError::InvalidRequest(err.to_string()))?
                 .ok_or_else(|| self.unavailable(registered, candidates.len()))?;
-            let (worker, endpoint) = pool[decision.index].clone();
+            let worker = Arc::clone(&pool[decision.index]);
+            let Some(endpoint) = self.endpoint(&worker) else {
+                // Its URL cannot be addressed by the flow (logged once when
+                // its endpoint was built): choose again without it.
+                pool.to_mut().remove(decision.index);
+                continue;
+            };
             let reserved = if reserve {
                 match worker.try_reserve() {
                     Ok(guard) => Some(guard),
                     Err(_) => {
-                        let index = decision.index;
-                        pool.to_mut().remove(index);
-                        workers.remove(index);
+                        // Lost a race for its breaker's probe slot, or it
+                        // just became unavailable: choose again without it.
+                        pool.to_mut().remove(decision.index);
                         continue;
                     }
                 }
@@ -1102,12 +1109,12 @@ impl PdPools {
         let decode = self.decode.candidates(decode_workers, scope)?;
         // Both roles are checked before either policy runs: a cache-aware
         // policy inserts the prompt into its tree when it selects.
-        if !prefill.iter().any(|(w, _)| w.is_available()) {
+        if !prefill.iter().any(|w| w.is_available()) {
             return Err(self
                 .prefill
                 .unavailable(prefill_workers.len(), prefill.len()));
         }
-        if !decode.iter().any(|(w, _)| w.is_available()) {
+        if !decode.iter().any(|w| w.is_available()) {
             return Err(self.decode.unavailable(decode_workers.len(), decode.len()));
         }
         let prefill = self
@@ -1303,7 +1310,7 @@ impl PdBackend for PdPools {
         self.prefill
             .step(Instant::now(), |workers| {
                 let candidates = self.prefill.candidates(workers, &scope).ok()?;
-                if !candidates.iter().any(|(w, _)| w.is_available()) {
+                if !candidates.iter().any(|w| w.is_available()) {
                     return None;
                 }
                 self.prefill
