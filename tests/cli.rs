@@ -442,6 +442,32 @@ fn bad_values_exit_2_naming_the_flag() {
             ],
             "--worker-urls",
         ),
+        (
+            &["--vllm-discovery-ttl-secs", "3"],
+            "--vllm-discovery-ttl-secs",
+        ),
+        (
+            &[
+                "--vllm-pd-disaggregation",
+                "--vllm-discovery-address",
+                "127.0.0.1:1",
+                "--decode",
+                "http://d:1",
+            ],
+            "--decode",
+        ),
+        (
+            &[
+                "--vllm-pd-disaggregation",
+                "--prefill",
+                "http://p:1",
+                "--decode",
+                "http://d:1",
+                "--kv-connector",
+                "moriio",
+            ],
+            "--kv-connector",
+        ),
         (&["--sim-pd", "2"], "--sim-pd"),
         (&["--sim-pd", "0:1"], "--sim-pd"),
         (

@@ -70,7 +70,7 @@ async fn registration_heartbeat_expiry_and_a_new_generation() {
         entry
             .registration
             .labels
-            .get("zmq_address")
+            .get("kv_addr")
             .map(String::as_str),
         Some("127.0.0.1:21001")
     );

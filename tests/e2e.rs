@@ -107,7 +107,7 @@ async fn default_mode_serves_a_chat_completion_and_a_stream() {
     let app = App::start(&with_quick(&["--sim-workers", "2"]))
         .await
         .unwrap();
-    assert_eq!(app.engines().len(), 2);
+    assert_eq!(app.engines().count(), 2);
     assert_eq!(app.router().workers().len(), 2);
     let addr = app.addr();
     let banner = app.banner();
@@ -116,7 +116,8 @@ async fn default_mode_serves_a_chat_completion_and_a_stream() {
         "{banner}"
     );
     assert!(banner.contains("policy cache_aware"), "{banner}");
-    for engine in app.engines() {
+    for (role, engine) in app.engines() {
+        assert_eq!(role, "regular");
         assert!(banner.contains(&engine.url()), "{banner}");
     }
     let client = client();
@@ -194,7 +195,7 @@ async fn worker_urls_front_separately_started_engines_with_dp_ranks() {
     ]);
     let app = App::start(&with_quick(&args)).await.unwrap();
     assert!(
-        app.engines().is_empty(),
+        app.engines().next().is_none(),
         "no simulated engines with --worker-urls"
     );
     let workers = app.router().workers();
@@ -359,24 +360,47 @@ async fn a_busy_prometheus_port_is_a_warning_not_a_failure() {
     drop(busy);
 }
 
-#[tokio::test]
-async fn prefill_decode_modes_say_they_are_not_wired_yet() {
-    for args in [
-        &["--sim-pd", "1:1"][..],
-        &[
-            "--vllm-pd-disaggregation",
-            "--prefill",
-            "http://127.0.0.1:1",
-            "--decode",
-            "http://127.0.0.1:2",
-        ][..],
-    ] {
-        let err = App::start(&with_quick(args)).await.unwrap_err();
-        assert!(matches!(err, StartError::PdNotWired), "{err}");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_pd_routes_prefill_then_decode_for_every_connector() {
+    for connector in ["nixl", "mooncake", "moriio"] {
+        let app = App::start(&with_quick(&[
+            "--sim-pd",
+            "2:1",
+            "--kv-connector",
+            connector,
+        ]))
+        .await
+        .unwrap();
+        let roles: Vec<&str> = app.engines().map(|(role, _)| role).collect();
+        assert_eq!(roles, ["prefill", "prefill", "decode"]);
+        let banner = app.banner();
+        assert!(banner.contains("P/D over"), "{banner}");
+        assert!(banner.contains("prefill: 2 engine-sim"), "{banner}");
+        let client = client();
+        let addr = app.addr();
+        assert_eq!(get(&client, addr, "/readiness").await.0, StatusCode::OK);
+        let (url, body) = curl_from_banner(&banner);
+        let (status, _, text) = send(&client, "POST", url.clone(), &body, &[]).await;
+        assert_eq!(status, StatusCode::OK, "{connector}: {text}");
+        let (status, _, text) = send(&client, "POST", url, CHAT_STREAM, &[]).await;
+        assert_eq!(status, StatusCode::OK, "{connector}: {text}");
         assert!(
-            err.to_string()
-                .contains("P/D routing is not wired into this build yet")
+            text.trim_end().ends_with("data: [DONE]"),
+            "{connector}: {text}"
         );
+        // The decode engine received valid KV transfer parameters for both.
+        let (_, decode) = app.engines().find(|(role, _)| *role == "decode").unwrap();
+        let stats = decode.stats();
+        assert_eq!(stats.kv_transfers_valid, 2, "{connector}: {stats:?}");
+        assert_eq!(
+            stats.kv_transfers_invalid.values().sum::<u64>(),
+            0,
+            "{connector}"
+        );
+        for worker in app.router().all_workers() {
+            assert_eq!(worker.load(), 0, "{connector}: {}", worker.key());
+        }
+        assert_eq!(app.stop().await, StopOutcome::Drained);
     }
 }
 

@@ -68,7 +68,7 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitSta
 }
 
 #[test]
-fn version_and_bad_flags() {
+fn version_bad_flags_and_a_failed_start() {
     let binary = router_binary();
     let version = Command::new(&binary).arg("--version").output().unwrap();
     assert_eq!(version.status.code(), Some(0));
@@ -89,8 +89,15 @@ fn version_and_bad_flags() {
 
     let pd = Command::new(&binary)
         .args([
-            "--sim-pd",
-            "1:1",
+            "--vllm-pd-disaggregation",
+            "--prefill",
+            "http://127.0.0.1:1",
+            "--decode",
+            "http://127.0.0.1:2",
+            "--worker-startup-timeout-secs",
+            "1",
+            "--worker-startup-check-interval",
+            "1",
             "--port",
             "0",
             "--prometheus-port",
@@ -102,7 +109,10 @@ fn version_and_bad_flags() {
         .unwrap();
     assert_eq!(pd.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&pd.stderr);
-    assert!(stderr.contains("P/D routing is not wired"), "{stderr}");
+    assert!(
+        stderr.contains("http://127.0.0.1:1"),
+        "names the worker: {stderr}"
+    );
     // --log-json: the log lines are JSON objects.
     let json_lines: Vec<serde_json::Value> = stderr
         .lines()

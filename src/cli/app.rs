@@ -10,12 +10,18 @@
 //! flight so that load balancers can see the 503, and everything is done
 //! within the grace period.
 
-use super::settings::{Mode, Settings, join_host_port};
+use super::args::KvConnectorName;
+use super::discovery::{DiscoveryError, ZmqDiscovery};
+use super::settings::{Mode, PdSettings, Settings, join_host_port};
 use bytes::Bytes;
-use engine_sim::{EngineConfig, EngineHandle, ServeOptions};
-use router_http::{ClientConfig, HttpProbe, Router, UpstreamClient};
+use engine_sim::{EngineConfig, EngineHandle, ServeOptions, TransferRegistry};
+use pd_orchestrator::{MoriIoEndpoint, MoriIoMode};
+use router_http::{
+    ClientConfig, HttpProbe, PdConfig, PdConnector, PdWorkerConfig, Router, RouterConfig,
+    UpstreamClient,
+};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -26,12 +32,9 @@ use worker_lifecycle::{Endpoint, HealthProbe, Worker, WorkerOptions, WorkerRole,
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
-    /// P/D routing is parsed and validated but not served by this build.
-    #[error(
-        "P/D routing is not wired into this build yet: the flags are valid, but the prefill/decode \
-         request path lands with the P/D work; run without --vllm-pd-disaggregation / --sim-pd"
-    )]
-    PdNotWired,
+    /// The ZMQ discovery listener could not start.
+    #[error("--vllm-discovery-address: {0}")]
+    Discovery(#[from] DiscoveryError),
     /// The router configuration was refused.
     #[error("invalid router configuration: {0}")]
     Config(#[from] router_http::ConfigError),
@@ -60,14 +63,41 @@ pub enum StartError {
     },
 }
 
-/// A running router: the listener, engines and background tasks.
+/// The router being served. Start-up may replace it once (a P/D router is
+/// built only after its static workers answered and its Mooncake bootstrap
+/// ran); until then a router with no workers answers `/health`.
+#[derive(Debug)]
+struct Current(RwLock<Router>);
+
+impl Current {
+    fn get(&self) -> Router {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, router: Router) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = router;
+    }
+}
+
+/// A simulated engine started in-process, with its role for the banner.
+#[derive(Debug)]
+struct SimEngine {
+    role: &'static str,
+    handle: EngineHandle,
+}
+
+/// A running router: the listeners, engines, discovery and background tasks.
 #[derive(Debug)]
 pub struct App {
-    router: Router,
+    current: Arc<Current>,
     addr: SocketAddr,
     prometheus_addr: Option<SocketAddr>,
-    engines: Vec<EngineHandle>,
+    engines: Vec<SimEngine>,
     worker_urls: Vec<String>,
+    discovery: Option<ZmqDiscovery>,
     policy: &'static str,
     grace: Duration,
     serve: JoinHandle<router_http::ShutdownOutcome>,
@@ -86,16 +116,28 @@ pub enum StopOutcome {
     DeadlineReached,
 }
 
+/// MoRI-IO side-channel ports announced for simulated engines (engine-sim
+/// does not open them; the router only passes them on).
+const SIM_MORIIO: MoriIoEndpoint = MoriIoEndpoint {
+    handshake_port: 7301,
+    notify_port: 7302,
+    dp_size: 1,
+    tp_size: 1,
+};
+
+/// The router-http connector for a `--kv-connector` value.
+pub fn pd_connector(name: KvConnectorName) -> PdConnector {
+    match name {
+        KvConnectorName::Nixl => PdConnector::Nixl,
+        KvConnectorName::Mooncake => PdConnector::Mooncake { concurrent: true },
+        KvConnectorName::Moriio => PdConnector::MoriIo(MoriIoMode::Read),
+    }
+}
+
 impl App {
     /// Starts everything `settings` asks for and returns once the router is
     /// serving and every configured worker is healthy and routable.
     pub async fn start(settings: &Settings) -> Result<Self, StartError> {
-        if matches!(
-            settings.mode,
-            Mode::PrefillDecode(_) | Mode::SimulatedPd { .. }
-        ) {
-            return Err(StartError::PdNotWired);
-        }
         if !settings.ignored.is_empty() {
             tracing::warn!(
                 flags = %settings.ignored.join(", "),
@@ -103,26 +145,9 @@ impl App {
             );
         }
         tracing::info!(settings = %settings.summary(), "starting affinity-router");
-        let router = Router::new(settings.router.clone())?;
-
-        let mut engines = Vec::new();
-        let urls = match &settings.mode {
-            Mode::Simulated { engines: count } => {
-                for _ in 0..*count {
-                    let config = EngineConfig {
-                        time_scale: settings.args.sim_time_scale,
-                        ..EngineConfig::default()
-                    };
-                    let engine = engine_sim::spawn(config, ServeOptions::default())
-                        .await
-                        .map_err(StartError::Engine)?;
-                    engines.push(engine);
-                }
-                engines.iter().map(EngineHandle::url).collect()
-            }
-            Mode::Workers { urls } => urls.clone(),
-            Mode::SimulatedPd { .. } | Mode::PrefillDecode(_) => Vec::new(),
-        };
+        // The regular router, or (P/D) the stand-in that answers /health
+        // while the P/D workers start.
+        let current = Arc::new(Current(RwLock::new(Router::new(settings.router.clone())?)));
 
         let bind = settings.bind_address();
         let listener = TcpListener::bind(&bind)
@@ -137,13 +162,18 @@ impl App {
         })?;
         let (stop, stopped) = watch::channel(false);
         let serve = {
-            let router = router.clone();
+            let service_router = Arc::clone(&current);
+            let service = hyper::service::service_fn(move |request| {
+                let router = service_router.get();
+                async move { Ok::<_, std::convert::Infallible>(router.handle(request).await) }
+            });
             let shutdown = wait_for_stop(
-                router.clone(),
+                Arc::clone(&current),
                 stopped.clone(),
                 settings.router.shutdown_grace,
             );
-            tokio::spawn(async move { router.serve(listener, shutdown).await })
+            let grace = settings.router.shutdown_grace;
+            tokio::spawn(router_http::serve(listener, service, shutdown, grace))
         };
         tracing::info!(%addr, "router listening; /health answers now");
 
@@ -152,7 +182,7 @@ impl App {
             settings.args.prometheus_port,
         );
         let (prometheus_addr, metrics_server) =
-            match serve_metrics(&router, &prometheus, stopped.clone()).await {
+            match serve_metrics(&current, &prometheus, stopped.clone()).await {
                 Ok((addr, task)) => (Some(addr), Some(task)),
                 Err(err) => {
                     tracing::warn!(
@@ -166,11 +196,12 @@ impl App {
             };
 
         let mut app = App {
-            router,
+            current,
             addr,
             prometheus_addr,
-            engines,
-            worker_urls: urls.clone(),
+            engines: Vec::new(),
+            worker_urls: Vec::new(),
+            discovery: None,
             policy: settings.args.policy.as_str(),
             grace: settings.router.shutdown_grace,
             serve,
@@ -178,60 +209,197 @@ impl App {
             stop,
             background: None,
         };
-        if let Err(err) = app.add_workers(settings, &urls).await {
+        if let Err(err) = app.start_workers(settings).await {
             app.stop().await;
             return Err(err);
         }
-        app.background = Some(app.router.spawn_background());
-        tracing::info!(workers = app.router.workers().len(), "ready");
+        app.background = Some(app.router().spawn_background());
+        tracing::info!(workers = app.router().all_workers().len(), "ready");
         Ok(app)
+    }
+
+    /// Starts simulated engines or waits for the configured ones, per mode.
+    async fn start_workers(&mut self, settings: &Settings) -> Result<(), StartError> {
+        match &settings.mode {
+            Mode::Simulated { engines } => {
+                for _ in 0..*engines {
+                    let config = EngineConfig {
+                        time_scale: settings.args.sim_time_scale,
+                        ..EngineConfig::default()
+                    };
+                    let handle = engine_sim::spawn(config, ServeOptions::default())
+                        .await
+                        .map_err(StartError::Engine)?;
+                    self.engines.push(SimEngine {
+                        role: "regular",
+                        handle,
+                    });
+                }
+                self.worker_urls = self.engines.iter().map(|e| e.handle.url()).collect();
+                self.add_workers(settings).await
+            }
+            Mode::Workers { urls } => {
+                self.worker_urls = urls.clone();
+                self.add_workers(settings).await
+            }
+            Mode::SimulatedPd { prefill, decode } => {
+                let connector = pd_connector(settings.args.kv_connector);
+                let (kv, mode) = match connector {
+                    PdConnector::Mooncake { .. } => (
+                        engine_sim::KvConnector::Mooncake,
+                        engine_sim::MoriioMode::Read,
+                    ),
+                    PdConnector::MoriIo(MoriIoMode::Write) => (
+                        engine_sim::KvConnector::Moriio,
+                        engine_sim::MoriioMode::Write,
+                    ),
+                    PdConnector::MoriIo(_) => (
+                        engine_sim::KvConnector::Moriio,
+                        engine_sim::MoriioMode::Read,
+                    ),
+                    _ => (engine_sim::KvConnector::Nixl, engine_sim::MoriioMode::Read),
+                };
+                // One registry: decode engines check that the named prefill
+                // engine really produced each transfer.
+                let transfers = TransferRegistry::new();
+                let mut pd = PdConfig::new(connector);
+                for (role, count) in [
+                    (engine_sim::Role::Prefill, *prefill),
+                    (engine_sim::Role::Decode, *decode),
+                ] {
+                    for _ in 0..count {
+                        let config = EngineConfig {
+                            role,
+                            kv_connector: kv,
+                            moriio_mode: mode,
+                            time_scale: settings.args.sim_time_scale,
+                            ..EngineConfig::default()
+                        };
+                        let bootstrap = (role == engine_sim::Role::Prefill
+                            && kv == engine_sim::KvConnector::Mooncake)
+                            .then(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+                        let options = ServeOptions {
+                            registry: Some(Arc::clone(&transfers)),
+                            bootstrap_addr: bootstrap,
+                            ..ServeOptions::default()
+                        };
+                        let handle = engine_sim::spawn(config, options)
+                            .await
+                            .map_err(StartError::Engine)?;
+                        let mut worker = PdWorkerConfig::new(handle.url());
+                        if let Some(bootstrap) = handle.bootstrap_addr() {
+                            worker = worker.with_bootstrap_port(bootstrap.port());
+                        }
+                        if matches!(connector, PdConnector::MoriIo(_)) {
+                            worker = worker.with_moriio(SIM_MORIIO);
+                        }
+                        let label = if role == engine_sim::Role::Prefill {
+                            pd.prefill.push(worker);
+                            "prefill"
+                        } else {
+                            pd.decode.push(worker);
+                            "decode"
+                        };
+                        self.engines.push(SimEngine {
+                            role: label,
+                            handle,
+                        });
+                    }
+                }
+                self.start_pd(settings, pd).await
+            }
+            Mode::PrefillDecode(pd_settings) => {
+                let pd = self.pd_config(settings, pd_settings).await?;
+                let mut urls: Vec<String> = pd_settings
+                    .prefill
+                    .iter()
+                    .map(|(url, _)| url.clone())
+                    .chain(pd_settings.decode.iter().cloned())
+                    .collect();
+                urls.dedup();
+                self.worker_urls = urls.clone();
+                wait_all_healthy(settings, &urls).await?;
+                self.start_pd(settings, pd).await
+            }
+        }
+    }
+
+    /// The P/D section for real engines: static workers (one per DP rank)
+    /// or the registries of a ZMQ discovery listener.
+    async fn pd_config(
+        &mut self,
+        settings: &Settings,
+        pd_settings: &PdSettings,
+    ) -> Result<PdConfig, StartError> {
+        let connector = pd_connector(pd_settings.kv_connector);
+        let mut pd = PdConfig::new(connector);
+        let dp = settings.args.intra_node_data_parallel_size;
+        let ranks = |url: &str, bootstrap: Option<u16>| -> Vec<PdWorkerConfig> {
+            let base = || {
+                let worker = PdWorkerConfig::new(url);
+                match bootstrap {
+                    Some(port) => worker.with_bootstrap_port(port),
+                    None => worker,
+                }
+            };
+            if dp <= 1 {
+                vec![base()]
+            } else {
+                (0..dp).map(|rank| base().with_dp_rank(rank)).collect()
+            }
+        };
+        for (url, bootstrap) in &pd_settings.prefill {
+            pd.prefill.extend(ranks(url, *bootstrap));
+        }
+        for url in &pd_settings.decode {
+            pd.decode.extend(ranks(url, None));
+        }
+        if let Some(address) = &pd_settings.discovery {
+            let ttl = Duration::from_secs(settings.args.vllm_discovery_ttl_secs);
+            let discovery = ZmqDiscovery::bind(address, ttl).await?;
+            let registries = discovery.registries();
+            pd.prefill_registry = Some(Arc::clone(&registries.prefill));
+            pd.decode_registry = Some(Arc::clone(&registries.decode));
+            self.discovery = Some(discovery);
+        }
+        Ok(pd)
+    }
+
+    /// Builds the P/D router (running the Mooncake bootstrap) and serves it.
+    async fn start_pd(&mut self, settings: &Settings, pd: PdConfig) -> Result<(), StartError> {
+        let policy = |name: Option<super::args::PolicyName>| {
+            name.map(|name| {
+                let mut policy = settings.router.policy.clone();
+                policy.name = name.as_str().to_owned();
+                policy
+            })
+        };
+        let mut pd = pd;
+        pd.prefill_policy = policy(settings.args.prefill_policy);
+        pd.decode_policy = policy(settings.args.decode_policy);
+        let config = RouterConfig {
+            pd: Some(pd),
+            ..settings.router.clone()
+        };
+        let router = Router::start(config).await?;
+        self.current.set(router);
+        Ok(())
     }
 
     /// Probes every worker until its first healthy answer, then adds it
     /// (one worker per data-parallel rank).
-    async fn add_workers(&self, settings: &Settings, urls: &[String]) -> Result<(), StartError> {
-        let config = &settings.router;
-        let probe = Arc::new(HttpProbe::new(
-            UpstreamClient::new(ClientConfig::default()),
-            &config.health_endpoint,
-        ));
-        let mut waits = tokio::task::JoinSet::new();
-        for url in urls {
-            let probe = Arc::clone(&probe);
-            let url = url.clone();
-            let timeout = config.worker_startup_timeout;
-            let interval = config.worker_startup_check_interval;
-            let per_probe = config.health.timeout;
-            waits.spawn(async move {
-                let healthy = wait_healthy(&probe, &url, timeout, interval, per_probe).await;
-                (url, healthy)
-            });
-        }
-        let mut not_ready = Vec::new();
-        let mut ready = Vec::new();
-        while let Some(joined) = waits.join_next().await {
-            match joined {
-                Ok((url, true)) => ready.push(url),
-                Ok((url, false)) => not_ready.push(url),
-                Err(err) => tracing::error!(error = %err, "a startup probe task failed"),
-            }
-        }
-        if !not_ready.is_empty() {
-            not_ready.sort();
-            return Err(StartError::WorkersNotReady {
-                urls: not_ready,
-                endpoint: config.health_endpoint.clone(),
-                timeout_secs: config.worker_startup_timeout.as_secs(),
-            });
-        }
+    async fn add_workers(&self, settings: &Settings) -> Result<(), StartError> {
+        let urls = &self.worker_urls;
+        wait_all_healthy(settings, urls).await?;
+        let router = self.router();
         // Add in the order given, so that indices and logs are stable.
         let dp = settings.args.intra_node_data_parallel_size;
-        for url in urls.iter().filter(|url| ready.contains(url)) {
+        for url in urls {
             if dp <= 1 {
-                self.router.add_worker(url, None, None)?;
+                router.add_worker(url, None, None)?;
             } else {
                 for rank in 0..dp {
-                    self.router.add_worker(url, Some(rank), None)?;
+                    router.add_worker(url, Some(rank), None)?;
                 }
             }
             tracing::info!(%url, dp_ranks = dp, "worker healthy and added");
@@ -239,9 +407,9 @@ impl App {
         Ok(())
     }
 
-    /// The router.
-    pub fn router(&self) -> &Router {
-        &self.router
+    /// The router being served (cheap to clone: shared state).
+    pub fn router(&self) -> Router {
+        self.current.get()
     }
 
     /// The router's bound address.
@@ -254,9 +422,15 @@ impl App {
         self.prometheus_addr
     }
 
-    /// The simulated engines started in-process.
-    pub fn engines(&self) -> &[EngineHandle] {
-        &self.engines
+    /// The simulated engines started in-process, with their role
+    /// (`regular`, `prefill` or `decode`).
+    pub fn engines(&self) -> impl Iterator<Item = (&'static str, &EngineHandle)> + '_ {
+        self.engines.iter().map(|e| (e.role, &e.handle))
+    }
+
+    /// The ZMQ discovery listener, with `--vllm-discovery-address`.
+    pub fn discovery(&self) -> Option<&ZmqDiscovery> {
+        self.discovery.as_ref()
     }
 
     /// The start-up banner: where the router listens, its engines, the
@@ -269,28 +443,50 @@ impl App {
                 .to_owned(),
         };
         let base = format!("http://{host}:{}", self.addr.port());
+        let router = self.router();
+        let mode = match router.pd() {
+            Some(pd) => format!(", P/D over {}", pd.connector().as_str()),
+            None => String::new(),
+        };
         let mut out = format!(
-            "affinity-router {} serving on {base} (policy {})\n",
+            "affinity-router {} serving on {base} (policy {}{mode})\n",
             env!("CARGO_PKG_VERSION"),
             self.policy
         );
         if self.engines.is_empty() {
-            if self.worker_urls.is_empty() {
-                out.push_str("  workers: none yet (POST /add_worker?url=...)\n");
-            } else {
+            if let Some(discovery) = &self.discovery {
+                out.push_str(&format!(
+                    "  discovery: vLLM engines register over ZMQ at tcp://{}\n",
+                    discovery.local_addr()
+                ));
+            }
+            if !self.worker_urls.is_empty() {
                 out.push_str(&format!("  workers: {}\n", self.worker_urls.join(" ")));
+            } else if self.discovery.is_none() {
+                out.push_str("  workers: none yet (POST /add_worker?url=...)\n");
             }
         } else {
-            let engines: Vec<String> = self
-                .engines
-                .iter()
-                .map(|e| format!("{} ({})", e.url(), e.engine_id()))
-                .collect();
-            out.push_str(&format!(
-                "  engines: {} engine-sim: {}\n",
-                engines.len(),
-                engines.join(", ")
-            ));
+            for role in ["regular", "prefill", "decode"] {
+                let engines: Vec<String> = self
+                    .engines
+                    .iter()
+                    .filter(|e| e.role == role)
+                    .map(|e| format!("{} ({})", e.handle.url(), e.handle.engine_id()))
+                    .collect();
+                if engines.is_empty() {
+                    continue;
+                }
+                let label = if role == "regular" {
+                    "engines: ".to_owned()
+                } else {
+                    format!("{role}: ")
+                };
+                out.push_str(&format!(
+                    "  {label}{} engine-sim: {}\n",
+                    engines.len(),
+                    engines.join(", ")
+                ));
+            }
         }
         match self.prometheus_addr {
             Some(addr) => out.push_str(&format!(
@@ -316,7 +512,7 @@ impl App {
     /// within the grace period.
     pub async fn stop(mut self) -> StopOutcome {
         let deadline = tokio::time::Instant::now() + self.grace;
-        self.router.begin_shutdown();
+        self.router().begin_shutdown();
         let _ = self.stop.send(true);
         let serve = &mut self.serve;
         let outcome = match tokio::time::timeout_at(deadline, serve).await {
@@ -331,8 +527,9 @@ impl App {
             let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
         }
         drop(self.background.take());
+        drop(self.discovery.take());
         for engine in std::mem::take(&mut self.engines) {
-            let _ = tokio::time::timeout(Duration::from_secs(2), engine.shutdown()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), engine.handle.shutdown()).await;
         }
         match outcome {
             StopOutcome::Drained => tracing::info!("stopped: every request finished"),
@@ -347,15 +544,54 @@ impl App {
 /// Resolves when a stop is asked for and the requests in flight are done
 /// (or the grace period passed): until then the listener keeps accepting,
 /// so readiness probes see the 503.
-async fn wait_for_stop(router: Router, mut stopped: watch::Receiver<bool>, grace: Duration) {
+async fn wait_for_stop(current: Arc<Current>, mut stopped: watch::Receiver<bool>, grace: Duration) {
     if stopped.wait_for(|stop| *stop).await.is_err() {
         return;
     }
+    let router = current.get();
     router.begin_shutdown();
     let deadline = tokio::time::Instant::now() + grace;
     while router.in_flight() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits, in parallel, for every URL's first healthy probe.
+async fn wait_all_healthy(settings: &Settings, urls: &[String]) -> Result<(), StartError> {
+    let config = &settings.router;
+    let probe = Arc::new(HttpProbe::new(
+        UpstreamClient::new(ClientConfig::default()),
+        &config.health_endpoint,
+    ));
+    let mut waits = tokio::task::JoinSet::new();
+    for url in urls {
+        let probe = Arc::clone(&probe);
+        let url = url.clone();
+        let timeout = config.worker_startup_timeout;
+        let interval = config.worker_startup_check_interval;
+        let per_probe = config.health.timeout;
+        waits.spawn(async move {
+            let healthy = wait_healthy(&probe, &url, timeout, interval, per_probe).await;
+            (url, healthy)
+        });
+    }
+    let mut not_ready = Vec::new();
+    while let Some(joined) = waits.join_next().await {
+        match joined {
+            Ok((_, true)) => {}
+            Ok((url, false)) => not_ready.push(url),
+            Err(err) => tracing::error!(error = %err, "a startup probe task failed"),
+        }
+    }
+    if not_ready.is_empty() {
+        return Ok(());
+    }
+    not_ready.sort();
+    Err(StartError::WorkersNotReady {
+        urls: not_ready,
+        endpoint: config.health_endpoint.clone(),
+        timeout_secs: config.worker_startup_timeout.as_secs(),
+    })
 }
 
 /// Polls `GET {url}{endpoint}` until it answers 2xx or `timeout` passes.
@@ -396,16 +632,16 @@ async fn wait_healthy(
 
 /// Serves `GET /metrics` (and nothing else) on `address`.
 async fn serve_metrics(
-    router: &Router,
+    current: &Arc<Current>,
     address: &str,
     mut stopped: watch::Receiver<bool>,
 ) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(address).await?;
     let addr = listener.local_addr()?;
-    let router = router.clone();
+    let current = Arc::clone(current);
     let service =
         hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-            let router = router.clone();
+            let router = current.get();
             async move {
                 if request.method() == http::Method::GET && request.uri().path() == "/metrics" {
                     let (parts, _) = request.into_parts();

@@ -233,6 +233,9 @@ pub struct Args {
     /// register themselves (P/D mode).
     #[arg(long, value_name = "HOST:PORT", help_heading = "Prefill/decode")]
     pub vllm_discovery_address: Option<String>,
+    /// Seconds a discovered engine stays registered after its last message.
+    #[arg(long, default_value_t = 5, help_heading = "Prefill/decode")]
+    pub vllm_discovery_ttl_secs: u64,
 
     // ----- Retries and circuit breaker -----
     /// Retries after the first attempt, before any byte reached the client.

@@ -15,7 +15,9 @@
 //! keeps its generation. An engine that stays silent for the TTL expires; a
 //! later message starts a new generation (a fresh worker with fresh load
 //! and breaker). A different `zmq_address` or `transfer_mode` at the same
-//! HTTP address is a restart and also starts a new generation.
+//! HTTP address is a restart and also starts a new generation. They are
+//! kept as the registration labels router-http's P/D pools read:
+//! `kv_addr` (the P2P request id's address) and `moriio_mode`.
 //!
 //! Malformed messages are counted ([`ZmqDiscovery::malformed_messages`]) and
 //! logged at `warn`, never fatal: one bad sender cannot stop discovery.
@@ -183,12 +185,16 @@ impl Registries {
                 )));
             }
         };
+        // The label names router-http's P/D pools read.
         let mut labels = BTreeMap::new();
         if let Some(zmq) = &registration.zmq_address {
-            labels.insert("zmq_address".to_owned(), zmq.clone());
+            labels.insert(router_http::pd::labels::KV_ADDR.to_owned(), zmq.clone());
         }
         if let Some(mode) = &registration.transfer_mode {
-            labels.insert("transfer_mode".to_owned(), mode.clone());
+            labels.insert(
+                router_http::pd::labels::MORIIO_MODE.to_owned(),
+                mode.to_ascii_lowercase(),
+            );
         }
         let details = Registration {
             labels,

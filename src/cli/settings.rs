@@ -215,7 +215,8 @@ pub struct Settings {
     pub ignored: Vec<String>,
 }
 
-const PD_FLAGS: [&str; 6] = [
+const PD_FLAGS: [&str; 7] = [
+    "vllm_discovery_ttl_secs",
     "prefill",
     "decode",
     "prefill_policy",
@@ -400,6 +401,7 @@ fn check_ranges(a: &Args) -> Result<(), CliError> {
     )?;
     positive("health_check_timeout_secs", a.health_check_timeout_secs)?;
     positive("health_check_interval_secs", a.health_check_interval_secs)?;
+    positive("vllm_discovery_ttl_secs", a.vllm_discovery_ttl_secs)?;
     if !(1..=1024).contains(&a.intra_node_data_parallel_size) {
         return Err(CliError::invalid(
             "intra_node_data_parallel_size",
@@ -568,6 +570,25 @@ fn mode(parsed: &Parsed) -> Result<Mode, CliError> {
         check_unique("decode", &decode)?;
         if let Some(address) = &a.vllm_discovery_address {
             check_host_port("vllm_discovery_address", address)?;
+        }
+        if a.vllm_discovery_address.is_some() {
+            if let Some(id) = ["prefill", "decode"]
+                .iter()
+                .find(|id| parsed.is_explicit(id))
+            {
+                return Err(CliError::invalid(
+                    id,
+                    "cannot be combined with --vllm-discovery-address: each role takes its \
+                     workers either from static URLs or from discovery",
+                ));
+            }
+        }
+        if a.kv_connector == KvConnectorName::Moriio && !prefill.is_empty() {
+            return Err(CliError::invalid(
+                "kv_connector",
+                "moriio needs each engine's MoRI-IO side-channel ports, which static \
+                 --prefill/--decode URLs do not carry; use --vllm-discovery-address",
+            ));
         }
         if prefill.is_empty() && decode.is_empty() && a.vllm_discovery_address.is_none() {
             return Err(CliError::invalid(
