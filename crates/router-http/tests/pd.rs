@@ -879,3 +879,108 @@ async fn failed_decode_is_retried_on_a_fresh_pair() {
     fixture.assert_loads_return_to_zero().await;
     fixture.shutdown().await;
 }
+
+/// Mooncake, concurrent legs: a prefill engine that answers 503 aborts its
+/// decode leg (the decode engine would wait for KV that never comes); the
+/// whole request is retried on a fresh pair without that prefill worker.
+#[tokio::test]
+async fn concurrent_prefill_failure_retries_the_whole_request() {
+    let broken = FaultConfig {
+        fixed_status: Some(503),
+        ..FaultConfig::default()
+    };
+    let fixture = start(
+        PdConnector::Mooncake { concurrent: true },
+        &[broken, FaultConfig::default()],
+        EngineConfig::instant(),
+        "round_robin",
+    )
+    .await;
+    for i in 0..4 {
+        let (status, _, bytes) = call(
+            fixture.addr,
+            "POST",
+            "/v1/completions",
+            &[],
+            completion_body(&format!("Concurrent legs, request {i}."), i % 2 == 1),
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+    let metrics = fixture.pd().metrics();
+    assert_eq!(metrics.outcomes(Phase::Decode, "success"), 4);
+    assert_eq!(metrics.outcomes(Phase::Prefill, "success"), 4);
+    let failed = metrics.outcomes(Phase::Prefill, "worker_failure");
+    assert!(failed >= 1);
+    // Each failed prefill took its decode leg down with it, unfinished.
+    assert_eq!(metrics.outcomes(Phase::Decode, "cancelled"), failed);
+    assert_eq!(fixture.decode[0].stats().kv_transfers_valid, 4);
+    fixture.assert_loads_return_to_zero().await;
+    fixture.shutdown().await;
+}
+
+/// Many requests at once, half of them abandoned by their clients after
+/// the first chunk: every load (both roles, concurrent legs) returns to 0.
+#[tokio::test]
+async fn concurrent_clients_some_leaving_early_leave_no_load() {
+    let slow = EngineConfig {
+        time_scale: 0.2,
+        ..EngineConfig::default()
+    };
+    let fixture = start(
+        PdConnector::MoriIo(MoriIoMode::Write),
+        &[FaultConfig::default(), FaultConfig::default()],
+        slow,
+        "least_loaded",
+    )
+    .await;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let addr = fixture.addr;
+        tasks.push(tokio::spawn(async move {
+            let mut connection = Connection::open(addr).await;
+            let body = serde_json::json!({
+                "model": "sim-model",
+                "prompt": format!("Client {i} asks for a long answer."),
+                "max_tokens": 24,
+                "stream": true,
+            })
+            .to_string();
+            let response = connection.send("POST", "/v1/completions", &[], body).await;
+            assert_eq!(response.status(), StatusCode::OK);
+            let mut body = response.into_body();
+            if i % 2 == 0 {
+                // Leave after the first chunk: the connection goes with it.
+                assert!(body.frame().await.is_some());
+                return false;
+            }
+            let mut text = String::new();
+            while let Some(frame) = body.frame().await {
+                if let Some(data) = frame.unwrap().data_ref() {
+                    text.push_str(&String::from_utf8_lossy(data));
+                }
+            }
+            text.trim_end().ends_with("data: [DONE]")
+        }));
+    }
+    let mut completed = 0;
+    for task in tasks {
+        completed += usize::from(task.await.unwrap());
+    }
+    assert_eq!(completed, 8);
+    fixture.assert_loads_return_to_zero().await;
+    let metrics = fixture.pd().metrics();
+    // A client that left may still have been sent the whole stream first.
+    assert!(metrics.outcomes(Phase::Decode, "success") >= 8);
+    assert_eq!(
+        metrics.outcomes(Phase::Decode, "success") + metrics.outcomes(Phase::Decode, "cancelled"),
+        16
+    );
+    assert_eq!(invalid_transfers(&fixture.decode[0]), 0);
+    fixture.shutdown().await;
+}
