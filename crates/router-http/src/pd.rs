@@ -1514,9 +1514,28 @@ pub(crate) async fn proxy(
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
 
+    shared
+        .retry_budget
+        .record_request(std::time::Instant::now());
+    let mut jitter = worker_lifecycle::SplitMix64::new(
+        shared
+            .jitter_seed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    );
     let mut retries = 0u32;
+    let mut last_error: Option<PdError> = None;
     loop {
-        let pair = pd.pools().select_pair(&scope)?;
+        let pair = match pd.pools().select_pair(&scope) {
+            Ok(pair) => pair,
+            // On a retry with no fresh pair left, the client hears why the
+            // last attempt failed rather than that nothing is left.
+            Err(err) => {
+                return match last_error {
+                    Some(error) => pd_error(error, &request_id),
+                    None => Err(err),
+                };
+            }
+        };
         let (prefill_worker, decode_worker) = (
             Arc::clone(pair.prefill.worker()),
             Arc::clone(pair.decode.worker()),
@@ -1577,6 +1596,8 @@ pub(crate) async fn proxy(
         if error.is_retryable() && router.may_retry(retries, deadline) {
             retries += 1;
             shared.metrics.retries.inc();
+            last_error = Some(error);
+            tokio::time::sleep(shared.config.retry.backoff(retries, &mut jitter)).await;
             continue;
         }
         return pd_error(error, &request_id);

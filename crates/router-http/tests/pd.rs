@@ -984,3 +984,44 @@ async fn concurrent_clients_some_leaving_early_leave_no_load() {
     assert_eq!(invalid_transfers(&fixture.decode[0]), 0);
     fixture.shutdown().await;
 }
+
+/// When every decode attempt fails, the client gets the decode engine's
+/// own error (status and body), not a "no worker left" from the retry.
+#[tokio::test]
+async fn a_decode_error_reaches_the_client_when_retries_run_out() {
+    let failing = EngineConfig {
+        faults: FaultConfig {
+            fixed_status: Some(503),
+            ..FaultConfig::default()
+        },
+        ..EngineConfig::instant()
+    };
+    let fixture = start(
+        PdConnector::Nixl,
+        &[FaultConfig::default()],
+        failing,
+        "round_robin",
+    )
+    .await;
+    let (status, _, bytes) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("x-request-id", "fails-1")],
+        chat_body("Decode is down.", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(!text.contains("no_available_worker"), "{text}");
+    assert_eq!(
+        fixture
+            .pd()
+            .metrics()
+            .outcomes(Phase::Decode, "worker_failure"),
+        1,
+        "the only decode worker is not retried for the same request"
+    );
+    fixture.assert_loads_return_to_zero().await;
+    fixture.shutdown().await;
+}
