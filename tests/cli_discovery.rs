@@ -67,11 +67,7 @@ async fn registration_heartbeat_expiry_and_a_new_generation() {
     let entry = &prefill.entries[0];
     assert_eq!(entry.endpoint.to_string(), "http://127.0.0.1:8100");
     assert_eq!(
-        entry
-            .registration
-            .labels
-            .get("kv_addr")
-            .map(String::as_str),
+        entry.registration.labels.get("kv_addr").map(String::as_str),
         Some("127.0.0.1:21001")
     );
     let first_generation = entry.generation;
