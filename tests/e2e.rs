@@ -362,7 +362,13 @@ async fn a_busy_prometheus_port_is_a_warning_not_a_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_pd_routes_prefill_then_decode_for_every_connector() {
-    for connector in ["nixl", "mooncake", "moriio"] {
+    for connector in [
+        "nixl",
+        "mooncake",
+        "mooncake-sequential",
+        "moriio",
+        "moriio-write",
+    ] {
         let app = App::start(&with_quick(&[
             "--sim-pd",
             "2:1",

@@ -130,7 +130,11 @@ pub fn pd_connector(name: KvConnectorName) -> PdConnector {
     match name {
         KvConnectorName::Nixl => PdConnector::Nixl,
         KvConnectorName::Mooncake => PdConnector::Mooncake { concurrent: true },
-        KvConnectorName::Moriio => PdConnector::MoriIo(MoriIoMode::Read),
+        KvConnectorName::MooncakeSequential => PdConnector::Mooncake { concurrent: false },
+        KvConnectorName::Moriio | KvConnectorName::MoriioRead => {
+            PdConnector::MoriIo(MoriIoMode::Read)
+        }
+        KvConnectorName::MoriioWrite => PdConnector::MoriIo(MoriIoMode::Write),
     }
 }
 

@@ -53,10 +53,23 @@ impl PolicyName {
 pub enum KvConnectorName {
     /// NIXL: the decode engine pulls the KV cache (sequential phases).
     Nixl,
-    /// Mooncake: the prefill engine pushes (concurrent phases).
+    /// Mooncake: the prefill engine pushes (both legs dispatched at once).
     Mooncake,
-    /// MoRI-IO: READ or WRITE mode, as the engines register.
+    /// Mooncake with sequential legs (a failed prefill can be retried on
+    /// another engine before decode starts).
+    #[value(name = "mooncake-sequential")]
+    #[serde(rename = "mooncake-sequential")]
+    MooncakeSequential,
+    /// MoRI-IO in READ mode (sequential); the same as `moriio-read`.
     Moriio,
+    /// MoRI-IO in READ mode (sequential).
+    #[value(name = "moriio-read")]
+    #[serde(rename = "moriio-read")]
+    MoriioRead,
+    /// MoRI-IO in WRITE mode (concurrent).
+    #[value(name = "moriio-write")]
+    #[serde(rename = "moriio-write")]
+    MoriioWrite,
 }
 
 /// Log levels accepted by `--log-level`.

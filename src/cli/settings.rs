@@ -583,7 +583,11 @@ fn mode(parsed: &Parsed) -> Result<Mode, CliError> {
                 ));
             }
         }
-        if a.kv_connector == KvConnectorName::Moriio && !prefill.is_empty() {
+        let moriio = matches!(
+            a.kv_connector,
+            KvConnectorName::Moriio | KvConnectorName::MoriioRead | KvConnectorName::MoriioWrite
+        );
+        if moriio && !prefill.is_empty() {
             return Err(CliError::invalid(
                 "kv_connector",
                 "moriio needs each engine's MoRI-IO side-channel ports, which static \
