@@ -1025,3 +1025,57 @@ async fn a_decode_error_reaches_the_client_when_retries_run_out() {
     fixture.assert_loads_return_to_zero().await;
     fixture.shutdown().await;
 }
+
+/// Startup refuses what cannot work, with errors that say why: a Mooncake
+/// prefill whose bootstrap server never answers, a MoRI-IO worker without
+/// its ports, a role given both static URLs and a registry.
+#[tokio::test]
+async fn startup_errors_name_the_problem() {
+    let dead_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let mut pd = PdConfig::new(PdConnector::Mooncake { concurrent: true });
+    pd.prefill = vec![PdWorkerConfig::new("http://127.0.0.1:8000").with_bootstrap_port(dead_port)];
+    pd.bootstrap_retry.max_attempts = 2;
+    pd.bootstrap_retry.initial_backoff = Duration::from_millis(1);
+    let err = Router::start(router_config(pd, "round_robin"))
+        .await
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("127.0.0.1:{dead_port}/query")) && message.contains("2 attempt"),
+        "{message}"
+    );
+
+    let mut pd = PdConfig::new(PdConnector::MoriIo(MoriIoMode::Read));
+    pd.decode = vec![PdWorkerConfig::new("http://127.0.0.1:8001")];
+    let message = Router::new(router_config(pd, "round_robin"))
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("handshake and notify ports"), "{message}");
+
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.decode = vec![PdWorkerConfig::new("http://127.0.0.1:8001")];
+    pd.decode_registry = Some(Arc::new(ServiceRegistry::new(
+        RoleKind::Decode,
+        Duration::from_secs(5),
+    )));
+    let message = Router::new(router_config(pd, "round_robin"))
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("not both"), "{message}");
+
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill_registry = Some(Arc::new(ServiceRegistry::new(
+        RoleKind::Decode,
+        Duration::from_secs(5),
+    )));
+    let message = Router::new(router_config(pd, "round_robin"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("registry given is for the decode role"),
+        "{message}"
+    );
+}
