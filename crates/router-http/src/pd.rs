@@ -1544,10 +1544,16 @@ pub(crate) async fn proxy(
             Some(body) => body,
             None => parse(&bytes)?,
         };
+        // Each attempt gets its own id: transfer ids derive from it, and a
+        // retried pair must never meet an abandoned attempt's KV state.
+        let attempt_id = match retries {
+            0 => flow_id.clone(),
+            n => format!("{flow_id}-a{n}"),
+        };
         let request = PdRequest {
             path: path.clone(),
             body: attempt_body,
-            request_id: flow_id.clone(),
+            request_id: attempt_id,
             forward: forward.clone(),
         };
         let run = pd
@@ -1614,7 +1620,7 @@ fn flow_request_id(request_id: &RequestId) -> String {
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let value = request_id.value.as_bytes();
     let fits = !value.is_empty()
-        && value.len() <= 96
+        && value.len() <= 80
         && value
             .iter()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
