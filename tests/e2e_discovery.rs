@@ -173,3 +173,74 @@ async fn registered_engines_serve_heartbeats_keep_them_and_silence_expires_them(
     prefill.shutdown().await;
     decode.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_can_register_over_http_with_the_admin_key() {
+    let prefill = engine(Role::Prefill).await;
+    let decode = engine(Role::Decode).await;
+    let args = [
+        "router",
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--vllm-pd-disaggregation",
+        "--vllm-discovery-address",
+        "127.0.0.1:0",
+        "--admin-api-key",
+        "admin-key",
+    ];
+    let app = App::start(&Settings::from_args(args).unwrap())
+        .await
+        .unwrap();
+    let base = format!("http://{}", app.addr());
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let register = |body: serde_json::Value, key: Option<&str>| {
+        let mut request =
+            Request::post(format!("{base}/register")).header("content-type", "application/json");
+        if let Some(key) = key {
+            request = request.header("authorization", format!("Bearer {key}"));
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let p = serde_json::json!({"type": "P", "http_address": prefill.addr().to_string()});
+    let d = serde_json::json!({"type": "D", "http_address": decode.addr().to_string()});
+
+    let (status, _) = register(p.clone(), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = register(p.clone(), Some("wrong")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body) = register(serde_json::json!({"type": "X"}), Some("admin-key")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("invalid registration"), "{body}");
+
+    let (status, body) = register(p.clone(), Some("admin-key")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["role"], "prefill");
+    assert_eq!(answer["url"], prefill.url());
+    let generation = answer["generation"].as_u64().unwrap();
+    let (status, body) = register(d, Some("admin-key")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Registering again within the TTL is a heartbeat: same generation.
+    let (_, body) = register(p, Some("admin-key")).await;
+    let again: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(again["generation"].as_u64(), Some(generation));
+
+    let (status, body) = chat(&client, &base).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(decode.stats().kv_transfers_valid, 1);
+    assert_eq!(app.discovery().unwrap().malformed_messages(), 1);
+    assert_eq!(app.stop().await, StopOutcome::Drained);
+    prefill.shutdown().await;
+    decode.shutdown().await;
+}

@@ -11,17 +11,19 @@
 //! within the grace period.
 
 use super::args::KvConnectorName;
-use super::discovery::{DiscoveryError, ZmqDiscovery};
+use super::discovery::{DiscoveryError, Registries, ZmqDiscovery};
 use super::settings::{Mode, PdSettings, Settings, join_host_port};
 use bytes::Bytes;
 use engine_sim::{EngineConfig, EngineHandle, ServeOptions, TransferRegistry};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use pd_orchestrator::{MoriIoEndpoint, MoriIoMode};
 use router_http::{
     ClientConfig, HttpProbe, PdConfig, PdConnector, PdWorkerConfig, Router, RouterConfig,
     UpstreamClient,
 };
 use std::net::SocketAddr;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -92,6 +94,8 @@ struct SimEngine {
 /// A running router: the listeners, engines, discovery and background tasks.
 #[derive(Debug)]
 pub struct App {
+    /// Set once discovery runs: `POST /register` feeds them.
+    registries: Arc<OnceLock<Registries>>,
     current: Arc<Current>,
     addr: SocketAddr,
     prometheus_addr: Option<SocketAddr>,
@@ -165,11 +169,22 @@ impl App {
             source,
         })?;
         let (stop, stopped) = watch::channel(false);
+        let registries: Arc<OnceLock<Registries>> = Arc::new(OnceLock::new());
         let serve = {
             let service_router = Arc::clone(&current);
-            let service = hyper::service::service_fn(move |request| {
+            let service_registries = Arc::clone(&registries);
+            let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
                 let router = service_router.get();
-                async move { Ok::<_, std::convert::Infallible>(router.handle(request).await) }
+                let registries = service_registries.get().cloned();
+                async move {
+                    let response = match registries {
+                        Some(registries) if is_register(&request) => {
+                            http_register(&router, &registries, request).await
+                        }
+                        _ => router.handle(request).await,
+                    };
+                    Ok::<_, std::convert::Infallible>(response)
+                }
             });
             let shutdown = wait_for_stop(
                 Arc::clone(&current),
@@ -200,6 +215,7 @@ impl App {
             };
 
         let mut app = App {
+            registries,
             current,
             addr,
             prometheus_addr,
@@ -364,6 +380,7 @@ impl App {
             let registries = discovery.registries();
             pd.prefill_registry = Some(Arc::clone(&registries.prefill));
             pd.decode_registry = Some(Arc::clone(&registries.decode));
+            let _ = self.registries.set(registries.clone());
             self.discovery = Some(discovery);
         }
         Ok(pd)
@@ -557,6 +574,74 @@ async fn wait_for_stop(current: Arc<Current>, mut stopped: watch::Receiver<bool>
     let deadline = tokio::time::Instant::now() + grace;
     while router.in_flight() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn is_register(request: &http::Request<Incoming>) -> bool {
+    request.method() == http::Method::POST
+        && request.uri().path().trim_end_matches('/') == "/register"
+}
+
+/// `POST /register`: the ZMQ registration map as JSON, for engines that
+/// cannot speak ZMQ. Guarded like every admin route: the admin key, or the
+/// inference key when no admin key is set.
+async fn http_register(
+    router: &Router,
+    registries: &Registries,
+    request: http::Request<Incoming>,
+) -> http::Response<router_http::BoxBody> {
+    use router_http::ApiError;
+    let config = router.config();
+    let required = config
+        .admin_api_key
+        .as_deref()
+        .or(config.api_key.as_deref());
+    if let Some(key) = required {
+        let presented = request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        if presented != Some(key) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    let limited = http_body_util::Limited::new(request.into_body(), 64 * 1024);
+    let body = match limited.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) => {
+            return ApiError::InvalidRequest(format!("cannot read the registration: {err}"))
+                .into_response();
+        }
+    };
+    match registries.apply_json(&body, std::time::Instant::now()) {
+        Ok((registration, generation)) => {
+            let answer = serde_json::json!({
+                "status": "registered",
+                "role": match registration.role {
+                    super::discovery::RegisteredRole::Prefill => "prefill",
+                    super::discovery::RegisteredRole::Decode => "decode",
+                },
+                "url": registration.url(),
+                "generation": generation,
+            });
+            let mut response = http::Response::new(
+                http_body_util::Full::new(Bytes::from(answer.to_string()))
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            );
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "refused an HTTP registration");
+            ApiError::InvalidRequest(format!("invalid registration: {err}")).into_response()
+        }
     }
 }
 

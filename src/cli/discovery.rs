@@ -22,6 +22,10 @@
 //! Malformed messages are counted ([`ZmqDiscovery::malformed_messages`]) and
 //! logged at `warn`, never fatal: one bad sender cannot stop discovery.
 //!
+//! Engines that cannot speak ZMQ send the same map as JSON to
+//! `POST /register` on the router's port (admin-protected), which feeds the
+//! same registries ([`Registries::apply_json`]).
+//!
 //! The registries are exposed so that the P/D request path (or any host)
 //! reconciles them into its worker pools with
 //! [`worker_lifecycle::DiscoveryPool::with_reconciled`].
@@ -105,6 +109,18 @@ struct Wire {
 pub fn decode_registration(payload: &[u8]) -> Result<ZmqRegistration, MessageError> {
     let wire: Wire =
         rmp_serde::from_slice(payload).map_err(|err| MessageError::Decode(err.to_string()))?;
+    validate(wire)
+}
+
+/// Decodes the same registration sent as a JSON object (`POST /register`).
+/// Never panics.
+pub fn decode_json_registration(body: &[u8]) -> Result<ZmqRegistration, MessageError> {
+    let wire: Wire =
+        serde_json::from_slice(body).map_err(|err| MessageError::Decode(err.to_string()))?;
+    validate(wire)
+}
+
+fn validate(wire: Wire) -> Result<ZmqRegistration, MessageError> {
     let role = match wire.kind.as_str() {
         "P" | "p" => RegisteredRole::Prefill,
         "D" | "d" => RegisteredRole::Decode,
@@ -168,6 +184,27 @@ impl Registries {
     /// refreshes the engine, or counts the message as malformed.
     pub fn apply(&self, frames: &[Bytes], now: Instant) -> Result<u64, MessageError> {
         let result = payload_of(frames).and_then(decode_registration);
+        self.register(result, now)
+    }
+
+    /// Applies one JSON registration (`POST /register`) received at `now`.
+    pub fn apply_json(
+        &self,
+        body: &[u8],
+        now: Instant,
+    ) -> Result<(ZmqRegistration, u64), MessageError> {
+        let registration = decode_json_registration(body);
+        let kept = registration.clone();
+        let generation = self.register(registration, now)?;
+        // `register` succeeded, so the decode did too.
+        kept.map(|registration| (registration, generation))
+    }
+
+    fn register(
+        &self,
+        result: Result<ZmqRegistration, MessageError>,
+        now: Instant,
+    ) -> Result<u64, MessageError> {
         let registration = match result {
             Ok(registration) => registration,
             Err(err) => {
