@@ -267,6 +267,16 @@ async fn every_connector_hands_off_valid_transfers() {
             fixture.pd().metrics().outcomes(Phase::Prefill, "success"),
             requests.len() as u64
         );
+        let (_, _, text) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+        let text = String::from_utf8_lossy(&text);
+        for phase in ["prefill", "decode"] {
+            let series = format!(
+                "router_pd_leg_outcomes_total{{phase=\"{phase}\",outcome=\"success\"}} {}",
+                requests.len()
+            );
+            assert!(text.contains(&series), "{series} missing:\n{text}");
+        }
+        assert!(text.contains("router_pd_missing_prefill_kv_params_total 0"));
         fixture.assert_loads_return_to_zero().await;
         assert_eq!(
             fixture.prefill_workers()[0].processed(),
