@@ -1,8 +1,9 @@
 //! The built example, run as a user runs it: `target/debug/examples/router`.
 //!
-//! The test runs `cargo build --example router` first (a no-op when
-//! `cargo test` already built the examples), so it always runs the example
-//! as the current source builds it.
+//! `cargo test` builds the examples before it runs tests; when only this
+//! test target was built and a source is newer than the example, the test
+//! runs `cargo build --example router` first, so it never runs a stale
+//! binary.
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -15,30 +16,64 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// `target/<profile>/examples/router`, next to this test's own binary
-/// (`target/<profile>/deps/e2e_binary-<hash>`), built first.
+/// (`target/<profile>/deps/e2e_binary-<hash>`), rebuilt first when a source
+/// is newer than it.
 fn router_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
     let binary = profile_dir
         .join("examples")
         .join(format!("router{}", std::env::consts::EXE_SUFFIX));
-    // Always ask cargo: a no-op when the example is fresh, a rebuild when
-    // only this test target was rebuilt after a change.
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "affinity-router",
-            "--example",
-            "router",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "building the example failed");
+    let built = std::fs::metadata(&binary).and_then(|m| m.modified()).ok();
+    if built.is_none_or(|built| newest_source() > built) {
+        // `cargo test` builds the examples itself, so this runs only when
+        // the test target alone was rebuilt (`cargo test --test e2e_binary`).
+        let status = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "affinity-router",
+                "--example",
+                "router",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the example failed");
+    }
     assert!(binary.exists(), "{} is missing", binary.display());
     binary
+}
+
+/// The newest modification time among the sources the example is built from.
+fn newest_source() -> std::time::SystemTime {
+    fn walk(path: &std::path::Path, newest: &mut std::time::SystemTime) {
+        let Ok(meta) = std::fs::metadata(path) else {
+            return;
+        };
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(path).into_iter().flatten().flatten() {
+                walk(&entry.path(), newest);
+            }
+        } else if let Ok(modified) = meta.modified() {
+            *newest = (*newest).max(modified);
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    for path in ["src", "examples/router.rs", "Cargo.toml", "Cargo.lock"] {
+        walk(&root.join(path), &mut newest);
+    }
+    for entry in std::fs::read_dir(root.join("crates"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        walk(&entry.path().join("src"), &mut newest);
+        walk(&entry.path().join("Cargo.toml"), &mut newest);
+    }
+    newest
 }
 
 /// Kills the child if a test fails half-way.

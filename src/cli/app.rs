@@ -753,24 +753,42 @@ async fn serve_metrics(
     Ok((addr, task))
 }
 
-/// Resolves at the first Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Ctrl-C and SIGTERM, registered when installed: a signal sent at any time
+/// after [`ShutdownSignals::install`] (say, right after the banner) is seen.
+#[derive(Debug)]
+pub struct ShutdownSignals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    /// Registers the handlers (inside a tokio runtime).
+    pub fn install() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("Ctrl-C: shutting down gracefully"),
-        () = term => tracing::info!("SIGTERM: shutting down gracefully"),
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    /// Resolves at the next Ctrl-C or SIGTERM.
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => tracing::info!("Ctrl-C: shutting down gracefully"),
+            _ = self.terminate.recv() => tracing::info!("SIGTERM: shutting down gracefully"),
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("Ctrl-C: shutting down gracefully");
+        }
     }
 }

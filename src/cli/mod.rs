@@ -39,7 +39,7 @@ pub mod discovery;
 pub mod logging;
 pub mod settings;
 
-pub use app::{App, StartError, StopOutcome, shutdown_signal};
+pub use app::{App, ShutdownSignals, StartError, StopOutcome};
 pub use args::{Args, KvConnectorName, LogLevel, PolicyName};
 pub use discovery::{Registries, ZmqDiscovery, ZmqRegistration};
 pub use settings::{CliError, Mode, Parsed, PdSettings, Settings};
@@ -78,7 +78,23 @@ pub fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let app = match App::start(&settings).await {
+        // Installed first: a signal during start-up or right after the
+        // banner is never missed.
+        let mut signals = match ShutdownSignals::install() {
+            Ok(signals) => signals,
+            Err(err) => {
+                eprintln!("error: cannot install the signal handlers: {err}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let started = tokio::select! {
+            started = App::start(&settings) => started,
+            () = signals.recv() => {
+                tracing::info!("stopped during start-up");
+                return ExitCode::SUCCESS;
+            }
+        };
+        let app = match started {
             Ok(app) => app,
             Err(err) => {
                 tracing::error!(error = %err, "start-up failed");
@@ -90,12 +106,10 @@ pub fn main() -> ExitCode {
         let _ = writeln!(stdout, "{}", app.banner());
         let _ = stdout.flush();
         drop(stdout);
-        shutdown_signal().await;
-        match app.stop().await {
-            StopOutcome::Drained => ExitCode::SUCCESS,
-            // The grace period ran out: the operator asked for a stop and
-            // got one, so this is still a clean exit.
-            _ => ExitCode::SUCCESS,
-        }
+        signals.recv().await;
+        // Drained or not, the operator asked for a stop and got one within
+        // the grace period: a clean exit either way.
+        let _ = app.stop().await;
+        ExitCode::SUCCESS
     })
 }
