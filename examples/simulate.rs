@@ -66,6 +66,18 @@ struct Args {
     /// Requests per generated workload, overriding the scenario defaults.
     #[arg(long)]
     requests: Option<usize>,
+    /// Drain this many workers of the policy's pool (the prefill pool under
+    /// P/D) before the run: members every policy sees, with load 0, that
+    /// may not take requests (a worker draining or failing health checks).
+    #[arg(long, default_value_t = 0)]
+    drain: usize,
+    /// Sessions open at a time in the multi-turn workloads (default 96).
+    #[arg(long)]
+    sessions: Option<usize>,
+    /// System-prompt length in tokens in the multi-turn workloads (default
+    /// 1,024).
+    #[arg(long)]
+    system_prompt_tokens: Option<usize>,
     /// Cache-aware's absolute load margin (`balance_abs_threshold`);
     /// default: the router's (64).
     #[arg(long)]
@@ -202,6 +214,7 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
         workers: args.workers,
         decode_policy: args.decode_policy.clone(),
         seed: args.seed,
+        drained: args.drain,
         ..SimConfig::default()
     };
     if let Some(abs) = args.balance_abs {
@@ -227,6 +240,10 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
                         .rate
                         .unwrap_or(if pd { PD_RATE } else { defaults.rate }),
                     seed: args.seed,
+                    active_sessions: args.sessions.unwrap_or(defaults.active_sessions),
+                    system_prompt_tokens: args
+                        .system_prompt_tokens
+                        .unwrap_or(defaults.system_prompt_tokens),
                     ..defaults
                 };
                 let mut trace = workload::multi_turn(&config);
@@ -295,6 +312,14 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
             _ => unreachable!("workload names are checked"),
         };
         scenarios.push(scenario);
+    }
+    if args.drain > 0 {
+        for scenario in &mut scenarios {
+            scenario.description.push_str(&format!(
+                " {} of the policy's engines drained before the run (members with load 0 that take no request).",
+                args.drain
+            ));
+        }
     }
     if let Some(path) = &args.trace {
         let trace: Trace =
@@ -492,6 +517,7 @@ fn bar_chart(
         chart
             .configure_mesh()
             .disable_x_mesh()
+            .y_label_formatter(&|v| format!("{v:.0}"))
             .x_labels(n * 2 + 1)
             .x_label_formatter(&|x| {
                 let i = x.floor() as usize;
@@ -553,13 +579,15 @@ fn load_chart(path: &Path, title: &str, rows: &[&RunReport]) -> Result<(), Strin
             let mut chart = ChartBuilder::on(area)
                 .caption(&report.policy, ("sans-serif", 15))
                 .margin(8)
-                .x_label_area_size(28)
-                .y_label_area_size(40)
+                .x_label_area_size(36)
+                .y_label_area_size(48)
                 .build_cartesian_2d(0.0..t_max, 0.0..l_max)?;
             chart
                 .configure_mesh()
-                .x_desc("s")
+                .x_desc("model time (s)")
                 .y_desc("in flight")
+                .x_label_formatter(&|v| format!("{v:.0}"))
+                .y_label_formatter(&|v| format!("{v:.0}"))
                 .light_line_style(WHITE)
                 .draw()?;
             let timeline = &report.load_timeline;

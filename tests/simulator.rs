@@ -139,6 +139,30 @@ fn under_pd_the_prefill_leg_is_charged_and_decode_follows() {
 }
 
 #[test]
+fn drained_workers_are_seen_but_never_chosen() {
+    let config = SimConfig {
+        workers: 3,
+        drained: 1,
+        ..SimConfig::default()
+    };
+    for report in run_all(&config, 4) {
+        assert_eq!(report.metrics.completed, 300, "{}", report.policy);
+        assert_eq!(report.final_loads, [0, 0, 0]);
+        let drained = &report.load_timeline.loads[2];
+        assert!(drained.iter().all(|&l| l == 0), "{}", report.policy);
+        assert!(report.load_timeline.loads[0].iter().any(|&l| l > 0));
+    }
+    let all_drained = SimConfig {
+        workers: 2,
+        drained: 2,
+        ..SimConfig::default()
+    };
+    let trace = workload::multi_turn(&small_multi_turn(1));
+    let prepared = PreparedTrace::new(&trace, &all_drained.model);
+    assert!(simulate(&prepared, "round_robin", &all_drained, &|_| {}).is_err());
+}
+
+#[test]
 fn unknown_policy_is_a_clear_error() {
     let trace = workload::multi_turn(&small_multi_turn(1));
     let config = SimConfig::default();

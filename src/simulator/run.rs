@@ -48,6 +48,11 @@ pub struct SimConfig {
     pub seed: u64,
     /// Load-timeline samples over the run. Default 200.
     pub load_samples: usize,
+    /// Workers of the policy's pool (the last ones) drained before the
+    /// run: still members the policies see, with their load of 0, but not
+    /// available, as a worker being drained or failing its health checks
+    /// is. They take no request and are left out of `imbalance`. Default 0.
+    pub drained: usize,
     /// Knobs of `cache_aware` and `cache_aware_fleet_gate` (the latter
     /// forces the fleet-wide gate). Default: lb-policies' defaults, as the
     /// router uses them (threshold 0.3, load margins 64 and 1.5×).
@@ -63,6 +68,7 @@ impl Default for SimConfig {
             decode_policy: "least_loaded".to_owned(),
             seed: 1,
             load_samples: 200,
+            drained: 0,
             cache_aware: CacheAwareConfig::default(),
         }
     }
@@ -75,8 +81,10 @@ pub enum SimError {
     /// The policy name or its knobs were refused by lb-policies.
     #[error("policy: {0}")]
     Policy(#[from] PolicyError),
-    /// A pool would have no engine.
-    #[error("every pool needs at least one engine (workers, prefill and decode counts)")]
+    /// A pool would have no available engine.
+    #[error(
+        "every pool needs at least one available engine (workers, prefill and decode counts, minus drained)"
+    )]
     NoWorkers,
     /// The trace holds no request.
     #[error("the trace holds no request")]
@@ -127,12 +135,12 @@ struct Pool {
 impl Pool {
     fn new(
         role: WorkerRole,
-        count: usize,
+        (count, drained): (usize, usize),
         policy: &str,
         config: &SimConfig,
         pd: impl Fn(usize) -> PdSettings,
     ) -> Result<Self, SimError> {
-        if count == 0 {
+        if count <= drained {
             return Err(SimError::NoWorkers);
         }
         // Breakers never see a failure here, but a manual clock keeps even
@@ -166,6 +174,9 @@ impl Pool {
             let mut engine = Engine::with_pd(config.model.clone(), pd(i));
             engine.set_token_events(false);
             engines.push(engine);
+            if i >= count - drained {
+                worker.start_drain();
+            }
             candidates.push(worker);
         }
         Ok(Pool {
@@ -235,6 +246,7 @@ struct Sim<'a> {
     timeline: LoadTimeline,
     sample_every: Duration,
     next_sample: Duration,
+    config_drained: usize,
 }
 
 /// Replays `trace` with `policy` placing every request (the prefill leg
@@ -251,9 +263,13 @@ pub fn simulate(
     }
     let (main, decode) = match config.pd {
         None => (
-            Pool::new(WorkerRole::Regular, config.workers, policy, config, |_| {
-                PdSettings::default()
-            })?,
+            Pool::new(
+                WorkerRole::Regular,
+                (config.workers, config.drained),
+                policy,
+                config,
+                |_| PdSettings::default(),
+            )?,
             None,
         ),
         Some(split) => {
@@ -282,14 +298,14 @@ pub fn simulate(
             (
                 Pool::new(
                     prefill_role,
-                    split.prefill,
+                    (split.prefill, config.drained),
                     policy,
                     config,
                     prefill_settings,
                 )?,
                 Some(Pool::new(
                     WorkerRole::Decode,
-                    split.decode,
+                    (split.decode, 0),
                     &config.decode_policy,
                     config,
                     decode_settings,
@@ -326,6 +342,7 @@ pub fn simulate(
         tally: Tally::default(),
         sample_every,
         next_sample: Duration::ZERO,
+        config_drained: config.drained,
     };
     for (index, request) in trace.trace.requests.iter().enumerate() {
         sim.run_until(request.arrival);
@@ -556,7 +573,10 @@ impl Sim<'_> {
 
     fn finish(self, policy: &str) -> RunReport {
         let first = self.trace.trace.requests[0].arrival;
-        let metrics = self.tally.metrics(self.trace.len(), first, &self.main.busy);
+        let available = self.main.busy.len() - self.config_drained;
+        let metrics = self
+            .tally
+            .metrics(self.trace.len(), first, &self.main.busy[..available]);
         let final_loads = std::iter::once(&self.main)
             .chain(self.decode.as_ref())
             .flat_map(|p| p.candidates.iter().map(|c| c.load()))
