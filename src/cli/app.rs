@@ -1,10 +1,15 @@
 //! Start-up, serving and graceful shutdown of the reference router.
 //!
-//! [`App::start`] does everything up to "serving": it starts simulated
-//! engines when asked, binds the router (so `/health` answers at once, even
-//! with no workers), binds the extra Prometheus listener, waits for every
-//! configured worker's first healthy probe and only then adds it (so the
-//! first request can use it), and starts the health checks. [`App::stop`]
+//! [`App::start`] does everything up to "serving": it binds the router (so
+//! `/health` answers at once, even with no workers), binds the extra
+//! Prometheus listener, starts simulated engines when asked, waits for
+//! every configured worker's first healthy probe and only then adds it (so
+//! the first request can use it), and starts the health checks. In P/D mode
+//! the router with its two pools is built once the static workers answered
+//! (running the Mooncake bootstrap) and replaces the stand-in router that
+//! answered `/health` meanwhile; with `--vllm-discovery-address` the ZMQ
+//! listener's registries feed the pools, and `POST /register` feeds the
+//! same registries over HTTP. [`App::stop`]
 //! is the graceful shutdown: readiness and health turn 503 at once, new
 //! requests are refused, the listener stays open while requests are in
 //! flight so that load balancers can see the 503, and everything is done
@@ -175,13 +180,15 @@ impl App {
             let service_registries = Arc::clone(&registries);
             let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
                 let router = service_router.get();
-                let registries = service_registries.get().cloned();
+                // Only `POST /register` needs the registries (and only once
+                // discovery runs); every other request goes straight on.
+                let registries = is_register(&request)
+                    .then(|| service_registries.get().cloned())
+                    .flatten();
                 async move {
                     let response = match registries {
-                        Some(registries) if is_register(&request) => {
-                            http_register(&router, &registries, request).await
-                        }
-                        _ => router.handle(request).await,
+                        Some(registries) => http_register(&router, &registries, request).await,
+                        None => router.handle(request).await,
                     };
                     Ok::<_, std::convert::Infallible>(response)
                 }

@@ -467,6 +467,8 @@ mod tests {
                 })
                 .collect();
             let _ = decode_registration(&bytes);
+            let _ = decode_json_registration(&bytes);
+            let _ = registries.apply_json(&bytes, Instant::now());
             let _ = registries.apply(&[Bytes::new(), Bytes::from(bytes)], Instant::now());
         }
     }

@@ -10,10 +10,16 @@
 //!   [`Args`] is also the shape of the `--config` TOML file.
 //! - [`settings`]: the `--config` merge, validation (exit 2 with a message
 //!   naming the flag) and the mapping onto router-http's [`RouterConfig`].
-//! - [`app`]: simulated engines, the listeners, waiting for workers,
-//!   graceful shutdown.
+//! - [`app`]: simulated engines (regular or prefill/decode), the listeners,
+//!   waiting for workers, the P/D router, `POST /register`, graceful
+//!   shutdown.
 //! - [`discovery`]: vLLM's ZMQ registration discovery feeding
-//!   worker-lifecycle's [`ServiceRegistry`](worker_lifecycle::ServiceRegistry).
+//!   worker-lifecycle's [`ServiceRegistry`](worker_lifecycle::ServiceRegistry)
+//!   per role, which router-http's P/D pools reconcile on every request.
+//! - [`logging`]: tracing to stderr (human or JSON) and `--log-dir`.
+//!
+//! docs/operations.md documents every flag; a test keeps it in step with
+//! [`Args`].
 //!
 //! # Example
 //!
