@@ -162,27 +162,20 @@ fn version_bad_flags_and_a_failed_start() {
     );
 }
 
-#[test]
-fn sigterm_with_a_stream_in_flight_drains_and_exits_0() {
-    let log_dir = std::env::temp_dir().join(format!("affinity-router-e2e-{}", std::process::id()));
+/// A router process started from the built example, with its address and
+/// its logs (collected until it exits).
+struct Started {
+    child: Running,
+    pid: u32,
+    base: String,
+    logs: std::thread::JoinHandle<String>,
+}
+
+/// Starts the example with `args` and waits for its banner.
+fn start_router(args: &[&std::ffi::OsStr]) -> Started {
     let mut child = Command::new(router_binary())
         .env_remove("RUST_LOG")
-        .arg("--log-dir")
-        .arg(&log_dir)
-        .args([
-            "--port",
-            "0",
-            "--prometheus-port",
-            "0",
-            "--sim-workers",
-            "1",
-            "--sim-time-scale",
-            "0",
-            "--shutdown-grace-period-secs",
-            "20",
-            "--api-key",
-            "very-secret-key",
-        ])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -198,8 +191,7 @@ fn sigterm_with_a_stream_in_flight_drains_and_exits_0() {
         all
     });
     let pid = child.id();
-    let mut child = Running(child);
-
+    let child = Running(child);
     // The banner's first line says where it serves.
     let (banner_tx, banner_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -217,6 +209,52 @@ fn sigterm_with_a_stream_in_flight_drains_and_exits_0() {
         .find(|word| word.starts_with("http://127.0.0.1:"))
         .unwrap_or_else(|| panic!("no address in {first:?}"))
         .to_owned();
+    Started {
+        child,
+        pid,
+        base,
+        logs,
+    }
+}
+
+fn os(args: &[&str]) -> Vec<std::ffi::OsString> {
+    args.iter().map(std::ffi::OsString::from).collect()
+}
+
+fn sigterm(pid: u32) {
+    let kill = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+}
+
+#[test]
+fn sigterm_with_a_stream_in_flight_drains_and_exits_0() {
+    let log_dir = std::env::temp_dir().join(format!("affinity-router-e2e-{}", std::process::id()));
+    let mut args = os(&[
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--sim-workers",
+        "1",
+        "--sim-time-scale",
+        "0",
+        "--shutdown-grace-period-secs",
+        "20",
+        "--api-key",
+        "very-secret-key",
+        "--log-dir",
+    ]);
+    args.push(log_dir.clone().into_os_string());
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let Started {
+        mut child,
+        pid,
+        base,
+        logs,
+    } = start_router(&args);
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -238,6 +276,21 @@ fn sigterm_with_a_stream_in_flight_drains_and_exits_0() {
             }
         };
         assert_eq!(get("/readiness").await, StatusCode::OK);
+        let chat = Request::post(format!("{base}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer very-secret-key")
+            .body(Full::new(Bytes::from_static(
+                br#"{"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}"#,
+            )))
+            .unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), client.request(chat))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+        let answer = answer.into_body().collect().await.unwrap().to_bytes();
+        let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(answer["object"], "chat.completion");
         let stream = Request::post(format!("{base}/v1/completions"))
             .header("content-type", "application/json")
             .header("authorization", "Bearer very-secret-key")
@@ -253,11 +306,7 @@ fn sigterm_with_a_stream_in_flight_drains_and_exits_0() {
         assert_eq!(response.status(), StatusCode::OK);
 
         let signalled = Instant::now();
-        let kill = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(kill.success());
+        sigterm(pid);
         // Readiness turns 503 at once, while the stream is still running.
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
@@ -295,4 +344,78 @@ fn sigterm_with_a_stream_in_flight_drains_and_exits_0() {
     );
     assert!(!file.contains("very-secret-key"));
     let _ = std::fs::remove_dir_all(log_dir);
+}
+
+#[test]
+fn worker_urls_front_separately_started_engines() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let engines: Vec<_> = runtime.block_on(async {
+        let mut engines = Vec::new();
+        for _ in 0..2 {
+            let config = affinity_router::sim::EngineConfig::instant();
+            let options = affinity_router::sim::ServeOptions::default();
+            engines.push(affinity_router::sim::spawn(config, options).await.unwrap());
+        }
+        engines
+    });
+    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
+    let mut args = os(&[
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--policy",
+        "round_robin",
+    ]);
+    args.push("--worker-urls".into());
+    args.extend(urls.iter().map(std::ffi::OsString::from));
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let Started {
+        mut child,
+        pid,
+        base,
+        logs,
+    } = start_router(&args);
+    runtime.block_on(async {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let mut served_by = std::collections::BTreeSet::new();
+        for _ in 0..2 {
+            let request = Request::post(format!("{base}/v1/completions"))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from_static(
+                    br#"{"model": "sim-model", "prompt": "Hello", "max_tokens": 2}"#,
+                )))
+                .unwrap();
+            let response = tokio::time::timeout(Duration::from_secs(10), client.request(request))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            served_by.insert(
+                response.headers()["x-worker-id"]
+                    .to_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+        let ids: std::collections::BTreeSet<String> =
+            engines.iter().map(|e| e.engine_id().to_owned()).collect();
+        assert_eq!(served_by, ids, "round robin over both engines");
+    });
+    sigterm(pid);
+    let status = wait_exit(&mut child.0, Duration::from_secs(15)).expect("the router exits");
+    assert_eq!(status.code(), Some(0));
+    let logs = logs.join().unwrap();
+    for url in &urls {
+        assert!(logs.contains(url.as_str()), "{logs}");
+    }
+    runtime.block_on(async {
+        for engine in engines {
+            engine.shutdown().await;
+        }
+    });
 }
