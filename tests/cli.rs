@@ -593,6 +593,29 @@ fn a_config_file_round_trips() {
 }
 
 #[test]
+fn a_dump_of_the_defaults_is_the_same_as_no_flags() {
+    let path = temp_file("defaults.toml", &settings::to_toml(&Args::default()));
+    let s = settings(&["--config", path.to_str().unwrap()]).unwrap();
+    assert_eq!(s.mode, Mode::Simulated { engines: 4 });
+    assert!(s.ignored.is_empty(), "{:?}", s.ignored);
+    // ... and flags still combine with it as without a file.
+    let s = settings(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--worker-urls",
+        "http://127.0.0.1:9001",
+    ])
+    .unwrap();
+    assert_eq!(
+        s.mode,
+        Mode::Workers {
+            urls: vec!["http://127.0.0.1:9001".into()]
+        }
+    );
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
 fn flags_on_the_command_line_win_over_the_file() {
     let path = temp_file(
         "override.toml",

@@ -110,7 +110,8 @@ where
 }
 
 /// Fills every setting of `parsed` not given on the command line from the
-/// TOML `text`.
+/// TOML `text`. A file key counts as given explicitly when its value
+/// differs from the default.
 fn merge_file(parsed: &mut Parsed, text: &str) -> Result<(), String> {
     let file: toml::Table = text
         .parse()
@@ -125,8 +126,13 @@ fn merge_file(parsed: &mut Parsed, text: &str) -> Result<(), String> {
         if parsed.explicit.contains(&id) {
             continue;
         }
-        merged.insert(id.clone(), value);
-        parsed.explicit.insert(id);
+        // A key that only restates the default (a dumped configuration
+        // does) selects nothing: it neither switches modes nor counts as a
+        // P/D or ignored flag.
+        if merged.get(&id) != Some(&value) {
+            parsed.explicit.insert(id.clone());
+        }
+        merged.insert(id, value);
     }
     let config = parsed.args.config.take();
     let mut args: Args = match toml::Value::Table(merged.clone()).try_into() {
