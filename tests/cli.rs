@@ -468,6 +468,16 @@ fn bad_values_exit_2_naming_the_flag() {
             ],
             "--kv-connector",
         ),
+        (
+            &[
+                "--vllm-pd-disaggregation",
+                "--prefill",
+                "9000",
+                "--decode",
+                "http://d:1",
+            ],
+            "--prefill",
+        ),
         (&["--sim-pd", "2"], "--sim-pd"),
         (&["--sim-pd", "0:1"], "--sim-pd"),
         (

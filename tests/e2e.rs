@@ -480,3 +480,85 @@ async fn stop_with_a_stream_in_flight_turns_readiness_503_and_lets_it_finish() {
         "well before the grace period"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_prefill_and_decode_urls_with_a_mooncake_bootstrap_port() {
+    use affinity_router::sim::{KvConnector, Role, TransferRegistry};
+    let transfers = TransferRegistry::new();
+    let prefill = affinity_router::sim::spawn(
+        EngineConfig {
+            role: Role::Prefill,
+            kv_connector: KvConnector::Mooncake,
+            ..EngineConfig::instant()
+        },
+        ServeOptions {
+            registry: Some(transfers.clone()),
+            bootstrap_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            ..ServeOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let decode = affinity_router::sim::spawn(
+        EngineConfig {
+            role: Role::Decode,
+            kv_connector: KvConnector::Mooncake,
+            ..EngineConfig::instant()
+        },
+        ServeOptions {
+            registry: Some(transfers),
+            ..ServeOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let prefill_url = prefill.url();
+    let bootstrap = prefill.bootstrap_addr().unwrap().port().to_string();
+    let decode_url = decode.url();
+    let settings = with_quick(&[
+        "--vllm-pd-disaggregation",
+        "--prefill",
+        &prefill_url,
+        &bootstrap,
+        "--decode",
+        &decode_url,
+        "--kv-connector",
+        "mooncake",
+        "--prefill-policy",
+        "round_robin",
+    ]);
+    let app = App::start(&settings).await.unwrap();
+    let banner = app.banner();
+    assert!(banner.contains("P/D over mooncake"), "{banner}");
+    assert!(
+        banner.contains(&prefill_url) && banner.contains(&decode_url),
+        "{banner}"
+    );
+    let client = client();
+    let addr = app.addr();
+    assert_eq!(get(&client, addr, "/readiness").await.0, StatusCode::OK);
+    let chat = format!("http://{addr}/v1/chat/completions");
+    let (status, _, text) = send(&client, "POST", chat.clone(), CHAT, &[]).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let (status, _, text) = send(&client, "POST", chat, CHAT_STREAM, &[]).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let stats = decode.stats();
+    assert_eq!(stats.kv_transfers_valid, 2, "{stats:?}");
+    let roles: Vec<String> = app
+        .router()
+        .all_workers()
+        .iter()
+        .map(|w| format!("{} {}", w.role().kind().as_str(), w.endpoint()))
+        .collect();
+    assert_eq!(
+        roles,
+        vec![
+            format!("prefill {prefill_url}"),
+            format!("decode {decode_url}")
+        ]
+    );
+    assert_eq!(app.stop().await, StopOutcome::Drained);
+    prefill.shutdown().await;
+    decode.shutdown().await;
+}
