@@ -176,7 +176,7 @@ fn run(args: &Args) -> Result<(), String> {
     if scenarios.is_empty() {
         return Err("nothing to run: give a workload or --trace".to_owned());
     }
-    let reports = run_all(args, &scenarios, &policies);
+    let reports = run_all(args, &scenarios, &policies)?;
 
     let mut markdown = String::new();
     for scenario in &scenarios {
@@ -345,7 +345,11 @@ fn radix_affinity_warm() -> usize {
 
 /// Runs every (scenario, policy) pair on `--threads` threads behind one
 /// progress bar; results come back in (scenario, policy) order.
-fn run_all(args: &Args, scenarios: &[Scenario], policies: &[String]) -> Vec<RunReport> {
+fn run_all(
+    args: &Args,
+    scenarios: &[Scenario],
+    policies: &[String],
+) -> Result<Vec<RunReport>, String> {
     let jobs: Vec<(usize, &str)> = (0..scenarios.len())
         .flat_map(|s| policies.iter().map(move |p| (s, p.as_str())))
         .collect();
@@ -391,14 +395,19 @@ fn run_all(args: &Args, scenarios: &[Scenario], policies: &[String]) -> Vec<RunR
     bar.finish_and_clear();
     let slots = results.into_inner().unwrap_or_default();
     let mut reports = Vec::with_capacity(slots.len());
+    let mut failures = Vec::new();
     for slot in slots {
         match slot {
             Some(Ok(report)) => reports.push(report),
-            Some(Err(message)) => eprintln!("simulate: {message}"),
-            None => eprintln!("simulate: a run did not finish"),
+            Some(Err(message)) => failures.push(message),
+            None => failures.push("a run did not finish".to_owned()),
         }
     }
-    reports
+    if failures.is_empty() {
+        Ok(reports)
+    } else {
+        Err(failures.join("; "))
+    }
 }
 
 /// The ratios the docs quote, for the policies present.
