@@ -244,3 +244,68 @@ async fn engines_can_register_over_http_with_the_admin_key() {
     prefill.shutdown().await;
     decode.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moriio_engines_register_in_their_own_form() {
+    let spawn = |role| async move {
+        let config = EngineConfig {
+            role,
+            kv_connector: KvConnector::Moriio,
+            ..EngineConfig::instant()
+        };
+        affinity_router::sim::spawn(config, ServeOptions::default())
+            .await
+            .unwrap()
+    };
+    let prefill = spawn(Role::Prefill).await;
+    let decode = spawn(Role::Decode).await;
+    let args = [
+        "router",
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--vllm-pd-disaggregation",
+        "--kv-connector",
+        "moriio",
+        "--vllm-discovery-address",
+        "127.0.0.1:0",
+    ];
+    let app = App::start(&Settings::from_args(args).unwrap())
+        .await
+        .unwrap();
+    let discovery = app.discovery().unwrap();
+    let mut socket = zeromq::DealerSocket::new();
+    socket
+        .connect(&format!("tcp://{}", discovery.local_addr()))
+        .await
+        .unwrap();
+    for (role, engine, ports) in [("P", &prefill, (7101, 7102)), ("D", &decode, (7201, 7202))] {
+        let map = serde_json::json!({
+            "type": "register", "role": role,
+            "request_address": format!("{}/v1/completions", engine.url()),
+            "handshake_port": ports.0, "notify_port": ports.1, "dp_size": 1, "tp_size": 1,
+            "transfer_mode": "READ",
+        });
+        socket
+            .send(ZmqMessage::from(rmp_serde::to_vec_named(&map).unwrap()))
+            .await
+            .unwrap();
+    }
+    let base = format!("http://{}", app.addr());
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, body) = chat(&client, &base).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never served: {status} {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(decode.stats().kv_transfers_valid, 1);
+    assert_eq!(discovery.malformed_messages(), 0);
+    assert_eq!(app.stop().await, StopOutcome::Drained);
+    prefill.shutdown().await;
+    decode.shutdown().await;
+}

@@ -9,6 +9,15 @@
 //!  "transfer_mode"?: "READ" | "WRITE"}
 //! ```
 //!
+//! MoRI-IO engines send their own form, which is accepted too:
+//!
+//! ```text
+//! {"type": "register" | "HELLO", "role": "P" | "D",
+//!  "request_address": "http://host:port/v1/completions",
+//!  "handshake_port": u16, "notify_port": u16, "dp_size": u32, "tp_size": u32,
+//!  "transfer_mode": "READ" | "WRITE"}
+//! ```
+//!
 //! The ROUTER socket receives it as `[identity, payload]`. Each message
 //! registers the engine in the [`ServiceRegistry`] of its role, or — when
 //! the same engine sent the same thing within the TTL — refreshes it and
@@ -64,6 +73,8 @@ pub struct ZmqRegistration {
     pub zmq_address: Option<String>,
     /// `READ` or `WRITE` (MoRI-IO), when it sent one.
     pub transfer_mode: Option<String>,
+    /// MoRI-IO side-channel facts, from the MoRI-IO registration form.
+    pub moriio: Option<pd_orchestrator::MoriIoEndpoint>,
 }
 
 impl ZmqRegistration {
@@ -98,11 +109,27 @@ pub enum MessageError {
 struct Wire {
     #[serde(rename = "type")]
     kind: String,
-    http_address: String,
+    #[serde(default)]
+    http_address: Option<String>,
     #[serde(default)]
     zmq_address: Option<String>,
     #[serde(default)]
     transfer_mode: Option<String>,
+    // The MoRI-IO form: {"type": "register" | "HELLO", "role": "P" | "D",
+    // "request_address": "http://host:port/v1/completions", "handshake_port",
+    // "notify_port", "dp_size", "tp_size", "transfer_mode"}.
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    request_address: Option<String>,
+    #[serde(default)]
+    handshake_port: Option<u16>,
+    #[serde(default)]
+    notify_port: Option<u16>,
+    #[serde(default)]
+    dp_size: Option<u32>,
+    #[serde(default)]
+    tp_size: Option<u32>,
 }
 
 /// Decodes one registration payload (a MessagePack map). Never panics.
@@ -121,18 +148,29 @@ pub fn decode_json_registration(body: &[u8]) -> Result<ZmqRegistration, MessageE
 }
 
 fn validate(wire: Wire) -> Result<ZmqRegistration, MessageError> {
-    let role = match wire.kind.as_str() {
+    // The MoRI-IO form names the role in `role` and the engine by URL.
+    let (role, address) = match (&wire.role, &wire.request_address) {
+        (Some(role), Some(url)) => (role.as_str(), authority_of(url)?),
+        (Some(_), None) => return Err(MessageError::HttpAddress(String::new())),
+        (None, _) => {
+            let address = wire
+                .http_address
+                .as_deref()
+                .ok_or_else(|| MessageError::Decode("missing field `http_address`".into()))?;
+            (wire.kind.as_str(), address.trim().to_owned())
+        }
+    };
+    let role = match role {
         "P" | "p" => RegisteredRole::Prefill,
         "D" | "d" => RegisteredRole::Decode,
-        _ => return Err(MessageError::UnknownType(wire.kind)),
+        _ => return Err(MessageError::UnknownType(role.to_owned())),
     };
-    let address = wire.http_address.trim();
     let valid_address =
         address.rsplit_once(':').is_some_and(|(host, port)| {
             !host.is_empty() && port.parse::<u16>().is_ok() && !address.contains('/')
         }) && router_http::router::validate_worker_url(&format!("http://{address}")).is_ok();
     if !valid_address {
-        return Err(MessageError::HttpAddress(wire.http_address));
+        return Err(MessageError::HttpAddress(address));
     }
     let transfer_mode = match wire.transfer_mode {
         None => None,
@@ -140,12 +178,36 @@ fn validate(wire: Wire) -> Result<ZmqRegistration, MessageError> {
         Some(mode) if mode.eq_ignore_ascii_case("write") => Some("WRITE".to_owned()),
         Some(mode) => return Err(MessageError::TransferMode(mode)),
     };
+    let moriio = match (wire.handshake_port, wire.notify_port) {
+        (Some(handshake_port), Some(notify_port)) => Some(pd_orchestrator::MoriIoEndpoint {
+            handshake_port,
+            notify_port,
+            dp_size: wire.dp_size.unwrap_or(1).max(1),
+            tp_size: wire.tp_size.unwrap_or(1).max(1),
+        }),
+        _ => None,
+    };
     Ok(ZmqRegistration {
         role,
-        http_address: address.to_owned(),
+        http_address: address,
         zmq_address: wire.zmq_address,
         transfer_mode,
+        moriio,
     })
+}
+
+/// `host:port` of a URL like `http://host:port/v1/completions`.
+fn authority_of(url: &str) -> Result<String, MessageError> {
+    let uri: http::Uri = url
+        .trim()
+        .parse()
+        .map_err(|_| MessageError::HttpAddress(url.to_owned()))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(authority)) if authority.port_u16().is_some() => {
+            Ok(authority.as_str().to_owned())
+        }
+        _ => Err(MessageError::HttpAddress(url.to_owned())),
+    }
 }
 
 /// The payload of a multipart ROUTER message: the last non-empty frame
@@ -232,6 +294,20 @@ impl Registries {
                 router_http::pd::labels::MORIIO_MODE.to_owned(),
                 mode.to_ascii_lowercase(),
             );
+        }
+        if let Some(moriio) = &registration.moriio {
+            use router_http::pd::labels;
+            for (label, value) in [
+                (
+                    labels::MORIIO_HANDSHAKE_PORT,
+                    moriio.handshake_port.to_string(),
+                ),
+                (labels::MORIIO_NOTIFY_PORT, moriio.notify_port.to_string()),
+                (labels::DP_SIZE, moriio.dp_size.to_string()),
+                (labels::TP_SIZE, moriio.tp_size.to_string()),
+            ] {
+                labels.insert(label.to_owned(), value);
+            }
         }
         let details = Registration {
             labels,
@@ -389,6 +465,30 @@ mod tests {
         assert_eq!(registration.url(), "http://10.0.0.1:8100");
         assert_eq!(registration.zmq_address.as_deref(), Some("10.0.0.1:21001"));
         assert_eq!(registration.transfer_mode.as_deref(), Some("WRITE"));
+    }
+
+    #[test]
+    fn the_moriio_form_decodes_with_its_side_channel() {
+        let payload = pack(&serde_json::json!({
+            "type": "register", "role": "D",
+            "request_address": "http://10.0.0.2:8200/v1/completions",
+            "handshake_port": 7001, "notify_port": 7002, "dp_size": 2, "tp_size": 4,
+            "transfer_mode": "READ"
+        }));
+        let registration = decode_registration(&payload).unwrap();
+        assert_eq!(registration.role, RegisteredRole::Decode);
+        assert_eq!(registration.url(), "http://10.0.0.2:8200");
+        assert_eq!(registration.transfer_mode.as_deref(), Some("READ"));
+        let moriio = registration.moriio.unwrap();
+        assert_eq!((moriio.handshake_port, moriio.notify_port), (7001, 7002));
+        assert_eq!((moriio.dp_size, moriio.tp_size), (2, 4));
+        let bad = pack(&serde_json::json!({
+            "type": "register", "role": "P", "request_address": "ftp://h/x"
+        }));
+        assert!(matches!(
+            decode_registration(&bad),
+            Err(MessageError::HttpAddress(_))
+        ));
     }
 
     #[test]
