@@ -1,14 +1,10 @@
 //! The reference router: `cargo run --release --example router`.
 //!
-//! With no worker flags it will start simulated engines in-process and route
-//! to them; with vllm-router's flags it will front real engines. The command
-//! line lands with the reference-router issue; until then this program says
-//! so and exits.
+//! With no worker flags it starts four simulated engines in-process and
+//! routes to them; with vllm-router's flags it fronts real engines. Every
+//! flag is in `--help` and in docs/operations.md; the code is in
+//! `affinity_router::cli`.
 
-fn main() {
-    println!(
-        "affinity-router {}: the reference router is not built yet; \
-         see README.md for what each crate already provides.",
-        env!("CARGO_PKG_VERSION")
-    );
+fn main() -> std::process::ExitCode {
+    affinity_router::cli::main()
 }

@@ -15,7 +15,10 @@
 //! The reference router is `cargo run --release --example router`.
 #![warn(missing_docs)]
 
+pub mod cli;
+
 pub use engine_sim as sim;
+pub mod simulator;
 pub use lb_policies as policies;
 pub use pd_orchestrator as pd;
 pub use radix_affinity as radix;

@@ -103,14 +103,17 @@
 //! never by first character, so a split racing an eviction cannot make it drop
 //! the wrong subtree; when racing inserts keep a tenant above the limit, a
 //! further pass (at most four) collects fresh candidates. The crate contains
-//! no `unsafe` code other than a prefetch hint. The locks and atomics go
+//! no `unsafe` code other than a prefetch hint and a read of the
+//! time-stamp counter. The locks and atomics go
 //! through a small `sync` shim so that `tests/loom_*.rs` model-check racing
 //! lookups, splits, evictions and removals under loom.
 //!
 //! *LRU stamps without contended writes.* A lookup must refresh the stamp of
 //! every node on its path, and the top nodes of a popular system prompt are
 //! on every path. With the default [`Clock::Coarse`], stamps are ticks of about
-//! one millisecond from a vDSO clock read, and a node's stamp is stored (a
+//! one millisecond of the monotonic clock (each thread re-reads the
+//! clock only every ~0.1 ms of time-stamp counter, so a lookup pays a few
+//! nanoseconds for it), and a node's stamp is stored (a
 //! relaxed store) only when the stored value is older than the current tick;
 //! so a hot node's cache line is written at most about once per millisecond
 //! per tenant instead of on every lookup, and reads stay reads. Two racing

@@ -51,8 +51,9 @@ impl Entry {
 #[derive(Debug)]
 #[repr(C, align(64))]
 pub(crate) struct Node<U> {
-    /// Edge label from the parent; empty for the root and for free slots.
-    pub(crate) label: Box<[U]>,
+    /// Buffer holding the edge label from the parent after `label_start`
+    /// dead units; empty for the root and for free slots.
+    label_buf: Box<[U]>,
     /// `(first symbol of the child's label, child index)`, sorted by key.
     /// Up to two inline (most nodes), so the walk does not chase a pointer.
     pub(crate) children: SmallVec<[(u32, u32); 2]>,
@@ -62,14 +63,50 @@ pub(crate) struct Node<U> {
     /// Bumped whenever the slot is freed, so stale eviction candidates are
     /// recognised after the slot is reused.
     pub(crate) generation: u32,
+    /// Dead units at the front of `label_buf` (see `split_label`).
+    label_start: u32,
     /// Tenants holding this node; empty only for the root and free slots.
     pub(crate) tenants: SmallVec<[Entry; 1]>,
 }
 
+/// Splits the label held in `buf` (first `start` units dead) after `at`
+/// units into (upper, lower) `(buffer, start)` pairs, copying only the shorter
+/// side.
+///
+/// When the upper part is the shorter one (the common case: a new request
+/// branching a few characters into an earlier request's suffix), the lower
+/// node keeps the buffer and only moves `start` past the cut, so the split
+/// copies a few bytes instead of the suffix. Dead units are bounded by what
+/// the buffer held when it was allocated.
+#[allow(clippy::type_complexity)] // two (buffer, start) pairs; a type would hide nothing
+fn split_label<U: Unit>(
+    buf: Box<[U]>,
+    start: u32,
+    at: usize,
+) -> ((Box<[U]>, u32), (Box<[U]>, u32)) {
+    let live = &buf[start as usize..];
+    if at <= live.len() - at {
+        let upper: Box<[U]> = live[..at].into();
+        ((upper, 0), (buf, start + at as u32))
+    } else {
+        let lower: Box<[U]> = live[at..].into();
+        let mut upper = buf.into_vec();
+        upper.truncate(start as usize + at);
+        ((upper.into_boxed_slice(), start), (lower, 0))
+    }
+}
+
 impl<U> Node<U> {
+    /// The edge label from the parent.
+    #[inline]
+    pub(crate) fn label(&self) -> &[U] {
+        &self.label_buf[self.label_start as usize..]
+    }
+
     fn empty(parent: u32, generation: u32) -> Self {
         Self {
-            label: Box::new([]),
+            label_buf: Box::new([]),
+            label_start: 0,
             children: SmallVec::new(),
             tenants: SmallVec::new(),
             parent,
@@ -191,11 +228,12 @@ impl<U: Unit> Shard<U> {
             if !follow(child_node) {
                 break;
             }
-            let step = probe.match_label(pos, &child_node.label, child_node.symbols as usize);
+            let label = child_node.label();
+            let step = probe.match_label(pos, label, child_node.symbols as usize);
             matched += step.symbols;
             node = child;
             pos += step.advance;
-            if step.label_units < child_node.label.len() {
+            if step.label_units < label.len() {
                 break;
             }
         }
@@ -231,7 +269,8 @@ impl<U: Unit> Shard<U> {
             }
         };
         let node = &mut self.nodes[slot as usize];
-        node.label = label;
+        node.label_buf = label;
+        node.label_start = 0;
         node.parent = parent;
         node.symbols = symbols;
         slot
@@ -263,8 +302,8 @@ impl<U: Unit> Shard<U> {
                 Ok(i) => {
                     let child = children[i].1;
                     let c = &self.nodes[child as usize];
-                    let step = probe.match_label(pos, &c.label, c.symbols as usize);
-                    let target = if step.label_units < c.label.len() {
+                    let step = probe.match_label(pos, c.label(), c.symbols as usize);
+                    let target = if step.label_units < c.label().len() {
                         self.split(child, i, step.label_units, step.symbols as u32)
                     } else {
                         child
@@ -283,15 +322,16 @@ impl<U: Unit> Shard<U> {
     /// sizes are unchanged.
     fn split(&mut self, child: u32, index: usize, units: usize, symbols: u32) -> u32 {
         let parent = self.nodes[child as usize].parent;
-        let old = std::mem::take(&mut self.nodes[child as usize].label);
-        let (upper_label, lower_label) = old.split_at(units);
-        let lower_key = U::key(lower_label);
-        let upper: Box<[U]> = upper_label.into();
-        let lower: Box<[U]> = lower_label.into();
+        let c = &mut self.nodes[child as usize];
+        let buf = std::mem::take(&mut c.label_buf);
+        let ((upper, upper_start), (lower, lower_start)) = split_label(buf, c.label_start, units);
+        let lower_key = U::key(&lower[lower_start as usize..]);
         let mid = self.alloc(upper, parent, symbols);
+        self.nodes[mid as usize].label_start = upper_start;
         {
             let c = &mut self.nodes[child as usize];
-            c.label = lower;
+            c.label_buf = lower;
+            c.label_start = lower_start;
             c.symbols -= symbols;
             c.parent = mid;
         }
@@ -496,7 +536,7 @@ impl<U: Unit> Shard<U> {
                         c.parent
                     ));
                 }
-                if c.label.is_empty() || U::key(&c.label) != key {
+                if c.label().is_empty() || U::key(c.label()) != key {
                     return Err(format!("node {child}: key {key} does not match its label"));
                 }
                 if last_key.is_some_and(|k| k >= key) {
@@ -515,7 +555,7 @@ impl<U: Unit> Shard<U> {
             if n.tenants.is_empty() {
                 return Err(format!("node {idx} is held by nobody"));
             }
-            if U::count_symbols(&n.label) != n.symbols as usize {
+            if U::count_symbols(n.label()) != n.symbols as usize {
                 return Err(format!("node {idx}: symbol count"));
             }
             for e in &n.tenants {
@@ -602,5 +642,25 @@ mod tests {
         assert!(matches!(shard.evict(stale), Evicted::Stale));
         assert_eq!(shard.size_of(1), 2);
         shard.check().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::*;
+
+    #[test]
+    fn split_label_copies_the_shorter_side() {
+        let buf: Box<[u8]> = b"xxabcdefgh".as_slice().into();
+        // Upper shorter: the lower keeps the buffer.
+        let ((upper, us), (lower, ls)) = split_label(buf, 2, 2);
+        assert_eq!(&upper[us as usize..], b"ab");
+        assert_eq!(&lower[ls as usize..], b"cdefgh");
+        assert_eq!((ls, lower.len()), (4, 10), "same buffer, start moved");
+        // Lower shorter: the upper keeps the (truncated) buffer.
+        let ((upper, us), (lower, ls)) = split_label(lower, ls, 5);
+        assert_eq!(&upper[us as usize..], b"cdefg");
+        assert_eq!(&lower[ls as usize..], b"h");
+        assert_eq!(upper.len(), 9, "truncated after the cut, dead prefix kept");
     }
 }

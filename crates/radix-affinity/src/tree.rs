@@ -177,6 +177,7 @@ impl<S: Symbol> RadixTree<S> {
     /// Longest stored prefix of `symbols` and its most recently used owner,
     /// whose last-use stamps along the matched path are refreshed.
     pub fn prefix_match_symbols(&self, symbols: &[S]) -> PrefixMatch {
+        prefetch(symbols);
         match S::as_units(symbols) {
             Some(units) => self.match_probe(&UnitProbe(units)),
             None => self.match_probe(&SymbolProbe(symbols)),
@@ -490,16 +491,24 @@ impl RadixTree<char> {
 /// overlap the tree's pointer chasing instead of following it (about 10 % of a
 /// lookup over cold text).
 #[inline]
-fn prefetch(bytes: &[u8]) {
+fn prefetch<T>(input: &[T]) {
     const MAX_BYTES: usize = 4096;
+    const LINE: usize = 64;
     #[cfg(target_arch = "x86_64")]
-    for line in bytes[..bytes.len().min(MAX_BYTES)].chunks(64) {
-        // SAFETY: a prefetch is only a hint; it never faults, and SSE is part
-        // of the x86_64 baseline.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            );
+    {
+        let bytes = std::mem::size_of_val(input).min(MAX_BYTES);
+        let base = input.as_ptr().cast::<i8>();
+        for offset in (0..bytes).step_by(LINE) {
+            // SAFETY: `offset < size_of_val(input)`, so the address is inside
+            // the slice; and a prefetch is only a hint that never faults (SSE
+            // is part of the x86_64 baseline).
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    base.add(offset),
+                );
+            }
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (input, MAX_BYTES, LINE);
 }

@@ -136,7 +136,16 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
     validate_worker_url(&url)?;
     let endpoint =
         Endpoint::new(&url, None).map_err(|err| ApiError::InvalidRequest(err.to_string()))?;
-    if router.worker_set().get(&endpoint).is_some() {
+    // In P/D mode the worker joins a role's pool: `role=prefill|decode`.
+    let pd_role = match router.pd() {
+        Some(pd) => Some(pd_role(pd, query)?),
+        None => None,
+    };
+    let exists = match pd_role {
+        Some(role) => role.workers().iter().any(|w| *w.endpoint() == endpoint),
+        None => router.worker_set().get(&endpoint).is_some(),
+    };
+    if exists {
         return Err(ApiError::WorkerExists(url));
     }
     let config = router.config();
@@ -166,6 +175,23 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
         }
         tokio::time::sleep(config.worker_startup_check_interval).await;
     }
+    if let Some(role) = pd_role {
+        let mut spec = crate::pd::PdWorkerConfig::new(url.as_str());
+        if let Some(port) = query_param(query, "bootstrap_port") {
+            let port = port.parse::<u16>().map_err(|_| {
+                ApiError::InvalidRequest(format!("invalid bootstrap_port {port:?}"))
+            })?;
+            spec = spec.with_bootstrap_port(port);
+        }
+        let worker = role.add_worker(&spec).await.map_err(|err| match err {
+            crate::ConfigError::Bootstrap(err) => ApiError::WorkerNotReady(err.to_string()),
+            other => ApiError::InvalidRequest(other.to_string()),
+        })?;
+        return Ok(json(
+            StatusCode::OK,
+            &serde_json::json!({"status": "added", "worker": worker_json(&worker)}),
+        ));
+    }
     let event = router
         .worker_set()
         .add(WorkerSpec::new(WorkerRole::Regular, endpoint))
@@ -187,6 +213,15 @@ async fn remove_worker(
     let endpoint =
         Endpoint::new(&url, None).map_err(|err| ApiError::InvalidRequest(err.to_string()))?;
     let deadline = tokio::time::Instant::now() + router.config().drain_timeout;
+    if let Some(pd) = router.pd() {
+        let drained = pd_role(pd, query)?
+            .remove_worker(&endpoint, deadline)
+            .await?;
+        return Ok(json(
+            StatusCode::OK,
+            &serde_json::json!({"status": "removed", "url": url, "drained": drained}),
+        ));
+    }
     let report = router
         .worker_set()
         .drain(&endpoint, deadline)
@@ -200,6 +235,23 @@ async fn remove_worker(
         StatusCode::OK,
         &serde_json::json!({"status": "removed", "url": url, "drained": drained}),
     ))
+}
+
+/// The P/D role an admin call names with `role` (or `worker_type`).
+fn pd_role<'a>(
+    pd: &'a crate::pd::PdPools,
+    query: Option<&str>,
+) -> Result<&'a crate::pd::PdRole, ApiError> {
+    let role = query_param(query, "role").or_else(|| query_param(query, "worker_type"));
+    match role.as_deref() {
+        Some("prefill") => Ok(pd.prefill()),
+        Some("decode") => Ok(pd.decode()),
+        _ => Err(ApiError::InvalidRequest(
+            "in prefill/decode mode, add_worker and remove_worker need role=prefill or \
+             role=decode"
+                .into(),
+        )),
+    }
 }
 
 fn metrics(router: &Router) -> Response<BoxBody> {

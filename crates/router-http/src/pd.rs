@@ -44,7 +44,31 @@
 //! from the prefill's bootstrap server. [`Router::start`](crate::Router::start)
 //! (or [`Router::bootstrap_pd`](crate::Router::bootstrap_pd)) queries every
 //! static prefill worker once at startup, with retries; a prefill worker
-//! whose engine ids are not known is not selected.
+//! whose engine ids are not known is not selected. A discovered prefill
+//! worker is queried in the background when it joins its pool.
+//!
+//! # Example
+//!
+//! ```
+//! use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router, RouterConfig};
+//!
+//! let mut pd = PdConfig::new(PdConnector::Nixl);
+//! pd.prefill = vec![PdWorkerConfig::new("http://10.0.0.1:8000")];
+//! // The same URL as a decode worker is a second, separate worker.
+//! pd.decode = vec![
+//!     PdWorkerConfig::new("http://10.0.0.1:8000"),
+//!     PdWorkerConfig::new("http://10.0.0.2:8000"),
+//! ];
+//! let config = RouterConfig { pd: Some(pd), ..RouterConfig::default() };
+//! // `Router::start(config).await` also runs the Mooncake bootstrap.
+//! let router = Router::new(config)?;
+//! let pools = router.pd().expect("P/D mode");
+//! assert_eq!(pools.prefill().workers().len(), 1);
+//! assert_eq!(pools.decode().workers().len(), 2);
+//! assert_eq!(router.all_workers().len(), 3);
+//! assert!(router.is_ready(), "an available worker in each role");
+//! # Ok::<(), router_http::ConfigError>(())
+//! ```
 
 use crate::body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout};
 use crate::client::{UpstreamClient, UpstreamError};
@@ -224,6 +248,9 @@ pub mod labels {
     pub const MORIIO_HANDSHAKE_PORT: &str = "moriio_handshake_port";
     /// MoRI-IO notify port.
     pub const MORIIO_NOTIFY_PORT: &str = "moriio_notify_port";
+    /// MoRI-IO mode the engine runs (`read` or `write`): a worker whose
+    /// mode differs from the router's connector is refused.
+    pub const MORIIO_MODE: &str = "moriio_mode";
     /// Data-parallel size of the engine.
     pub const DP_SIZE: &str = "dp_size";
     /// Tensor-parallel size of the engine.
@@ -289,9 +316,6 @@ enum Source {
     },
 }
 
-/// A worker eligible for a request, with its flow endpoint.
-type Candidate = (Arc<Worker>, Arc<PdEndpoint>);
-
 /// The workers of one role, its policies, and each worker's flow endpoint.
 pub struct PdRole {
     role: RoleKind,
@@ -299,8 +323,17 @@ pub struct PdRole {
     source: Source,
     policies: PolicyRegistry<Arc<Worker>>,
     /// The flow's view of each worker, by worker key (one per lifetime).
-    endpoints: Mutex<HashMap<Box<str>, Arc<PdEndpoint>>>,
+    endpoints: Arc<Mutex<HashMap<Box<str>, Arc<PdEndpoint>>>>,
     unavailable: Counter,
+    /// How discovered Mooncake prefill workers learn their engine ids.
+    bootstrap: std::sync::OnceLock<Bootstrapper>,
+}
+
+/// The client and schedule of background Mooncake bootstrap queries.
+#[derive(Debug, Clone)]
+struct Bootstrapper {
+    client: UpstreamClient,
+    retry: BootstrapRetry,
 }
 
 impl std::fmt::Debug for PdRole {
@@ -351,8 +384,9 @@ impl PdRole {
             connector,
             source,
             policies: PolicyRegistry::new(policy)?,
-            endpoints: Mutex::new(HashMap::new()),
+            endpoints: Arc::new(Mutex::new(HashMap::new())),
             unavailable: Counter::default(),
+            bootstrap: std::sync::OnceLock::new(),
         };
         for spec in statics {
             this.add_static(spec)?;
@@ -360,14 +394,77 @@ impl PdRole {
         Ok(this)
     }
 
-    fn add_static(&self, spec: &PdWorkerConfig) -> Result<(), ConfigError> {
+    fn add_static(&self, spec: &PdWorkerConfig) -> Result<Arc<Worker>, ConfigError> {
+        let (worker_spec, endpoint) = self.build_static(spec)?;
+        self.insert_static(worker_spec, endpoint, &spec.url)
+    }
+
+    /// Adds a static worker at run time (the admin route): a Mooncake
+    /// prefill worker's engine ids are learned first, so it joins the pool
+    /// already selectable.
+    ///
+    /// # Errors
+    /// [`ConfigError::Worker`] for an invalid spec, a duplicate or a
+    /// discovered role; [`ConfigError::Bootstrap`] when its bootstrap
+    /// server does not answer.
+    pub async fn add_worker(&self, spec: &PdWorkerConfig) -> Result<Arc<Worker>, ConfigError> {
+        let (worker_spec, mut endpoint) = self.build_static(spec)?;
+        if self.connector.is_mooncake() && self.role == RoleKind::Prefill {
+            if let Some(bootstrapper) = self.bootstrap.get() {
+                let query = HyperBootstrap(bootstrapper.client.clone());
+                let learned = learn_engine_ids(
+                    &query,
+                    &TokioSleeper,
+                    &endpoint,
+                    spec.bootstrap_port,
+                    &bootstrapper.retry,
+                )
+                .await?;
+                endpoint = endpoint.with_mooncake(learned);
+            }
+        }
+        self.insert_static(worker_spec, endpoint, &spec.url)
+    }
+
+    /// Drains the static worker at `endpoint` (no new work; waits until its
+    /// load is 0 or `deadline`) and removes it. Returns whether it drained.
+    ///
+    /// # Errors
+    /// [`ApiError::WorkerNotFound`] when no such worker is in this role;
+    /// [`ApiError::InvalidRequest`] for a discovered role (its workers leave
+    /// by deregistering).
+    pub async fn remove_worker(
+        &self,
+        endpoint: &Endpoint,
+        deadline: tokio::time::Instant,
+    ) -> Result<bool, ApiError> {
+        let Source::Static(set) = &self.source else {
+            return Err(ApiError::InvalidRequest(format!(
+                "{} workers are discovered; they leave by deregistering",
+                self.role
+            )));
+        };
+        let report = set
+            .drain(endpoint, deadline)
+            .await
+            .map_err(|_| ApiError::WorkerNotFound(format!("{} worker {endpoint}", self.role)))?;
+        for event in &report.events {
+            self.apply(event);
+        }
+        Ok(matches!(
+            report.outcome,
+            worker_lifecycle::DrainOutcome::Idle
+        ))
+    }
+
+    fn build_static(&self, spec: &PdWorkerConfig) -> Result<(WorkerSpec, PdEndpoint), ConfigError> {
         let invalid = |reason: String| ConfigError::Worker {
             url: spec.url.clone(),
             reason: format!("{} worker: {reason}", self.role),
         };
-        let Source::Static(set) = &self.source else {
+        if !matches!(self.source, Source::Static(_)) {
             return Err(invalid("this role is discovered".into()));
-        };
+        }
         crate::router::validate_worker_url(&spec.url).map_err(|err| invalid(err.to_string()))?;
         let mut endpoint = PdEndpoint::new(&spec.url).map_err(|err| invalid(err.to_string()))?;
         if let Some(rank) = spec.dp_rank {
@@ -397,14 +494,30 @@ impl PdRole {
         if let Some(model) = &spec.model {
             worker_spec = worker_spec.with_model(model.clone());
         }
-        let event = set
-            .add(worker_spec)
-            .map_err(|err| invalid(err.to_string()))?;
-        if let Some(worker) = event.added() {
-            lock(&self.endpoints).insert(worker.key().into(), Arc::new(endpoint));
-        }
+        Ok((worker_spec, endpoint))
+    }
+
+    fn insert_static(
+        &self,
+        spec: WorkerSpec,
+        endpoint: PdEndpoint,
+        url: &str,
+    ) -> Result<Arc<Worker>, ConfigError> {
+        let invalid = |reason: String| ConfigError::Worker {
+            url: url.to_owned(),
+            reason: format!("{} worker: {reason}", self.role),
+        };
+        let Source::Static(set) = &self.source else {
+            return Err(invalid("this role is discovered".into()));
+        };
+        let event = set.add(spec).map_err(|err| invalid(err.to_string()))?;
+        let worker = event
+            .added()
+            .cloned()
+            .ok_or_else(|| invalid("the worker set did not add it".into()))?;
+        lock(&self.endpoints).insert(worker.key().into(), Arc::new(endpoint));
         self.apply(&event);
-        Ok(())
+        Ok(worker)
     }
 
     /// The role.
@@ -472,7 +585,55 @@ impl PdRole {
         if let Some(new) = event.added() {
             self.policies
                 .on_membership(PolicyEvent::Added { key: new.key() });
+            let discovered = matches!(self.source, Source::Discovery { .. });
+            if discovered && self.connector.is_mooncake() && self.role == RoleKind::Prefill {
+                if let Some(endpoint) = self.endpoint(new).filter(|e| e.mooncake().is_none()) {
+                    self.learn_in_background(new, endpoint);
+                }
+            }
         }
+    }
+
+    /// Queries a newly discovered Mooncake prefill worker's bootstrap
+    /// server off the request path; the worker becomes selectable once its
+    /// engine ids are known. Spawning does not block, so this may run under
+    /// the pool's lock.
+    fn learn_in_background(&self, worker: &Arc<Worker>, endpoint: Arc<PdEndpoint>) {
+        let (Some(bootstrapper), Ok(runtime)) = (
+            self.bootstrap.get().cloned(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            tracing::warn!(
+                prefill = worker.key(),
+                "no runtime to query the Mooncake bootstrap server of a discovered prefill worker"
+            );
+            return;
+        };
+        let endpoints = Arc::clone(&self.endpoints);
+        let worker = Arc::clone(worker);
+        runtime.spawn(async move {
+            let query = HyperBootstrap(bootstrapper.client);
+            let port = match worker.role() {
+                WorkerRole::Prefill { bootstrap_port } => bootstrap_port,
+                _ => None,
+            };
+            match learn_engine_ids(&query, &TokioSleeper, &endpoint, port, &bootstrapper.retry)
+                .await
+            {
+                Ok(learned) => {
+                    let mut endpoints = lock(&endpoints);
+                    // A worker that left meanwhile stays gone.
+                    if let Some(slot) = endpoints.get_mut(worker.key()) {
+                        *slot = Arc::new((*endpoint).clone().with_mooncake(learned));
+                    }
+                }
+                Err(err) => tracing::error!(
+                    prefill = worker.key(),
+                    %err,
+                    "discovered Mooncake prefill worker stays unselectable"
+                ),
+            }
+        });
     }
 
     /// The flow endpoint of `worker`: built once per worker lifetime (from
@@ -500,33 +661,38 @@ impl PdRole {
     }
 
     /// The candidates of a request: the workers that serve its model, that
-    /// the connector can address, and that have not failed it already.
-    fn candidates(
+    /// have not failed it already, and (for connectors that need facts
+    /// learned at registration) that the connector can address. Borrows the
+    /// pool's list when nothing is filtered out, the common case.
+    fn candidates<'a>(
         &self,
-        workers: &[Arc<Worker>],
+        workers: &'a [Arc<Worker>],
         scope: &PdScope,
-    ) -> Result<Vec<Candidate>, ApiError> {
+    ) -> Result<Cow<'a, [Arc<Worker>]>, ApiError> {
         let excluded = lock(scope.excluded(self.role));
         let model = scope.model.as_str();
-        let mut out = Vec::with_capacity(workers.len());
-        let mut serving_any = false;
-        for worker in workers {
+        let needs_facts = match self.connector {
+            PdConnector::Mooncake { .. } => self.role == RoleKind::Prefill,
+            PdConnector::MoriIo(_) => true,
+            _ => false,
+        };
+        let keep = |worker: &Arc<Worker>| {
             let serves = model.is_empty() || worker.model_id().is_none_or(|m| m == model);
-            if !serves {
-                continue;
-            }
-            serving_any = true;
-            if excluded.iter().any(|failed| Arc::ptr_eq(failed, worker)) {
-                continue;
-            }
-            if let Some(endpoint) = self.endpoint(worker).filter(|e| self.can_address(e)) {
-                out.push((Arc::clone(worker), endpoint));
-            }
+            serves
+                && !excluded.iter().any(|failed| Arc::ptr_eq(failed, worker))
+                && (!needs_facts || self.endpoint(worker).is_some_and(|e| self.can_address(&e)))
+        };
+        if workers.iter().all(keep) {
+            return Ok(Cow::Borrowed(workers));
         }
-        if !serving_any && !workers.is_empty() {
+        let kept: Vec<Arc<Worker>> = workers.iter().filter(|w| keep(w)).cloned().collect();
+        let serving_any = workers
+            .iter()
+            .any(|w| model.is_empty() || w.model_id().is_none_or(|m| m == model));
+        if !serving_any {
             return Err(ApiError::UnknownModel(model.to_owned()));
         }
-        Ok(out)
+        Ok(Cow::Owned(kept))
     }
 
     /// Selections refused because this role had no available worker.
@@ -553,28 +719,33 @@ impl PdRole {
     /// and the policy asked again.
     fn choose(
         &self,
-        candidates: &[Candidate],
+        candidates: &[Arc<Worker>],
         scope: &Arc<PdScope>,
         reserve: bool,
         registered: usize,
     ) -> Result<PdTarget, ApiError> {
         let context = scope.context();
-        let mut pool: Cow<'_, [Candidate]> = Cow::Borrowed(candidates);
-        let mut workers: Vec<Arc<Worker>> = pool.iter().map(|(w, _)| Arc::clone(w)).collect();
+        let mut pool: Cow<'_, [Arc<Worker>]> = Cow::Borrowed(candidates);
         for _ in 0..=candidates.len() {
             let decision = self
                 .policies
-                .select(&workers, &context)
+                .select(&pool, &context)
                 .map_err(|err| ApiError::InvalidRequest(err.to_string()))?
                 .ok_or_else(|| self.unavailable(registered, candidates.len()))?;
-            let (worker, endpoint) = pool[decision.index].clone();
+            let worker = Arc::clone(&pool[decision.index]);
+            let Some(endpoint) = self.endpoint(&worker) else {
+                // Its URL cannot be addressed by the flow (logged once when
+                // its endpoint was built): choose again without it.
+                pool.to_mut().remove(decision.index);
+                continue;
+            };
             let reserved = if reserve {
                 match worker.try_reserve() {
                     Ok(guard) => Some(guard),
                     Err(_) => {
-                        let index = decision.index;
-                        pool.to_mut().remove(index);
-                        workers.remove(index);
+                        // Lost a race for its breaker's probe slot, or it
+                        // just became unavailable: choose again without it.
+                        pool.to_mut().remove(decision.index);
                         continue;
                     }
                 }
@@ -610,7 +781,19 @@ fn discovered_endpoint(worker: &Worker, connector: PdConnector) -> Option<PdEndp
         endpoint = endpoint.with_kv_addr(addr.clone());
     }
     let number = |key: &str| labels.get(key).and_then(|v| v.trim().parse::<u32>().ok());
-    if connector.is_moriio() {
+    if let PdConnector::MoriIo(mode) = connector {
+        if let Some(label) = labels.get(labels::MORIIO_MODE) {
+            let refused = match label.parse::<MoriIoMode>() {
+                Ok(registered) => MoriIoMode::validate_registration(Some(mode), registered)
+                    .err()
+                    .map(|mismatch| mismatch.to_string()),
+                Err(err) => Some(err.to_string()),
+            };
+            if let Some(reason) = refused {
+                tracing::warn!(worker = worker.key(), %reason, "MoRI-IO worker refused");
+                return None;
+            }
+        }
         let port = |key: &str| labels.get(key).and_then(|v| v.trim().parse::<u16>().ok());
         if let (Some(handshake_port), Some(notify_port)) = (
             port(labels::MORIIO_HANDSHAKE_PORT),
@@ -897,7 +1080,15 @@ impl PdPools {
     /// behind; [`ApiError::UnknownModel`] when no worker of a role serves
     /// the model.
     pub fn select_pair(&self, scope: &Arc<PdScope>) -> Result<PdPair, ApiError> {
-        let now = Instant::now();
+        self.select_pair_at(scope, Instant::now())
+    }
+
+    /// [`select_pair`](Self::select_pair) with the registries read at `now`
+    /// (entries whose time-to-live ended by then are expired).
+    ///
+    /// # Errors
+    /// As [`select_pair`](Self::select_pair).
+    pub fn select_pair_at(&self, scope: &Arc<PdScope>, now: Instant) -> Result<PdPair, ApiError> {
         self.prefill
             .step(now, |prefill_workers| {
                 self.decode.step(now, |decode_workers| {
@@ -918,12 +1109,12 @@ impl PdPools {
         let decode = self.decode.candidates(decode_workers, scope)?;
         // Both roles are checked before either policy runs: a cache-aware
         // policy inserts the prompt into its tree when it selects.
-        if !prefill.iter().any(|(w, _)| w.is_available()) {
+        if !prefill.iter().any(|w| w.is_available()) {
             return Err(self
                 .prefill
                 .unavailable(prefill_workers.len(), prefill.len()));
         }
-        if !decode.iter().any(|(w, _)| w.is_available()) {
+        if !decode.iter().any(|w| w.is_available()) {
             return Err(self.decode.unavailable(decode_workers.len(), decode.len()));
         }
         let prefill = self
@@ -1119,7 +1310,7 @@ impl PdBackend for PdPools {
         self.prefill
             .step(Instant::now(), |workers| {
                 let candidates = self.prefill.candidates(workers, &scope).ok()?;
-                if !candidates.iter().any(|(w, _)| w.is_available()) {
+                if !candidates.iter().any(|w| w.is_available()) {
                     return None;
                 }
                 self.prefill
@@ -1238,6 +1429,10 @@ impl PdState {
         client: &UpstreamClient,
     ) -> Result<Self, ConfigError> {
         let pools = PdPools::new(pd, &config.policy, &config.worker_options)?;
+        let _ = pools.prefill.bootstrap.set(Bootstrapper {
+            client: client.clone(),
+            retry: pd.bootstrap_retry,
+        });
         let transport = HyperTransport::new(client.clone(), config.stream_idle_timeout);
         Ok(Self {
             flow: PdFlow::new(transport, Arc::new(pools), pd.flow),
@@ -1290,9 +1485,13 @@ pub(crate) async fn proxy(
         permit,
         deadline,
     } = call;
-    let body: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|err| ApiError::InvalidJson(err.to_string()))?;
-    drop(bytes);
+    let parse = |bytes: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(bytes)
+            .map_err(|err| ApiError::InvalidJson(err.to_string()))
+    };
+    // Parsed once per attempt: a retry re-parses the bytes rather than the
+    // first attempt paying for a deep copy it rarely needs.
+    let mut body = Some(parse(&bytes)?);
     let flow_id = flow_request_id(&request_id);
     let scope = Arc::new(
         PdScope::new(info.model.unwrap_or_default(), info.routing).with_keys(
@@ -1315,24 +1514,46 @@ pub(crate) async fn proxy(
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
 
+    shared
+        .retry_budget
+        .record_request(std::time::Instant::now());
+    let mut jitter = worker_lifecycle::SplitMix64::new(
+        shared
+            .jitter_seed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    );
     let mut retries = 0u32;
-    let mut body = Some(body);
+    let mut last_error: Option<PdError> = None;
     loop {
-        let pair = pd.pools().select_pair(&scope)?;
+        let pair = match pd.pools().select_pair(&scope) {
+            Ok(pair) => pair,
+            // On a retry with no fresh pair left, the client hears why the
+            // last attempt failed rather than that nothing is left.
+            Err(err) => {
+                return match last_error {
+                    Some(error) => pd_error(error, &request_id),
+                    None => Err(err),
+                };
+            }
+        };
         let (prefill_worker, decode_worker) = (
             Arc::clone(pair.prefill.worker()),
             Arc::clone(pair.decode.worker()),
         );
-        // Keep the body for a retry only when one may still happen.
-        let attempt_body = if shared.config.retry.allows_retry(retries + 1) {
-            body.clone().unwrap_or_default()
-        } else {
-            body.take().unwrap_or_default()
+        let attempt_body = match body.take() {
+            Some(body) => body,
+            None => parse(&bytes)?,
+        };
+        // Each attempt gets its own id: transfer ids derive from it, and a
+        // retried pair must never meet an abandoned attempt's KV state.
+        let attempt_id = match retries {
+            0 => flow_id.clone(),
+            n => format!("{flow_id}-a{n}"),
         };
         let request = PdRequest {
             path: path.clone(),
             body: attempt_body,
-            request_id: flow_id.clone(),
+            request_id: attempt_id,
             forward: forward.clone(),
         };
         let run = pd
@@ -1378,30 +1599,34 @@ pub(crate) async fn proxy(
             PdError::PrefillFailed { .. } => scope.exclude(&prefill_worker),
             _ => {}
         }
-        if error.is_retryable() && body.is_some() && router.may_retry(retries, deadline) {
+        if error.is_retryable() && router.may_retry(retries, deadline) {
             retries += 1;
             shared.metrics.retries.inc();
+            last_error = Some(error);
+            tokio::time::sleep(shared.config.retry.backoff(retries, &mut jitter)).await;
             continue;
         }
         return pd_error(error, &request_id);
     }
 }
 
-/// The flow's request id: the client's when it fits the P2P convention's
-/// alphabet, else a fresh one (the client's stays on the response).
+/// The flow's request id, unique in this process: transfer ids derive from
+/// it, and two requests that share a client id (a client reusing ids, a
+/// fixed header) must not rendezvous on each other's KV. It keeps the
+/// client's id as a prefix when that fits the P2P convention's alphabet, for
+/// correlating engine logs; the client's id itself stays on the response.
 fn flow_request_id(request_id: &RequestId) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let value = request_id.value.as_bytes();
     let fits = !value.is_empty()
-        && value.len() <= 96
+        && value.len() <= 80
         && value
             .iter()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if fits {
-        String::from_utf8_lossy(value).into_owned()
-    } else {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("pd-{}-{n}", std::process::id())
+    match std::str::from_utf8(value) {
+        Ok(client) if fits => format!("{client}.{n}"),
+        _ => format!("pd-{}-{n}", std::process::id()),
     }
 }
 
@@ -1483,13 +1708,69 @@ mod tests {
         assert!(!breaker_outcome(LegOutcome::Cancelled, None).is_worker_failure());
     }
 
+    fn labelled(role: WorkerRole, pairs: &[(&str, &str)]) -> Arc<Worker> {
+        let mut spec = WorkerSpec::new(role, Endpoint::new("http://10.0.0.9:8000", None).unwrap());
+        for (key, value) in pairs {
+            spec = spec.with_label(*key, *value);
+        }
+        Worker::new(spec, 1, &WorkerOptions::default())
+    }
+
+    #[test]
+    fn discovered_endpoints_come_from_registration_labels() {
+        let ports = [
+            (labels::MORIIO_HANDSHAKE_PORT, "7001"),
+            (labels::MORIIO_NOTIFY_PORT, "7002"),
+            (labels::DP_SIZE, "2"),
+            (labels::KV_ADDR, "10.0.0.9:5555"),
+        ];
+        let read = PdConnector::MoriIo(MoriIoMode::Read);
+        let worker = labelled(WorkerRole::Decode, &ports);
+        let endpoint = discovered_endpoint(&worker, read).unwrap();
+        let moriio = endpoint.moriio().unwrap();
+        assert_eq!((moriio.handshake_port, moriio.notify_port), (7001, 7002));
+        assert_eq!((moriio.dp_size, moriio.tp_size), (2, 1));
+        assert_eq!(endpoint.kv_addr(), "10.0.0.9:5555");
+
+        // A registration in the other MoRI-IO mode is refused.
+        let mut write = ports.to_vec();
+        write.push((labels::MORIIO_MODE, "write"));
+        assert!(discovered_endpoint(&labelled(WorkerRole::Decode, &write), read).is_none());
+        let mut same = ports.to_vec();
+        same.push((labels::MORIIO_MODE, "read"));
+        assert!(discovered_endpoint(&labelled(WorkerRole::Decode, &same), read).is_some());
+
+        // Mooncake engine ids announced by the listener.
+        let prefill = labelled(
+            WorkerRole::Prefill {
+                bootstrap_port: Some(9000),
+            },
+            &[
+                (labels::MOONCAKE_ENGINE_ID, "e0"),
+                ("mooncake_engine_id.1", "e1"),
+            ],
+        );
+        let endpoint =
+            discovered_endpoint(&prefill, PdConnector::Mooncake { concurrent: true }).unwrap();
+        let mooncake = endpoint.mooncake().unwrap();
+        assert_eq!(mooncake.bootstrap_addr, "http://10.0.0.9:9000");
+        assert_eq!(mooncake.engine_id(Some(1)), Some("e1"));
+        assert_eq!(mooncake.engine_id(None), Some("e0"));
+    }
+
     #[test]
     fn client_ids_outside_the_p2p_alphabet_are_replaced() {
         let id = |value: &'static str| RequestId {
             header: HeaderName::from_static("x-request-id"),
             value: HeaderValue::from_static(value),
         };
-        assert_eq!(flow_request_id(&id("abc-1.2_x")), "abc-1.2_x");
+        let first = flow_request_id(&id("abc-1.2_x"));
+        let second = flow_request_id(&id("abc-1.2_x"));
+        assert!(first.starts_with("abc-1.2_x."), "{first}");
+        assert_ne!(
+            first, second,
+            "a reused client id still gives unique transfer ids"
+        );
         let replaced = flow_request_id(&id("a:b"));
         assert!(replaced.starts_with("pd-"), "{replaced}");
     }

@@ -74,8 +74,8 @@ pub(crate) struct Shared {
     ids: RequestIds,
     session_header: HeaderName,
     dp_rank_header: HeaderName,
-    retry_budget: RetryBudget,
-    jitter_seed: AtomicU64,
+    pub(crate) retry_budget: RetryBudget,
+    pub(crate) jitter_seed: AtomicU64,
     pub(crate) metrics: RouterMetrics,
     accepting: AtomicBool,
     /// Prefill/decode pools and flow, in P/D mode.

@@ -267,6 +267,16 @@ async fn every_connector_hands_off_valid_transfers() {
             fixture.pd().metrics().outcomes(Phase::Prefill, "success"),
             requests.len() as u64
         );
+        let (_, _, text) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+        let text = String::from_utf8_lossy(&text);
+        for phase in ["prefill", "decode"] {
+            let series = format!(
+                "router_pd_leg_outcomes_total{{phase=\"{phase}\",outcome=\"success\"}} {}",
+                requests.len()
+            );
+            assert!(text.contains(&series), "{series} missing:\n{text}");
+        }
+        assert!(text.contains("router_pd_missing_prefill_kv_params_total 0"));
         fixture.assert_loads_return_to_zero().await;
         assert_eq!(
             fixture.prefill_workers()[0].processed(),
@@ -474,6 +484,76 @@ async fn empty_decode_pool_is_a_clean_503() {
     let (status, _, bytes) = call(fixture.addr, "GET", "/readiness", &[], "").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(json(&bytes)["decode_workers"], 0);
+
+    // An operator adds a decode worker: requests flow; removing it again
+    // brings the clean 503 back.
+    let decode = spawn(
+        engine(Role::Decode, KvConnector::Nixl, MoriioMode::Read, "d0"),
+        &registry,
+    )
+    .await;
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        &format!("/add_worker?url={}", decode.url()),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "P/D mode needs a role");
+    let (status, _, bytes) = call(
+        fixture.addr,
+        "POST",
+        &format!("/add_worker?url={}&role=decode", decode.url()),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    assert_eq!(json(&bytes)["worker"]["role"], "decode");
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/completions",
+        &[],
+        completion_body("Now there is a decode worker.", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(decode.stats().kv_transfers_valid, 1);
+    let (status, _, _) = call(fixture.addr, "GET", "/readiness", &[], "").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, bytes) = call(
+        fixture.addr,
+        "POST",
+        &format!("/remove_worker?url={}&role=decode", decode.url()),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    assert_eq!(json(&bytes)["drained"], true);
+    assert!(fixture.decode_workers().is_empty());
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/completions",
+        &[],
+        completion_body("Gone again.", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    fixture.assert_loads_return_to_zero().await;
     fixture.shutdown().await;
 }
 
@@ -534,6 +614,13 @@ async fn same_url_in_both_roles_is_two_workers() {
         "per-worker series carry the role"
     );
     assert!(text.contains("router_worker_load{url=\""), "{text}");
+    // Routes other than the two-phase ones go to a decode worker.
+    let (status, _, bytes) = call(fixture.addr, "GET", "/v1/models", &[], "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(json(&bytes)["data"][0]["id"], "sim-model");
+    fixture.assert_loads_return_to_zero().await;
+    assert_eq!(fixture.decode_workers()[0].processed(), 2);
+    assert_eq!(fixture.prefill_workers()[0].processed(), 1);
     let (status, _, bytes) = call(fixture.addr, "GET", "/list_workers", &[], "").await;
     assert_eq!(status, StatusCode::OK);
     let list = json(&bytes);
@@ -656,4 +743,349 @@ async fn discovered_workers_route_expire_and_come_back_fresh() {
     assert_eq!(fixture.decode[0].stats().kv_transfers_valid, 4);
     assert_eq!(invalid_transfers(&fixture.decode[0]), 0);
     fixture.shutdown().await;
+}
+
+/// A discovered Mooncake prefill worker learns its engine ids from its
+/// bootstrap server in the background, then takes requests.
+#[tokio::test]
+async fn discovered_mooncake_prefill_is_bootstrapped_in_the_background() {
+    let transfers = TransferRegistry::new();
+    let prefill = spawn(
+        engine(
+            Role::Prefill,
+            KvConnector::Mooncake,
+            MoriioMode::Read,
+            "mp0",
+        ),
+        &transfers,
+    )
+    .await;
+    let decode = spawn(
+        engine(Role::Decode, KvConnector::Mooncake, MoriioMode::Read, "md0"),
+        &transfers,
+    )
+    .await;
+    let prefill_registry = Arc::new(ServiceRegistry::new(
+        RoleKind::Prefill,
+        Duration::from_secs(60),
+    ));
+    let decode_registry = Arc::new(ServiceRegistry::new(
+        RoleKind::Decode,
+        Duration::from_secs(60),
+    ));
+    let mut pd = PdConfig::new(PdConnector::Mooncake { concurrent: true });
+    pd.prefill_registry = Some(prefill_registry.clone());
+    pd.decode_registry = Some(decode_registry.clone());
+    pd.bootstrap_retry.initial_backoff = Duration::from_millis(20);
+    let router = Router::start(router_config(pd, "round_robin"))
+        .await
+        .unwrap();
+    let now = Instant::now();
+    let registration = Registration {
+        bootstrap_port: prefill.bootstrap_addr().map(|a| a.port()),
+        ..Registration::default()
+    };
+    prefill_registry.register(
+        Endpoint::new(&prefill.url(), None).unwrap(),
+        registration,
+        now,
+    );
+    decode_registry.register(
+        Endpoint::new(&decode.url(), None).unwrap(),
+        Registration::default(),
+        now,
+    );
+    let fixture = PdFixture::serve(router, vec![prefill], vec![decode]).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut refused = 0;
+    loop {
+        let (status, _, bytes) = call(
+            fixture.addr,
+            "POST",
+            "/v1/completions",
+            &[],
+            completion_body("Pushed over Mooncake.", false),
+        )
+        .await;
+        if status == StatusCode::OK {
+            break;
+        }
+        // Until the engine ids are known the prefill worker is not eligible.
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(String::from_utf8_lossy(&bytes).contains("prefill"));
+        refused += 1;
+        assert!(tokio::time::Instant::now() < deadline, "never bootstrapped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(fixture.pd().prefill().unavailable_count(), refused);
+    assert_eq!(fixture.decode[0].stats().kv_transfers_valid, 1);
+    assert_eq!(invalid_transfers(&fixture.decode[0]), 0);
+    fixture.assert_loads_return_to_zero().await;
+    fixture.shutdown().await;
+}
+
+/// A decode engine that answers 503: the whole request is retried on a
+/// fresh pair without that decode worker, before any byte reached the
+/// client, and every transfer the healthy decode engine saw is valid.
+#[tokio::test]
+async fn failed_decode_is_retried_on_a_fresh_pair() {
+    let registry = TransferRegistry::new();
+    let prefill = spawn(
+        engine(Role::Prefill, KvConnector::Nixl, MoriioMode::Read, "p0"),
+        &registry,
+    )
+    .await;
+    let mut broken = engine(
+        Role::Decode,
+        KvConnector::Nixl,
+        MoriioMode::Read,
+        "d-broken",
+    );
+    broken.faults.fixed_status = Some(503);
+    let broken = spawn(broken, &registry).await;
+    let healthy = spawn(
+        engine(
+            Role::Decode,
+            KvConnector::Nixl,
+            MoriioMode::Read,
+            "d-healthy",
+        ),
+        &registry,
+    )
+    .await;
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill = vec![PdWorkerConfig::new(prefill.url())];
+    pd.decode = vec![
+        PdWorkerConfig::new(broken.url()),
+        PdWorkerConfig::new(healthy.url()),
+    ];
+    let router = Router::start(router_config(pd, "round_robin"))
+        .await
+        .unwrap();
+    let fixture = PdFixture::serve(router, vec![prefill], vec![broken, healthy]).await;
+    for i in 0..4 {
+        let (status, _, bytes) = call(
+            fixture.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("x-request-id", "same-id-every-time")],
+            chat_body(&format!("Decode retry {i}."), i % 2 == 0),
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+    let metrics = fixture.pd().metrics();
+    assert_eq!(metrics.outcomes(Phase::Decode, "success"), 4);
+    let failed = metrics.outcomes(Phase::Decode, "worker_failure");
+    assert!(failed >= 1, "round robin tried the broken decode worker");
+    assert_eq!(fixture.router.metrics().retries.get(), failed);
+    assert_eq!(fixture.decode[1].stats().kv_transfers_valid, 4);
+    assert_eq!(invalid_transfers(&fixture.decode[1]), 0);
+    fixture.assert_loads_return_to_zero().await;
+    fixture.shutdown().await;
+}
+
+/// Mooncake, concurrent legs: a prefill engine that answers 503 aborts its
+/// decode leg (the decode engine would wait for KV that never comes); the
+/// whole request is retried on a fresh pair without that prefill worker.
+#[tokio::test]
+async fn concurrent_prefill_failure_retries_the_whole_request() {
+    let broken = FaultConfig {
+        fixed_status: Some(503),
+        ..FaultConfig::default()
+    };
+    let fixture = start(
+        PdConnector::Mooncake { concurrent: true },
+        &[broken, FaultConfig::default()],
+        EngineConfig::instant(),
+        "round_robin",
+    )
+    .await;
+    for i in 0..4 {
+        let (status, _, bytes) = call(
+            fixture.addr,
+            "POST",
+            "/v1/completions",
+            &[],
+            completion_body(&format!("Concurrent legs, request {i}."), i % 2 == 1),
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+    let metrics = fixture.pd().metrics();
+    assert_eq!(metrics.outcomes(Phase::Decode, "success"), 4);
+    assert_eq!(metrics.outcomes(Phase::Prefill, "success"), 4);
+    let failed = metrics.outcomes(Phase::Prefill, "worker_failure");
+    assert!(failed >= 1);
+    // Each failed prefill took its decode leg down with it, unfinished.
+    assert_eq!(metrics.outcomes(Phase::Decode, "cancelled"), failed);
+    assert_eq!(fixture.decode[0].stats().kv_transfers_valid, 4);
+    fixture.assert_loads_return_to_zero().await;
+    fixture.shutdown().await;
+}
+
+/// Many requests at once, half of them abandoned by their clients after
+/// the first chunk: every load (both roles, concurrent legs) returns to 0.
+#[tokio::test]
+async fn concurrent_clients_some_leaving_early_leave_no_load() {
+    let slow = EngineConfig {
+        time_scale: 0.2,
+        ..EngineConfig::default()
+    };
+    let fixture = start(
+        PdConnector::MoriIo(MoriIoMode::Write),
+        &[FaultConfig::default(), FaultConfig::default()],
+        slow,
+        "least_loaded",
+    )
+    .await;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let addr = fixture.addr;
+        tasks.push(tokio::spawn(async move {
+            let mut connection = Connection::open(addr).await;
+            let body = serde_json::json!({
+                "model": "sim-model",
+                "prompt": format!("Client {i} asks for a long answer."),
+                "max_tokens": 24,
+                "stream": true,
+            })
+            .to_string();
+            let response = connection.send("POST", "/v1/completions", &[], body).await;
+            assert_eq!(response.status(), StatusCode::OK);
+            let mut body = response.into_body();
+            if i % 2 == 0 {
+                // Leave after the first chunk: the connection goes with it.
+                assert!(body.frame().await.is_some());
+                return false;
+            }
+            let mut text = String::new();
+            while let Some(frame) = body.frame().await {
+                if let Some(data) = frame.unwrap().data_ref() {
+                    text.push_str(&String::from_utf8_lossy(data));
+                }
+            }
+            text.trim_end().ends_with("data: [DONE]")
+        }));
+    }
+    let mut completed = 0;
+    for task in tasks {
+        completed += usize::from(task.await.unwrap());
+    }
+    assert_eq!(completed, 8);
+    fixture.assert_loads_return_to_zero().await;
+    let metrics = fixture.pd().metrics();
+    // A client that left may still have been sent the whole stream first.
+    assert!(metrics.outcomes(Phase::Decode, "success") >= 8);
+    assert_eq!(
+        metrics.outcomes(Phase::Decode, "success") + metrics.outcomes(Phase::Decode, "cancelled"),
+        16
+    );
+    assert_eq!(invalid_transfers(&fixture.decode[0]), 0);
+    fixture.shutdown().await;
+}
+
+/// When every decode attempt fails, the client gets the decode engine's
+/// own error (status and body), not a "no worker left" from the retry.
+#[tokio::test]
+async fn a_decode_error_reaches_the_client_when_retries_run_out() {
+    let failing = EngineConfig {
+        faults: FaultConfig {
+            fixed_status: Some(503),
+            ..FaultConfig::default()
+        },
+        ..EngineConfig::instant()
+    };
+    let fixture = start(
+        PdConnector::Nixl,
+        &[FaultConfig::default()],
+        failing,
+        "round_robin",
+    )
+    .await;
+    let (status, _, bytes) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("x-request-id", "fails-1")],
+        chat_body("Decode is down.", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(!text.contains("no_available_worker"), "{text}");
+    assert_eq!(
+        fixture
+            .pd()
+            .metrics()
+            .outcomes(Phase::Decode, "worker_failure"),
+        1,
+        "the only decode worker is not retried for the same request"
+    );
+    fixture.assert_loads_return_to_zero().await;
+    fixture.shutdown().await;
+}
+
+/// Startup refuses what cannot work, with errors that say why: a Mooncake
+/// prefill whose bootstrap server never answers, a MoRI-IO worker without
+/// its ports, a role given both static URLs and a registry.
+#[tokio::test]
+async fn startup_errors_name_the_problem() {
+    let dead_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let mut pd = PdConfig::new(PdConnector::Mooncake { concurrent: true });
+    pd.prefill = vec![PdWorkerConfig::new("http://127.0.0.1:8000").with_bootstrap_port(dead_port)];
+    pd.bootstrap_retry.max_attempts = 2;
+    pd.bootstrap_retry.initial_backoff = Duration::from_millis(1);
+    let err = Router::start(router_config(pd, "round_robin"))
+        .await
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("127.0.0.1:{dead_port}/query")) && message.contains("2 attempt"),
+        "{message}"
+    );
+
+    let mut pd = PdConfig::new(PdConnector::MoriIo(MoriIoMode::Read));
+    pd.decode = vec![PdWorkerConfig::new("http://127.0.0.1:8001")];
+    let message = Router::new(router_config(pd, "round_robin"))
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("handshake and notify ports"), "{message}");
+
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.decode = vec![PdWorkerConfig::new("http://127.0.0.1:8001")];
+    pd.decode_registry = Some(Arc::new(ServiceRegistry::new(
+        RoleKind::Decode,
+        Duration::from_secs(5),
+    )));
+    let message = Router::new(router_config(pd, "round_robin"))
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("not both"), "{message}");
+
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill_registry = Some(Arc::new(ServiceRegistry::new(
+        RoleKind::Decode,
+        Duration::from_secs(5),
+    )));
+    let message = Router::new(router_config(pd, "round_robin"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("registry given is for the decode role"),
+        "{message}"
+    );
 }

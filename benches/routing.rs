@@ -1,0 +1,334 @@
+//! Whole routing decisions as a host sees them.
+//!
+//! One iteration is everything a gateway does between "the request body is
+//! in memory" and "the upstream request can be sent", and the release at
+//! the end:
+//!
+//! 1. parse the OpenAI chat body and render its routing text
+//!    (`router_http::extract`),
+//! 2. select a worker with `cache_aware` (lb-policies) among 8, 64 or 1,000
+//!    `worker_lifecycle::Worker`s whose tree was warmed with representative
+//!    conversations first,
+//! 3. reserve the worker's load guard and release it.
+//!
+//! The `pd` group does the same for a prefill/decode pair: one parse, a
+//! `cache_aware` selection among the prefill workers and a `power_of_two`
+//! selection among the decode workers, and one guard per phase.
+//! pd-orchestrator has no pair-selection API of its own (the pair is chosen
+//! by the host, which then hands it to `PdFlow::run`), so the pair is chosen
+//! here exactly that way: two policy selections over two worker sets.
+//!
+//! The `extract` group measures step 1 alone, so the rest can be read as
+//! the difference.
+//!
+//! Bodies are 1 KB, 8 KB and 64 KB chat requests: a system prompt shared by
+//! many conversations (one of 16), then user and assistant turns. The
+//! measured requests cycle through 256 bodies that continue the warm-up
+//! conversations, so after the first pass the tree already holds them: this
+//! is the steady state of a warm fleet (the cost of recording brand-new text
+//! is in lb-policies' and radix-affinity's own benches).
+//!
+//! Run: `cargo bench --bench routing` (results in `target/criterion`).
+#![allow(missing_docs, reason = "criterion_group! generates undocumented items")]
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
+use lb_policies::{MembershipEvent, PolicyConfig, PolicyRegistry, RequestContext};
+use router_http::{RouteKind, extract};
+use serde_json::json;
+use worker_lifecycle::{Endpoint, Worker, WorkerOptions, WorkerRole, WorkerSpec};
+
+const MODEL: &str = "llama-3.1-8b-instruct";
+const BODY_SIZES: [usize; 3] = [1 << 10, 8 << 10, 64 << 10];
+const FLEET_SIZES: [usize; 3] = [8, 64, 1_000];
+const SYSTEM_PROMPTS: usize = 16;
+const MEASURED_BODIES: usize = 256;
+
+/// A tiny deterministic generator (SplitMix64), so every run routes the
+/// same bodies.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+const WORDS: [&str; 32] = [
+    "the",
+    "model",
+    "cache",
+    "request",
+    "worker",
+    "prefix",
+    "routing",
+    "token",
+    "latency",
+    "decode",
+    "prefill",
+    "summarise",
+    "report",
+    "quarterly",
+    "revenue",
+    "customer",
+    "support",
+    "assistant",
+    "answer",
+    "question",
+    "policy",
+    "engine",
+    "context",
+    "window",
+    "careful",
+    "concise",
+    "explain",
+    "because",
+    "therefore",
+    "example",
+    "document",
+    "section",
+];
+
+/// Appends words to `out` until it holds at least `len` bytes.
+fn words(rng: &mut Rng, len: usize, out: &mut String) {
+    while out.len() < len {
+        out.push_str(WORDS[rng.below(WORDS.len())]);
+        out.push(' ');
+    }
+}
+
+/// The shared system prompts, each about a third of the body size.
+fn system_prompts(body_size: usize) -> Vec<String> {
+    (0..SYSTEM_PROMPTS)
+        .map(|i| {
+            let mut rng = Rng(0x5EED_0000 + i as u64);
+            let mut text = format!("You are assistant #{i}. ");
+            words(&mut rng, body_size / 3, &mut text);
+            text
+        })
+        .collect()
+}
+
+/// Conversation `id`: a system prompt and alternating user/assistant turns
+/// of about 256 bytes each (1 KB bodies: 64) until the JSON body reaches
+/// `body_size` bytes; `extra_turns` more user turns continue it.
+fn chat_body(systems: &[String], body_size: usize, id: u64, extra_turns: usize) -> Vec<u8> {
+    let mut rng = Rng(id);
+    let system = &systems[rng.below(systems.len())];
+    let turn = (body_size / 16).clamp(64, 256);
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    let mut size = system.len() + 128;
+    let mut k = 0usize;
+    while size < body_size {
+        let mut text = String::new();
+        let role = if k % 2 == 0 { "user" } else { "assistant" };
+        words(&mut rng, turn.min(body_size - size).max(8), &mut text);
+        size += text.len() + 40;
+        messages.push(json!({"role": role, "content": text}));
+        k += 1;
+    }
+    for _ in 0..extra_turns {
+        let mut text = String::from("And now: ");
+        words(&mut rng, 48, &mut text);
+        messages.push(json!({"role": "user", "content": text}));
+    }
+    let body = json!({
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": 128,
+        "temperature": 0.7,
+        "stream": true,
+    });
+    serde_json::to_vec(&body).expect("a JSON value serializes")
+}
+
+fn workers(role: WorkerRole, n: usize) -> Vec<Arc<Worker>> {
+    let options = WorkerOptions::default();
+    (0..n)
+        .map(|i| {
+            let url = format!("http://10.{}.{}.{}:8000", i >> 16, (i >> 8) & 255, i & 255);
+            let endpoint = Endpoint::new(&url, None).expect("a valid worker URL");
+            Worker::new(WorkerSpec::new(role, endpoint), 0, &options)
+        })
+        .collect()
+}
+
+fn registry(policy: &str, fleet: &[Arc<Worker>]) -> PolicyRegistry<Arc<Worker>> {
+    let registry =
+        PolicyRegistry::new(PolicyConfig::named(policy).with_seed(7)).expect("a built-in policy");
+    for worker in fleet {
+        registry.on_membership(MembershipEvent::Added { key: worker.key() });
+    }
+    registry
+}
+
+/// Routes `body` once, the way a host does, and returns the chosen worker's
+/// index (0 when nothing was available, which never happens here).
+fn route_once(body: &[u8], registry: &PolicyRegistry<Arc<Worker>>, fleet: &[Arc<Worker>]) -> usize {
+    let info = extract(RouteKind::ChatCompletions, body).expect("a valid chat body");
+    let ctx = RequestContext::new(info.model.as_deref().unwrap_or(""));
+    let ctx = match info.routing.text() {
+        Some(text) => ctx.with_text(text),
+        None => ctx,
+    };
+    let Ok(Some(decision)) = registry.select(fleet, &ctx) else {
+        return 0;
+    };
+    let guard = fleet[decision.index]
+        .try_reserve()
+        .expect("an idle worker admits");
+    guard.release();
+    decision.index
+}
+
+fn route_pair(
+    body: &[u8],
+    prefill: (&PolicyRegistry<Arc<Worker>>, &[Arc<Worker>]),
+    decode: (&PolicyRegistry<Arc<Worker>>, &[Arc<Worker>]),
+) -> (usize, usize) {
+    let info = extract(RouteKind::ChatCompletions, body).expect("a valid chat body");
+    let ctx = RequestContext::new(info.model.as_deref().unwrap_or(""));
+    let ctx = match info.routing.text() {
+        Some(text) => ctx.with_text(text),
+        None => ctx,
+    };
+    let (Ok(Some(p)), Ok(Some(d))) = (
+        prefill.0.select(prefill.1, &ctx),
+        decode.0.select(decode.1, &ctx),
+    ) else {
+        return (0, 0);
+    };
+    let prefill_guard = prefill.1[p.index]
+        .try_reserve()
+        .expect("an idle worker admits");
+    let decode_guard = decode.1[d.index]
+        .try_reserve()
+        .expect("an idle worker admits");
+    // Sequential P/D: prefill ends first, then decode.
+    prefill_guard.release();
+    decode_guard.release();
+    (p.index, d.index)
+}
+
+/// Warm-up conversations per case: enough to give every worker of the
+/// largest fleet some affinity for 1 KB bodies, bounded to about 8 MB of
+/// body text for the larger ones.
+fn warm_requests(body_size: usize) -> usize {
+    ((8 << 20) / body_size).clamp(128, 4_000)
+}
+
+struct Case {
+    measured: Vec<Vec<u8>>,
+    warm: Vec<Vec<u8>>,
+}
+
+fn case(body_size: usize) -> Case {
+    let systems = system_prompts(body_size);
+    let warm: Vec<Vec<u8>> = (0..warm_requests(body_size) as u64)
+        .map(|id| chat_body(&systems, body_size, id, 0))
+        .collect();
+    // The measured bodies continue the first warm conversations by one turn.
+    let measured = (0..MEASURED_BODIES as u64)
+        .map(|id| chat_body(&systems, body_size, id, 1))
+        .collect();
+    Case { measured, warm }
+}
+
+fn configure<'c>(c: &'c mut Criterion, name: &str) -> BenchmarkGroup<'c, WallTime> {
+    let mut group = c.benchmark_group(name);
+    group
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30);
+    group
+}
+
+fn benches(c: &mut Criterion) {
+    let cases: Vec<(usize, Case)> = BODY_SIZES.iter().map(|&s| (s, case(s))).collect();
+
+    let mut group = configure(c, "routing_extract");
+    for (size, case) in &cases {
+        group.throughput(Throughput::Bytes(*size as u64));
+        let mut i = 0usize;
+        group.bench_function(
+            BenchmarkId::from_parameter(format!("{}KB", size >> 10)),
+            |b| {
+                b.iter(|| {
+                    i = (i + 1) % case.measured.len();
+                    black_box(
+                        extract(RouteKind::ChatCompletions, &case.measured[i]).expect("valid"),
+                    )
+                })
+            },
+        );
+    }
+    group.finish();
+
+    let mut group = configure(c, "routing_decision");
+    for (size, case) in &cases {
+        for &n in &FLEET_SIZES {
+            let fleet = workers(WorkerRole::Regular, n);
+            let registry = registry("cache_aware", &fleet);
+            for body in &case.warm {
+                route_once(body, &registry, &fleet);
+            }
+            let mut i = 0usize;
+            let id = BenchmarkId::new(format!("{}KB", size >> 10), format!("{n}_workers"));
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    i = (i + 1) % case.measured.len();
+                    black_box(route_once(&case.measured[i], &registry, &fleet))
+                })
+            });
+        }
+    }
+    group.finish();
+
+    let mut group = configure(c, "routing_pd_pair");
+    for (size, case) in &cases {
+        for &n in &FLEET_SIZES {
+            let prefill = workers(
+                WorkerRole::Prefill {
+                    bootstrap_port: None,
+                },
+                n,
+            );
+            let decode = workers(WorkerRole::Decode, n);
+            let prefill_policy = registry("cache_aware", &prefill);
+            let decode_policy = registry("power_of_two", &decode);
+            for body in &case.warm {
+                route_pair(body, (&prefill_policy, &prefill), (&decode_policy, &decode));
+            }
+            let mut i = 0usize;
+            let id = BenchmarkId::new(format!("{}KB", size >> 10), format!("{n}+{n}_workers"));
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    i = (i + 1) % case.measured.len();
+                    black_box(route_pair(
+                        &case.measured[i],
+                        (&prefill_policy, &prefill),
+                        (&decode_policy, &decode),
+                    ))
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(routing, benches);
+criterion_main!(routing);

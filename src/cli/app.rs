@@ -1,0 +1,794 @@
+//! Start-up, serving and graceful shutdown of the reference router.
+//!
+//! [`App::start`] does everything up to "serving": it starts simulated
+//! engines when asked, binds the router (so `/health` answers at once, even
+//! with no workers), binds the extra Prometheus listener, waits for every
+//! configured worker's first healthy probe and only then adds it (so the
+//! first request can use it), and starts the health checks. [`App::stop`]
+//! is the graceful shutdown: readiness and health turn 503 at once, new
+//! requests are refused, the listener stays open while requests are in
+//! flight so that load balancers can see the 503, and everything is done
+//! within the grace period.
+
+use super::args::KvConnectorName;
+use super::discovery::{DiscoveryError, Registries, ZmqDiscovery};
+use super::settings::{Mode, PdSettings, Settings, join_host_port};
+use bytes::Bytes;
+use engine_sim::{EngineConfig, EngineHandle, ServeOptions, TransferRegistry};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use pd_orchestrator::{MoriIoEndpoint, MoriIoMode};
+use router_http::{
+    ClientConfig, HttpProbe, PdConfig, PdConnector, PdWorkerConfig, Router, RouterConfig,
+    UpstreamClient,
+};
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use worker_lifecycle::{Endpoint, HealthProbe, Worker, WorkerOptions, WorkerRole, WorkerSpec};
+
+/// Why the router could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The ZMQ discovery listener could not start.
+    #[error("--vllm-discovery-address: {0}")]
+    Discovery(#[from] DiscoveryError),
+    /// The router configuration was refused.
+    #[error("invalid router configuration: {0}")]
+    Config(#[from] router_http::ConfigError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// The address.
+        address: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A simulated engine could not start.
+    #[error("cannot start a simulated engine: {0}")]
+    Engine(std::io::Error),
+    /// Configured workers did not become healthy in time.
+    #[error(
+        "workers not healthy within {timeout_secs} s (GET {endpoint} never answered 2xx): {urls:?}"
+    )]
+    WorkersNotReady {
+        /// The workers that never answered.
+        urls: Vec<String>,
+        /// The endpoint probed.
+        endpoint: String,
+        /// The startup timeout.
+        timeout_secs: u64,
+    },
+}
+
+/// The router being served. Start-up may replace it once (a P/D router is
+/// built only after its static workers answered and its Mooncake bootstrap
+/// ran); until then a router with no workers answers `/health`.
+#[derive(Debug)]
+struct Current(RwLock<Router>);
+
+impl Current {
+    fn get(&self) -> Router {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, router: Router) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = router;
+    }
+}
+
+/// A simulated engine started in-process, with its role for the banner.
+#[derive(Debug)]
+struct SimEngine {
+    role: &'static str,
+    handle: EngineHandle,
+}
+
+/// A running router: the listeners, engines, discovery and background tasks.
+#[derive(Debug)]
+pub struct App {
+    /// Set once discovery runs: `POST /register` feeds them.
+    registries: Arc<OnceLock<Registries>>,
+    current: Arc<Current>,
+    addr: SocketAddr,
+    prometheus_addr: Option<SocketAddr>,
+    engines: Vec<SimEngine>,
+    worker_urls: Vec<String>,
+    discovery: Option<ZmqDiscovery>,
+    policy: &'static str,
+    grace: Duration,
+    serve: JoinHandle<router_http::ShutdownOutcome>,
+    metrics_server: Option<JoinHandle<()>>,
+    stop: watch::Sender<bool>,
+    background: Option<router_http::BackgroundTasks>,
+}
+
+/// How a stop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StopOutcome {
+    /// Every request in flight finished within the grace period.
+    Drained,
+    /// The grace period ran out; what was left was cut.
+    DeadlineReached,
+}
+
+/// MoRI-IO side-channel ports announced for simulated engines (engine-sim
+/// does not open them; the router only passes them on).
+const SIM_MORIIO: MoriIoEndpoint = MoriIoEndpoint {
+    handshake_port: 7301,
+    notify_port: 7302,
+    dp_size: 1,
+    tp_size: 1,
+};
+
+/// The router-http connector for a `--kv-connector` value.
+pub fn pd_connector(name: KvConnectorName) -> PdConnector {
+    match name {
+        KvConnectorName::Nixl => PdConnector::Nixl,
+        KvConnectorName::Mooncake => PdConnector::Mooncake { concurrent: true },
+        KvConnectorName::MooncakeSequential => PdConnector::Mooncake { concurrent: false },
+        KvConnectorName::Moriio | KvConnectorName::MoriioRead => {
+            PdConnector::MoriIo(MoriIoMode::Read)
+        }
+        KvConnectorName::MoriioWrite => PdConnector::MoriIo(MoriIoMode::Write),
+    }
+}
+
+impl App {
+    /// Starts everything `settings` asks for and returns once the router is
+    /// serving and every configured worker is healthy and routable.
+    pub async fn start(settings: &Settings) -> Result<Self, StartError> {
+        if !settings.ignored.is_empty() {
+            tracing::warn!(
+                flags = %settings.ignored.join(", "),
+                "these settings have no effect in this router and are ignored"
+            );
+        }
+        tracing::info!(settings = %settings.summary(), "starting affinity-router");
+        // The regular router, or (P/D) the stand-in that answers /health
+        // while the P/D workers start.
+        let current = Arc::new(Current(RwLock::new(Router::new(settings.router.clone())?)));
+
+        let bind = settings.bind_address();
+        let listener = TcpListener::bind(&bind)
+            .await
+            .map_err(|source| StartError::Bind {
+                address: bind.clone(),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind {
+            address: bind,
+            source,
+        })?;
+        let (stop, stopped) = watch::channel(false);
+        let registries: Arc<OnceLock<Registries>> = Arc::new(OnceLock::new());
+        let serve = {
+            let service_router = Arc::clone(&current);
+            let service_registries = Arc::clone(&registries);
+            let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+                let router = service_router.get();
+                let registries = service_registries.get().cloned();
+                async move {
+                    let response = match registries {
+                        Some(registries) if is_register(&request) => {
+                            http_register(&router, &registries, request).await
+                        }
+                        _ => router.handle(request).await,
+                    };
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            });
+            let shutdown = wait_for_stop(
+                Arc::clone(&current),
+                stopped.clone(),
+                settings.router.shutdown_grace,
+            );
+            let grace = settings.router.shutdown_grace;
+            tokio::spawn(router_http::serve(listener, service, shutdown, grace))
+        };
+        tracing::info!(%addr, "router listening; /health answers now");
+
+        let prometheus = join_host_port(
+            &settings.args.prometheus_host,
+            settings.args.prometheus_port,
+        );
+        let (prometheus_addr, metrics_server) =
+            match serve_metrics(&current, &prometheus, stopped.clone()).await {
+                Ok((addr, task)) => (Some(addr), Some(task)),
+                Err(err) => {
+                    tracing::warn!(
+                        address = %prometheus,
+                        error = %err,
+                        "cannot bind the Prometheus listener; metrics stay available at /metrics \
+                         on the main port"
+                    );
+                    (None, None)
+                }
+            };
+
+        let mut app = App {
+            registries,
+            current,
+            addr,
+            prometheus_addr,
+            engines: Vec::new(),
+            worker_urls: Vec::new(),
+            discovery: None,
+            policy: settings.args.policy.as_str(),
+            grace: settings.router.shutdown_grace,
+            serve,
+            metrics_server,
+            stop,
+            background: None,
+        };
+        if let Err(err) = app.start_workers(settings).await {
+            app.stop().await;
+            return Err(err);
+        }
+        app.background = Some(app.router().spawn_background());
+        tracing::info!(workers = app.router().all_workers().len(), "ready");
+        Ok(app)
+    }
+
+    /// Starts simulated engines or waits for the configured ones, per mode.
+    async fn start_workers(&mut self, settings: &Settings) -> Result<(), StartError> {
+        match &settings.mode {
+            Mode::Simulated { engines } => {
+                for _ in 0..*engines {
+                    let config = EngineConfig {
+                        time_scale: settings.args.sim_time_scale,
+                        ..EngineConfig::default()
+                    };
+                    let handle = engine_sim::spawn(config, ServeOptions::default())
+                        .await
+                        .map_err(StartError::Engine)?;
+                    self.engines.push(SimEngine {
+                        role: "regular",
+                        handle,
+                    });
+                }
+                self.worker_urls = self.engines.iter().map(|e| e.handle.url()).collect();
+                self.add_workers(settings).await
+            }
+            Mode::Workers { urls } => {
+                self.worker_urls = urls.clone();
+                self.add_workers(settings).await
+            }
+            Mode::SimulatedPd { prefill, decode } => {
+                let connector = pd_connector(settings.args.kv_connector);
+                let (kv, mode) = match connector {
+                    PdConnector::Mooncake { .. } => (
+                        engine_sim::KvConnector::Mooncake,
+                        engine_sim::MoriioMode::Read,
+                    ),
+                    PdConnector::MoriIo(MoriIoMode::Write) => (
+                        engine_sim::KvConnector::Moriio,
+                        engine_sim::MoriioMode::Write,
+                    ),
+                    PdConnector::MoriIo(_) => (
+                        engine_sim::KvConnector::Moriio,
+                        engine_sim::MoriioMode::Read,
+                    ),
+                    _ => (engine_sim::KvConnector::Nixl, engine_sim::MoriioMode::Read),
+                };
+                // One registry: decode engines check that the named prefill
+                // engine really produced each transfer.
+                let transfers = TransferRegistry::new();
+                let mut pd = PdConfig::new(connector);
+                for (role, count) in [
+                    (engine_sim::Role::Prefill, *prefill),
+                    (engine_sim::Role::Decode, *decode),
+                ] {
+                    for _ in 0..count {
+                        let config = EngineConfig {
+                            role,
+                            kv_connector: kv,
+                            moriio_mode: mode,
+                            time_scale: settings.args.sim_time_scale,
+                            ..EngineConfig::default()
+                        };
+                        let bootstrap = (role == engine_sim::Role::Prefill
+                            && kv == engine_sim::KvConnector::Mooncake)
+                            .then(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+                        let options = ServeOptions {
+                            registry: Some(Arc::clone(&transfers)),
+                            bootstrap_addr: bootstrap,
+                            ..ServeOptions::default()
+                        };
+                        let handle = engine_sim::spawn(config, options)
+                            .await
+                            .map_err(StartError::Engine)?;
+                        let mut worker = PdWorkerConfig::new(handle.url());
+                        if let Some(bootstrap) = handle.bootstrap_addr() {
+                            worker = worker.with_bootstrap_port(bootstrap.port());
+                        }
+                        if matches!(connector, PdConnector::MoriIo(_)) {
+                            worker = worker.with_moriio(SIM_MORIIO);
+                        }
+                        let label = if role == engine_sim::Role::Prefill {
+                            pd.prefill.push(worker);
+                            "prefill"
+                        } else {
+                            pd.decode.push(worker);
+                            "decode"
+                        };
+                        self.engines.push(SimEngine {
+                            role: label,
+                            handle,
+                        });
+                    }
+                }
+                self.start_pd(settings, pd).await
+            }
+            Mode::PrefillDecode(pd_settings) => {
+                let pd = self.pd_config(settings, pd_settings).await?;
+                let mut urls: Vec<String> = pd_settings
+                    .prefill
+                    .iter()
+                    .map(|(url, _)| url.clone())
+                    .chain(pd_settings.decode.iter().cloned())
+                    .collect();
+                urls.dedup();
+                self.worker_urls = urls.clone();
+                wait_all_healthy(settings, &urls).await?;
+                self.start_pd(settings, pd).await
+            }
+        }
+    }
+
+    /// The P/D section for real engines: static workers (one per DP rank)
+    /// or the registries of a ZMQ discovery listener.
+    async fn pd_config(
+        &mut self,
+        settings: &Settings,
+        pd_settings: &PdSettings,
+    ) -> Result<PdConfig, StartError> {
+        let connector = pd_connector(pd_settings.kv_connector);
+        let mut pd = PdConfig::new(connector);
+        let dp = settings.args.intra_node_data_parallel_size;
+        let ranks = |url: &str, bootstrap: Option<u16>| -> Vec<PdWorkerConfig> {
+            let base = || {
+                let worker = PdWorkerConfig::new(url);
+                match bootstrap {
+                    Some(port) => worker.with_bootstrap_port(port),
+                    None => worker,
+                }
+            };
+            if dp <= 1 {
+                vec![base()]
+            } else {
+                (0..dp).map(|rank| base().with_dp_rank(rank)).collect()
+            }
+        };
+        for (url, bootstrap) in &pd_settings.prefill {
+            pd.prefill.extend(ranks(url, *bootstrap));
+        }
+        for url in &pd_settings.decode {
+            pd.decode.extend(ranks(url, None));
+        }
+        if let Some(address) = &pd_settings.discovery {
+            let ttl = Duration::from_secs(settings.args.vllm_discovery_ttl_secs);
+            let discovery = ZmqDiscovery::bind(address, ttl).await?;
+            let registries = discovery.registries();
+            pd.prefill_registry = Some(Arc::clone(&registries.prefill));
+            pd.decode_registry = Some(Arc::clone(&registries.decode));
+            let _ = self.registries.set(registries.clone());
+            self.discovery = Some(discovery);
+        }
+        Ok(pd)
+    }
+
+    /// Builds the P/D router (running the Mooncake bootstrap) and serves it.
+    async fn start_pd(&mut self, settings: &Settings, pd: PdConfig) -> Result<(), StartError> {
+        let policy = |name: Option<super::args::PolicyName>| {
+            name.map(|name| {
+                let mut policy = settings.router.policy.clone();
+                policy.name = name.as_str().to_owned();
+                policy
+            })
+        };
+        let mut pd = pd;
+        pd.prefill_policy = policy(settings.args.prefill_policy);
+        pd.decode_policy = policy(settings.args.decode_policy);
+        let config = RouterConfig {
+            pd: Some(pd),
+            ..settings.router.clone()
+        };
+        let router = Router::start(config).await?;
+        self.current.set(router);
+        Ok(())
+    }
+
+    /// Probes every worker until its first healthy answer, then adds it
+    /// (one worker per data-parallel rank).
+    async fn add_workers(&self, settings: &Settings) -> Result<(), StartError> {
+        let urls = &self.worker_urls;
+        wait_all_healthy(settings, urls).await?;
+        let router = self.router();
+        // Add in the order given, so that indices and logs are stable.
+        let dp = settings.args.intra_node_data_parallel_size;
+        for url in urls {
+            if dp <= 1 {
+                router.add_worker(url, None, None)?;
+            } else {
+                for rank in 0..dp {
+                    router.add_worker(url, Some(rank), None)?;
+                }
+            }
+            tracing::info!(%url, dp_ranks = dp, "worker healthy and added");
+        }
+        Ok(())
+    }
+
+    /// The router being served (cheap to clone: shared state).
+    pub fn router(&self) -> Router {
+        self.current.get()
+    }
+
+    /// The router's bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The extra Prometheus listener's address, if it could be bound.
+    pub fn prometheus_addr(&self) -> Option<SocketAddr> {
+        self.prometheus_addr
+    }
+
+    /// The simulated engines started in-process, with their role
+    /// (`regular`, `prefill` or `decode`).
+    pub fn engines(&self) -> impl Iterator<Item = (&'static str, &EngineHandle)> + '_ {
+        self.engines.iter().map(|e| (e.role, &e.handle))
+    }
+
+    /// The ZMQ discovery listener, with `--vllm-discovery-address`.
+    pub fn discovery(&self) -> Option<&ZmqDiscovery> {
+        self.discovery.as_ref()
+    }
+
+    /// The start-up banner: where the router listens, its engines, the
+    /// policy, and a curl command that works as printed.
+    pub fn banner(&self) -> String {
+        let host = match self.addr.ip() {
+            ip if ip.is_unspecified() => "127.0.0.1".to_owned(),
+            ip => join_host_port(&ip.to_string(), 0)
+                .trim_end_matches(":0")
+                .to_owned(),
+        };
+        let base = format!("http://{host}:{}", self.addr.port());
+        let router = self.router();
+        let mode = match router.pd() {
+            Some(pd) => format!(", P/D over {}", pd.connector().as_str()),
+            None => String::new(),
+        };
+        let mut out = format!(
+            "affinity-router {} serving on {base} (policy {}{mode})\n",
+            env!("CARGO_PKG_VERSION"),
+            self.policy
+        );
+        if self.engines.is_empty() {
+            if let Some(discovery) = &self.discovery {
+                out.push_str(&format!(
+                    "  discovery: vLLM engines register over ZMQ at tcp://{}\n",
+                    discovery.local_addr()
+                ));
+            }
+            if !self.worker_urls.is_empty() {
+                out.push_str(&format!("  workers: {}\n", self.worker_urls.join(" ")));
+            } else if self.discovery.is_none() {
+                out.push_str("  workers: none yet (POST /add_worker?url=...)\n");
+            }
+        } else {
+            for role in ["regular", "prefill", "decode"] {
+                let engines: Vec<String> = self
+                    .engines
+                    .iter()
+                    .filter(|e| e.role == role)
+                    .map(|e| format!("{} ({})", e.handle.url(), e.handle.engine_id()))
+                    .collect();
+                if engines.is_empty() {
+                    continue;
+                }
+                let label = if role == "regular" {
+                    "engines: ".to_owned()
+                } else {
+                    format!("{role}: ")
+                };
+                out.push_str(&format!(
+                    "  {label}{} engine-sim: {}\n",
+                    engines.len(),
+                    engines.join(", ")
+                ));
+            }
+        }
+        match self.prometheus_addr {
+            Some(addr) => out.push_str(&format!(
+                "  metrics: {base}/metrics and http://{addr}/metrics\n"
+            )),
+            None => out.push_str(&format!("  metrics: {base}/metrics\n")),
+        }
+        let model = if self.engines.is_empty() {
+            String::new()
+        } else {
+            "\"model\": \"sim-model\", ".to_owned()
+        };
+        out.push_str(&format!(
+            "  try:     curl -s {base}/v1/chat/completions -H 'content-type: application/json' \
+             -d '{{{model}\"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 16}}'\n"
+        ));
+        out.push_str("  stop:    Ctrl-C (graceful)");
+        out
+    }
+
+    /// Graceful shutdown: readiness 503 at once, in-flight requests finish
+    /// (the listener stays open meanwhile), then everything stops, all
+    /// within the grace period.
+    pub async fn stop(mut self) -> StopOutcome {
+        let deadline = tokio::time::Instant::now() + self.grace;
+        self.router().begin_shutdown();
+        let _ = self.stop.send(true);
+        let serve = &mut self.serve;
+        let outcome = match tokio::time::timeout_at(deadline, serve).await {
+            Ok(Ok(router_http::ShutdownOutcome::Drained)) => StopOutcome::Drained,
+            Ok(_) => StopOutcome::DeadlineReached,
+            Err(_) => {
+                self.serve.abort();
+                StopOutcome::DeadlineReached
+            }
+        };
+        if let Some(task) = self.metrics_server.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
+        }
+        drop(self.background.take());
+        drop(self.discovery.take());
+        for engine in std::mem::take(&mut self.engines) {
+            let _ = tokio::time::timeout(Duration::from_secs(2), engine.handle.shutdown()).await;
+        }
+        match outcome {
+            StopOutcome::Drained => tracing::info!("stopped: every request finished"),
+            StopOutcome::DeadlineReached => {
+                tracing::warn!(grace = ?self.grace, "stopped: the grace period ran out")
+            }
+        }
+        outcome
+    }
+}
+
+/// Resolves when a stop is asked for and the requests in flight are done
+/// (or the grace period passed): until then the listener keeps accepting,
+/// so readiness probes see the 503.
+async fn wait_for_stop(current: Arc<Current>, mut stopped: watch::Receiver<bool>, grace: Duration) {
+    if stopped.wait_for(|stop| *stop).await.is_err() {
+        return;
+    }
+    let router = current.get();
+    router.begin_shutdown();
+    let deadline = tokio::time::Instant::now() + grace;
+    while router.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn is_register(request: &http::Request<Incoming>) -> bool {
+    request.method() == http::Method::POST
+        && request.uri().path().trim_end_matches('/') == "/register"
+}
+
+/// `POST /register`: the ZMQ registration map as JSON, for engines that
+/// cannot speak ZMQ. Guarded like every admin route: the admin key, or the
+/// inference key when no admin key is set.
+async fn http_register(
+    router: &Router,
+    registries: &Registries,
+    request: http::Request<Incoming>,
+) -> http::Response<router_http::BoxBody> {
+    use router_http::ApiError;
+    let config = router.config();
+    let required = config
+        .admin_api_key
+        .as_deref()
+        .or(config.api_key.as_deref());
+    if let Some(key) = required {
+        let presented = request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        if presented != Some(key) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    let limited = http_body_util::Limited::new(request.into_body(), 64 * 1024);
+    let body = match limited.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) => {
+            return ApiError::InvalidRequest(format!("cannot read the registration: {err}"))
+                .into_response();
+        }
+    };
+    match registries.apply_json(&body, std::time::Instant::now()) {
+        Ok((registration, generation)) => {
+            let answer = serde_json::json!({
+                "status": "registered",
+                "role": match registration.role {
+                    super::discovery::RegisteredRole::Prefill => "prefill",
+                    super::discovery::RegisteredRole::Decode => "decode",
+                },
+                "url": registration.url(),
+                "generation": generation,
+            });
+            let mut response = http::Response::new(
+                http_body_util::Full::new(Bytes::from(answer.to_string()))
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            );
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "refused an HTTP registration");
+            ApiError::InvalidRequest(format!("invalid registration: {err}")).into_response()
+        }
+    }
+}
+
+/// Waits, in parallel, for every URL's first healthy probe.
+async fn wait_all_healthy(settings: &Settings, urls: &[String]) -> Result<(), StartError> {
+    let config = &settings.router;
+    let probe = Arc::new(HttpProbe::new(
+        UpstreamClient::new(ClientConfig::default()),
+        &config.health_endpoint,
+    ));
+    let mut waits = tokio::task::JoinSet::new();
+    for url in urls {
+        let probe = Arc::clone(&probe);
+        let url = url.clone();
+        let timeout = config.worker_startup_timeout;
+        let interval = config.worker_startup_check_interval;
+        let per_probe = config.health.timeout;
+        waits.spawn(async move {
+            let healthy = wait_healthy(&probe, &url, timeout, interval, per_probe).await;
+            (url, healthy)
+        });
+    }
+    let mut not_ready = Vec::new();
+    while let Some(joined) = waits.join_next().await {
+        match joined {
+            Ok((_, true)) => {}
+            Ok((url, false)) => not_ready.push(url),
+            Err(err) => tracing::error!(error = %err, "a startup probe task failed"),
+        }
+    }
+    if not_ready.is_empty() {
+        return Ok(());
+    }
+    not_ready.sort();
+    Err(StartError::WorkersNotReady {
+        urls: not_ready,
+        endpoint: config.health_endpoint.clone(),
+        timeout_secs: config.worker_startup_timeout.as_secs(),
+    })
+}
+
+/// Polls `GET {url}{endpoint}` until it answers 2xx or `timeout` passes.
+async fn wait_healthy(
+    probe: &HttpProbe,
+    url: &str,
+    timeout: Duration,
+    interval: Duration,
+    per_probe: Duration,
+) -> bool {
+    let Ok(endpoint) = Endpoint::new(url, None) else {
+        return false;
+    };
+    let candidate = Worker::new(
+        WorkerSpec::new(WorkerRole::Regular, endpoint),
+        0,
+        &WorkerOptions::default(),
+    );
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left.min(per_probe), probe.probe(&candidate)).await {
+            Ok(Ok(())) => return true,
+            Ok(Err(err)) => {
+                tracing::info!(%url, attempt, error = %err, "waiting for the worker to be healthy")
+            }
+            Err(_) => tracing::info!(%url, attempt, "waiting for the worker: probe timed out"),
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        tokio::time::sleep(interval.min(deadline - now)).await;
+    }
+}
+
+/// Serves `GET /metrics` (and nothing else) on `address`.
+async fn serve_metrics(
+    current: &Arc<Current>,
+    address: &str,
+    mut stopped: watch::Receiver<bool>,
+) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(address).await?;
+    let addr = listener.local_addr()?;
+    let current = Arc::clone(current);
+    let service =
+        hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+            let router = current.get();
+            async move {
+                if request.method() == http::Method::GET && request.uri().path() == "/metrics" {
+                    let (parts, _) = request.into_parts();
+                    let request =
+                        http::Request::from_parts(parts, http_body_util::Empty::<Bytes>::new());
+                    Ok::<_, std::convert::Infallible>(router.handle(request).await)
+                } else {
+                    let mut response = http::Response::new(router_http::BoxBody::default());
+                    *response.status_mut() = http::StatusCode::NOT_FOUND;
+                    Ok(response)
+                }
+            }
+        });
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
+        router_http::serve(listener, service, shutdown, Duration::from_secs(1)).await;
+    });
+    Ok((addr, task))
+}
+
+/// Ctrl-C and SIGTERM, registered when installed: a signal sent at any time
+/// after [`ShutdownSignals::install`] (say, right after the banner) is seen.
+#[derive(Debug)]
+pub struct ShutdownSignals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    /// Registers the handlers (inside a tokio runtime).
+    pub fn install() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    /// Resolves at the next Ctrl-C or SIGTERM.
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => tracing::info!("Ctrl-C: shutting down gracefully"),
+            _ = self.terminate.recv() => tracing::info!("SIGTERM: shutting down gracefully"),
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("Ctrl-C: shutting down gracefully");
+        }
+    }
+}

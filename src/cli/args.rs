@@ -1,0 +1,432 @@
+//! The command line, flag for flag: vllm-router's flags with its defaults,
+//! plus this router's own (`--admin-api-key`, `--shutdown-grace-period-secs`,
+//! `--config`, the simulator flags and `--log-json`).
+//!
+//! [`Args`] is also the shape of the `--config` TOML file: every field is a
+//! key (snake_case, or the flag's kebab-case spelling), so a file and a
+//! command line say the same things.
+
+use clap::{Parser, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+/// Load-balancing policies accepted by `--policy`, `--prefill-policy` and
+/// `--decode-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum PolicyName {
+    /// Uniformly random.
+    Random,
+    /// Each worker in turn.
+    RoundRobin,
+    /// Prefix affinity through a radix tree, yielding to load per request.
+    CacheAware,
+    /// The less loaded of two random workers.
+    PowerOfTwo,
+    /// A hash ring over a session, user or header key.
+    ConsistentHash,
+    /// Highest-random-weight hashing over the same keys.
+    RendezvousHash,
+    /// The least loaded worker, fair among ties.
+    LeastLoaded,
+}
+
+impl PolicyName {
+    /// The name as on the command line and in lb-policies.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Random => "random",
+            Self::RoundRobin => "round_robin",
+            Self::CacheAware => "cache_aware",
+            Self::PowerOfTwo => "power_of_two",
+            Self::ConsistentHash => "consistent_hash",
+            Self::RendezvousHash => "rendezvous_hash",
+            Self::LeastLoaded => "least_loaded",
+        }
+    }
+}
+
+/// KV connectors accepted by `--kv-connector`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[value(rename_all = "lowercase")]
+pub enum KvConnectorName {
+    /// NIXL: the decode engine pulls the KV cache (sequential phases).
+    Nixl,
+    /// Mooncake: the prefill engine pushes (both legs dispatched at once).
+    Mooncake,
+    /// Mooncake with sequential legs (a failed prefill can be retried on
+    /// another engine before decode starts).
+    #[value(name = "mooncake-sequential")]
+    #[serde(rename = "mooncake-sequential")]
+    MooncakeSequential,
+    /// MoRI-IO in READ mode (sequential); the same as `moriio-read`.
+    Moriio,
+    /// MoRI-IO in READ mode (sequential).
+    #[value(name = "moriio-read")]
+    #[serde(rename = "moriio-read")]
+    MoriioRead,
+    /// MoRI-IO in WRITE mode (concurrent).
+    #[value(name = "moriio-write")]
+    #[serde(rename = "moriio-write")]
+    MoriioWrite,
+}
+
+/// Log levels accepted by `--log-level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[value(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Everything, including per-connection details.
+    Trace,
+    /// Debugging detail.
+    Debug,
+    /// Start-up, membership and shutdown (the default).
+    Info,
+    /// Problems the router works around.
+    Warn,
+    /// Failures only.
+    Error,
+}
+
+impl LogLevel {
+    /// The level as a tracing filter directive.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Trace => "trace",
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Warn => "warn",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// Backends accepted by `--backend` (vllm-router's flag; only vLLM-style
+/// OpenAI engines are supported here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[value(rename_all = "lowercase")]
+pub enum BackendName {
+    /// vLLM or any engine with vLLM's OpenAI endpoints (the default).
+    Vllm,
+    /// TensorRT-LLM (refused: not supported).
+    Trtllm,
+    /// An OpenAI-compatible upstream API (refused: not supported).
+    Openai,
+    /// Anthropic's API (refused: not supported).
+    Anthropic,
+}
+
+/// The reference router's command line. Defaults are vllm-router's.
+#[derive(Debug, Clone, PartialEq, Parser, Serialize, Deserialize)]
+#[command(
+    name = "router",
+    version,
+    allow_negative_numbers = true,
+    about = "affinity-router: a cache-aware, load-exact router for vLLM-style engines",
+    long_about = "affinity-router: a cache-aware, load-exact router for vLLM-style engines.\n\n\
+        With no worker flags it starts simulated engines in-process (engine-sim) and routes \
+        to them, so it works out of the box. With vllm-router's flags it fronts real engines: \
+        existing command lines work unchanged."
+)]
+#[serde(deny_unknown_fields, default)]
+pub struct Args {
+    // ----- Serving -----
+    /// Address to bind the router to.
+    #[arg(long, default_value = "127.0.0.1", help_heading = "Serving")]
+    pub host: String,
+    /// Port to bind the router to (0 picks a free port and prints it).
+    #[arg(long, default_value_t = 30000, help_heading = "Serving")]
+    pub port: u16,
+    /// Largest request body accepted, in bytes; larger is answered 413.
+    #[arg(long, default_value_t = 536_870_912, help_heading = "Serving")]
+    pub max_payload_size: usize,
+    /// Whole-request deadline in seconds, response body included.
+    #[arg(long, default_value_t = 1800, help_heading = "Serving")]
+    pub request_timeout_secs: u64,
+    /// Headers read for a request id, in order (default x-request-id,
+    /// x-correlation-id, x-trace-id, request-id).
+    #[arg(long, num_args = 0.., value_name = "HEADER", help_heading = "Serving")]
+    pub request_id_headers: Vec<String>,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 32768, help_heading = "Serving")]
+    pub max_concurrent_requests: usize,
+    /// Requests allowed to wait for a slot (0 refuses at once with 429).
+    #[arg(long, default_value_t = 100, help_heading = "Serving")]
+    pub queue_size: usize,
+    /// How long a queued request waits, in seconds, before a 408.
+    #[arg(long, default_value_t = 60, help_heading = "Serving")]
+    pub queue_timeout_secs: u64,
+    /// Token-bucket rate limit in requests per second (off when unset).
+    #[arg(long, value_name = "RATE", help_heading = "Serving")]
+    pub rate_limit_tokens_per_second: Option<f64>,
+    /// Inference API key: proxied routes need `Authorization: Bearer KEY`.
+    #[arg(long, value_name = "KEY", help_heading = "Serving")]
+    pub api_key: Option<String>,
+    /// Admin API key for /add_worker, /remove_worker and /register (falls
+    /// back to --api-key when unset).
+    #[arg(long, value_name = "KEY", help_heading = "Serving")]
+    pub admin_api_key: Option<String>,
+    /// After SIGTERM or Ctrl-C, how long in-flight requests may take to
+    /// finish, in seconds.
+    #[arg(long, default_value_t = 30, help_heading = "Serving")]
+    pub shutdown_grace_period_secs: u64,
+    /// Accepted for compatibility; this router sets no CORS headers.
+    #[arg(long, num_args = 0.., value_name = "ORIGIN", help_heading = "Serving")]
+    pub cors_allowed_origins: Vec<String>,
+
+    // ----- Workers -----
+    /// Worker URLs (http://host:port). Given with no URL, the router starts
+    /// with no workers (add them with POST /add_worker).
+    #[arg(long, num_args = 0.., value_name = "URL", help_heading = "Workers")]
+    pub worker_urls: Vec<String>,
+    /// Data-parallel ranks per worker URL: each URL becomes `url@rank`
+    /// workers and requests carry `X-data-parallel-rank`.
+    #[arg(long, default_value_t = 1, help_heading = "Workers")]
+    pub intra_node_data_parallel_size: u32,
+    /// Longest wait, in seconds, for a configured worker's first healthy probe.
+    #[arg(long, default_value_t = 600, help_heading = "Workers")]
+    pub worker_startup_timeout_secs: u64,
+    /// Seconds between probes while waiting for a worker to start.
+    #[arg(long, default_value_t = 30, help_heading = "Workers")]
+    pub worker_startup_check_interval: u64,
+    /// Only `vllm` (vLLM-style OpenAI engines) is supported.
+    #[arg(long, value_enum, default_value_t = BackendName::Vllm, alias = "runtime", help_heading = "Workers")]
+    pub backend: BackendName,
+
+    // ----- Policy -----
+    /// Load-balancing policy.
+    #[arg(long, value_enum, default_value_t = PolicyName::CacheAware, help_heading = "Policy")]
+    pub policy: PolicyName,
+    /// cache_aware: minimum prefix match rate (0.0-1.0) to follow affinity.
+    #[arg(long, default_value_t = 0.3, help_heading = "Policy")]
+    pub cache_threshold: f64,
+    /// cache_aware: the affine worker yields when its load exceeds the least
+    /// loaded one's by more than this...
+    #[arg(long, default_value_t = 64, help_heading = "Policy")]
+    pub balance_abs_threshold: usize,
+    /// ...and is more than this factor (>= 1.0) times it.
+    #[arg(long, default_value_t = 1.5, help_heading = "Policy")]
+    pub balance_rel_threshold: f64,
+    /// cache_aware: seconds between evictions of the prefix trees.
+    #[arg(
+        long,
+        alias = "eviction-interval",
+        default_value_t = 120,
+        help_heading = "Policy"
+    )]
+    pub eviction_interval_secs: u64,
+    /// cache_aware: per-worker prefix-tree budget, in characters.
+    #[arg(long, default_value_t = 67_108_864, help_heading = "Policy")]
+    pub max_tree_size: usize,
+
+    // ----- Prefill/decode -----
+    /// Route prefill and decode to separate engines (vLLM P/D disaggregation).
+    #[arg(long, help_heading = "Prefill/decode")]
+    pub vllm_pd_disaggregation: bool,
+    /// A prefill engine and, optionally, its bootstrap port (or `none`);
+    /// repeatable. In a config file: a flat list, each URL optionally
+    /// followed by its port.
+    #[arg(long, num_args = 1..=2, action = clap::ArgAction::Append, value_names = ["URL", "BOOTSTRAP_PORT"], help_heading = "Prefill/decode")]
+    pub prefill: Vec<String>,
+    /// A decode engine; repeatable.
+    #[arg(long, value_name = "URL", help_heading = "Prefill/decode")]
+    pub decode: Vec<String>,
+    /// Policy of the prefill engines (default: --policy).
+    #[arg(long, value_enum, help_heading = "Prefill/decode")]
+    pub prefill_policy: Option<PolicyName>,
+    /// Policy of the decode engines (default: --policy).
+    #[arg(long, value_enum, help_heading = "Prefill/decode")]
+    pub decode_policy: Option<PolicyName>,
+    /// KV connector between prefill and decode engines.
+    #[arg(long, value_enum, default_value_t = KvConnectorName::Nixl, help_heading = "Prefill/decode")]
+    pub kv_connector: KvConnectorName,
+    /// Bind a ZMQ ROUTER socket here (HOST:PORT) for vLLM engines to
+    /// register themselves (P/D mode).
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Prefill/decode")]
+    pub vllm_discovery_address: Option<String>,
+    /// Seconds a discovered engine stays registered after its last message.
+    #[arg(long, default_value_t = 5, help_heading = "Prefill/decode")]
+    pub vllm_discovery_ttl_secs: u64,
+
+    // ----- Retries and circuit breaker -----
+    /// Retries after the first attempt, before any byte reached the client.
+    #[arg(
+        long,
+        default_value_t = 5,
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub retry_max_retries: u32,
+    /// Backoff before the first retry, in milliseconds.
+    #[arg(
+        long,
+        default_value_t = 50,
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub retry_initial_backoff_ms: u64,
+    /// Largest backoff, in milliseconds.
+    #[arg(
+        long,
+        default_value_t = 30000,
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub retry_max_backoff_ms: u64,
+    /// Backoff growth per retry (>= 1.0).
+    #[arg(
+        long,
+        default_value_t = 1.5,
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub retry_backoff_multiplier: f64,
+    /// Fraction (0.0-1.0) of each backoff that jitter may take off.
+    #[arg(
+        long,
+        default_value_t = 0.2,
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub retry_jitter_factor: f64,
+    /// Never retry.
+    #[arg(long, help_heading = "Retries and circuit breaker")]
+    pub disable_retries: bool,
+    /// Consecutive failures that open a worker's circuit breaker.
+    #[arg(
+        long,
+        default_value_t = 10,
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub cb_failure_threshold: u32,
+    /// Successful half-open probes that close it again.
+    #[arg(
+        long,
+        default_value_t = 3,
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub cb_success_threshold: u32,
+    /// Seconds an open breaker waits before letting a probe request through.
+    #[arg(
+        long,
+        default_value_t = 60,
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub cb_timeout_duration_secs: u64,
+    /// When set, also open on a 50 % failure rate over this many seconds
+    /// (at least 20 requests in the window).
+    #[arg(
+        long,
+        default_value_t = 120,
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub cb_window_duration_secs: u64,
+    /// Turn the circuit breakers off.
+    #[arg(long, help_heading = "Retries and circuit breaker")]
+    pub disable_circuit_breaker: bool,
+
+    // ----- Health checks -----
+    /// Consecutive failed probes that mark a worker unhealthy.
+    #[arg(long, default_value_t = 3, help_heading = "Health checks")]
+    pub health_failure_threshold: u32,
+    /// Consecutive successful probes that mark it healthy again.
+    #[arg(long, default_value_t = 2, help_heading = "Health checks")]
+    pub health_success_threshold: u32,
+    /// Per-probe timeout, in seconds.
+    #[arg(long, default_value_t = 5, help_heading = "Health checks")]
+    pub health_check_timeout_secs: u64,
+    /// Seconds between health-check rounds.
+    #[arg(long, default_value_t = 60, help_heading = "Health checks")]
+    pub health_check_interval_secs: u64,
+    /// Path probed with GET on every worker.
+    #[arg(long, default_value = "/health", help_heading = "Health checks")]
+    pub health_check_endpoint: String,
+
+    // ----- Observability -----
+    /// Address of the extra Prometheus listener (metrics are also at
+    /// /metrics on the main port).
+    #[arg(long, default_value = "127.0.0.1", help_heading = "Observability")]
+    pub prometheus_host: String,
+    /// Port of the extra Prometheus listener (0 picks a free port).
+    #[arg(long, default_value_t = 29000, help_heading = "Observability")]
+    pub prometheus_port: u16,
+    /// Log level (RUST_LOG, when set, takes precedence).
+    #[arg(long, value_enum, default_value_t = LogLevel::Info, help_heading = "Observability")]
+    pub log_level: LogLevel,
+    /// Also write logs to `DIR/affinity-router.log`.
+    #[arg(long, value_name = "DIR", help_heading = "Observability")]
+    pub log_dir: Option<String>,
+    /// Log as JSON lines instead of human-readable text.
+    #[arg(long, help_heading = "Observability")]
+    pub log_json: bool,
+    /// Accepted for compatibility; OpenTelemetry export is not built in.
+    #[arg(long, help_heading = "Observability")]
+    pub enable_trace: bool,
+    /// Accepted for compatibility (see --enable-trace).
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Observability")]
+    pub otlp_traces_endpoint: Option<String>,
+    /// Accepted for compatibility (see --enable-trace).
+    #[arg(long, default_value_t = 1.0, help_heading = "Observability")]
+    pub otel_sampling_ratio: f64,
+    /// Accepted for compatibility (see --enable-trace).
+    #[arg(long, num_args = 0.., value_name = "PATH", help_heading = "Observability")]
+    pub otel_excluded_paths: Vec<String>,
+
+    // ----- Kubernetes discovery -----
+    /// Discover workers from Kubernetes pods (needs the `kubernetes` cargo
+    /// feature, which is not built yet).
+    #[arg(long, help_heading = "Kubernetes discovery")]
+    pub service_discovery: bool,
+    /// Pod label selector, `key=value` ...
+    #[arg(long, num_args = 0.., value_name = "KEY=VALUE", help_heading = "Kubernetes discovery")]
+    pub selector: Vec<String>,
+    /// Label selector of prefill pods.
+    #[arg(long, num_args = 0.., value_name = "KEY=VALUE", help_heading = "Kubernetes discovery")]
+    pub prefill_selector: Vec<String>,
+    /// Label selector of decode pods.
+    #[arg(long, num_args = 0.., value_name = "KEY=VALUE", help_heading = "Kubernetes discovery")]
+    pub decode_selector: Vec<String>,
+    /// Port of discovered pods.
+    #[arg(long, default_value_t = 80, help_heading = "Kubernetes discovery")]
+    pub service_discovery_port: u16,
+    /// Namespace watched (default: all the router may see).
+    #[arg(long, value_name = "NAMESPACE", help_heading = "Kubernetes discovery")]
+    pub service_discovery_namespace: Option<String>,
+
+    // ----- Simulated engines (this router's demo mode) -----
+    /// With no worker flags: how many engine-sim engines to start in-process.
+    #[arg(long, default_value_t = 4, help_heading = "Simulated engines")]
+    pub sim_workers: usize,
+    /// Start PREFILL:DECODE simulated engines for a P/D demo (e.g. 2:2).
+    #[arg(long, value_name = "P:D", help_heading = "Simulated engines")]
+    pub sim_pd: Option<String>,
+    /// Speed of the simulated engines' latency model: 1.0 real time, 0.01
+    /// a hundred times faster, 0 no simulated latency.
+    #[arg(long, default_value_t = 1.0, help_heading = "Simulated engines")]
+    pub sim_time_scale: f64,
+
+    // ----- Configuration file -----
+    /// Read settings from this TOML file (keys are the flag names; flags
+    /// given on the command line win).
+    #[arg(long, value_name = "FILE", help_heading = "Configuration file")]
+    #[serde(skip)]
+    pub config: Option<String>,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args::parse_from(["router"])
+    }
+}
+
+/// Every flag's id (the field name, as in the TOML file), in declaration order.
+pub fn flag_ids() -> Vec<String> {
+    use clap::CommandFactory;
+    Args::command()
+        .get_arguments()
+        .filter(|arg| arg.get_long().is_some())
+        .map(|arg| arg.get_id().to_string())
+        .collect()
+}
+
+/// The `--long-name` of a field, as clap knows it.
+pub fn long_flag(id: &str) -> String {
+    format!("--{}", id.replace('_', "-"))
+}

@@ -1,0 +1,473 @@
+//! vLLM's ZMQ registration discovery (`--vllm-discovery-address`).
+//!
+//! vLLM engines running a P2P KV connector announce themselves to the
+//! router over ZMQ: each engine connects a DEALER socket to the router's
+//! ROUTER socket and sends, every few seconds, one MessagePack map:
+//!
+//! ```text
+//! {"type": "P" | "D", "http_address": "host:port", "zmq_address": "host:port",
+//!  "transfer_mode"?: "READ" | "WRITE"}
+//! ```
+//!
+//! The ROUTER socket receives it as `[identity, payload]`. Each message
+//! registers the engine in the [`ServiceRegistry`] of its role, or — when
+//! the same engine sent the same thing within the TTL — refreshes it and
+//! keeps its generation. An engine that stays silent for the TTL expires; a
+//! later message starts a new generation (a fresh worker with fresh load
+//! and breaker). A different `zmq_address` or `transfer_mode` at the same
+//! HTTP address is a restart and also starts a new generation. They are
+//! kept as the registration labels router-http's P/D pools read:
+//! `kv_addr` (the P2P request id's address) and `moriio_mode`.
+//!
+//! Malformed messages are counted ([`ZmqDiscovery::malformed_messages`]) and
+//! logged at `warn`, never fatal: one bad sender cannot stop discovery.
+//!
+//! Engines that cannot speak ZMQ send the same map as JSON to
+//! `POST /register` on the router's port (admin-protected), which feeds the
+//! same registries ([`Registries::apply_json`]).
+//!
+//! The registries are exposed so that the P/D request path (or any host)
+//! reconciles them into its worker pools with
+//! [`worker_lifecycle::DiscoveryPool::with_reconciled`].
+
+use bytes::Bytes;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use worker_lifecycle::{Endpoint, Registration, RoleKind, ServiceRegistry};
+use zeromq::{Socket, SocketRecv};
+
+/// How long a registration lives without a new message (vLLM engines send
+/// one every few seconds).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(5);
+
+/// The role an engine registers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegisteredRole {
+    /// `"P"`: a prefill engine.
+    Prefill,
+    /// `"D"`: a decode engine.
+    Decode,
+}
+
+/// One decoded registration message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZmqRegistration {
+    /// The engine's role.
+    pub role: RegisteredRole,
+    /// Its HTTP address, `host:port` (the worker URL is `http://` + this).
+    pub http_address: String,
+    /// Its ZMQ address for KV transfers, when it sent one.
+    pub zmq_address: Option<String>,
+    /// `READ` or `WRITE` (MoRI-IO), when it sent one.
+    pub transfer_mode: Option<String>,
+}
+
+impl ZmqRegistration {
+    /// The worker URL, `http://host:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http_address)
+    }
+}
+
+/// Why a registration message was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MessageError {
+    /// The payload is not a MessagePack map with the expected fields.
+    #[error("not a registration map: {0}")]
+    Decode(String),
+    /// `type` is neither `P` nor `D`.
+    #[error("unknown type {0:?} (expected \"P\" or \"D\")")]
+    UnknownType(String),
+    /// `http_address` is not `host:port`.
+    #[error("invalid http_address {0:?} (expected host:port)")]
+    HttpAddress(String),
+    /// `transfer_mode` is neither `READ` nor `WRITE`.
+    #[error("unknown transfer_mode {0:?} (expected \"READ\" or \"WRITE\")")]
+    TransferMode(String),
+    /// The multipart message has no payload frame.
+    #[error("the message has no payload frame")]
+    NoPayload,
+}
+
+#[derive(Deserialize)]
+struct Wire {
+    #[serde(rename = "type")]
+    kind: String,
+    http_address: String,
+    #[serde(default)]
+    zmq_address: Option<String>,
+    #[serde(default)]
+    transfer_mode: Option<String>,
+}
+
+/// Decodes one registration payload (a MessagePack map). Never panics.
+pub fn decode_registration(payload: &[u8]) -> Result<ZmqRegistration, MessageError> {
+    let wire: Wire =
+        rmp_serde::from_slice(payload).map_err(|err| MessageError::Decode(err.to_string()))?;
+    validate(wire)
+}
+
+/// Decodes the same registration sent as a JSON object (`POST /register`).
+/// Never panics.
+pub fn decode_json_registration(body: &[u8]) -> Result<ZmqRegistration, MessageError> {
+    let wire: Wire =
+        serde_json::from_slice(body).map_err(|err| MessageError::Decode(err.to_string()))?;
+    validate(wire)
+}
+
+fn validate(wire: Wire) -> Result<ZmqRegistration, MessageError> {
+    let role = match wire.kind.as_str() {
+        "P" | "p" => RegisteredRole::Prefill,
+        "D" | "d" => RegisteredRole::Decode,
+        _ => return Err(MessageError::UnknownType(wire.kind)),
+    };
+    let address = wire.http_address.trim();
+    let valid_address =
+        address.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok() && !address.contains('/')
+        }) && router_http::router::validate_worker_url(&format!("http://{address}")).is_ok();
+    if !valid_address {
+        return Err(MessageError::HttpAddress(wire.http_address));
+    }
+    let transfer_mode = match wire.transfer_mode {
+        None => None,
+        Some(mode) if mode.eq_ignore_ascii_case("read") => Some("READ".to_owned()),
+        Some(mode) if mode.eq_ignore_ascii_case("write") => Some("WRITE".to_owned()),
+        Some(mode) => return Err(MessageError::TransferMode(mode)),
+    };
+    Ok(ZmqRegistration {
+        role,
+        http_address: address.to_owned(),
+        zmq_address: wire.zmq_address,
+        transfer_mode,
+    })
+}
+
+/// The payload of a multipart ROUTER message: the last non-empty frame
+/// after the identity (a REQ-style empty delimiter is skipped).
+fn payload_of(frames: &[Bytes]) -> Result<&[u8], MessageError> {
+    frames
+        .iter()
+        .skip(1)
+        .rev()
+        .find(|frame| !frame.is_empty())
+        .map(|frame| &frame[..])
+        .ok_or(MessageError::NoPayload)
+}
+
+/// The two registries fed by discovery, one per role.
+#[derive(Debug, Clone)]
+pub struct Registries {
+    /// Prefill engines (`type: "P"`).
+    pub prefill: Arc<ServiceRegistry>,
+    /// Decode engines (`type: "D"`).
+    pub decode: Arc<ServiceRegistry>,
+    malformed: Arc<AtomicU64>,
+}
+
+impl Registries {
+    /// Empty registries whose entries live `ttl` after their last message.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            prefill: Arc::new(ServiceRegistry::new(RoleKind::Prefill, ttl)),
+            decode: Arc::new(ServiceRegistry::new(RoleKind::Decode, ttl)),
+            malformed: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Applies one multipart message received at `now`: registers or
+    /// refreshes the engine, or counts the message as malformed.
+    pub fn apply(&self, frames: &[Bytes], now: Instant) -> Result<u64, MessageError> {
+        let result = payload_of(frames).and_then(decode_registration);
+        self.register(result, now)
+    }
+
+    /// Applies one JSON registration (`POST /register`) received at `now`.
+    pub fn apply_json(
+        &self,
+        body: &[u8],
+        now: Instant,
+    ) -> Result<(ZmqRegistration, u64), MessageError> {
+        let registration = decode_json_registration(body);
+        let kept = registration.clone();
+        let generation = self.register(registration, now)?;
+        // `register` succeeded, so the decode did too.
+        kept.map(|registration| (registration, generation))
+    }
+
+    fn register(
+        &self,
+        result: Result<ZmqRegistration, MessageError>,
+        now: Instant,
+    ) -> Result<u64, MessageError> {
+        let registration = match result {
+            Ok(registration) => registration,
+            Err(err) => {
+                self.malformed.fetch_add(1, Ordering::Relaxed);
+                return Err(err);
+            }
+        };
+        let endpoint = match Endpoint::new(&registration.url(), None) {
+            Ok(endpoint) => endpoint,
+            Err(err) => {
+                self.malformed.fetch_add(1, Ordering::Relaxed);
+                return Err(MessageError::HttpAddress(format!(
+                    "{}: {err}",
+                    registration.http_address
+                )));
+            }
+        };
+        // The label names router-http's P/D pools read.
+        let mut labels = BTreeMap::new();
+        if let Some(zmq) = &registration.zmq_address {
+            labels.insert(router_http::pd::labels::KV_ADDR.to_owned(), zmq.clone());
+        }
+        if let Some(mode) = &registration.transfer_mode {
+            labels.insert(
+                router_http::pd::labels::MORIIO_MODE.to_owned(),
+                mode.to_ascii_lowercase(),
+            );
+        }
+        let details = Registration {
+            labels,
+            ..Registration::default()
+        };
+        let registry = match registration.role {
+            RegisteredRole::Prefill => &self.prefill,
+            RegisteredRole::Decode => &self.decode,
+        };
+        let outcome = registry.register(endpoint, details, now);
+        if outcome.new_lifetime {
+            tracing::info!(
+                role = ?registration.role,
+                url = %registration.url(),
+                generation = outcome.generation,
+                "engine registered over ZMQ"
+            );
+        }
+        Ok(outcome.generation)
+    }
+
+    /// Messages refused so far.
+    pub fn malformed_messages(&self) -> u64 {
+        self.malformed.load(Ordering::Relaxed)
+    }
+}
+
+/// Why discovery could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DiscoveryError {
+    /// The address is not `HOST:PORT`.
+    #[error("invalid discovery address {0:?} (expected HOST:PORT)")]
+    Address(String),
+    /// The ROUTER socket could not be bound.
+    #[error("cannot bind the ZMQ ROUTER socket on {address}: {reason}")]
+    Bind {
+        /// The address.
+        address: String,
+        /// The error.
+        reason: String,
+    },
+}
+
+/// A running ZMQ discovery listener. Dropping it stops the listener.
+#[derive(Debug)]
+pub struct ZmqDiscovery {
+    registries: Registries,
+    local_addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ZmqDiscovery {
+    /// Binds a ROUTER socket on `address` (`HOST:PORT`; port 0 picks a free
+    /// one) and starts receiving registrations with entries living `ttl`.
+    pub async fn bind(address: &str, ttl: Duration) -> Result<Self, DiscoveryError> {
+        let (host, port) = address
+            .rsplit_once(':')
+            .filter(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+            .ok_or_else(|| DiscoveryError::Address(address.to_owned()))?;
+        let mut socket = zeromq::RouterSocket::new();
+        let bound = socket
+            .bind(&format!("tcp://{host}:{port}"))
+            .await
+            .map_err(|err| DiscoveryError::Bind {
+                address: address.to_owned(),
+                reason: err.to_string(),
+            })?;
+        let local_addr = match bound {
+            zeromq::Endpoint::Tcp(host, port) => {
+                let ip = match host {
+                    zeromq::Host::Ipv4(ip) => std::net::IpAddr::V4(ip),
+                    zeromq::Host::Ipv6(ip) => std::net::IpAddr::V6(ip),
+                    zeromq::Host::Domain(_) => std::net::IpAddr::from([127, 0, 0, 1]),
+                };
+                SocketAddr::new(ip, port)
+            }
+            other => {
+                return Err(DiscoveryError::Bind {
+                    address: address.to_owned(),
+                    reason: format!("bound an unexpected endpoint {other}"),
+                });
+            }
+        };
+        let registries = Registries::new(ttl);
+        let feed = registries.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match socket.recv().await {
+                    Ok(message) => {
+                        let frames = message.into_vec();
+                        if let Err(err) = feed.apply(&frames, Instant::now()) {
+                            tracing::warn!(
+                                error = %err,
+                                malformed_total = feed.malformed_messages(),
+                                "ignoring a malformed ZMQ registration"
+                            );
+                        }
+                    }
+                    Err(err) => {
+                        // A peer's broken frame: count it and keep serving.
+                        feed.malformed.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(error = %err, "ZMQ receive failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        });
+        tracing::info!(%local_addr, ttl_secs = ttl.as_secs_f64(), "ZMQ discovery listening");
+        Ok(Self {
+            registries,
+            local_addr,
+            task,
+        })
+    }
+
+    /// The registries this listener feeds.
+    pub fn registries(&self) -> &Registries {
+        &self.registries
+    }
+
+    /// Messages refused so far.
+    pub fn malformed_messages(&self) -> u64 {
+        self.registries.malformed_messages()
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+}
+
+impl Drop for ZmqDiscovery {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pack(value: &serde_json::Value) -> Vec<u8> {
+        rmp_serde::to_vec_named(value).unwrap()
+    }
+
+    #[test]
+    fn a_prefill_registration_decodes() {
+        let payload = pack(&serde_json::json!({
+            "type": "P", "http_address": "10.0.0.1:8100", "zmq_address": "10.0.0.1:21001",
+            "transfer_mode": "write"
+        }));
+        let registration = decode_registration(&payload).unwrap();
+        assert_eq!(registration.role, RegisteredRole::Prefill);
+        assert_eq!(registration.url(), "http://10.0.0.1:8100");
+        assert_eq!(registration.zmq_address.as_deref(), Some("10.0.0.1:21001"));
+        assert_eq!(registration.transfer_mode.as_deref(), Some("WRITE"));
+    }
+
+    #[test]
+    fn bad_messages_are_refused_with_a_reason() {
+        let cases = [
+            (
+                pack(&serde_json::json!({"type": "X", "http_address": "h:1"})),
+                "unknown type",
+            ),
+            (
+                pack(&serde_json::json!({"type": "D", "http_address": "nohost"})),
+                "http_address",
+            ),
+            (
+                pack(&serde_json::json!({"type": "D", "http_address": "h:99999"})),
+                "http_address",
+            ),
+            (
+                pack(&serde_json::json!({"type": "D"})),
+                "not a registration",
+            ),
+            (
+                pack(
+                    &serde_json::json!({"type": "D", "http_address": "h:1", "transfer_mode": "x"}),
+                ),
+                "transfer_mode",
+            ),
+            (b"\xff\x00garbage".to_vec(), "not a registration"),
+        ];
+        for (payload, expected) in cases {
+            let err = decode_registration(&payload).unwrap_err();
+            assert!(err.to_string().contains(expected), "{err} vs {expected}");
+        }
+    }
+
+    #[test]
+    fn malformed_messages_are_counted_and_state_is_unchanged() {
+        let registries = Registries::new(Duration::from_secs(5));
+        let now = Instant::now();
+        let identity = Bytes::from_static(b"peer");
+        assert!(
+            registries
+                .apply(std::slice::from_ref(&identity), now)
+                .is_err()
+        );
+        assert!(
+            registries
+                .apply(&[identity.clone(), Bytes::from_static(b"\x93")], now)
+                .is_err()
+        );
+        assert_eq!(registries.malformed_messages(), 2);
+        assert!(registries.prefill.is_empty() && registries.decode.is_empty());
+        // A REQ-style empty delimiter before the payload is accepted.
+        let payload = pack(&serde_json::json!({"type": "D", "http_address": "127.0.0.1:9"}));
+        let generation = registries
+            .apply(&[identity, Bytes::new(), Bytes::from(payload)], now)
+            .unwrap();
+        assert_eq!(
+            registries.decode.snapshot(now).entries[0].generation,
+            generation
+        );
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        let registries = Registries::new(Duration::from_secs(5));
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        for round in 0..500 {
+            let len = round % 64;
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as u8
+                })
+                .collect();
+            let _ = decode_registration(&bytes);
+            let _ = registries.apply(&[Bytes::new(), Bytes::from(bytes)], Instant::now());
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! The routing-quality simulator: what each policy does to TTFT, throughput
+//! and prefix-cache hits, before any GPU is spent.
+//!
+//! A deterministic discrete-event simulation drives N [`engine_sim::Engine`]
+//! models on one virtual clock with a request [`Trace`], and routes every
+//! request through the same code the router runs:
+//!
+//! - workers are [`worker_lifecycle::Worker`]s created by a
+//!   [`worker_lifecycle::StaticWorkerSet`], whose membership events are
+//!   forwarded to an [`lb_policies::PolicyRegistry`] built by policy name
+//!   (`round_robin`, `cache_aware`, `cache_aware_fleet_gate`, ...); the
+//!   candidates are the `Arc<Worker>`s themselves (worker-lifecycle's
+//!   `lb-policies` feature implements the policies' `Backend` for them);
+//! - each request is placed by the registry's `select` with the request's
+//!   routing text and session key, and dispatched with
+//!   [`Worker::try_reserve`](worker_lifecycle::Worker::try_reserve); the
+//!   [`LoadGuard`](worker_lifecycle::LoadGuard) lives until the simulated
+//!   request finishes, so the load every policy reads is the real in-flight
+//!   count;
+//! - in prefill/decode mode a prefill guard lives from dispatch to prefill
+//!   completion (queued and running requests count), then the decode leg is
+//!   placed by the decode policy and receives the prefill engine's
+//!   `kv_transfer_params`, validated against a shared
+//!   [`TransferRegistry`](engine_sim::TransferRegistry) and charged the
+//!   engine model's KV-transfer cost.
+//!
+//! Nothing reads the wall clock or an unseeded random source: the same
+//! trace, policy and [`SimConfig`] give the same [`RunReport`], bit for bit.
+//!
+//! # Workloads
+//!
+//! - [`workload::multi_turn`]: chat sessions sharing a handful of long
+//!   system prompts; each turn extends its session's history with the
+//!   previous answer and a new user message; Poisson arrivals.
+//! - [`workload::radix`]: the requests of the radix-affinity benchmark
+//!   workload (`radix_affinity::workload`, set W) as independent requests
+//!   with Poisson arrivals.
+//! - [`trace::parse_jsonl`] / [`trace::load_jsonl`]: a user's own traffic.
+//!
+//! # Example
+//!
+//! ```
+//! use affinity_router::simulator::{simulate, workload, PreparedTrace, SimConfig};
+//!
+//! let trace = workload::multi_turn(&workload::MultiTurnConfig {
+//!     requests: 120,
+//!     ..workload::MultiTurnConfig::default()
+//! });
+//! let config = SimConfig { workers: 4, ..SimConfig::default() };
+//! let prepared = PreparedTrace::new(&trace, &config.model);
+//! let report = simulate(&prepared, "cache_aware", &config, &|_| {})?;
+//! assert_eq!(report.metrics.completed, 120);
+//! assert!(report.final_loads.iter().all(|&load| load == 0));
+//! println!("hit rate {:.2}", report.metrics.hit_rate);
+//! # Ok::<(), affinity_router::simulator::SimError>(())
+//! ```
+//!
+//! The command-line front end is `cargo run --release --example simulate`;
+//! `docs/benchmarks.md` holds its tables and charts.
+
+mod metrics;
+pub mod report;
+mod run;
+pub mod trace;
+pub mod workload;
+
+pub use metrics::{LoadTimeline, PolicyMetrics, percentile};
+pub use run::{PdSplit, RunReport, SimConfig, SimError, simulate};
+pub use trace::{PreparedTrace, Trace, TraceError, TraceRequest};
+
+/// The policies the simulator compares by default, named as on the
+/// router's command line.
+pub const DEFAULT_POLICIES: [&str; 7] = [
+    "round_robin",
+    "random",
+    "least_loaded",
+    "power_of_two",
+    "consistent_hash",
+    "cache_aware",
+    "cache_aware_fleet_gate",
+];

@@ -1,0 +1,617 @@
+//! The discrete-event loop: engines on one virtual clock, requests placed
+//! by the production policies and load-guarded by production workers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine_sim::{
+    Engine, EventKind, KvConnector, KvTransferParams, ModelConfig, PdSettings, RequestSummary,
+    Role, SimRequest, TransferRegistry, transfer::ProducerAddress,
+};
+use lb_policies::{
+    Backend, CacheAwareConfig, PolicyConfig, PolicyError, PolicyRegistry, RequestContext,
+};
+use worker_lifecycle::{
+    Endpoint, LoadGuard, ManualClock, StaticWorkerSet, Worker, WorkerOptions, WorkerRole,
+    WorkerSpec,
+};
+
+use super::metrics::{Completion, LoadTimeline, PolicyMetrics, Tally};
+use super::trace::PreparedTrace;
+
+/// Sizes of the two pools of a prefill/decode simulation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PdSplit {
+    /// Prefill engines (placed by the policy under test).
+    pub prefill: usize,
+    /// Decode engines (placed by [`SimConfig::decode_policy`]).
+    pub decode: usize,
+}
+
+/// How a run is set up.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// The engine model of every engine. Default: engine-sim's defaults
+    /// (4,096 blocks of 16 tokens, at most 64 running sequences, 20 µs per
+    /// uncached prompt token, 8 ms + 0.1 ms per sequence per decode step,
+    /// 1 µs per transferred KV token).
+    pub model: ModelConfig,
+    /// Engines (regular mode). Default 8.
+    pub workers: usize,
+    /// `Some` runs prefill/decode disaggregation instead of regular
+    /// engines. Default `None`.
+    pub pd: Option<PdSplit>,
+    /// The policy placing decode legs in P/D mode. Default `least_loaded`.
+    pub decode_policy: String,
+    /// Seed of the random policies (`random`, `power_of_two`). Default 1.
+    pub seed: u64,
+    /// Load-timeline samples over the run. Default 200.
+    pub load_samples: usize,
+    /// Workers of the policy's pool (the last ones) drained before the
+    /// run: still members the policies see, with their load of 0, but not
+    /// available, as a worker being drained or failing its health checks
+    /// is. They take no request and are left out of `imbalance`. Default 0.
+    pub drained: usize,
+    /// Knobs of `cache_aware` and `cache_aware_fleet_gate` (the latter
+    /// forces the fleet-wide gate). Default: lb-policies' defaults, as the
+    /// router uses them (threshold 0.3, load margins 64 and 1.5×).
+    pub cache_aware: CacheAwareConfig,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            model: ModelConfig::default(),
+            workers: 8,
+            pd: None,
+            decode_policy: "least_loaded".to_owned(),
+            seed: 1,
+            load_samples: 200,
+            drained: 0,
+            cache_aware: CacheAwareConfig::default(),
+        }
+    }
+}
+
+/// Why a run could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The policy name or its knobs were refused by lb-policies.
+    #[error("policy: {0}")]
+    Policy(#[from] PolicyError),
+    /// A pool would have no available engine.
+    #[error(
+        "every pool needs at least one available engine (workers, prefill and decode counts, minus drained)"
+    )]
+    NoWorkers,
+    /// The trace holds no request.
+    #[error("the trace holds no request")]
+    EmptyTrace,
+    /// Building a worker failed (a bug in the simulator's worker names).
+    #[error("building a worker failed: {0}")]
+    Worker(String),
+}
+
+/// Everything one policy run produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunReport {
+    /// The trace's name.
+    pub workload: String,
+    /// The policy, as named on the command line.
+    pub policy: String,
+    /// The figures.
+    pub metrics: PolicyMetrics,
+    /// In-flight load of the policy's pool over time.
+    pub load_timeline: LoadTimeline,
+    /// Every worker's load after the run (all pools): zero when every
+    /// guard was released.
+    pub final_loads: Vec<usize>,
+    /// Decisions of the policy under test by reason, sorted by reason.
+    pub decisions: Vec<(String, u64)>,
+    /// P/D only: KV transfers the decode engines accepted (checked against
+    /// the producing prefill engine through the shared registry) and
+    /// refused. Both 0 in regular mode.
+    pub kv_transfers: (u64, u64),
+}
+
+/// The model id every simulated request names.
+const MODEL: &str = "sim-model";
+
+/// One role's engines, workers and policy.
+struct Pool {
+    engines: Vec<Engine>,
+    candidates: Vec<Arc<Worker>>,
+    policy: PolicyRegistry<Arc<Worker>>,
+    /// The scheduler step each engine is running: (start, end).
+    steps: Vec<Option<(Duration, Duration)>>,
+    /// Time each engine spent running steps.
+    busy: Vec<Duration>,
+    /// Keeps the workers' set (and so their membership) alive.
+    _set: StaticWorkerSet,
+}
+
+impl Pool {
+    fn new(
+        role: WorkerRole,
+        (count, drained): (usize, usize),
+        policy: &str,
+        config: &SimConfig,
+        pd: impl Fn(usize) -> PdSettings,
+    ) -> Result<Self, SimError> {
+        if count <= drained {
+            return Err(SimError::NoWorkers);
+        }
+        // Breakers never see a failure here, but a manual clock keeps even
+        // their reads of "now" out of the results.
+        let options = WorkerOptions {
+            clock: Arc::new(ManualClock::new(Instant::now())),
+            ..WorkerOptions::default()
+        };
+        let set = StaticWorkerSet::new(role.kind(), options)
+            .map_err(|e| SimError::Worker(e.to_string()))?;
+        let mut policy_config = PolicyConfig::named(policy).with_seed(config.seed);
+        policy_config.cache_aware = config.cache_aware.clone();
+        let registry = PolicyRegistry::<Arc<Worker>>::new(policy_config)?;
+        // Instantiate the model's policy first so it sees every Added event.
+        registry.policy(MODEL)?;
+        let name = role.kind().as_str();
+        let mut engines = Vec::with_capacity(count);
+        let mut candidates = Vec::with_capacity(count);
+        for i in 0..count {
+            let url = format!("http://{name}-{i}:8000");
+            let endpoint =
+                Endpoint::new(&url, None).map_err(|e| SimError::Worker(e.to_string()))?;
+            let event = set
+                .add(WorkerSpec::new(role, endpoint).with_model(MODEL))
+                .map_err(|e| SimError::Worker(e.to_string()))?;
+            let worker = event
+                .added()
+                .cloned()
+                .ok_or_else(|| SimError::Worker("add reported no worker".to_owned()))?;
+            registry.on_membership(lb_policies::MembershipEvent::Added { key: worker.key() });
+            let mut engine = Engine::with_pd(config.model.clone(), pd(i));
+            engine.set_token_events(false);
+            engines.push(engine);
+            if i >= count - drained {
+                worker.start_drain();
+            }
+            candidates.push(worker);
+        }
+        Ok(Pool {
+            engines,
+            candidates,
+            policy: registry,
+            steps: vec![None; count],
+            busy: vec![Duration::ZERO; count],
+            _set: set,
+        })
+    }
+
+    /// Places a request: the policy's choice, reserved with `try_reserve`.
+    fn place(&self, ctx: &RequestContext<'_>) -> Option<(usize, LoadGuard)> {
+        let decision = self.policy.select(&self.candidates, ctx).ok()??;
+        let guard = self.candidates.get(decision.index)?.try_reserve().ok()?;
+        Some((decision.index, guard))
+    }
+
+    /// Accounts engine `i`'s busy time after an operation at `now`: a step
+    /// that ended is added, a step that started is remembered. Steps start
+    /// only at an operation (a submit to an idle engine, or the end of the
+    /// previous step), so this sees every one.
+    fn observe(&mut self, i: usize, now: Duration) {
+        let current = self.engines[i].next_step_end();
+        match self.steps[i] {
+            Some((start, end)) if current != Some(end) => {
+                self.busy[i] += end.saturating_sub(start);
+                self.steps[i] = current.map(|end| (now, end));
+            }
+            None => self.steps[i] = current.map(|end| (now, end)),
+            Some(_) => {}
+        }
+    }
+
+    fn next_event(&self) -> Option<(Duration, usize)> {
+        self.engines
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.next_event_time().map(|t| (t, i)))
+            .min()
+    }
+}
+
+/// A request in flight on one leg.
+struct Flight {
+    trace_index: usize,
+    /// Held until the leg finishes: the worker's load while in flight.
+    guard: LoadGuard,
+}
+
+/// Which pool an engine event came from.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Which {
+    Main,
+    Decode,
+}
+
+struct Sim<'a> {
+    trace: &'a PreparedTrace,
+    /// Regular engines, or the prefill pool under P/D.
+    main: Pool,
+    decode: Option<Pool>,
+    main_flights: HashMap<u64, Flight>,
+    decode_flights: HashMap<u64, Flight>,
+    tally: Tally,
+    timeline: LoadTimeline,
+    sample_every: Duration,
+    next_sample: Duration,
+    config_drained: usize,
+}
+
+/// Replays `trace` with `policy` placing every request (the prefill leg
+/// under P/D) and returns what it measured. `progress` is called with the
+/// number of requests dispatched so far, every 64 requests and at the end.
+pub fn simulate(
+    trace: &PreparedTrace,
+    policy: &str,
+    config: &SimConfig,
+    progress: &dyn Fn(usize),
+) -> Result<RunReport, SimError> {
+    if trace.is_empty() {
+        return Err(SimError::EmptyTrace);
+    }
+    let (main, decode) = match config.pd {
+        None => (
+            Pool::new(
+                WorkerRole::Regular,
+                (config.workers, config.drained),
+                policy,
+                config,
+                |_| PdSettings::default(),
+            )?,
+            None,
+        ),
+        Some(split) => {
+            let transfers = TransferRegistry::new();
+            let prefill_settings = |i: usize| PdSettings {
+                role: Role::Prefill,
+                connector: KvConnector::Nixl,
+                address: ProducerAddress {
+                    engine_id: format!("prefill-{i}"),
+                    host: format!("prefill-{i}"),
+                    port: 8000,
+                    bootstrap_port: None,
+                },
+                registry: Some(Arc::clone(&transfers)),
+                ..PdSettings::default()
+            };
+            let decode_settings = |_| PdSettings {
+                role: Role::Decode,
+                connector: KvConnector::Nixl,
+                registry: Some(Arc::clone(&transfers)),
+                ..PdSettings::default()
+            };
+            let prefill_role = WorkerRole::Prefill {
+                bootstrap_port: None,
+            };
+            (
+                Pool::new(
+                    prefill_role,
+                    (split.prefill, config.drained),
+                    policy,
+                    config,
+                    prefill_settings,
+                )?,
+                Some(Pool::new(
+                    WorkerRole::Decode,
+                    (split.decode, 0),
+                    &config.decode_policy,
+                    config,
+                    decode_settings,
+                )?),
+            )
+        }
+    };
+    let span = trace.trace.span();
+    // Sample over the arrival span and a tail as long again (capped), so
+    // the timeline shows the drain too.
+    let sample_every =
+        (span.mul_f64(1.25) / config.load_samples.max(1) as u32).max(Duration::from_millis(1));
+    let workers = main
+        .candidates
+        .iter()
+        .map(|c| {
+            c.url()
+                .trim_start_matches("http://")
+                .trim_end_matches(":8000")
+                .to_owned()
+        })
+        .collect::<Vec<_>>();
+    let mut sim = Sim {
+        trace,
+        timeline: LoadTimeline {
+            loads: vec![Vec::new(); workers.len()],
+            workers,
+            times: Vec::new(),
+        },
+        main,
+        decode,
+        main_flights: HashMap::new(),
+        decode_flights: HashMap::new(),
+        tally: Tally::default(),
+        sample_every,
+        next_sample: Duration::ZERO,
+        config_drained: config.drained,
+    };
+    for (index, request) in trace.trace.requests.iter().enumerate() {
+        sim.run_until(request.arrival);
+        sim.dispatch(index);
+        if index % 64 == 63 {
+            progress(index + 1);
+        }
+    }
+    sim.run_until(Duration::MAX);
+    progress(trace.len());
+    Ok(sim.finish(policy))
+}
+
+impl Sim<'_> {
+    /// Processes every engine event up to and including `until`, in time
+    /// order (ties: main pool first, then by engine index), taking load
+    /// samples on the way.
+    fn run_until(&mut self, until: Duration) {
+        loop {
+            let main = self.main.next_event().map(|(t, i)| (t, Which::Main, i));
+            let decode = self
+                .decode
+                .as_ref()
+                .and_then(Pool::next_event)
+                .map(|(t, i)| (t, Which::Decode, i));
+            let next = match (main, decode) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let Some((at, which, engine)) = next.filter(|(t, _, _)| *t <= until) else {
+                break;
+            };
+            if self.main_flights.is_empty()
+                && self.decode_flights.is_empty()
+                && until == Duration::MAX
+            {
+                // Only unclaimed KV holds are left; nothing to measure.
+                break;
+            }
+            self.sample_until(at);
+            self.step(which, engine, at);
+        }
+        if until != Duration::MAX {
+            self.sample_until(until);
+        }
+    }
+
+    fn sample_until(&mut self, at: Duration) {
+        while self.next_sample <= at && self.timeline.times.len() < 100_000 {
+            self.timeline.times.push(self.next_sample.as_secs_f64());
+            for (w, series) in self.timeline.loads.iter_mut().enumerate() {
+                series.push(self.main.candidates[w].load());
+            }
+            self.next_sample += self.sample_every;
+        }
+    }
+
+    /// Advances one engine to `at` and handles what finished.
+    fn step(&mut self, which: Which, engine: usize, at: Duration) {
+        let pool = match which {
+            Which::Main => &mut self.main,
+            Which::Decode => match self.decode.as_mut() {
+                Some(pool) => pool,
+                None => return,
+            },
+        };
+        pool.engines[engine].advance_to(at);
+        pool.observe(engine, at);
+        let finished: Vec<(u64, Box<RequestSummary>)> = pool.engines[engine]
+            .drain_events()
+            .filter_map(|e| match e.kind {
+                EventKind::Finished(summary) => Some((e.id, summary)),
+                _ => None,
+            })
+            .collect();
+        for (id, summary) in finished {
+            match which {
+                Which::Main => self.main_finished(id, summary, at),
+                Which::Decode => self.decode_finished(id, &summary),
+            }
+        }
+    }
+
+    /// The routing context of request `index`: its text and session key.
+    fn context(&self, index: usize) -> RequestContext<'_> {
+        let request = &self.trace.trace.requests[index];
+        let ctx = RequestContext::new(MODEL).with_text(&request.prompt);
+        match &request.session {
+            Some(session) => ctx.with_session(session),
+            None => ctx,
+        }
+    }
+
+    fn dispatch(&mut self, index: usize) {
+        let at = self.trace.trace.requests[index].arrival;
+        let placed = {
+            let ctx = self.context(index);
+            self.main.place(&ctx)
+        };
+        let Some((worker, guard)) = placed else {
+            self.tally.rejected += 1;
+            return;
+        };
+        // Routing loss: what the chosen cache held against the best one,
+        // read before the engine admits the request.
+        let hashes = &self.trace.hashes[index];
+        let max_hit = self.trace.prompt_tokens(index).saturating_sub(1) / self.main_block();
+        let cached = |e: &Engine| e.cache().prefix_hits(hashes).min(max_hit) as u64;
+        let best = self
+            .main
+            .engines
+            .iter()
+            .zip(&self.main.candidates)
+            .filter(|(_, c)| c.is_available())
+            .map(|(e, _)| cached(e))
+            .max()
+            .unwrap_or(0);
+        let chosen = cached(&self.main.engines[worker]);
+        let block = self.main_block() as u64;
+        self.tally.best_cached += best * block;
+        self.tally.chosen_cached += chosen * block;
+        self.tally.decisions += 1;
+
+        let request = &self.trace.trace.requests[index];
+        let mut sim_request = SimRequest::new(
+            index as u64,
+            self.trace.tokens[index].clone(),
+            request.output_tokens,
+        );
+        if self.decode.is_some() {
+            sim_request.kv_transfer_params = Some(KvTransferParams {
+                do_remote_decode: true,
+                ..KvTransferParams::default()
+            });
+        }
+        match self.main.engines[worker].submit(at, sim_request) {
+            Ok(()) => {
+                self.main.observe(worker, at);
+                self.main_flights.insert(
+                    index as u64,
+                    Flight {
+                        trace_index: index,
+                        guard,
+                    },
+                );
+            }
+            Err(_) => {
+                self.tally.rejected += 1;
+                drop(guard);
+            }
+        }
+    }
+
+    fn main_block(&self) -> usize {
+        self.main.engines[0].config().block_size.max(1)
+    }
+
+    fn main_finished(&mut self, id: u64, summary: Box<RequestSummary>, at: Duration) {
+        let Some(flight) = self.main_flights.remove(&id) else {
+            return;
+        };
+        self.tally.prompt_tokens += summary.prompt_tokens as u64;
+        self.tally.cached_tokens += summary.cached_tokens as u64;
+        // Prefill load ends with the prefill (invariant 9).
+        drop(flight.guard);
+        if self.decode.is_none() {
+            self.tally.completions.push(Completion {
+                ttft: summary.ttft(),
+                e2e: summary.e2e(),
+                finished_at: summary.finished_at,
+                output_tokens: summary.completion_tokens,
+            });
+            return;
+        }
+        self.dispatch_decode(flight.trace_index, &summary, at);
+    }
+
+    fn dispatch_decode(&mut self, index: usize, prefill: &RequestSummary, at: Duration) {
+        let placed = {
+            let ctx = self.context(index);
+            self.decode.as_ref().and_then(|pool| pool.place(&ctx))
+        };
+        let (Some(pool), Some((worker, guard))) = (self.decode.as_mut(), placed) else {
+            self.tally.rejected += 1;
+            return;
+        };
+        let request = &self.trace.trace.requests[index];
+        let mut sim_request = SimRequest::new(
+            index as u64,
+            self.trace.tokens[index].clone(),
+            request.output_tokens,
+        );
+        sim_request.kv_transfer_params = prefill
+            .kv_transfer_params
+            .as_ref()
+            .map(KvTransferParams::from_json);
+        match pool.engines[worker].submit(at, sim_request) {
+            Ok(()) => {
+                pool.observe(worker, at);
+                self.decode_flights.insert(
+                    index as u64,
+                    Flight {
+                        trace_index: index,
+                        guard,
+                    },
+                );
+            }
+            Err(_) => {
+                self.tally.rejected += 1;
+                drop(guard);
+            }
+        }
+    }
+
+    fn decode_finished(&mut self, id: u64, summary: &RequestSummary) {
+        let Some(flight) = self.decode_flights.remove(&id) else {
+            return;
+        };
+        drop(flight.guard);
+        let arrival = self.trace.trace.requests[flight.trace_index].arrival;
+        self.tally.completions.push(Completion {
+            ttft: summary.first_token_at.saturating_sub(arrival),
+            e2e: summary.finished_at.saturating_sub(arrival),
+            finished_at: summary.finished_at,
+            output_tokens: summary.completion_tokens,
+        });
+    }
+
+    fn finish(self, policy: &str) -> RunReport {
+        let first = self.trace.trace.requests[0].arrival;
+        let available = self.main.busy.len() - self.config_drained;
+        let metrics = self
+            .tally
+            .metrics(self.trace.len(), first, &self.main.busy[..available]);
+        let final_loads = std::iter::once(&self.main)
+            .chain(self.decode.as_ref())
+            .flat_map(|p| p.candidates.iter().map(|c| c.load()))
+            .collect();
+        let mut decisions: Vec<(String, u64)> = self
+            .main
+            .policy
+            .counts()
+            .into_iter()
+            .flat_map(|(_, _, counts)| {
+                counts
+                    .iter()
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(reason, n)| (reason.to_string(), n))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        decisions.sort();
+        let kv_transfers = self.decode.as_ref().map_or((0, 0), |pool| {
+            pool.engines.iter().fold((0, 0), |(valid, invalid), e| {
+                let stats = e.stats();
+                (
+                    valid + stats.kv_transfers_valid,
+                    invalid + stats.kv_transfers_invalid_total(),
+                )
+            })
+        });
+        RunReport {
+            workload: self.trace.trace.name.clone(),
+            policy: policy.to_owned(),
+            metrics,
+            load_timeline: self.timeline,
+            final_loads,
+            decisions,
+            kv_transfers,
+        }
+    }
+}

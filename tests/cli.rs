@@ -1,0 +1,681 @@
+//! The reference router's command line: defaults, errors, the config file,
+//! and docs/operations.md against what clap knows.
+
+use affinity_router::cli::args::{Args, BackendName, KvConnectorName, LogLevel, PolicyName};
+use affinity_router::cli::settings::{self, CliError};
+use affinity_router::cli::{Mode, Settings};
+use clap::CommandFactory;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+fn settings(args: &[&str]) -> Result<Settings, CliError> {
+    Settings::from_args(std::iter::once("router").chain(args.iter().copied()))
+}
+
+fn temp_file(name: &str, contents: &str) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "affinity-router-cli-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+#[test]
+fn every_flag_has_vllm_routers_default() {
+    let a = Args::default();
+    assert_eq!(a.host, "127.0.0.1");
+    assert_eq!(a.port, 30000);
+    assert!(a.worker_urls.is_empty());
+    assert_eq!(a.policy, PolicyName::CacheAware);
+    assert_eq!(a.prefill_policy, None);
+    assert_eq!(a.decode_policy, None);
+    assert!(!a.vllm_pd_disaggregation);
+    assert!(a.prefill.is_empty());
+    assert!(a.decode.is_empty());
+    assert_eq!(a.kv_connector, KvConnectorName::Nixl);
+    assert_eq!(a.vllm_discovery_address, None);
+    assert_eq!(a.cache_threshold, 0.3);
+    assert_eq!(a.balance_abs_threshold, 64);
+    assert_eq!(a.balance_rel_threshold, 1.5);
+    assert_eq!(a.eviction_interval_secs, 120);
+    assert_eq!(a.max_tree_size, 1 << 26);
+    assert_eq!(a.max_payload_size, 512 * 1024 * 1024);
+    assert_eq!(a.intra_node_data_parallel_size, 1);
+    assert_eq!(a.api_key, None);
+    assert_eq!(a.worker_startup_timeout_secs, 600);
+    assert_eq!(a.worker_startup_check_interval, 30);
+    assert_eq!(a.request_timeout_secs, 1800);
+    assert!(a.request_id_headers.is_empty());
+    assert_eq!(a.max_concurrent_requests, 32768);
+    assert_eq!(a.queue_size, 100);
+    assert_eq!(a.queue_timeout_secs, 60);
+    assert_eq!(a.rate_limit_tokens_per_second, None);
+    assert_eq!(a.retry_max_retries, 5);
+    assert_eq!(a.retry_initial_backoff_ms, 50);
+    assert_eq!(a.retry_max_backoff_ms, 30000);
+    assert_eq!(a.retry_backoff_multiplier, 1.5);
+    assert_eq!(a.retry_jitter_factor, 0.2);
+    assert!(!a.disable_retries);
+    assert_eq!(a.cb_failure_threshold, 10);
+    assert_eq!(a.cb_success_threshold, 3);
+    assert_eq!(a.cb_timeout_duration_secs, 60);
+    assert_eq!(a.cb_window_duration_secs, 120);
+    assert!(!a.disable_circuit_breaker);
+    assert_eq!(a.health_failure_threshold, 3);
+    assert_eq!(a.health_success_threshold, 2);
+    assert_eq!(a.health_check_timeout_secs, 5);
+    assert_eq!(a.health_check_interval_secs, 60);
+    assert_eq!(a.health_check_endpoint, "/health");
+    assert_eq!(a.prometheus_host, "127.0.0.1");
+    assert_eq!(a.prometheus_port, 29000);
+    assert_eq!(a.log_level, LogLevel::Info);
+    assert_eq!(a.log_dir, None);
+    assert!(!a.log_json);
+    assert!(a.cors_allowed_origins.is_empty());
+    assert!(!a.service_discovery);
+    assert!(a.selector.is_empty() && a.prefill_selector.is_empty() && a.decode_selector.is_empty());
+    assert_eq!(a.service_discovery_port, 80);
+    assert_eq!(a.service_discovery_namespace, None);
+    assert_eq!(a.admin_api_key, None);
+    assert_eq!(a.shutdown_grace_period_secs, 30);
+    assert_eq!(a.config, None);
+    assert_eq!(a.sim_workers, 4);
+    assert_eq!(a.sim_pd, None);
+    assert_eq!(a.sim_time_scale, 1.0);
+    assert_eq!(a.backend, BackendName::Vllm);
+}
+
+#[test]
+fn no_worker_flags_means_four_simulated_engines() {
+    let s = settings(&[]).unwrap();
+    assert_eq!(s.mode, Mode::Simulated { engines: 4 });
+    assert_eq!(s.bind_address(), "127.0.0.1:30000");
+    assert!(s.ignored.is_empty());
+    let s = settings(&["--sim-workers", "2"]).unwrap();
+    assert_eq!(s.mode, Mode::Simulated { engines: 2 });
+    // `--worker-urls` with no URL: no engines at all, add workers later.
+    let s = settings(&["--worker-urls"]).unwrap();
+    assert_eq!(s.mode, Mode::Workers { urls: vec![] });
+}
+
+#[test]
+fn defaults_map_onto_the_router_config() {
+    let s = settings(&[]).unwrap();
+    let c = &s.router;
+    assert_eq!(c.policy.name, "cache_aware");
+    assert_eq!(c.policy.cache_aware.cache_threshold, 0.3);
+    assert_eq!(c.policy.cache_aware.max_tree_size, 1 << 26);
+    assert_eq!(c.max_payload_size, 512 << 20);
+    assert_eq!(c.concurrency.max_concurrent, 32768);
+    assert_eq!(c.concurrency.queue_size, 100);
+    assert_eq!(c.concurrency.queue_timeout, Duration::from_secs(60));
+    assert_eq!(c.request_timeout, Duration::from_secs(1800));
+    assert_eq!(c.retry.max_retries, 5);
+    assert_eq!(c.retry.initial_backoff, Duration::from_millis(50));
+    assert_eq!(c.retry.max_backoff, Duration::from_secs(30));
+    assert!(c.worker_options.breaker.enabled);
+    assert_eq!(c.worker_options.breaker.failure_threshold, 10);
+    assert_eq!(c.worker_options.breaker.success_threshold, 3);
+    assert_eq!(
+        c.worker_options.breaker.open_timeout,
+        Duration::from_secs(60)
+    );
+    assert_eq!(c.worker_options.breaker.failure_rate, None);
+    assert_eq!(c.health.interval, Duration::from_secs(60));
+    assert_eq!(c.health.timeout, Duration::from_secs(5));
+    assert_eq!(c.health_endpoint, "/health");
+    assert_eq!(c.worker_startup_timeout, Duration::from_secs(600));
+    assert_eq!(c.worker_startup_check_interval, Duration::from_secs(30));
+    assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+    assert_eq!(c.api_key, None);
+}
+
+#[test]
+fn flags_map_onto_the_router_config() {
+    let s = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:8001",
+        "http://127.0.0.1:8002/",
+        "--policy",
+        "power_of_two",
+        "--cache-threshold",
+        "0.5",
+        "--balance-abs-threshold",
+        "8",
+        "--balance-rel-threshold",
+        "2",
+        "--eviction-interval",
+        "30",
+        "--max-tree-size",
+        "1000",
+        "--max-payload-size",
+        "1024",
+        "--max-concurrent-requests",
+        "7",
+        "--queue-size",
+        "0",
+        "--queue-timeout-secs",
+        "3",
+        "--rate-limit-tokens-per-second",
+        "12.5",
+        "--api-key",
+        "inference-secret",
+        "--admin-api-key",
+        "admin-secret",
+        "--request-id-headers",
+        "X-My-Id",
+        "x-other",
+        "--request-timeout-secs",
+        "9",
+        "--retry-max-retries",
+        "1",
+        "--retry-initial-backoff-ms",
+        "10",
+        "--retry-max-backoff-ms",
+        "100",
+        "--retry-backoff-multiplier",
+        "3",
+        "--retry-jitter-factor",
+        "0",
+        "--cb-failure-threshold",
+        "2",
+        "--cb-success-threshold",
+        "1",
+        "--cb-timeout-duration-secs",
+        "7",
+        "--cb-window-duration-secs",
+        "30",
+        "--health-failure-threshold",
+        "4",
+        "--health-success-threshold",
+        "5",
+        "--health-check-timeout-secs",
+        "6",
+        "--health-check-interval-secs",
+        "8",
+        "--health-check-endpoint",
+        "/ping",
+        "--worker-startup-timeout-secs",
+        "11",
+        "--worker-startup-check-interval",
+        "2",
+        "--shutdown-grace-period-secs",
+        "4",
+        "--intra-node-data-parallel-size",
+        "2",
+    ])
+    .unwrap();
+    assert_eq!(
+        s.mode,
+        Mode::Workers {
+            urls: vec![
+                "http://127.0.0.1:8001".into(),
+                "http://127.0.0.1:8002".into()
+            ]
+        }
+    );
+    let c = &s.router;
+    assert_eq!(c.policy.name, "power_of_two");
+    assert_eq!(c.policy.cache_aware.cache_threshold, 0.5);
+    assert_eq!(c.policy.cache_aware.balance_abs_threshold, 8);
+    assert_eq!(c.policy.cache_aware.balance_rel_threshold, 2.0);
+    assert_eq!(
+        c.policy.cache_aware.eviction_interval,
+        Duration::from_secs(30)
+    );
+    assert_eq!(c.eviction_interval, Duration::from_secs(30));
+    assert_eq!(c.policy.cache_aware.max_tree_size, 1000);
+    assert_eq!(c.max_payload_size, 1024);
+    assert_eq!(c.concurrency.max_concurrent, 7);
+    assert_eq!(c.concurrency.queue_size, 0);
+    assert_eq!(c.concurrency.queue_timeout, Duration::from_secs(3));
+    assert_eq!(c.rate_limit_per_second, Some(12.5));
+    assert_eq!(c.api_key.as_deref(), Some("inference-secret"));
+    assert_eq!(c.admin_api_key.as_deref(), Some("admin-secret"));
+    assert_eq!(c.request_id_headers, vec!["x-my-id", "x-other"]);
+    assert_eq!(c.request_timeout, Duration::from_secs(9));
+    assert_eq!(c.retry.max_retries, 1);
+    assert_eq!(c.retry.initial_backoff, Duration::from_millis(10));
+    assert_eq!(c.retry.max_backoff, Duration::from_millis(100));
+    assert_eq!(c.retry.multiplier, 3.0);
+    assert_eq!(c.retry.jitter, 0.0);
+    let breaker = &c.worker_options.breaker;
+    assert_eq!(breaker.failure_threshold, 2);
+    assert_eq!(breaker.success_threshold, 1);
+    assert_eq!(breaker.open_timeout, Duration::from_secs(7));
+    assert_eq!(
+        breaker.failure_rate.as_ref().unwrap().window,
+        Duration::from_secs(30)
+    );
+    assert_eq!(c.health.failure_threshold, 4);
+    assert_eq!(c.health.success_threshold, 5);
+    assert_eq!(c.health.timeout, Duration::from_secs(6));
+    assert_eq!(c.health.interval, Duration::from_secs(8));
+    assert_eq!(c.health_endpoint, "/ping");
+    assert_eq!(c.worker_startup_timeout, Duration::from_secs(11));
+    assert_eq!(c.worker_startup_check_interval, Duration::from_secs(2));
+    assert_eq!(c.shutdown_grace, Duration::from_secs(4));
+    assert_eq!(s.args.intra_node_data_parallel_size, 2);
+    // The start-up line shows that keys are set, never the keys.
+    let summary = s.summary();
+    assert!(summary.contains("api_key=set") && summary.contains("admin_api_key=set"));
+    assert!(!summary.contains("secret"), "{summary}");
+}
+
+#[test]
+fn disable_flags_turn_retries_and_breakers_off() {
+    let s = settings(&["--disable-retries", "--disable-circuit-breaker"]).unwrap();
+    assert_eq!(s.router.retry.max_retries, 0);
+    assert!(!s.router.worker_options.breaker.enabled);
+}
+
+#[test]
+fn every_policy_name_is_accepted() {
+    for name in [
+        "random",
+        "round_robin",
+        "cache_aware",
+        "power_of_two",
+        "consistent_hash",
+        "rendezvous_hash",
+        "least_loaded",
+    ] {
+        let s = settings(&["--policy", name]).unwrap();
+        assert_eq!(s.router.policy.name, name);
+        affinity_router::http::Router::new(s.router.clone()).unwrap();
+    }
+}
+
+#[test]
+fn prefill_decode_flags_parse_fully() {
+    let s = settings(&[
+        "--vllm-pd-disaggregation",
+        "--prefill",
+        "http://p0:8000",
+        "9000",
+        "--prefill",
+        "http://p1:8000",
+        "none",
+        "--prefill",
+        "http://p2:8000",
+        "--decode",
+        "http://d0:8000",
+        "--decode",
+        "http://d1:8000",
+        "--prefill-policy",
+        "power_of_two",
+        "--kv-connector",
+        "mooncake",
+    ])
+    .unwrap();
+    let Mode::PrefillDecode(pd) = s.mode else {
+        panic!("not P/D: {:?}", s.mode)
+    };
+    assert_eq!(
+        pd.prefill,
+        vec![
+            ("http://p0:8000".to_owned(), Some(9000)),
+            ("http://p1:8000".to_owned(), None),
+            ("http://p2:8000".to_owned(), None),
+        ]
+    );
+    assert_eq!(pd.decode, vec!["http://d0:8000", "http://d1:8000"]);
+    assert_eq!(pd.prefill_policy, PolicyName::PowerOfTwo);
+    assert_eq!(pd.decode_policy, PolicyName::CacheAware);
+    assert_eq!(pd.kv_connector, KvConnectorName::Mooncake);
+
+    let s = settings(&[
+        "--vllm-pd-disaggregation",
+        "--vllm-discovery-address",
+        "0.0.0.0:30001",
+    ])
+    .unwrap();
+    let Mode::PrefillDecode(pd) = s.mode else {
+        panic!()
+    };
+    assert_eq!(pd.discovery.as_deref(), Some("0.0.0.0:30001"));
+
+    let s = settings(&["--sim-pd", "2:3", "--kv-connector", "moriio"]).unwrap();
+    assert_eq!(
+        s.mode,
+        Mode::SimulatedPd {
+            prefill: 2,
+            decode: 3
+        }
+    );
+}
+
+/// Each bad command line exits 2 and its message names the flag.
+#[test]
+fn bad_values_exit_2_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--cache-threshold", "1.5"], "--cache-threshold"),
+        (&["--cache-threshold", "-0.1"], "--cache-threshold"),
+        (
+            &["--balance-rel-threshold", "0.5"],
+            "--balance-rel-threshold",
+        ),
+        (&["--retry-jitter-factor", "2"], "--retry-jitter-factor"),
+        (
+            &["--retry-backoff-multiplier", "0.5"],
+            "--retry-backoff-multiplier",
+        ),
+        (
+            &["--rate-limit-tokens-per-second", "0"],
+            "--rate-limit-tokens-per-second",
+        ),
+        (
+            &["--max-concurrent-requests", "0"],
+            "--max-concurrent-requests",
+        ),
+        (
+            &["--intra-node-data-parallel-size", "0"],
+            "--intra-node-data-parallel-size",
+        ),
+        (&["--cb-failure-threshold", "0"], "--cb-failure-threshold"),
+        (
+            &["--health-success-threshold", "0"],
+            "--health-success-threshold",
+        ),
+        (
+            &["--health-check-endpoint", "health"],
+            "--health-check-endpoint",
+        ),
+        (
+            &["--eviction-interval-secs", "0"],
+            "--eviction-interval-secs",
+        ),
+        (
+            &["--request-id-headers", "bad header"],
+            "--request-id-headers",
+        ),
+        (&["--worker-urls", "127.0.0.1:8000"], "--worker-urls"),
+        (&["--worker-urls", "ftp://host:1"], "--worker-urls"),
+        (&["--worker-urls", "http://h:99999"], "--worker-urls"),
+        (
+            &["--worker-urls", "http://a:1", "http://a:1"],
+            "--worker-urls",
+        ),
+        (&["--prefill", "http://p:1"], "--prefill"),
+        (&["--decode", "http://d:1"], "--decode"),
+        (&["--kv-connector", "mooncake"], "--kv-connector"),
+        (&["--prefill-policy", "random"], "--prefill-policy"),
+        (
+            &["--vllm-discovery-address", "0.0.0.0:30001"],
+            "--vllm-discovery-address",
+        ),
+        (&["--vllm-pd-disaggregation"], "--vllm-pd-disaggregation"),
+        (
+            &["--vllm-pd-disaggregation", "--prefill", "http://p:1"],
+            "--decode",
+        ),
+        (
+            &[
+                "--vllm-pd-disaggregation",
+                "--prefill",
+                "http://p:1",
+                "70000",
+                "--decode",
+                "http://d:1",
+            ],
+            "--prefill",
+        ),
+        (
+            &[
+                "--vllm-pd-disaggregation",
+                "--vllm-discovery-address",
+                "nohost",
+            ],
+            "--vllm-discovery-address",
+        ),
+        (
+            &[
+                "--vllm-pd-disaggregation",
+                "--worker-urls",
+                "http://a:1",
+                "--decode",
+                "http://d:1",
+            ],
+            "--worker-urls",
+        ),
+        (
+            &["--vllm-discovery-ttl-secs", "3"],
+            "--vllm-discovery-ttl-secs",
+        ),
+        (
+            &[
+                "--vllm-pd-disaggregation",
+                "--vllm-discovery-address",
+                "127.0.0.1:1",
+                "--decode",
+                "http://d:1",
+            ],
+            "--decode",
+        ),
+        (
+            &[
+                "--vllm-pd-disaggregation",
+                "--prefill",
+                "http://p:1",
+                "--decode",
+                "http://d:1",
+                "--kv-connector",
+                "moriio",
+            ],
+            "--kv-connector",
+        ),
+        (&["--sim-pd", "2"], "--sim-pd"),
+        (&["--sim-pd", "0:1"], "--sim-pd"),
+        (
+            &["--sim-pd", "1:1", "--worker-urls", "http://a:1"],
+            "--sim-pd",
+        ),
+        (
+            &["--sim-workers", "2", "--worker-urls", "http://a:1"],
+            "--sim-workers",
+        ),
+        (&["--sim-time-scale", "-1"], "--sim-time-scale"),
+        (&["--service-discovery"], "--service-discovery"),
+        (&["--backend", "openai"], "--backend"),
+        (&["--host", ""], "--host"),
+    ];
+    for (argv, flag) in cases {
+        let err = settings(argv).expect_err(&format!("{argv:?} should be refused"));
+        assert_eq!(err.exit_code(), 2, "{argv:?}: {err}");
+        assert!(
+            err.to_string().contains(flag),
+            "{argv:?}: the message {err:?} should name {flag}"
+        );
+    }
+}
+
+/// Values clap itself refuses: the same exit code, clap's message.
+#[test]
+fn unparsable_values_exit_2_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--port", "http"], "--port"),
+        (&["--port", "70000"], "--port"),
+        (&["--policy", "sticky_least_loaded"], "--policy"),
+        (&["--kv-connector", "rdma"], "--kv-connector"),
+        (&["--log-level", "loud"], "--log-level"),
+        (&["--cache-threshold", "high"], "--cache-threshold"),
+        (&["--no-such-flag"], "--no-such-flag"),
+    ];
+    for (argv, flag) in cases {
+        let err = settings(argv).expect_err(&format!("{argv:?} should be refused"));
+        assert_eq!(err.exit_code(), 2, "{argv:?}");
+        let CliError::Clap(clap_error) = &err else {
+            panic!("{argv:?}: {err:?}")
+        };
+        let rendered = clap_error.render().to_string();
+        assert!(rendered.contains(flag), "{argv:?}: {rendered}");
+    }
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    for flag in ["--help", "--version"] {
+        let err = settings(&[flag]).unwrap_err();
+        assert_eq!(err.exit_code(), 0);
+    }
+    let CliError::Clap(version) = settings(&["--version"]).unwrap_err() else {
+        panic!()
+    };
+    assert!(
+        version
+            .render()
+            .to_string()
+            .contains(env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn flags_with_no_effect_are_reported_not_refused() {
+    let s = settings(&[
+        "--cors-allowed-origins",
+        "https://a.example",
+        "--selector",
+        "app=vllm",
+        "--service-discovery-port",
+        "8000",
+        "--enable-trace",
+    ])
+    .unwrap();
+    assert_eq!(
+        s.ignored,
+        vec![
+            "--cors-allowed-origins",
+            "--enable-trace",
+            "--selector",
+            "--service-discovery-port"
+        ]
+    );
+}
+
+#[test]
+fn a_config_file_round_trips() {
+    let args = Args {
+        host: "0.0.0.0".into(),
+        port: 31000,
+        worker_urls: vec![
+            "http://127.0.0.1:9001".into(),
+            "http://127.0.0.1:9002".into(),
+        ],
+        policy: PolicyName::ConsistentHash,
+        cache_threshold: 0.75,
+        balance_rel_threshold: 3.0,
+        api_key: Some("k".into()),
+        rate_limit_tokens_per_second: Some(99.5),
+        request_id_headers: vec!["x-id".into()],
+        disable_retries: true,
+        cb_window_duration_secs: 45,
+        health_check_endpoint: "/healthz".into(),
+        log_level: LogLevel::Debug,
+        log_json: true,
+        cors_allowed_origins: vec!["*".into()],
+        sim_workers: 1,
+        ..Args::default()
+    };
+    let text = settings::to_toml(&args);
+    let path = temp_file("roundtrip.toml", &text);
+    let parsed = settings::parse_from(["router", "--config", path.to_str().unwrap()]).unwrap();
+    let mut back = parsed.args;
+    assert_eq!(back.config.as_deref(), path.to_str());
+    back.config = None;
+    assert_eq!(back, args, "file:\n{text}");
+    // And once more: what the file produced renders to the same file.
+    assert_eq!(settings::to_toml(&back), text);
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn flags_on_the_command_line_win_over_the_file() {
+    let path = temp_file(
+        "override.toml",
+        "port = 1234\nworker-urls = [\"http://127.0.0.1:9001\"]\npolicy = \"random\"\n\
+         api_key = \"from-file\"\n",
+    );
+    let s = settings(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--port",
+        "4321",
+        "--policy",
+        "round_robin",
+    ])
+    .unwrap();
+    assert_eq!(s.args.port, 4321);
+    assert_eq!(s.router.policy.name, "round_robin");
+    assert_eq!(
+        s.mode,
+        Mode::Workers {
+            urls: vec!["http://127.0.0.1:9001".into()]
+        }
+    );
+    assert_eq!(s.router.api_key.as_deref(), Some("from-file"));
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn a_bad_config_file_exits_2_naming_the_setting() {
+    let cases = [
+        ("no_such_setting = 1\n", "no_such_setting"),
+        ("port = \"high\"\n", "port"),
+        ("cache_threshold = 2.0\n", "--cache-threshold"),
+        ("prefill = [\"http://p:1\"]\n", "--prefill"),
+        ("this is not toml", "--config"),
+    ];
+    for (text, expected) in cases {
+        let path = temp_file("bad.toml", text);
+        let err = settings(&["--config", path.to_str().unwrap()]).unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{text}");
+        assert!(err.to_string().contains(expected), "{text}: {err}");
+        std::fs::remove_file(path).unwrap();
+    }
+    let err = settings(&["--config", "/nonexistent/affinity-router.toml"]).unwrap_err();
+    assert!(err.to_string().starts_with("--config"), "{err}");
+}
+
+/// docs/operations.md lists every flag clap knows, and no flag it does not.
+#[test]
+fn the_operations_guide_documents_every_flag() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let command = Args::command();
+    let mut known = Vec::new();
+    for arg in command.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        let flag = format!("--{long}");
+        assert!(
+            doc.contains(&format!("`{flag}")),
+            "docs/operations.md does not document {flag}"
+        );
+        known.push(flag);
+        for alias in arg.get_all_aliases().unwrap_or_default() {
+            assert!(
+                doc.contains(&format!("--{alias}")),
+                "alias --{alias} is undocumented"
+            );
+            known.push(format!("--{alias}"));
+        }
+    }
+    known.extend(["--help".to_owned(), "--version".to_owned()]);
+    // Every flag in a table row of the reference is one clap knows.
+    for line in doc.lines().filter(|l| l.starts_with("| `--")) {
+        let flag = line[3..]
+            .split('`')
+            .next()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        assert!(
+            known.iter().any(|k| k == flag),
+            "docs/operations.md documents unknown {flag}"
+        );
+    }
+}
