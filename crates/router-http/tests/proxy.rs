@@ -624,3 +624,36 @@ async fn the_breaker_opens_refuses_then_recovers_through_one_probe() {
     );
     fixture.assert_all_loads_return_to_zero().await;
 }
+
+#[tokio::test]
+async fn cache_aware_match_rates_are_exported() {
+    let fixture = Fixture::start(config("cache_aware"), vec![EngineConfig::instant(); 2]).await;
+    let body = chat_body(
+        "A long shared system prompt about radix trees and caches.",
+        false,
+    );
+    for _ in 0..3 {
+        let (status, _, _) = call(
+            fixture.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.clone(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (_, _, metrics) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let text = String::from_utf8_lossy(&metrics);
+    assert!(text.contains("router_cache_match_rate_count 3"), "{text}");
+    // The two repeats matched fully: they sit in the le="1" bucket, not below.
+    assert!(
+        text.contains("router_cache_match_rate_bucket{le=\"0.95\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("reason=\"cache_hit\"} 2"),
+        "two affinity hits counted: {text}"
+    );
+    fixture.assert_all_loads_return_to_zero().await;
+}
