@@ -125,12 +125,28 @@ pub struct Decision {
     pub index: usize,
     /// Why this candidate.
     pub reason: DecisionReason,
+    /// For prefix-matching policies: the best prefix match of the request
+    /// in thousandths of its input (0..=1000), whatever the decision; the
+    /// host exports it as a match-rate histogram. `None` for other policies.
+    pub match_permille: Option<u16>,
 }
 
 impl Decision {
     /// A decision for `index` with `reason`.
     pub const fn new(index: usize, reason: DecisionReason) -> Self {
-        Decision { index, reason }
+        Decision {
+            index,
+            reason,
+            match_permille: None,
+        }
+    }
+
+    /// The same decision, carrying the request's prefix match rate
+    /// (`matched / input`, clamped to `[0, 1]`).
+    pub fn with_match_rate(mut self, rate: f64) -> Self {
+        let permille = (rate.clamp(0.0, 1.0) * 1000.0).round() as u16;
+        self.match_permille = Some(permille);
+        self
     }
 }
 

@@ -447,3 +447,24 @@ fn no_available_candidate_gives_none() {
         None
     );
 }
+
+#[test]
+fn decisions_carry_the_prefix_match_rate() {
+    let fleet = fleet(3);
+    let p = policy(LoadGate::PerRequest);
+    announce(&p, &fleet);
+    let text = prompt(7);
+    let ctx = RequestContext::new(MODEL).with_text(&text);
+    let cold = p.select(&fleet[..], &ctx).expect("a worker");
+    assert_eq!(cold.reason, DecisionReason::CacheLowMatch);
+    assert!(cold.match_permille.is_none_or(|m| m <= 300), "{cold:?}");
+    let warm = p.select(&fleet[..], &ctx).expect("a worker");
+    assert_eq!(warm.reason, DecisionReason::CacheHit);
+    assert_eq!(warm.match_permille, Some(1000));
+    // Half of a longer text is known: the rate says so.
+    let longer = format!("{text}{}", "x".repeat(text.chars().count()));
+    let half = p
+        .select(&fleet[..], &RequestContext::new(MODEL).with_text(&longer))
+        .expect("a worker");
+    assert_eq!(half.match_permille, Some(500));
+}

@@ -4,7 +4,13 @@
 //! ```sh
 //! cargo run --release -p router-http --example overhead -- --json
 //! cargo run --release -p router-http --example overhead -- --quick
+//! cargo run --release -p router-http --example overhead -- --sustain 600
 //! ```
+//!
+//! `--sustain SECS` instead runs cache_aware at 32 connections with a unique
+//! 1 KB prompt per request for SECS seconds, evicting the tree every 10 s to
+//! a 2^20-character budget per worker, and prints the process RSS every
+//! 30 s: it should stay flat once the tree reaches its budget.
 //!
 //! The upstream is a minimal hyper responder (a fixed chat completion, or 16
 //! SSE chunks and `[DONE]`), so what is measured is the router, not an
@@ -60,6 +66,15 @@ fn main() {
     };
 
     let upstream = spawn_runtime("upstream", |rt| rt.block_on(start_upstream()));
+    if let Some(seconds) = args
+        .iter()
+        .position(|a| a == "--sustain")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        sustain(upstream, Duration::from_secs(seconds));
+        return;
+    }
     let mut results = serde_json::Map::new();
     let mut cases = Vec::new();
     for body_bytes in [1024, 8 * 1024] {
@@ -107,6 +122,83 @@ fn main() {
         results.insert(name, serde_json::Value::Object(entry));
     }
     println!("{}", serde_json::Value::Object(results));
+}
+
+/// Sustained load with unique prompts; prints RSS over time as JSON lines.
+fn sustain(upstream: SocketAddr, duration: Duration) {
+    let (addr, _) = spawn_runtime("router-sustain", move |rt| {
+        rt.block_on(async move {
+            let mut config = RouterConfig {
+                policy: lb_policies::PolicyConfig::named("cache_aware"),
+                eviction_interval: Duration::from_secs(10),
+                ..RouterConfig::default()
+            };
+            config.policy.cache_aware.max_tree_size = 1 << 20;
+            config.client.pool_max_idle_per_host = 1024;
+            let router = Router::new(config).expect("config");
+            // Two workers (two names of the same upstream), so the tree
+            // holds two tenants and eviction works per tenant.
+            for host in ["127.0.0.1", "localhost"] {
+                router
+                    .add_worker(&format!("http://{host}:{}", upstream.port()), None, None)
+                    .expect("worker");
+            }
+            let background = router.spawn_background();
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            tokio::spawn(async move {
+                let _background = background; // as long as the server runs
+                router.serve(listener, std::future::pending()).await;
+            });
+            (addr, thread_id())
+        })
+    });
+    let case = Case {
+        body_bytes: 1024,
+        stream: false,
+        connections: 32,
+    };
+    let started = Instant::now();
+    let mut served = 0usize;
+    let mut round = 0usize;
+    while started.elapsed() < duration {
+        // Fresh prompts every round, so the tree keeps growing until evicted.
+        let bodies = Arc::new(make_unique_bodies(case, 4096, round));
+        round += 1;
+        let window = Duration::from_secs(30).min(duration.saturating_sub(started.elapsed()));
+        let latencies = spawn_runtime("loadgen", move |rt| {
+            rt.block_on(run_load(addr, case, bodies, window))
+        });
+        served += latencies.len();
+        println!(
+            "{}",
+            serde_json::json!({
+                "elapsed_s": started.elapsed().as_secs(),
+                "requests": served,
+                "rss_mb": round3(rss_bytes() as f64 / 1e6),
+            })
+        );
+    }
+}
+
+fn make_unique_bodies(case: Case, count: usize, round: usize) -> Vec<Bytes> {
+    make_bodies(case, count)
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| {
+            let text =
+                String::from_utf8_lossy(&body).replacen("question ", &format!("r{round} q{i} "), 1);
+            Bytes::from(text)
+        })
+        .collect()
+}
+
+/// Resident set size of this process.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
 }
 
 fn round(x: f64) -> f64 {

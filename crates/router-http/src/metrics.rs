@@ -168,6 +168,8 @@ pub struct RouterMetrics {
     pub bodies_failed: Counter,
     /// Response bodies dropped before their end (client went away).
     pub bodies_dropped: Counter,
+    /// Prefix match rate (matched / input) of cache-aware decisions.
+    pub match_rate: Histogram,
 }
 
 const ROUTES: [&str; 17] = [
@@ -222,6 +224,7 @@ impl Default for RouterMetrics {
             bodies_completed: Counter::default(),
             bodies_failed: Counter::default(),
             bodies_dropped: Counter::default(),
+            match_rate: Histogram::new(RATIO_BOUNDS),
         }
     }
 }
@@ -352,6 +355,13 @@ impl RouterMetrics {
             "end=\"client_dropped\"",
             self.bodies_dropped.get(),
         );
+        family(
+            out,
+            "router_cache_match_rate",
+            "histogram",
+            "Prefix match rate (matched / input) of cache-aware decisions.",
+        );
+        self.match_rate.render(out, "router_cache_match_rate", "");
     }
 }
 

@@ -380,6 +380,12 @@ impl Router {
                 .select(&pool, &context)
                 .map_err(|err| ApiError::InvalidRequest(err.to_string()))?
                 .ok_or_else(|| no_available_worker(&candidates))?;
+            if let Some(permille) = decision.match_permille {
+                shared
+                    .metrics
+                    .match_rate
+                    .observe(f64::from(permille) / 1000.0);
+            }
             let worker = Arc::clone(&pool[decision.index]);
             let guard = match worker.try_reserve() {
                 Ok(guard) => guard,

@@ -499,3 +499,161 @@ async fn wait_for(mut condition: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
+
+#[tokio::test]
+async fn a_full_queue_answers_429_with_retry_after_and_json() {
+    let config = RouterConfig {
+        concurrency: router_http::ConcurrencyConfig {
+            max_concurrent: 1,
+            queue_size: 0,
+            queue_timeout: Duration::from_secs(1),
+        },
+        ..config("round_robin")
+    };
+    let fixture = Fixture::start(config, vec![EngineConfig::instant()]).await;
+    let mut first = Connection::open(fixture.addr).await;
+    let stalled = first
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[("x-sim-fault", "stall-after-headers")],
+            chat_body("hold the only permit", true),
+        )
+        .await;
+    assert_eq!(stalled.status(), StatusCode::OK);
+    let (status, headers, body) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        chat_body("x", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(json(&body)["error"]["code"], "too_many_requests");
+    drop(stalled);
+    drop(first);
+    fixture.assert_all_loads_return_to_zero().await;
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        chat_body("x", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the permit came back with the body");
+}
+
+#[tokio::test]
+async fn a_failure_after_the_first_byte_is_never_retried() {
+    // Default retries are on; a reset after the first chunk reached the
+    // client must not be retried (the client already has bytes).
+    let fixture = Fixture::start(config("round_robin"), vec![EngineConfig::instant(); 2]).await;
+    let mut connection = Connection::open(fixture.addr).await;
+    let response = connection
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[("x-sim-fault", "reset-mid-body")],
+            chat_body("reset", true),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.into_body().collect().await.is_err());
+    assert_eq!(fixture.router.metrics().retries.get(), 0);
+    fixture.assert_all_loads_return_to_zero().await;
+}
+
+#[tokio::test]
+async fn the_breaker_opens_refuses_then_recovers_through_one_probe() {
+    let mut config = touchy("round_robin");
+    config.worker_options.breaker.open_timeout = Duration::from_millis(200);
+    config.worker_options.breaker.jitter = 0.0;
+    config.worker_options.breaker.success_threshold = 1;
+    let fixture = Fixture::start(config, vec![EngineConfig::instant()]).await;
+    let failing = [("x-sim-fault", "status=500")];
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &failing,
+        chat_body("a", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    let worker = fixture.workers()[0].clone();
+    assert_eq!(worker.breaker().counters().opened, 1);
+
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        chat_body("b", false),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "open breaker: not selected"
+    );
+    let message = json(&body)["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("circuit breaker"), "{message}");
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        chat_body("c", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the probe goes through");
+    let counters = worker.breaker().counters();
+    assert_eq!(
+        (counters.half_opened, counters.closed),
+        (1, 1),
+        "{counters:?}"
+    );
+    assert_eq!(
+        worker.breaker().state(),
+        worker_lifecycle::BreakerState::Closed
+    );
+    fixture.assert_all_loads_return_to_zero().await;
+}
+
+#[tokio::test]
+async fn cache_aware_match_rates_are_exported() {
+    let fixture = Fixture::start(config("cache_aware"), vec![EngineConfig::instant(); 2]).await;
+    let body = chat_body(
+        "A long shared system prompt about radix trees and caches.",
+        false,
+    );
+    for _ in 0..3 {
+        let (status, _, _) = call(
+            fixture.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.clone(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (_, _, metrics) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let text = String::from_utf8_lossy(&metrics);
+    assert!(text.contains("router_cache_match_rate_count 3"), "{text}");
+    // The two repeats matched fully: they sit in the le="1" bucket, not below.
+    assert!(
+        text.contains("router_cache_match_rate_bucket{le=\"0.95\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("reason=\"cache_hit\"} 2"),
+        "two affinity hits counted: {text}"
+    );
+    fixture.assert_all_loads_return_to_zero().await;
+}

@@ -431,7 +431,11 @@ impl CacheAware {
         };
         let tenant = match found.tenant {
             Some(t) if rate > self.config.cache_threshold => t,
-            _ => return self.least_loaded(candidates, DecisionReason::CacheLowMatch),
+            _ => {
+                return self
+                    .least_loaded(candidates, DecisionReason::CacheLowMatch)
+                    .map(|d| d.with_match_rate(rate));
+            }
         };
         let preferred = {
             let table = sync::read(&state.members);
@@ -451,7 +455,9 @@ impl CacheAware {
                 .and_then(|slot| find_candidate(&slot.key, &slot.hint, candidates))
         };
         let Some(preferred) = preferred.filter(|&i| candidates[i].is_available()) else {
-            return self.least_loaded(candidates, DecisionReason::CacheOwnerUnavailable);
+            return self
+                .least_loaded(candidates, DecisionReason::CacheOwnerUnavailable)
+                .map(|d| d.with_match_rate(rate));
         };
         if self.config.gate == LoadGate::PerRequest {
             // Statistics over available candidates only: an idle worker that
@@ -466,10 +472,12 @@ impl CacheAware {
                 .config
                 .preferred_yields(candidates[preferred].load(), min_load)
             {
-                return self.least_loaded(candidates, DecisionReason::CacheOverloaded);
+                return self
+                    .least_loaded(candidates, DecisionReason::CacheOverloaded)
+                    .map(|d| d.with_match_rate(rate));
             }
         }
-        Some(Decision::new(preferred, DecisionReason::CacheHit))
+        Some(Decision::new(preferred, DecisionReason::CacheHit).with_match_rate(rate))
     }
 }
 
