@@ -151,17 +151,12 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
     let config = router.config();
     let probe = HttpProbe::new(router.shared().client.clone(), &config.health_endpoint);
     let deadline = tokio::time::Instant::now() + config.worker_startup_timeout;
-    // Probe a stand-alone worker object: nothing is routable until healthy.
-    let candidate = Worker::new(
-        WorkerSpec::new(WorkerRole::Regular, endpoint.clone()),
-        0,
-        &config.worker_options,
-    );
+    // Nothing is routable until the first healthy probe.
     loop {
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         let attempt = tokio::time::timeout(
             remaining.min(config.health.timeout),
-            probe.probe(&candidate),
+            probe.probe_url(endpoint.url()),
         )
         .await;
         if matches!(attempt, Ok(Ok(()))) {
@@ -388,9 +383,11 @@ impl HttpProbe {
     }
 }
 
-impl HealthProbe for HttpProbe {
-    async fn probe(&self, worker: &Worker) -> Result<(), ProbeError> {
-        let uri = format!("{}{}", worker.url(), self.endpoint);
+impl HttpProbe {
+    /// Probes the worker at base `url` once (no timeout of its own): for a
+    /// worker that is not (yet) a `Worker`, such as one being added.
+    pub async fn probe_url(&self, url: &str) -> Result<(), ProbeError> {
+        let uri = format!("{url}{}", self.endpoint);
         let request = Request::get(uri)
             .body(Full::new(Bytes::new()))
             .map_err(|err| ProbeError::Unreachable(err.to_string()))?;
@@ -407,5 +404,11 @@ impl HealthProbe for HttpProbe {
                 response.status()
             )))
         }
+    }
+}
+
+impl HealthProbe for HttpProbe {
+    async fn probe(&self, worker: &Worker) -> Result<(), ProbeError> {
+        self.probe_url(worker.url()).await
     }
 }
