@@ -60,7 +60,9 @@
 //!   bytes for text (one byte per ASCII character, never four) and the ids
 //!   themselves for tokens. Labels are cut only on symbol boundaries, so a
 //!   match never splits a Unicode scalar value even when two characters share
-//!   leading bytes. Children are a sorted vector of `(first symbol, index)`
+//!   leading bytes. A new leaf stores only the part of the text the tree did
+//!   not hold yet; splitting an edge copies only the shorter side (the longer
+//!   one keeps its buffer). Children are a sorted vector of `(first symbol, index)`
 //!   with two entries inline; there is no per-node hash map. A node is one
 //!   64-byte cache line for what the walk reads (label, children, symbol
 //!   count, parent) plus one for its owners.
