@@ -335,8 +335,8 @@ pub fn simulate(
         }
     };
     let span = trace.trace.span();
-    // Sample over the arrival span and a tail as long again (capped), so
-    // the timeline shows the drain too.
+    // `load_samples` samples over 1.25 × the arrival span; sampling goes
+    // on through the drain after the last arrival, however long it is.
     let sample_every =
         (span.mul_f64(1.25) / config.load_samples.max(1) as u32).max(Duration::from_millis(1));
     let workers = main
@@ -572,6 +572,17 @@ impl Sim<'_> {
         prefill: &RequestSummary,
         at: Duration,
     ) {
+        // A decode step ending at this very instant is handled first, so
+        // the requests it finishes release their guards before this one
+        // is counted (the submit below would otherwise run it silently).
+        let due = self.decode.as_ref().is_some_and(|pool| {
+            pool.engines[worker]
+                .next_event_time()
+                .is_some_and(|t| t <= at)
+        });
+        if due {
+            self.step(Which::Decode, worker, at);
+        }
         let Some(pool) = self.decode.as_mut() else {
             return;
         };
