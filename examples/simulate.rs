@@ -27,8 +27,8 @@ use plotters::prelude::*;
 #[derive(Parser, Debug)]
 #[command(name = "simulate")]
 struct Args {
-    /// Workloads to run: multi_turn, radix, multi_turn_pd, or all
-    /// (comma-separated).
+    /// Workloads to run: multi_turn, radix, multi_turn_pd (comma-separated),
+    /// all, or none (with --trace).
     #[arg(long, default_value = "all")]
     workload: String,
     /// Replay a JSONL trace file as well (see the simulator's trace module
@@ -90,8 +90,8 @@ struct Args {
     /// default: the router's (1.5).
     #[arg(long)]
     balance_rel: Option<f64>,
-    /// Simulations run in parallel (each run is single-threaded and
-    /// deterministic). Default: available cores.
+    /// Simulations run in parallel (each run is single-threaded; results
+    /// do not depend on this). Default: available cores.
     #[arg(long)]
     threads: Option<usize>,
 }
