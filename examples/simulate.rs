@@ -27,8 +27,8 @@ use plotters::prelude::*;
 #[derive(Parser, Debug)]
 #[command(name = "simulate")]
 struct Args {
-    /// Workloads to run: multi_turn, radix, multi_turn_pd, or all
-    /// (comma-separated).
+    /// Workloads to run: multi_turn, radix, multi_turn_pd (comma-separated),
+    /// all, or none (with --trace).
     #[arg(long, default_value = "all")]
     workload: String,
     /// Replay a JSONL trace file as well (see the simulator's trace module
@@ -66,6 +66,10 @@ struct Args {
     /// Requests per generated workload, overriding the scenario defaults.
     #[arg(long)]
     requests: Option<usize>,
+    /// P/D: choose the decode worker when the prefill completes, not at
+    /// arrival with the prefill worker (the router's way).
+    #[arg(long)]
+    late_decode_choice: bool,
     /// Drain this many workers of the policy's pool (the prefill pool under
     /// P/D) before the run: members every policy sees, with load 0, that
     /// may not take requests (a worker draining or failing health checks).
@@ -86,8 +90,8 @@ struct Args {
     /// default: the router's (1.5).
     #[arg(long)]
     balance_rel: Option<f64>,
-    /// Simulations run in parallel (each run is single-threaded and
-    /// deterministic). Default: available cores.
+    /// Simulations run in parallel (each run is single-threaded; results
+    /// do not depend on this). Default: available cores.
     #[arg(long)]
     threads: Option<usize>,
 }
@@ -215,6 +219,7 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
         decode_policy: args.decode_policy.clone(),
         seed: args.seed,
         drained: args.drain,
+        late_decode_choice: args.late_decode_choice,
         ..SimConfig::default()
     };
     if let Some(abs) = args.balance_abs {
@@ -253,8 +258,15 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
                 };
                 let engines = match sim.pd {
                     Some(split) => format!(
-                        "{} prefill + {} decode engines (decode policy `{}`)",
-                        split.prefill, split.decode, sim.decode_policy
+                        "{} prefill + {} decode engines (decode policy `{}`, decode worker chosen {})",
+                        split.prefill,
+                        split.decode,
+                        sim.decode_policy,
+                        if sim.late_decode_choice {
+                            "when the prefill completes"
+                        } else {
+                            "at arrival with the prefill worker"
+                        }
                     ),
                     None => format!("{} engines", sim.workers),
                 };

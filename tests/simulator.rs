@@ -163,6 +163,21 @@ fn under_pd_the_prefill_leg_is_charged_and_decode_follows() {
     // Every decode leg received the prefill engine's KV, checked by the
     // decode engine against the transfer the prefill engine published.
     assert_eq!(pd.kv_transfers, (300, 0));
+    // Choosing the decode worker when the prefill completes changes where
+    // decode legs go, not what is accounted.
+    let late = simulate(
+        &prepared,
+        "round_robin",
+        &SimConfig {
+            late_decode_choice: true,
+            ..config.clone()
+        },
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!(late.kv_transfers, (300, 0));
+    assert_eq!(late.final_loads, [0, 0]);
+    assert_eq!(late.metrics.completed, 300);
     assert_eq!(regular.kv_transfers, (0, 0));
     // The first token now needs a prefill step and then a decode step
     // (2 ms + 8 ms at least in the default model).
@@ -327,4 +342,74 @@ fn bad_trace_lines_are_named() {
     ));
     let missing = trace::load_jsonl(std::path::Path::new("/nonexistent/trace.jsonl"), 4);
     assert!(matches!(missing, Err(TraceError::Io { .. })));
+}
+
+#[test]
+fn the_trace_parser_never_panics_on_garbage() {
+    // Pseudo-random lines assembled from JSON fragments, field names and
+    // odd values (a fixed SplitMix64 stream, so failures reproduce).
+    let fragments = [
+        "{",
+        "}",
+        "[",
+        "]",
+        ",",
+        ":",
+        "\"",
+        "\"timestamp\"",
+        "\"session\"",
+        "\"prompt\"",
+        "\"prompt_tokens\"",
+        "\"output_tokens\"",
+        "1",
+        "-1",
+        "0",
+        "1e400",
+        "1.5",
+        "null",
+        "true",
+        "\"x\"",
+        "\"\u{1F600}\"",
+        "18446744073709551616",
+        "\n",
+        " ",
+        "\\u0000",
+    ];
+    let mut rng = affinity_router::radix::workload::SplitMix64(42);
+    for _ in 0..400 {
+        let mut text = String::new();
+        for _ in 0..rng.below(40) {
+            text.push_str(fragments[rng.below(fragments.len() as u64) as usize]);
+        }
+        match trace::parse_jsonl(&text, 4) {
+            Ok(parsed) => assert!(!parsed.requests.is_empty()),
+            Err(error) => assert!(!error.to_string().is_empty()),
+        }
+    }
+    // Well-formed lines with extreme but valid values load.
+    let extreme =
+        r#"{"timestamp": 1e9, "session": 0, "prompt_tokens": 1048576, "output_tokens": 1048576}"#;
+    let parsed = trace::parse_jsonl(extreme, 1).unwrap();
+    assert_eq!(parsed.requests[0].prompt.len(), 1 << 20);
+}
+
+#[test]
+fn requests_an_engine_refuses_are_counted_and_release_their_guard() {
+    // 40,000 prompt tokens exceed the default 32,768-token context.
+    let text = concat!(
+        r#"{"timestamp": 0, "prompt_tokens": 40000, "output_tokens": 4}"#,
+        "\n",
+        r#"{"timestamp": 0.1, "prompt_tokens": 100, "output_tokens": 4}"#,
+    );
+    let trace = trace::parse_jsonl(text, 4).unwrap();
+    let config = SimConfig {
+        workers: 2,
+        ..SimConfig::default()
+    };
+    let prepared = PreparedTrace::new(&trace, &config.model);
+    for policy in DEFAULT_POLICIES {
+        let report = simulate(&prepared, policy, &config, &|_| {}).unwrap();
+        assert_eq!((report.metrics.completed, report.metrics.rejected), (1, 1));
+        assert_eq!(report.final_loads, [0, 0], "{policy}");
+    }
 }

@@ -17,9 +17,14 @@
 //!   [`LoadGuard`](worker_lifecycle::LoadGuard) lives until the simulated
 //!   request finishes, so the load every policy reads is the real in-flight
 //!   count;
-//! - in prefill/decode mode a prefill guard lives from dispatch to prefill
-//!   completion (queued and running requests count), then the decode leg is
-//!   placed by the decode policy and receives the prefill engine's
+//! - in prefill/decode mode the (prefill, decode) pair is chosen at
+//!   arrival by the policy under test and the decode policy, as
+//!   pd-orchestrator's flow takes both workers up front (or the decode
+//!   worker when the prefill completes, with
+//!   [`SimConfig::late_decode_choice`]); a prefill guard lives from
+//!   dispatch to prefill completion (queued and running requests count),
+//!   then the decode guard is reserved and the decode leg receives the
+//!   prefill engine's
 //!   `kv_transfer_params`, validated against a shared
 //!   [`TransferRegistry`](engine_sim::TransferRegistry) and charged the
 //!   engine model's KV-transfer cost.

@@ -44,6 +44,13 @@ pub struct SimConfig {
     pub pd: Option<PdSplit>,
     /// The policy placing decode legs in P/D mode. Default `least_loaded`.
     pub decode_policy: String,
+    /// P/D: choose the decode worker when the prefill completes instead of
+    /// at arrival. Default `false`: as the router does, the (prefill,
+    /// decode) pair is chosen at arrival (pd-orchestrator's flow takes both
+    /// workers up front) while the decode guard is reserved only when the
+    /// decode leg is sent, so requests waiting for their prefill are not
+    /// yet decode load.
+    pub late_decode_choice: bool,
     /// Seed of the random policies (`random`, `power_of_two`). Default 1.
     pub seed: u64,
     /// Load-timeline samples over the run. Default 200.
@@ -66,6 +73,7 @@ impl Default for SimConfig {
             workers: 8,
             pd: None,
             decode_policy: "least_loaded".to_owned(),
+            late_decode_choice: false,
             seed: 1,
             load_samples: 200,
             drained: 0,
@@ -191,9 +199,19 @@ impl Pool {
 
     /// Places a request: the policy's choice, reserved with `try_reserve`.
     fn place(&self, ctx: &RequestContext<'_>) -> Option<(usize, LoadGuard)> {
+        let index = self.choose(ctx)?;
+        Some((index, self.reserve(index)?))
+    }
+
+    /// The policy's choice, not yet reserved.
+    fn choose(&self, ctx: &RequestContext<'_>) -> Option<usize> {
         let decision = self.policy.select(&self.candidates, ctx).ok()??;
-        let guard = self.candidates.get(decision.index)?.try_reserve().ok()?;
-        Some((decision.index, guard))
+        (decision.index < self.candidates.len()).then_some(decision.index)
+    }
+
+    /// Reserves one request on worker `index` (refused when unavailable).
+    fn reserve(&self, index: usize) -> Option<LoadGuard> {
+        self.candidates.get(index)?.try_reserve().ok()
     }
 
     /// Accounts engine `i`'s busy time after an operation at `now`: a step
@@ -226,6 +244,8 @@ struct Flight {
     trace_index: usize,
     /// Held until the leg finishes: the worker's load while in flight.
     guard: LoadGuard,
+    /// P/D prefill legs: the decode worker chosen with the prefill one.
+    decode_worker: Option<usize>,
 }
 
 /// Which pool an engine event came from.
@@ -247,6 +267,7 @@ struct Sim<'a> {
     sample_every: Duration,
     next_sample: Duration,
     config_drained: usize,
+    late_decode_choice: bool,
 }
 
 /// Replays `trace` with `policy` placing every request (the prefill leg
@@ -314,8 +335,8 @@ pub fn simulate(
         }
     };
     let span = trace.trace.span();
-    // Sample over the arrival span and a tail as long again (capped), so
-    // the timeline shows the drain too.
+    // `load_samples` samples over 1.25 × the arrival span; sampling goes
+    // on through the drain after the last arrival, however long it is.
     let sample_every =
         (span.mul_f64(1.25) / config.load_samples.max(1) as u32).max(Duration::from_millis(1));
     let workers = main
@@ -343,6 +364,7 @@ pub fn simulate(
         sample_every,
         next_sample: Duration::ZERO,
         config_drained: config.drained,
+        late_decode_choice: config.late_decode_choice,
     };
     for (index, request) in trace.trace.requests.iter().enumerate() {
         sim.run_until(request.arrival);
@@ -446,6 +468,20 @@ impl Sim<'_> {
             self.tally.rejected += 1;
             return;
         };
+        // Under P/D the pair is chosen at arrival, as pd-orchestrator's flow
+        // takes both workers up front; the decode guard is reserved only
+        // when the decode leg is sent (invariant 9).
+        let decode_worker = match &self.decode {
+            Some(_) if self.late_decode_choice => None,
+            Some(pool) => {
+                let Some(choice) = pool.choose(&self.context(index)) else {
+                    self.tally.rejected += 1;
+                    return;
+                };
+                Some(choice)
+            }
+            None => None,
+        };
         // Routing loss: what the chosen cache held against the best one,
         // read before the engine admits the request.
         let hashes = &self.trace.hashes[index];
@@ -486,6 +522,7 @@ impl Sim<'_> {
                     Flight {
                         trace_index: index,
                         guard,
+                        decode_worker,
                     },
                 );
             }
@@ -517,15 +554,39 @@ impl Sim<'_> {
             });
             return;
         }
-        self.dispatch_decode(flight.trace_index, &summary, at);
+        let decode_worker = match (flight.decode_worker, &self.decode) {
+            (Some(worker), _) => Some(worker),
+            (None, Some(pool)) => pool.choose(&self.context(flight.trace_index)),
+            (None, None) => None,
+        };
+        match decode_worker {
+            Some(worker) => self.dispatch_decode(flight.trace_index, worker, &summary, at),
+            None => self.tally.rejected += 1,
+        }
     }
 
-    fn dispatch_decode(&mut self, index: usize, prefill: &RequestSummary, at: Duration) {
-        let placed = {
-            let ctx = self.context(index);
-            self.decode.as_ref().and_then(|pool| pool.place(&ctx))
+    fn dispatch_decode(
+        &mut self,
+        index: usize,
+        worker: usize,
+        prefill: &RequestSummary,
+        at: Duration,
+    ) {
+        // A decode step ending at this very instant is handled first, so
+        // the requests it finishes release their guards before this one
+        // is counted (the submit below would otherwise run it silently).
+        let due = self.decode.as_ref().is_some_and(|pool| {
+            pool.engines[worker]
+                .next_event_time()
+                .is_some_and(|t| t <= at)
+        });
+        if due {
+            self.step(Which::Decode, worker, at);
+        }
+        let Some(pool) = self.decode.as_mut() else {
+            return;
         };
-        let (Some(pool), Some((worker, guard))) = (self.decode.as_mut(), placed) else {
+        let Some(guard) = pool.reserve(worker) else {
             self.tally.rejected += 1;
             return;
         };
@@ -547,6 +608,7 @@ impl Sim<'_> {
                     Flight {
                         trace_index: index,
                         guard,
+                        decode_worker: None,
                     },
                 );
             }

@@ -121,3 +121,71 @@ fn racing_writers_keep_counters_exact() {
     assert!(tree.tenants().is_empty());
     tree.validate().unwrap();
 }
+
+/// The same races on a token tree, mixing in the `&[char]` entry points of a
+/// text tree fed the same sequences.
+#[test]
+fn racing_writers_on_token_and_char_slices() {
+    let tokens = Arc::new(radix_affinity::TokenTree::new());
+    let chars = Arc::new(TextTree::new());
+    let ids: Vec<(TenantId, TenantId)> = (0..4)
+        .map(|i| {
+            let name = format!("w{i}");
+            (tokens.intern(&name), chars.intern(&name))
+        })
+        .collect();
+    let workers: Vec<_> = (0..3u64)
+        .map(|w| {
+            let (tokens, chars, ids) = (Arc::clone(&tokens), Arc::clone(&chars), ids.clone());
+            thread::spawn(move || {
+                let mut rng = Rng(w * 104_729 + 7);
+                for _ in 0..4_000 {
+                    // Shared leading tokens 1, 2 so that edges split constantly.
+                    let len = 2 + rng.below(10) as usize;
+                    let seq: Vec<u32> = (0..len)
+                        .map(|i| {
+                            if i < 2 {
+                                i as u32 + 1
+                            } else {
+                                rng.below(4) as u32
+                            }
+                        })
+                        .collect();
+                    let text: Vec<char> = seq.iter().map(|&t| char::from(b'a' + t as u8)).collect();
+                    let (tt, ct) = ids[rng.below(4) as usize];
+                    match rng.below(10) {
+                        0..=4 => {
+                            tokens.insert_symbols(&seq, tt);
+                            chars.insert_symbols(&text, ct);
+                        }
+                        5..=7 => {
+                            let (m, c) = (
+                                tokens.prefix_match_symbols(&seq),
+                                chars.prefix_match_symbols(&text),
+                            );
+                            assert!(m.matched <= len && c.matched <= len);
+                            assert_eq!((m.input, c.input), (len, len));
+                        }
+                        8 => {
+                            tokens.evict_tenant_by_size(8);
+                            chars.evict_to_total(20);
+                        }
+                        _ => {
+                            tokens.remove_tenant(tt);
+                            chars.remove_tenant(ct);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    tokens.validate().unwrap();
+    chars.validate().unwrap();
+    for ((id, recounted), (cid, crecounted)) in tokens.recount().into_iter().zip(chars.recount()) {
+        assert_eq!(tokens.tenant_size(id), recounted);
+        assert_eq!(chars.tenant_size(cid), crecounted);
+    }
+}
