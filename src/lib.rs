@@ -12,13 +12,19 @@
 //! | [`http`] | `router-http` | the hyper 1.x proxy path, admin and metrics |
 //! | [`sim`] | `engine-sim` | a simulated vLLM-style engine |
 //!
-//! The reference router is `cargo run --release --example router`.
+//! Two modules live here, on top of all of them:
+//!
+//! - [`cli`]: the reference router's command line (vllm-router's flags),
+//!   startup, discovery and shutdown — `cargo run --release --example router`;
+//! - [`simulator`]: the routing-quality simulator, which drives engine-sim
+//!   engine models on a virtual clock through the production policy and
+//!   worker code — `cargo run --release --example simulate`.
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod simulator;
 
 pub use engine_sim as sim;
-pub mod simulator;
 pub use lb_policies as policies;
 pub use pd_orchestrator as pd;
 pub use radix_affinity as radix;
