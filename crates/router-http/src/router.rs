@@ -712,8 +712,10 @@ pub fn validate_worker_url(url: &str) -> Result<Uri, ApiError> {
 
 impl Router {
     /// Serves on `listener` until `shutdown` resolves; then stops admitting
-    /// (readiness and health answer 503 at once), lets requests in flight
-    /// finish for up to the configured grace period, and returns.
+    /// (readiness, health and proxied routes answer 503 at once, on a
+    /// listener that stays open so probes can see it), lets requests in
+    /// flight finish for up to the configured grace period, closes the
+    /// listener, and returns.
     pub async fn serve(
         &self,
         listener: tokio::net::TcpListener,
@@ -725,17 +727,29 @@ impl Router {
             async move { Ok::<_, std::convert::Infallible>(router.handle(request).await) }
         });
         let stopping = self.clone();
+        let grace = self.shared.config.shutdown_grace;
+        let drain_started = Arc::new(std::sync::OnceLock::new());
+        let started = Arc::clone(&drain_started);
+        // Phase one: stop admitting (readiness and proxied routes answer 503
+        // at once) but keep the listener open, so probes see the 503, until
+        // the requests in flight are done or the grace period ends.
         let shutdown = async move {
             shutdown.await;
             stopping.begin_shutdown();
+            let deadline = Instant::now() + grace;
+            let _ = started.set(deadline);
+            while stopping.in_flight() > 0 && Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
         };
-        crate::serve(
-            listener,
-            service,
-            shutdown,
-            self.shared.config.shutdown_grace,
-        )
-        .await
+        // Phase two: stop accepting and drain connections for what is left
+        // of the grace period.
+        let remaining = move || {
+            drain_started.get().map_or(grace, |deadline: &Instant| {
+                deadline.saturating_duration_since(Instant::now())
+            })
+        };
+        crate::server::serve_with_grace(listener, service, shutdown, remaining).await
     }
 
     /// Starts the router's background work: health checks of every worker

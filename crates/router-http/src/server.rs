@@ -42,6 +42,26 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_with_grace(listener, service, shutdown, move || grace).await
+}
+
+/// [`serve`], with the drain period computed when `shutdown` resolves (so a
+/// caller whose shutdown future already spent part of its grace period can
+/// pass on only the rest).
+pub async fn serve_with_grace<S, B>(
+    listener: TcpListener,
+    service: S,
+    shutdown: impl Future<Output = ()>,
+    grace: impl FnOnce() -> Duration,
+) -> ShutdownOutcome
+where
+    S: Service<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -73,7 +93,7 @@ where
         }
     }
     drop(listener);
-    match tokio::time::timeout(grace, graceful.shutdown()).await {
+    match tokio::time::timeout(grace(), graceful.shutdown()).await {
         Ok(()) => ShutdownOutcome::Drained,
         Err(_) => ShutdownOutcome::DeadlineReached,
     }

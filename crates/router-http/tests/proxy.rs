@@ -657,3 +657,51 @@ async fn cache_aware_match_rates_are_exported() {
     );
     fixture.assert_all_loads_return_to_zero().await;
 }
+
+#[tokio::test]
+async fn shutdown_turns_readiness_503_at_once_and_lets_the_stream_finish() {
+    let slow = EngineConfig {
+        time_scale: 1.0,
+        ..EngineConfig::instant()
+    };
+    let mut fixture = Fixture::start(config("round_robin"), vec![slow]).await;
+    let (status, _, _) = call(fixture.addr, "GET", "/readiness", &[], "").await;
+    assert_eq!(status, StatusCode::OK);
+    let mut connection = Connection::open(fixture.addr).await;
+    let response = connection
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            chat_body("a slow stream", true),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+
+    fixture.signal_shutdown();
+    wait_for(|| !fixture.router.is_accepting()).await;
+    // The listener stays open while the stream drains: probes see 503.
+    let (status, _, _) = call(fixture.addr, "GET", "/readiness", &[], "").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        chat_body("late", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(json(&body)["error"]["code"], "shutting_down");
+
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("the stream completes");
+    assert!(String::from_utf8_lossy(&body.to_bytes()).contains("[DONE]"));
+    drop(connection);
+    fixture.assert_all_loads_return_to_zero().await;
+    let outcome = fixture.stopped().await;
+    assert_eq!(outcome, router_http::ShutdownOutcome::Drained);
+}

@@ -107,6 +107,18 @@ impl Fixture {
         }
     }
 
+    /// Sends the shutdown signal without waiting for the server to stop.
+    pub fn signal_shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Waits for the server to stop (after [`signal_shutdown`](Self::signal_shutdown)).
+    pub async fn stopped(mut self) -> router_http::ShutdownOutcome {
+        self.server.take().unwrap().await.unwrap()
+    }
+
     /// Stops the router gracefully and returns how it ended.
     pub async fn shutdown(mut self) -> router_http::ShutdownOutcome {
         let _ = self.stop.take().unwrap().send(());
