@@ -36,7 +36,8 @@
 //! [`ThreadCpuTime`]): on an idle machine the same as wall time, and
 //! unaffected by other processes competing for the cores.
 //!
-//! Run: `cargo bench --bench routing` (results in `target/criterion`).
+//! Run: `cargo bench --bench routing` (results in `target/criterion`);
+//! `ROUTING_BENCH_CLOCK=wall cargo bench --bench routing` for wall time.
 #![allow(missing_docs, reason = "criterion_group! generates undocumented items")]
 
 use std::hint::black_box;
@@ -276,8 +277,10 @@ fn report_warm_state(
         route(body);
     }
     let hits = hits(registry) - hits_before;
+    let mean_len = measured.iter().map(Vec::len).sum::<usize>() / measured.len().max(1);
     eprintln!(
-        "{} KB bodies, {} workers: warm-up reached {used} workers; {hits} of {} measured bodies are cache hits",
+        "{} KB bodies (mean {mean_len} bytes), {} workers: warm-up reached {used} workers; \
+         {hits} of {} measured bodies are cache hits",
         body_size >> 10,
         fleet.len(),
         measured.len()
@@ -394,17 +397,49 @@ fn benches(c: &mut Criterion<ThreadCpuTime>) {
 }
 
 /// Criterion measurement: CPU time of the benchmarking thread
-/// (`CLOCK_THREAD_CPUTIME_ID`) instead of wall time.
+/// (`CLOCK_THREAD_CPUTIME_ID`) instead of wall time, unless
+/// `ROUTING_BENCH_CLOCK=wall` asks for wall time.
 ///
 /// Each iteration is single-threaded, allocation-light work with no I/O,
 /// so on an idle machine its CPU time and its wall time are the same; on a
 /// shared machine (other builds running on the same cores) CPU time leaves
 /// out the time the thread spent waiting for a core, which wall time
-/// counts and which made repeated wall-time runs here differ by 30 % and
-/// more. Cache interference from the other processes is still included.
+/// counts and which made repeated wall-time runs here differ by tens of
+/// percent. Cache interference from the other processes is still included.
 struct ThreadCpuTime {
-    /// Only for its formatter: the values are nanoseconds either way.
+    /// Whether to read the wall clock instead (`ROUTING_BENCH_CLOCK=wall`).
+    use_wall_clock: bool,
+    /// The wall clock's epoch, and its formatter (nanoseconds either way).
+    epoch: std::time::Instant,
     wall: WallTime,
+}
+
+impl ThreadCpuTime {
+    fn from_env() -> Self {
+        let clock = std::env::var("ROUTING_BENCH_CLOCK").unwrap_or_default();
+        let use_wall_clock = clock == "wall";
+        eprintln!(
+            "routing bench clock: {}",
+            if use_wall_clock {
+                "wall time"
+            } else {
+                "thread CPU time"
+            }
+        );
+        ThreadCpuTime {
+            use_wall_clock,
+            epoch: std::time::Instant::now(),
+            wall: WallTime,
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        if self.use_wall_clock {
+            self.epoch.elapsed().as_nanos() as u64
+        } else {
+            thread_cpu_ns()
+        }
+    }
 }
 
 impl Measurement for ThreadCpuTime {
@@ -412,10 +447,10 @@ impl Measurement for ThreadCpuTime {
     type Value = Duration;
 
     fn start(&self) -> u64 {
-        thread_cpu_ns()
+        self.now_ns()
     }
     fn end(&self, started: u64) -> Duration {
-        Duration::from_nanos(thread_cpu_ns().saturating_sub(started))
+        Duration::from_nanos(self.now_ns().saturating_sub(started))
     }
     fn add(&self, a: &Duration, b: &Duration) -> Duration {
         *a + *b
@@ -457,7 +492,7 @@ fn thread_cpu_ns() -> u64 {
 
 criterion_group! {
     name = routing;
-    config = Criterion::default().with_measurement(ThreadCpuTime { wall: WallTime });
+    config = Criterion::default().with_measurement(ThreadCpuTime::from_env());
     targets = benches
 }
 criterion_main!(routing);
