@@ -99,3 +99,23 @@ fn multibyte_never_splits_a_scalar() {
     assert_eq!(tree.prefix_match("😀").matched, 0);
     tree.validate().unwrap();
 }
+
+#[test]
+fn trees_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<radix_affinity::TextTree>();
+    assert_send_sync::<radix_affinity::TokenTree>();
+    // Ids from another tree (or never interned) are ignored, not a panic.
+    let tree = radix_affinity::TextTree::new();
+    let other = radix_affinity::TextTree::new();
+    for i in 0..3 {
+        other.intern(&format!("w{i}"));
+    }
+    let foreign = other.intern("w2");
+    tree.insert("abc", foreign);
+    assert_eq!(tree.total_size(), 0);
+    assert_eq!(tree.prefix_match_tenant("abc", foreign), 0);
+    tree.remove_tenant(foreign);
+    assert_eq!(tree.tenant_name(foreign), None);
+    assert_eq!(tree.prefix_match("").input, 0);
+}
