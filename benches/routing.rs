@@ -11,15 +11,21 @@
 //!    conversations first,
 //! 3. reserve the worker's load guard and release it.
 //!
-//! The `pd` group does the same for a prefill/decode pair: one parse, a
-//! `cache_aware` selection among the prefill workers and a `power_of_two`
-//! selection among the decode workers, and one guard per phase.
-//! pd-orchestrator has no pair-selection API of its own (the pair is chosen
-//! by the host, which then hands it to `PdFlow::run`), so the pair is chosen
-//! here exactly that way: two policy selections over two worker sets.
+//! Groups (`routing_*`):
 //!
-//! The `extract` group measures step 1 alone, so the rest can be read as
-//! the difference.
+//! - `decision`: the three steps above.
+//! - `pd_pair`: the same for a prefill/decode pair, by hand, the way a host
+//!   using only lb-policies and worker-lifecycle does it: one parse, a
+//!   `cache_aware` selection among N prefill workers, a `power_of_two`
+//!   selection among N decode workers, and one guard per phase.
+//!   pd-orchestrator itself has no pair-selection API (the host chooses
+//!   the pair and hands it to `PdFlow::run`).
+//! - `pd_select`: the same pair chosen by router-http's
+//!   `PdPools::select_pair`, the reference router's P/D path (both roles'
+//!   serialized steps, candidates by model, both policies, the prefill
+//!   reserved at selection), then each phase's guard reserved, released
+//!   and its outcome recorded, as the two-phase flow does.
+//! - `extract`: step 1 alone, so the rest can be read as the difference.
 //!
 //! Bodies are 1 KB, 8 KB and 64 KB chat requests: a system prompt shared by
 //! many conversations (one of 16), then user and assistant turns. The
@@ -49,7 +55,9 @@ use criterion::{
     BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
 };
 use lb_policies::{DecisionReason, MembershipEvent, PolicyConfig, PolicyRegistry, RequestContext};
-use router_http::{RouteKind, extract};
+use pd_orchestrator::{LegOutcome, PdBackend, Phase};
+use router_http::pd::PdScope;
+use router_http::{PdConfig, PdConnector, PdPools, PdWorkerConfig, RouteKind, extract};
 use serde_json::json;
 use worker_lifecycle::{Endpoint, Worker, WorkerOptions, WorkerRole, WorkerSpec};
 
@@ -237,6 +245,48 @@ fn route_pair(
     (p.index, d.index)
 }
 
+/// router-http's P/D pools over `n` static prefill and `n` static decode
+/// workers (NIXL: sequential phases), `cache_aware` for prefill and
+/// `power_of_two` for decode, as [`route_pair`] chooses them by hand.
+fn pd_pools(n: usize) -> PdPools {
+    let mut config = PdConfig::new(PdConnector::Nixl);
+    config.prefill_policy = Some(PolicyConfig::named("cache_aware"));
+    config.decode_policy = Some(PolicyConfig::named("power_of_two").with_seed(7));
+    for i in 0..n {
+        let host = format!("{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255);
+        config
+            .prefill
+            .push(PdWorkerConfig::new(format!("http://10.{host}:8000")));
+        config
+            .decode
+            .push(PdWorkerConfig::new(format!("http://10.{host}:9000")));
+    }
+    PdPools::new(
+        &config,
+        &PolicyConfig::named("cache_aware"),
+        &WorkerOptions::default(),
+    )
+    .expect("a valid P/D configuration")
+}
+
+/// A P/D request the way router-http's P/D path chooses its pair: one
+/// parse, `PdPools::select_pair` (both roles' serialized steps, both
+/// policies, the prefill reserved), then each phase's guard reserved,
+/// released and its outcome recorded as the two-phase flow does. Returns
+/// whether a pair was found.
+fn select_pd(body: &[u8], pools: &PdPools) -> bool {
+    let info = extract(RouteKind::ChatCompletions, body).expect("a valid chat body");
+    let scope = Arc::new(PdScope::new(info.model.unwrap_or_default(), info.routing));
+    let Ok(pair) = pools.select_pair(&scope) else {
+        return false;
+    };
+    drop(pools.reserve(&pair.prefill, Phase::Prefill));
+    pools.record(&pair.prefill, Phase::Prefill, LegOutcome::Success, None);
+    drop(pools.reserve(&pair.decode, Phase::Decode));
+    pools.record(&pair.decode, Phase::Decode, LegOutcome::Success, None);
+    true
+}
+
 /// Warm-up conversations per case: enough to give every worker of the
 /// largest fleet some affinity for 1 KB bodies, bounded to about 8 MB of
 /// body text for the larger ones, and at least every measured conversation.
@@ -389,6 +439,34 @@ fn benches(c: &mut Criterion<ThreadCpuTime>) {
                         (&prefill_policy, &prefill),
                         (&decode_policy, &decode),
                     ))
+                })
+            });
+        }
+    }
+    group.finish();
+
+    let mut group = configure(c, "routing_pd_select");
+    for (size, case) in &cases {
+        for &n in &FLEET_SIZES {
+            let pools = pd_pools(n);
+            for body in &case.warm {
+                select_pd(body, &pools);
+            }
+            report_warm_state(
+                *size,
+                pools.prefill().policies(),
+                &pools.prefill().workers(),
+                |body| {
+                    select_pd(body, &pools);
+                },
+                &case.measured,
+            );
+            let mut i = 0usize;
+            let id = BenchmarkId::new(format!("{}KB", size >> 10), format!("{n}+{n}_workers"));
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    i = (i + 1) % case.measured.len();
+                    black_box(select_pd(&case.measured[i], &pools))
                 })
             });
         }
