@@ -161,7 +161,8 @@ fn spawn_evictor(trees: Vec<Arc<TextTree>>) -> (mpsc::Sender<()>, thread::JoinHa
     (stop, handle)
 }
 
-/// A tiny deterministic generator, so every run prints the same routing.
+/// A tiny deterministic generator, so every run sends the same
+/// conversations (when the timer evicts still varies a little).
 struct Rng(u64);
 
 impl Rng {
