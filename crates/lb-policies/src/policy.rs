@@ -25,6 +25,13 @@ pub trait PolicyState: Send + Sync {
     /// Periodic upkeep the host calls from its own timer (cache-aware evicts
     /// its trees to their budget here). The default does nothing.
     fn maintain(&self) {}
+
+    /// For policies that keep prefix affinity: how many symbols each member
+    /// (by key) holds in the policy's trees, for the host's metrics. The
+    /// default, for stateless policies, is empty.
+    fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
+        Vec::new()
+    }
 }
 
 /// A load-balancing policy over candidates of type `B`.
@@ -50,6 +57,9 @@ macro_rules! forward_policy {
             }
             fn maintain(&self) {
                 (**self).maintain()
+            }
+            fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
+                (**self).affinity_sizes()
             }
         }
 
@@ -110,6 +120,9 @@ impl<P: PolicyState + ?Sized> PolicyState for Counted<P> {
     }
     fn maintain(&self) {
         self.inner.maintain()
+    }
+    fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
+        self.inner.affinity_sizes()
     }
 }
 

@@ -272,6 +272,22 @@ impl<B: Backend> PolicyRegistry<B> {
         }
     }
 
+    /// `(model, worker key, symbols held)` for every instance that keeps
+    /// prefix affinity (cache-aware), sorted: the host's tree-size metric.
+    pub fn affinity_sizes(&self) -> Vec<(String, Arc<str>, usize)> {
+        let mut out: Vec<_> = sync::read(&self.instances)
+            .iter()
+            .flat_map(|(model, policy)| {
+                policy
+                    .affinity_sizes()
+                    .into_iter()
+                    .map(move |(key, size)| (model.to_string(), key, size))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// `(model, policy name, counts)` for every instance, sorted by model:
     /// what the host exports as metrics.
     pub fn counts(&self) -> Vec<(String, String, DecisionCounts)> {

@@ -468,3 +468,28 @@ fn decisions_carry_the_prefix_match_rate() {
         .expect("a worker");
     assert_eq!(half.match_permille, Some(500));
 }
+
+#[test]
+fn affinity_sizes_follow_inserts_and_removals() {
+    let fleet = fleet(2);
+    let p = policy(LoadGate::PerRequest);
+    announce(&p, &fleet);
+    assert!(p.affinity_sizes().iter().all(|(_, size)| *size == 0));
+    let text = prompt(3);
+    let owner = establish(&p, &fleet, &text);
+    let sizes = p.affinity_sizes();
+    let owned = sizes
+        .iter()
+        .find(|(k, _)| **k == *fleet[owner].key())
+        .map(|(_, size)| *size);
+    assert_eq!(owned, Some(text.chars().count()));
+    p.on_membership(MembershipEvent::Removed {
+        key: fleet[owner].key(),
+    });
+    assert!(
+        p.affinity_sizes()
+            .iter()
+            .all(|(k, _)| **k != *fleet[owner].key()),
+        "a removed worker is no longer listed"
+    );
+}

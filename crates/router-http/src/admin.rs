@@ -271,6 +271,25 @@ fn metrics(router: &Router) -> Response<BoxBody> {
     }
     family(
         &mut out,
+        "router_cache_tree_size",
+        "gauge",
+        "Symbols (chars or tokens) each worker holds in the model's cache-aware tree.",
+    );
+    for (model, key, size) in router.policies().affinity_sizes() {
+        let worker = router
+            .workers()
+            .iter()
+            .find(|w| w.key() == &*key)
+            .map_or_else(|| key.to_string(), |w| w.endpoint().to_string());
+        let labels = format!(
+            "model=\"{}\",worker=\"{}\"",
+            escape_label(&model),
+            escape_label(&worker)
+        );
+        sample(&mut out, "router_cache_tree_size", &labels, size);
+    }
+    family(
+        &mut out,
         "router_in_flight_requests",
         "gauge",
         "Requests holding an admission permit.",

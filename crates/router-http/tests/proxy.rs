@@ -655,6 +655,14 @@ async fn cache_aware_match_rates_are_exported() {
         text.contains("reason=\"cache_hit\"} 2"),
         "two affinity hits counted: {text}"
     );
+    // One worker holds the prompt in the tree, the other nothing.
+    let sizes: Vec<u64> = text
+        .lines()
+        .filter(|line| line.starts_with("router_cache_tree_size{"))
+        .map(|line| line.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(sizes.len(), 2, "{text}");
+    assert_eq!(sizes.iter().filter(|&&s| s > 0).count(), 1, "{sizes:?}");
     fixture.assert_all_loads_return_to_zero().await;
 }
 

@@ -514,4 +514,21 @@ impl PolicyState for CacheAware {
     fn maintain(&self) {
         self.evict();
     }
+
+    fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
+        let models: Vec<Arc<ModelState>> = sync::read(&self.models).values().cloned().collect();
+        let mut sizes: Vec<(Arc<str>, usize)> = Vec::new();
+        for state in models {
+            let table = sync::read(&state.members);
+            for slot in table.slots.iter().filter(|slot| slot.live) {
+                let size =
+                    state.text.tenant_size(slot.text) + state.tokens.tenant_size(slot.tokens);
+                match sizes.iter_mut().find(|(key, _)| *key == slot.key) {
+                    Some(entry) => entry.1 += size,
+                    None => sizes.push((Arc::clone(&slot.key), size)),
+                }
+            }
+        }
+        sizes
+    }
 }
