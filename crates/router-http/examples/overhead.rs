@@ -158,27 +158,32 @@ fn sustain(upstream: SocketAddr, duration: Duration) {
         stream: false,
         connections: 32,
     };
-    let started = Instant::now();
-    let mut served = 0usize;
-    let mut round = 0usize;
-    while started.elapsed() < duration {
-        // Fresh prompts every round, so the tree keeps growing until evicted.
-        let bodies = Arc::new(make_unique_bodies(case, 4096, round));
-        round += 1;
-        let window = Duration::from_secs(30).min(duration.saturating_sub(started.elapsed()));
-        let latencies = spawn_runtime("loadgen", move |rt| {
-            rt.block_on(run_load(addr, case, bodies, window))
+    // One load-generator thread for the whole run: the figure is the
+    // process's RSS, and a thread (and malloc arena) per round would grow it
+    // on its own.
+    spawn_runtime("loadgen-sustain", move |rt| {
+        rt.block_on(async move {
+            let started = Instant::now();
+            let mut served = 0usize;
+            let mut round = 0usize;
+            while started.elapsed() < duration {
+                // Fresh prompts every round: the tree keeps growing until evicted.
+                let bodies = Arc::new(make_unique_bodies(case, 4096, round));
+                round += 1;
+                let window =
+                    Duration::from_secs(30).min(duration.saturating_sub(started.elapsed()));
+                served += run_load(addr, case, bodies, window).await.len();
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "elapsed_s": started.elapsed().as_secs(),
+                        "requests": served,
+                        "rss_mb": round3(rss_bytes() as f64 / 1e6),
+                    })
+                );
+            }
         });
-        served += latencies.len();
-        println!(
-            "{}",
-            serde_json::json!({
-                "elapsed_s": started.elapsed().as_secs(),
-                "requests": served,
-                "rss_mb": round3(rss_bytes() as f64 / 1e6),
-            })
-        );
-    }
+    });
 }
 
 fn make_unique_bodies(case: Case, count: usize, round: usize) -> Vec<Bytes> {
