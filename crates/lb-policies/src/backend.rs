@@ -32,50 +32,28 @@ pub trait Backend {
     fn is_available(&self) -> bool;
 }
 
-impl<T: Backend + ?Sized> Backend for &T {
-    fn key(&self) -> &str {
-        (**self).key()
-    }
-    fn load(&self) -> usize {
-        (**self).load()
-    }
-    fn processed(&self) -> u64 {
-        (**self).processed()
-    }
-    fn is_available(&self) -> bool {
-        (**self).is_available()
-    }
+/// Pointers to a backend are backends: a host can pass `&[&W]`, `&[Box<W>]`
+/// or `&[Arc<W>]` as candidates.
+macro_rules! forward_backend {
+    ($($pointer:ty),*) => {$(
+        impl<T: Backend + ?Sized> Backend for $pointer {
+            fn key(&self) -> &str {
+                (**self).key()
+            }
+            fn load(&self) -> usize {
+                (**self).load()
+            }
+            fn processed(&self) -> u64 {
+                (**self).processed()
+            }
+            fn is_available(&self) -> bool {
+                (**self).is_available()
+            }
+        }
+    )*};
 }
 
-impl<T: Backend + ?Sized> Backend for Box<T> {
-    fn key(&self) -> &str {
-        (**self).key()
-    }
-    fn load(&self) -> usize {
-        (**self).load()
-    }
-    fn processed(&self) -> u64 {
-        (**self).processed()
-    }
-    fn is_available(&self) -> bool {
-        (**self).is_available()
-    }
-}
-
-impl<T: Backend + ?Sized> Backend for Arc<T> {
-    fn key(&self) -> &str {
-        (**self).key()
-    }
-    fn load(&self) -> usize {
-        (**self).load()
-    }
-    fn processed(&self) -> u64 {
-        (**self).processed()
-    }
-    fn is_available(&self) -> bool {
-        (**self).is_available()
-    }
-}
+forward_backend!(&T, Box<T>, Arc<T>);
 
 /// A ready-made [`Backend`]: a key plus atomics the host updates.
 ///
