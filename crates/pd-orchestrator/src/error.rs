@@ -104,6 +104,17 @@ pub enum PdError {
         /// The body error, for logs.
         reason: String,
     },
+    /// The prefill finished but [`PdBackend::select_decode`](crate::PdBackend::select_decode)
+    /// found no available decode worker (the pool emptied during the
+    /// prefill). The prefill's phase has already ended normally.
+    #[error("no decode worker is available for the decode leg")]
+    NoDecodeWorker,
+    /// [`PdFlow::run_late_decode`](crate::PdFlow::run_late_decode) was given
+    /// a connector that dispatches both legs together or whose prefill
+    /// parameters name the decode engine: the decode worker must be chosen
+    /// before the prefill. Nothing was sent.
+    #[error("the connector needs the decode worker before the prefill is dispatched")]
+    DecodeNeededAtStart,
 }
 
 impl PdError {
@@ -111,7 +122,10 @@ impl PdError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidBody => StatusCode::BAD_REQUEST,
-            Self::InvalidRequestId(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::InvalidRequestId(_) | Self::DecodeNeededAtStart => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            Self::NoDecodeWorker => StatusCode::SERVICE_UNAVAILABLE,
             Self::Connector(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::PrefillRejected { status, .. } | Self::DecodeRejected { status, .. } => *status,
             Self::PrefillFailed { .. }
@@ -127,7 +141,9 @@ impl PdError {
             Self::InvalidBody
             | Self::InvalidRequestId(_)
             | Self::Connector(_)
-            | Self::PrefillRejected { .. } => false,
+            | Self::PrefillRejected { .. }
+            | Self::NoDecodeWorker
+            | Self::DecodeNeededAtStart => false,
             Self::PrefillFailed { .. }
             | Self::DecodeFailed { .. }
             | Self::DecodeBodyFailed { .. } => true,

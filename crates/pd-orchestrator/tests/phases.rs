@@ -123,6 +123,108 @@ fn sequential_prefill_guard_ends_at_prefill_completion_decode_guard_at_end_of_st
 }
 
 #[test]
+fn late_decode_is_selected_after_the_prefill_response_and_counted_from_its_dispatch() {
+    let s = setup(vec![], FlowConfig::default());
+    let prefill_gate = Permits::new(0);
+    let decode_gate = Permits::new(1); // the response head only
+    s.transport.push(
+        Phase::Prefill,
+        Step::json(nixl_prefill_answer()).gated(&prefill_gate),
+    );
+    s.transport.push(
+        Phase::Decode,
+        Step::chunks(&["data: a\n\n"]).gated(&decode_gate),
+    );
+    let decode = endpoint(D);
+    s.backend.offer_decodes(vec![decode.clone()]);
+    let prefill = endpoint(P);
+    let mut run = Box::pin(
+        s.flow
+            .run_late_decode(&Nixl, request(true), prefill.clone()),
+    );
+
+    // The prefill is running: no decode chosen, no decode load.
+    assert!(poll_n(run.as_mut(), 4).is_pending());
+    assert_eq!(s.backend.live(&prefill, Phase::Prefill), 1);
+    assert_eq!(s.backend.live(&decode, Phase::Decode), 0);
+    assert!(
+        !s.log
+            .events()
+            .iter()
+            .any(|e| e.starts_with("select decode"))
+    );
+
+    prefill_gate.add(3); // head, body, end of body
+    let Poll::Ready(Ok(mut response)) = poll_n(run.as_mut(), 64) else {
+        panic!("the flow answers once the prefill completed");
+    };
+    assert_eq!(s.backend.live(&prefill, Phase::Prefill), 0);
+    assert_eq!(s.backend.live(&decode, Phase::Decode), 1);
+    assert_eq!(
+        events_of(
+            &s.log,
+            &["reserve", "release", "select", "send", "eof prefill"]
+        ),
+        [
+            format!("reserve prefill {P}"),
+            "send prefill".to_owned(),
+            "eof prefill".to_owned(),
+            format!("release prefill {P}"),
+            format!("select decode {D}"),
+            format!("reserve decode {D}"),
+            "send decode".to_owned(),
+        ]
+    );
+    // Both legs carry one id, fixed before any decode worker was chosen.
+    let sent = s.transport.sent();
+    let id = "___prefill_addr_10.0.0.1:8000___decode_addr__r1";
+    assert_eq!(sent[0].headers["x-request-id"], id);
+    assert_eq!(sent[1].headers["x-request-id"], id);
+    assert_eq!(sent[1].url, format!("{D}/v1/completions"));
+
+    decode_gate.add(2);
+    assert_eq!(read_all(&mut response.body).unwrap(), b"data: a\n\n");
+    assert_eq!(s.backend.live(&decode, Phase::Decode), 0);
+    drop(response);
+    s.backend.assert_balanced();
+}
+
+#[test]
+fn late_decode_with_no_decode_worker_left_fails_after_releasing_the_prefill() {
+    let s = setup(vec![], FlowConfig::default());
+    s.transport
+        .push(Phase::Prefill, Step::json(nixl_prefill_answer()));
+    let error = ready(s.flow.run_late_decode(&Nixl, request(false), endpoint(P))).unwrap_err();
+    assert!(matches!(error, PdError::NoDecodeWorker), "{error:?}");
+    assert_eq!(error.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(!error.is_retryable());
+    assert_eq!(s.transport.sent().len(), 1, "no decode leg was sent");
+    assert_eq!(
+        s.backend.outcome_kinds(),
+        [(Phase::Prefill, LegOutcome::Success)]
+    );
+    s.backend.assert_balanced();
+}
+
+#[test]
+fn late_decode_refuses_connectors_that_need_the_decode_first() {
+    let s = setup(vec![], FlowConfig::default());
+    for connector in [
+        &MoriIo::new(MoriIoMode::Read) as &dyn pd_orchestrator::KvConnector,
+        &Mooncake::concurrent(),
+    ] {
+        let error = ready(
+            s.flow
+                .run_late_decode(connector, request(false), endpoint(P)),
+        )
+        .unwrap_err();
+        assert!(matches!(error, PdError::DecodeNeededAtStart), "{error:?}");
+    }
+    assert!(s.transport.sent().is_empty());
+    assert_eq!(s.backend.reserved(), 0);
+}
+
+#[test]
 fn client_dropping_a_stalled_stream_releases_decode_promptly() {
     let s = setup(vec![], FlowConfig::default());
     let decode_gate = Permits::new(2); // head + first chunk, then the upstream stalls

@@ -19,11 +19,22 @@
 //! (a cache-aware policy inserts the prompt into its tree when it selects),
 //! so a refused request leaves no tree entry and no load behind
 //! (invariant 13). Then the prefill policy chooses and the prefill worker is
-//! reserved; then the decode policy chooses, and the decode worker is
-//! reserved too when the connector dispatches both legs at once. With a
-//! sequential connector the decode reservation is taken only when the decode
-//! leg is dispatched, so decode load is not counted during a long prefill
-//! (invariant 9).
+//! reserved.
+//!
+//! When the connector dispatches both legs at once (Mooncake, MoRI-IO
+//! WRITE), the decode policy chooses in the same step and the decode worker
+//! is reserved too. With NIXL and sequential Mooncake
+//! ([`PdPools::late_decode`]) the request starts with
+//! [`PdPools::select_prefill`]: the decode worker is chosen only when the
+//! prefill has completed, by the decode policy inside the decode pool's
+//! serialized step, and reserved in that same step right before the decode
+//! leg is dispatched. A load-aware decode policy then sees every decode leg
+//! already running, and decode load is not counted during a long prefill
+//! (invariant 9). If the decode pool emptied meanwhile, the client gets a
+//! 503 naming the decode role after the prefill was released normally.
+//! MoRI-IO READ is sequential too, but its prefill leg names the decode
+//! engine, so its decode worker is still chosen at arrival (and reserved at
+//! dispatch).
 //!
 //! # The flow
 //!
@@ -842,6 +853,9 @@ pub struct PdScope {
     request_id: String,
     failed_prefill: Mutex<Vec<Arc<Worker>>>,
     failed_decode: Mutex<Vec<Arc<Worker>>>,
+    /// The decode worker chosen at decode dispatch by the current attempt
+    /// (late decode choice), so a decode failure can exclude it.
+    late_decode: Mutex<Option<Arc<Worker>>>,
 }
 
 impl PdScope {
@@ -855,6 +869,7 @@ impl PdScope {
             request_id: String::new(),
             failed_prefill: Mutex::new(Vec::new()),
             failed_decode: Mutex::new(Vec::new()),
+            late_decode: Mutex::new(None),
         }
     }
 
@@ -878,6 +893,12 @@ impl PdScope {
         if !failed.iter().any(|w| Arc::ptr_eq(w, worker)) {
             failed.push(Arc::clone(worker));
         }
+    }
+
+    /// The decode worker chosen at decode dispatch since the last call,
+    /// if any (late decode choice; see [`PdPools::select_prefill`]).
+    pub fn take_late_decode(&self) -> Option<Arc<Worker>> {
+        lock(&self.late_decode).take()
     }
 
     fn excluded(&self, role: RoleKind) -> &Mutex<Vec<Arc<Worker>>> {
@@ -999,6 +1020,10 @@ fn phase_index(phase: Phase) -> usize {
     }
 }
 
+/// One role's candidates for a request, borrowed from the pool's list when
+/// nothing was filtered out.
+type Candidates<'a> = Cow<'a, [Arc<Worker>]>;
+
 /// Both roles' pools and policies: pair selection, and the flow's backend.
 #[derive(Debug)]
 pub struct PdPools {
@@ -1006,6 +1031,9 @@ pub struct PdPools {
     decode: PdRole,
     connector: PdConnector,
     concurrent: bool,
+    /// Sequential connector whose prefill does not name the decode engine:
+    /// the decode worker is chosen at decode dispatch.
+    late_decode: bool,
     metrics: PdMetrics,
 }
 
@@ -1041,12 +1069,15 @@ impl PdPools {
                 .unwrap_or_else(|| default_policy.clone()),
             options,
         )?;
-        let concurrent = connector.build().phase_order() == PhaseOrder::Concurrent;
+        let kv = connector.build();
+        let concurrent = kv.phase_order() == PhaseOrder::Concurrent;
+        let late_decode = !concurrent && !kv.prefill_names_decode();
         Ok(Self {
             prefill,
             decode,
             connector,
             concurrent,
+            late_decode,
             metrics: PdMetrics::default(),
         })
     }
@@ -1069,6 +1100,14 @@ impl PdPools {
     /// The per-phase counters.
     pub fn metrics(&self) -> &PdMetrics {
         &self.metrics
+    }
+
+    /// Whether the decode worker is chosen late, at decode dispatch (NIXL
+    /// and sequential Mooncake): requests then start with
+    /// [`select_prefill`](Self::select_prefill) and the flow's
+    /// `run_late_decode`.
+    pub fn late_decode(&self) -> bool {
+        self.late_decode
     }
 
     /// Chooses a (prefill, decode) pair for `scope`; see the module docs.
@@ -1099,24 +1138,62 @@ impl PdPools {
             .and_then(|inner| inner)
     }
 
+    /// Chooses and reserves only the prefill worker of a request whose
+    /// decode worker is chosen late, at decode dispatch
+    /// ([`late_decode`](Self::late_decode)). Both roles are still
+    /// reconciled and checked exactly as in
+    /// [`select_pair`](Self::select_pair), so a request that could not get
+    /// a decode worker now is refused before any state is left behind.
+    ///
+    /// # Errors
+    /// As [`select_pair`](Self::select_pair).
+    pub fn select_prefill(&self, scope: &Arc<PdScope>) -> Result<PdTarget, ApiError> {
+        self.select_prefill_at(scope, Instant::now())
+    }
+
+    /// [`select_prefill`](Self::select_prefill) with the registries read at
+    /// `now`.
+    ///
+    /// # Errors
+    /// As [`select_pair`](Self::select_pair).
+    pub fn select_prefill_at(
+        &self,
+        scope: &Arc<PdScope>,
+        now: Instant,
+    ) -> Result<PdTarget, ApiError> {
+        self.prefill
+            .step(now, |prefill_workers| {
+                self.decode.step(now, |decode_workers| {
+                    self.choose_prefill(scope, prefill_workers, decode_workers)
+                })
+            })
+            .and_then(|inner| inner)
+            .and_then(|inner| inner)
+    }
+
+    /// The decode worker of a late decode choice, chosen by the decode
+    /// policy inside the decode pool's serialized step and reserved in that
+    /// same step, so the loads the policy sees are exact.
+    fn select_decode_at(&self, scope: &Arc<PdScope>, now: Instant) -> Result<PdTarget, ApiError> {
+        self.decode
+            .step(now, |workers| {
+                let candidates = self.decode.candidates(workers, scope)?;
+                if !candidates.iter().any(|w| w.is_available()) {
+                    return Err(self.decode.unavailable(workers.len(), candidates.len()));
+                }
+                self.decode.choose(&candidates, scope, true, workers.len())
+            })
+            .and_then(|inner| inner)
+    }
+
     fn choose_pair(
         &self,
         scope: &Arc<PdScope>,
         prefill_workers: &[Arc<Worker>],
         decode_workers: &[Arc<Worker>],
     ) -> Result<PdPair, ApiError> {
-        let prefill = self.prefill.candidates(prefill_workers, scope)?;
-        let decode = self.decode.candidates(decode_workers, scope)?;
-        // Both roles are checked before either policy runs: a cache-aware
-        // policy inserts the prompt into its tree when it selects.
-        if !prefill.iter().any(|w| w.is_available()) {
-            return Err(self
-                .prefill
-                .unavailable(prefill_workers.len(), prefill.len()));
-        }
-        if !decode.iter().any(|w| w.is_available()) {
-            return Err(self.decode.unavailable(decode_workers.len(), decode.len()));
-        }
+        let (prefill, decode) =
+            self.available_candidates(scope, prefill_workers, decode_workers)?;
         let prefill = self
             .prefill
             .choose(&prefill, scope, true, prefill_workers.len())?;
@@ -1125,6 +1202,42 @@ impl PdPools {
             .decode
             .choose(&decode, scope, self.concurrent, decode_workers.len())?;
         Ok(PdPair { prefill, decode })
+    }
+
+    /// The prefill half of [`choose_pair`](Self::choose_pair) when the
+    /// decode is chosen late: both roles are checked all the same.
+    fn choose_prefill(
+        &self,
+        scope: &Arc<PdScope>,
+        prefill_workers: &[Arc<Worker>],
+        decode_workers: &[Arc<Worker>],
+    ) -> Result<PdTarget, ApiError> {
+        let (prefill, _) = self.available_candidates(scope, prefill_workers, decode_workers)?;
+        self.prefill
+            .choose(&prefill, scope, true, prefill_workers.len())
+    }
+
+    /// Both roles' candidates, or the 503 (or unknown model) of the first
+    /// role without an available one. Both roles are checked before either
+    /// policy runs: a cache-aware policy inserts the prompt into its tree
+    /// when it selects.
+    fn available_candidates<'a>(
+        &self,
+        scope: &PdScope,
+        prefill_workers: &'a [Arc<Worker>],
+        decode_workers: &'a [Arc<Worker>],
+    ) -> Result<(Candidates<'a>, Candidates<'a>), ApiError> {
+        let prefill = self.prefill.candidates(prefill_workers, scope)?;
+        let decode = self.decode.candidates(decode_workers, scope)?;
+        if !prefill.iter().any(|w| w.is_available()) {
+            return Err(self
+                .prefill
+                .unavailable(prefill_workers.len(), prefill.len()));
+        }
+        if !decode.iter().any(|w| w.is_available()) {
+            return Err(self.decode.unavailable(decode_workers.len(), decode.len()));
+        }
+        Ok((prefill, decode))
     }
 
     /// Every worker of both roles (prefill first), as last reconciled.
@@ -1319,6 +1432,20 @@ impl PdBackend for PdPools {
             })
             .ok()
             .flatten()
+    }
+
+    fn select_decode(&self, prefill: &PdTarget) -> Option<PdTarget> {
+        let scope = &prefill.0.scope;
+        match self.select_decode_at(scope, Instant::now()) {
+            Ok(decode) => {
+                *lock(&scope.late_decode) = Some(Arc::clone(&decode.0.worker));
+                Some(decode)
+            }
+            Err(err) => {
+                tracing::warn!(request_id = scope.request_id, %err, "no decode worker at decode dispatch");
+                None
+            }
+        }
     }
 
     fn record(
@@ -1524,9 +1651,22 @@ pub(crate) async fn proxy(
     );
     let mut retries = 0u32;
     let mut last_error: Option<PdError> = None;
+    let late_decode = pd.pools().late_decode();
     loop {
-        let pair = match pd.pools().select_pair(&scope) {
-            Ok(pair) => pair,
+        // A sequential connector whose prefill does not name the decode
+        // engine gets its decode worker chosen at decode dispatch, when the
+        // decode policy sees every decode leg already running.
+        let selected = if late_decode {
+            pd.pools()
+                .select_prefill(&scope)
+                .map(|prefill| (prefill, None))
+        } else {
+            pd.pools()
+                .select_pair(&scope)
+                .map(|pair| (pair.prefill, Some(pair.decode)))
+        };
+        let (prefill, decode) = match selected {
+            Ok(selected) => selected,
             // On a retry with no fresh pair left, the client hears why the
             // last attempt failed rather than that nothing is left.
             Err(err) => {
@@ -1536,10 +1676,8 @@ pub(crate) async fn proxy(
                 };
             }
         };
-        let (prefill_worker, decode_worker) = (
-            Arc::clone(pair.prefill.worker()),
-            Arc::clone(pair.decode.worker()),
-        );
+        let prefill_worker = Arc::clone(prefill.worker());
+        let mut decode_worker = decode.as_ref().map(|d| Arc::clone(d.worker()));
         let attempt_body = match body.take() {
             Some(body) => body,
             None => parse(&bytes)?,
@@ -1556,10 +1694,21 @@ pub(crate) async fn proxy(
             request_id: attempt_id,
             forward: forward.clone(),
         };
-        let run = pd
-            .flow
-            .run(&pd.connector, request, pair.prefill, pair.decode);
-        let error = match tokio::time::timeout_at(deadline, run).await {
+        let run = async {
+            match decode {
+                Some(decode) => pd.flow.run(&pd.connector, request, prefill, decode).await,
+                None => {
+                    pd.flow
+                        .run_late_decode(&pd.connector, request, prefill)
+                        .await
+                }
+            }
+        };
+        let outcome = tokio::time::timeout_at(deadline, run).await;
+        if late_decode {
+            decode_worker = scope.take_late_decode();
+        }
+        let error = match outcome {
             Err(_elapsed) => {
                 return Err(ApiError::GatewayTimeout(
                     "the prefill/decode request exceeded its deadline".into(),
@@ -1595,7 +1744,11 @@ pub(crate) async fn proxy(
         match &error {
             PdError::DecodeFailed { .. }
             | PdError::DecodeRejected { .. }
-            | PdError::DecodeBodyFailed { .. } => scope.exclude(&decode_worker),
+            | PdError::DecodeBodyFailed { .. } => {
+                if let Some(decode_worker) = &decode_worker {
+                    scope.exclude(decode_worker);
+                }
+            }
             PdError::PrefillFailed { .. } => scope.exclude(&prefill_worker),
             _ => {}
         }
@@ -1651,6 +1804,10 @@ fn pd_error(error: PdError, request_id: &RequestId) -> Result<Response<BoxBody>,
         }
         PdError::InvalidBody => Err(ApiError::InvalidRequest(error.to_string())),
         PdError::Connector(_) => Err(ApiError::NoAvailableWorker(error.to_string())),
+        PdError::NoDecodeWorker => Err(ApiError::NoAvailableWorker(
+            "no decode worker is available (the decode pool emptied while the prefill ran)"
+                .to_owned(),
+        )),
         other => Err(ApiError::BadGateway(other.to_string())),
     }
 }

@@ -1089,3 +1089,172 @@ async fn startup_errors_name_the_problem() {
         "{message}"
     );
 }
+
+/// A burst of streamed NIXL requests whose prefills are slow, with a
+/// least-loaded decode policy: the decode worker is chosen when each
+/// prefill completes, seeing the decode legs already dispatched, so the
+/// burst spreads over both decode engines. (Chosen at arrival, every
+/// request of the burst would see both decode loads at 0 and the same tie
+/// break, the engine that served the warm-up request having processed
+/// more, and all would land on the other engine.)
+#[tokio::test]
+async fn late_decode_choice_spreads_a_burst_of_slow_prefills_over_both_decode_engines() {
+    let registry = TransferRegistry::new();
+    let mut prefill_config = engine(
+        Role::Prefill,
+        KvConnector::Nixl,
+        MoriioMode::Read,
+        "prefill-0",
+    );
+    prefill_config.faults.stall_before_headers = Some(Duration::from_millis(300));
+    let prefill = vec![spawn(prefill_config, &registry).await];
+    let mut decode = Vec::new();
+    for i in 0..2 {
+        let mut config = engine(
+            Role::Decode,
+            KvConnector::Nixl,
+            MoriioMode::Read,
+            &format!("decode-{i}"),
+        );
+        // Every decode leg stays in flight well past the last prefill.
+        config.faults.stall_after_headers = Some(Duration::from_secs(1));
+        decode.push(spawn(config, &registry).await);
+    }
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill = prefill
+        .iter()
+        .map(|h| worker_config(h, PdConnector::Nixl))
+        .collect();
+    pd.decode = decode
+        .iter()
+        .map(|h| worker_config(h, PdConnector::Nixl))
+        .collect();
+    pd.decode_policy = Some(lb_policies::PolicyConfig::named("least_loaded"));
+    let router = Router::start(router_config(pd, "round_robin"))
+        .await
+        .unwrap();
+    let fixture = PdFixture::serve(router, prefill, decode).await;
+    assert!(fixture.pd().late_decode());
+
+    let request = |i: usize| {
+        let addr = fixture.addr;
+        async move {
+            let (status, _, bytes) = call(
+                addr,
+                "POST",
+                "/v1/completions",
+                &[("content-type", "application/json")],
+                completion_body(&format!("Burst request {i} wants a story."), true),
+            )
+            .await;
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            assert_eq!(status, StatusCode::OK, "{text}");
+            assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+        }
+    };
+    // One request alone first: its decode engine has processed one more.
+    request(0).await;
+    let served = |fixture: &PdFixture| -> Vec<u64> {
+        fixture
+            .decode
+            .iter()
+            .map(|h| h.stats().kv_transfers_valid)
+            .collect()
+    };
+    let before = served(&fixture);
+    assert_eq!(before.iter().sum::<u64>(), 1);
+
+    const BURST: usize = 6;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 1..=BURST {
+        tasks.spawn(request(i));
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let after = served(&fixture);
+    let burst: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(burst.iter().sum::<u64>(), BURST as u64, "{burst:?}");
+    assert!(
+        burst.iter().all(|&n| n >= 2),
+        "the burst's decode legs did not spread over both engines: {burst:?}"
+    );
+    for handle in &fixture.decode {
+        assert_eq!(invalid_transfers(handle), 0);
+    }
+    assert_eq!(fixture.pd().decode().unavailable_count(), 0);
+    fixture.assert_loads_return_to_zero().await;
+    fixture.shutdown().await;
+}
+
+/// The decode pool empties while a NIXL prefill runs: the late decode
+/// choice finds nobody, the client gets a 503 naming the decode role, and
+/// the prefill's load was released normally.
+#[tokio::test]
+async fn decode_pool_emptied_during_the_prefill_is_a_503_naming_decode() {
+    let registry = TransferRegistry::new();
+    let mut prefill_config = engine(
+        Role::Prefill,
+        KvConnector::Nixl,
+        MoriioMode::Read,
+        "prefill-0",
+    );
+    prefill_config.faults.stall_before_headers = Some(Duration::from_millis(300));
+    let prefill = vec![spawn(prefill_config, &registry).await];
+    let decode = vec![
+        spawn(
+            engine(
+                Role::Decode,
+                KvConnector::Nixl,
+                MoriioMode::Read,
+                "decode-0",
+            ),
+            &registry,
+        )
+        .await,
+    ];
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill = vec![worker_config(&prefill[0], PdConnector::Nixl)];
+    pd.decode = vec![worker_config(&decode[0], PdConnector::Nixl)];
+    let router = Router::start(router_config(pd, "round_robin"))
+        .await
+        .unwrap();
+    let fixture = PdFixture::serve(router, prefill, decode).await;
+    let addr = fixture.addr;
+    let request = tokio::spawn(async move {
+        call(
+            addr,
+            "POST",
+            "/v1/completions",
+            &[("content-type", "application/json")],
+            completion_body("Nobody will decode this.", false),
+        )
+        .await
+    });
+    // Wait (bounded) until the prefill is in flight, then drain the decode.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fixture.prefill_workers()[0].load() == 0 {
+        assert!(Instant::now() < deadline, "the prefill never started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let decode_endpoint = Endpoint::new(&fixture.decode[0].url(), None).unwrap();
+    let drained = fixture
+        .pd()
+        .decode()
+        .remove_worker(&decode_endpoint, tokio::time::Instant::now())
+        .await
+        .unwrap();
+    assert!(drained, "no decode load while the prefill runs");
+    let (status, _, bytes) = request.await.unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+    assert!(text.contains("decode"), "{text}");
+    assert_eq!(
+        fixture.pd().metrics().outcomes(Phase::Prefill, "success"),
+        1
+    );
+    assert_eq!(fixture.pd().metrics().outcomes(Phase::Decode, "success"), 0);
+    assert_eq!(fixture.pd().decode().unavailable_count(), 1);
+    fixture.assert_loads_return_to_zero().await;
+    fixture.shutdown().await;
+}

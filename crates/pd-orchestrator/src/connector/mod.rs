@@ -105,6 +105,17 @@ pub trait KvConnector: Send + Sync {
     /// Whether decode waits for the prefill response.
     fn phase_order(&self) -> PhaseOrder;
 
+    /// Whether the prefill leg's parameters name the decode engine, so the
+    /// decode worker must be known before the prefill is dispatched. When
+    /// `false` (and the order is [`PhaseOrder::Sequential`]) the decode
+    /// worker may be chosen after the prefill finished
+    /// ([`PdFlow::run_late_decode`](crate::PdFlow::run_late_decode)), and
+    /// [`prefill_params`](Self::prefill_params) must not read
+    /// [`LegContext::decode`]. Defaults to `true`, the safe answer.
+    fn prefill_names_decode(&self) -> bool {
+        true
+    }
+
     /// The `kv_transfer_params` object of the prefill body.
     ///
     /// # Errors
@@ -134,6 +145,9 @@ impl<C: KvConnector + ?Sized> KvConnector for &C {
     fn phase_order(&self) -> PhaseOrder {
         (**self).phase_order()
     }
+    fn prefill_names_decode(&self) -> bool {
+        (**self).prefill_names_decode()
+    }
     fn prefill_params(&self, ctx: &LegContext<'_>) -> Result<Value, ConnectorError> {
         (**self).prefill_params(ctx)
     }
@@ -152,6 +166,9 @@ impl<C: KvConnector + ?Sized> KvConnector for std::sync::Arc<C> {
     }
     fn phase_order(&self) -> PhaseOrder {
         (**self).phase_order()
+    }
+    fn prefill_names_decode(&self) -> bool {
+        (**self).prefill_names_decode()
     }
     fn prefill_params(&self, ctx: &LegContext<'_>) -> Result<Value, ConnectorError> {
         (**self).prefill_params(ctx)

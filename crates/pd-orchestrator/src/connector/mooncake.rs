@@ -75,6 +75,10 @@ impl KvConnector for Mooncake {
         self.order
     }
 
+    fn prefill_names_decode(&self) -> bool {
+        false
+    }
+
     fn prefill_params(&self, ctx: &LegContext<'_>) -> Result<Value, ConnectorError> {
         let mut params = Map::with_capacity(3);
         params.insert("do_remote_decode".to_owned(), Value::Bool(true));

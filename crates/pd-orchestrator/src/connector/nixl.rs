@@ -33,6 +33,10 @@ impl KvConnector for Nixl {
         PhaseOrder::Sequential
     }
 
+    fn prefill_names_decode(&self) -> bool {
+        false
+    }
+
     fn prefill_params(&self, _ctx: &LegContext<'_>) -> Result<Value, ConnectorError> {
         let mut params = Map::with_capacity(6);
         params.insert("do_remote_decode".to_owned(), Value::Bool(true));

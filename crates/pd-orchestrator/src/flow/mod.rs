@@ -275,6 +275,23 @@ where
     where
         C: KvConnector + ?Sized,
     {
+        self.run_with(connector, request, prefill, Some(decode))
+            .await
+    }
+
+    /// The flow; `decode` is `None` only for a late decode choice, which
+    /// [`run_late_decode`](Self::run_late_decode) allows only for
+    /// sequential connectors.
+    async fn run_with<C>(
+        &self,
+        connector: &C,
+        request: PdRequest,
+        prefill: Bk::Worker,
+        decode: Option<Bk::Worker>,
+    ) -> Result<PdResponse<T::Body, Bk>, PdError>
+    where
+        C: KvConnector + ?Sized,
+    {
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         let PdRequest {
             path,
@@ -306,10 +323,43 @@ where
                     .await
             }
             PhaseOrder::Concurrent => {
+                let decode = decode.ok_or(PdError::DecodeNeededAtStart)?;
                 self.run_concurrent(connector, legs, prefill_body, decode_body, prefill, decode)
                     .await
             }
         }
+    }
+
+    /// Runs `request` with a sequential connector whose prefill does not
+    /// name the decode engine, choosing the decode worker late: the prefill
+    /// (with its retries) runs first, then
+    /// [`PdBackend::select_decode`] supplies the decode worker and its
+    /// guard is reserved right before the decode leg is dispatched.
+    ///
+    /// Both legs carry the same `X-Request-Id`, fixed when the prefill is
+    /// dispatched; its decode address is empty because no decode worker
+    /// was chosen yet.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run), plus [`PdError::NoDecodeWorker`] when the
+    /// backend has no decode worker once the prefill completed (the prefill
+    /// phase already ended and recorded its outcome), and
+    /// [`PdError::DecodeNeededAtStart`] for a connector that needs the
+    /// decode worker before the prefill (see
+    /// [`KvConnector::prefill_names_decode`]).
+    pub async fn run_late_decode<C>(
+        &self,
+        connector: &C,
+        request: PdRequest,
+        prefill: Bk::Worker,
+    ) -> Result<PdResponse<T::Body, Bk>, PdError>
+    where
+        C: KvConnector + ?Sized,
+    {
+        if connector.phase_order() != PhaseOrder::Sequential || connector.prefill_names_decode() {
+            return Err(PdError::DecodeNeededAtStart);
+        }
+        self.run_with(connector, request, prefill, None).await
     }
 
     fn limits(&self) -> Limits {
@@ -326,15 +376,23 @@ where
         mut prefill_body: Map<String, Value>,
         mut decode_body: Map<String, Value>,
         mut prefill: Bk::Worker,
-        decode: Bk::Worker,
+        decode: Option<Bk::Worker>,
     ) -> Result<PdResponse<T::Body, Bk>, PdError> {
         let max_attempts = self.config.max_prefill_attempts.max(1);
         let mut attempt = 0;
         let (mut prefill_response, wire_id) = loop {
-            let ctx = legs.context(attempt, &prefill, &decode);
+            // Late decode: the connector's prefill parameters do not read
+            // the decode endpoint, and the wire id leaves its address empty.
+            let ctx = legs.context(attempt, &prefill, decode.as_ref().unwrap_or(&prefill));
+            let decode_addr = decode.as_ref().map(|d| d.endpoint().kv_addr());
             let params = connector.prefill_params(&ctx)?;
             prefill_body.insert(KV_TRANSFER_PARAMS.to_owned(), params);
-            let (leg, wire_id) = legs.build(Phase::Prefill, &ctx, ctx.prefill, &prefill_body)?;
+            let wire_id = p2p_request_id(
+                &ctx.prefill.kv_addr(),
+                decode_addr.as_deref().unwrap_or(""),
+                legs.request_id,
+            );
+            let leg = legs.leg(Phase::Prefill, ctx.prefill, &wire_id, &prefill_body)?;
             let lease = PhaseLease::reserve(&self.backend, prefill.clone(), Phase::Prefill);
             let sent = self.transport.send(leg);
             let failure = match run_prefill_leg(sent, lease, self.limits()).await {
@@ -370,6 +428,13 @@ where
             }
         };
 
+        let decode = match decode {
+            Some(decode) => decode,
+            None => self
+                .backend
+                .select_decode(&prefill)
+                .ok_or(PdError::NoDecodeWorker)?,
+        };
         let ctx = legs.context(attempt, &prefill, &decode);
         let mut handoff = connector.decode_params(&ctx, Some(&mut prefill_response))?;
         let handoff_kind = self.note_handoff(&handoff, &ctx, connector);

@@ -136,6 +136,24 @@ pub trait PdBackend: Send + Sync + 'static {
     /// `failed` failed, or `None` to give up.
     fn reselect_prefill(&self, failed: &Self::Worker, attempt: u32) -> Option<Self::Worker>;
 
+    /// The decode worker of a flow started with
+    /// [`PdFlow::run_late_decode`](crate::PdFlow::run_late_decode), chosen
+    /// when the prefill on `prefill` has completed, right before the decode
+    /// leg is dispatched; [`reserve`](Self::reserve) for
+    /// [`Phase::Decode`] follows at once. `None`: no decode worker is
+    /// available, and the flow fails with
+    /// [`PdError::NoDecodeWorker`](crate::PdError::NoDecodeWorker).
+    ///
+    /// Choosing here rather than at arrival lets a load-aware decode policy
+    /// see every decode leg already dispatched, not a choice made while
+    /// other requests were still in their prefill. The default has no
+    /// decode worker to offer: a backend used only with
+    /// [`PdFlow::run`](crate::PdFlow::run) need not implement it.
+    fn select_decode(&self, prefill: &Self::Worker) -> Option<Self::Worker> {
+        let _ = prefill;
+        None
+    }
+
     /// Records how a leg ended. Called exactly once per reserved guard,
     /// right after the guard is released. `status` is the response status
     /// when a response head arrived (`None`: the leg failed or was abandoned

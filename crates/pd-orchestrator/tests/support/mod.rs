@@ -301,6 +301,7 @@ pub struct TestBackend {
     outcomes: Mutex<Vec<(String, Phase, LegOutcome)>>,
     statuses: Mutex<Vec<(Phase, Option<u16>)>>,
     spare_prefills: Mutex<VecDeque<Arc<Endpoint>>>,
+    late_decodes: Mutex<VecDeque<Arc<Endpoint>>>,
     pub log: Log,
 }
 
@@ -339,6 +340,11 @@ impl TestBackend {
             spare_prefills: Mutex::new(spares.into()),
             ..Self::default()
         })
+    }
+    /// Queues decode workers that `select_decode` hands out, in order
+    /// (none queued: no decode worker is available).
+    pub fn offer_decodes(&self, decodes: Vec<Arc<Endpoint>>) {
+        self.late_decodes.lock().unwrap().extend(decodes);
     }
     pub fn live(&self, worker: &Endpoint, phase: Phase) -> i64 {
         let key = (worker.base_url().to_owned(), phase);
@@ -410,6 +416,17 @@ impl PdBackend for TestBackend {
 
     fn reselect_prefill(&self, _failed: &Arc<Endpoint>, _attempt: u32) -> Option<Arc<Endpoint>> {
         self.spare_prefills.lock().unwrap().pop_front()
+    }
+
+    fn select_decode(&self, _prefill: &Arc<Endpoint>) -> Option<Arc<Endpoint>> {
+        let chosen = self.late_decodes.lock().unwrap().pop_front();
+        match &chosen {
+            Some(decode) => self
+                .log
+                .push(format!("select decode {}", decode.base_url())),
+            None => self.log.push("select decode none"),
+        }
+        chosen
     }
 
     fn record(
