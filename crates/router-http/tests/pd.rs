@@ -1248,7 +1248,10 @@ async fn decode_pool_emptied_during_the_prefill_is_a_503_naming_decode() {
     let (status, _, bytes) = request.await.unwrap();
     let text = String::from_utf8_lossy(&bytes);
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
-    assert!(text.contains("decode"), "{text}");
+    let error = json(&bytes);
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("decode"), "{message}");
+    assert_eq!(error["error"]["code"], "no_available_worker");
     assert_eq!(
         fixture.pd().metrics().outcomes(Phase::Prefill, "success"),
         1
