@@ -45,10 +45,11 @@ pub struct SimConfig {
     /// The policy placing decode legs in P/D mode. Default `least_loaded`.
     pub decode_policy: String,
     /// P/D: choose the decode worker when the prefill completes instead of
-    /// at arrival. Default `false`: as the router does, the (prefill,
-    /// decode) pair is chosen at arrival (pd-orchestrator's flow takes both
-    /// workers up front) while the decode guard is reserved only when the
-    /// decode leg is sent, so requests waiting for their prefill are not
+    /// at arrival — what the router does for NIXL and sequential Mooncake
+    /// (`PdFlow::run_late_decode`). Default `false`: the pair is chosen at
+    /// arrival, as the router still does for MoRI-IO READ and the
+    /// concurrent connectors, while the decode guard is reserved only when
+    /// the decode leg is sent, so requests waiting for their prefill are not
     /// yet decode load.
     pub late_decode_choice: bool,
     /// Seed of the random policies (`random`, `power_of_two`). Default 1.
