@@ -153,9 +153,9 @@ pub fn escape_label(value: &str) -> std::borrow::Cow<'_, str> {
 #[derive(Debug)]
 pub struct RouterMetrics {
     /// Responses by route and status class: `[route][class]`, class 1xx..5xx.
-    responses: [[Counter; 5]; ROUTES.len()],
+    responses: [[Counter; 5]; crate::Route::ALL.len()],
     /// Request durations to response headers, by route.
-    header_latency: [Histogram; ROUTES.len()],
+    header_latency: [Histogram; crate::Route::ALL.len()],
     /// Errors the router answered itself, by code.
     errors: [Counter; ERROR_CODES.len()],
     /// Upstream failures before a response, by kind.
@@ -171,26 +171,6 @@ pub struct RouterMetrics {
     /// Prefix match rate (matched / input) of cache-aware decisions.
     pub match_rate: Histogram,
 }
-
-const ROUTES: [&str; 17] = [
-    "chat_completions",
-    "completions",
-    "embeddings",
-    "rerank",
-    "responses",
-    "generate",
-    "other",
-    "models",
-    "health",
-    "liveness",
-    "readiness",
-    "metrics",
-    "add_worker",
-    "remove_worker",
-    "list_workers",
-    "workers",
-    "register",
-];
 
 const ERROR_CODES: [&str; 16] = [
     "invalid_json",
@@ -237,7 +217,7 @@ impl RouterMetrics {
         status: http::StatusCode,
         elapsed: Duration,
     ) {
-        let route = route_index(route.label());
+        let route = route.index();
         let class = (status.as_u16() / 100).clamp(1, 5) as usize - 1;
         self.responses[route][class].inc();
         self.header_latency[route].observe_duration(elapsed);
@@ -266,7 +246,7 @@ impl RouterMetrics {
     /// Responses recorded for `route` with a status in `class` (1 to 5).
     pub fn responses(&self, route: crate::Route, class: u16) -> u64 {
         let class = class.clamp(1, 5) as usize - 1;
-        self.responses[route_index(route.label())][class].get()
+        self.responses[route.index()][class].get()
     }
 
     /// Writes every series in the text format.
@@ -277,7 +257,11 @@ impl RouterMetrics {
             "counter",
             "Responses by route and status class.",
         );
-        for (route, classes) in ROUTES.iter().zip(&self.responses) {
+        for (route, classes) in crate::Route::ALL
+            .iter()
+            .map(|r| r.label())
+            .zip(&self.responses)
+        {
             for (class, counter) in classes.iter().enumerate() {
                 let value = counter.get();
                 if value > 0 {
@@ -292,7 +276,11 @@ impl RouterMetrics {
             "histogram",
             "Time from request arrival to response headers, by route.",
         );
-        for (route, histogram) in ROUTES.iter().zip(&self.header_latency) {
+        for (route, histogram) in crate::Route::ALL
+            .iter()
+            .map(|r| r.label())
+            .zip(&self.header_latency)
+        {
             if histogram.count() > 0 {
                 histogram.render(
                     out,
@@ -363,10 +351,6 @@ impl RouterMetrics {
         );
         self.match_rate.render(out, "router_cache_match_rate", "");
     }
-}
-
-fn route_index(label: &str) -> usize {
-    ROUTES.iter().position(|r| *r == label).unwrap_or(6)
 }
 
 #[cfg(test)]

@@ -37,6 +37,51 @@ pub enum Route {
 }
 
 impl Route {
+    /// Every route, in the order of [`Route::index`].
+    pub const ALL: [Route; 17] = [
+        Self::Proxy(RouteKind::ChatCompletions),
+        Self::Proxy(RouteKind::Completions),
+        Self::Proxy(RouteKind::Embeddings),
+        Self::Proxy(RouteKind::Rerank),
+        Self::Proxy(RouteKind::Responses),
+        Self::Proxy(RouteKind::Generate),
+        Self::Proxy(RouteKind::Other),
+        Self::Models,
+        Self::Health,
+        Self::Liveness,
+        Self::Readiness,
+        Self::Metrics,
+        Self::AddWorker,
+        Self::RemoveWorker,
+        Self::ListWorkers,
+        Self::Workers,
+        Self::Register,
+    ];
+
+    /// This route's position in [`Route::ALL`], for per-route counters
+    /// kept in fixed arrays.
+    pub const fn index(self) -> usize {
+        match self {
+            Self::Proxy(RouteKind::ChatCompletions) => 0,
+            Self::Proxy(RouteKind::Completions) => 1,
+            Self::Proxy(RouteKind::Embeddings) => 2,
+            Self::Proxy(RouteKind::Rerank) => 3,
+            Self::Proxy(RouteKind::Responses) => 4,
+            Self::Proxy(RouteKind::Generate) => 5,
+            Self::Proxy(RouteKind::Other) => 6,
+            Self::Models => 7,
+            Self::Health => 8,
+            Self::Liveness => 9,
+            Self::Readiness => 10,
+            Self::Metrics => 11,
+            Self::AddWorker => 12,
+            Self::RemoveWorker => 13,
+            Self::ListWorkers => 14,
+            Self::Workers => 15,
+            Self::Register => 16,
+        }
+    }
+
     /// Routes `method` and `path` (without the query).
     pub fn of(method: &Method, path: &str) -> Self {
         let path = path
@@ -178,6 +223,17 @@ mod tests {
         assert!(!Route::of(&Method::GET, "/workers").is_admin());
         assert!(!Route::of(&Method::GET, "/health").needs_api_key());
         assert!(Route::of(&Method::POST, "/v1/completions").needs_api_key());
+    }
+
+    #[test]
+    fn every_route_has_its_own_index_and_label() {
+        for (position, route) in Route::ALL.iter().enumerate() {
+            assert_eq!(route.index(), position, "{route:?}");
+        }
+        let mut labels: Vec<_> = Route::ALL.iter().map(|r| r.label()).collect();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), Route::ALL.len());
     }
 
     #[test]
