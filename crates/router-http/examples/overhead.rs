@@ -5,6 +5,7 @@
 //! cargo run --release -p router-http --example overhead -- --json
 //! cargo run --release -p router-http --example overhead -- --quick
 //! cargo run --release -p router-http --example overhead -- --sustain 600
+//! cargo run --release -p router-http --example overhead -- --only 1KB_stream16_32c
 //! ```
 //!
 //! `--sustain SECS` instead runs cache_aware at 32 connections with a unique
@@ -91,7 +92,22 @@ fn main() {
     if quick {
         cases.retain(|c| c.body_bytes == 1024 && c.connections != 256);
     }
+    // `--only 1KB_nonstream_32c` runs one case (for profiling).
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     for case in cases {
+        let name = format!(
+            "{}KB_{}_{}c",
+            case.body_bytes / 1024,
+            if case.stream { "stream16" } else { "nonstream" },
+            case.connections
+        );
+        if only.as_ref().is_some_and(|only| *only != name) {
+            continue;
+        }
         let direct = measure(case, upstream, None, duration);
         let mut entry = serde_json::Map::new();
         entry.insert("direct_rps".into(), round(direct.rps).into());
@@ -110,12 +126,6 @@ fn main() {
                 }),
             );
         }
-        let name = format!(
-            "{}KB_{}_{}c",
-            case.body_bytes / 1024,
-            if case.stream { "stream16" } else { "nonstream" },
-            case.connections
-        );
         if !json {
             eprintln!("{name}: {}", serde_json::Value::Object(entry.clone()));
         }

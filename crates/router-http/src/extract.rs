@@ -16,8 +16,10 @@
 
 use crate::error::ApiError;
 use serde::Deserialize;
-use serde::de::IgnoredAny;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
 
 /// Which OpenAI-style route a body was sent to; decides how it is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,15 +206,20 @@ struct Message<'a> {
     content: Content<'a>,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(untagged)]
+/// A message's content as the router reads it.
+///
+/// Deserialized by hand rather than as an untagged enum: serde tries an
+/// untagged enum's variants in order against a buffered copy of the value,
+/// and every failed attempt formats an error message that quotes the whole
+/// string, which cost more than the rest of the parse on long prompts.
+#[derive(Default)]
 enum Content<'a> {
     #[default]
     Missing,
-    Text(#[serde(borrow)] Cow<'a, str>),
-    Parts(#[serde(borrow)] Vec<ContentPart<'a>>),
-    // `null` content (assistant tool calls) and anything unexpected.
-    Other(IgnoredAny),
+    Text(Cow<'a, str>),
+    Parts(Vec<ContentPart<'a>>),
+    /// `null` content (assistant tool calls) and anything unexpected.
+    Other,
 }
 
 impl Content<'_> {
@@ -223,7 +230,7 @@ impl Content<'_> {
                 .iter()
                 .map(|part| part.text.as_ref().map_or(0, |text| text.len()))
                 .sum(),
-            Self::Missing | Self::Other(_) => 0,
+            Self::Missing | Self::Other => 0,
         }
     }
 
@@ -235,48 +242,385 @@ impl Content<'_> {
                     out.push_str(text);
                 }
             }
-            Self::Missing | Self::Other(_) => {}
+            Self::Missing | Self::Other => {}
         }
     }
 }
 
-#[derive(Deserialize)]
+impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ContentVisitor<'a>(PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> Visitor<'de> for ContentVisitor<'a> {
+            type Value = Content<'a>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("message content: a string or a list of content parts")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+                Ok(Content::Text(Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(Content::Text(Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
+                Ok(Content::Text(Cow::Owned(text)))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+                while let Some(part) = seq.next_element::<ContentPart<'a>>()? {
+                    parts.push(part);
+                }
+                Ok(Content::Parts(parts))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                drain_map(map)?;
+                Ok(Content::Other)
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Content::Other)
+            }
+        }
+
+        deserializer.deserialize_any(ContentVisitor(PhantomData))
+    }
+}
+
+/// One part of multi-part content: only its `text` is read. A part must be
+/// an object (as in the OpenAI API); a `text` that is not a string counts as
+/// no text.
 struct ContentPart<'a> {
-    #[serde(borrow, default)]
     text: Option<Cow<'a, str>>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for ContentPart<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PartVisitor<'a>(PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> Visitor<'de> for PartVisitor<'a> {
+            type Value = ContentPart<'a>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a content part object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut text = None;
+                while let Some(key) = map.next_key::<IsTextKey>()? {
+                    if key.0 && text.is_none() {
+                        text = map.next_value::<MaybeStr<'a>>()?.0;
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(ContentPart { text })
+            }
+        }
+
+        deserializer.deserialize_map(PartVisitor(PhantomData))
+    }
+}
+
+/// Whether an object key is `text`, compared without allocating.
+struct IsTextKey(bool);
+
+impl<'de> Deserialize<'de> for IsTextKey {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+
+        impl Visitor<'_> for KeyVisitor {
+            type Value = IsTextKey;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object key")
+            }
+
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<Self::Value, E> {
+                Ok(IsTextKey(key == "text"))
+            }
+        }
+
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+/// A string, borrowed from the body when it has no escapes; anything else
+/// (skipped without recursion) is `None`.
+struct MaybeStr<'a>(Option<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for MaybeStr<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct StrVisitor<'a>(PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> Visitor<'de> for StrVisitor<'a> {
+            type Value = MaybeStr<'a>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any value")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+                Ok(MaybeStr(Some(Cow::Borrowed(text))))
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(MaybeStr(Some(Cow::Owned(text.to_owned()))))
+            }
+
+            fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
+                Ok(MaybeStr(Some(Cow::Owned(text))))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(MaybeStr(None))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                drain_map(map)?;
+                Ok(MaybeStr(None))
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+        }
+
+        deserializer.deserialize_any(StrVisitor(PhantomData))
+    }
+}
+
+fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
 }
 
 /// A prompt as the OpenAI API accepts it: a string, a batch of strings, token
 /// ids, or a batch of token-id lists. A batch routes by its first element, the
-/// one whose prefix the engine processes first.
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// one whose prefix the engine processes first, so only that element is kept.
+/// Structured inputs (the Responses API's item lists) route without text.
+/// Deserialized by hand for the reason given on [`Content`].
 enum Prompt<'a> {
-    Text(#[serde(borrow)] Cow<'a, str>),
-    Texts(#[serde(borrow)] Vec<Cow<'a, str>>),
+    Text(Cow<'a, str>),
     Tokens(Vec<u32>),
-    TokenBatches(Vec<Vec<u32>>),
-    // Structured inputs (the Responses API's item lists) route without text.
-    Other(IgnoredAny),
+    Other,
 }
 
 impl Prompt<'_> {
     fn into_routing(self) -> RoutingInput {
         match self {
             Self::Text(text) => RoutingInput::Text(text.into_owned()),
-            Self::Texts(texts) => texts
-                .into_iter()
-                .next()
-                .map(|text| RoutingInput::Text(text.into_owned()))
-                .unwrap_or_default(),
             Self::Tokens(tokens) => RoutingInput::Tokens(tokens),
-            Self::TokenBatches(batches) => batches
-                .into_iter()
-                .next()
-                .map(RoutingInput::Tokens)
-                .unwrap_or_default(),
-            Self::Other(_) => RoutingInput::None,
+            Self::Other => RoutingInput::None,
         }
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Prompt<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PromptVisitor<'a>(PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> Visitor<'de> for PromptVisitor<'a> {
+            type Value = Prompt<'a>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a prompt: a string, token ids, or a batch of either")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+                Ok(Prompt::Text(Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(Prompt::Text(Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
+                Ok(Prompt::Text(Cow::Owned(text)))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let prompt = match seq.next_element::<PromptItem<'a>>()? {
+                    None | Some(PromptItem::Other) => Prompt::Other,
+                    // A batch: the first element routes, the rest is skipped.
+                    Some(PromptItem::Text(text)) => Prompt::Text(text),
+                    Some(PromptItem::Tokens(tokens)) => Prompt::Tokens(tokens),
+                    // One token-id prompt: every element must be an id.
+                    Some(PromptItem::Token(first)) => {
+                        let mut tokens = Vec::with_capacity(seq.size_hint().unwrap_or(0) + 1);
+                        tokens.push(first);
+                        let mut all_ids = true;
+                        while let Some(item) = seq.next_element::<PromptItem<'a>>()? {
+                            match item {
+                                PromptItem::Token(id) if all_ids => tokens.push(id),
+                                _ => all_ids = false,
+                            }
+                        }
+                        return Ok(if all_ids {
+                            Prompt::Tokens(tokens)
+                        } else {
+                            Prompt::Other
+                        });
+                    }
+                };
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(prompt)
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                drain_map(map)?;
+                Ok(Prompt::Other)
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Prompt::Other)
+            }
+
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Prompt::Other)
+            }
+
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Prompt::Other)
+            }
+
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Prompt::Other)
+            }
+
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Prompt::Other)
+            }
+
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Prompt::Other)
+            }
+        }
+
+        deserializer.deserialize_any(PromptVisitor(PhantomData))
+    }
+}
+
+/// One element of a prompt array.
+enum PromptItem<'a> {
+    Text(Cow<'a, str>),
+    Token(u32),
+    Tokens(Vec<u32>),
+    Other,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for PromptItem<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ItemVisitor<'a>(PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> Visitor<'de> for ItemVisitor<'a> {
+            type Value = PromptItem<'a>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string, a token id or a list of token ids")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+                Ok(PromptItem::Text(Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(PromptItem::Text(Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
+                Ok(PromptItem::Text(Cow::Owned(text)))
+            }
+
+            fn visit_u64<E: de::Error>(self, id: u64) -> Result<Self::Value, E> {
+                Ok(u32::try_from(id).map_or(PromptItem::Other, PromptItem::Token))
+            }
+
+            fn visit_i64<E: de::Error>(self, id: i64) -> Result<Self::Value, E> {
+                Ok(u32::try_from(id).map_or(PromptItem::Other, PromptItem::Token))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut tokens = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                let mut all_ids = true;
+                while let Some(item) = seq.next_element::<PromptItem<'a>>()? {
+                    match item {
+                        PromptItem::Token(id) if all_ids => tokens.push(id),
+                        _ => all_ids = false,
+                    }
+                }
+                Ok(if all_ids {
+                    PromptItem::Tokens(tokens)
+                } else {
+                    PromptItem::Other
+                })
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                drain_map(map)?;
+                Ok(PromptItem::Other)
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(PromptItem::Other)
+            }
+
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(PromptItem::Other)
+            }
+
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(PromptItem::Other)
+            }
+        }
+
+        deserializer.deserialize_any(ItemVisitor(PhantomData))
     }
 }
 
@@ -351,13 +695,51 @@ mod tests {
     #[test]
     fn deep_nesting_in_a_read_field_is_refused_cleanly() {
         let depth = 100_000;
-        let mut body = String::from(r#"{"messages":[{"role":"user","content":"#);
-        body.extend(std::iter::repeat_n('[', depth));
-        body.extend(std::iter::repeat_n(']', depth));
-        body.push_str("}]}");
-        let error = extract(RouteKind::ChatCompletions, body.as_bytes()).unwrap_err();
+        let nested = |prefix: &str, suffix: &str| {
+            let mut body = String::from(prefix);
+            body.extend(std::iter::repeat_n('[', depth));
+            body.extend(std::iter::repeat_n(']', depth));
+            body.push_str(suffix);
+            body
+        };
+        // Token-id batches nest lists: past serde_json's limit it refuses.
+        let body = nested(r#"{"prompt":"#, "}");
+        let error = extract(RouteKind::Completions, body.as_bytes()).unwrap_err();
         assert_eq!(error.status(), http::StatusCode::BAD_REQUEST);
         assert!(error.to_string().contains("recursion limit"), "{error}");
+        // A content part must be an object; a list is refused at once.
+        let body = nested(r#"{"messages":[{"role":"user","content":"#, "}]}");
+        let error = extract(RouteKind::ChatCompletions, body.as_bytes()).unwrap_err();
+        assert_eq!(error.status(), http::StatusCode::BAD_REQUEST);
+        assert!(error.to_string().contains("content part"), "{error}");
+    }
+
+    #[test]
+    fn unexpected_content_and_prompt_shapes_route_without_text() {
+        let info = chat(
+            r#"{"messages":[{"role":"user","content":{"odd":[1,{"x":2}]}},
+                {"role":"tool","content":7},{"role":"user","content":[{"type":"text","text":5},
+                {"type":"text","text":"kept","text":"second text key ignored"}]}]}"#,
+        );
+        assert_eq!(info.routing.text(), Some("user: \ntool: \nuser: kept\n"));
+        for prompt in [r#"[1,"a"]"#, r#"{"k":1}"#, "[]", "-1"] {
+            let body = format!(r#"{{"prompt":{prompt}}}"#);
+            let info = extract(RouteKind::Completions, body.as_bytes()).unwrap();
+            assert_eq!(info.routing, RoutingInput::None, "{prompt}");
+        }
+        let mixed = extract(RouteKind::Completions, br#"{"prompt":[[1,"x"],[2]]}"#).unwrap();
+        assert_eq!(mixed.routing, RoutingInput::None);
+    }
+
+    #[test]
+    fn escaped_strings_are_unescaped_in_the_routing_text() {
+        let info = chat(r#"{"messages":[{"role":"user","content":"tab\there \u00e9"}]}"#);
+        assert_eq!(info.routing.text(), Some("user: tab\there \u{e9}\n"));
+        let parts =
+            chat(r#"{"messages":[{"role":"user","content":[{"text":"a\"b"},{"text":"c"}]}]}"#);
+        assert_eq!(parts.routing.text(), Some("user: a\"bc\n"));
+        let prompt = extract(RouteKind::Completions, br#"{"prompt":["x\ny","z"]}"#).unwrap();
+        assert_eq!(prompt.routing, RoutingInput::Text("x\ny".into()));
     }
 
     #[test]

@@ -71,7 +71,7 @@ pub mod server;
 
 pub use admin::HttpProbe;
 pub use body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout, IdleTimeoutError};
-pub use client::{ClientConfig, UpstreamClient, UpstreamError};
+pub use client::{ClientConfig, UpstreamBody, UpstreamClient, UpstreamError};
 pub use config::{ConfigError, RouterConfig};
 pub use error::ApiError;
 pub use extract::{RequestInfo, RouteKind, RoutingInput, extract};

@@ -94,7 +94,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use lb_policies::{PolicyConfig, PolicyRegistry, RequestContext};
 use pd_orchestrator::bootstrap::{BootstrapQuery, BootstrapRetry, Sleeper, learn_engine_ids};
 use pd_orchestrator::{
@@ -1481,7 +1480,7 @@ impl HyperTransport {
 }
 
 /// A leg's response body: hyper's, with the idle timeout.
-pub type LegBody = Pin<Box<IdleTimeout<Incoming>>>;
+pub type LegBody = Pin<Box<IdleTimeout<crate::client::UpstreamBody>>>;
 
 impl Transport for HyperTransport {
     type Body = LegBody;

@@ -477,7 +477,7 @@ impl Drop for BackgroundTasks {
 /// body, with hop-by-hop headers removed, the request id added, and the body
 /// owning the attempt's guard and the admission permit.
 fn respond(
-    response: Response<hyper::body::Incoming>,
+    response: Response<crate::client::UpstreamBody>,
     in_flight: InFlight,
     request_id: RequestId,
     shared: &Shared,

@@ -62,7 +62,12 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // One contiguous write per batch of frames instead of vectored writes:
+    // a vectored write queue holds only 16 buffers (five SSE chunks with
+    // their chunked-encoding framing), so a stream whose chunks arrived
+    // together would otherwise leave in several system calls.
+    builder.http1().writev(false);
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
