@@ -712,3 +712,21 @@ fn the_operations_guide_documents_every_flag() {
         );
     }
 }
+
+#[test]
+fn worker_networks_are_parsed_or_refused_with_the_flag_named() {
+    let s = settings(&["--worker-networks", "10.0.0.0/8", "fd00::/8"]).unwrap();
+    let printed: Vec<String> = s
+        .router
+        .worker_networks
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(printed, ["10.0.0.0/8", "fd00::/8"]);
+    assert!(settings(&[]).unwrap().router.worker_networks.is_empty());
+    let err = settings(&["--worker-networks", "10.0.0.0/40"]).unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("--worker-networks"), "{message}");
+    assert!(message.contains("10.0.0.0/40"), "{message}");
+    assert_ne!(err.exit_code(), 0);
+}

@@ -208,3 +208,38 @@ async fn a_bad_address_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("no-port"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_outside_the_allowed_networks_are_ignored() {
+    let networks = vec!["127.0.0.0/8".parse().unwrap()];
+    let discovery = ZmqDiscovery::bind_with_networks("127.0.0.1:0", TTL, networks)
+        .await
+        .unwrap();
+    let registries = discovery.registries().clone();
+    let mut engine = engine_socket(&discovery).await;
+    // Outside first, then inside: once the second is registered, the first
+    // has certainly been processed (one socket, in order).
+    engine
+        .send(registration("P", "10.1.2.3:8100", "10.1.2.3:21001"))
+        .await
+        .unwrap();
+    engine
+        .send(registration("P", "127.0.0.1:8101", "127.0.0.1:21002"))
+        .await
+        .unwrap();
+    eventually("the allowed engine is registered", || {
+        !registries
+            .prefill
+            .snapshot(Instant::now())
+            .entries
+            .is_empty()
+    })
+    .await;
+    let prefill = registries.prefill.snapshot(Instant::now());
+    let urls: Vec<String> = prefill
+        .entries
+        .iter()
+        .map(|entry| entry.endpoint.to_string())
+        .collect();
+    assert_eq!(urls, ["http://127.0.0.1:8101"]);
+}

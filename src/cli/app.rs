@@ -383,7 +383,8 @@ impl App {
         }
         if let Some(address) = &pd_settings.discovery {
             let ttl = Duration::from_secs(settings.args.vllm_discovery_ttl_secs);
-            let discovery = ZmqDiscovery::bind(address, ttl).await?;
+            let networks = settings.router.worker_networks.clone();
+            let discovery = ZmqDiscovery::bind_with_networks(address, ttl, networks).await?;
             let registries = discovery.registries();
             pd.prefill_registry = Some(Arc::clone(&registries.prefill));
             pd.decode_registry = Some(Arc::clone(&registries.decode));
@@ -623,6 +624,13 @@ async fn http_register(
                 .into_response();
         }
     };
+    // The registered URL must pass the router's run-time checks (allowed
+    // networks) before the registration touches any pool.
+    if let Ok(registration) = super::discovery::decode_json_registration(&body) {
+        if let Err(err) = router.check_worker_url(&registration.url()).await {
+            return err.into_response();
+        }
+    }
     match registries.apply_json(&body, std::time::Instant::now()) {
         Ok((registration, generation)) => {
             let answer = serde_json::json!({

@@ -181,6 +181,11 @@ pub struct Args {
     /// with no workers (add them with POST /add_worker).
     #[arg(long, num_args = 0.., value_name = "URL", help_heading = "Workers")]
     pub worker_urls: Vec<String>,
+    /// Networks (CIDR, e.g. 10.0.0.0/8) that workers added at run time
+    /// (POST /add_worker, /register) must be in; a host name is resolved and
+    /// all its addresses must be. Unset: any address.
+    #[arg(long, num_args = 0.., value_name = "CIDR", help_heading = "Workers")]
+    pub worker_networks: Vec<String>,
     /// Data-parallel ranks per worker URL: each URL becomes `url@rank`
     /// workers and requests carry `X-data-parallel-rank`.
     #[arg(long, default_value_t = 1, help_heading = "Workers")]

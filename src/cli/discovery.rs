@@ -196,6 +196,24 @@ fn validate(wire: Wire) -> Result<ZmqRegistration, MessageError> {
     })
 }
 
+/// Whether a registration's engine address is inside `networks`; a
+/// message that does not decode is left to `Registries::apply` to count.
+async fn allowed(frames: &[Bytes], networks: &[router_http::CidrBlock]) -> bool {
+    let Ok(registration) = payload_of(frames).and_then(decode_registration) else {
+        return true;
+    };
+    let Ok(uri) = registration.url().parse::<http::Uri>() else {
+        return true;
+    };
+    match router_http::allow::check_worker_address(&uri, networks, Duration::from_secs(5)).await {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!(error = %err, "ignoring a ZMQ registration outside the allowed networks");
+            false
+        }
+    }
+}
+
 /// `host:port` of a URL like `http://host:port/v1/completions`.
 fn authority_of(url: &str) -> Result<String, MessageError> {
     let uri: http::Uri = url
@@ -364,6 +382,16 @@ impl ZmqDiscovery {
     /// Binds a ROUTER socket on `address` (`HOST:PORT`; port 0 picks a free
     /// one) and starts receiving registrations with entries living `ttl`.
     pub async fn bind(address: &str, ttl: Duration) -> Result<Self, DiscoveryError> {
+        Self::bind_with_networks(address, ttl, Vec::new()).await
+    }
+
+    /// [`ZmqDiscovery::bind`], accepting only engines whose HTTP address is
+    /// inside `networks` (any when empty); others are logged and ignored.
+    pub async fn bind_with_networks(
+        address: &str,
+        ttl: Duration,
+        networks: Vec<router_http::CidrBlock>,
+    ) -> Result<Self, DiscoveryError> {
         let (host, port) = address
             .rsplit_once(':')
             .filter(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
@@ -399,6 +427,9 @@ impl ZmqDiscovery {
                 match socket.recv().await {
                     Ok(message) => {
                         let frames = message.into_vec();
+                        if !networks.is_empty() && !allowed(&frames, &networks).await {
+                            continue;
+                        }
                         if let Err(err) = feed.apply(&frames, Instant::now()) {
                             tracing::warn!(
                                 error = %err,

@@ -725,6 +725,15 @@ fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
     config.rate_limit_per_second = a.rate_limit_tokens_per_second;
     config.api_key = a.api_key.clone();
     config.admin_api_key = a.admin_api_key.clone();
+    config.worker_networks = a
+        .worker_networks
+        .iter()
+        .map(|block| {
+            block
+                .parse::<router_http::CidrBlock>()
+                .map_err(|err| CliError::invalid("worker_networks", format!("`{block}`: {err}")))
+        })
+        .collect::<Result<_, _>>()?;
     if !a.request_id_headers.is_empty() {
         config.request_id_headers = a
             .request_id_headers

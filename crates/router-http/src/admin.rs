@@ -10,7 +10,7 @@
 use crate::body::{BoxBody, BoxError};
 use crate::error::ApiError;
 use crate::metrics::{escape_label, family, sample};
-use crate::router::{Router, validate_worker_url};
+use crate::router::Router;
 use crate::routes::{Route, query_param};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -133,7 +133,7 @@ fn lifecycle_str(lifecycle: Lifecycle) -> &'static str {
 async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<BoxBody>, ApiError> {
     let url = query_param(query, "url")
         .ok_or_else(|| ApiError::InvalidRequest("missing query parameter `url`".into()))?;
-    validate_worker_url(&url)?;
+    router.check_worker_url(&url).await?;
     let endpoint =
         Endpoint::new(&url, None).map_err(|err| ApiError::InvalidRequest(err.to_string()))?;
     // In P/D mode the worker joins a role's pool: `role=prefill|decode`.

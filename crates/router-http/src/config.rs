@@ -3,6 +3,7 @@
 //! Defaults follow vllm-router's command line where it has the setting, so a
 //! deployment that switches routers keeps its behaviour.
 
+use crate::allow::CidrBlock;
 use crate::client::ClientConfig;
 use crate::headers::DEFAULT_REQUEST_ID_HEADERS;
 use crate::limits::ConcurrencyConfig;
@@ -69,6 +70,10 @@ pub struct RouterConfig {
     /// Prefill/decode disaggregation (default `None`: every worker serves
     /// whole requests). See [`crate::pd`].
     pub pd: Option<PdConfig>,
+    /// Networks that workers added at run time (`POST /add_worker`,
+    /// registration through [`crate::Router::check_worker_url`]) must be
+    /// in; empty (the default) allows any address. See [`crate::allow`].
+    pub worker_networks: Vec<CidrBlock>,
 }
 
 impl Default for RouterConfig {
@@ -96,6 +101,7 @@ impl Default for RouterConfig {
             eviction_interval: Duration::from_secs(120),
             shutdown_grace: Duration::from_secs(30),
             pd: None,
+            worker_networks: Vec::new(),
         }
     }
 }

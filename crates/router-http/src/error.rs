@@ -73,6 +73,10 @@ pub enum ApiError {
     /// The route exists but not with this method.
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// A worker URL given at run time lies outside the configured networks
+    /// (see [`crate::allow`]).
+    #[error("worker address not allowed: {0}")]
+    WorkerAddressNotAllowed(String),
 }
 
 impl ApiError {
@@ -91,6 +95,7 @@ impl ApiError {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::WorkerExists(_) => StatusCode::CONFLICT,
             Self::WorkerNotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::WorkerAddressNotAllowed(_) => StatusCode::FORBIDDEN,
         }
     }
 
@@ -103,6 +108,7 @@ impl ApiError {
             | Self::PayloadTooLarge { .. }
             | Self::WorkerNotFound(_)
             | Self::WorkerExists(_)
+            | Self::WorkerAddressNotAllowed(_)
             | Self::MethodNotAllowed => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
             Self::TooManyRequests { .. } | Self::QueueTimeout(_) => "rate_limit_error",
@@ -132,6 +138,7 @@ impl ApiError {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::WorkerExists(_) => "worker_exists",
             Self::WorkerNotReady(_) => "worker_not_ready",
+            Self::WorkerAddressNotAllowed(_) => "worker_address_not_allowed",
         }
     }
 

@@ -54,6 +54,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod allow;
 pub mod body;
 pub mod client;
 pub mod config;
@@ -70,6 +71,7 @@ pub mod routes;
 pub mod server;
 
 pub use admin::HttpProbe;
+pub use allow::{CidrBlock, CidrError};
 pub use body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout, IdleTimeoutError};
 pub use client::{ClientConfig, UpstreamBody, UpstreamClient, UpstreamError};
 pub use config::{ConfigError, RouterConfig};

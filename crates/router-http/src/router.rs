@@ -180,6 +180,24 @@ impl Router {
         &self.shared.config
     }
 
+    /// Checks a worker URL given at run time before anything is sent to
+    /// it: [`validate_worker_url`], then the configured
+    /// [`RouterConfig::worker_networks`] (a host name is resolved, within
+    /// the connect timeout, and all its addresses must be allowed). Hosts
+    /// that register workers their own way (the reference router's
+    /// `/register`) call this first.
+    pub async fn check_worker_url(&self, url: &str) -> Result<Uri, ApiError> {
+        let uri = validate_worker_url(url)?;
+        let config = &self.shared.config;
+        crate::allow::check_worker_address(
+            &uri,
+            &config.worker_networks,
+            config.client.connect_timeout,
+        )
+        .await?;
+        Ok(uri)
+    }
+
     /// Adds a regular worker at `url` (with an optional data-parallel rank
     /// and model id) without waiting for its health, and tells the policies.
     pub fn add_worker(
@@ -675,16 +693,24 @@ fn bearer(headers: &http::HeaderMap) -> Option<&str> {
         .then_some(token.trim())
 }
 
-/// Checks a worker URL before anything is sent to it: `http` or `https`, a
-/// host, an optional valid port, no user info, query or fragment.
+/// Checks a worker URL before anything is sent to it: `http`, a host, an
+/// optional valid port, no user info, query or fragment. `https` is refused
+/// with a message saying so: the router talks plain HTTP/1.1 to its workers
+/// (a private network or a sidecar terminates TLS), and accepting the URL
+/// would only turn every request to it into a failure.
 pub fn validate_worker_url(url: &str) -> Result<Uri, ApiError> {
     let invalid =
         |why: &str| ApiError::InvalidRequest(format!("invalid worker URL {url:?}: {why}"));
     let uri: Uri = url.parse().map_err(|_| invalid("not a URL"))?;
     match uri.scheme_str() {
-        Some("http" | "https") => {}
-        Some(_) => return Err(invalid("the scheme must be http or https")),
-        None => return Err(invalid("a scheme (http:// or https://) is required")),
+        Some("http") => {}
+        Some("https") => {
+            return Err(invalid(
+                "https workers are not supported; the router connects to workers over plain HTTP",
+            ));
+        }
+        Some(_) => return Err(invalid("the scheme must be http")),
+        None => return Err(invalid("a scheme (http://) is required")),
     }
     let authority = uri
         .authority()
@@ -808,8 +834,15 @@ mod tests {
     #[test]
     fn worker_urls_are_validated_before_use() {
         assert!(validate_worker_url("http://127.0.0.1:8001").is_ok());
-        assert!(validate_worker_url("https://engine.local").is_ok());
+        assert!(validate_worker_url("http://engine.local").is_ok());
         assert!(validate_worker_url("http://[::1]:8000").is_ok());
+        let https = validate_worker_url("https://engine.local").unwrap_err();
+        assert!(
+            https
+                .to_string()
+                .contains("https workers are not supported"),
+            "{https}"
+        );
         for bad in [
             "127.0.0.1:8001",
             "ftp://host",

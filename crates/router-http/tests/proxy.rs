@@ -489,6 +489,66 @@ async fn admin_add_and_remove_worker() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
+#[tokio::test]
+async fn add_worker_outside_the_allowed_networks_is_refused_without_contacting_it() {
+    let refusing = RouterConfig {
+        worker_networks: vec!["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()],
+        ..config("round_robin")
+    };
+    let fixture = Fixture::start(refusing, vec![]).await;
+    // A listener that counts connections: the router must not open one.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&accepted);
+    let accept_task = tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    for url in [
+        format!("http://127.0.0.1:{port}"),
+        format!("http://localhost:{port}"),
+    ] {
+        let (status, _, body) = call(
+            fixture.addr,
+            "POST",
+            &format!("/add_worker?url={url}"),
+            &[],
+            "",
+        )
+        .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{url}");
+        let body = json(&body);
+        assert_eq!(body["error"]["code"], "worker_address_not_allowed");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("outside the allowed networks (10.0.0.0/8, fd00::/8)"),
+            "{message}"
+        );
+    }
+    assert!(
+        fixture.workers().is_empty(),
+        "a refused URL changes no state"
+    );
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+    accept_task.abort();
+
+    // Inside the list, the worker joins as usual.
+    let allowed = RouterConfig {
+        worker_networks: vec!["127.0.0.0/8".parse().unwrap()],
+        ..config("round_robin")
+    };
+    let fixture = Fixture::start(allowed, vec![]).await;
+    let engine = engine_sim::spawn(EngineConfig::instant(), Default::default())
+        .await
+        .unwrap();
+    let add = format!("/add_worker?url={}", engine.url());
+    let (status, _, body) = call(fixture.addr, "POST", &add, &[], "").await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(fixture.workers().len(), 1);
+}
+
 async fn wait_for(mut condition: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !condition() {
