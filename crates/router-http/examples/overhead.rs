@@ -6,6 +6,7 @@
 //! cargo run --release -p router-http --example overhead -- --quick
 //! cargo run --release -p router-http --example overhead -- --sustain 600
 //! cargo run --release -p router-http --example overhead -- --only 1KB_stream16_32c
+//! cargo run --release -p router-http --example overhead -- --json --upstream engine-sim
 //! ```
 //!
 //! `--sustain SECS` instead runs cache_aware at 32 connections with a unique
@@ -66,7 +67,37 @@ fn main() {
         Duration::from_secs(3)
     };
 
-    let upstream = spawn_runtime("upstream", |rt| rt.block_on(start_upstream()));
+    // `--upstream engine-sim`: an engine-sim engine with zero simulated
+    // latency instead of the minimal responder (it parses the request and
+    // streams one chunk per generated token, as an engine does).
+    let engine_sim = args
+        .iter()
+        .position(|a| a == "--upstream")
+        .and_then(|i| args.get(i + 1))
+        .is_some_and(|name| name == "engine-sim");
+    let upstream = if engine_sim {
+        spawn_runtime("upstream", |rt| {
+            rt.block_on(async {
+                let config = engine_sim::EngineConfig {
+                    model: engine_sim::ModelConfig {
+                        model_name: "m".to_owned(),
+                        ..Default::default()
+                    },
+                    ..engine_sim::EngineConfig::instant()
+                };
+                let engine = engine_sim::spawn(config, Default::default())
+                    .await
+                    .expect("engine-sim starts");
+                let addr = engine.addr();
+                // The engine stops when its handle drops; it lives as long
+                // as the program.
+                std::mem::forget(engine);
+                addr
+            })
+        })
+    } else {
+        spawn_runtime("upstream", |rt| rt.block_on(start_upstream()))
+    };
     if let Some(seconds) = args
         .iter()
         .position(|a| a == "--sustain")
@@ -445,6 +476,11 @@ async fn run_load(
                 let Ok(response) = sender.send_request(request).await else {
                     break;
                 };
+                if !response.status().is_success() {
+                    // A benchmark of error answers measures nothing.
+                    eprintln!("the upstream answered {}: stopping", response.status());
+                    std::process::exit(1);
+                }
                 if response.into_body().collect().await.is_err() {
                     break;
                 }
