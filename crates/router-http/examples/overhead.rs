@@ -88,11 +88,9 @@ fn main() {
                 let engine = engine_sim::spawn(config, Default::default())
                     .await
                     .expect("engine-sim starts");
-                let addr = engine.addr();
                 // The engine stops when its handle drops; it lives as long
                 // as the program.
-                std::mem::forget(engine);
-                addr
+                Box::leak(Box::new(engine)).addr()
             })
         })
     } else {
