@@ -34,6 +34,7 @@
 
 use bytes::Bytes;
 use http::header::{HOST, HeaderValue};
+use http::uri::Authority;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -109,6 +110,8 @@ struct Conn {
     sender: http1::SendRequest<Full<Bytes>>,
     driver: Pin<Box<Connection>>,
     key: Arc<str>,
+    /// The `Host` header of requests on this connection (built once).
+    host: HeaderValue,
     reused: bool,
     /// The connection future completed (closed or failed); it must not be
     /// polled again.
@@ -233,11 +236,11 @@ impl UpstreamClient {
         &self,
         request: http::Request<Full<Bytes>>,
     ) -> Result<http::Response<UpstreamBody>, UpstreamError> {
-        let (mut request, target) = origin_form(request)?;
+        let (mut request, authority) = origin_form(request)?;
         loop {
-            let mut conn = match self.pool.take(&target.key) {
+            let mut conn = match self.pool.take(authority.as_str()) {
                 Some(conn) => conn,
-                None => self.connect(&target).await?,
+                None => self.connect(&authority).await?,
             };
             // An idle connection is only known to be usable once it was
             // polled: a worker that closed it is noticed here.
@@ -252,6 +255,10 @@ impl UpstreamClient {
                     "the new connection closed before the request was sent".into(),
                 ));
             }
+            request
+                .headers_mut()
+                .entry(HOST)
+                .or_insert_with(|| conn.host.clone());
             let reused = conn.reused;
             let sent = conn.sender.try_send_request(request);
             match drive(sent, &mut conn).await {
@@ -269,21 +276,20 @@ impl UpstreamClient {
         }
     }
 
-    async fn connect(&self, target: &Target) -> Result<Conn, UpstreamError> {
+    async fn connect(&self, authority: &Authority) -> Result<Conn, UpstreamError> {
         let timeout = self.pool.config.connect_timeout;
-        let address = (target.host.as_str(), target.port);
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(address)).await {
+        let host = authority.host();
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let port = authority.port_u16().unwrap_or(80);
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
             Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => {
-                return Err(UpstreamError::Connect(format!(
-                    "{}:{}: {err}",
-                    target.host, target.port
-                )));
-            }
+            Ok(Err(err)) => return Err(UpstreamError::Connect(format!("{authority}: {err}"))),
             Err(_elapsed) => {
                 return Err(UpstreamError::Connect(format!(
-                    "{}:{}: no connection within {timeout:?}",
-                    target.host, target.port
+                    "{authority}: no connection within {timeout:?}"
                 )));
             }
         };
@@ -296,7 +302,9 @@ impl UpstreamClient {
         Ok(Conn {
             sender,
             driver: Box::pin(driver),
-            key: Arc::clone(&target.key),
+            key: Arc::from(authority.as_str()),
+            host: HeaderValue::from_str(authority.as_str())
+                .map_err(|err| UpstreamError::InvalidRequest(err.to_string()))?,
             reused: false,
             closed: false,
         })
@@ -348,49 +356,28 @@ where
     .await
 }
 
-/// Where a request goes: the pool key and the address to connect to.
-struct Target {
-    key: Arc<str>,
-    host: String,
-    port: u16,
-}
-
-/// Splits an absolute `http://` URI into the connection target and an
-/// origin-form request with a `Host` header (HTTP/1.1 sends the path only).
+/// Splits an absolute `http://` URI into the worker's authority
+/// (`host:port`, the pool key) and an origin-form request (HTTP/1.1 sends
+/// the path only; the `Host` header comes from the connection).
 fn origin_form(
     mut request: http::Request<Full<Bytes>>,
-) -> Result<(http::Request<Full<Bytes>>, Target), UpstreamError> {
+) -> Result<(http::Request<Full<Bytes>>, Authority), UpstreamError> {
     let uri = request.uri();
     if uri.scheme_str() != Some("http") {
         return Err(UpstreamError::InvalidRequest(format!(
             "only http:// worker URLs are supported, got `{uri}`"
         )));
     }
-    let Some(authority) = uri.authority() else {
+    let Some(authority) = uri.authority().cloned() else {
         return Err(UpstreamError::InvalidRequest(format!(
             "the worker URL `{uri}` has no host"
         )));
-    };
-    let host = authority.host();
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host)
-        .to_owned();
-    let port = authority.port_u16().unwrap_or(80);
-    let host_header = HeaderValue::from_str(authority.as_str())
-        .map_err(|err| UpstreamError::InvalidRequest(err.to_string()))?;
-    let target = Target {
-        key: Arc::from(authority.as_str()),
-        host,
-        port,
     };
     let path = uri
         .path_and_query()
         .map_or_else(|| http::uri::PathAndQuery::from_static("/"), Clone::clone);
     *request.uri_mut() = http::Uri::from(path);
-    request.headers_mut().entry(HOST).or_insert(host_header);
-    Ok((request, target))
+    Ok((request, authority))
 }
 
 /// A worker's response body. It owns the connection it arrives on and
@@ -679,6 +666,35 @@ mod tests {
             6,
             "an expired connection is not reused"
         );
+    }
+
+    #[tokio::test]
+    async fn requests_go_out_in_origin_form_with_the_worker_as_host() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let head = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.unwrap();
+                seen.extend_from_slice(&buf[..n]);
+            }
+            socket.write_all(OK.as_bytes()).await.unwrap();
+            String::from_utf8(seen).unwrap()
+        });
+        let client = UpstreamClient::default();
+        let response = client
+            .send(get(format!("http://{addr}/v1/models?x=1")))
+            .await
+            .unwrap();
+        let _ = response.into_body().collect().await.unwrap();
+        let head = head.await.unwrap().to_ascii_lowercase();
+        assert!(
+            head.starts_with("get /v1/models?x=1 http/1.1\r\n"),
+            "{head}"
+        );
+        assert!(head.contains(&format!("\r\nhost: {addr}\r\n")), "{head}");
     }
 
     #[tokio::test]
