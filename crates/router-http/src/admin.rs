@@ -415,13 +415,17 @@ impl HttpProbe {
             .send(request)
             .await
             .map_err(|err| ProbeError::Unreachable(err.to_string()))?;
-        if response.status().is_success() {
+        let status = response.status();
+        // Reading the (small) body to its end lets the connection go back
+        // to the pool instead of a new one per probe; a large or broken
+        // body only costs the connection.
+        let _ = http_body_util::Limited::new(response.into_body(), 64 * 1024)
+            .collect()
+            .await;
+        if status.is_success() {
             Ok(())
         } else {
-            Err(ProbeError::Unhealthy(format!(
-                "status {}",
-                response.status()
-            )))
+            Err(ProbeError::Unhealthy(format!("status {status}")))
         }
     }
 }
