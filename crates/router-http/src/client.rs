@@ -424,6 +424,19 @@ impl UpstreamBody {
     }
 }
 
+impl Drop for UpstreamBody {
+    /// A body dropped after its last byte (hyper does not poll a body that
+    /// reports its end, such as an empty one) still returns its connection;
+    /// one dropped earlier closes it.
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if self.incoming.is_end_stream() && !conn.closed && self.driver_error.is_none() {
+                self.pool.put(conn);
+            }
+        }
+    }
+}
+
 impl Body for UpstreamBody {
     type Data = Bytes;
     type Error = hyper::Error;
@@ -564,6 +577,20 @@ mod tests {
             assert_eq!(response.status(), 200);
             let body = response.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(&body[..], b"hello");
+            assert_eq!(client.idle_connections(), 1);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_empty_body_returns_its_connection_even_unpolled() {
+        let empty = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        let (addr, accepted) = raw_worker(empty, usize::MAX).await;
+        let client = UpstreamClient::default();
+        for _ in 0..3 {
+            let response = client.send(get(format!("http://{addr}/x"))).await.unwrap();
+            assert!(response.body().is_end_stream());
+            drop(response);
             assert_eq!(client.idle_connections(), 1);
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
