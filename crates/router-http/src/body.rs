@@ -150,13 +150,14 @@ pin_project! {
         #[pin]
         inner: B,
         idle: Duration,
-        // Frames only record when they arrived; the timer is moved lazily,
-        // when it fires early, so a fast stream never touches the timer.
+        deadline: Instant,
+        // Frames only record when they arrived; the one timer (for the
+        // earlier of the idle limit and the deadline) is armed only while
+        // the inner body is pending and moved lazily when it fires early,
+        // so a body whose frames are ready never touches the timer wheel.
         last_frame: Instant,
         #[pin]
-        idle_sleep: Sleep,
-        #[pin]
-        deadline: Sleep,
+        timer: Sleep,
         timed_out: bool,
     }
 }
@@ -188,12 +189,13 @@ impl<B> IdleTimeout<B> {
 
     /// Wraps `inner` with an idle timeout and an absolute `deadline`.
     pub fn with_deadline(inner: B, idle: Duration, deadline: Instant) -> Self {
+        let now = Instant::now();
         Self {
             inner,
             idle,
-            last_frame: Instant::now(),
-            idle_sleep: tokio::time::sleep(idle),
-            deadline: tokio::time::sleep_until(deadline),
+            deadline,
+            last_frame: now,
+            timer: tokio::time::sleep_until((now + idle).min(deadline)),
             timed_out: false,
         }
     }
@@ -211,27 +213,32 @@ impl<B: Body> Body for IdleTimeout<B> {
         if *this.timed_out {
             return Poll::Ready(None);
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
+        let now = Instant::now();
+        if now >= *this.deadline {
             *this.timed_out = true;
             return Poll::Ready(Some(Err(IdleTimeoutError::Deadline)));
         }
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                *this.last_frame = Instant::now();
+                *this.last_frame = now;
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(IdleTimeoutError::Inner(err)))),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => loop {
-                ready!(this.idle_sleep.as_mut().poll(cx));
-                let idle_until = *this.last_frame + *this.idle;
-                if Instant::now() < idle_until {
-                    // A frame arrived since the timer was set: move it.
-                    this.idle_sleep.as_mut().reset(idle_until);
-                    continue;
+                ready!(this.timer.as_mut().poll(cx));
+                let now = Instant::now();
+                if now >= *this.deadline {
+                    *this.timed_out = true;
+                    return Poll::Ready(Some(Err(IdleTimeoutError::Deadline)));
                 }
-                *this.timed_out = true;
-                return Poll::Ready(Some(Err(IdleTimeoutError::Idle(*this.idle))));
+                let idle_until = *this.last_frame + *this.idle;
+                if now >= idle_until {
+                    *this.timed_out = true;
+                    return Poll::Ready(Some(Err(IdleTimeoutError::Idle(*this.idle))));
+                }
+                // A frame arrived since the timer was set: move it.
+                this.timer.as_mut().reset(idle_until.min(*this.deadline));
             },
         }
     }
@@ -388,6 +395,35 @@ mod tests {
         assert_eq!(frames, 3);
         assert_eq!(started.elapsed(), Duration::from_millis(3_500));
         assert_eq!(released.load(Ordering::SeqCst), FAILED);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn frames_closer_than_the_idle_limit_keep_a_slow_stream_alive() {
+        let (released, guard) = counter();
+        // Four frames 3 s apart with a 5 s idle limit: 12 s in all, never idle.
+        let slow = futures_util::stream::unfold(0, |sent| async move {
+            if sent == 4 {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Some((
+                Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(b"x"))),
+                sent + 1,
+            ))
+        });
+        let started = Instant::now();
+        let mut body = Box::pin(GuardedBody::new(
+            IdleTimeout::new(StreamBody::new(slow), Duration::from_secs(5)),
+            guard,
+        ));
+        let mut frames = 0;
+        while let Some(frame) = body.frame().await {
+            frame.unwrap();
+            frames += 1;
+        }
+        assert_eq!(frames, 4);
+        assert_eq!(started.elapsed(), Duration::from_secs(12));
+        assert_eq!(released.load(Ordering::SeqCst), COMPLETE);
     }
 
     fn futures_stream(frames: Vec<Chunk>) -> impl futures_util::Stream<Item = Chunk> {
