@@ -173,6 +173,79 @@ pub(crate) enum Evicted {
     Stale,
 }
 
+/// A node an insert's read phase walked through completely, as it saw it;
+/// its parent is the previous node of the path (the root for the first).
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    node: u32,
+    generation: u32,
+}
+
+/// Where an insert's read phase stopped below its fully matched path.
+#[derive(Clone, Copy, Debug)]
+enum PlanEnd {
+    /// The text ends exactly at the end of the path.
+    AtNode,
+    /// The path's last node has no child for the next symbol: the rest of
+    /// the text becomes a new leaf.
+    NewLeaf,
+    /// The text ends or diverges `units` units (`symbols` symbols) into the
+    /// label of `child`, a child of the path's last node: split it there,
+    /// then, if the text goes on, add a new leaf below the upper half.
+    Split {
+        child: u32,
+        generation: u32,
+        units: u32,
+        symbols: u32,
+    },
+}
+
+/// What an insert's write phase must do, found by its read phase.
+#[derive(Debug)]
+pub(crate) struct InsertPlan {
+    /// Fully matched nodes, from the top.
+    path: SmallVec<[Seen; 12]>,
+    end: PlanEnd,
+    /// Probe position of the text's unmatched rest, which becomes a new
+    /// leaf; `None` when the text ends on the path or inside `end`'s child.
+    pub(crate) leaf_at: Option<usize>,
+}
+
+/// Outcome of an insert's read phase.
+#[derive(Debug)]
+pub(crate) enum Planned {
+    /// The tenant already held the whole text; its stamps were refreshed.
+    Nothing,
+    /// Something must change under the write lock.
+    Apply(InsertPlan),
+}
+
+/// A new leaf's label, built outside the lock.
+#[derive(Debug)]
+pub(crate) struct NewLeaf<U> {
+    pub(crate) label: Box<[U]>,
+    pub(crate) symbols: u32,
+    pub(crate) key: u32,
+}
+
+impl<U: Unit> NewLeaf<U> {
+    /// The rest of `probe` from `pos`, or `None` when it is too long for one
+    /// label (the caller then inserts in one locked walk, which chains).
+    pub(crate) fn from_rest<P: Probe<U>>(probe: &P, pos: usize) -> Option<Self> {
+        let key = probe.key_at(pos);
+        let mut label = Vec::new();
+        let step = probe.take_rest(pos, LABEL_MAX, &mut label);
+        if !probe.at_end(pos + step.advance) {
+            return None;
+        }
+        Some(Self {
+            label: label.into_boxed_slice(),
+            symbols: step.symbols as u32,
+            key,
+        })
+    }
+}
+
 /// End of a read-only walk.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct WalkEnd {
@@ -283,7 +356,150 @@ impl<U: Unit> Shard<U> {
         self.free.push(slot);
     }
 
-    /// Records that `tenant` uses the text of `probe` at `now`.
+    /// First phase of an insert, under the read lock: walks `probe` down,
+    /// refreshes `tenant`'s stamps on the nodes it already holds, and says
+    /// what the write phase must change, if anything.
+    pub(crate) fn plan_insert<P: Probe<U>>(&self, probe: &P, tenant: u32, now: u64) -> Planned {
+        let mut path = SmallVec::new();
+        let mut all_held = true;
+        let mut node = ROOT;
+        let mut pos = 0;
+        let end = loop {
+            if probe.at_end(pos) {
+                break PlanEnd::AtNode;
+            }
+            let Some(child) = self.nodes[node as usize].child(probe.key_at(pos)) else {
+                break PlanEnd::NewLeaf;
+            };
+            let c = &self.nodes[child as usize];
+            let label = c.label();
+            let step = probe.match_label(pos, label, c.symbols as usize);
+            pos += step.advance;
+            if step.label_units < label.len() {
+                break PlanEnd::Split {
+                    child,
+                    generation: c.generation,
+                    units: step.label_units as u32,
+                    symbols: step.symbols as u32,
+                };
+            }
+            match c.entry(tenant) {
+                Some(e) => e.touch(now),
+                None => all_held = false,
+            }
+            path.push(Seen {
+                node: child,
+                generation: c.generation,
+            });
+            node = child;
+        };
+        if all_held && matches!(end, PlanEnd::AtNode) {
+            return Planned::Nothing;
+        }
+        Planned::Apply(InsertPlan {
+            path,
+            end,
+            leaf_at: (!probe.at_end(pos)).then_some(pos),
+        })
+    }
+
+    /// Second phase of an insert, under the write lock: checks that the
+    /// planned path is still what the read phase saw and applies the plan.
+    /// Returns `false`, having changed nothing, when the shard changed under
+    /// the plan; the caller then inserts with [`insert`](Self::insert).
+    ///
+    /// `leaf` is the new leaf for the rest of the text at `plan.leaf_at`,
+    /// built outside the lock; it is taken only when the plan is applied.
+    pub(crate) fn apply_insert(
+        &mut self,
+        plan: &InsertPlan,
+        leaf: &mut Option<NewLeaf<U>>,
+        tenant: u32,
+        now: u64,
+    ) -> bool {
+        // Validate everything before changing anything. A live node's label
+        // only changes when it is split, which gives it a new parent, and a
+        // slot is only reused after its generation was bumped; so unchanged
+        // (generation, parent) along the path mean unchanged labels, hence
+        // the read phase's match positions still hold.
+        let mut parent = ROOT;
+        for seen in &plan.path {
+            let n = &self.nodes[seen.node as usize];
+            if n.generation != seen.generation || n.parent != parent {
+                return false;
+            }
+            parent = seen.node;
+        }
+        let last = parent;
+        if plan.leaf_at.is_some() != leaf.is_some() {
+            return false;
+        }
+        let split_at = match plan.end {
+            PlanEnd::AtNode => None,
+            PlanEnd::NewLeaf => {
+                let Some(new) = leaf.as_ref() else {
+                    return false;
+                };
+                if self.nodes[last as usize].child(new.key).is_some() {
+                    // Another insert added that edge meanwhile.
+                    return false;
+                }
+                None
+            }
+            PlanEnd::Split {
+                child,
+                generation,
+                units,
+                symbols,
+            } => {
+                let c = &self.nodes[child as usize];
+                if c.generation != generation || c.parent != last {
+                    return false;
+                }
+                let key = U::key(c.label());
+                let children = &self.nodes[last as usize].children;
+                let Ok(index) = children.binary_search_by_key(&key, |&(k, _)| k) else {
+                    return false;
+                };
+                if children[index].1 != child {
+                    return false;
+                }
+                // The walk stopped on a symbol boundary before a differing
+                // symbol, so the leaf's key differs from the lower half's;
+                // checked anyway, as nothing may change before validation.
+                let lower = &c.label()[units as usize..];
+                if lower.is_empty() || leaf.as_ref().is_some_and(|new| new.key == U::key(lower)) {
+                    return false;
+                }
+                Some((child, index, units, symbols))
+            }
+        };
+        self.ensure_tenant(tenant);
+        for seen in &plan.path {
+            self.hold(seen.node, tenant, now);
+        }
+        let mut below = last;
+        if let Some((child, index, units, symbols)) = split_at {
+            below = self.split(child, index, units as usize, symbols);
+            self.hold(below, tenant, now);
+        }
+        if let Some(new) = leaf.take() {
+            // The key is free below `below` (checked above), so this is the
+            // insertion position.
+            let (Ok(slot) | Err(slot)) = self.nodes[below as usize]
+                .children
+                .binary_search_by_key(&new.key, |&(k, _)| k);
+            let node = self.alloc(new.label, below, new.symbols);
+            self.nodes[below as usize]
+                .children
+                .insert(slot, (new.key, node));
+            self.hold(node, tenant, now);
+        }
+        true
+    }
+
+    /// Records that `tenant` uses the text of `probe` at `now`, in one walk
+    /// (the caller holds the write lock throughout).
     pub(crate) fn insert<P: Probe<U>>(&mut self, probe: &P, tenant: u32, now: u64) {
         self.ensure_tenant(tenant);
         let mut node = ROOT;
@@ -642,6 +858,182 @@ mod tests {
         assert!(matches!(shard.evict(stale), Evicted::Stale));
         assert_eq!(shard.size_of(1), 2);
         shard.check().unwrap();
+    }
+}
+
+/// The two-phase insert: a plan made under the read lock must be rejected,
+/// with nothing changed, whenever a writer changed what it relied on between
+/// the two phases; a current plan must do exactly what a one-walk insert does.
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+    use crate::symbol::UnitProbe;
+
+    fn plan(shard: &Shard<u8>, text: &str, tenant: u32) -> (InsertPlan, Option<NewLeaf<u8>>) {
+        let probe = UnitProbe(text.as_bytes());
+        match shard.plan_insert(&probe, tenant, 5) {
+            Planned::Apply(plan) => {
+                let leaf = plan.leaf_at.and_then(|pos| NewLeaf::from_rest(&probe, pos));
+                (plan, leaf)
+            }
+            Planned::Nothing => panic!("{text:?} needs no change"),
+        }
+    }
+
+    fn insert(shard: &mut Shard<u8>, text: &str, tenant: u32) {
+        shard.insert(&UnitProbe(text.as_bytes()), tenant, 3);
+    }
+
+    /// `shard` after the plan for (`text`, `tenant`) was refused: unchanged,
+    /// and a one-walk insert then gives the right sizes.
+    fn refused_then_locked(
+        mut shard: Shard<u8>,
+        (plan, mut leaf): (InsertPlan, Option<NewLeaf<u8>>),
+        text: &str,
+        tenant: u32,
+    ) -> Shard<u8> {
+        let sizes = shard.sizes.clone();
+        let slots = shard.nodes.len();
+        assert!(!shard.apply_insert(&plan, &mut leaf, tenant, 6));
+        assert_eq!(shard.sizes, sizes, "a refused plan changes nothing");
+        assert_eq!(shard.nodes.len(), slots);
+        assert!(
+            leaf.is_some() == plan.leaf_at.is_some(),
+            "the leaf is not used"
+        );
+        shard.check().unwrap();
+        insert(&mut shard, text, tenant);
+        shard.check().unwrap();
+        shard
+    }
+
+    #[test]
+    fn current_plans_equal_one_walk_inserts() {
+        let texts = [
+            ("abcdef", 0),
+            ("abcxyz", 1),
+            ("abc", 2),
+            ("abcdef", 1),
+            ("ab", 0),
+            ("abcdefgh", 2),
+            ("一丁x", 0),
+            ("一丁y", 1),
+            ("一", 2),
+            ("abcdef", 0),
+        ];
+        let mut planned: Shard<u8> = Shard::new();
+        let mut walked: Shard<u8> = Shard::new();
+        for (text, tenant) in texts {
+            let probe = UnitProbe(text.as_bytes());
+            match planned.plan_insert(&probe, tenant, 7) {
+                Planned::Nothing => {}
+                Planned::Apply(plan) => {
+                    let mut leaf = plan.leaf_at.and_then(|pos| NewLeaf::from_rest(&probe, pos));
+                    assert!(planned.apply_insert(&plan, &mut leaf, tenant, 7));
+                    assert!(leaf.is_none(), "the leaf was used");
+                }
+            }
+            walked.insert(&probe, tenant, 7);
+            planned.check().unwrap();
+            assert_eq!(planned.sizes, walked.sizes, "after {text:?}");
+            assert_eq!(planned.nodes.len(), walked.nodes.len());
+        }
+        // t0: abcdef, 一丁x; t1: abcxyz + def, 一丁y; t2: abcdefgh, 一.
+        assert_eq!(planned.sizes, vec![6 + 3, 6 + 3 + 3, 8 + 1]);
+    }
+
+    #[test]
+    fn plan_refused_after_a_path_node_was_split() {
+        let mut shard: Shard<u8> = Shard::new();
+        insert(&mut shard, "abcdef", 0);
+        insert(&mut shard, "abcdefgh", 0);
+        // Path: "abcdef" (then "gh"); the plan adds tenant 1 to both and a
+        // leaf "xy" below "gh".
+        let p = plan(&shard, "abcdefghxy", 1);
+        // Another writer cuts "abcdef" into "abc" + "def": the node the plan
+        // saw under the root now hangs below a new node.
+        insert(&mut shard, "abcz", 2);
+        let shard = refused_then_locked(shard, p, "abcdefghxy", 1);
+        assert_eq!(shard.size_of(1), 10);
+        assert_eq!(shard.size_of(2), 4);
+    }
+
+    #[test]
+    fn plan_refused_after_its_split_child_was_split() {
+        let mut shard: Shard<u8> = Shard::new();
+        insert(&mut shard, "abcdef", 0);
+        // The plan splits "abcdef" after "abcd" and adds "x".
+        let p = plan(&shard, "abcdx", 1);
+        insert(&mut shard, "abq", 2);
+        let shard = refused_then_locked(shard, p, "abcdx", 1);
+        assert_eq!(shard.size_of(0), 6);
+        assert_eq!(shard.size_of(1), 5);
+    }
+
+    #[test]
+    fn plan_refused_when_its_new_edge_appeared() {
+        let mut shard: Shard<u8> = Shard::new();
+        insert(&mut shard, "ab", 0);
+        // The plan adds a leaf "cd" below "ab" for tenant 1 ...
+        let p = plan(&shard, "abcd", 1);
+        // ... but another writer adds an edge starting with 'c' first.
+        insert(&mut shard, "abce", 1);
+        let shard = refused_then_locked(shard, p, "abcd", 1);
+        assert_eq!(shard.size_of(1), 5, "ab + c + d + e");
+    }
+
+    #[test]
+    fn plan_refused_after_a_path_node_was_freed_and_reused() {
+        let mut shard: Shard<u8> = Shard::new();
+        insert(&mut shard, "abc", 0);
+        let node = shard.nodes[ROOT as usize].children[0].1;
+        let p = plan(&shard, "abcd", 1);
+        // The path node is freed and its slot reused for another text under
+        // the root: same index, same parent, new generation.
+        shard.remove_tenant(0);
+        insert(&mut shard, "xyz", 2);
+        assert_eq!(shard.nodes[ROOT as usize].children[0].1, node);
+        let shard = refused_then_locked(shard, p, "abcd", 1);
+        assert_eq!(shard.size_of(1), 4);
+        assert_eq!(shard.size_of(2), 3);
+    }
+
+    #[test]
+    fn plan_still_valid_when_others_only_changed_owners() {
+        let mut shard: Shard<u8> = Shard::new();
+        insert(&mut shard, "abc", 0);
+        insert(&mut shard, "abd", 1);
+        let (p, mut leaf) = plan(&shard, "abce", 2);
+        // Owners change on the path (no structural change): still applies,
+        // and holding is idempotent when the same tenant got there first.
+        insert(&mut shard, "ab", 2);
+        shard.remove_tenant(1);
+        assert!(shard.apply_insert(&p, &mut leaf, 2, 6));
+        shard.check().unwrap();
+        assert_eq!(shard.size_of(2), 4);
+        assert_eq!(shard.size_of(1), 0);
+    }
+
+    #[test]
+    fn holder_of_the_whole_text_needs_no_write() {
+        let mut shard: Shard<u8> = Shard::new();
+        insert(&mut shard, "abcdef", 0);
+        insert(&mut shard, "abcxyz", 1);
+        let probe = UnitProbe("abcdef".as_bytes());
+        assert!(matches!(shard.plan_insert(&probe, 0, 9), Planned::Nothing));
+        // The read phase refreshed tenant 0's stamps on the whole path.
+        let abc = shard.nodes[ROOT as usize].children[0].1;
+        assert_eq!(
+            shard.nodes[abc as usize].entry(0).map(Entry::stamp),
+            Some(9)
+        );
+        assert_eq!(
+            shard.nodes[abc as usize].entry(1).map(Entry::stamp),
+            Some(3)
+        );
+        // A prefix ending inside a label still needs a split.
+        let probe = UnitProbe("abcd".as_bytes());
+        assert!(matches!(shard.plan_insert(&probe, 0, 9), Planned::Apply(_)));
     }
 }
 
