@@ -77,6 +77,16 @@ fn cpu_ns() -> u64 {
 
 /// Wall nanoseconds and summed on-CPU nanoseconds of two route threads.
 fn two_threads(setups: [&Setup; 2], routes: &[Request]) -> (u64, u64) {
+    let items: [Vec<usize>; 2] = [
+        (0..routes.len()).step_by(2).collect(),
+        (1..routes.len()).step_by(2).collect(),
+    ];
+    two_threads_on(setups, routes, &items)
+}
+
+/// Wall and summed on-CPU nanoseconds of two route threads, thread t taking
+/// `items[t]` in order.
+fn two_threads_on(setups: [&Setup; 2], routes: &[Request], items: &[Vec<usize>; 2]) -> (u64, u64) {
     let barrier = Barrier::new(2);
     let start = Instant::now();
     let cpu = std::thread::scope(|scope| {
@@ -88,7 +98,7 @@ fn two_threads(setups: [&Setup; 2], routes: &[Request]) -> (u64, u64) {
                 scope.spawn(move || {
                     barrier.wait();
                     let c0 = cpu_ns();
-                    route(setup, (t..routes.len()).step_by(2), routes, 32 * t, false);
+                    route(setup, items[t].iter().copied(), routes, 32 * t, false);
                     cpu_ns() - c0
                 })
             })
@@ -131,6 +141,92 @@ fn main() {
         (w.warm.clone(), w.routes(ops))
     };
     let n = routes.len() as f64;
+    if args.iter().any(|a| a == "--shards") {
+        // How concentrated the route loop is on the shards (first byte).
+        let mut counts = [0usize; 256];
+        for r in &routes {
+            counts[usize::from(r.text.as_bytes()[0])] += 1;
+        }
+        let mut shares: Vec<f64> = counts.iter().map(|&c| c as f64 / n).collect();
+        shares.sort_by(|a, b| b.total_cmp(a));
+        let collide: f64 = shares.iter().map(|p| p * p).sum();
+        println!(
+            "top shard shares {:.3?}; P(two ops share a shard) {collide:.3}",
+            &shares[..8]
+        );
+        return;
+    }
+    if args.iter().any(|a| a == "--lookups-only") {
+        // Diagnosis: the route loop's lookups alone (no writes), on one
+        // shared tree and on two unshared trees.
+        let lookups = |setup: &Setup, t: usize| {
+            let c0 = cpu_ns();
+            for i in (t..routes.len()).step_by(2) {
+                std::hint::black_box(setup.tree.prefix_match(&routes[i].text));
+            }
+            cpu_ns() - c0
+        };
+        for _ in 0..reps {
+            let pair = [warm_tree(&warm), warm_tree(&warm)];
+            let start = Instant::now();
+            let c1 = lookups(&pair[0], 0) + lookups(&pair[0], 1);
+            let one = start.elapsed().as_nanos() as f64;
+            for shared in [true, false] {
+                let barrier = Barrier::new(2);
+                let start = Instant::now();
+                let cpu: u64 = std::thread::scope(|scope| {
+                    let hs: Vec<_> = (0..2)
+                        .map(|t| {
+                            let (barrier, setup) = (&barrier, &pair[if shared { 0 } else { t }]);
+                            scope.spawn(move || {
+                                barrier.wait();
+                                lookups(setup, t)
+                            })
+                        })
+                        .collect();
+                    hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+                });
+                let wall = start.elapsed().as_nanos() as f64;
+                println!(
+                    "lookups only, {}: 1t {:.0} ns/op ({:.0} cpu), 2t {:.2}x, {:.0} cpu ns/op",
+                    if shared { "shared" } else { "unshared" },
+                    one / n,
+                    c1 as f64 / n,
+                    one / wall,
+                    cpu as f64 / n
+                );
+            }
+        }
+        return;
+    }
+    if args.iter().any(|a| a == "--disjoint") {
+        // Diagnosis: one shared tree, but each thread takes only texts of
+        // its own shards (first byte parity), so the threads share no shard
+        // lock and no node; compared with the same split on unshared trees.
+        let items: [Vec<usize>; 2] = [0, 1].map(|t| {
+            (0..routes.len())
+                .filter(|&i| usize::from(routes[i].text.as_bytes()[0] & 1) == t)
+                .collect()
+        });
+        for _ in 0..reps {
+            let setup = warm_tree(&warm);
+            let (wall, cpu) = two_threads_on([&setup, &setup], &routes, &items);
+            drop(setup);
+            let pair = [warm_tree(&warm), warm_tree(&warm)];
+            let (uwall, ucpu) = two_threads_on([&pair[0], &pair[1]], &routes, &items);
+            println!(
+                "disjoint shards ({} / {} items): shared tree {:.0} ns/op wall, {:.0} cpu ns/op | \
+                 unshared {:.0} ns/op wall, {:.0} cpu ns/op",
+                items[0].len(),
+                items[1].len(),
+                wall as f64 / n,
+                cpu as f64 / n,
+                uwall as f64 / n,
+                ucpu as f64 / n
+            );
+        }
+        return;
+    }
     if args.iter().any(|a| a == "--shared-only") {
         // For profilers: only the shared 2-thread loop, repeated.
         for _ in 0..reps {

@@ -51,8 +51,9 @@ impl Entry {
 #[derive(Debug)]
 #[repr(C, align(64))]
 pub(crate) struct Node<U> {
-    /// Buffer holding the edge label from the parent after `label_start`
-    /// dead units; empty for the root and for free slots.
+    /// Buffer holding the edge label from the parent in
+    /// `label_start..label_end` (the units around it are dead, see
+    /// `split_label`); empty for the root and for free slots.
     label_buf: Box<[U]>,
     /// `(first symbol of the child's label, child index)`, sorted by key.
     /// Up to two inline (most nodes), so the walk does not chase a pointer.
@@ -63,50 +64,84 @@ pub(crate) struct Node<U> {
     /// Bumped whenever the slot is freed, so stale eviction candidates are
     /// recognised after the slot is reused.
     pub(crate) generation: u32,
-    /// Dead units at the front of `label_buf` (see `split_label`).
+    /// Start of the label in `label_buf`.
     label_start: u32,
+    /// End of the label in `label_buf`.
+    label_end: u32,
     /// Tenants holding this node; empty only for the root and free slots.
     pub(crate) tenants: SmallVec<[Entry; 1]>,
 }
 
-/// Splits the label held in `buf` (first `start` units dead) after `at`
-/// units into (upper, lower) `(buffer, start)` pairs, copying only the shorter
-/// side.
+/// A label: a buffer and the range of it that is live.
+type Label<U> = (Box<[U]>, u32, u32);
+
+/// Splits the label `buf[start..end]` after `at` units into (upper, lower)
+/// labels, copying only the shorter side; the longer side keeps the buffer
+/// with its range narrowed.
 ///
 /// When the upper part is the shorter one (the common case: a new request
 /// branching a few characters into an earlier request's suffix), the lower
 /// node keeps the buffer and only moves `start` past the cut, so the split
-/// copies a few bytes instead of the suffix. Dead units are bounded by what
-/// the buffer held when it was allocated.
-#[allow(clippy::type_complexity)] // two (buffer, start) pairs; a type would hide nothing
-fn split_label<U: Unit>(
-    buf: Box<[U]>,
-    start: u32,
-    at: usize,
-) -> ((Box<[U]>, u32), (Box<[U]>, u32)) {
-    let live = &buf[start as usize..];
+/// copies a few bytes instead of the suffix. Otherwise the upper node keeps
+/// it and moves `end`: the buffer is not shrunk, because a `realloc` of a
+/// buffer another thread allocated takes that thread's allocator lock (see
+/// [`reserve_one`]). Dead units are bounded by what the buffer held when it
+/// was allocated.
+fn split_label<U: Unit>(buf: Box<[U]>, start: u32, end: u32, at: usize) -> (Label<U>, Label<U>) {
+    let cut = start + at as u32;
+    let live = &buf[start as usize..end as usize];
     if at <= live.len() - at {
         let upper: Box<[U]> = live[..at].into();
-        ((upper, 0), (buf, start + at as u32))
+        ((upper, 0, at as u32), (buf, cut, end))
     } else {
         let lower: Box<[U]> = live[at..].into();
-        let mut upper = buf.into_vec();
-        upper.truncate(start as usize + at);
-        ((upper.into_boxed_slice(), start), (lower, 0))
+        let lower_len = lower.len() as u32;
+        ((buf, start, cut), (lower, 0, lower_len))
     }
+}
+
+/// Makes room for one more element in `v` without `realloc`.
+///
+/// Threads share nodes, so a node's spilled buffer was often allocated by
+/// another thread. glibc's `realloc` of such a buffer takes the lock of the
+/// arena it came from, which its owner holds for its own allocations, and a
+/// contended arena lock sleeps in the kernel at once; with two threads
+/// inserting into one shard that was a futex wait every few hundred
+/// operations. Allocating the larger buffer here (from this thread's arena)
+/// and freeing the old one (into this thread's cache when small) avoids it.
+#[inline]
+fn reserve_one<A: smallvec::Array>(v: &mut SmallVec<A>) {
+    if v.len() < v.capacity() {
+        return;
+    }
+    let mut grown = SmallVec::with_capacity((v.capacity() * 2).max(4));
+    grown.extend(v.drain(..));
+    *v = grown;
+}
+
+/// [`reserve_one`] for a per-tenant node list.
+#[inline]
+fn reserve_one_vec(v: &mut Vec<u32>) {
+    if v.len() < v.capacity() {
+        return;
+    }
+    let mut grown = Vec::with_capacity((v.capacity() * 2).max(8));
+    grown.extend_from_slice(v);
+    *v = grown;
 }
 
 impl<U> Node<U> {
     /// The edge label from the parent.
     #[inline]
     pub(crate) fn label(&self) -> &[U] {
-        &self.label_buf[self.label_start as usize..]
+        &self.label_buf[self.label_start as usize..self.label_end as usize]
     }
 
     fn empty(parent: u32, generation: u32) -> Self {
         Self {
             label_buf: Box::new([]),
             label_start: 0,
+            label_end: 0,
             children: SmallVec::new(),
             tenants: SmallVec::new(),
             parent,
@@ -257,9 +292,76 @@ pub(crate) struct WalkEnd {
     pub(crate) pos: usize,
 }
 
+/// Nodes per arena chunk (64 KiB of nodes).
+const CHUNK: usize = 512;
+
+/// A shard's node slots, addressed by `u32` index, in chunks that never
+/// move: growing the arena allocates one more chunk instead of copying every
+/// node (megabytes in a popular shard) under the write lock, which would stall
+/// every other thread that needs the shard meanwhile. The first chunk grows
+/// like a `Vec` up to `CHUNK` slots, so small shards stay small.
+#[derive(Debug)]
+pub(crate) struct Arena<U> {
+    chunks: Vec<Vec<Node<U>>>,
+    len: usize,
+}
+
+impl<U> Arena<U> {
+    fn new(root: Node<U>) -> Self {
+        Self {
+            chunks: vec![vec![root]],
+            len: 1,
+        }
+    }
+
+    /// Number of slots (live and free).
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push(&mut self, node: Node<U>) {
+        match self.chunks.last_mut() {
+            Some(last) if last.len() < CHUNK => last.push(node),
+            _ => {
+                let mut chunk = Vec::with_capacity(CHUNK);
+                chunk.push(node);
+                self.chunks.push(chunk);
+            }
+        }
+        self.len += 1;
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, index: usize) -> Option<&Node<U>> {
+        self.chunks.get(index / CHUNK)?.get(index % CHUNK)
+    }
+
+    /// Every slot in index order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Node<U>> {
+        self.chunks.iter().flatten()
+    }
+}
+
+impl<U> std::ops::Index<usize> for Arena<U> {
+    type Output = Node<U>;
+
+    #[inline]
+    fn index(&self, index: usize) -> &Node<U> {
+        &self.chunks[index / CHUNK][index % CHUNK]
+    }
+}
+
+impl<U> std::ops::IndexMut<usize> for Arena<U> {
+    #[inline]
+    fn index_mut(&mut self, index: usize) -> &mut Node<U> {
+        &mut self.chunks[index / CHUNK][index % CHUNK]
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Shard<U> {
-    pub(crate) nodes: Vec<Node<U>>,
+    pub(crate) nodes: Arena<U>,
     free: Vec<u32>,
     /// Symbols held per tenant in this shard (indexed by tenant id).
     pub(crate) sizes: Vec<u64>,
@@ -271,7 +373,7 @@ pub(crate) struct Shard<U> {
 impl<U: Unit> Shard<U> {
     pub(crate) fn new() -> Self {
         Self {
-            nodes: vec![Node::empty(ROOT, 0)],
+            nodes: Arena::new(Node::empty(ROOT, 0)),
             free: Vec::new(),
             sizes: Vec::new(),
             tenant_nodes: Vec::new(),
@@ -342,6 +444,8 @@ impl<U: Unit> Shard<U> {
             }
         };
         let node = &mut self.nodes[slot as usize];
+        // Labels are at most `LABEL_MAX` units, so the length fits.
+        node.label_end = label.len() as u32;
         node.label_buf = label;
         node.label_start = 0;
         node.parent = parent;
@@ -490,9 +594,9 @@ impl<U: Unit> Shard<U> {
                 .children
                 .binary_search_by_key(&new.key, |&(k, _)| k);
             let node = self.alloc(new.label, below, new.symbols);
-            self.nodes[below as usize]
-                .children
-                .insert(slot, (new.key, node));
+            let children = &mut self.nodes[below as usize].children;
+            reserve_one(children);
+            children.insert(slot, (new.key, node));
             self.hold(node, tenant, now);
         }
         true
@@ -512,7 +616,9 @@ impl<U: Unit> Shard<U> {
                     let mut label = Vec::new();
                     let step = probe.take_rest(pos, LABEL_MAX, &mut label);
                     let leaf = self.alloc(label.into_boxed_slice(), node, step.symbols as u32);
-                    self.nodes[node as usize].children.insert(slot, (key, leaf));
+                    let children = &mut self.nodes[node as usize].children;
+                    reserve_one(children);
+                    children.insert(slot, (key, leaf));
                     (leaf, step.advance)
                 }
                 Ok(i) => {
@@ -540,14 +646,16 @@ impl<U: Unit> Shard<U> {
         let parent = self.nodes[child as usize].parent;
         let c = &mut self.nodes[child as usize];
         let buf = std::mem::take(&mut c.label_buf);
-        let ((upper, upper_start), (lower, lower_start)) = split_label(buf, c.label_start, units);
-        let lower_key = U::key(&lower[lower_start as usize..]);
+        let ((upper, upper_start, upper_end), (lower, lower_start, lower_end)) =
+            split_label(buf, c.label_start, c.label_end, units);
+        let lower_key = U::key(&lower[lower_start as usize..lower_end as usize]);
         let mid = self.alloc(upper, parent, symbols);
-        self.nodes[mid as usize].label_start = upper_start;
+        let m = &mut self.nodes[mid as usize];
+        (m.label_start, m.label_end) = (upper_start, upper_end);
         {
             let c = &mut self.nodes[child as usize];
             c.label_buf = lower;
-            c.label_start = lower_start;
+            (c.label_start, c.label_end) = (lower_start, lower_end);
             c.symbols -= symbols;
             c.parent = mid;
         }
@@ -555,6 +663,7 @@ impl<U: Unit> Shard<U> {
         let mut entries = SmallVec::new();
         for e in &self.nodes[child as usize].tenants {
             let list = &mut self.tenant_nodes[e.tenant as usize];
+            reserve_one_vec(list);
             entries.push(Entry {
                 tenant: e.tenant,
                 pos: list.len() as u32,
@@ -577,6 +686,8 @@ impl<U: Unit> Shard<U> {
             return;
         }
         let list = &mut self.tenant_nodes[tenant as usize];
+        reserve_one(&mut n.tenants);
+        reserve_one_vec(list);
         n.tenants.push(Entry {
             tenant,
             pos: list.len() as u32,
@@ -836,6 +947,45 @@ mod tests {
     }
 
     #[test]
+    fn arena_spans_chunks() {
+        // A tenant's size is the number of distinct prefixes of its texts.
+        fn prefixes<'a>(texts: impl Iterator<Item = &'a String>) -> u64 {
+            let mut set = std::collections::HashSet::new();
+            for text in texts {
+                for end in 1..=text.len() {
+                    set.insert(&text[..end]);
+                }
+            }
+            set.len() as u64
+        }
+        let mut shard: Shard<u8> = Shard::new();
+        let texts: Vec<String> = (0..3 * CHUNK).map(|i| format!("a{i:05}")).collect();
+        for (i, text) in texts.iter().enumerate() {
+            shard.insert(
+                &crate::symbol::UnitProbe(text.as_bytes()),
+                (i % 3) as u32,
+                1,
+            );
+        }
+        assert!(shard.nodes.len() > 2 * CHUNK, "{} slots", shard.nodes.len());
+        assert_eq!(shard.nodes.iter().count(), shard.nodes.len());
+        assert!(shard.nodes.get(shard.nodes.len()).is_none());
+        shard.check().unwrap();
+        let of = |t: usize| prefixes(texts.iter().skip(t).step_by(3));
+        assert_eq!(shard.size_of(0), of(0));
+        assert_eq!(shard.remove_tenant(1), of(1));
+        shard.check().unwrap();
+        // Freed slots in every chunk are reused.
+        let slots = shard.nodes.len();
+        for text in texts.iter().skip(1).step_by(3) {
+            shard.insert(&crate::symbol::UnitProbe(text.as_bytes()), 3, 2);
+        }
+        shard.check().unwrap();
+        assert_eq!(shard.size_of(3), of(1));
+        assert_eq!(shard.nodes.len(), slots);
+    }
+
+    #[test]
     fn freed_slots_are_reused_with_a_new_generation() {
         let mut shard: Shard<u8> = Shard::new();
         let probe = crate::symbol::UnitProbe("abc".as_bytes());
@@ -1044,15 +1194,25 @@ mod label_tests {
     #[test]
     fn split_label_copies_the_shorter_side() {
         let buf: Box<[u8]> = b"xxabcdefgh".as_slice().into();
+        let live = |(buf, start, end): &Label<u8>| buf[*start as usize..*end as usize].to_vec();
         // Upper shorter: the lower keeps the buffer.
-        let ((upper, us), (lower, ls)) = split_label(buf, 2, 2);
-        assert_eq!(&upper[us as usize..], b"ab");
-        assert_eq!(&lower[ls as usize..], b"cdefgh");
-        assert_eq!((ls, lower.len()), (4, 10), "same buffer, start moved");
-        // Lower shorter: the upper keeps the (truncated) buffer.
-        let ((upper, us), (lower, ls)) = split_label(lower, ls, 5);
-        assert_eq!(&upper[us as usize..], b"cdefg");
-        assert_eq!(&lower[ls as usize..], b"h");
-        assert_eq!(upper.len(), 9, "truncated after the cut, dead prefix kept");
+        let (upper, lower) = split_label(buf, 2, 10, 2);
+        assert_eq!(live(&upper), b"ab");
+        assert_eq!(live(&lower), b"cdefgh");
+        assert_eq!(
+            (lower.1, lower.0.len()),
+            (4, 10),
+            "same buffer, start moved"
+        );
+        // Lower shorter: the upper keeps the buffer, not even shrunk.
+        let (upper, lower) = split_label(lower.0, lower.1, lower.2, 5);
+        assert_eq!(live(&upper), b"cdefg");
+        assert_eq!(live(&lower), b"h");
+        assert_eq!(
+            (upper.1, upper.2, upper.0.len()),
+            (4, 9, 10),
+            "same buffer, end moved"
+        );
+        assert_eq!(lower.0.len(), 1, "only the shorter side is copied");
     }
 }

@@ -415,7 +415,7 @@ impl<S: Symbol> RadixTree<S> {
         let mut sizes = vec![0usize; self.tenants.count() as usize];
         for shard in self.shards.iter() {
             let shard = shard.0.read();
-            for node in &shard.nodes {
+            for node in shard.nodes.iter() {
                 for e in &node.tenants {
                     if let Some(size) = sizes.get_mut(e.tenant as usize) {
                         *size += node.symbols as usize;
@@ -454,9 +454,14 @@ impl<S: Symbol> RadixTree<S> {
         // The new leaf's label (most of an insert's bytes) is copied with no
         // lock held.
         let mut leaf = plan.leaf_at.and_then(|pos| NewLeaf::from_rest(probe, pos));
+        let mut guard = self.write_shard(shard);
+        if plan.leaf_at.is_some() && leaf.is_none() {
+            // A rest longer than one label: the one-walk insert chains it.
+            guard.insert(probe, tenant.0, now);
+            return;
+        }
         // Write phase: validate the plan and apply it; if the shard changed
         // under it, walk again, this time under the write lock.
-        let mut guard = self.write_shard(shard);
         if !guard.apply_insert(&plan, &mut leaf, tenant.0, now) {
             self.waits.0.replans.fetch_add(1, Ordering::Relaxed);
             guard.insert(probe, tenant.0, now);
