@@ -480,24 +480,22 @@ impl<S: Symbol> RadixTree<S> {
                 input: 0,
             };
         };
-        let shard = self.read_shard(shard);
-        let end = shard.walk(probe, |_| true);
-        // Only the unmatched tail is counted: the matched part's length comes
-        // from the per-node symbol counts.
+        let (end, tenant) = {
+            let shard = self.read_shard(shard);
+            let end = shard.walk(probe, |_| true);
+            let tenant = (end.node != ROOT)
+                .then(|| shard.nodes[end.node as usize].most_recent())
+                .flatten()
+                .map(|e| e.tenant);
+            if let Some(t) = tenant {
+                shard.touch_path(end.node, t, self.clock.now());
+            }
+            (end, tenant)
+        };
+        // Only the unmatched tail is counted, and with the lock released
+        // (writers wait for lookups): the matched part's length comes from
+        // the per-node symbol counts.
         let input = end.matched + probe.count_rest(end.pos);
-        if end.node == ROOT {
-            return PrefixMatch {
-                tenant: None,
-                matched: 0,
-                input,
-            };
-        }
-        let tenant = shard.nodes[end.node as usize]
-            .most_recent()
-            .map(|e| e.tenant);
-        if let Some(t) = tenant {
-            shard.touch_path(end.node, t, self.clock.now());
-        }
         PrefixMatch {
             tenant: tenant.map(TenantId),
             matched: end.matched,
