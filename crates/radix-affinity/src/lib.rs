@@ -51,13 +51,11 @@
 //!   ASCII first character and 128 hashed buckets for the rest. A text lives
 //!   entirely in the shard of its first symbol, so a lookup or an insert
 //!   touches exactly one shard.
-//! - **Arena nodes.** A shard stores its nodes in an arena addressed by `u32`
+//! - **Arena nodes.** A shard stores its nodes in a `Vec` addressed by `u32`
 //!   index with a free list; parents are indices, so there are no reference
-//!   cycles and dropping the tree frees everything. The arena is a list of
-//!   fixed chunks of 512 slots, so growing it never copies the nodes under
-//!   the write lock (a popular shard holds megabytes of them). A slot's
-//!   generation is bumped when it is freed, so a stale reference (an
-//!   eviction candidate, an insert's plan) is recognised after reuse.
+//!   cycles and dropping the tree frees everything. A slot's generation is
+//!   bumped when it is freed, so a stale reference (an eviction candidate,
+//!   an insert's plan) is recognised after reuse.
 //! - **Compact edges.** A node's label is one boxed slice of *units*: UTF-8
 //!   bytes for text (one byte per ASCII character, never four) and the ids
 //!   themselves for tokens. Labels are cut only on symbol boundaries, so a
@@ -122,12 +120,12 @@
 //! has locks too: with glibc's malloc, growing (`realloc`) or shrinking a
 //! buffer another thread allocated takes that thread's arena lock, which
 //! sleeps in the kernel when contended. Writers therefore grow a node's
-//! owner and child lists by allocating a new buffer (from their own arena),
-//! never shrink a label buffer when splitting it, and never move the node
-//! arena; on the route loop with two threads in one tree, these three
-//! changes took the futex calls from about 1,000 to about 70 per 100,000
-//! operations (counted with `strace -f -c`, which slows system calls and so
-//! exaggerates contention; the allocator's calls were most of them).
+//! owner and child lists by allocating a new buffer (from their own arena)
+//! and never shrink a label buffer when splitting it; on the route loop
+//! with two threads in one tree, these two changes took the futex calls
+//! from about 1,000 to about 130 per 100,000 operations (counted with
+//! `strace -f -c`, which slows system calls and so exaggerates contention;
+//! the allocator's calls were most of them).
 //!
 //! *Why it is safe.* All structural state of a shard (nodes, labels,
 //! children, owners, counters, per-tenant lists) changes only under that
