@@ -326,10 +326,12 @@ impl<U: Unit> Shard<U> {
         follow: impl Fn(&Node<U>) -> bool,
     ) -> WalkEnd {
         let mut node = ROOT;
+        // The current node, kept so each level indexes the arena once.
+        let mut current = &self.nodes[ROOT as usize];
         let mut pos = 0;
         let mut matched = 0;
         while !probe.at_end(pos) {
-            let Some(child) = self.nodes[node as usize].child(probe.key_at(pos)) else {
+            let Some(child) = current.child(probe.key_at(pos)) else {
                 break;
             };
             let child_node = &self.nodes[child as usize];
@@ -340,6 +342,7 @@ impl<U: Unit> Shard<U> {
             let step = probe.match_label(pos, label, child_node.symbols as usize);
             matched += step.symbols;
             node = child;
+            current = child_node;
             pos += step.advance;
             if step.label_units < label.len() {
                 break;
@@ -399,13 +402,13 @@ impl<U: Unit> Shard<U> {
     pub(crate) fn plan_insert<P: Probe<U>>(&self, probe: &P, tenant: u32, now: u64) -> Planned {
         let mut path = SmallVec::new();
         let mut all_held = true;
-        let mut node = ROOT;
+        let mut current = &self.nodes[ROOT as usize];
         let mut pos = 0;
         let end = loop {
             if probe.at_end(pos) {
                 break PlanEnd::AtNode;
             }
-            let Some(child) = self.nodes[node as usize].child(probe.key_at(pos)) else {
+            let Some(child) = current.child(probe.key_at(pos)) else {
                 break PlanEnd::NewLeaf;
             };
             let c = &self.nodes[child as usize];
@@ -428,7 +431,7 @@ impl<U: Unit> Shard<U> {
                 node: child,
                 generation: c.generation,
             });
-            node = child;
+            current = c;
         };
         if all_held && matches!(end, PlanEnd::AtNode) {
             return Planned::Nothing;
