@@ -168,24 +168,26 @@
 //!
 //! *What the two phases cost and gain.* A single thread pays for the
 //! second lock acquisition and the second pass over the path: on the
-//! benchmark an insert went from about 0.81 to 0.95 µs (1.24 M to 1.05 M
-//! per second) and the 1-thread route loop from 0.96 M to 0.90 M
-//! operations per second. Two threads sharing one tree went from 1.28 M to
-//! 1.36 M route operations per second on ascii text (1.33x to 1.51x one
-//! thread) and from 1.10 M to 1.19 M on unicode text (1.16x to 1.36x), where
-//! two threads on two unshared trees reach 1.6-1.8x; with a fixed template
-//! in front of every text (one shard), from 0.74x to about 1.0x one thread.
-//! (Medians of about ten runs alternated with the previous one-phase
-//! version on a shared 2-core machine; `examples/route_threads.rs` has the
-//! diagnostics used.)
+//! benchmark an insert went from about 0.81 to 0.86 µs on ascii text and
+//! from 0.73 to 0.80 µs on unicode text, while the 1-thread route loop
+//! (lookup, then insert) stayed at about 0.96-0.98 M operations per second.
+//! Two threads sharing one tree went from 1.27 M to 1.52 M route operations
+//! per second on ascii text (1.31x to 1.55x one thread) and from 1.09 M to
+//! 1.21 M on unicode text (1.14x to 1.28x), where two threads on two
+//! unshared trees reach 1.6-1.7x; with a fixed template in front of every
+//! text (one shard), from 0.74x to about 1.0x one thread. (Medians of 9
+//! and 15 runs of the workload example, alternated between this and the
+//! previous one-phase version on a shared 2-core machine;
+//! `examples/route_threads.rs` has the diagnostics used.)
 //!
 //! *What is not fine-grained.* The write phase still takes the whole
 //! shard's write lock, not a lock per changed node, so it waits until the
 //! lookups and walks in progress in that shard finish (up to about a
 //! microsecond each) and holds new ones off meanwhile; and the threads
 //! still write the same lock words, hot nodes and per-shard counters. Given
-//! texts of disjoint shards, two threads in one tree run as fast as on two
-//! trees, so what remains of the gap is this sharing within a shard. When
+//! texts of disjoint shards, two threads in one tree ran as fast as on two
+//! trees (`route_threads --disjoint`, once the threads' allocator arenas had
+//! grown), so what remains of the gap is this sharing within a shard. When
 //! all traffic starts with the same symbol (a fixed chat template, a BOS
 //! token) and every operation writes (the route loop: lookup, then insert
 //! of a text that is new), two threads mostly wait for each other's walks:
@@ -194,7 +196,9 @@
 //! that, at the price of atomic read-modify-writes on every node of every
 //! lookup or of deferred memory reclamation; neither is done here. Growing
 //! a shard's node `Vec` also copies it under the write lock (rarely: the
-//! capacity doubles); a chunked arena avoided that but cost lookups 5-8 %.
+//! capacity doubles); a chunked arena avoided that, but in alternated runs
+//! it made one thread 3-5 % slower and two threads no faster, so it is not
+//! used.
 //!
 //! # Memory
 //!
