@@ -12,6 +12,14 @@
 //! lookup and insert. Options: `--reps N` (default 3), `--unicode`,
 //! `--template` (every text behind one fixed prefix, so one shard), `--ops N`
 //! (route items, default 100,000).
+//!
+//! Diagnostic modes instead of the above: `--shards` (how the route texts
+//! spread over the shards), `--shared-only` (only the shared 2-thread loop,
+//! for profilers), `--disjoint` (one tree, but each thread takes the texts of
+//! its own shards, against the same split on two trees: what sharing a shard
+//! costs), `--lookups-only` (the loop's lookups alone, shared and unshared:
+//! what sharing the read locks costs). Timings are wall and on-CPU time; on a
+//! shared machine compare runs taken close together.
 
 use std::sync::Barrier;
 use std::time::Instant;
