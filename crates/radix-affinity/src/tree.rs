@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::InvariantViolation;
 use crate::clock::{Clock, Ticker};
-use crate::shard::{Candidate, Evicted, ROOT, Shard};
+use crate::shard::{Candidate, Evicted, NewLeaf, Planned, ROOT, Shard};
 use crate::symbol::{Probe, Symbol, SymbolProbe, UnitProbe};
 use crate::sync::{AtomicU64, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::tenant::{Interner, TenantId};
@@ -38,6 +38,15 @@ fn shard_index(key: u32) -> usize {
 /// One shard behind its own lock.
 type ShardLock<U> = Padded<RwLock<Shard<U>>>;
 
+/// Polls of a taken shard lock before blocking on it. Critical sections are
+/// about a microsecond at most (one walk, or one write phase of an insert)
+/// and a pause is about 25 ns on the 2-core benchmark machine, so this covers
+/// a few of them; blocking (parking_lot spins briefly, yields, then parks
+/// the thread on a futex) costs system calls and a wake-up that take longer
+/// than the wait itself. Under loom, waiting is left to the modelled lock.
+#[cfg(not(loom))]
+const SPIN_LIMIT: usize = 128;
+
 /// Bound on eviction passes when racing inserts keep adding to the tenant.
 const EVICTION_ROUNDS: usize = 4;
 
@@ -67,6 +76,10 @@ pub struct LockWaits {
     pub reads: u64,
     /// Inserts, evictions and removals that waited for a reader or a writer.
     pub writes: u64,
+    /// Inserts whose plan (made under the read lock) was invalidated by
+    /// another writer before they got the write lock, so they walked again
+    /// under the write lock.
+    pub replans: u64,
 }
 
 /// Wait counters, written only when a lock is contended.
@@ -74,6 +87,7 @@ pub struct LockWaits {
 struct Waits {
     reads: AtomicU64,
     writes: AtomicU64,
+    replans: AtomicU64,
 }
 
 /// A concurrent multi-tenant radix tree over symbols `S` (`char` for text,
@@ -127,6 +141,7 @@ impl<S: Symbol> RadixTree<S> {
             waits: Padded(Waits {
                 reads: AtomicU64::new(0),
                 writes: AtomicU64::new(0),
+                replans: AtomicU64::new(0),
             }),
             _symbols: PhantomData,
         }
@@ -337,6 +352,7 @@ impl<S: Symbol> RadixTree<S> {
         LockWaits {
             reads: self.waits.0.reads.load(Ordering::Relaxed),
             writes: self.waits.0.writes.load(Ordering::Relaxed),
+            replans: self.waits.0.replans.load(Ordering::Relaxed),
         }
     }
 
@@ -346,13 +362,18 @@ impl<S: Symbol> RadixTree<S> {
         &self,
         lock: &'a RwLock<Shard<S::Unit>>,
     ) -> RwLockReadGuard<'a, Shard<S::Unit>> {
-        match lock.try_read() {
-            Some(guard) => guard,
-            None => {
-                self.waits.0.reads.fetch_add(1, Ordering::Relaxed);
-                lock.read()
+        if let Some(guard) = lock.try_read() {
+            return guard;
+        }
+        self.waits.0.reads.fetch_add(1, Ordering::Relaxed);
+        #[cfg(not(loom))]
+        for _ in 0..SPIN_LIMIT {
+            std::hint::spin_loop();
+            if let Some(guard) = lock.try_read() {
+                return guard;
             }
         }
+        lock.read()
     }
 
     /// Write-locks `lock`, counting the acquisition if it has to wait.
@@ -361,13 +382,18 @@ impl<S: Symbol> RadixTree<S> {
         &self,
         lock: &'a RwLock<Shard<S::Unit>>,
     ) -> RwLockWriteGuard<'a, Shard<S::Unit>> {
-        match lock.try_write() {
-            Some(guard) => guard,
-            None => {
-                self.waits.0.writes.fetch_add(1, Ordering::Relaxed);
-                lock.write()
+        if let Some(guard) = lock.try_write() {
+            return guard;
+        }
+        self.waits.0.writes.fetch_add(1, Ordering::Relaxed);
+        #[cfg(not(loom))]
+        for _ in 0..SPIN_LIMIT {
+            std::hint::spin_loop();
+            if let Some(guard) = lock.try_write() {
+                return guard;
             }
         }
+        lock.write()
     }
 
     /// Checks the tree's invariants, including that every tenant's counter
@@ -389,7 +415,7 @@ impl<S: Symbol> RadixTree<S> {
         let mut sizes = vec![0usize; self.tenants.count() as usize];
         for shard in self.shards.iter() {
             let shard = shard.0.read();
-            for node in &shard.nodes {
+            for node in shard.nodes.iter() {
                 for e in &node.tenants {
                     if let Some(size) = sizes.get_mut(e.tenant as usize) {
                         *size += node.symbols as usize;
@@ -419,7 +445,30 @@ impl<S: Symbol> RadixTree<S> {
             return;
         };
         let now = self.clock.now();
-        self.write_shard(shard).insert(probe, tenant.0, now);
+        // Read phase: walk and plan under the read lock, in parallel with
+        // lookups and other inserts' read phases.
+        let plan = match self.read_shard(shard).plan_insert(probe, tenant.0, now) {
+            Planned::Nothing => return,
+            Planned::Apply(plan) => plan,
+        };
+        // The new leaf's label (most of an insert's bytes) is copied with no
+        // lock held.
+        let mut leaf = plan.leaf_at.and_then(|pos| NewLeaf::from_rest(probe, pos));
+        let mut guard = self.write_shard(shard);
+        if plan.leaf_at.is_some() && leaf.is_none() {
+            // A rest longer than one label: the one-walk insert chains it.
+            guard.insert(probe, tenant.0, now);
+            return;
+        }
+        // Write phase: validate the plan and apply it; if the shard changed
+        // under it, walk again, this time under the write lock.
+        if !guard.apply_insert(&plan, &mut leaf, tenant.0, now) {
+            self.waits.0.replans.fetch_add(1, Ordering::Relaxed);
+            guard.insert(probe, tenant.0, now);
+        }
+        drop(guard);
+        // An unused leaf (only after a failed validation) is freed unlocked.
+        drop(leaf);
     }
 
     #[inline]
@@ -431,24 +480,22 @@ impl<S: Symbol> RadixTree<S> {
                 input: 0,
             };
         };
-        let shard = self.read_shard(shard);
-        let end = shard.walk(probe, |_| true);
-        // Only the unmatched tail is counted: the matched part's length comes
-        // from the per-node symbol counts.
+        let (end, tenant) = {
+            let shard = self.read_shard(shard);
+            let end = shard.walk(probe, |_| true);
+            let tenant = (end.node != ROOT)
+                .then(|| shard.nodes[end.node as usize].most_recent())
+                .flatten()
+                .map(|e| e.tenant);
+            if let Some(t) = tenant {
+                shard.touch_path(end.node, t, self.clock.now());
+            }
+            (end, tenant)
+        };
+        // Only the unmatched tail is counted, and with the lock released
+        // (writers wait for lookups): the matched part's length comes from
+        // the per-node symbol counts.
         let input = end.matched + probe.count_rest(end.pos);
-        if end.node == ROOT {
-            return PrefixMatch {
-                tenant: None,
-                matched: 0,
-                input,
-            };
-        }
-        let tenant = shard.nodes[end.node as usize]
-            .most_recent()
-            .map(|e| e.tenant);
-        if let Some(t) = tenant {
-            shard.touch_path(end.node, t, self.clock.now());
-        }
         PrefixMatch {
             tenant: tenant.map(TenantId),
             matched: end.matched,
