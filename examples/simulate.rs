@@ -66,10 +66,12 @@ struct Args {
     /// Requests per generated workload, overriding the scenario defaults.
     #[arg(long)]
     requests: Option<usize>,
-    /// P/D: choose the decode worker when the prefill completes, not at
-    /// arrival with the prefill worker (the router's way).
+    /// P/D: choose the decode worker at arrival with the prefill worker (as
+    /// the router does for MoRI-IO READ and the concurrent connectors)
+    /// instead of when the prefill completes (the default: the router's way
+    /// for NIXL and sequential Mooncake).
     #[arg(long)]
-    late_decode_choice: bool,
+    arrival_decode_choice: bool,
     /// Drain this many workers of the policy's pool (the prefill pool under
     /// P/D) before the run: members every policy sees, with load 0, that
     /// may not take requests (a worker draining or failing health checks).
@@ -219,7 +221,7 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
         decode_policy: args.decode_policy.clone(),
         seed: args.seed,
         drained: args.drain,
-        late_decode_choice: args.late_decode_choice,
+        late_decode_choice: !args.arrival_decode_choice,
         ..SimConfig::default()
     };
     if let Some(abs) = args.balance_abs {

@@ -163,21 +163,22 @@ fn under_pd_the_prefill_leg_is_charged_and_decode_follows() {
     // Every decode leg received the prefill engine's KV, checked by the
     // decode engine against the transfer the prefill engine published.
     assert_eq!(pd.kv_transfers, (300, 0));
-    // Choosing the decode worker when the prefill completes changes where
-    // decode legs go, not what is accounted.
-    let late = simulate(
+    // Choosing the decode worker at arrival instead of when the prefill
+    // completes changes where decode legs go, not what is accounted.
+    assert!(config.late_decode_choice, "the router's way is the default");
+    let arrival = simulate(
         &prepared,
         "round_robin",
         &SimConfig {
-            late_decode_choice: true,
+            late_decode_choice: false,
             ..config.clone()
         },
         &|_| {},
     )
     .unwrap();
-    assert_eq!(late.kv_transfers, (300, 0));
-    assert_eq!(late.final_loads, [0, 0]);
-    assert_eq!(late.metrics.completed, 300);
+    assert_eq!(arrival.kv_transfers, (300, 0));
+    assert_eq!(arrival.final_loads, [0, 0]);
+    assert_eq!(arrival.metrics.completed, 300);
     assert_eq!(regular.kv_transfers, (0, 0));
     // The first token now needs a prefill step and then a decode step
     // (2 ms + 8 ms at least in the default model).

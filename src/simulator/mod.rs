@@ -17,11 +17,11 @@
 //!   [`LoadGuard`](worker_lifecycle::LoadGuard) lives until the simulated
 //!   request finishes, so the load every policy reads is the real in-flight
 //!   count;
-//! - in prefill/decode mode the (prefill, decode) pair is chosen at
-//!   arrival by the policy under test and the decode policy, as
-//!   pd-orchestrator's flow takes both workers up front (or the decode
-//!   worker when the prefill completes, with
-//!   [`SimConfig::late_decode_choice`]); a prefill guard lives from
+//! - in prefill/decode mode the prefill worker is chosen at arrival by the
+//!   policy under test and the decode worker by the decode policy when the
+//!   prefill completes, as the router does for NIXL and sequential
+//!   Mooncake (or both at arrival, as for MoRI-IO READ, with
+//!   [`SimConfig::late_decode_choice`] off); a prefill guard lives from
 //!   dispatch to prefill completion (queued and running requests count),
 //!   then the decode guard is reserved and the decode leg receives the
 //!   prefill engine's

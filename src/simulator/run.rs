@@ -44,13 +44,13 @@ pub struct SimConfig {
     pub pd: Option<PdSplit>,
     /// The policy placing decode legs in P/D mode. Default `least_loaded`.
     pub decode_policy: String,
-    /// P/D: choose the decode worker when the prefill completes instead of
-    /// at arrival — what the router does for NIXL and sequential Mooncake
-    /// (`PdFlow::run_late_decode`). Default `false`: the pair is chosen at
-    /// arrival, as the router still does for MoRI-IO READ and the
-    /// concurrent connectors, while the decode guard is reserved only when
-    /// the decode leg is sent, so requests waiting for their prefill are not
-    /// yet decode load.
+    /// P/D: choose the decode worker when the prefill completes — what the
+    /// router does for NIXL and sequential Mooncake
+    /// (`PdFlow::run_late_decode`). Default `true`. `false` chooses the pair
+    /// at arrival, as the router does for MoRI-IO READ and the concurrent
+    /// connectors, while the decode guard is reserved only when the decode
+    /// leg is sent, so requests waiting for their prefill are not yet
+    /// decode load.
     pub late_decode_choice: bool,
     /// Seed of the random policies (`random`, `power_of_two`). Default 1.
     pub seed: u64,
@@ -74,7 +74,7 @@ impl Default for SimConfig {
             workers: 8,
             pd: None,
             decode_policy: "least_loaded".to_owned(),
-            late_decode_choice: false,
+            late_decode_choice: true,
             seed: 1,
             load_samples: 200,
             drained: 0,
@@ -469,9 +469,10 @@ impl Sim<'_> {
             self.tally.rejected += 1;
             return;
         };
-        // Under P/D the pair is chosen at arrival, as pd-orchestrator's flow
-        // takes both workers up front; the decode guard is reserved only
-        // when the decode leg is sent (invariant 9).
+        // Under P/D with the arrival choice both workers are taken up front
+        // (the router's MoRI-IO READ path); by default the decode worker is
+        // chosen when the prefill completes. Either way the decode guard is
+        // reserved only when the decode leg is sent (invariant 9).
         let decode_worker = match &self.decode {
             Some(_) if self.late_decode_choice => None,
             Some(pool) => {
