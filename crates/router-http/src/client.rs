@@ -125,21 +125,41 @@ struct IdleConn {
 
 /// Idle connections per worker authority (`host:port`).
 struct Pool {
-    idle: Mutex<HashMap<Arc<str>, VecDeque<IdleConn>>>,
+    idle: Mutex<Idle>,
     config: ClientConfig,
 }
 
+struct Idle {
+    queues: HashMap<Arc<str>, VecDeque<IdleConn>>,
+    /// When `put` next sweeps every worker's queue for expired connections:
+    /// a worker that left the fleet is never asked for again, and its idle
+    /// sockets would otherwise stay open.
+    next_sweep: Instant,
+}
+
 impl Pool {
+    fn new(config: ClientConfig) -> Self {
+        Self {
+            idle: Mutex::new(Idle {
+                queues: HashMap::new(),
+                next_sweep: Instant::now() + config.pool_idle_timeout / 2,
+            }),
+            config,
+        }
+    }
+
+    fn expired(&self, entry: &IdleConn, now: Instant) -> bool {
+        now.saturating_duration_since(entry.since) >= self.config.pool_idle_timeout
+    }
+
     /// The most recently returned idle connection to `key` that is still
     /// fresh; expired ones found on the way are dropped (closed).
     fn take(&self, key: &str) -> Option<Conn> {
         let now = Instant::now();
         let mut idle = self.idle.lock();
-        let queue = idle.get_mut(key)?;
+        let queue = idle.queues.get_mut(key)?;
         while let Some(entry) = queue.pop_back() {
-            if now.saturating_duration_since(entry.since) < self.config.pool_idle_timeout
-                && !entry.conn.sender.is_closed()
-            {
+            if !self.expired(&entry, now) && !entry.conn.sender.is_closed() {
                 return Some(entry.conn);
             }
         }
@@ -147,38 +167,44 @@ impl Pool {
     }
 
     /// Returns `conn` to the pool, closing the oldest idle connection of the
-    /// same worker when the pool is full or it expired.
+    /// same worker when the pool is full or it expired, and every expired
+    /// connection of every worker once per half idle timeout.
     fn put(&self, mut conn: Conn) {
         if self.config.pool_max_idle_per_host == 0 || conn.sender.is_closed() {
             return;
         }
         conn.reused = true;
         let now = Instant::now();
-        let expired_or_excess;
+        let mut dropped = Vec::new();
         {
             let mut idle = self.idle.lock();
-            let queue = match idle.get_mut(&conn.key) {
+            if now >= idle.next_sweep {
+                idle.next_sweep = now + self.config.pool_idle_timeout / 2;
+                for queue in idle.queues.values_mut() {
+                    while queue.front().is_some_and(|entry| self.expired(entry, now)) {
+                        dropped.extend(queue.pop_front());
+                    }
+                }
+                idle.queues.retain(|_, queue| !queue.is_empty());
+            }
+            let queue = match idle.queues.get_mut(&conn.key) {
                 Some(queue) => queue,
-                None => idle.entry(Arc::clone(&conn.key)).or_default(),
+                None => idle.queues.entry(Arc::clone(&conn.key)).or_default(),
             };
-            let mut dropped = Vec::new();
             while let Some(oldest) = queue.front() {
-                let expired =
-                    now.saturating_duration_since(oldest.since) >= self.config.pool_idle_timeout;
-                if !expired && queue.len() < self.config.pool_max_idle_per_host {
+                if !self.expired(oldest, now) && queue.len() < self.config.pool_max_idle_per_host {
                     break;
                 }
                 dropped.extend(queue.pop_front());
             }
             queue.push_back(IdleConn { conn, since: now });
-            expired_or_excess = dropped;
         }
         // Closing sockets happens outside the lock.
-        drop(expired_or_excess);
+        drop(dropped);
     }
 
     fn idle_count(&self) -> usize {
-        self.idle.lock().values().map(VecDeque::len).sum()
+        self.idle.lock().queues.values().map(VecDeque::len).sum()
     }
 }
 
@@ -201,10 +227,7 @@ impl UpstreamClient {
     /// A client with `config`.
     pub fn new(config: ClientConfig) -> Self {
         Self {
-            pool: Arc::new(Pool {
-                idle: Mutex::new(HashMap::new()),
-                config,
-            }),
+            pool: Arc::new(Pool::new(config)),
         }
     }
 
@@ -722,6 +745,60 @@ mod tests {
             "{head}"
         );
         assert!(head.contains(&format!("\r\nhost: {addr}\r\n")), "{head}");
+    }
+
+    #[tokio::test]
+    async fn idle_connections_of_a_worker_no_longer_used_are_closed_by_a_sweep() {
+        // Two workers; the first is never asked for again (it left the
+        // fleet). Its idle connection must still close once it expired.
+        let closed = Arc::new(AtomicUsize::new(0));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gone = listener.local_addr().unwrap();
+        let counter = Arc::clone(&closed);
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+            socket.write_all(OK.as_bytes()).await.unwrap();
+            // The router closing its idle connection reads as end of file.
+            while let Ok(n) = socket.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        let (staying, _) = raw_worker(OK, usize::MAX).await;
+        let client = UpstreamClient::new(ClientConfig {
+            pool_idle_timeout: Duration::from_millis(100),
+            ..ClientConfig::default()
+        });
+        let response = client.send(get(format!("http://{gone}/x"))).await.unwrap();
+        let _ = response.into_body().collect().await.unwrap();
+        assert_eq!(client.idle_connections(), 1);
+        // Past the idle timeout, traffic to the other worker sweeps it.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let response = client
+            .send(get(format!("http://{staying}/x")))
+            .await
+            .unwrap();
+        let _ = response.into_body().collect().await.unwrap();
+        assert_eq!(
+            client.idle_connections(),
+            1,
+            "only the live worker's connection"
+        );
+        for _ in 0..500 {
+            if closed.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            closed.load(Ordering::SeqCst),
+            1,
+            "the expired socket was closed"
+        );
     }
 
     #[tokio::test]
