@@ -74,15 +74,6 @@ fn route(
     (in_match, in_insert)
 }
 
-/// On-CPU nanoseconds of the calling thread.
-fn cpu_ns() -> u64 {
-    std::thread::yield_now();
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|f| f.parse().ok()))
-        .unwrap_or(0)
-}
-
 /// Wall nanoseconds and summed on-CPU nanoseconds of two route threads.
 fn two_threads(setups: [&Setup; 2], routes: &[Request]) -> (u64, u64) {
     let items: [Vec<usize>; 2] = [
@@ -105,9 +96,9 @@ fn two_threads_on(setups: [&Setup; 2], routes: &[Request], items: &[Vec<usize>; 
                 let barrier = &barrier;
                 scope.spawn(move || {
                     barrier.wait();
-                    let c0 = cpu_ns();
+                    let c0 = workload::thread_cpu_ns();
                     route(setup, items[t].iter().copied(), routes, 32 * t, false);
-                    cpu_ns() - c0
+                    workload::thread_cpu_ns() - c0
                 })
             })
             .collect();
@@ -168,11 +159,11 @@ fn main() {
         // Diagnosis: the route loop's lookups alone (no writes), on one
         // shared tree and on two unshared trees.
         let lookups = |setup: &Setup, t: usize| {
-            let c0 = cpu_ns();
+            let c0 = workload::thread_cpu_ns();
             for i in (t..routes.len()).step_by(2) {
                 std::hint::black_box(setup.tree.prefix_match(&routes[i].text));
             }
-            cpu_ns() - c0
+            workload::thread_cpu_ns() - c0
         };
         for _ in 0..reps {
             let pair = [warm_tree(&warm), warm_tree(&warm)];
@@ -252,10 +243,10 @@ fn main() {
     }
     for rep in 0..reps {
         let setup = warm_tree(&warm);
-        let (start, c0) = (Instant::now(), cpu_ns());
+        let (start, c0) = (Instant::now(), workload::thread_cpu_ns());
         route(&setup, 0..routes.len(), &routes, 0, false);
         let one = start.elapsed().as_nanos() as f64;
-        let one_cpu = (cpu_ns() - c0) as f64;
+        let one_cpu = (workload::thread_cpu_ns() - c0) as f64;
         drop(setup);
 
         let setup = warm_tree(&warm);

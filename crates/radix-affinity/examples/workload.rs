@@ -21,21 +21,6 @@ use radix_affinity::workload::{
 };
 use radix_affinity::{TenantId, TextTree, TokenTree};
 
-/// On-CPU nanoseconds of the calling thread (`/proc/thread-self/schedstat`
-/// field 1).
-///
-/// The kernel brings that counter up to date only at scheduler events (ticks,
-/// switches), so a read could lag by up to a tick; yielding first runs the
-/// scheduler's accounting for this thread, which makes sub-millisecond phases
-/// (tenant removal) measurable.
-fn cpu_ns() -> u64 {
-    std::thread::yield_now();
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|f| f.parse().ok()))
-        .unwrap_or(0)
-}
-
 /// Resident bytes of this process.
 fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
@@ -50,9 +35,9 @@ fn rss_bytes() -> u64 {
 
 /// On-CPU and wall nanoseconds of `f`.
 fn timed<T>(f: impl FnOnce() -> T) -> (T, u64, u64) {
-    let (c0, w0) = (cpu_ns(), Instant::now());
+    let (c0, w0) = (workload::thread_cpu_ns(), Instant::now());
     let out = f();
-    let (c1, w1) = (cpu_ns(), w0.elapsed());
+    let (c1, w1) = (workload::thread_cpu_ns(), w0.elapsed());
     (out, c1 - c0, w1.as_nanos() as u64)
 }
 
@@ -193,7 +178,7 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
                 let (setup, barrier, routes) = (&setup, &barrier, &s.routes);
                 scope.spawn(move || {
                     barrier.wait();
-                    let c0 = cpu_ns();
+                    let c0 = workload::thread_cpu_ns();
                     route(
                         &setup.tree,
                         &setup.ids,
@@ -201,7 +186,7 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
                         routes,
                         32 * t,
                     );
-                    cpu_ns() - c0
+                    workload::thread_cpu_ns() - c0
                 })
             })
             .collect();

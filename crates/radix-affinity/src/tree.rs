@@ -47,6 +47,25 @@ type ShardLock<U> = Padded<RwLock<Shard<U>>>;
 #[cfg(not(loom))]
 const SPIN_LIMIT: usize = 128;
 
+/// Takes a lock with `try_lock` at once if it is free; otherwise counts the
+/// wait in `waits`, polls up to [`SPIN_LIMIT`] times (critical sections are
+/// short), and only then blocks with `lock`.
+#[inline]
+fn acquire<G>(try_lock: impl Fn() -> Option<G>, lock: impl FnOnce() -> G, waits: &AtomicU64) -> G {
+    if let Some(guard) = try_lock() {
+        return guard;
+    }
+    waits.fetch_add(1, Ordering::Relaxed);
+    #[cfg(not(loom))]
+    for _ in 0..SPIN_LIMIT {
+        std::hint::spin_loop();
+        if let Some(guard) = try_lock() {
+            return guard;
+        }
+    }
+    lock()
+}
+
 /// Bound on eviction passes when racing inserts keep adding to the tenant.
 const EVICTION_ROUNDS: usize = 4;
 
@@ -362,18 +381,7 @@ impl<S: Symbol> RadixTree<S> {
         &self,
         lock: &'a RwLock<Shard<S::Unit>>,
     ) -> RwLockReadGuard<'a, Shard<S::Unit>> {
-        if let Some(guard) = lock.try_read() {
-            return guard;
-        }
-        self.waits.0.reads.fetch_add(1, Ordering::Relaxed);
-        #[cfg(not(loom))]
-        for _ in 0..SPIN_LIMIT {
-            std::hint::spin_loop();
-            if let Some(guard) = lock.try_read() {
-                return guard;
-            }
-        }
-        lock.read()
+        acquire(|| lock.try_read(), || lock.read(), &self.waits.0.reads)
     }
 
     /// Write-locks `lock`, counting the acquisition if it has to wait.
@@ -382,18 +390,7 @@ impl<S: Symbol> RadixTree<S> {
         &self,
         lock: &'a RwLock<Shard<S::Unit>>,
     ) -> RwLockWriteGuard<'a, Shard<S::Unit>> {
-        if let Some(guard) = lock.try_write() {
-            return guard;
-        }
-        self.waits.0.writes.fetch_add(1, Ordering::Relaxed);
-        #[cfg(not(loom))]
-        for _ in 0..SPIN_LIMIT {
-            std::hint::spin_loop();
-            if let Some(guard) = lock.try_write() {
-                return guard;
-            }
-        }
-        lock.write()
+        acquire(|| lock.try_write(), || lock.write(), &self.waits.0.writes)
     }
 
     /// Checks the tree's invariants, including that every tenant's counter

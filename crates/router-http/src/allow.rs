@@ -132,15 +132,10 @@ pub async fn check_worker_address(
     let Some(authority) = uri.authority() else {
         return Err(refused("no host".into()));
     };
-    let host = authority.host();
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
+    let (host, port) = crate::client::host_port(authority);
     let addresses: Vec<IpAddr> = match host.parse::<IpAddr>() {
         Ok(address) => vec![address],
         Err(_) => {
-            let port = authority.port_u16().unwrap_or(80);
             let lookup = tokio::net::lookup_host((host, port));
             match tokio::time::timeout(resolve_timeout, lookup).await {
                 Ok(Ok(resolved)) => resolved.map(|socket| socket.ip()).collect(),

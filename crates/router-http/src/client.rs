@@ -301,21 +301,16 @@ impl UpstreamClient {
 
     async fn connect(&self, authority: &Authority) -> Result<Conn, UpstreamError> {
         let timeout = self.pool.config.connect_timeout;
-        let host = authority.host();
-        let host = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        let port = authority.port_u16().unwrap_or(80);
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => return Err(UpstreamError::Connect(format!("{authority}: {err}"))),
-            Err(_elapsed) => {
-                return Err(UpstreamError::Connect(format!(
-                    "{authority}: no connection within {timeout:?}"
-                )));
-            }
-        };
+        let stream =
+            match tokio::time::timeout(timeout, TcpStream::connect(host_port(authority))).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(err)) => return Err(UpstreamError::Connect(format!("{authority}: {err}"))),
+                Err(_elapsed) => {
+                    return Err(UpstreamError::Connect(format!(
+                        "{authority}: no connection within {timeout:?}"
+                    )));
+                }
+            };
         // Small SSE chunks must not wait for Nagle's algorithm.
         let _ = stream.set_nodelay(true);
         let (sender, driver) = http1::Builder::new()
@@ -377,6 +372,17 @@ where
         sent.as_mut().poll(cx)
     })
     .await
+}
+
+/// The host (IPv6 without its brackets) and port (80 by default) of an
+/// `http://` authority, as a socket address to connect to or resolve.
+pub(crate) fn host_port(authority: &Authority) -> (&str, u16) {
+    let host = authority.host();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    (host, authority.port_u16().unwrap_or(80))
 }
 
 /// Splits an absolute `http://` URI into the worker's authority

@@ -206,6 +206,66 @@ struct Message<'a> {
     content: Content<'a>,
 }
 
+/// `visit_borrowed_str`, `visit_str` and `visit_string` of a visitor that
+/// wraps the text (borrowed from the body when it has no escapes) with
+/// `$wrap`.
+macro_rules! visit_strings {
+    ($wrap:expr) => {
+        fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+            Ok(($wrap)(Cow::Borrowed(text)))
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            Ok(($wrap)(Cow::Owned(text.to_owned())))
+        }
+
+        fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
+            Ok(($wrap)(Cow::Owned(text)))
+        }
+    };
+}
+
+/// The visitor methods of values the router does not route by: objects
+/// (skipped without recursion), `null`, booleans and floats all become
+/// `$other`.
+macro_rules! visit_other_values {
+    ($other:expr) => {
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            drain_map(map)?;
+            Ok($other)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+    };
+}
+
+/// Integers, where they are not token ids, become `$other`.
+macro_rules! visit_other_integers {
+    ($other:expr) => {
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+    };
+}
+
 /// A message's content as the router reads it.
 ///
 /// Deserialized by hand rather than as an untagged enum: serde tries an
@@ -258,17 +318,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
                 f.write_str("message content: a string or a list of content parts")
             }
 
-            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
-                Ok(Content::Text(Cow::Borrowed(text)))
-            }
-
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
-                Ok(Content::Text(Cow::Owned(text.to_owned())))
-            }
-
-            fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
-                Ok(Content::Text(Cow::Owned(text)))
-            }
+            visit_strings!(Content::Text);
 
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
@@ -278,34 +328,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
                 Ok(Content::Parts(parts))
             }
 
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                drain_map(map)?;
-                Ok(Content::Other)
-            }
-
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Content::Other)
-            }
-
-            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Content::Other)
-            }
-
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Content::Other)
-            }
-
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(Content::Other)
-            }
-
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(Content::Other)
-            }
-
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Content::Other)
-            }
+            visit_other_values!(Content::Other);
+            visit_other_integers!(Content::Other);
         }
 
         deserializer.deserialize_any(ContentVisitor(PhantomData))
@@ -385,51 +409,15 @@ impl<'de: 'a, 'a> Deserialize<'de> for MaybeStr<'a> {
                 f.write_str("any value")
             }
 
-            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
-                Ok(MaybeStr(Some(Cow::Borrowed(text))))
-            }
-
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
-                Ok(MaybeStr(Some(Cow::Owned(text.to_owned()))))
-            }
-
-            fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
-                Ok(MaybeStr(Some(Cow::Owned(text))))
-            }
+            visit_strings!(|text| MaybeStr(Some(text)));
 
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
                 Ok(MaybeStr(None))
             }
 
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                drain_map(map)?;
-                Ok(MaybeStr(None))
-            }
-
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(MaybeStr(None))
-            }
-
-            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(MaybeStr(None))
-            }
-
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(MaybeStr(None))
-            }
-
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(MaybeStr(None))
-            }
-
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(MaybeStr(None))
-            }
-
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(MaybeStr(None))
-            }
+            visit_other_values!(MaybeStr(None));
+            visit_other_integers!(MaybeStr(None));
         }
 
         deserializer.deserialize_any(StrVisitor(PhantomData))
@@ -473,17 +461,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Prompt<'a> {
                 f.write_str("a prompt: a string, token ids, or a batch of either")
             }
 
-            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
-                Ok(Prompt::Text(Cow::Borrowed(text)))
-            }
-
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
-                Ok(Prompt::Text(Cow::Owned(text.to_owned())))
-            }
-
-            fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
-                Ok(Prompt::Text(Cow::Owned(text)))
-            }
+            visit_strings!(Prompt::Text);
 
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let prompt = match seq.next_element::<PromptItem<'a>>()? {
@@ -513,34 +491,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Prompt<'a> {
                 Ok(prompt)
             }
 
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                drain_map(map)?;
-                Ok(Prompt::Other)
-            }
-
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Prompt::Other)
-            }
-
-            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Prompt::Other)
-            }
-
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Prompt::Other)
-            }
-
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(Prompt::Other)
-            }
-
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(Prompt::Other)
-            }
-
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Prompt::Other)
-            }
+            visit_other_values!(Prompt::Other);
+            visit_other_integers!(Prompt::Other);
         }
 
         deserializer.deserialize_any(PromptVisitor(PhantomData))
@@ -566,17 +518,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for PromptItem<'a> {
                 f.write_str("a string, a token id or a list of token ids")
             }
 
-            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
-                Ok(PromptItem::Text(Cow::Borrowed(text)))
-            }
-
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
-                Ok(PromptItem::Text(Cow::Owned(text.to_owned())))
-            }
-
-            fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
-                Ok(PromptItem::Text(Cow::Owned(text)))
-            }
+            visit_strings!(PromptItem::Text);
 
             fn visit_u64<E: de::Error>(self, id: u64) -> Result<Self::Value, E> {
                 Ok(u32::try_from(id).map_or(PromptItem::Other, PromptItem::Token))
@@ -602,22 +544,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for PromptItem<'a> {
                 })
             }
 
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                drain_map(map)?;
-                Ok(PromptItem::Other)
-            }
-
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(PromptItem::Other)
-            }
-
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(PromptItem::Other)
-            }
-
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(PromptItem::Other)
-            }
+            visit_other_values!(PromptItem::Other);
         }
 
         deserializer.deserialize_any(ItemVisitor(PhantomData))
