@@ -266,7 +266,7 @@ fn main() {
 
         println!(
             "rep {rep}: 1t {:.0} ns/op wall, {:.0} cpu [lookup {:.0} + insert {:.0} ns] | \
-             2t shared {:.2}x wall, {:.0} cpu ns/op, waits/op r {:.4} w {:.4} replans {:.4} | \
+             2t shared {:.2}x wall, {:.0} cpu ns/op, waits/op r {:.4} w {:.4} retries {:.4} | \
              2t unshared {:.2}x wall, {:.0} cpu ns/op",
             one / n,
             one_cpu / n,
@@ -276,7 +276,7 @@ fn main() {
             shared_cpu / n,
             waits.reads as f64 / n,
             waits.writes as f64 / n,
-            waits.replans as f64 / n,
+            waits.retries as f64 / n,
             one / unshared,
             unshared_cpu / n,
         );

@@ -1,14 +1,24 @@
-//! One shard: the subtree of every text whose first symbol maps to it, stored
-//! in an index arena and mutated only under the shard's write lock.
+//! One shard: the subtree of every text whose first symbol maps to it.
 //!
-//! All functions here are single-threaded logic over `&Shard` / `&mut Shard`;
-//! the only interior mutability is the per-(node, tenant) stamp, an atomic so
-//! that lookups holding a *read* lock can refresh it.
-
-use smallvec::SmallVec;
+//! Two kinds of access, chosen by the shard's lock (see the crate docs):
+//!
+//! - **Shared** (`&Shard`, under the shard lock's read side): lookups, and
+//!   inserts, which lock only the nodes they change. Every node field is an
+//!   atomic. A node's *version* is a sequence lock: a writer makes it odd
+//!   while it changes the node and even again after, and a reader takes a
+//!   consistent [`View`] of a node by reading its fields between two equal
+//!   even versions. Nothing is freed under shared access: label buffers live
+//!   as long as their node, and the child and owner arrays a writer replaces
+//!   when they grow are retired to a garbage list.
+//! - **Exclusive** (`&mut Shard`, under the write side): eviction, tenant
+//!   removal, growing the node arena or the tenant table, and freeing
+//!   retired arrays. These are the only places memory is freed, so a shared
+//!   reader never sees freed memory; the borrow checker enforces it, since a
+//!   [`View`] borrows the shard.
 
 use crate::symbol::{Probe, Unit};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::Backoff;
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, Ordering, fence};
 
 /// Index of the shard's root (empty label, never freed, owned by nobody).
 pub(crate) const ROOT: u32 = 0;
@@ -17,23 +27,44 @@ pub(crate) const ROOT: u32 = 0;
 /// keeps symbol counts within `u32`.
 pub(crate) const LABEL_MAX: usize = 1 << 28;
 
-/// A tenant's hold on one node.
+/// Retired arrays are freed once a shard holds this many bytes of them.
+const GARBAGE_LIMIT: u64 = 4 << 10;
+
+/// Node slots a shard starts with (the root and a few more), and the least
+/// it adds when it runs out.
+#[cfg(not(loom))]
+const INITIAL_SLOTS: usize = 8;
+#[cfg(loom)]
+const INITIAL_SLOTS: usize = 2;
+
+/// A tenant's hold on one node. Every field is atomic so that a lookup can
+/// read it while an insert holding the node's lock writes the array.
 #[derive(Debug)]
-pub(crate) struct Entry {
-    pub(crate) tenant: u32,
-    /// Position of this node in `Shard::tenant_nodes[tenant]`.
-    pos: u32,
-    /// Children of this node that `tenant` also holds; 0 means the node is one
-    /// of the tenant's leaves, i.e. an eviction candidate.
-    pub(crate) held_children: u32,
-    /// Last use of this node by `tenant`.
-    pub(crate) stamp: AtomicU64,
+pub(crate) struct Owner {
+    tenant: AtomicU32,
+    /// Position of this node in the tenant's node list.
+    pos: AtomicU32,
+    /// Children of this node that the tenant also holds; 0 means the node is
+    /// one of the tenant's leaves, i.e. an eviction candidate.
+    held: AtomicU32,
+    /// Last use of this node by the tenant.
+    stamp: AtomicU64,
 }
 
-impl Entry {
+impl Owner {
+    #[inline]
+    pub(crate) fn tenant(&self) -> u32 {
+        self.tenant.load(Ordering::Relaxed)
+    }
+
     #[inline]
     pub(crate) fn stamp(&self) -> u64 {
         self.stamp.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub(crate) fn held(&self) -> u32 {
+        self.held.load(Ordering::Relaxed)
     }
 
     /// Raises the stamp to `now`, writing only when it is stale so shared hot
@@ -44,142 +75,653 @@ impl Entry {
             self.stamp.store(now, Ordering::Relaxed);
         }
     }
+
+    fn set(&self, tenant: u32, pos: u32, held: u32, stamp: u64) {
+        self.tenant.store(tenant, Ordering::Relaxed);
+        self.pos.store(pos, Ordering::Relaxed);
+        self.held.store(held, Ordering::Relaxed);
+        self.stamp.store(stamp, Ordering::Relaxed);
+    }
+
+    fn add_held(&self, delta: i32) {
+        let held = self.held.load(Ordering::Relaxed);
+        self.held
+            .store(held.saturating_add_signed(delta), Ordering::Relaxed);
+    }
 }
 
-/// A node. `repr(C)` with 64-byte alignment keeps what the walk reads (label,
-/// children, symbol count, parent) in one cache line; the owners follow.
+/// What a node's child or owner array holds.
+trait Item: Sized {
+    fn blank() -> Self;
+    fn copy_from(&self, other: &Self);
+    fn retire(array: Box<[Self]>, garbage: &mut Garbage);
+}
+
+impl Item for AtomicU64 {
+    fn blank() -> Self {
+        AtomicU64::new(0)
+    }
+
+    fn copy_from(&self, other: &Self) {
+        self.store(other.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    fn retire(array: Box<[Self]>, garbage: &mut Garbage) {
+        garbage.children.push(array);
+    }
+}
+
+impl Item for Owner {
+    fn blank() -> Self {
+        Owner {
+            tenant: AtomicU32::new(0),
+            pos: AtomicU32::new(0),
+            held: AtomicU32::new(0),
+            stamp: AtomicU64::new(0),
+        }
+    }
+
+    fn copy_from(&self, other: &Self) {
+        self.set(
+            other.tenant(),
+            other.pos.load(Ordering::Relaxed),
+            other.held(),
+            other.stamp(),
+        );
+    }
+
+    fn retire(array: Box<[Self]>, garbage: &mut Garbage) {
+        garbage.owners.push(array);
+    }
+}
+
+/// Arrays replaced while readers may still read them; freed under exclusive
+/// access.
+#[derive(Debug, Default)]
+struct Garbage {
+    children: Vec<Box<[AtomicU64]>>,
+    owners: Vec<Box<[Owner]>>,
+}
+
+/// A shard's retired arrays and their size. The size is an atomic beside the
+/// list so that an insert checks it without taking the list's lock.
 #[derive(Debug)]
-#[repr(C, align(64))]
-pub(crate) struct Node<U> {
-    /// Buffer holding the edge label from the parent in
-    /// `label_start..label_end` (the units around it are dead, see
-    /// `split_label`); empty for the root and for free slots.
-    label_buf: Box<[U]>,
-    /// `(first symbol of the child's label, child index)`, sorted by key.
-    /// Up to two inline (most nodes), so the walk does not chase a pointer.
-    pub(crate) children: SmallVec<[(u32, u32); 2]>,
-    /// Symbols in `label`.
-    pub(crate) symbols: u32,
-    pub(crate) parent: u32,
-    /// Bumped whenever the slot is freed, so stale eviction candidates are
-    /// recognised after the slot is reused.
-    pub(crate) generation: u32,
-    /// Start of the label in `label_buf`.
-    label_start: u32,
-    /// End of the label in `label_buf`.
-    label_end: u32,
-    /// Tenants holding this node; empty only for the root and free slots.
-    pub(crate) tenants: SmallVec<[Entry; 1]>,
+pub(crate) struct Retired {
+    list: Mutex<Garbage>,
+    bytes: AtomicU64,
 }
 
-/// A label: a buffer and the range of it that is live.
-type Label<U> = (Box<[U]>, u32, u32);
-
-/// Splits the label `buf[start..end]` after `at` units into (upper, lower)
-/// labels, copying only the shorter side; the longer side keeps the buffer
-/// with its range narrowed.
-///
-/// When the upper part is the shorter one (the common case: a new request
-/// branching a few characters into an earlier request's suffix), the lower
-/// node keeps the buffer and only moves `start` past the cut, so the split
-/// copies a few bytes instead of the suffix. Otherwise the upper node keeps
-/// it and moves `end`: the buffer is not shrunk, because a `realloc` of a
-/// buffer another thread allocated takes that thread's allocator lock (see
-/// [`reserve_one`]). Dead units are bounded by what the buffer held when it
-/// was allocated.
-fn split_label<U: Unit>(buf: Box<[U]>, start: u32, end: u32, at: usize) -> (Label<U>, Label<U>) {
-    let cut = start + at as u32;
-    let live = &buf[start as usize..end as usize];
-    if at <= live.len() - at {
-        let upper: Box<[U]> = live[..at].into();
-        ((upper, 0, at as u32), (buf, cut, end))
-    } else {
-        let lower: Box<[U]> = live[at..].into();
-        let lower_len = lower.len() as u32;
-        ((buf, start, cut), (lower, 0, lower_len))
-    }
-}
-
-/// Makes room for one more element in `v` without `realloc`.
-///
-/// Threads share nodes, so a node's spilled buffer was often allocated by
-/// another thread. glibc's `realloc` of such a buffer takes the lock of the
-/// arena it came from, which its owner holds for its own allocations, and a
-/// contended arena lock sleeps in the kernel at once; with two threads
-/// inserting into one shard that was a futex wait every few hundred
-/// operations. Allocating the larger buffer here (from this thread's arena)
-/// and freeing the old one (into this thread's cache when small) avoids it.
-#[inline]
-fn reserve_one<A: smallvec::Array>(v: &mut SmallVec<A>) {
-    if v.len() < v.capacity() {
-        return;
-    }
-    let mut grown = SmallVec::with_capacity((v.capacity() * 2).max(4));
-    grown.extend(v.drain(..));
-    *v = grown;
-}
-
-/// [`reserve_one`] for a per-tenant node list.
-#[inline]
-fn reserve_one_vec(v: &mut Vec<u32>) {
-    if v.len() < v.capacity() {
-        return;
-    }
-    let mut grown = Vec::with_capacity((v.capacity() * 2).max(8));
-    grown.extend_from_slice(v);
-    *v = grown;
-}
-
-impl<U> Node<U> {
-    /// The edge label from the parent.
-    #[inline]
-    pub(crate) fn label(&self) -> &[U] {
-        &self.label_buf[self.label_start as usize..self.label_end as usize]
-    }
-
-    fn empty(parent: u32, generation: u32) -> Self {
+impl Retired {
+    fn new() -> Self {
         Self {
-            label_buf: Box::new([]),
-            label_start: 0,
-            label_end: 0,
-            children: SmallVec::new(),
-            tenants: SmallVec::new(),
-            parent,
-            symbols: 0,
-            generation,
+            list: Mutex::new(Garbage::default()),
+            bytes: AtomicU64::new(0),
+        }
+    }
+
+    fn push<T: Item>(&self, array: Box<[T]>) {
+        let bytes = std::mem::size_of_val(&*array) as u64;
+        T::retire(array, &mut self.list.lock());
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn over_limit(&self) -> bool {
+        self.bytes.load(Ordering::Relaxed) > GARBAGE_LIMIT
+    }
+
+    fn free(&mut self) {
+        let list = self.list.get_mut();
+        list.children.clear();
+        list.owners.clear();
+        self.bytes.store(0, Ordering::Relaxed);
+    }
+}
+
+/// A growable array of a node: a pointer to a boxed slice and its capacity
+/// and length packed in one word (capacity high, length low).
+#[derive(Debug)]
+struct Array<T> {
+    ptr: AtomicPtr<T>,
+    meta: AtomicU64,
+}
+
+/// An [`Array`]'s fields as loaded.
+struct RawArray<T> {
+    ptr: *mut T,
+    meta: u64,
+}
+
+impl<T> Clone for RawArray<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for RawArray<T> {}
+
+impl<T> RawArray<T> {
+    #[inline]
+    fn len(self) -> usize {
+        (self.meta & 0xffff_ffff) as usize
+    }
+
+    #[inline]
+    fn cap(self) -> usize {
+        (self.meta >> 32) as usize
+    }
+
+    /// The live items.
+    ///
+    /// # Safety
+    ///
+    /// `self` must be a consistent pair (loaded from an unlocked node between
+    /// two equal versions, or with the node's lock held, or under exclusive
+    /// access), and the array must stay allocated for `'a`, which holds while
+    /// the shard is borrowed: arrays are freed only under exclusive access.
+    #[inline]
+    unsafe fn items<'a>(self) -> &'a [T] {
+        if self.ptr.is_null() {
+            return &[];
+        }
+        // SAFETY: per the contract, `ptr` came from a boxed slice of `cap`
+        // items that is still allocated, and a length is never set above its
+        // capacity.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len().min(self.cap())) }
+    }
+}
+
+impl<T> Array<T> {
+    /// Frees the array at once (exclusive access only) and empties it.
+    fn free(&mut self) {
+        let raw = RawArray {
+            ptr: self.ptr.load(Ordering::Relaxed),
+            meta: self.meta.load(Ordering::Relaxed),
+        };
+        self.ptr.store(std::ptr::null_mut(), Ordering::Relaxed);
+        self.meta.store(0, Ordering::Relaxed);
+        if !raw.ptr.is_null() {
+            // SAFETY: exclusive access: nobody else can read the array, which
+            // is this node's own boxed slice of `cap` items.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(raw.ptr, raw.cap())) });
+        }
+    }
+}
+
+impl<T: Item> Array<T> {
+    fn empty() -> Self {
+        Self {
+            ptr: AtomicPtr::new(std::ptr::null_mut()),
+            meta: AtomicU64::new(0),
         }
     }
 
     #[inline]
-    pub(crate) fn entry(&self, tenant: u32) -> Option<&Entry> {
-        self.tenants.iter().find(|e| e.tenant == tenant)
+    fn load(&self) -> RawArray<T> {
+        RawArray {
+            ptr: self.ptr.load(Ordering::Relaxed),
+            meta: self.meta.load(Ordering::Relaxed),
+        }
+    }
+
+    fn set_len(&self, raw: RawArray<T>, len: usize) {
+        let meta = (raw.meta & !0xffff_ffff) | len as u64;
+        self.meta.store(meta, Ordering::Relaxed);
+    }
+
+    /// Makes room for one more item; the caller holds the node's lock (or
+    /// exclusive access). A full array is copied into one twice as large and
+    /// the old one retired, because readers may still be reading it.
+    fn reserve_one(&self, garbage: &Retired) -> RawArray<T> {
+        let raw = self.load();
+        if raw.len() < raw.cap() {
+            return raw;
+        }
+        let cap = (raw.cap() * 2).max(2);
+        let grown: Box<[T]> = (0..cap).map(|_| T::blank()).collect();
+        // SAFETY: the caller holds the lock, so `raw` is consistent.
+        for (new, old) in grown.iter().zip(unsafe { raw.items() }) {
+            new.copy_from(old);
+        }
+        let ptr = Box::into_raw(grown).cast::<T>();
+        self.ptr.store(ptr, Ordering::Relaxed);
+        let meta = ((cap as u64) << 32) | raw.len() as u64;
+        self.meta.store(meta, Ordering::Relaxed);
+        if !raw.ptr.is_null() {
+            // SAFETY: `raw` was this array's own boxed slice of `cap` items,
+            // now unreachable from the node; it is freed later, under
+            // exclusive access, after every reader of it has finished.
+            let old =
+                unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(raw.ptr, raw.cap())) };
+            garbage.push(old);
+        }
+        RawArray { ptr, meta }
+    }
+}
+
+/// Packs a child entry so that entries sort by key.
+#[inline]
+fn child_entry(key: u32, node: u32) -> u64 {
+    (u64::from(key) << 32) | u64::from(node)
+}
+
+/// A node. Every field is atomic; see the module docs for the protocol.
+///
+/// Two cache lines: the first holds everything a walk reads (version,
+/// parent, symbol count, label, up to two children inline), the second the
+/// owners.
+#[derive(Debug)]
+#[repr(C, align(128))]
+pub(crate) struct Node<U> {
+    /// Even: nobody changes the node; odd: a writer holds its lock.
+    version: AtomicU32,
+    parent: AtomicU32,
+    /// Symbols in the label.
+    symbols: AtomicU32,
+    /// 1 when `owner` is valid.
+    inline_owner: AtomicU32,
+    /// The label is `label[start..end]`, start in the low half, end in the
+    /// high half.
+    range: AtomicU64,
+    /// Buffer holding the label (units outside the range are dead, see
+    /// `split`); immutable while the node lives.
+    label: AtomicPtr<U>,
+    /// The children while there are at most two and `children` has no
+    /// array.
+    child_slots: [AtomicU64; 2],
+    /// `(first symbol of the child's label, child index)`, sorted by key:
+    /// the length counts every child; the array exists once a third child
+    /// was added.
+    children: Array<AtomicU64>,
+    /// The first owner, inline (most nodes have one); valid when
+    /// `inline_owner` is 1.
+    owner: Owner,
+    /// Owners after the first.
+    owners: Array<Owner>,
+    /// Bumped whenever the slot is freed, so stale eviction candidates are
+    /// recognised after the slot is reused.
+    generation: AtomicU32,
+    /// Length of the label buffer, to free it.
+    label_cap: AtomicU32,
+}
+
+/// A consistent snapshot of a node, valid while the shard is borrowed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct View<'a, U> {
+    version: u32,
+    pub(crate) parent: u32,
+    pub(crate) symbols: u32,
+    pub(crate) label: &'a [U],
+    children: &'a [AtomicU64],
+}
+
+/// A node's owners: the inline one, if any, then the array.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Owners<'a> {
+    first: Option<&'a Owner>,
+    rest: &'a [Owner],
+}
+
+impl<'a> Owners<'a> {
+    #[inline]
+    pub(crate) fn iter(self) -> impl Iterator<Item = &'a Owner> {
+        self.first.into_iter().chain(self.rest)
     }
 
     #[inline]
-    fn entry_index(&self, tenant: u32) -> Option<usize> {
-        self.tenants.iter().position(|e| e.tenant == tenant)
+    pub(crate) fn is_empty(self) -> bool {
+        self.first.is_none()
+    }
+
+    fn len(self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
     }
 
     #[inline]
-    pub(crate) fn child(&self, key: u32) -> Option<u32> {
-        // Most nodes have a handful of children; the few wide ones (a system
-        // prompt followed by many user suffixes) are still a binary search.
-        self.children
-            .binary_search_by_key(&key, |&(k, _)| k)
-            .ok()
-            .map(|i| self.children[i].1)
+    pub(crate) fn owner(self, tenant: u32) -> Option<&'a Owner> {
+        self.iter().find(|o| o.tenant() == tenant)
     }
 
     /// The most recently used tenant of this node (ties: first entry).
     #[inline]
-    pub(crate) fn most_recent(&self) -> Option<&Entry> {
-        let mut best: Option<&Entry> = None;
-        for e in &self.tenants {
-            if best.is_none_or(|b| e.stamp() > b.stamp()) {
-                best = Some(e);
+    pub(crate) fn most_recent(self) -> Option<&'a Owner> {
+        let mut best: Option<&Owner> = None;
+        for o in self.iter() {
+            if best.is_none_or(|b| o.stamp() > b.stamp()) {
+                best = Some(o);
             }
         }
         best
+    }
+
+    fn get(self, i: usize) -> &'a Owner {
+        match (i, self.first) {
+            (0, Some(first)) => first,
+            _ => &self.rest[i - 1],
+        }
+    }
+}
+
+impl<'a, U> View<'a, U> {
+    /// The child whose label starts with `key`. Entries may be changing
+    /// under a reader: the caller must check that the node's version is
+    /// still this view's before trusting the answer.
+    #[inline]
+    pub(crate) fn child(&self, key: u32) -> Option<u32> {
+        let (mut lo, mut hi) = (0, self.children.len());
+        // Most nodes have a handful of children; the few wide ones (a system
+        // prompt followed by many user suffixes) are still a binary search.
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let entry = self.children[mid].load(Ordering::Relaxed);
+            match ((entry >> 32) as u32).cmp(&key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(entry as u32),
+            }
+        }
+        None
+    }
+
+    /// Child indices, in key order.
+    pub(crate) fn child_nodes(&self) -> impl Iterator<Item = (u32, u32)> + 'a {
+        self.children.iter().map(|e| {
+            let entry = e.load(Ordering::Relaxed);
+            ((entry >> 32) as u32, entry as u32)
+        })
+    }
+}
+
+impl<U: Unit> Node<U> {
+    fn empty(generation: u32) -> Self {
+        Self {
+            version: AtomicU32::new(0),
+            parent: AtomicU32::new(ROOT),
+            symbols: AtomicU32::new(0),
+            generation: AtomicU32::new(generation),
+            range: AtomicU64::new(0),
+            label: AtomicPtr::new(std::ptr::null_mut()),
+            child_slots: [AtomicU64::new(0), AtomicU64::new(0)],
+            children: Array::empty(),
+            owner: Owner::blank(),
+            owners: Array::empty(),
+            label_cap: AtomicU32::new(0),
+            inline_owner: AtomicU32::new(0),
+        }
+    }
+
+    /// A consistent snapshot, waiting out a writer that is changing the node.
+    #[inline]
+    pub(crate) fn view(&self) -> View<'_, U> {
+        let mut backoff = Backoff::default();
+        loop {
+            let version = self.version.load(Ordering::Acquire);
+            if version & 1 == 1 {
+                backoff.snooze();
+                continue;
+            }
+            let fields = self.load_fields();
+            fence(Ordering::Acquire);
+            if self.version.load(Ordering::Relaxed) == version {
+                // SAFETY: read between two equal even versions, so no writer
+                // changed the node meanwhile and the fields are consistent.
+                return unsafe { fields.into_view(version) };
+            }
+        }
+    }
+
+    /// Whether the node is unchanged since `view` was taken.
+    #[inline]
+    pub(crate) fn unchanged_since(&self, view: &View<'_, U>) -> bool {
+        fence(Ordering::Acquire);
+        self.version.load(Ordering::Relaxed) == view.version
+    }
+
+    #[inline]
+    fn load_fields(&self) -> Fields<'_, U> {
+        Fields {
+            parent: self.parent.load(Ordering::Relaxed),
+            symbols: self.symbols.load(Ordering::Relaxed),
+            range: self.range.load(Ordering::Relaxed),
+            label: self.label.load(Ordering::Relaxed),
+            children: self.children.load(),
+            child_slots: &self.child_slots,
+        }
+    }
+
+    /// A consistent snapshot of the owners (a reader's second look at the
+    /// node, on its second cache line, taken only when owners matter).
+    #[inline]
+    pub(crate) fn owners(&self) -> Owners<'_> {
+        let mut backoff = Backoff::default();
+        loop {
+            let version = self.version.load(Ordering::Acquire);
+            if version & 1 == 1 {
+                backoff.snooze();
+                continue;
+            }
+            let inline = self.inline_owner.load(Ordering::Relaxed) == 1;
+            let rest = self.owners.load();
+            fence(Ordering::Acquire);
+            if self.version.load(Ordering::Relaxed) == version {
+                // SAFETY: read between two equal even versions.
+                return unsafe { self.owners_from(inline, rest) };
+            }
+        }
+    }
+
+    /// The owners, with the lock held or under exclusive access.
+    fn owners_owned(&self) -> Owners<'_> {
+        let inline = self.inline_owner.load(Ordering::Relaxed) == 1;
+        // SAFETY: nobody else writes the node, so the fields are consistent.
+        unsafe { self.owners_from(inline, self.owners.load()) }
+    }
+
+    /// # Safety
+    ///
+    /// `rest` must be consistent with the node (see [`RawArray::items`]).
+    #[inline]
+    unsafe fn owners_from(&self, inline: bool, rest: RawArray<Owner>) -> Owners<'_> {
+        Owners {
+            first: inline.then_some(&self.owner),
+            // An array without an inline owner before it is empty.
+            rest: if inline {
+                // SAFETY: forwarded from this function's contract; arrays
+                // are freed only under exclusive access, which the borrow of
+                // the node (and so of the shard) excludes.
+                unsafe { rest.items() }
+            } else {
+                &[]
+            },
+        }
+    }
+
+    /// Waits for and takes the node's lock.
+    fn lock(&self) -> NodeGuard<'_, U> {
+        let mut backoff = Backoff::default();
+        loop {
+            let version = self.version.load(Ordering::Relaxed);
+            if let Some(guard) = self.lock_at(version) {
+                return guard;
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Takes the node's lock if its version is still `version` (even).
+    fn lock_at(&self, version: u32) -> Option<NodeGuard<'_, U>> {
+        if version & 1 == 1 {
+            return None;
+        }
+        self.version
+            .compare_exchange(version, version + 1, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        // Orders the odd version before the field stores that follow, so a
+        // reader that sees any of them also sees the version change.
+        fence(Ordering::Release);
+        Some(NodeGuard { node: self })
+    }
+
+    /// The fields, read with the lock held or under exclusive access.
+    fn view_owned(&self) -> View<'_, U> {
+        // SAFETY: nobody else writes the node (the caller holds its lock or
+        // has exclusive access), so the fields are consistent.
+        unsafe { self.load_fields().into_view(0) }
+    }
+}
+
+impl<U> Node<U> {
+    fn set_label(&self, buf: *mut U, cap: usize, start: usize, end: usize) {
+        self.label.store(buf, Ordering::Relaxed);
+        self.label_cap.store(cap as u32, Ordering::Relaxed);
+        self.range
+            .store((start as u64) | ((end as u64) << 32), Ordering::Relaxed);
+    }
+
+    /// Frees the label and arrays and resets the node (exclusive access).
+    fn free_contents(&mut self) {
+        let buf = self.label.load(Ordering::Relaxed);
+        let cap = self.label_cap.load(Ordering::Relaxed) as usize;
+        if !buf.is_null() {
+            // SAFETY: exclusive access; the buffer is this node's boxed slice
+            // of `cap` units and no other node refers to it.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(buf, cap)) });
+        }
+        self.set_label(std::ptr::null_mut(), 0, 0, 0);
+        self.children.free();
+        self.owners.free();
+        self.inline_owner.store(0, Ordering::Relaxed);
+        self.symbols.store(0, Ordering::Relaxed);
+        self.parent.store(ROOT, Ordering::Relaxed);
+    }
+}
+
+/// A node's fields as loaded, before they are known to be consistent.
+struct Fields<'n, U> {
+    parent: u32,
+    symbols: u32,
+    range: u64,
+    label: *mut U,
+    children: RawArray<AtomicU64>,
+    child_slots: &'n [AtomicU64; 2],
+}
+
+impl<'n, U> Fields<'n, U> {
+    /// # Safety
+    ///
+    /// The fields must be consistent (see [`RawArray::items`]), and the
+    /// buffers they point to must stay allocated for `'a`.
+    #[inline]
+    unsafe fn into_view<'a>(self, version: u32) -> View<'a, U>
+    where
+        'n: 'a,
+    {
+        let start = (self.range & 0xffff_ffff) as usize;
+        let end = (self.range >> 32) as usize;
+        let label = if self.label.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: a consistent range lies inside the node's label buffer,
+            // whose units are never written after it was created.
+            unsafe { std::slice::from_raw_parts(self.label.add(start), end - start) }
+        };
+        View {
+            version,
+            parent: self.parent,
+            symbols: self.symbols,
+            label,
+            children: if self.children.ptr.is_null() {
+                &self.child_slots[..self.children.len().min(2)]
+            } else {
+                // SAFETY: forwarded from this function's contract.
+                unsafe { self.children.items() }
+            },
+        }
+    }
+}
+
+/// A node's lock; dropping it publishes the changes (even version again).
+struct NodeGuard<'a, U> {
+    node: &'a Node<U>,
+}
+
+impl<U> Drop for NodeGuard<'_, U> {
+    fn drop(&mut self) {
+        self.node.version.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl<'a, U: Unit> NodeGuard<'a, U> {
+    fn view(&self) -> View<'a, U> {
+        self.node.view_owned()
+    }
+
+    /// Inserts a child entry in key order (the key must be absent).
+    fn add_child(&self, key: u32, child: u32, garbage: &Retired) {
+        let node = self.node;
+        let mut raw = node.children.load();
+        if raw.ptr.is_null() && raw.len() == 2 {
+            // A third child: move the two inline ones to an array.
+            let array: Box<[AtomicU64]> = (0..4).map(|_| AtomicU64::new(0)).collect();
+            for (to, from) in array.iter().zip(&node.child_slots) {
+                to.copy_from(from);
+            }
+            node.children
+                .ptr
+                .store(Box::into_raw(array).cast(), Ordering::Relaxed);
+            node.children.meta.store((4 << 32) | 2, Ordering::Relaxed);
+        }
+        if !node.children.load().ptr.is_null() {
+            raw = node.children.reserve_one(garbage);
+        }
+        let items = if raw.ptr.is_null() {
+            &node.child_slots[..=raw.len()]
+        } else {
+            // SAFETY: the lock is held, so `raw` is consistent, and it has
+            // room for one more.
+            unsafe {
+                RawArray {
+                    meta: raw.meta + 1,
+                    ..raw
+                }
+                .items()
+            }
+        };
+        let entry = child_entry(key, child);
+        let mut i = raw.len();
+        while i > 0 && items[i - 1].load(Ordering::Relaxed) > entry {
+            items[i].copy_from(&items[i - 1]);
+            i -= 1;
+        }
+        items[i].store(entry, Ordering::Relaxed);
+        self.node.children.set_len(raw, raw.len() + 1);
+    }
+
+    /// Points the child entry of `key` at `child` instead.
+    fn replace_child(&self, key: u32, child: u32) {
+        for e in self.view().children {
+            if (e.load(Ordering::Relaxed) >> 32) as u32 == key {
+                e.store(child_entry(key, child), Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn add_owner(&self, tenant: u32, pos: u32, held: u32, stamp: u64, garbage: &Retired) {
+        if self.node.inline_owner.load(Ordering::Relaxed) == 0 {
+            self.node.owner.set(tenant, pos, held, stamp);
+            self.node.inline_owner.store(1, Ordering::Relaxed);
+            return;
+        }
+        let raw = self.node.owners.reserve_one(garbage);
+        // SAFETY: the lock is held, so `raw` is consistent.
+        let items = unsafe {
+            RawArray {
+                meta: raw.meta + 1,
+                ..raw
+            }
+            .items()
+        };
+        items[raw.len()].set(tenant, pos, held, stamp);
+        self.node.owners.set_len(raw, raw.len() + 1);
     }
 }
 
@@ -208,77 +750,16 @@ pub(crate) enum Evicted {
     Stale,
 }
 
-/// A node an insert's read phase walked through completely, as it saw it;
-/// its parent is the previous node of the path (the root for the first).
-#[derive(Clone, Copy, Debug)]
-struct Seen {
-    node: u32,
-    generation: u32,
-}
-
-/// Where an insert's read phase stopped below its fully matched path.
-#[derive(Clone, Copy, Debug)]
-enum PlanEnd {
-    /// The text ends exactly at the end of the path.
-    AtNode,
-    /// The path's last node has no child for the next symbol: the rest of
-    /// the text becomes a new leaf.
-    NewLeaf,
-    /// The text ends or diverges `units` units (`symbols` symbols) into the
-    /// label of `child`, a child of the path's last node: split it there,
-    /// then, if the text goes on, add a new leaf below the upper half.
-    Split {
-        child: u32,
-        generation: u32,
-        units: u32,
-        symbols: u32,
-    },
-}
-
-/// What an insert's write phase must do, found by its read phase.
-#[derive(Debug)]
-pub(crate) struct InsertPlan {
-    /// Fully matched nodes, from the top.
-    path: SmallVec<[Seen; 12]>,
-    end: PlanEnd,
-    /// Probe position of the text's unmatched rest, which becomes a new
-    /// leaf; `None` when the text ends on the path or inside `end`'s child.
-    pub(crate) leaf_at: Option<usize>,
-}
-
-/// Outcome of an insert's read phase.
-#[derive(Debug)]
-pub(crate) enum Planned {
-    /// The tenant already held the whole text; its stamps were refreshed.
-    Nothing,
-    /// Something must change under the write lock.
-    Apply(InsertPlan),
-}
-
-/// A new leaf's label, built outside the lock.
-#[derive(Debug)]
-pub(crate) struct NewLeaf<U> {
-    pub(crate) label: Box<[U]>,
-    pub(crate) symbols: u32,
-    pub(crate) key: u32,
-}
-
-impl<U: Unit> NewLeaf<U> {
-    /// The rest of `probe` from `pos`, or `None` when it is too long for one
-    /// label (the caller then inserts in one locked walk, which chains).
-    pub(crate) fn from_rest<P: Probe<U>>(probe: &P, pos: usize) -> Option<Self> {
-        let key = probe.key_at(pos);
-        let mut label = Vec::new();
-        let step = probe.take_rest(pos, LABEL_MAX, &mut label);
-        if !probe.at_end(pos + step.advance) {
-            return None;
-        }
-        Some(Self {
-            label: label.into_boxed_slice(),
-            symbols: step.symbols as u32,
-            key,
-        })
-    }
+/// Outcome of an insert under shared access.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Inserted {
+    /// Done. `retries` counts the steps repeated because a node changed
+    /// under them; `collect` asks the caller to free retired arrays.
+    Done { retries: u32, collect: bool },
+    /// The arena has no free slot or the tenant table does not cover the
+    /// tenant: call [`Shard::make_room`] under exclusive access and insert
+    /// again (what was done so far stays valid).
+    NeedRoom { retries: u32 },
 }
 
 /// End of a read-only walk.
@@ -292,30 +773,100 @@ pub(crate) struct WalkEnd {
     pub(crate) pos: usize,
 }
 
+/// Per-tenant bookkeeping of a shard.
+#[derive(Debug)]
+pub(crate) struct TenantIndex {
+    /// Symbols the tenant holds in this shard.
+    size: AtomicU64,
+    /// Nodes the tenant holds in this shard; what makes eviction and removal
+    /// cost proportional to what the tenant holds.
+    nodes: Mutex<Vec<u32>>,
+}
+
+impl TenantIndex {
+    fn new() -> Self {
+        Self {
+            size: AtomicU64::new(0),
+            nodes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Appends `node`, returning its position.
+    fn push(&self, node: u32) -> u32 {
+        let mut nodes = self.nodes.lock();
+        if nodes.len() == nodes.capacity() {
+            // Allocate the larger list from this thread's allocator arena
+            // instead of `realloc`ing a buffer another thread allocated, which
+            // takes that thread's arena lock (a futex wait when contended).
+            let mut grown = Vec::with_capacity((nodes.capacity() * 2).max(8));
+            grown.extend_from_slice(&nodes);
+            *nodes = grown;
+        }
+        nodes.push(node);
+        (nodes.len() - 1) as u32
+    }
+}
+
+/// Free slots and the first never-used one.
+#[derive(Debug)]
+struct Slots {
+    free: Vec<u32>,
+    next: u32,
+}
+
 #[derive(Debug)]
 pub(crate) struct Shard<U> {
-    pub(crate) nodes: Vec<Node<U>>,
-    free: Vec<u32>,
-    /// Symbols held per tenant in this shard (indexed by tenant id).
-    pub(crate) sizes: Vec<u64>,
-    /// Nodes held per tenant in this shard (indexed by tenant id); what makes
-    /// eviction and removal cost proportional to what the tenant holds.
-    pub(crate) tenant_nodes: Vec<Vec<u32>>,
+    /// The node arena. Its length (and so where its nodes are) changes only
+    /// under exclusive access; slots past the high-water mark are empty
+    /// nodes ready to hand out.
+    nodes: Vec<Node<U>>,
+    slots: Mutex<Slots>,
+    tenants: Vec<TenantIndex>,
+    garbage: Retired,
+}
+
+impl<U> Drop for Shard<U> {
+    fn drop(&mut self) {
+        let used = self.slots.get_mut().next as usize;
+        for node in &mut self.nodes[..used] {
+            node.free_contents();
+        }
+    }
 }
 
 impl<U: Unit> Shard<U> {
     pub(crate) fn new() -> Self {
         Self {
-            nodes: vec![Node::empty(ROOT, 0)],
-            free: Vec::new(),
-            sizes: Vec::new(),
-            tenant_nodes: Vec::new(),
+            nodes: (0..INITIAL_SLOTS).map(|_| Node::empty(0)).collect(),
+            slots: Mutex::new(Slots {
+                free: Vec::new(),
+                next: ROOT + 1,
+            }),
+            tenants: Vec::new(),
+            garbage: Retired::new(),
         }
     }
 
     #[inline]
+    pub(crate) fn node(&self, index: u32) -> &Node<U> {
+        &self.nodes[index as usize]
+    }
+
+    /// Slots in use or freed (the arena's high-water mark).
+    pub(crate) fn slots_used(&self) -> usize {
+        self.slots.lock().next as usize
+    }
+
+    #[inline]
     pub(crate) fn size_of(&self, tenant: u32) -> u64 {
-        self.sizes.get(tenant as usize).copied().unwrap_or(0)
+        self.tenants
+            .get(tenant as usize)
+            .map_or(0, |t| t.size.load(Ordering::Relaxed))
+    }
+
+    /// Sizes of every tenant this shard knows, indexed by tenant id.
+    pub(crate) fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.tenants.iter().map(|t| t.size.load(Ordering::Relaxed))
     }
 
     /// Follows `probe` down from the root while `follow` accepts the node.
@@ -326,345 +877,340 @@ impl<U: Unit> Shard<U> {
         follow: impl Fn(&Node<U>) -> bool,
     ) -> WalkEnd {
         let mut node = ROOT;
-        // The current node, kept so each level indexes the arena once.
-        let mut current = &self.nodes[ROOT as usize];
         let mut pos = 0;
         let mut matched = 0;
+        let mut known = None;
         while !probe.at_end(pos) {
-            let Some(child) = current.child(probe.key_at(pos)) else {
+            let Some((child, view)) = self.step(node, known, probe.key_at(pos)).0 else {
                 break;
             };
-            let child_node = &self.nodes[child as usize];
-            if !follow(child_node) {
+            known = Some(view);
+            if !follow(self.node(child)) {
                 break;
             }
-            let label = child_node.label();
-            let step = probe.match_label(pos, label, child_node.symbols as usize);
+            let step = probe.match_label(pos, view.label, view.symbols as usize);
             matched += step.symbols;
             node = child;
-            current = child_node;
             pos += step.advance;
-            if step.label_units < label.len() {
+            if step.label_units < view.label.len() {
                 break;
             }
         }
         WalkEnd { node, matched, pos }
     }
 
+    /// The child of `node` for `key` and a view of it in which `node` is its
+    /// parent, i.e. whose label follows `node`'s; plus how many times a
+    /// change under the reader made it look again. `known` is a view of
+    /// `node` already taken (the previous step's child), if any.
+    ///
+    /// Why this is enough: a node's end depth never changes (a split keeps
+    /// the lower part of the label in the node and puts a new node above it),
+    /// so `node` still ends where the walk stands; its child array is trusted
+    /// only when its version did not change while it was read; and a child
+    /// whose parent is still `node` has not been split since.
+    #[inline]
+    fn step<'a>(
+        &'a self,
+        node: u32,
+        mut known: Option<View<'a, U>>,
+        key: u32,
+    ) -> (Option<(u32, View<'a, U>)>, u32) {
+        let current = self.node(node);
+        let mut retries = 0;
+        loop {
+            let view = known.take().unwrap_or_else(|| current.view());
+            let child = view.child(key);
+            if !current.unchanged_since(&view) {
+                retries += 1;
+                continue;
+            }
+            let Some(child) = child else {
+                return (None, retries);
+            };
+            let child_view = self.node(child).view();
+            if child_view.parent != node {
+                retries += 1;
+                continue;
+            }
+            return (Some((child, child_view)), retries);
+        }
+    }
+
     /// Refreshes `tenant`'s stamp on `node` and all its ancestors.
     #[inline]
     pub(crate) fn touch_path(&self, mut node: u32, tenant: u32, now: u64) {
         while node != ROOT {
-            let n = &self.nodes[node as usize];
-            if let Some(e) = n.entry(tenant) {
-                e.touch(now);
+            let n = self.node(node);
+            if let Some(o) = n.owners().owner(tenant) {
+                o.touch(now);
             }
-            node = n.parent;
+            // A parent index alone is always some ancestor (a split puts the
+            // new node between), so it needs no consistent view.
+            node = n.parent.load(Ordering::Relaxed);
         }
     }
 
-    fn ensure_tenant(&mut self, tenant: u32) {
-        let need = tenant as usize + 1;
-        if self.sizes.len() < need {
-            self.sizes.resize(need, 0);
-            self.tenant_nodes.resize_with(need, Vec::new);
+    /// Takes a free slot, or `None` when the arena is full.
+    fn alloc(&self) -> Option<u32> {
+        let mut slots = self.slots.lock();
+        if let Some(slot) = slots.free.pop() {
+            return Some(slot);
+        }
+        if (slots.next as usize) < self.nodes.len() {
+            slots.next += 1;
+            return Some(slots.next - 1);
+        }
+        None
+    }
+
+    /// Records `tenant`'s hold on the locked `node`, which has `symbols`
+    /// symbols.
+    fn hold(&self, guard: &NodeGuard<'_, U>, node: u32, tenant: u32, held: u32, now: u64) {
+        let index = &self.tenants[tenant as usize];
+        let pos = index.push(node);
+        guard.add_owner(tenant, pos, held, now, &self.garbage);
+        let symbols = guard.view().symbols;
+        index.size.fetch_add(u64::from(symbols), Ordering::Relaxed);
+    }
+
+    /// Adds one to `tenant`'s count of held children on the locked node.
+    fn count_child(&self, guard: &NodeGuard<'_, U>, tenant: u32) {
+        if let Some(o) = guard.node.owners_owned().owner(tenant) {
+            o.add_held(1);
         }
     }
 
-    fn alloc(&mut self, label: Box<[U]>, parent: u32, symbols: u32) -> u32 {
-        let slot = match self.free.pop() {
-            Some(slot) => slot,
-            None => {
-                self.nodes.push(Node::empty(ROOT, 0));
-                (self.nodes.len() - 1) as u32
-            }
-        };
-        let node = &mut self.nodes[slot as usize];
-        // Labels are at most `LABEL_MAX` units, so the length fits.
-        node.label_end = label.len() as u32;
-        node.label_buf = label;
-        node.label_start = 0;
-        node.parent = parent;
-        node.symbols = symbols;
-        slot
-    }
-
-    fn release(&mut self, slot: u32) {
-        let node = &mut self.nodes[slot as usize];
-        let generation = node.generation.wrapping_add(1);
-        *node = Node::empty(ROOT, generation);
-        self.free.push(slot);
-    }
-
-    /// First phase of an insert, under the read lock: walks `probe` down,
-    /// refreshes `tenant`'s stamps on the nodes it already holds, and says
-    /// what the write phase must change, if anything.
-    pub(crate) fn plan_insert<P: Probe<U>>(&self, probe: &P, tenant: u32, now: u64) -> Planned {
-        let mut path = SmallVec::new();
-        let mut all_held = true;
-        let mut current = &self.nodes[ROOT as usize];
-        let mut pos = 0;
-        let end = loop {
-            if probe.at_end(pos) {
-                break PlanEnd::AtNode;
-            }
-            let Some(child) = current.child(probe.key_at(pos)) else {
-                break PlanEnd::NewLeaf;
-            };
-            let c = &self.nodes[child as usize];
-            let label = c.label();
-            let step = probe.match_label(pos, label, c.symbols as usize);
-            pos += step.advance;
-            if step.label_units < label.len() {
-                break PlanEnd::Split {
-                    child,
-                    generation: c.generation,
-                    units: step.label_units as u32,
-                    symbols: step.symbols as u32,
-                };
-            }
-            match c.entry(tenant) {
-                Some(e) => e.touch(now),
-                None => all_held = false,
-            }
-            path.push(Seen {
-                node: child,
-                generation: c.generation,
-            });
-            current = c;
-        };
-        if all_held && matches!(end, PlanEnd::AtNode) {
-            return Planned::Nothing;
+    /// Records that `tenant` uses the text of `probe` at `now`, locking only
+    /// the nodes it changes (shared access).
+    pub(crate) fn insert<P: Probe<U>>(&self, probe: &P, tenant: u32, now: u64) -> Inserted {
+        let mut retries = 0;
+        if self.tenants.len() <= tenant as usize {
+            return Inserted::NeedRoom { retries };
         }
-        Planned::Apply(InsertPlan {
-            path,
-            end,
-            leaf_at: (!probe.at_end(pos)).then_some(pos),
-        })
-    }
-
-    /// Second phase of an insert, under the write lock: checks that the
-    /// planned path is still what the read phase saw and applies the plan.
-    /// Returns `false`, having changed nothing, when the shard changed under
-    /// the plan; the caller then inserts with [`insert`](Self::insert).
-    ///
-    /// `leaf` is the new leaf for the rest of the text at `plan.leaf_at`,
-    /// built outside the lock; it is taken only when the plan is applied.
-    pub(crate) fn apply_insert(
-        &mut self,
-        plan: &InsertPlan,
-        leaf: &mut Option<NewLeaf<U>>,
-        tenant: u32,
-        now: u64,
-    ) -> bool {
-        // Validate everything before changing anything. A live node's label
-        // only changes when it is split, which gives it a new parent, and a
-        // slot is only reused after its generation was bumped; so unchanged
-        // (generation, parent) along the path mean unchanged labels, hence
-        // the read phase's match positions still hold.
-        let mut parent = ROOT;
-        for seen in &plan.path {
-            let n = &self.nodes[seen.node as usize];
-            if n.generation != seen.generation || n.parent != parent {
-                return false;
-            }
-            parent = seen.node;
-        }
-        let last = parent;
-        if plan.leaf_at.is_some() != leaf.is_some() {
-            return false;
-        }
-        let split_at = match plan.end {
-            PlanEnd::AtNode => None,
-            PlanEnd::NewLeaf => {
-                let Some(new) = leaf.as_ref() else {
-                    return false;
-                };
-                if self.nodes[last as usize].child(new.key).is_some() {
-                    // Another insert added that edge meanwhile.
-                    return false;
-                }
-                None
-            }
-            PlanEnd::Split {
-                child,
-                generation,
-                units,
-                symbols,
-            } => {
-                let c = &self.nodes[child as usize];
-                if c.generation != generation || c.parent != last {
-                    return false;
-                }
-                let key = U::key(c.label());
-                let children = &self.nodes[last as usize].children;
-                let Ok(index) = children.binary_search_by_key(&key, |&(k, _)| k) else {
-                    return false;
-                };
-                if children[index].1 != child {
-                    return false;
-                }
-                // The walk stopped on a symbol boundary before a differing
-                // symbol, so the leaf's key differs from the lower half's;
-                // checked anyway, as nothing may change before validation.
-                let lower = &c.label()[units as usize..];
-                if lower.is_empty() || leaf.as_ref().is_some_and(|new| new.key == U::key(lower)) {
-                    return false;
-                }
-                Some((child, index, units, symbols))
-            }
-        };
-        self.ensure_tenant(tenant);
-        for seen in &plan.path {
-            self.hold(seen.node, tenant, now);
-        }
-        let mut below = last;
-        if let Some((child, index, units, symbols)) = split_at {
-            below = self.split(child, index, units as usize, symbols);
-            self.hold(below, tenant, now);
-        }
-        if let Some(new) = leaf.take() {
-            // The key is free below `below` (checked above), so this is the
-            // insertion position.
-            let (Ok(slot) | Err(slot)) = self.nodes[below as usize]
-                .children
-                .binary_search_by_key(&new.key, |&(k, _)| k);
-            let node = self.alloc(new.label, below, new.symbols);
-            let children = &mut self.nodes[below as usize].children;
-            reserve_one(children);
-            children.insert(slot, (new.key, node));
-            self.hold(node, tenant, now);
-        }
-        true
-    }
-
-    /// Records that `tenant` uses the text of `probe` at `now`, in one walk
-    /// (the caller holds the write lock throughout).
-    pub(crate) fn insert<P: Probe<U>>(&mut self, probe: &P, tenant: u32, now: u64) {
-        self.ensure_tenant(tenant);
         let mut node = ROOT;
         let mut pos = 0;
+        // The rest of the text as a new leaf, copied before any lock is
+        // taken and kept across retries at the same position.
+        let mut leaf: Option<(usize, NewLeaf<U>)> = None;
+        // A view of `node` from the previous step, unless that step changed it.
+        let mut known = None;
         while !probe.at_end(pos) {
             let key = probe.key_at(pos);
-            let children = &self.nodes[node as usize].children;
-            let (target, advance) = match children.binary_search_by_key(&key, |&(k, _)| k) {
-                Err(slot) => {
-                    let mut label = Vec::new();
-                    let step = probe.take_rest(pos, LABEL_MAX, &mut label);
-                    let leaf = self.alloc(label.into_boxed_slice(), node, step.symbols as u32);
-                    let children = &mut self.nodes[node as usize].children;
-                    reserve_one(children);
-                    children.insert(slot, (key, leaf));
-                    (leaf, step.advance)
+            let (found, looked_again) = self.step(node, known.take(), key);
+            retries += looked_again;
+            let current = self.node(node);
+            let Some((child, view)) = found else {
+                if leaf.as_ref().is_none_or(|(at, _)| *at != pos) {
+                    leaf = Some((pos, NewLeaf::from_rest(probe, pos)));
                 }
-                Ok(i) => {
-                    let child = children[i].1;
-                    let c = &self.nodes[child as usize];
-                    let step = probe.match_label(pos, c.label(), c.symbols as usize);
-                    let target = if step.label_units < c.label().len() {
-                        self.split(child, i, step.label_units, step.symbols as u32)
-                    } else {
-                        child
-                    };
-                    (target, step.advance)
+                let guard = current.lock();
+                if guard.view().child(key).is_some() {
+                    // Another insert added this edge meanwhile.
+                    retries += 1;
+                    continue;
                 }
+                let Some(slot) = self.alloc() else {
+                    return Inserted::NeedRoom { retries };
+                };
+                let new = match leaf.take() {
+                    Some((_, new)) => new,
+                    None => NewLeaf::from_rest(probe, pos),
+                };
+                let (advance, created) = (new.advance, self.node(slot));
+                {
+                    let leaf_guard = created.lock();
+                    created.parent.store(node, Ordering::Relaxed);
+                    created.symbols.store(new.symbols, Ordering::Relaxed);
+                    let len = new.label.len();
+                    let buf = Box::into_raw(new.label).cast::<U>();
+                    created.set_label(buf, len, 0, len);
+                    self.hold(&leaf_guard, slot, tenant, 0, now);
+                }
+                guard.add_child(key, slot, &self.garbage);
+                if node != ROOT {
+                    self.count_child(&guard, tenant);
+                }
+                drop(guard);
+                node = slot;
+                pos += advance;
+                continue;
             };
-            self.hold(target, tenant, now);
-            node = target;
-            pos += advance;
+            let step = probe.match_label(pos, view.label, view.symbols as usize);
+            let c = self.node(child);
+            if step.label_units == view.label.len() {
+                if let Some(o) = c.owners().owner(tenant) {
+                    o.touch(now);
+                    known = Some(view);
+                } else {
+                    // The parent's count of held children changes too;
+                    // locks go parent first, as everywhere.
+                    let parent = (node != ROOT).then(|| current.lock());
+                    let Some(guard) = c.lock_at(view.version) else {
+                        retries += 1;
+                        continue;
+                    };
+                    self.hold(&guard, child, tenant, 0, now);
+                    if let Some(parent) = &parent {
+                        self.count_child(parent, tenant);
+                    }
+                }
+            } else {
+                let parent = current.lock();
+                let Some(guard) = c.lock_at(view.version) else {
+                    retries += 1;
+                    continue;
+                };
+                let Some(mid) = self.alloc() else {
+                    return Inserted::NeedRoom { retries };
+                };
+                self.split(
+                    &parent,
+                    node,
+                    &guard,
+                    child,
+                    mid,
+                    step.label_units,
+                    step.symbols as u32,
+                    tenant,
+                    now,
+                );
+                pos += step.advance;
+                node = mid;
+                continue;
+            }
+            node = child;
+            pos += step.advance;
         }
+        let collect = self.garbage.over_limit();
+        Inserted::Done { retries, collect }
     }
 
-    /// Cuts `child` (the `index`-th child of its parent) after `units` units,
-    /// returning the new upper node. Owners and stamps are copied to it, so
-    /// sizes are unchanged.
-    fn split(&mut self, child: u32, index: usize, units: usize, symbols: u32) -> u32 {
-        let parent = self.nodes[child as usize].parent;
-        let c = &mut self.nodes[child as usize];
-        let buf = std::mem::take(&mut c.label_buf);
-        let ((upper, upper_start, upper_end), (lower, lower_start, lower_end)) =
-            split_label(buf, c.label_start, c.label_end, units);
-        let lower_key = U::key(&lower[lower_start as usize..lower_end as usize]);
-        let mid = self.alloc(upper, parent, symbols);
-        let m = &mut self.nodes[mid as usize];
-        (m.label_start, m.label_end) = (upper_start, upper_end);
-        {
-            let c = &mut self.nodes[child as usize];
-            c.label_buf = lower;
-            (c.label_start, c.label_end) = (lower_start, lower_end);
-            c.symbols -= symbols;
-            c.parent = mid;
+    /// Cuts the locked `child` after `units` units (`symbols` symbols) and
+    /// puts the new node `mid` above it, below the locked `parent`. Owners
+    /// and stamps are copied to `mid`, so sizes are unchanged; `tenant` is
+    /// added to `mid` if it did not hold `child`.
+    #[allow(clippy::too_many_arguments)]
+    fn split(
+        &self,
+        parent: &NodeGuard<'_, U>,
+        parent_index: u32,
+        guard: &NodeGuard<'_, U>,
+        child: u32,
+        mid: u32,
+        units: usize,
+        symbols: u32,
+        tenant: u32,
+        now: u64,
+    ) {
+        let c = guard.node;
+        let view = guard.view();
+        let key = U::key(view.label);
+        let lower_key = U::key(&view.label[units..]);
+        let m = self.node(mid);
+        let mid_guard = m.lock();
+        m.parent.store(parent_index, Ordering::Relaxed);
+        m.symbols.store(symbols, Ordering::Relaxed);
+        // Copy only the shorter side; the longer keeps the buffer, with its
+        // range narrowed. The common case is a new text branching a few
+        // characters into an earlier one's suffix: the upper part is short.
+        let buf = c.label.load(Ordering::Relaxed);
+        let cap = c.label_cap.load(Ordering::Relaxed) as usize;
+        let range = c.range.load(Ordering::Relaxed);
+        let (start, end) = ((range & 0xffff_ffff) as usize, (range >> 32) as usize);
+        let cut = start + units;
+        if units <= view.label.len() - units {
+            let upper: Box<[U]> = view.label[..units].into();
+            let upper_len = upper.len();
+            m.set_label(Box::into_raw(upper).cast::<U>(), upper_len, 0, upper_len);
+            c.set_label(buf, cap, cut, end);
+        } else {
+            let lower: Box<[U]> = view.label[units..].into();
+            let lower_len = lower.len();
+            m.set_label(buf, cap, start, cut);
+            c.set_label(Box::into_raw(lower).cast::<U>(), lower_len, 0, lower_len);
         }
-        self.nodes[parent as usize].children[index].1 = mid;
-        let mut entries = SmallVec::new();
-        for e in &self.nodes[child as usize].tenants {
-            let list = &mut self.tenant_nodes[e.tenant as usize];
-            reserve_one_vec(list);
-            entries.push(Entry {
-                tenant: e.tenant,
-                pos: list.len() as u32,
-                held_children: 1,
-                stamp: AtomicU64::new(e.stamp()),
-            });
-            list.push(mid);
+        c.symbols.store(view.symbols - symbols, Ordering::Relaxed);
+        c.parent.store(mid, Ordering::Relaxed);
+        mid_guard.add_child(lower_key, child, &self.garbage);
+        let mut held_child = false;
+        for o in c.owners_owned().iter() {
+            let t = o.tenant();
+            // The inserting tenant uses the upper part now.
+            let stamp = if t == tenant {
+                held_child = true;
+                o.stamp().max(now)
+            } else {
+                o.stamp()
+            };
+            let pos = self.tenants[t as usize].push(mid);
+            mid_guard.add_owner(t, pos, 1, stamp, &self.garbage);
         }
-        let m = &mut self.nodes[mid as usize];
-        m.tenants = entries;
-        m.children.push((lower_key, child));
-        mid
-    }
-
-    /// Adds `tenant` to `node` (whose parent it already holds) or refreshes it.
-    fn hold(&mut self, node: u32, tenant: u32, now: u64) {
-        let n = &mut self.nodes[node as usize];
-        if let Some(e) = n.entry(tenant) {
-            e.touch(now);
-            return;
-        }
-        let list = &mut self.tenant_nodes[tenant as usize];
-        reserve_one(&mut n.tenants);
-        reserve_one_vec(list);
-        n.tenants.push(Entry {
-            tenant,
-            pos: list.len() as u32,
-            held_children: 0,
-            stamp: AtomicU64::new(now),
-        });
-        list.push(node);
-        self.sizes[tenant as usize] += u64::from(n.symbols);
-        let parent = n.parent;
-        if parent != ROOT {
-            if let Some(i) = self.nodes[parent as usize].entry_index(tenant) {
-                self.nodes[parent as usize].tenants[i].held_children += 1;
+        if !held_child {
+            self.hold(&mid_guard, mid, tenant, 0, now);
+            if parent_index != ROOT {
+                self.count_child(parent, tenant);
             }
         }
+        drop(mid_guard);
+        parent.replace_child(key, mid);
+    }
+
+    /// Makes room for an insert of `tenant` (exclusive access): a tenant
+    /// table that covers it and at least one free slot. Also frees the
+    /// retired arrays.
+    pub(crate) fn make_room(&mut self, tenant: u32) {
+        let need = tenant as usize + 1;
+        if self.tenants.len() < need {
+            self.tenants.resize_with(need, TenantIndex::new);
+        }
+        let slots = self.slots.get_mut();
+        if slots.free.is_empty() && slots.next as usize == self.nodes.len() {
+            // A quarter more each time: few exclusive sections as a shard
+            // grows, and little memory in slots not used yet (the vector's
+            // own spare capacity is never touched, so it is not resident).
+            let more = (self.nodes.len() / 4).max(INITIAL_SLOTS);
+            self.nodes.extend((0..more).map(|_| Node::empty(0)));
+        }
+        self.collect_garbage();
+    }
+
+    /// Frees every retired array (exclusive access: no reader can hold one).
+    pub(crate) fn collect_garbage(&mut self) {
+        self.garbage.free();
     }
 
     /// Pushes every leaf of `tenant` (or of every tenant) in this shard.
+    /// Runs under shared access: candidates are re-validated by `evict`.
     pub(crate) fn collect_leaves(&self, shard: u32, tenant: Option<u32>, out: &mut Vec<Candidate>) {
-        let mut push = |node: u32, e: &Entry| {
-            if e.held_children == 0 {
+        let mut push = |node: u32, o: &Owner| {
+            if o.held() == 0 {
                 out.push(Candidate {
-                    stamp: e.stamp(),
-                    tenant: e.tenant,
+                    stamp: o.stamp(),
+                    tenant: o.tenant(),
                     shard,
                     node,
-                    generation: self.nodes[node as usize].generation,
+                    generation: self.node(node).generation.load(Ordering::Relaxed),
                 });
             }
         };
         match tenant {
             Some(t) => {
-                for &node in self.tenant_nodes.get(t as usize).map_or(&[][..], |v| v) {
-                    if let Some(e) = self.nodes[node as usize].entry(t) {
-                        push(node, e);
+                let Some(index) = self.tenants.get(t as usize) else {
+                    return;
+                };
+                let nodes = index.nodes.lock().clone();
+                for node in nodes {
+                    if let Some(o) = self.node(node).owners().owner(t) {
+                        push(node, o);
                     }
                 }
             }
             None => {
-                for (i, n) in self.nodes.iter().enumerate() {
-                    for e in &n.tenants {
-                        push(i as u32, e);
+                let used = self.slots_used();
+                for node in 1..used as u32 {
+                    for o in self.node(node).owners().iter() {
+                        push(node, o);
                     }
                 }
             }
@@ -672,68 +1218,89 @@ impl<U: Unit> Shard<U> {
     }
 
     /// Removes the candidate's hold if it is still the tenant's leaf with the
-    /// collected stamp.
+    /// collected stamp (exclusive access).
     pub(crate) fn evict(&mut self, c: Candidate) -> Evicted {
-        let Some(n) = self.nodes.get(c.node as usize) else {
-            return Evicted::Stale;
-        };
-        if c.node == ROOT || n.generation != c.generation {
+        if c.node == ROOT || c.node as usize >= self.slots_used() {
             return Evicted::Stale;
         }
-        let Some(e) = n.entry(c.tenant) else {
-            return Evicted::Stale;
-        };
-        if e.held_children != 0 {
+        let n = self.node(c.node);
+        if n.generation.load(Ordering::Relaxed) != c.generation {
             return Evicted::Stale;
         }
-        let stamp = e.stamp();
+        let view = n.view_owned();
+        let Some(o) = n.owners_owned().owner(c.tenant) else {
+            return Evicted::Stale;
+        };
+        if o.held() != 0 {
+            return Evicted::Stale;
+        }
+        let stamp = o.stamp();
         if stamp != c.stamp {
             return Evicted::Touched(Candidate { stamp, ..c });
         }
-        let parent = n.parent;
-        let symbols = u64::from(n.symbols);
+        let parent = view.parent;
+        let symbols = u64::from(view.symbols);
         self.unhold(c.node, c.tenant);
         let next = (parent != ROOT)
             .then(|| {
-                let p = &self.nodes[parent as usize];
-                p.entry(c.tenant)
-                    .filter(|e| e.held_children == 0)
-                    .map(|e| Candidate {
-                        stamp: e.stamp(),
+                let p = self.node(parent);
+                p.owners_owned()
+                    .owner(c.tenant)
+                    .filter(|o| o.held() == 0)
+                    .map(|o| Candidate {
+                        stamp: o.stamp(),
                         tenant: c.tenant,
                         shard: c.shard,
                         node: parent,
-                        generation: p.generation,
+                        generation: p.generation.load(Ordering::Relaxed),
                     })
             })
             .flatten();
         Evicted::Removed { symbols, next }
     }
 
+    /// Removes `tenant`'s entry from `node`'s owners, returning whether the
+    /// node is now held by nobody (exclusive access).
+    fn drop_owner(&mut self, node: u32, tenant: u32) -> Option<(u32, bool)> {
+        let n = self.node(node);
+        let owners = n.owners_owned();
+        let i = owners.iter().position(|o| o.tenant() == tenant)?;
+        let pos = owners.get(i).pos.load(Ordering::Relaxed);
+        let last = owners.len() - 1;
+        if i != last {
+            owners.get(i).copy_from(owners.get(last));
+        }
+        if last == 0 {
+            n.inline_owner.store(0, Ordering::Relaxed);
+        } else {
+            n.owners.set_len(n.owners.load(), last - 1);
+        }
+        Some((pos, last == 0))
+    }
+
     /// Removes `tenant` from one of its leaves, freeing the node when nobody
-    /// holds it any more.
+    /// holds it any more (exclusive access).
     fn unhold(&mut self, node: u32, tenant: u32) {
-        let n = &mut self.nodes[node as usize];
-        let Some(i) = n.entry_index(tenant) else {
+        let Some((pos, now_empty)) = self.drop_owner(node, tenant) else {
             return;
         };
-        let entry = n.tenants.swap_remove(i);
-        let symbols = u64::from(n.symbols);
-        let parent = n.parent;
-        let now_empty = n.tenants.is_empty();
-        let list = &mut self.tenant_nodes[tenant as usize];
-        let pos = entry.pos as usize;
+        let view = self.node(node).view_owned();
+        let (symbols, parent) = (u64::from(view.symbols), view.parent);
+        let index = &mut self.tenants[tenant as usize];
+        let list = index.nodes.get_mut();
+        let pos = pos as usize;
         list.swap_remove(pos);
-        if let Some(&moved) = list.get(pos) {
-            if let Some(j) = self.nodes[moved as usize].entry_index(tenant) {
-                self.nodes[moved as usize].tenants[j].pos = pos as u32;
+        let moved = list.get(pos).copied();
+        let size = index.size.load(Ordering::Relaxed);
+        index.size.store(size - symbols, Ordering::Relaxed);
+        if let Some(moved) = moved {
+            if let Some(o) = self.node(moved).owners_owned().owner(tenant) {
+                o.pos.store(pos as u32, Ordering::Relaxed);
             }
         }
-        self.sizes[tenant as usize] -= symbols;
         if parent != ROOT {
-            if let Some(j) = self.nodes[parent as usize].entry_index(tenant) {
-                let held = &mut self.nodes[parent as usize].tenants[j].held_children;
-                *held = held.saturating_sub(1);
+            if let Some(o) = self.node(parent).owners_owned().owner(tenant) {
+                o.add_held(-1);
             }
         }
         if now_empty {
@@ -744,35 +1311,54 @@ impl<U: Unit> Shard<U> {
         }
     }
 
+    /// Removes `node` from `parent`'s children (exclusive access).
     fn unlink(&mut self, parent: u32, node: u32) {
-        let children = &mut self.nodes[parent as usize].children;
-        if let Some(i) = children.iter().position(|&(_, c)| c == node) {
-            children.remove(i);
+        let children = &self.node(parent).children;
+        let raw = children.load();
+        let items = self.node(parent).view_owned().children;
+        let Some(i) = items
+            .iter()
+            .position(|e| e.load(Ordering::Relaxed) as u32 == node)
+        else {
+            return;
+        };
+        for j in i..items.len() - 1 {
+            items[j].copy_from(&items[j + 1]);
         }
+        children.set_len(raw, items.len() - 1);
     }
 
-    /// Forgets everything `tenant` holds here; returns the symbols removed.
+    /// Frees a slot for reuse (exclusive access).
+    fn release(&mut self, slot: u32) {
+        let node = &mut self.nodes[slot as usize];
+        node.free_contents();
+        let generation = node.generation.load(Ordering::Relaxed).wrapping_add(1);
+        node.generation.store(generation, Ordering::Relaxed);
+        self.slots.get_mut().free.push(slot);
+    }
+
+    /// Forgets everything `tenant` holds here; returns the symbols removed
+    /// (exclusive access).
     pub(crate) fn remove_tenant(&mut self, tenant: u32) -> u64 {
-        let Some(list) = self.tenant_nodes.get_mut(tenant as usize) else {
+        let Some(index) = self.tenants.get_mut(tenant as usize) else {
             return 0;
         };
-        let list = std::mem::take(list);
-        let removed = std::mem::take(&mut self.sizes[tenant as usize]);
+        let list = std::mem::take(index.nodes.get_mut());
+        let removed = index.size.load(Ordering::Relaxed);
+        index.size.store(0, Ordering::Relaxed);
         let mut emptied = Vec::new();
         for &node in &list {
-            let n = &mut self.nodes[node as usize];
-            if let Some(i) = n.entry_index(tenant) {
-                n.tenants.swap_remove(i);
-            }
-            if n.tenants.is_empty() {
-                emptied.push(node);
+            if let Some((_, now_empty)) = self.drop_owner(node, tenant) {
+                if now_empty {
+                    emptied.push(node);
+                }
             }
         }
         // An emptied node's parent is either kept (unlink from it) or emptied
         // too (freed with it); decide before freeing anything.
         for &node in &emptied {
-            let parent = self.nodes[node as usize].parent;
-            if parent == ROOT || !self.nodes[parent as usize].tenants.is_empty() {
+            let parent = self.node(node).view_owned().parent;
+            if parent == ROOT || !self.node(parent).owners_owned().is_empty() {
                 self.unlink(parent, node);
             }
         }
@@ -782,24 +1368,42 @@ impl<U: Unit> Shard<U> {
         removed
     }
 
-    /// Checks every structural invariant and that the counters equal a recount.
-    pub(crate) fn check(&self) -> Result<(), String> {
-        let mut recount = vec![0u64; self.sizes.len()];
-        let mut listed = vec![0usize; self.sizes.len()];
+    /// Every live node's owners, for recounts (any access).
+    pub(crate) fn for_each_owner(&self, mut f: impl FnMut(u32, &Owner)) {
+        for node in 1..self.slots_used() as u32 {
+            let n = self.node(node);
+            let symbols = n.view().symbols;
+            for o in n.owners().iter() {
+                f(symbols, o);
+            }
+        }
+    }
+
+    /// Checks every structural invariant and that the counters equal a
+    /// recount (exclusive access, for a stable answer).
+    pub(crate) fn check(&mut self) -> Result<(), String> {
+        self.collect_garbage();
+        let tenants = self.tenants.len();
+        let mut recount = vec![0u64; tenants];
+        let mut listed = vec![0usize; tenants];
         let mut reachable = 0usize;
         let mut stack = vec![ROOT];
         while let Some(idx) = stack.pop() {
-            let n = &self.nodes[idx as usize];
+            let n = self.node(idx).view_owned();
+            let owners = self.node(idx).owners_owned();
             let mut last_key = None;
-            for &(key, child) in &n.children {
-                let c = &self.nodes[child as usize];
+            for (key, child) in n.child_nodes() {
+                if child as usize >= self.slots_used() {
+                    return Err(format!("node {idx}: child {child} out of the arena"));
+                }
+                let c = self.node(child).view_owned();
                 if c.parent != idx {
                     return Err(format!(
                         "node {child}: parent {} but listed under {idx}",
                         c.parent
                     ));
                 }
-                if c.label().is_empty() || U::key(c.label()) != key {
+                if c.label.is_empty() || U::key(c.label) != key {
                     return Err(format!("node {child}: key {key} does not match its label"));
                 }
                 if last_key.is_some_and(|k| k >= key) {
@@ -809,58 +1413,68 @@ impl<U: Unit> Shard<U> {
                 stack.push(child);
             }
             if idx == ROOT {
-                if !n.tenants.is_empty() {
+                if !owners.is_empty() {
                     return Err("root has tenants".into());
                 }
                 continue;
             }
             reachable += 1;
-            if n.tenants.is_empty() {
+            if owners.is_empty() {
                 return Err(format!("node {idx} is held by nobody"));
             }
-            if U::count_symbols(n.label()) != n.symbols as usize {
+            if U::count_symbols(n.label) != n.symbols as usize {
                 return Err(format!("node {idx}: symbol count"));
             }
-            for e in &n.tenants {
-                let t = e.tenant as usize;
-                if t >= recount.len() {
+            for o in owners.iter() {
+                let t = o.tenant() as usize;
+                if t >= tenants {
                     return Err(format!("node {idx}: tenant {t} has no counter"));
                 }
                 recount[t] += u64::from(n.symbols);
                 listed[t] += 1;
-                if self.tenant_nodes[t].get(e.pos as usize) != Some(&idx) {
+                let pos = o.pos.load(Ordering::Relaxed) as usize;
+                if self.tenants[t].nodes.lock().get(pos) != Some(&idx) {
                     return Err(format!("node {idx}: tenant {t} list position"));
                 }
                 let held = n
-                    .children
-                    .iter()
-                    .filter(|&&(_, c)| self.nodes[c as usize].entry(e.tenant).is_some())
+                    .child_nodes()
+                    .filter(|&(_, c)| self.node(c).owners_owned().owner(o.tenant()).is_some())
                     .count();
-                if held != e.held_children as usize {
+                if held != o.held() as usize {
                     return Err(format!(
                         "node {idx}: tenant {t} held_children {} != {held}",
-                        e.held_children
+                        o.held()
                     ));
                 }
-                if n.parent != ROOT && self.nodes[n.parent as usize].entry(e.tenant).is_none() {
+                if n.parent != ROOT
+                    && self
+                        .node(n.parent)
+                        .owners_owned()
+                        .owner(o.tenant())
+                        .is_none()
+                {
                     return Err(format!(
                         "node {idx}: tenant {t} holds it but not its parent"
                     ));
                 }
             }
         }
-        if reachable + 1 + self.free.len() != self.nodes.len() {
+        let free = self.slots.lock().free.len();
+        if reachable + 1 + free != self.slots_used() {
             return Err(format!(
-                "{} slots, {reachable} reachable nodes, {} free",
-                self.nodes.len(),
-                self.free.len()
+                "{} slots, {reachable} reachable nodes, {free} free",
+                self.slots_used()
             ));
         }
-        for (t, (&count, &size)) in recount.iter().zip(&self.sizes).enumerate() {
-            if count != size {
-                return Err(format!("tenant {t}: counter {size}, recount {count}"));
+        for (t, index) in self.tenants.iter().enumerate() {
+            let size = index.size.load(Ordering::Relaxed);
+            if recount[t] != size {
+                return Err(format!(
+                    "tenant {t}: counter {size}, recount {}",
+                    recount[t]
+                ));
             }
-            if listed[t] != self.tenant_nodes[t].len() {
+            if listed[t] != index.nodes.lock().len() {
                 return Err(format!("tenant {t}: node list length"));
             }
         }
@@ -868,18 +1482,53 @@ impl<U: Unit> Shard<U> {
     }
 }
 
+/// A new leaf's label, built before any lock is taken.
+#[derive(Debug)]
+struct NewLeaf<U> {
+    label: Box<[U]>,
+    symbols: u32,
+    /// Probe units the label covers (at most [`LABEL_MAX`]; a longer rest
+    /// becomes a chain of leaves).
+    advance: usize,
+}
+
+impl<U: Unit> NewLeaf<U> {
+    fn from_rest<P: Probe<U>>(probe: &P, pos: usize) -> Self {
+        let mut label = Vec::new();
+        let step = probe.take_rest(pos, LABEL_MAX, &mut label);
+        Self {
+            label: label.into_boxed_slice(),
+            symbols: step.symbols as u32,
+            advance: step.advance,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::symbol::UnitProbe;
 
-    /// The crate docs promise two cache lines per node (walk fields, then
-    /// owners) with one owner inline.
+    /// Inserts under shared access, making room as the tree does.
+    fn insert(shard: &mut Shard<u8>, text: &str, tenant: u32, now: u64) {
+        loop {
+            match shard.insert(&UnitProbe(text.as_bytes()), tenant, now) {
+                Inserted::Done { .. } => return,
+                Inserted::NeedRoom { .. } => shard.make_room(tenant),
+            }
+        }
+    }
+
+    fn root_child(shard: &Shard<u8>, key: u8) -> u32 {
+        shard.node(ROOT).view().child(u32::from(key)).unwrap()
+    }
+
     #[test]
-    fn node_layout_is_two_cache_lines() {
+    fn node_is_two_cache_lines_with_the_walk_in_the_first() {
         assert_eq!(std::mem::size_of::<Node<u8>>(), 128);
         assert_eq!(std::mem::size_of::<Node<u32>>(), 128);
-        assert_eq!(std::mem::align_of::<Node<u8>>(), 64);
-        assert!(std::mem::offset_of!(Node<u8>, generation) < 64);
+        assert_eq!(std::mem::align_of::<Node<u8>>(), 128);
+        assert_eq!(std::mem::offset_of!(Node<u8>, owner), 64);
     }
 
     #[test]
@@ -898,40 +1547,38 @@ mod tests {
         let mut shard: Shard<u8> = Shard::new();
         let texts: Vec<String> = (0..N).map(|i| format!("a{i:05}")).collect();
         for (i, text) in texts.iter().enumerate() {
-            shard.insert(
-                &crate::symbol::UnitProbe(text.as_bytes()),
-                (i % 3) as u32,
-                1,
-            );
+            insert(&mut shard, text, (i % 3) as u32, 1);
         }
-        assert!(shard.nodes.len() > N, "{} slots", shard.nodes.len());
+        assert!(shard.slots_used() > N, "{} slots", shard.slots_used());
         shard.check().unwrap();
         let of = |t: usize| prefixes(texts.iter().skip(t).step_by(3));
         assert_eq!(shard.size_of(0), of(0));
         assert_eq!(shard.remove_tenant(1), of(1));
         shard.check().unwrap();
         // Freed slots are reused.
-        let slots = shard.nodes.len();
+        let slots = shard.slots_used();
         for text in texts.iter().skip(1).step_by(3) {
-            shard.insert(&crate::symbol::UnitProbe(text.as_bytes()), 3, 2);
+            insert(&mut shard, text, 3, 2);
         }
         shard.check().unwrap();
         assert_eq!(shard.size_of(3), of(1));
-        assert_eq!(shard.nodes.len(), slots);
+        assert_eq!(shard.slots_used(), slots);
     }
 
     #[test]
     fn freed_slots_are_reused_with_a_new_generation() {
         let mut shard: Shard<u8> = Shard::new();
-        let probe = crate::symbol::UnitProbe("abc".as_bytes());
-        shard.insert(&probe, 0, 1);
-        let node = shard.nodes[ROOT as usize].children[0].1;
-        let generation = shard.nodes[node as usize].generation;
+        insert(&mut shard, "abc", 0, 1);
+        let node = root_child(&shard, b'a');
+        let generation = shard.node(node).generation.load(Ordering::Relaxed);
         assert_eq!(shard.remove_tenant(0), 3);
-        shard.insert(&crate::symbol::UnitProbe("xy".as_bytes()), 1, 2);
-        let reused = shard.nodes[ROOT as usize].children[0].1;
+        insert(&mut shard, "xy", 1, 2);
+        let reused = root_child(&shard, b'x');
         assert_eq!(reused, node, "the freed slot is reused");
-        assert_ne!(shard.nodes[reused as usize].generation, generation);
+        assert_ne!(
+            shard.node(reused).generation.load(Ordering::Relaxed),
+            generation
+        );
         // A candidate collected before the reuse is recognised as stale.
         let stale = Candidate {
             stamp: 1,
@@ -944,210 +1591,52 @@ mod tests {
         assert_eq!(shard.size_of(1), 2);
         shard.check().unwrap();
     }
-}
 
-/// The two-phase insert: a plan made under the read lock must be rejected,
-/// with nothing changed, whenever a writer changed what it relied on between
-/// the two phases; a current plan must do exactly what a one-walk insert does.
-#[cfg(test)]
-mod plan_tests {
-    use super::*;
-    use crate::symbol::UnitProbe;
+    #[test]
+    fn split_copies_the_shorter_side_and_keeps_stamps() {
+        let mut shard: Shard<u8> = Shard::new();
+        insert(&mut shard, "abcdefgh", 0, 1);
+        let node = root_child(&shard, b'a');
+        let buf = shard.node(node).label.load(Ordering::Relaxed);
+        // Upper part shorter: the lower node keeps the buffer.
+        insert(&mut shard, "abx", 1, 2);
+        let mid = root_child(&shard, b'a');
+        assert_ne!(mid, node);
+        let lower = shard.node(node).view();
+        assert_eq!(lower.label, b"cdefgh");
+        assert_eq!(lower.parent, mid);
+        assert_eq!(shard.node(node).label.load(Ordering::Relaxed), buf);
+        assert_eq!(shard.node(mid).view().label, b"ab");
+        let upper = shard.node(mid).owners();
+        assert_eq!(upper.owner(0).map(Owner::stamp), Some(1));
+        assert_eq!(upper.owner(0).map(Owner::held), Some(1));
+        assert_eq!(upper.owner(1).map(Owner::held), Some(1));
+        // Lower part shorter: the upper node keeps the buffer.
+        insert(&mut shard, "abcdefgz", 2, 3);
+        let kept = shard.node(ROOT).view().child(u32::from(b'a')).unwrap();
+        let cdefg = shard.node(kept).view().child(u32::from(b'c')).unwrap();
+        assert_eq!(shard.node(cdefg).view().label, b"cdefg");
+        assert_eq!(shard.node(cdefg).label.load(Ordering::Relaxed), buf);
+        assert_eq!(shard.node(node).view().label, b"h");
+        shard.check().unwrap();
+        assert_eq!(
+            (shard.size_of(0), shard.size_of(1), shard.size_of(2)),
+            (8, 3, 8)
+        );
+    }
 
-    fn plan(shard: &Shard<u8>, text: &str, tenant: u32) -> (InsertPlan, Option<NewLeaf<u8>>) {
-        let probe = UnitProbe(text.as_bytes());
-        match shard.plan_insert(&probe, tenant, 5) {
-            Planned::Apply(plan) => {
-                let leaf = plan.leaf_at.and_then(|pos| NewLeaf::from_rest(&probe, pos));
-                (plan, leaf)
-            }
-            Planned::Nothing => panic!("{text:?} needs no change"),
+    #[test]
+    fn arena_growth_keeps_every_node() {
+        let mut shard: Shard<u8> = Shard::new();
+        let texts: Vec<String> = (0..200).map(|i| format!("k{i}-{}", i * 7)).collect();
+        for text in &texts {
+            insert(&mut shard, text, 0, 1);
         }
-    }
-
-    fn insert(shard: &mut Shard<u8>, text: &str, tenant: u32) {
-        shard.insert(&UnitProbe(text.as_bytes()), tenant, 3);
-    }
-
-    /// `shard` after the plan for (`text`, `tenant`) was refused: unchanged,
-    /// and a one-walk insert then gives the right sizes.
-    fn refused_then_locked(
-        mut shard: Shard<u8>,
-        (plan, mut leaf): (InsertPlan, Option<NewLeaf<u8>>),
-        text: &str,
-        tenant: u32,
-    ) -> Shard<u8> {
-        let sizes = shard.sizes.clone();
-        let slots = shard.nodes.len();
-        assert!(!shard.apply_insert(&plan, &mut leaf, tenant, 6));
-        assert_eq!(shard.sizes, sizes, "a refused plan changes nothing");
-        assert_eq!(shard.nodes.len(), slots);
-        assert!(
-            leaf.is_some() == plan.leaf_at.is_some(),
-            "the leaf is not used"
-        );
+        assert!(shard.nodes.len() >= 200);
         shard.check().unwrap();
-        insert(&mut shard, text, tenant);
-        shard.check().unwrap();
-        shard
-    }
-
-    #[test]
-    fn current_plans_equal_one_walk_inserts() {
-        let texts = [
-            ("abcdef", 0),
-            ("abcxyz", 1),
-            ("abc", 2),
-            ("abcdef", 1),
-            ("ab", 0),
-            ("abcdefgh", 2),
-            ("一丁x", 0),
-            ("一丁y", 1),
-            ("一", 2),
-            ("abcdef", 0),
-        ];
-        let mut planned: Shard<u8> = Shard::new();
-        let mut walked: Shard<u8> = Shard::new();
-        for (text, tenant) in texts {
-            let probe = UnitProbe(text.as_bytes());
-            match planned.plan_insert(&probe, tenant, 7) {
-                Planned::Nothing => {}
-                Planned::Apply(plan) => {
-                    let mut leaf = plan.leaf_at.and_then(|pos| NewLeaf::from_rest(&probe, pos));
-                    assert!(planned.apply_insert(&plan, &mut leaf, tenant, 7));
-                    assert!(leaf.is_none(), "the leaf was used");
-                }
-            }
-            walked.insert(&probe, tenant, 7);
-            planned.check().unwrap();
-            assert_eq!(planned.sizes, walked.sizes, "after {text:?}");
-            assert_eq!(planned.nodes.len(), walked.nodes.len());
+        for text in &texts {
+            let end = shard.walk(&UnitProbe(text.as_bytes()), |_| true);
+            assert_eq!(end.matched, text.len(), "{text}");
         }
-        // t0: abcdef, 一丁x; t1: abcxyz + def, 一丁y; t2: abcdefgh, 一.
-        assert_eq!(planned.sizes, vec![6 + 3, 6 + 3 + 3, 8 + 1]);
-    }
-
-    #[test]
-    fn plan_refused_after_a_path_node_was_split() {
-        let mut shard: Shard<u8> = Shard::new();
-        insert(&mut shard, "abcdef", 0);
-        insert(&mut shard, "abcdefgh", 0);
-        // Path: "abcdef" (then "gh"); the plan adds tenant 1 to both and a
-        // leaf "xy" below "gh".
-        let p = plan(&shard, "abcdefghxy", 1);
-        // Another writer cuts "abcdef" into "abc" + "def": the node the plan
-        // saw under the root now hangs below a new node.
-        insert(&mut shard, "abcz", 2);
-        let shard = refused_then_locked(shard, p, "abcdefghxy", 1);
-        assert_eq!(shard.size_of(1), 10);
-        assert_eq!(shard.size_of(2), 4);
-    }
-
-    #[test]
-    fn plan_refused_after_its_split_child_was_split() {
-        let mut shard: Shard<u8> = Shard::new();
-        insert(&mut shard, "abcdef", 0);
-        // The plan splits "abcdef" after "abcd" and adds "x".
-        let p = plan(&shard, "abcdx", 1);
-        insert(&mut shard, "abq", 2);
-        let shard = refused_then_locked(shard, p, "abcdx", 1);
-        assert_eq!(shard.size_of(0), 6);
-        assert_eq!(shard.size_of(1), 5);
-    }
-
-    #[test]
-    fn plan_refused_when_its_new_edge_appeared() {
-        let mut shard: Shard<u8> = Shard::new();
-        insert(&mut shard, "ab", 0);
-        // The plan adds a leaf "cd" below "ab" for tenant 1 ...
-        let p = plan(&shard, "abcd", 1);
-        // ... but another writer adds an edge starting with 'c' first.
-        insert(&mut shard, "abce", 1);
-        let shard = refused_then_locked(shard, p, "abcd", 1);
-        assert_eq!(shard.size_of(1), 5, "ab + c + d + e");
-    }
-
-    #[test]
-    fn plan_refused_after_a_path_node_was_freed_and_reused() {
-        let mut shard: Shard<u8> = Shard::new();
-        insert(&mut shard, "abc", 0);
-        let node = shard.nodes[ROOT as usize].children[0].1;
-        let p = plan(&shard, "abcd", 1);
-        // The path node is freed and its slot reused for another text under
-        // the root: same index, same parent, new generation.
-        shard.remove_tenant(0);
-        insert(&mut shard, "xyz", 2);
-        assert_eq!(shard.nodes[ROOT as usize].children[0].1, node);
-        let shard = refused_then_locked(shard, p, "abcd", 1);
-        assert_eq!(shard.size_of(1), 4);
-        assert_eq!(shard.size_of(2), 3);
-    }
-
-    #[test]
-    fn plan_still_valid_when_others_only_changed_owners() {
-        let mut shard: Shard<u8> = Shard::new();
-        insert(&mut shard, "abc", 0);
-        insert(&mut shard, "abd", 1);
-        let (p, mut leaf) = plan(&shard, "abce", 2);
-        // Owners change on the path (no structural change): still applies,
-        // and holding is idempotent when the same tenant got there first.
-        insert(&mut shard, "ab", 2);
-        shard.remove_tenant(1);
-        assert!(shard.apply_insert(&p, &mut leaf, 2, 6));
-        shard.check().unwrap();
-        assert_eq!(shard.size_of(2), 4);
-        assert_eq!(shard.size_of(1), 0);
-    }
-
-    #[test]
-    fn holder_of_the_whole_text_needs_no_write() {
-        let mut shard: Shard<u8> = Shard::new();
-        insert(&mut shard, "abcdef", 0);
-        insert(&mut shard, "abcxyz", 1);
-        let probe = UnitProbe("abcdef".as_bytes());
-        assert!(matches!(shard.plan_insert(&probe, 0, 9), Planned::Nothing));
-        // The read phase refreshed tenant 0's stamps on the whole path.
-        let abc = shard.nodes[ROOT as usize].children[0].1;
-        assert_eq!(
-            shard.nodes[abc as usize].entry(0).map(Entry::stamp),
-            Some(9)
-        );
-        assert_eq!(
-            shard.nodes[abc as usize].entry(1).map(Entry::stamp),
-            Some(3)
-        );
-        // A prefix ending inside a label still needs a split.
-        let probe = UnitProbe("abcd".as_bytes());
-        assert!(matches!(shard.plan_insert(&probe, 0, 9), Planned::Apply(_)));
-    }
-}
-
-#[cfg(test)]
-mod label_tests {
-    use super::*;
-
-    #[test]
-    fn split_label_copies_the_shorter_side() {
-        let buf: Box<[u8]> = b"xxabcdefgh".as_slice().into();
-        let live = |(buf, start, end): &Label<u8>| buf[*start as usize..*end as usize].to_vec();
-        // Upper shorter: the lower keeps the buffer.
-        let (upper, lower) = split_label(buf, 2, 10, 2);
-        assert_eq!(live(&upper), b"ab");
-        assert_eq!(live(&lower), b"cdefgh");
-        assert_eq!(
-            (lower.1, lower.0.len()),
-            (4, 10),
-            "same buffer, start moved"
-        );
-        // Lower shorter: the upper keeps the buffer, not even shrunk.
-        let (upper, lower) = split_label(lower.0, lower.1, lower.2, 5);
-        assert_eq!(live(&upper), b"cdefg");
-        assert_eq!(live(&lower), b"h");
-        assert_eq!(
-            (upper.1, upper.2, upper.0.len()),
-            (4, 9, 10),
-            "same buffer, end moved"
-        );
-        assert_eq!(lower.0.len(), 1, "only the shorter side is copied");
     }
 }

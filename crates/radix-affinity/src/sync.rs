@@ -2,14 +2,41 @@
 //! `--cfg loom`, so the same tree code is model-checked (see `tests/loom_*.rs`).
 
 #[cfg(not(loom))]
-pub(crate) use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+pub(crate) use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
 #[cfg(loom)]
 pub(crate) use loom::sync::{RwLockReadGuard, RwLockWriteGuard};
+
+/// A busy wait for a node lock, or for a node a writer is changing: a few
+/// dozen pause instructions (a writer holds a node for tens of
+/// nanoseconds), then yields of the thread, so that waiters do not burn a
+/// time slice when the holder was descheduled. Under loom every step yields,
+/// so the model lets the holder run.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff(u32);
+
+/// Pauses before a waiter starts yielding.
+#[cfg(not(loom))]
+const SPINS_BEFORE_YIELD: u32 = 64;
+
+impl Backoff {
+    #[inline]
+    pub(crate) fn snooze(&mut self) {
+        #[cfg(loom)]
+        loom::thread::yield_now();
+        #[cfg(not(loom))]
+        if self.0 < SPINS_BEFORE_YIELD {
+            self.0 += 1;
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
 
 /// A reader-writer lock with parking_lot's infallible `read`/`write` signatures,
 /// backed by loom's modelled lock.
@@ -38,5 +65,28 @@ impl<T> RwLock<T> {
 
     pub(crate) fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
         self.0.try_write().ok()
+    }
+}
+
+/// A mutex with parking_lot's infallible `lock` signature, backed by loom's
+/// modelled mutex.
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+#[cfg(loom)]
+impl<T> Mutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Self(loom::sync::Mutex::new(value))
+    }
+
+    pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
+        self.0.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    pub(crate) fn get_mut(&mut self) -> &mut T {
+        self.0
+            .get_mut()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::InvariantViolation;
 use crate::clock::{Clock, Ticker};
-use crate::shard::{Candidate, Evicted, NewLeaf, Planned, ROOT, Shard};
+use crate::shard::{Candidate, Evicted, Inserted, ROOT, Shard};
 use crate::symbol::{Probe, Symbol, SymbolProbe, UnitProbe};
 use crate::sync::{AtomicU64, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::tenant::{Interner, TenantId};
@@ -93,12 +93,13 @@ pub struct PrefixMatch {
 pub struct LockWaits {
     /// Lookups (`prefix_match*`) that waited for a writer.
     pub reads: u64,
-    /// Inserts, evictions and removals that waited for a reader or a writer.
+    /// Inserts, evictions and removals that waited for their shard lock:
+    /// an insert waits only while the shard is held exclusively (eviction,
+    /// removal, arena growth), the others for any holder.
     pub writes: u64,
-    /// Inserts whose plan (made under the read lock) was invalidated by
-    /// another writer before they got the write lock, so they walked again
-    /// under the write lock.
-    pub replans: u64,
+    /// Steps of inserts that looked at a node again because another insert
+    /// changed it (or its parent) meanwhile, or took its lock first.
+    pub retries: u64,
 }
 
 /// Wait counters, written only when a lock is contended.
@@ -106,7 +107,7 @@ pub struct LockWaits {
 struct Waits {
     reads: AtomicU64,
     writes: AtomicU64,
-    replans: AtomicU64,
+    retries: AtomicU64,
 }
 
 /// A concurrent multi-tenant radix tree over symbols `S` (`char` for text,
@@ -160,7 +161,7 @@ impl<S: Symbol> RadixTree<S> {
             waits: Padded(Waits {
                 reads: AtomicU64::new(0),
                 writes: AtomicU64::new(0),
-                replans: AtomicU64::new(0),
+                retries: AtomicU64::new(0),
             }),
             _symbols: PhantomData,
         }
@@ -240,7 +241,7 @@ impl<S: Symbol> RadixTree<S> {
     pub fn total_size(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.0.read().sizes.iter().sum::<u64>())
+            .map(|s| s.0.read().sizes().sum::<u64>())
             .sum::<u64>() as usize
     }
 
@@ -259,7 +260,7 @@ impl<S: Symbol> RadixTree<S> {
         let mut sizes = vec![0u64; self.tenants.count() as usize];
         for shard in self.shards.iter() {
             let shard = shard.0.read();
-            for (total, &size) in sizes.iter_mut().zip(&shard.sizes) {
+            for (total, size) in sizes.iter_mut().zip(shard.sizes()) {
                 *total += size;
             }
         }
@@ -371,7 +372,7 @@ impl<S: Symbol> RadixTree<S> {
         LockWaits {
             reads: self.waits.0.reads.load(Ordering::Relaxed),
             writes: self.waits.0.writes.load(Ordering::Relaxed),
-            replans: self.waits.0.replans.load(Ordering::Relaxed),
+            retries: self.waits.0.retries.load(Ordering::Relaxed),
         }
     }
 
@@ -394,31 +395,28 @@ impl<S: Symbol> RadixTree<S> {
     }
 
     /// Checks the tree's invariants, including that every tenant's counter
-    /// equals a recount of the nodes it holds. Takes each shard's read lock in
-    /// turn, so run it while no writer is active for a global answer.
+    /// equals a recount of the nodes it holds. Takes each shard's lock
+    /// exclusively in turn (so each shard is checked in a stable state while
+    /// other shards keep working), and frees retired arrays on the way.
     pub fn validate(&self) -> Result<(), InvariantViolation> {
         for (i, shard) in self.shards.iter().enumerate() {
-            shard
-                .0
-                .read()
+            self.write_shard(&shard.0)
                 .check()
                 .map_err(|detail| InvariantViolation { shard: i, detail })?;
         }
         Ok(())
     }
 
-    /// Recounts every tenant's size from the nodes (not from the counters).
+    /// Recounts every tenant's size from the nodes (not from the counters),
+    /// holding each shard's lock exclusively in turn.
     pub fn recount(&self) -> Vec<(TenantId, usize)> {
         let mut sizes = vec![0usize; self.tenants.count() as usize];
         for shard in self.shards.iter() {
-            let shard = shard.0.read();
-            for node in shard.nodes.iter() {
-                for e in &node.tenants {
-                    if let Some(size) = sizes.get_mut(e.tenant as usize) {
-                        *size += node.symbols as usize;
-                    }
+            self.write_shard(&shard.0).for_each_owner(|symbols, owner| {
+                if let Some(size) = sizes.get_mut(owner.tenant() as usize) {
+                    *size += symbols as usize;
                 }
-            }
+            });
         }
         sizes
             .into_iter()
@@ -442,30 +440,28 @@ impl<S: Symbol> RadixTree<S> {
             return;
         };
         let now = self.clock.now();
-        // Read phase: walk and plan under the read lock, in parallel with
-        // lookups and other inserts' read phases.
-        let plan = match self.read_shard(shard).plan_insert(probe, tenant.0, now) {
-            Planned::Nothing => return,
-            Planned::Apply(plan) => plan,
-        };
-        // The new leaf's label (most of an insert's bytes) is copied with no
-        // lock held.
-        let mut leaf = plan.leaf_at.and_then(|pos| NewLeaf::from_rest(probe, pos));
-        let mut guard = self.write_shard(shard);
-        if plan.leaf_at.is_some() && leaf.is_none() {
-            // A rest longer than one label: the one-walk insert chains it.
-            guard.insert(probe, tenant.0, now);
-            return;
+        // Inserts share the shard lock with lookups and with each other and
+        // lock only the nodes they change; the shard is taken exclusively
+        // only to grow its arena or tenant table, or to free retired arrays.
+        loop {
+            let outcome = self.read_shard(shard).insert(probe, tenant.0, now);
+            let (retries, room) = match outcome {
+                Inserted::Done { retries, collect } => (retries, collect),
+                Inserted::NeedRoom { retries } => (retries, true),
+            };
+            if retries > 0 {
+                self.waits
+                    .0
+                    .retries
+                    .fetch_add(u64::from(retries), Ordering::Relaxed);
+            }
+            if room {
+                self.write_shard(shard).make_room(tenant.0);
+            }
+            if matches!(outcome, Inserted::Done { .. }) {
+                return;
+            }
         }
-        // Write phase: validate the plan and apply it; if the shard changed
-        // under it, walk again, this time under the write lock.
-        if !guard.apply_insert(&plan, &mut leaf, tenant.0, now) {
-            self.waits.0.replans.fetch_add(1, Ordering::Relaxed);
-            guard.insert(probe, tenant.0, now);
-        }
-        drop(guard);
-        // An unused leaf (only after a failed validation) is freed unlocked.
-        drop(leaf);
     }
 
     #[inline]
@@ -481,9 +477,9 @@ impl<S: Symbol> RadixTree<S> {
             let shard = self.read_shard(shard);
             let end = shard.walk(probe, |_| true);
             let tenant = (end.node != ROOT)
-                .then(|| shard.nodes[end.node as usize].most_recent())
+                .then(|| shard.node(end.node).owners().most_recent())
                 .flatten()
-                .map(|e| e.tenant);
+                .map(|o| o.tenant());
             if let Some(t) = tenant {
                 shard.touch_path(end.node, t, self.clock.now());
             }
@@ -505,7 +501,9 @@ impl<S: Symbol> RadixTree<S> {
             return 0;
         };
         let shard = self.read_shard(shard);
-        shard.walk(probe, |n| n.entry(tenant.0).is_some()).matched
+        shard
+            .walk(probe, |n| n.owners().owner(tenant.0).is_some())
+            .matched
     }
 }
 

@@ -11,9 +11,18 @@ use loom::sync::Arc;
 use loom::thread;
 use radix_affinity::{Clock, TextTree};
 
+/// `loom::model` with room for the many atomic loads of a tree operation
+/// (every node field is an atomic), which exceed loom's default branch
+/// bound.
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 100_000;
+    builder.check(f);
+}
+
 #[test]
 fn evict_races_insert_below_candidate() {
-    loom::model(|| {
+    model(|| {
         let tree = Arc::new(TextTree::with_clock(Clock::Logical));
         let t0 = tree.intern("t0");
         let t1 = tree.intern("t1");
@@ -44,7 +53,7 @@ fn evict_races_insert_below_candidate() {
 
 #[test]
 fn evict_to_total_races_split() {
-    loom::model(|| {
+    model(|| {
         let tree = Arc::new(TextTree::with_clock(Clock::Logical));
         let t0 = tree.intern("t0");
         let t1 = tree.intern("t1");
@@ -70,7 +79,7 @@ fn evict_to_total_races_split() {
 
 #[test]
 fn remove_tenant_races_insert() {
-    loom::model(|| {
+    model(|| {
         let tree = Arc::new(TextTree::with_clock(Clock::Logical));
         let t0 = tree.intern("t0");
         let t1 = tree.intern("t1");
