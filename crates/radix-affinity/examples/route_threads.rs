@@ -21,7 +21,6 @@
 //! what sharing the read locks costs). Timings are wall and on-CPU time; on a
 //! shared machine compare runs taken close together.
 
-use std::sync::Barrier;
 use std::time::Instant;
 
 use radix_affinity::workload::{self, Request, Variant, Workload};
@@ -86,28 +85,10 @@ fn two_threads(setups: [&Setup; 2], routes: &[Request]) -> (u64, u64) {
 /// Wall and summed on-CPU nanoseconds of two route threads, thread t taking
 /// `items[t]` in order.
 fn two_threads_on(setups: [&Setup; 2], routes: &[Request], items: &[Vec<usize>; 2]) -> (u64, u64) {
-    let barrier = Barrier::new(2);
-    let start = Instant::now();
-    let cpu = std::thread::scope(|scope| {
-        let handles: Vec<_> = setups
-            .into_iter()
-            .enumerate()
-            .map(|(t, setup)| {
-                let barrier = &barrier;
-                scope.spawn(move || {
-                    barrier.wait();
-                    let c0 = workload::thread_cpu_ns();
-                    route(setup, items[t].iter().copied(), routes, 32 * t, false);
-                    workload::thread_cpu_ns() - c0
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or(0))
-            .sum::<u64>()
+    let pair = workload::run_pair(|t| {
+        route(setups[t], items[t].iter().copied(), routes, 32 * t, false);
     });
-    (start.elapsed().as_nanos() as u64, cpu)
+    (pair.wall_ns, pair.cpu_ns.iter().sum())
 }
 
 fn main() {
@@ -171,21 +152,10 @@ fn main() {
             let c1 = lookups(&pair[0], 0) + lookups(&pair[0], 1);
             let one = start.elapsed().as_nanos() as f64;
             for shared in [true, false] {
-                let barrier = Barrier::new(2);
-                let start = Instant::now();
-                let cpu: u64 = std::thread::scope(|scope| {
-                    let hs: Vec<_> = (0..2)
-                        .map(|t| {
-                            let (barrier, setup) = (&barrier, &pair[if shared { 0 } else { t }]);
-                            scope.spawn(move || {
-                                barrier.wait();
-                                lookups(setup, t)
-                            })
-                        })
-                        .collect();
-                    hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+                let timing = workload::run_pair(|t| {
+                    lookups(&pair[if shared { 0 } else { t }], t);
                 });
-                let wall = start.elapsed().as_nanos() as f64;
+                let (wall, cpu) = (timing.wall_ns as f64, timing.cpu_ns.iter().sum::<u64>());
                 println!(
                     "lookups only, {}: 1t {:.0} ns/op ({:.0} cpu), 2t {:.2}x, {:.0} cpu ns/op",
                     if shared { "shared" } else { "unshared" },

@@ -13,7 +13,6 @@
 
 use std::io::Write;
 use std::process::Command;
-use std::sync::Barrier;
 use std::time::Instant;
 
 use radix_affinity::workload::{
@@ -170,30 +169,18 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
 
     // (d) route loop, two threads sharing one warm tree.
     let setup = warm_tree(w);
-    let barrier = Barrier::new(2);
-    let start = Instant::now();
-    let cpus: Vec<u64> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..2usize)
-            .map(|t| {
-                let (setup, barrier, routes) = (&setup, &barrier, &s.routes);
-                scope.spawn(move || {
-                    barrier.wait();
-                    let c0 = workload::thread_cpu_ns();
-                    route(
-                        &setup.tree,
-                        &setup.ids,
-                        (t..routes.len()).step_by(2),
-                        routes,
-                        32 * t,
-                    );
-                    workload::thread_cpu_ns() - c0
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or(0)).collect()
+    let routes = &s.routes;
+    let pair = workload::run_pair(|t| {
+        route(
+            &setup.tree,
+            &setup.ids,
+            (t..routes.len()).step_by(2),
+            routes,
+            32 * t,
+        );
     });
-    rep.route2_wall = start.elapsed().as_nanos() as u64;
-    rep.route2_cpu = cpus.iter().sum();
+    rep.route2_wall = pair.wall_ns;
+    rep.route2_cpu = pair.cpu_ns.iter().sum();
     let waits = setup.tree.lock_waits();
     rep.route2_waits = waits.reads + waits.writes;
     drop(setup);
@@ -203,24 +190,16 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
     // scaling (shared cores, memory bandwidth, other load), the ceiling (d)
     // can be compared with.
     let trees = [warm_tree(w), warm_tree(w)];
-    let barrier = Barrier::new(2);
-    let start = Instant::now();
-    std::thread::scope(|scope| {
-        for (t, setup) in trees.iter().enumerate() {
-            let (barrier, routes) = (&barrier, &s.routes);
-            scope.spawn(move || {
-                barrier.wait();
-                route(
-                    &setup.tree,
-                    &setup.ids,
-                    (t..routes.len()).step_by(2),
-                    routes,
-                    32 * t,
-                );
-            });
-        }
+    let pair = workload::run_pair(|t| {
+        route(
+            &trees[t].tree,
+            &trees[t].ids,
+            (t..routes.len()).step_by(2),
+            routes,
+            32 * t,
+        );
     });
-    rep.independent2_wall = start.elapsed().as_nanos() as u64;
+    rep.independent2_wall = pair.wall_ns;
     drop(trees);
 
     // Worst case for shard locking, outside the spec: every text starts with
@@ -242,24 +221,16 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
     rep.templated_cpu = c;
     drop(setup);
     let setup = templated_tree();
-    let barrier = Barrier::new(2);
-    let start = Instant::now();
-    std::thread::scope(|scope| {
-        for t in 0..2usize {
-            let (setup, barrier) = (&setup, &barrier);
-            scope.spawn(move || {
-                barrier.wait();
-                route(
-                    &setup.tree,
-                    &setup.ids,
-                    (t..routes.len()).step_by(2),
-                    routes,
-                    32 * t,
-                );
-            });
-        }
+    let pair = workload::run_pair(|t| {
+        route(
+            &setup.tree,
+            &setup.ids,
+            (t..routes.len()).step_by(2),
+            routes,
+            32 * t,
+        );
     });
-    rep.templated2_wall = start.elapsed().as_nanos() as u64;
+    rep.templated2_wall = pair.wall_ns;
     let waits = setup.tree.lock_waits();
     rep.templated2_waits = waits.reads + waits.writes;
     drop(setup);

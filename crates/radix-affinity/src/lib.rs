@@ -51,161 +51,186 @@
 //!   ASCII first character and 128 hashed buckets for the rest. A text lives
 //!   entirely in the shard of its first symbol, so a lookup or an insert
 //!   touches exactly one shard.
-//! - **Arena nodes.** A shard stores its nodes in a `Vec` addressed by `u32`
-//!   index with a free list; parents are indices, so there are no reference
+//! - **Arena nodes.** A shard stores its nodes in a vector addressed by `u32`
+//!   index, with a free list; parents are indices, so there are no reference
 //!   cycles and dropping the tree frees everything. A slot's generation is
-//!   bumped when it is freed, so a stale reference (an eviction candidate,
-//!   an insert's plan) is recognised after reuse.
-//! - **Compact edges.** A node's label is one boxed slice of *units*: UTF-8
+//!   bumped when it is freed, so a stale eviction candidate is recognised
+//!   after the slot is reused.
+//! - **Compact edges.** A node's label lives in a buffer of *units*: UTF-8
 //!   bytes for text (one byte per ASCII character, never four) and the ids
 //!   themselves for tokens. Labels are cut only on symbol boundaries, so a
 //!   match never splits a Unicode scalar value even when two characters share
 //!   leading bytes. A new leaf stores only the part of the text the tree did
 //!   not hold yet; splitting an edge copies only the shorter side (the longer
-//!   one keeps its buffer). Children are a sorted vector of `(first symbol, index)`
-//!   with two entries inline; there is no per-node hash map. A node is one
-//!   64-byte cache line for what the walk reads (label, children, symbol
-//!   count, parent) plus one for its owners.
-//! - **Owners.** Each node lists its tenants as `(tenant id, last use,
-//!   children held by this tenant, position in the tenant's node list)`; one
-//!   owner is stored inline. Tenants are interned `u32` ids, never strings.
+//!   one keeps the buffer, with its range narrowed). Children are `(first
+//!   symbol, index)` pairs packed in one 64-bit word each, sorted, two inline
+//!   in the node and in an array from the third on; there is no per-node hash
+//!   map.
+//! - **Two cache lines per node.** The first holds everything a walk reads:
+//!   version, parent, symbol count, label and the two inline children. The
+//!   second holds the owners: one inline (most nodes have one), then an array.
+//!   An owner is `(tenant id, last use, children held by this tenant,
+//!   position in the tenant's node list)`; tenants are interned `u32` ids,
+//!   never strings.
 //! - **Per-tenant index.** Each shard keeps, per tenant, its symbol count and
 //!   the list of nodes it holds. Eviction and removal start from that list, so
-//!   they cost what the tenant holds, not the size of the tree; the
-//!   "children held" count makes "is this the tenant's leaf?" O(1).
+//!   they cost what the tenant holds, not the size of the tree; the "children
+//!   held" count makes "is this the tenant's leaf?" O(1).
 //!
 //! # Concurrency: what is locked, what is not, and why it is safe
 //!
-//! Every shard sits behind its own reader-writer lock (`parking_lot`, on its
-//! own cache line). There is no global lock.
+//! There is no global lock. Each shard has a reader-writer lock (`parking_lot`,
+//! on its own cache line), but it does not protect the nodes: lookups *and
+//! inserts* take it shared, and inserts lock individual nodes. Taking it
+//! exclusively is how memory is reclaimed, so only the operations that free
+//! or move memory do.
 //!
-//! | operation | locks | allocates |
-//! |---|---|---|
-//! | `prefix_match`, `prefix_match_tenant` | the shard of the first symbol, **read** | no |
-//! | `insert` | that shard **read** for the walk; then, only if something changes, **write** for the change alone (no walk) | the new leaf label (outside the lock), split halves |
-//! | `evict_*` | each shard **read** to collect candidates, then the candidate's shard **write** for one node at a time | candidate heap |
-//! | `remove_tenant` | each shard where the tenant holds something, **write**, once | no |
-//! | `tenant_size`, `total_size`, `tenants`, `validate` | each shard **read**, one at a time | the result |
-//! | `intern`, `tenant_name`, `tenant_id` | the name table (a separate lock the request path never takes) | on first intern |
+//! | operation | shard lock | node locks | allocates |
+//! |---|---|---|---|
+//! | `prefix_match`, `prefix_match_tenant` | shared | none | no |
+//! | `insert` | shared | only the nodes it changes (below) | the new leaf's label, before any lock; a split's shorter half; a grown array |
+//! | `evict_*` | shared to collect candidates; exclusive for each node removed | — | candidate heap |
+//! | `remove_tenant` | exclusive, once per shard where the tenant holds something | — | no |
+//! | growing a shard's arena or tenant table, freeing retired arrays | exclusive, briefly (an insert asks for it) | — | the growth |
+//! | `tenant_size`, `total_size`, `tenants` | shared | none | the result |
+//! | `validate`, `recount` | exclusive, one shard at a time | — | the result |
+//! | `intern`, `tenant_name`, `tenant_id` | the name table (a lock the request path never takes) | — | on first intern |
 //!
-//! *Inserts in two phases.* An insert walks its text under the shard's
-//! **read** lock, in parallel with lookups and other inserts' walks. On the
-//! way it refreshes its tenant's stamps on nodes the tenant already holds
-//! and records the path: each fully matched node's index and generation,
-//! and where the walk stopped (text ends; no child for the next symbol; or
-//! inside a child's label, which must be split). If the tenant already holds
-//! the whole text, that is all: no write lock. Otherwise it copies the new
-//! leaf's label with no lock held, takes the **write** lock, and *validates*
-//! the plan before changing anything: every path node still has the
-//! generation it had and the previous path node (the root for the first) as
-//! parent, the child to split still has its generation and parent, and the
-//! edge for the new leaf is still free. That suffices because a live node's
-//! label changes only when the node is split, and a split gives it a new
-//! parent; a slot is reused only after its generation was bumped; so an
-//! unchanged path has unchanged labels and the read phase's match positions
-//! still hold. Owner changes on the path (another tenant added or evicted)
-//! do not invalidate a plan: adding the tenant to a node is idempotent and
-//! done top-down, so the prefix closure and "children held" counts are
-//! computed under the write lock. If validation fails (a racing split,
-//! eviction, removal, or insert of the same edge), the insert walks again
-//! under the write lock, as a one-phase insert would; [`LockWaits::replans`]
-//! counts those. So the write lock is held for the change alone: a few node
-//! updates and one arena slot, not a walk over thousands of characters.
+//! *Node versions.* Every node field is an atomic, and each node has a
+//! version word: even while nobody changes the node, odd while a writer holds
+//! it. A writer takes a node by a compare-and-swap from even to odd, changes
+//! its fields, and stores the next even value. A reader loads the version
+//! (waiting while it is odd), loads the fields it needs, and loads the
+//! version again: if it is unchanged, the fields form a consistent view (a
+//! sequence lock). Readers write nothing, so a lookup never waits for
+//! another lookup and never makes a hot node's cache line bounce. One step
+//! of a walk views the current node, finds the child for the next symbol,
+//! checks that the current node's version is still the one it viewed (the
+//! child array may be shifting in place under a writer, and a search of a
+//! shifting array can miss a child that is there), views the child, and
+//! checks that the child's parent is still the current node. If a check
+//! fails it looks again from the current node, never from the root.
 //!
-//! *Waiting.* An operation that finds its shard lock taken polls it (with a
-//! pause between polls) for a few microseconds before blocking, because the
-//! critical sections are shorter than a futex wait and wake-up;
-//! [`RadixTree::lock_waits`] counts the lookups and writes that found their
-//! shard lock taken, so contention is measured, not guessed. The allocator
-//! has locks too: with glibc's malloc, growing (`realloc`) or shrinking a
-//! buffer another thread allocated takes that thread's arena lock, which
-//! sleeps in the kernel when contended. Writers therefore grow a node's
-//! owner and child lists by allocating a new buffer (from their own arena)
-//! and never shrink a label buffer when splitting it; on the route loop
-//! with two threads in one tree, these two changes took the futex calls
-//! from about 1,000 to about 130 per 100,000 operations (counted with
-//! `strace -f -c`, which slows system calls and so exaggerates contention;
-//! the allocator's calls were most of them).
+//! *Why that is enough.* A node's end depth (the length of the text from the
+//! root to the end of its label) never changes while it lives: a split keeps
+//! the lower part of the label in the node and puts a new node above it. So
+//! the node a walk stands on still ends where the walk thinks, whatever
+//! happened above it; an unchanged version means the child entry read is one
+//! the node really had; and a child whose parent is still that node holds the
+//! label that continues it (a split changes label and parent together, under
+//! the child's lock). Nodes are freed only under the exclusive lock, so a
+//! node index a walk holds stays that node.
 //!
-//! *Why it is safe.* All structural state of a shard (nodes, labels,
-//! children, owners, counters, per-tenant lists) changes only under that
-//! shard's write lock, in the same critical section, so a reader holding the
-//! read lock sees a consistent subtree and a recount of a shard always equals
-//! its counters ([`RadixTree::validate`] checks exactly that, and the stress
-//! test runs it concurrently with writers). The only thing written under a
-//! read lock is a last-use stamp, which is an atomic. What an insert learned
-//! under the read lock is never trusted under the write lock without the
-//! validation above. Eviction never acts on
-//! what it collected without re-validating it under the write lock: the slot's
-//! generation, that the tenant still holds the node, that it is still the
-//! tenant's leaf, and that its stamp has not moved (if it has, the candidate
-//! goes back into the heap with the new stamp). Nodes are unlinked by index,
-//! never by first character, so a split racing an eviction cannot make it drop
-//! the wrong subtree; when racing inserts keep a tenant above the limit, a
-//! further pass (at most four) collects fresh candidates. The crate contains
-//! no `unsafe` code other than a prefetch hint, a read of the
-//! time-stamp counter and a call of an AVX2 build of the UTF-8 count after
-//! runtime detection. The locks and atomics go
-//! through a small `sync` shim so that `tests/loom_*.rs` model-check racing
-//! lookups, splits, evictions and removals under loom, including an insert
-//! whose plan is invalidated between its two phases by a split of its path,
-//! by an eviction or removal that frees a path node (and a reuse of the
-//! slot), and by another insert adding the same edge.
+//! *What an insert locks.* It walks like a lookup and locks only where it
+//! changes something: the parent of a new leaf (its child array); a node
+//! that gains the tenant as an owner, and that node's parent (its count of
+//! held children); a node it splits and that node's parent (whose entry
+//! moves to the new node). Locks are taken parent first. The child is taken
+//! only at the version the walk viewed, by a compare-and-swap that does not
+//! wait: if the child changed, the insert looks again. So no thread waits
+//! for a node lock while holding another, and there is no deadlock. A new
+//! node is claimed with a plain store before it is linked, since nobody can
+//! reach it yet. Inside node locks an insert takes three small mutexes of the
+//! shard, innermost and each for one push: the free-slot list, the tenant's
+//! node list (with its size) and the list of retired arrays.
+//! [`LockWaits::retries`] counts the steps inserts repeated.
+//!
+//! *What a racing lookup can see.* Every node change is atomic, and an insert
+//! becomes visible top-down, one node at a time: a lookup racing an insert
+//! may see the tenant already holding a prefix of the new text (its upper
+//! nodes) before the whole of it. Lookups never see a tenant holding a node
+//! whose parent it does not hold, a label that does not belong under its
+//! parent, or a counter that disagrees with the nodes once the inserts have
+//! returned.
+//!
+//! *Reclamation.* Nothing is freed while the shard is shared. Label bytes are
+//! never written after a label is made (a split narrows ranges and copies the
+//! shorter side), and a label buffer lives as long as the node that owns it.
+//! A child or owner array that has to grow is copied into a new one and the
+//! old one is retired to the shard's list, freed under the exclusive lock
+//! once the list holds 4 KiB (or at the next eviction or growth). The borrow
+//! checker enforces the rule: a node view borrows the shard, and freeing
+//! needs it mutably. Growing the node vector moves nodes, so it also happens
+//! under the exclusive lock; it grows by a quarter each time, and the
+//! vector's spare capacity is never touched, so it costs no resident memory.
+//!
+//! *Eviction and removal* run under the exclusive lock, one node removal per
+//! acquisition for eviction, so they are the only writers that exclude
+//! lookups, and they are never on the request path. Eviction never acts on
+//! what it collected without re-validating it under the exclusive lock: the
+//! slot's generation, that the tenant still holds the node, that it is still
+//! the tenant's leaf, and that its stamp has not moved (if it has, the
+//! candidate goes back into the heap with the new stamp). Nodes are unlinked
+//! by index, never by first character, so a split racing an eviction cannot
+//! make it drop the wrong subtree; when racing inserts keep a tenant above
+//! the limit, a further pass (at most four) collects fresh candidates.
+//!
+//! *Waiting.* A thread that finds a node locked spins for a few dozen pauses
+//! (a writer holds a node for tens of nanoseconds) and then yields, so that
+//! it does not burn a time slice when the holder was descheduled. A thread
+//! that finds its shard lock held exclusively polls it for a few microseconds
+//! before blocking; [`RadixTree::lock_waits`] counts those waits. The
+//! allocator has locks too: with glibc's malloc, growing (`realloc`) a buffer
+//! another thread allocated takes that thread's arena lock, so arrays and
+//! node lists grow into new buffers from the writer's own arena.
+//!
+//! *Proofs.* `tests/loom_*.rs` model-check, under loom, with the same code
+//! (the locks and atomics go through a small `sync` shim): two new children
+//! of one node racing a lookup; a new owner racing a split of the same node;
+//! lookups of a text racing its split; a child inserted in place while a
+//! lookup searches for a later key (this model fails if the version check
+//! of a walk step is removed, and two others fail without the parent check);
+//! a third child moving the children to an array while the node arena grows;
+//! inserts racing splits of their path, removals that free and reuse its
+//! slots, and evictions; eviction and removal racing inserts. The stress test
+//! runs writers, lookups and evictions on threads and checks the counters
+//! against a recount. The crate's `unsafe` code builds slices from a node's
+//! label and array pointers (consistent by the version protocol, alive by
+//! the reclamation rule) and frees them under exclusive access; besides that
+//! there is only a prefetch hint, a read of the time-stamp counter and a call
+//! of an AVX2 build of the UTF-8 count after runtime detection.
 //!
 //! *LRU stamps without contended writes.* A lookup must refresh the stamp of
 //! every node on its path, and the top nodes of a popular system prompt are
 //! on every path. With the default [`Clock::Coarse`], stamps are ticks of about
-//! one millisecond of the monotonic clock (each thread re-reads the
-//! clock only every ~0.1 ms of time-stamp counter, so a lookup pays a few
-//! nanoseconds for it), and a node's stamp is stored (a
-//! relaxed store) only when the stored value is older than the current tick;
-//! so a hot node's cache line is written at most about once per millisecond
-//! per tenant instead of on every lookup, and reads stay reads. Two racing
-//! stores may leave the older of two values from neighbouring ticks, which
-//! only blurs LRU order within a millisecond. [`Clock::Logical`] gives every
-//! operation its own tick (exact order, one shared increment per operation)
-//! for tests and simulations.
+//! one millisecond of the monotonic clock (each thread re-reads the clock
+//! only every ~0.1 ms of time-stamp counter, so a lookup pays a few
+//! nanoseconds for it), and a node's stamp is stored (a relaxed store) only
+//! when the stored value is older than the current tick; so a hot node's
+//! owner line is written at most about once per millisecond per tenant
+//! instead of on every lookup, and reads stay reads. Two racing stores may
+//! leave the older of two values from neighbouring ticks, and a stamp stored
+//! into an owner array just as a writer copies it to a larger one is lost;
+//! both only blur LRU order within a millisecond. [`Clock::Logical`] gives
+//! every operation its own tick (exact order, one shared increment per
+//! operation) for tests and simulations.
 //!
-//! *What the two phases cost and gain.* A single thread pays for the
-//! second lock acquisition and the second pass over the path: on the
-//! benchmark an insert went from about 0.81 to 0.86 µs on ascii text and
-//! from 0.73 to 0.80 µs on unicode text, while the 1-thread route loop
-//! (lookup, then insert) stayed at about 0.96-0.98 M operations per second.
-//! Two threads sharing one tree went from 1.27 M to 1.52 M route operations
-//! per second on ascii text (1.31x to 1.55x one thread) and from 1.09 M to
-//! 1.21 M on unicode text (1.14x to 1.28x), where two threads on two
-//! unshared trees reach 1.6-1.7x; with a fixed template in front of every
-//! text (one shard), from 0.74x to about 1.0x one thread. (Medians of 9
-//! and 15 runs of the workload example, alternated between this and the
-//! previous one-phase version on a shared 2-core machine;
-//! `examples/route_threads.rs` has the diagnostics used.)
-//!
-//! *What is not fine-grained.* The write phase still takes the whole
-//! shard's write lock, not a lock per changed node, so it waits until the
-//! lookups and walks in progress in that shard finish (up to about a
-//! microsecond each) and holds new ones off meanwhile; and the threads
-//! still write the same lock words, hot nodes and per-shard counters. Given
-//! texts of disjoint shards, two threads in one tree ran as fast as on two
-//! trees (`route_threads --disjoint`, once the threads' allocator arenas had
-//! grown), so what remains of the gap is this sharing within a shard. When
-//! all traffic starts with the same symbol (a fixed chat template, a BOS
-//! token) and every operation writes (the route loop: lookup, then insert
-//! of a text that is new), two threads mostly wait for each other's walks:
-//! the tree then behaves like one reader-writer lock whose write sections
-//! are short but frequent. Node-level locking or lock-free reads would lift
-//! that, at the price of atomic read-modify-writes on every node of every
-//! lookup or of deferred memory reclamation; neither is done here. Growing
-//! a shard's node `Vec` also copies it under the write lock (rarely: the
-//! capacity doubles); a chunked arena avoided that, but in alternated runs
-//! it made one thread 3-5 % slower and two threads no faster, so it is not
-//! used.
+//! *What it costs and gains.* Against the previous design (inserts walked
+//! under the shard's read lock and applied their change under its write
+//! lock), on the benchmark workload: a lookup costs about the same, one
+//! thread's route loop (lookup, then insert) 3-10 % more, for the version
+//! checks and the per-node locks; the route loop's lock waits went from
+//! about 0.04 to 0.001 per operation; and with every text behind one fixed
+//! template (one shard), two threads went from about 1.1x one thread to
+//! 1.2-1.6x. On the normative workload two threads reach about 1.6x one
+//! thread on ascii text and 1.3-1.5x on unicode text, where two threads on
+//! two unshared trees reach 1.7-1.9x. What remains of that gap is not
+//! locking: with almost no waits or retries, each operation costs about 40 %
+//! more CPU when the two threads share the tree, because consecutive turns of
+//! a conversation go to different threads, so a lookup reads, and an insert
+//! extends, text the other core has just written, and those cache lines
+//! move between the cores (unicode text is three bytes per character, so
+//! three times the lines). The diagnostics agree: the lookups alone, or
+//! texts split between the threads by shard (`route_threads
+//! --lookups-only`, `--disjoint`), scale on one tree as on two.
 //!
 //! # Memory
 //!
-//! Per node: 128 bytes (two cache lines, one owner inline) plus the label. On
-//! the benchmark workload (20,000 requests of about 2,600 characters sharing
-//! 256 system prompts) the resident-set growth is about 0.3 bytes per
-//! inserted character, where the unique text alone is about 0.21.
+//! Per node: 128 bytes (two cache lines, one owner and two children inline)
+//! plus the label. On the benchmark workload (20,000 requests of about 2,600
+//! characters sharing 256 system prompts) the resident-set growth is about
+//! 0.32 bytes per inserted character, where the unique text alone is about
+//! 0.21.
 //!
 //! # Features and stability
 //!

@@ -558,7 +558,29 @@ impl<U: Unit> Node<U> {
         // Orders the odd version before the field stores that follow, so a
         // reader that sees any of them also sees the version change.
         fence(Ordering::Release);
-        Some(NodeGuard { node: self })
+        Some(NodeGuard {
+            node: self,
+            version: version + 1,
+        })
+    }
+
+    /// Locks a node that was just taken from the free slots, which nobody
+    /// else can reach (its version is 0: see `Shard::release`), with a store
+    /// instead of a compare-and-swap: a new node's cache line is usually
+    /// cold, and a locked instruction would wait for it.
+    fn claim(&self) -> NodeGuard<'_, U> {
+        self.version.store(1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        NodeGuard {
+            node: self,
+            version: 1,
+        }
+    }
+
+    /// Makes a claimed node's first owner `tenant` (the node has none).
+    fn set_first_owner(&self, tenant: u32, pos: u32, held: u32, stamp: u64) {
+        self.owner.set(tenant, pos, held, stamp);
+        self.inline_owner.store(1, Ordering::Relaxed);
     }
 
     /// The fields, read with the lock held or under exclusive access.
@@ -642,11 +664,17 @@ impl<'n, U> Fields<'n, U> {
 /// A node's lock; dropping it publishes the changes (even version again).
 struct NodeGuard<'a, U> {
     node: &'a Node<U>,
+    /// The odd version the lock holder set.
+    version: u32,
 }
 
 impl<U> Drop for NodeGuard<'_, U> {
     fn drop(&mut self) {
-        self.node.version.fetch_add(1, Ordering::Release);
+        // Only the holder writes the version while it is odd, so a plain
+        // store releases the lock.
+        self.node
+            .version
+            .store(self.version.wrapping_add(1), Ordering::Release);
     }
 }
 
@@ -791,9 +819,14 @@ impl TenantIndex {
         }
     }
 
-    /// Appends `node`, returning its position.
-    fn push(&self, node: u32) -> u32 {
+    /// Appends `node`, which adds `symbols` to the tenant's size, returning
+    /// its position.
+    fn push(&self, node: u32, symbols: u32) -> u32 {
         let mut nodes = self.nodes.lock();
+        // Under the list's lock, so a plain add (no locked instruction).
+        let size = self.size.load(Ordering::Relaxed);
+        self.size
+            .store(size + u64::from(symbols), Ordering::Relaxed);
         if nodes.len() == nodes.capacity() {
             // Allocate the larger list from this thread's allocator arena
             // instead of `realloc`ing a buffer another thread allocated, which
@@ -909,7 +942,7 @@ impl<U: Unit> Shard<U> {
     /// so `node` still ends where the walk stands; its child array is trusted
     /// only when its version did not change while it was read; and a child
     /// whose parent is still `node` has not been split since.
-    #[inline]
+    #[inline(always)]
     fn step<'a>(
         &'a self,
         node: u32,
@@ -967,11 +1000,9 @@ impl<U: Unit> Shard<U> {
     /// Records `tenant`'s hold on the locked `node`, which has `symbols`
     /// symbols.
     fn hold(&self, guard: &NodeGuard<'_, U>, node: u32, tenant: u32, held: u32, now: u64) {
-        let index = &self.tenants[tenant as usize];
-        let pos = index.push(node);
-        guard.add_owner(tenant, pos, held, now, &self.garbage);
         let symbols = guard.view().symbols;
-        index.size.fetch_add(u64::from(symbols), Ordering::Relaxed);
+        let pos = self.tenants[tenant as usize].push(node, symbols);
+        guard.add_owner(tenant, pos, held, now, &self.garbage);
     }
 
     /// Adds one to `tenant`'s count of held children on the locked node.
@@ -1019,13 +1050,15 @@ impl<U: Unit> Shard<U> {
                 };
                 let (advance, created) = (new.advance, self.node(slot));
                 {
-                    let leaf_guard = created.lock();
+                    // Stores only: the new node's line is cold.
+                    let _claimed = created.claim();
                     created.parent.store(node, Ordering::Relaxed);
                     created.symbols.store(new.symbols, Ordering::Relaxed);
                     let len = new.label.len();
                     let buf = Box::into_raw(new.label).cast::<U>();
                     created.set_label(buf, len, 0, len);
-                    self.hold(&leaf_guard, slot, tenant, 0, now);
+                    let pos = self.tenants[tenant as usize].push(slot, new.symbols);
+                    created.set_first_owner(tenant, pos, 0, now);
                 }
                 guard.add_child(key, slot, &self.garbage);
                 if node != ROOT {
@@ -1108,7 +1141,7 @@ impl<U: Unit> Shard<U> {
         let key = U::key(view.label);
         let lower_key = U::key(&view.label[units..]);
         let m = self.node(mid);
-        let mid_guard = m.lock();
+        let mid_guard = m.claim();
         m.parent.store(parent_index, Ordering::Relaxed);
         m.symbols.store(symbols, Ordering::Relaxed);
         // Copy only the shorter side; the longer keeps the buffer, with its
@@ -1132,9 +1165,11 @@ impl<U: Unit> Shard<U> {
         }
         c.symbols.store(view.symbols - symbols, Ordering::Relaxed);
         c.parent.store(mid, Ordering::Relaxed);
-        mid_guard.add_child(lower_key, child, &self.garbage);
+        // A claimed node has no children and no owners yet.
+        m.child_slots[0].store(child_entry(lower_key, child), Ordering::Relaxed);
+        m.children.meta.store(1, Ordering::Relaxed);
         let mut held_child = false;
-        for o in c.owners_owned().iter() {
+        for (i, o) in c.owners_owned().iter().enumerate() {
             let t = o.tenant();
             // The inserting tenant uses the upper part now.
             let stamp = if t == tenant {
@@ -1143,8 +1178,13 @@ impl<U: Unit> Shard<U> {
             } else {
                 o.stamp()
             };
-            let pos = self.tenants[t as usize].push(mid);
-            mid_guard.add_owner(t, pos, 1, stamp, &self.garbage);
+            // Copies: the tenant's size does not change.
+            let pos = self.tenants[t as usize].push(mid, 0);
+            if i == 0 {
+                m.set_first_owner(t, pos, 1, stamp);
+            } else {
+                mid_guard.add_owner(t, pos, 1, stamp, &self.garbage);
+            }
         }
         if !held_child {
             self.hold(&mid_guard, mid, tenant, 0, now);
@@ -1334,6 +1374,9 @@ impl<U: Unit> Shard<U> {
         node.free_contents();
         let generation = node.generation.load(Ordering::Relaxed).wrapping_add(1);
         node.generation.store(generation, Ordering::Relaxed);
+        // Nobody can reach the slot, and no view of it outlives this
+        // exclusive section, so its version restarts (see `Node::claim`).
+        node.version.store(0, Ordering::Relaxed);
         self.slots.get_mut().free.push(slot);
     }
 

@@ -38,10 +38,11 @@ fn shard_index(key: u32) -> usize {
 /// One shard behind its own lock.
 type ShardLock<U> = Padded<RwLock<Shard<U>>>;
 
-/// Polls of a taken shard lock before blocking on it. Critical sections are
-/// about a microsecond at most (one walk, or one write phase of an insert)
-/// and a pause is about 25 ns on the 2-core benchmark machine, so this covers
-/// a few of them; blocking (parking_lot spins briefly, yields, then parks
+/// Polls of a taken shard lock before blocking on it. The lock is held
+/// exclusively for about a microsecond at most (one eviction, or growing an
+/// arena), shared holders take about as long (one walk), and a pause is
+/// about 25 ns on the 2-core benchmark machine, so this covers a few of
+/// them; blocking (parking_lot spins briefly, yields, then parks
 /// the thread on a futex) costs system calls and a wake-up that take longer
 /// than the wait itself. Under loom, waiting is left to the modelled lock.
 #[cfg(not(loom))]

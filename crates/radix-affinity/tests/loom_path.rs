@@ -1,11 +1,9 @@
-//! loom: the two-phase insert. An insert walks and plans under its shard's
-//! read lock, releases it, and applies the plan under the write lock only
-//! if the path it saw is unchanged (each node's generation and parent, and
-//! that the edge it adds is still free); otherwise it walks again under the
-//! write lock. These models race a planned insert against the writers that
-//! can invalidate its plan between the two phases: a split of a path node,
-//! an eviction or removal that frees a path node (whose slot is then reused),
-//! and another insert adding the same edge.
+//! loom: an insert racing writers that change the path it walks. An insert
+//! walks its text like a lookup (no locks) and locks only the nodes it
+//! changes, at the version it viewed; these models race it against a split
+//! of a node on its path, an eviction or removal that frees a path node
+//! (whose slot is then reused for another text), and another insert adding
+//! the same edge.
 //!
 //! Bound: 2 threads, one or two operations each, `LOOM_MAX_PREEMPTIONS=2`.
 //! Under loom there are 4 shards chosen by first symbol modulo 4, so texts
@@ -26,7 +24,7 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 }
 
 #[test]
-fn planned_insert_races_split_of_its_path() {
+fn insert_races_split_of_its_path() {
     model(|| {
         let tree = Arc::new(TextTree::with_clock(Clock::Logical));
         let t0 = tree.intern("t0");
@@ -34,13 +32,13 @@ fn planned_insert_races_split_of_its_path() {
         let t2 = tree.intern("t2");
         tree.insert("abcdef", t0);
 
-        // Plans: path "abcdef", new leaf "gh" below it.
+        // Walks "abcdef", then adds the leaf "gh" below it.
         let writer = {
             let tree = Arc::clone(&tree);
             thread::spawn(move || tree.insert("abcdefgh", t1))
         };
-        // Cuts "abcdef" into "abc" + "def", possibly between the writer's
-        // two phases: the node the writer saw below the root moves down.
+        // Cuts "abcdef" into "abc" + "def", possibly while the writer walks
+        // it: the node the writer saw below the root moves down.
         tree.insert("abcz", t2);
         writer.join().unwrap();
 
@@ -56,7 +54,7 @@ fn planned_insert_races_split_of_its_path() {
 }
 
 #[test]
-fn planned_insert_races_removal_that_frees_and_reuses_its_path() {
+fn insert_races_removal_that_frees_and_reuses_its_path() {
     model(|| {
         let tree = Arc::new(TextTree::with_clock(Clock::Logical));
         let t0 = tree.intern("t0");
@@ -64,14 +62,14 @@ fn planned_insert_races_removal_that_frees_and_reuses_its_path() {
         let t2 = tree.intern("t2");
         tree.insert("abc", t0);
 
-        // Plans: path "abc", new leaf "d".
+        // Walks "abc", then adds the leaf "d".
         let writer = {
             let tree = Arc::clone(&tree);
             thread::spawn(move || tree.insert("abcd", t1))
         };
         // If the removal comes first it frees "abc", and the next insert in
         // the same shard reuses the slot (same index, same parent, new
-        // generation) for another label: a stale plan must be refused.
+        // generation) for another label: the writer must not have kept it.
         tree.remove_tenant(t0);
         tree.insert("exy", t2);
         writer.join().unwrap();
@@ -88,7 +86,7 @@ fn planned_insert_races_removal_that_frees_and_reuses_its_path() {
 }
 
 #[test]
-fn planned_insert_races_eviction_of_its_path() {
+fn insert_races_eviction_of_its_path() {
     model(|| {
         let tree = Arc::new(TextTree::with_clock(Clock::Logical));
         let t0 = tree.intern("t0");
@@ -97,15 +95,15 @@ fn planned_insert_races_eviction_of_its_path() {
         // Another shard ('b' = 98): makes t0 exceed the limit, used later.
         tree.insert("bcdef", t0);
 
-        // Plans: path "ab" (adding t1 to it), new leaf "c"; t1 ends at 3
+        // Walks "ab" (adding t1 to it), then adds the leaf "c"; t1 ends at 3
         // symbols, within the limit, so eviction never takes from t1.
         let writer = {
             let tree = Arc::clone(&tree);
             thread::spawn(move || tree.insert("abc", t1))
         };
-        // t0 holds 7 > 3: its least recently used leaf "ab" goes first;
-        // before the writer's write phase that frees the node the plan runs
-        // through. Then "bcdef" goes too (5 > 3).
+        // t0 holds 7 > 3: its least recently used leaf "ab" goes first,
+        // which frees the node the writer walks through if t1 does not hold
+        // it yet. Then "bcdef" goes too (5 > 3).
         tree.evict_tenant_by_size(3);
         writer.join().unwrap();
 
@@ -118,7 +116,7 @@ fn planned_insert_races_eviction_of_its_path() {
 }
 
 #[test]
-fn two_planned_inserts_add_the_same_edge() {
+fn two_inserts_add_the_same_edge() {
     model(|| {
         let tree = Arc::new(TextTree::with_clock(Clock::Logical));
         let t0 = tree.intern("t0");
@@ -126,8 +124,8 @@ fn two_planned_inserts_add_the_same_edge() {
         let t2 = tree.intern("t2");
         tree.insert("ab", t0);
 
-        // Both plan a new leaf below "ab" whose key is 'c': the second to
-        // write must see the edge taken and walk again (splitting "cd").
+        // Both add a leaf below "ab" whose key is 'c': the second to lock
+        // "ab" must see the edge taken and walk on (splitting "cd").
         let writer = {
             let tree = Arc::clone(&tree);
             thread::spawn(move || tree.insert("abcd", t1))
