@@ -189,3 +189,100 @@ fn racing_writers_on_token_and_char_slices() {
         assert_eq!(chars.tenant_size(cid), crecounted);
     }
 }
+
+/// Lookups racing splits of the labels they walk never miss a text that is
+/// held: two writers insert texts with long random tails over a three-letter
+/// alphabet (so each new text cuts some earlier text's label at a random
+/// depth) and publish how many they inserted; readers keep checking random
+/// published texts, which their writer's tenant holds in full for good.
+#[test]
+fn lookups_never_miss_a_held_text_while_its_labels_split() {
+    use std::sync::atomic::AtomicUsize;
+    const WRITERS: usize = 2;
+    const READERS: usize = 2;
+    const TEXTS: usize = 3_000;
+    let texts: Vec<Vec<String>> = (0..WRITERS)
+        .map(|w| {
+            let mut rng = Rng(w as u64 + 101);
+            (0..TEXTS)
+                .map(|_| {
+                    let mut t = String::from(["system: ", "sys一丁: "][rng.below(2) as usize]);
+                    for _ in 0..20 + rng.below(40) {
+                        t.push(['a', 'b', 'é'][rng.below(3) as usize]);
+                    }
+                    t
+                })
+                .collect()
+        })
+        .collect();
+    let texts = Arc::new(texts);
+    let tree = Arc::new(TextTree::new());
+    let tenants: Vec<TenantId> = (0..WRITERS)
+        .map(|i| tree.intern(&format!("w{i}")))
+        .collect();
+    let published: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..WRITERS).map(|_| AtomicUsize::new(0)).collect());
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..READERS)
+        .map(|r| {
+            let (tree, texts, published, done, tenants) = (
+                Arc::clone(&tree),
+                Arc::clone(&texts),
+                Arc::clone(&published),
+                Arc::clone(&done),
+                tenants.clone(),
+            );
+            thread::spawn(move || {
+                let mut rng = Rng(r as u64 + 7);
+                let mut checks = 0u64;
+                while !done.load(Ordering::Acquire) || checks == 0 {
+                    let w = rng.below(WRITERS as u64) as usize;
+                    let n = published[w].load(Ordering::Acquire);
+                    if n == 0 {
+                        continue;
+                    }
+                    let text = &texts[w][rng.below(n as u64) as usize];
+                    let chars = text.chars().count();
+                    assert_eq!(tree.prefix_match_tenant(text, tenants[w]), chars, "{text}");
+                    let m = tree.prefix_match(text);
+                    assert_eq!((m.matched, m.input), (chars, chars), "{text}");
+                    checks += 1;
+                }
+                checks
+            })
+        })
+        .collect();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (tree, texts, published, t) = (
+                Arc::clone(&tree),
+                Arc::clone(&texts),
+                Arc::clone(&published),
+                tenants[w],
+            );
+            thread::spawn(move || {
+                for (i, text) in texts[w].iter().enumerate() {
+                    tree.insert(text, t);
+                    published[w].store(i + 1, Ordering::Release);
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    done.store(true, Ordering::Release);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    tree.validate().unwrap();
+    assert_eq!(tree.recount(), tree.tenant_sizes());
+    // Each writer's size is the number of distinct prefixes of its texts.
+    for (w, list) in texts.iter().enumerate() {
+        let prefixes: std::collections::HashSet<&str> = list
+            .iter()
+            .flat_map(|t| t.char_indices().map(move |(i, c)| &t[..i + c.len_utf8()]))
+            .collect();
+        assert_eq!(tree.tenant_size(tenants[w]), prefixes.len());
+    }
+}
