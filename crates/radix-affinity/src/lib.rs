@@ -207,22 +207,34 @@
 //!
 //! *What it costs and gains.* Against the previous design (inserts walked
 //! under the shard's read lock and applied their change under its write
-//! lock), on the benchmark workload: a lookup costs about the same, one
-//! thread's route loop (lookup, then insert) 3-10 % more, for the version
-//! checks and the per-node locks; the route loop's lock waits went from
-//! about 0.04 to 0.001 per operation; and with every text behind one fixed
-//! template (one shard), two threads went from about 1.1x one thread to
-//! 1.2-1.6x. On the normative workload two threads reach about 1.6x one
-//! thread on ascii text and 1.3-1.5x on unicode text, where two threads on
-//! two unshared trees reach 1.7-1.9x. What remains of that gap is not
-//! locking: with almost no waits or retries, each operation costs about 40 %
-//! more CPU when the two threads share the tree, because consecutive turns of
-//! a conversation go to different threads, so a lookup reads, and an insert
-//! extends, text the other core has just written, and those cache lines
-//! move between the cores (unicode text is three bytes per character, so
-//! three times the lines). The diagnostics agree: the lookups alone, or
-//! texts split between the threads by shard (`route_threads
-//! --lookups-only`, `--disjoint`), scale on one tree as on two.
+//! lock), measured alternately on the benchmark workload (medians of 8 and
+//! 5 runs): lookups cost the same; inserts got about 10 % faster (one walk
+//! instead of a walk and a validation); one thread's route loop (lookup,
+//! then insert) costs the same on ascii text and about 4 % more on unicode
+//! text; lock waits in the two-thread route loop fell from 0.045 to 0.0004
+//! per operation, and with every text behind one fixed template (one shard)
+//! from 0.5-0.7 to 0.001. Two threads sharing the tree run the route loop
+//! at 1.59x one thread on ascii text and 1.34x on unicode text (medians;
+//! 1.36-1.86x and 1.15-1.45x over the runs), as before the change, while
+//! two threads on two unshared trees reach 1.86x in the same runs.
+//!
+//! That gap is not locking: the threads almost never wait or retry. It is
+//! the cost of sharing data between cores: each operation takes 13 % (ascii)
+//! and 34 % (unicode) more CPU time when the two threads share the tree,
+//! and the excess varies from nothing to 60 % between runs of the same binary.
+//! The route loop sends consecutive requests to different threads, and a
+//! request continues a conversation or extends a system prompt's branch
+//! that the other thread may have just written, so lookups read and inserts
+//! extend cache lines the other core holds; on the benchmark machine (a
+//! virtual machine on an AMD EPYC, whose cores are grouped in chiplets with
+//! separate L3 caches) such transfers are slow and depend on where the host
+//! places the two virtual CPUs. Unicode text takes half again as many bytes.
+//! The diagnostics agree: the lookups alone, and texts split between the
+//! threads by shard, scale on one tree as on two (`route_threads
+//! --lookups-only`, `--disjoint`); and the allocator matters (with mimalloc
+//! as the global allocator the unicode figure rose to about 1.6x, but resident
+//! memory per character to 0.53-0.57 bytes, so the benchmarks keep the
+//! system's).
 //!
 //! # Memory
 //!
