@@ -230,7 +230,7 @@
 //! separate L3 caches) such transfers are slow and depend on where the host
 //! places the two virtual CPUs. Unicode text takes half again as many bytes.
 //! The diagnostics agree: the lookups alone, and texts split between the
-//! threads by shard, scale on one tree as on two (`route_threads
+//! threads by shard, scale on one tree about as on two (`route_threads
 //! --lookups-only`, `--disjoint`); and the allocator matters (with mimalloc
 //! as the global allocator the unicode figure rose to about 1.6x, but resident
 //! memory per character to 0.53-0.57 bytes, so the benchmarks keep the
