@@ -102,8 +102,9 @@
 //! its fields, and stores the next even value. A reader loads the version
 //! (waiting while it is odd), loads the fields it needs, and loads the
 //! version again: if it is unchanged, the fields form a consistent view (a
-//! sequence lock). Readers write nothing, so a lookup never waits for
-//! another lookup and never makes a hot node's cache line bounce. One step
+//! sequence lock). Readers write no node field but a last-use stamp, at
+//! most once a millisecond (see below), so a lookup never waits for another
+//! lookup and does not make a hot node's cache lines bounce. One step
 //! of a walk views the current node, finds the child for the next symbol,
 //! checks that the current node's version is still the one it viewed (the
 //! child array may be shifting in place under a writer, and a search of a
