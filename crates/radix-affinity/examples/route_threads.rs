@@ -17,9 +17,12 @@
 //! spread over the shards), `--shared-only` (only the shared 2-thread loop,
 //! for profilers), `--disjoint` (one tree, but each thread takes the texts of
 //! its own shards, against the same split on two trees: what sharing a shard
-//! costs), `--lookups-only` (the loop's lookups alone, shared and unshared:
-//! what sharing the read locks costs). Timings are wall and on-CPU time; on a
-//! shared machine compare runs taken close together.
+//! costs), `--prompt-disjoint` (the same, but each thread takes the texts of
+//! the system prompts of its parity: the threads share shards and the top
+//! nodes, but no prompt's branch), `--lookups-only` (the loop's lookups
+//! alone, shared and unshared: what sharing the read locks costs). Timings
+//! are wall and on-CPU time; on a shared machine compare runs taken close
+//! together.
 
 use std::time::Instant;
 
@@ -165,6 +168,34 @@ fn main() {
                     cpu as f64 / n
                 );
             }
+        }
+        return;
+    }
+    if args.iter().any(|a| a == "--prompt-disjoint") {
+        // Diagnosis: one shared tree, each thread taking the texts of the
+        // system prompts of its parity (and their continuations), against
+        // the same split on two trees: what sharing a prompt's branch costs.
+        let items: [Vec<usize>; 2] = [0, 1].map(|t| {
+            (0..routes.len())
+                .filter(|&i| routes[i].sp % 2 == t)
+                .collect()
+        });
+        for _ in 0..reps {
+            let setup = warm_tree(&warm);
+            let (wall, cpu) = two_threads_on([&setup, &setup], &routes, &items);
+            drop(setup);
+            let pair = [warm_tree(&warm), warm_tree(&warm)];
+            let (uwall, ucpu) = two_threads_on([&pair[0], &pair[1]], &routes, &items);
+            println!(
+                "prompt-disjoint ({} / {} items): shared tree {:.0} ns/op wall, {:.0} cpu ns/op | \
+                 unshared {:.0} ns/op wall, {:.0} cpu ns/op",
+                items[0].len(),
+                items[1].len(),
+                wall as f64 / n,
+                cpu as f64 / n,
+                uwall as f64 / n,
+                ucpu as f64 / n
+            );
         }
         return;
     }

@@ -223,19 +223,22 @@
 //! the cost of sharing data between cores: each operation takes 13 % (ascii)
 //! and 34 % (unicode) more CPU time when the two threads share the tree,
 //! and the excess varies from nothing to 60 % between runs of the same binary.
-//! The route loop sends consecutive requests to different threads, and a
-//! request continues a conversation or extends a system prompt's branch
-//! that the other thread may have just written, so lookups read and inserts
-//! extend cache lines the other core holds; on the benchmark machine (a
-//! virtual machine on an AMD EPYC, whose cores are grouped in chiplets with
-//! separate L3 caches) such transfers are slow and depend on where the host
-//! places the two virtual CPUs. Unicode text takes half again as many bytes.
-//! The diagnostics agree: the lookups alone, and texts split between the
-//! threads by shard, scale on one tree about as on two (`route_threads
-//! --lookups-only`, `--disjoint`); and the allocator matters (with mimalloc
-//! as the global allocator the unicode figure rose to about 1.6x, but resident
+//! The route loop sends consecutive requests to different threads, and
+//! both threads keep adding branches below the same popular system prompts,
+//! so lookups read and inserts change nodes (version words, child arrays,
+//! owner counts, fresh labels) whose cache lines the other core has just
+//! written. On the benchmark machine (a virtual machine on an AMD EPYC,
+//! whose cores are grouped in chiplets with separate L3 caches) such
+//! transfers are slow and depend on where the host places the two virtual
+//! CPUs; unicode text takes half again as many bytes. The diagnostics of
+//! `route_threads` agree: the lookups alone scale on one tree about as on
+//! two (`--lookups-only`); texts split between the threads by shard cost
+//! about nothing extra on one tree (`--disjoint`), and texts split by system
+//! prompt (sharing shards and top nodes, but no prompt's branch) 5-15 % of
+//! CPU (`--prompt-disjoint`). The allocator matters too: with mimalloc as
+//! the global allocator the unicode figure rose to about 1.6x, but resident
 //! memory per character to 0.53-0.57 bytes, so the benchmarks keep the
-//! system's).
+//! system's.
 //!
 //! # Memory
 //!
