@@ -228,33 +228,25 @@ impl<T> RawArray<T> {
         // capacity.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len().min(self.cap())) }
     }
+
+    /// The array as the boxed slice it was made from, or `None` for no
+    /// array.
+    ///
+    /// # Safety
+    ///
+    /// `self` must be an array's consistent fields, and nothing may read
+    /// the array through them once the box is dropped.
+    unsafe fn into_box(self) -> Option<Box<[T]>> {
+        if self.ptr.is_null() {
+            return None;
+        }
+        // SAFETY: per the contract, `ptr` and `cap` are those of a boxed
+        // slice that `Box::into_raw` gave up.
+        Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.cap())) })
+    }
 }
 
 impl<T> Array<T> {
-    /// Frees the array at once (exclusive access only) and empties it.
-    fn free(&mut self) {
-        let raw = RawArray {
-            ptr: self.ptr.load(Ordering::Relaxed),
-            meta: self.meta.load(Ordering::Relaxed),
-        };
-        self.ptr.store(std::ptr::null_mut(), Ordering::Relaxed);
-        self.meta.store(0, Ordering::Relaxed);
-        if !raw.ptr.is_null() {
-            // SAFETY: exclusive access: nobody else can read the array, which
-            // is this node's own boxed slice of `cap` items.
-            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(raw.ptr, raw.cap())) });
-        }
-    }
-}
-
-impl<T: Item> Array<T> {
-    fn empty() -> Self {
-        Self {
-            ptr: AtomicPtr::new(std::ptr::null_mut()),
-            meta: AtomicU64::new(0),
-        }
-    }
-
     #[inline]
     fn load(&self) -> RawArray<T> {
         RawArray {
@@ -266,6 +258,24 @@ impl<T: Item> Array<T> {
     fn set_len(&self, raw: RawArray<T>, len: usize) {
         let meta = (raw.meta & !0xffff_ffff) | len as u64;
         self.meta.store(meta, Ordering::Relaxed);
+    }
+
+    /// Frees the array at once (exclusive access only) and empties it.
+    fn free(&mut self) {
+        let raw = self.load();
+        self.ptr.store(std::ptr::null_mut(), Ordering::Relaxed);
+        self.meta.store(0, Ordering::Relaxed);
+        // SAFETY: exclusive access: nobody else can read the array.
+        drop(unsafe { raw.into_box() });
+    }
+}
+
+impl<T: Item> Array<T> {
+    fn empty() -> Self {
+        Self {
+            ptr: AtomicPtr::new(std::ptr::null_mut()),
+            meta: AtomicU64::new(0),
+        }
     }
 
     /// Makes room for one more item; the caller holds the node's lock (or
@@ -286,12 +296,9 @@ impl<T: Item> Array<T> {
         self.ptr.store(ptr, Ordering::Relaxed);
         let meta = ((cap as u64) << 32) | raw.len() as u64;
         self.meta.store(meta, Ordering::Relaxed);
-        if !raw.ptr.is_null() {
-            // SAFETY: `raw` was this array's own boxed slice of `cap` items,
-            // now unreachable from the node; it is freed later, under
-            // exclusive access, after every reader of it has finished.
-            let old =
-                unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(raw.ptr, raw.cap())) };
+        // SAFETY: `raw` is now unreachable from the node; it is freed later,
+        // under exclusive access, after every reader of it has finished.
+        if let Some(old) = unsafe { raw.into_box() } {
             garbage.push(old);
         }
         RawArray { ptr, meta }

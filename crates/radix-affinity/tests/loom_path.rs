@@ -10,18 +10,12 @@
 //! starting with 'a' (97) and 'e' (101) share a shard.
 #![cfg(loom)]
 
+mod loom_support;
+
 use loom::sync::Arc;
 use loom::thread;
+use loom_support::model;
 use radix_affinity::{Clock, TextTree};
-
-/// `loom::model` with room for the many atomic loads of a tree operation
-/// (every node field is an atomic), which exceed loom's default branch
-/// bound.
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    builder.max_branches = 100_000;
-    builder.check(f);
-}
 
 #[test]
 fn insert_races_split_of_its_path() {
