@@ -19,7 +19,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use std::sync::Arc;
 use worker_lifecycle::{
-    Endpoint, HealthProbe, Lifecycle, ProbeError, Worker, WorkerRole, WorkerSpec,
+    DrainOutcome, Endpoint, HealthProbe, Lifecycle, ProbeError, RoleKind, Worker, WorkerRole,
+    WorkerSpec, drain_worker,
 };
 
 /// Answers one of the router's own routes.
@@ -73,7 +74,32 @@ where
         Route::Register => Err(ApiError::InvalidRequest(
             "HTTP registration is not enabled on this router".into(),
         )),
-        Route::Proxy(_) | Route::Models => Err(ApiError::MethodNotAllowed),
+        Route::ServerOptions => {
+            let mut response = Response::new(full(Bytes::new()));
+            response.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static(crate::routes::SERVER_METHODS),
+            );
+            Ok(response)
+        }
+        Route::WrongMethod { allow } => Err(ApiError::MethodNotAllowed { allow }),
+        Route::NotFound => Err(ApiError::NotFound(shortened(request.uri().path()))),
+        Route::InvalidTarget => Err(ApiError::InvalidRequest(format!(
+            "the request target {:?} is not forwarded: it must be a path without `.` or `..` \
+             segments (`*` only with OPTIONS)",
+            shortened(&request.uri().to_string())
+        ))),
+        // Proxied routes never reach this function; answer as an unknown
+        // route rather than panic if a caller passes one.
+        Route::Proxy(_) | Route::Models => Err(ApiError::NotFound(shortened(request.uri().path()))),
+    }
+}
+
+/// At most 200 characters of client-sent text, for error messages.
+fn shortened(text: &str) -> String {
+    match text.char_indices().nth(200) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
     }
 }
 
@@ -141,12 +167,24 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
         Some(pd) => Some(pd_role(pd, query)?),
         None => None,
     };
-    let exists = match pd_role {
-        Some(role) => role.workers().iter().any(|w| *w.endpoint() == endpoint),
-        None => router.worker_set().get(&endpoint).is_some(),
+    let existing = match pd_role {
+        Some(role) => role
+            .workers()
+            .iter()
+            .find(|w| *w.endpoint() == endpoint)
+            .cloned(),
+        None => router.worker_set().get(&endpoint),
     };
-    if exists {
-        return Err(ApiError::WorkerExists(url));
+    if let Some(existing) = existing {
+        return Err(ApiError::WorkerExists(match existing.lifecycle() {
+            Lifecycle::Draining => format!(
+                "{} (draining: it leaves when its load of {} reaches 0 or the drain timeout \
+                 passes)",
+                existing.url(),
+                existing.load()
+            ),
+            _ => existing.url().to_owned(),
+        }));
     }
     let config = router.config();
     let probe = HttpProbe::new(router.shared().client.clone(), &config.health_endpoint);
@@ -199,6 +237,13 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
     ))
 }
 
+/// `POST /remove_worker?url=[&role=][&wait=false]`: marks the worker
+/// draining (no new requests) and hands the drain to a task the router
+/// owns: it waits until the worker's load is 0, or the drain timeout passes,
+/// and removes it. The drain finishes whether or not the caller stays. By
+/// default the call waits for it and answers 200 with `drained` (whether
+/// the load reached 0); with `wait=false` it answers 202 at once with the
+/// worker's load, and `/workers` shows it `draining` until it leaves.
 async fn remove_worker(
     router: &Router,
     query: Option<&str>,
@@ -207,28 +252,86 @@ async fn remove_worker(
         .ok_or_else(|| ApiError::InvalidRequest("missing query parameter `url`".into()))?;
     let endpoint =
         Endpoint::new(&url, None).map_err(|err| ApiError::InvalidRequest(err.to_string()))?;
-    let deadline = tokio::time::Instant::now() + router.config().drain_timeout;
-    if let Some(pd) = router.pd() {
-        let drained = pd_role(pd, query)?
-            .remove_worker(&endpoint, deadline)
-            .await?;
+    let wait = match query_param(query, "wait").as_deref() {
+        None | Some("true" | "1" | "") => true,
+        Some("false" | "0") => false,
+        Some(other) => {
+            return Err(ApiError::InvalidRequest(format!(
+                "wait must be true or false, got {other:?}"
+            )));
+        }
+    };
+    let drain_timeout = router.config().drain_timeout;
+    let deadline = tokio::time::Instant::now() + drain_timeout;
+    let owner = router.clone();
+    let (worker, drain) = match router.pd() {
+        Some(pd) => {
+            let role = pd_role(pd, query)?;
+            if role.registry().is_some() {
+                return Err(ApiError::InvalidRequest(format!(
+                    "{} workers are discovered; they leave by deregistering",
+                    role.role()
+                )));
+            }
+            let worker = role
+                .workers()
+                .iter()
+                .find(|w| *w.endpoint() == endpoint)
+                .cloned()
+                .ok_or_else(|| ApiError::WorkerNotFound(format!("{} worker {url}", role.role())))?;
+            let kind = role.role();
+            worker.start_drain();
+            let task = tokio::spawn(async move {
+                let pd = owner
+                    .pd()
+                    .ok_or_else(|| ApiError::WorkerNotFound(endpoint.to_string()))?;
+                let role = if kind == RoleKind::Prefill {
+                    pd.prefill()
+                } else {
+                    pd.decode()
+                };
+                role.remove_worker(&endpoint, deadline).await
+            });
+            (worker, task)
+        }
+        None => {
+            let worker = router
+                .worker_set()
+                .get(&endpoint)
+                .ok_or_else(|| ApiError::WorkerNotFound(url.clone()))?;
+            worker.start_drain();
+            let draining = Arc::clone(&worker);
+            let task = tokio::spawn(async move {
+                let outcome = drain_worker(&draining, deadline).await;
+                // Exactly this lifetime: a replacement that took its place
+                // meanwhile stays.
+                if let Some(event) = owner.worker_set().remove_worker(&draining) {
+                    owner.apply(&event);
+                }
+                Ok(matches!(outcome, DrainOutcome::Idle))
+            });
+            (worker, task)
+        }
+    };
+    if !wait {
         return Ok(json(
-            StatusCode::OK,
-            &serde_json::json!({"status": "removed", "url": url, "drained": drained}),
+            StatusCode::ACCEPTED,
+            &serde_json::json!({
+                "status": "draining",
+                "url": worker.url(),
+                "load": worker.load(),
+                "drain_timeout_secs": drain_timeout.as_secs_f64(),
+            }),
         ));
     }
-    let report = router
-        .worker_set()
-        .drain(&endpoint, deadline)
-        .await
-        .map_err(|_| ApiError::WorkerNotFound(url.clone()))?;
-    for event in &report.events {
-        router.apply(event);
-    }
-    let drained = matches!(report.outcome, worker_lifecycle::DrainOutcome::Idle);
+    let drained = match drain.await {
+        Ok(result) => result?,
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        Err(_cancelled) => return Err(ApiError::ShuttingDown),
+    };
     Ok(json(
         StatusCode::OK,
-        &serde_json::json!({"status": "removed", "url": url, "drained": drained}),
+        &serde_json::json!({"status": "removed", "url": worker.url(), "drained": drained}),
     ))
 }
 

@@ -8,6 +8,7 @@ use crate::client::ClientConfig;
 use crate::headers::DEFAULT_REQUEST_ID_HEADERS;
 use crate::limits::ConcurrencyConfig;
 use crate::pd::PdConfig;
+use crate::server::ServerConfig;
 use lb_policies::PolicyConfig;
 use std::time::Duration;
 use worker_lifecycle::{HealthCheckConfig, RetryBudgetConfig, RetryPolicy, WorkerOptions};
@@ -38,8 +39,17 @@ pub struct RouterConfig {
     pub session_header: String,
     /// Upstream client timeouts and pool.
     pub client: ClientConfig,
-    /// Whole-request deadline, response body included (default 1800 s).
+    /// Whole-request deadline (default 1800 s): it bounds every phase, the
+    /// wait in the admission queue, reading the client's body, connecting,
+    /// the worker's response head and the response body. Past it before the
+    /// response head the client gets 504 `request_timeout` and a worker that
+    /// had the request is charged a timeout; past it mid-stream the stream
+    /// is cut.
     pub request_timeout: Duration,
+    /// How long a client may take to send its whole request body (default
+    /// 60 s, and never past [`request_timeout`](Self::request_timeout));
+    /// past it, 408 `request_body_timeout`.
+    pub request_body_timeout: Duration,
     /// A streamed response that sends nothing for this long fails and
     /// releases everything it holds (default 300 s).
     pub stream_idle_timeout: Duration,
@@ -74,6 +84,13 @@ pub struct RouterConfig {
     /// registration through [`crate::Router::check_worker_url`]) must be
     /// in; empty (the default) allows any address. See [`crate::allow`].
     pub worker_networks: Vec<CidrBlock>,
+    /// Paths, besides the named routes, that are proxied to a worker with
+    /// any method (default none: other paths get 404 from the router). An
+    /// entry is an exact path (`/version`) or a prefix ending in `/*`
+    /// (`/v1/audio/*`). See [`crate::routes`].
+    pub passthrough_paths: Vec<String>,
+    /// The accept loop's limits: header-read timeout and connection cap.
+    pub server: ServerConfig,
 }
 
 impl Default for RouterConfig {
@@ -89,6 +106,7 @@ impl Default for RouterConfig {
             session_header: "x-session-id".into(),
             client: ClientConfig::default(),
             request_timeout: Duration::from_secs(1800),
+            request_body_timeout: Duration::from_secs(60),
             stream_idle_timeout: Duration::from_secs(300),
             retry: RetryPolicy::default(),
             retry_budget: RetryBudgetConfig::default(),
@@ -102,6 +120,8 @@ impl Default for RouterConfig {
             shutdown_grace: Duration::from_secs(30),
             pd: None,
             worker_networks: Vec::new(),
+            passthrough_paths: Vec::new(),
+            server: ServerConfig::default(),
         }
     }
 }

@@ -71,8 +71,26 @@ pub enum ApiError {
     #[error("the router is shutting down")]
     ShuttingDown,
     /// The route exists but not with this method.
-    #[error("method not allowed")]
-    MethodNotAllowed,
+    #[error("method not allowed; this path takes {allow}")]
+    MethodNotAllowed {
+        /// The methods the path takes (the `Allow` header).
+        allow: &'static str,
+    },
+    /// No route has this path (the router forwards only its named routes).
+    #[error("no route for {0}")]
+    NotFound(String),
+    /// The whole-request deadline passed before the worker's response
+    /// headers arrived.
+    #[error("the request exceeded its deadline of {timeout:?} {phase}")]
+    RequestTimeout {
+        /// What the request was waiting for when the deadline passed.
+        phase: &'static str,
+        /// The configured deadline.
+        timeout: Duration,
+    },
+    /// The client did not send its whole request body in time.
+    #[error("the request body did not arrive within {0:?}")]
+    RequestBodyTimeout(Duration),
     /// A worker URL given at run time lies outside the configured networks
     /// (see [`crate::allow`]).
     #[error("worker address not allowed: {0}")]
@@ -92,7 +110,10 @@ impl ApiError {
             Self::NoAvailableWorker(_) | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Self::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::RequestTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::RequestBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::WorkerExists(_) => StatusCode::CONFLICT,
             Self::WorkerNotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::WorkerAddressNotAllowed(_) => StatusCode::FORBIDDEN,
@@ -109,14 +130,17 @@ impl ApiError {
             | Self::WorkerNotFound(_)
             | Self::WorkerExists(_)
             | Self::WorkerAddressNotAllowed(_)
-            | Self::MethodNotAllowed => "invalid_request_error",
+            | Self::MethodNotAllowed { .. }
+            | Self::NotFound(_)
+            | Self::RequestBodyTimeout(_) => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
             Self::TooManyRequests { .. } | Self::QueueTimeout(_) => "rate_limit_error",
             Self::NoAvailableWorker(_)
             | Self::ShuttingDown
             | Self::BadGateway(_)
             | Self::WorkerNotReady(_)
-            | Self::GatewayTimeout(_) => "service_unavailable_error",
+            | Self::GatewayTimeout(_)
+            | Self::RequestTimeout { .. } => "service_unavailable_error",
         }
     }
 
@@ -135,7 +159,10 @@ impl ApiError {
             Self::GatewayTimeout(_) => "upstream_timeout",
             Self::WorkerNotFound(_) => "worker_not_found",
             Self::ShuttingDown => "shutting_down",
-            Self::MethodNotAllowed => "method_not_allowed",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
+            Self::NotFound(_) => "not_found",
+            Self::RequestTimeout { .. } => "request_timeout",
+            Self::RequestBodyTimeout(_) => "request_body_timeout",
             Self::WorkerExists(_) => "worker_exists",
             Self::WorkerNotReady(_) => "worker_not_ready",
             Self::WorkerAddressNotAllowed(_) => "worker_address_not_allowed",
@@ -166,9 +193,15 @@ impl ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if let Self::TooManyRequests { retry_after } = self {
-            let seconds = retry_after.as_secs().max(1);
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        match self {
+            Self::TooManyRequests { retry_after } => {
+                let seconds = retry_after.as_secs().max(1);
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            }
+            Self::MethodNotAllowed { allow } => {
+                headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            _ => {}
         }
         response
     }

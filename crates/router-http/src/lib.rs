@@ -82,4 +82,4 @@ pub use limits::{AdmissionPermit, ConcurrencyConfig, ConcurrencyLimiter, RateLim
 pub use pd::{PdConfig, PdConnector, PdPools, PdWorkerConfig};
 pub use router::{BackgroundTasks, Router};
 pub use routes::Route;
-pub use server::{ShutdownOutcome, serve};
+pub use server::{ServerConfig, ServerStats, ShutdownOutcome, serve, serve_with};

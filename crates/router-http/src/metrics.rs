@@ -172,7 +172,7 @@ pub struct RouterMetrics {
     pub match_rate: Histogram,
 }
 
-const ERROR_CODES: [&str; 16] = [
+const ERROR_CODES: [&str; 20] = [
     "invalid_json",
     "invalid_request",
     "model_not_found",
@@ -188,6 +188,10 @@ const ERROR_CODES: [&str; 16] = [
     "method_not_allowed",
     "worker_exists",
     "worker_not_ready",
+    "not_found",
+    "request_timeout",
+    "request_body_timeout",
+    "worker_address_not_allowed",
     "other",
 ];
 

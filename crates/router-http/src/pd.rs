@@ -1709,9 +1709,10 @@ pub(crate) async fn proxy(
         }
         let error = match outcome {
             Err(_elapsed) => {
-                return Err(ApiError::GatewayTimeout(
-                    "the prefill/decode request exceeded its deadline".into(),
-                ));
+                return Err(ApiError::RequestTimeout {
+                    phase: "before the decode response headers (prefill/decode)",
+                    timeout: shared.config.request_timeout,
+                });
             }
             Ok(Ok(response)) => {
                 let (mut headers, status) = (response.headers, response.status);
@@ -1755,7 +1756,7 @@ pub(crate) async fn proxy(
             retries += 1;
             shared.metrics.retries.inc();
             last_error = Some(error);
-            tokio::time::sleep(shared.config.retry.backoff(retries, &mut jitter)).await;
+            router.back_off(retries, &mut jitter, deadline).await?;
             continue;
         }
         return pd_error(error, &request_id);

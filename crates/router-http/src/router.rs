@@ -285,7 +285,13 @@ impl Router {
         B::Error: Into<BoxError>,
     {
         let started = Instant::now();
-        let route = Route::of(request.method(), request.uri().path());
+        let config = &self.shared.config;
+        let mut route = Route::of(request.method(), request.uri().path());
+        if route == Route::NotFound
+            && crate::routes::passthrough_matches(&config.passthrough_paths, request.uri().path())
+        {
+            route = Route::Proxy(RouteKind::Other);
+        }
         let result = match self.authorize(route, request.headers()) {
             Err(err) => Err(err),
             Ok(()) => match route {
@@ -306,7 +312,9 @@ impl Router {
 
     fn authorize(&self, route: Route, headers: &http::HeaderMap) -> Result<(), ApiError> {
         let config = &self.shared.config;
-        let required = if route.is_admin() {
+        // Admin reads reveal worker URLs: they need the admin credential
+        // exactly like the admin writes.
+        let required = if route.is_admin() || route.is_admin_read() {
             config
                 .admin_api_key
                 .as_deref()
@@ -340,12 +348,28 @@ impl Router {
         if let Some(rate) = &shared.rate {
             rate.try_acquire()?;
         }
-        let permit = shared.limiter.admit().await?;
+        let timeout = shared.config.request_timeout;
+        let deadline = started + timeout;
+        // The whole-request deadline bounds every phase: the queue, the
+        // client's body, connect and the worker's response head (below),
+        // and the response body (in the body wrapper).
+        let permit = tokio::time::timeout_at(deadline, shared.limiter.admit())
+            .await
+            .map_err(|_elapsed| ApiError::RequestTimeout {
+                phase: "waiting for admission",
+                timeout,
+            })??;
         let (parts, body) = request.into_parts();
-        let bytes = read_body(body, &parts.headers, shared.config.max_payload_size).await?;
+        let body_timeout = shared.config.request_body_timeout.min(timeout);
+        let body_deadline = deadline.min(Instant::now() + shared.config.request_body_timeout);
+        let bytes = tokio::time::timeout_at(
+            body_deadline,
+            read_body(body, &parts.headers, shared.config.max_payload_size),
+        )
+        .await
+        .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
         let info = extract(kind, &bytes)?;
         let request_id = shared.ids.resolve(&parts.headers);
-        let deadline = started + shared.config.request_timeout;
 
         if let Some(pd) = &shared.pd {
             if matches!(
@@ -416,8 +440,35 @@ impl Router {
                 }
                 Err(_unavailable) => return Err(no_available_worker(&candidates)),
             };
-            let upstream = build_upstream(&parts, &worker, &bytes, &request_id, shared)?;
-            match shared.client.send(upstream).await {
+            let upstream = match build_upstream(&parts, &worker, &bytes, &request_id, shared) {
+                Ok(upstream) => upstream,
+                Err(err) => {
+                    // The router's own failure: nothing reached the worker.
+                    guard.record_outcome(Outcome::RouterRejected);
+                    return Err(err);
+                }
+            };
+            let sent = tokio::time::timeout_at(deadline, shared.client.send(upstream)).await;
+            let Ok(sent) = sent else {
+                // The worker took the request and did not answer in time.
+                guard.record_outcome(Outcome::Timeout);
+                shared
+                    .metrics
+                    .record_upstream_failure(&UpstreamError::HeaderTimeout(timeout));
+                return Err(ApiError::RequestTimeout {
+                    phase: "waiting for the worker's response headers",
+                    timeout,
+                });
+            };
+            match sent {
+                Err(UpstreamError::InvalidRequest(reason)) => {
+                    // The router could not build or send the request: never
+                    // the worker's failure, never retried.
+                    guard.record_outcome(Outcome::RouterRejected);
+                    return Err(ApiError::InvalidRequest(format!(
+                        "the request cannot be forwarded: {reason}"
+                    )));
+                }
                 Err(err) => {
                     guard.record_outcome(outcome_of(&err));
                     drop(guard);
@@ -426,7 +477,7 @@ impl Router {
                         retries += 1;
                         shared.metrics.retries.inc();
                         failed.push(worker);
-                        tokio::time::sleep(shared.config.retry.backoff(retries, &mut jitter)).await;
+                        self.back_off(retries, &mut jitter, deadline).await?;
                         continue;
                     }
                     return Err(match err {
@@ -449,7 +500,7 @@ impl Router {
                         retries += 1;
                         shared.metrics.retries.inc();
                         failed.push(worker);
-                        tokio::time::sleep(shared.config.retry.backoff(retries, &mut jitter)).await;
+                        self.back_off(retries, &mut jitter, deadline).await?;
                         continue;
                     }
                     let success = response.status().is_success();
@@ -466,6 +517,25 @@ impl Router {
                 }
             }
         }
+    }
+
+    /// Sleeps the backoff before retry number `retries`, never past
+    /// `deadline`; a deadline reached while backing off ends the request.
+    pub(crate) async fn back_off(
+        &self,
+        retries: u32,
+        jitter: &mut SplitMix64,
+        deadline: Instant,
+    ) -> Result<(), ApiError> {
+        let backoff = self.shared.config.retry.backoff(retries, jitter);
+        tokio::time::sleep_until((Instant::now() + backoff).min(deadline)).await;
+        if Instant::now() >= deadline {
+            return Err(ApiError::RequestTimeout {
+                phase: "before a retry could be sent",
+                timeout: self.shared.config.request_timeout,
+            });
+        }
+        Ok(())
     }
 
     pub(crate) fn may_retry(&self, retries: u32, deadline: Instant) -> bool {
@@ -657,9 +727,16 @@ fn build_upstream(
         .uri
         .path_and_query()
         .map_or("/", http::uri::PathAndQuery::as_str);
-    let uri: Uri = format!("{}{}", worker.url(), path).parse().map_err(|err| {
-        ApiError::BadGateway(format!("invalid worker URL {}: {err}", worker.url()))
-    })?;
+    // `Route::of` admits only targets that are paths ("/..."), so the
+    // worker's base URL and the path make one absolute URL.
+    if !path.starts_with('/') {
+        return Err(ApiError::InvalidRequest(format!(
+            "the request target {path:?} is not a path"
+        )));
+    }
+    let uri: Uri = format!("{}{}", worker.url(), path)
+        .parse()
+        .map_err(|err| ApiError::InvalidRequest(format!("cannot forward {path:?}: {err}")))?;
     let mut request = Request::new(Full::new(body.clone()));
     *request.method_mut() = parts.method.clone();
     *request.uri_mut() = uri;
@@ -677,10 +754,13 @@ fn build_upstream(
     Ok(request)
 }
 
+/// The breaker outcome of a failed send. Only failures the worker caused
+/// count against it; a request the router could not build is its own.
 fn outcome_of(err: &UpstreamError) -> Outcome {
     match err {
         UpstreamError::Connect(_) => Outcome::ConnectError,
         UpstreamError::HeaderTimeout(_) => Outcome::Timeout,
+        UpstreamError::InvalidRequest(_) => Outcome::RouterRejected,
         _ => Outcome::ConnectionReset,
     }
 }
@@ -775,7 +855,14 @@ impl Router {
                 deadline.saturating_duration_since(Instant::now())
             })
         };
-        crate::server::serve_with_grace(listener, service, shutdown, remaining).await
+        crate::server::serve_with(
+            listener,
+            service,
+            shutdown,
+            &self.shared.config.server,
+            remaining,
+        )
+        .await
     }
 
     /// Starts the router's background work: health checks of every worker

@@ -1,12 +1,27 @@
-//! The route table: which handler a method and path go to.
+//! The route table: which handler a method and request target go to.
 //!
-//! The OpenAI routes are proxied with their body read for routing; the
-//! router's own routes (health, status, admin, metrics) are answered by the
-//! router; every other method and path is proxied transparently, with the
-//! same load accounting as the named routes.
+//! Only named routes exist. The OpenAI routes (and a few other inference
+//! endpoints of vLLM's server) are proxied to a worker; the router's own
+//! routes (health, status, admin, metrics) are answered by the router. A
+//! known path with another method is 405 with `Allow`; any other path is 404
+//! from the router and never reaches a worker, unless the operator lists it
+//! for pass-through ([`RouterConfig::passthrough_paths`]).
+//!
+//! Request targets that are not a path are answered by the router too:
+//! `OPTIONS *` (asterisk form) gets 200 with the methods the router serves,
+//! `CONNECT` (authority form) gets 405, and a path with `.` or `..` segments
+//! gets 400. Forwarding them would make a worker pay for the router's
+//! parsing: `OPTIONS *` once turned into the upstream URL
+//! `http://host:port*`, whose connection failures opened every breaker.
+//!
+//! [`RouterConfig::passthrough_paths`]: crate::RouterConfig::passthrough_paths
 
 use crate::extract::RouteKind;
 use http::Method;
+
+/// The methods the router serves on some path, for `OPTIONS *` and the
+/// `Allow` header of a `CONNECT`.
+pub const SERVER_METHODS: &str = "GET, POST, DELETE, OPTIONS";
 
 /// Where a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,11 +49,25 @@ pub enum Route {
     Workers,
     /// `POST /register`: discovery registration over HTTP.
     Register,
+    /// A known path with a method it does not take: 405 with `Allow`.
+    WrongMethod {
+        /// The methods the path takes, as an `Allow` header value.
+        allow: &'static str,
+    },
+    /// No such route: 404 from the router.
+    NotFound,
+    /// `OPTIONS *`: 200 with [`SERVER_METHODS`].
+    ServerOptions,
+    /// A request target the router never forwards: `*` with a method other
+    /// than `OPTIONS`, a target that is not a path, or a path with `.` or
+    /// `..` segments. 400.
+    InvalidTarget,
 }
 
 impl Route {
-    /// Every route, in the order of [`Route::index`].
-    pub const ALL: [Route; 17] = [
+    /// Every route, in the order of [`Route::index`] (a
+    /// [`Route::WrongMethod`] of any `allow` stands for all of them).
+    pub const ALL: [Route; 21] = [
         Self::Proxy(RouteKind::ChatCompletions),
         Self::Proxy(RouteKind::Completions),
         Self::Proxy(RouteKind::Embeddings),
@@ -56,6 +85,10 @@ impl Route {
         Self::ListWorkers,
         Self::Workers,
         Self::Register,
+        Self::WrongMethod { allow: "" },
+        Self::NotFound,
+        Self::ServerOptions,
+        Self::InvalidTarget,
     ];
 
     /// This route's position in [`Route::ALL`], for per-route counters
@@ -79,39 +112,80 @@ impl Route {
             Self::ListWorkers => 14,
             Self::Workers => 15,
             Self::Register => 16,
+            Self::WrongMethod { .. } => 17,
+            Self::NotFound => 18,
+            Self::ServerOptions => 19,
+            Self::InvalidTarget => 20,
         }
     }
 
-    /// Routes `method` and `path` (without the query).
+    /// Routes `method` and a request's target: `path` is the URI's path
+    /// (without the query), as hyper parsed it from the request line.
     pub fn of(method: &Method, path: &str) -> Self {
+        if method == Method::CONNECT {
+            return Self::WrongMethod {
+                allow: SERVER_METHODS,
+            };
+        }
+        if path == "*" {
+            return match *method {
+                Method::OPTIONS => Self::ServerOptions,
+                _ => Self::InvalidTarget,
+            };
+        }
+        if !path.starts_with('/') || has_dot_segment(path) {
+            return Self::InvalidTarget;
+        }
         let path = path
             .strip_suffix('/')
             .filter(|p| !p.is_empty())
             .unwrap_or(path);
-        match (method, path) {
-            (&Method::POST, "/v1/chat/completions") => Self::Proxy(RouteKind::ChatCompletions),
-            (&Method::POST, "/v1/completions") => Self::Proxy(RouteKind::Completions),
-            (&Method::POST, "/v1/embeddings") => Self::Proxy(RouteKind::Embeddings),
-            (&Method::POST, "/v1/rerank" | "/rerank") => Self::Proxy(RouteKind::Rerank),
-            (&Method::POST, "/v1/responses") => Self::Proxy(RouteKind::Responses),
-            (&Method::POST, "/generate") => Self::Proxy(RouteKind::Generate),
-            (&Method::GET, "/v1/models") => Self::Models,
-            (&Method::GET, "/health") => Self::Health,
-            (&Method::GET, "/liveness") => Self::Liveness,
-            (&Method::GET, "/readiness") => Self::Readiness,
-            (&Method::GET, "/metrics") => Self::Metrics,
-            (&Method::POST, "/add_worker") => Self::AddWorker,
-            (&Method::POST | &Method::DELETE, "/remove_worker") => Self::RemoveWorker,
-            (&Method::GET, "/list_workers") => Self::ListWorkers,
-            (&Method::GET, "/workers") => Self::Workers,
-            (&Method::POST, "/register") => Self::Register,
-            _ => Self::Proxy(RouteKind::Other),
+        let Some((allow, route)) = Self::of_path(method, path) else {
+            return Self::NotFound;
+        };
+        route.unwrap_or(Self::WrongMethod { allow })
+    }
+
+    /// The methods `path` takes and, when `method` is one of them, its
+    /// route; `None` for an unknown path.
+    fn of_path(method: &Method, path: &str) -> Option<(&'static str, Option<Self>)> {
+        let post = |route: Self| Some(("POST", (method == Method::POST).then_some(route)));
+        let get = |route: Self| Some(("GET", (method == Method::GET).then_some(route)));
+        match path {
+            "/v1/chat/completions" => post(Self::Proxy(RouteKind::ChatCompletions)),
+            "/v1/completions" => post(Self::Proxy(RouteKind::Completions)),
+            "/v1/embeddings" => post(Self::Proxy(RouteKind::Embeddings)),
+            "/v1/rerank" | "/rerank" => post(Self::Proxy(RouteKind::Rerank)),
+            "/v1/responses" => post(Self::Proxy(RouteKind::Responses)),
+            "/generate" => post(Self::Proxy(RouteKind::Generate)),
+            path if ENGINE_POST_PATHS.contains(&path) => post(Self::Proxy(RouteKind::Other)),
+            "/v1/models" => get(Self::Models),
+            "/health" => get(Self::Health),
+            "/liveness" => get(Self::Liveness),
+            "/readiness" => get(Self::Readiness),
+            "/metrics" => get(Self::Metrics),
+            "/list_workers" => get(Self::ListWorkers),
+            "/workers" => get(Self::Workers),
+            "/add_worker" => post(Self::AddWorker),
+            "/register" => post(Self::Register),
+            "/remove_worker" => Some((
+                "POST, DELETE",
+                matches!(*method, Method::POST | Method::DELETE).then_some(Self::RemoveWorker),
+            )),
+            _ => None,
         }
     }
 
-    /// Whether this is an admin route (guarded by the admin key).
+    /// Whether this is an admin route that changes the fleet (guarded by
+    /// the admin key).
     pub fn is_admin(self) -> bool {
         matches!(self, Self::AddWorker | Self::RemoveWorker | Self::Register)
+    }
+
+    /// Whether this route reads the fleet's membership (worker URLs): with
+    /// an admin key set it needs that key, like the admin writes.
+    pub fn is_admin_read(self) -> bool {
+        matches!(self, Self::ListWorkers | Self::Workers)
     }
 
     /// Whether this route needs the inference API key when one is set.
@@ -140,8 +214,57 @@ impl Route {
             Self::ListWorkers => "list_workers",
             Self::Workers => "workers",
             Self::Register => "register",
+            Self::WrongMethod { .. } => "method_not_allowed",
+            Self::NotFound => "not_found",
+            Self::ServerOptions => "server_options",
+            Self::InvalidTarget => "invalid_target",
         }
     }
+}
+
+/// Inference endpoints of vLLM's OpenAI-compatible server, besides the
+/// OpenAI routes above, that are proxied (`POST`, load counted like any
+/// proxied request, no routing text).
+pub const ENGINE_POST_PATHS: [&str; 10] = [
+    "/tokenize",
+    "/detokenize",
+    "/pooling",
+    "/classify",
+    "/score",
+    "/v1/score",
+    "/v2/rerank",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    "/invocations",
+];
+
+/// Whether `path` has a `.` or `..` segment, also percent-encoded: such a
+/// path names another path once normalized, and is never forwarded.
+fn has_dot_segment(path: &str) -> bool {
+    path.split('/').any(|segment| {
+        let lower = segment.to_ascii_lowercase();
+        let decoded = lower.replace("%2e", ".");
+        decoded == "." || decoded == ".."
+    })
+}
+
+/// Whether `path` is covered by a pass-through entry: an exact path, or a
+/// prefix when the entry ends in `/*` (`/v1/audio/*`). A trailing `/` on
+/// either side is ignored.
+pub fn passthrough_matches(entries: &[String], path: &str) -> bool {
+    if !path.starts_with('/') || has_dot_segment(path) {
+        return false;
+    }
+    let path = path
+        .strip_suffix('/')
+        .filter(|p| !p.is_empty())
+        .unwrap_or(path);
+    entries.iter().any(|entry| match entry.strip_suffix("/*") {
+        Some(prefix) => path
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('/')),
+        None => entry.strip_suffix('/').unwrap_or(entry) == path,
+    })
 }
 
 /// The value of `name` in a query string, percent-decoded.
@@ -206,21 +329,80 @@ mod tests {
     }
 
     #[test]
-    fn unknown_paths_and_methods_are_proxied_transparently() {
+    fn unknown_paths_are_not_found_and_known_paths_refuse_other_methods() {
+        for path in [
+            "/",
+            "/v1/unknown",
+            "/etc/passwd",
+            "/add_worker/x",
+            "/v1/chat",
+        ] {
+            assert_eq!(Route::of(&Method::POST, path), Route::NotFound, "{path}");
+        }
+        assert_eq!(
+            Route::of(&Method::GET, "/v1/chat/completions"),
+            Route::WrongMethod { allow: "POST" }
+        );
+        assert_eq!(
+            Route::of(&Method::GET, "/add_worker"),
+            Route::WrongMethod { allow: "POST" }
+        );
+        assert_eq!(
+            Route::of(&Method::PUT, "/remove_worker"),
+            Route::WrongMethod {
+                allow: "POST, DELETE"
+            }
+        );
         assert_eq!(
             Route::of(&Method::POST, "/tokenize"),
             Route::Proxy(RouteKind::Other)
         );
+    }
+
+    #[test]
+    fn request_targets_that_are_not_plain_paths_are_answered_by_the_router() {
+        assert_eq!(Route::of(&Method::OPTIONS, "*"), Route::ServerOptions);
+        assert_eq!(Route::of(&Method::GET, "*"), Route::InvalidTarget);
         assert_eq!(
-            Route::of(&Method::GET, "/v1/chat/completions"),
-            Route::Proxy(RouteKind::Other)
+            Route::of(&Method::CONNECT, ""),
+            Route::WrongMethod {
+                allow: SERVER_METHODS
+            }
         );
+        for path in [
+            "",
+            "v1/models",
+            "/../../etc/passwd",
+            "/v1/./models",
+            "/v1/%2e%2E/x",
+            "/v1/..",
+        ] {
+            assert_eq!(
+                Route::of(&Method::GET, path),
+                Route::InvalidTarget,
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn passthrough_entries_match_exact_paths_and_prefixes() {
+        let entries = vec!["/version".to_owned(), "/v1/audio/*".to_owned()];
+        assert!(passthrough_matches(&entries, "/version"));
+        assert!(passthrough_matches(&entries, "/version/"));
+        assert!(passthrough_matches(&entries, "/v1/audio/speech"));
+        assert!(!passthrough_matches(&entries, "/v1/audio"));
+        assert!(!passthrough_matches(&entries, "/v1/audiox/y"));
+        assert!(!passthrough_matches(&entries, "/v1/audio/../../admin"));
+        assert!(!passthrough_matches(&entries, "/versions"));
     }
 
     #[test]
     fn admin_routes_are_marked() {
         assert!(Route::of(&Method::POST, "/add_worker").is_admin());
         assert!(!Route::of(&Method::GET, "/workers").is_admin());
+        assert!(Route::of(&Method::GET, "/workers").is_admin_read());
+        assert!(Route::of(&Method::GET, "/list_workers").is_admin_read());
         assert!(!Route::of(&Method::GET, "/health").needs_api_key());
         assert!(Route::of(&Method::POST, "/v1/completions").needs_api_key());
     }
