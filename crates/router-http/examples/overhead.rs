@@ -175,11 +175,15 @@ fn sustain(upstream: SocketAddr, duration: Duration) {
             config.policy.cache_aware.max_tree_size = 1 << 20;
             config.client.pool_max_idle_per_host = 1024;
             let router = Router::new(config).expect("config");
-            // Two workers (two names of the same upstream), so the tree
-            // holds two tenants and eviction works per tenant.
-            for host in ["127.0.0.1", "localhost"] {
+            // Two workers (two data-parallel ranks of the same upstream), so
+            // the tree holds two tenants and eviction works per tenant.
+            for rank in [0, 1] {
                 router
-                    .add_worker(&format!("http://{host}:{}", upstream.port()), None, None)
+                    .add_worker(
+                        &format!("http://127.0.0.1:{}", upstream.port()),
+                        Some(rank),
+                        None,
+                    )
                     .expect("worker");
             }
             let background = router.spawn_background();

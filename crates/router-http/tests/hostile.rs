@@ -187,3 +187,286 @@ async fn a_drain_completes_after_the_admin_caller_disconnects() {
     assert_eq!(fixture.workers().len(), 1);
     assert!(fixture.workers()[0].generation() > worker.generation());
 }
+
+#[tokio::test]
+async fn only_named_routes_reach_workers_unless_passed_through() {
+    let config = RouterConfig {
+        passthrough_paths: vec!["/version".into(), "/v1/audio/*".into()],
+        ..RouterConfig::default()
+    };
+    let fixture = Fixture::start(config, vec![EngineConfig::instant()]).await;
+    for (method, path, status, code) in [
+        ("GET", "/add_worker", 405, "method_not_allowed"),
+        ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
+        ("PUT", "/remove_worker", 405, "method_not_allowed"),
+        ("POST", "/admin/secret", 404, "not_found"),
+        ("GET", "/", 404, "not_found"),
+        ("GET", "/v1/audio", 404, "not_found"),
+        ("GET", "/../../etc/passwd", 400, "invalid_request"),
+        ("GET", "/v1/audio/%2e%2e/x", 400, "invalid_request"),
+    ] {
+        let (got, headers, body) = call(fixture.addr, method, path, &[], "").await;
+        assert_eq!(got.as_u16(), status, "{method} {path}");
+        assert_eq!(json(&body)["error"]["code"], code, "{method} {path}");
+        if status == 405 {
+            assert!(headers.contains_key("allow"), "{method} {path}");
+        }
+    }
+    assert_eq!(
+        fixture.workers()[0].processed(),
+        0,
+        "nothing reached the worker"
+    );
+    // Listed paths are proxied (engine-sim has no /version: its 404 comes
+    // through unchanged, counted on the worker).
+    let (status, _, _) = call(fixture.addr, "GET", "/version", &[], "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(fixture.workers()[0].processed(), 1);
+    let (status, _, _) = call(fixture.addr, "POST", "/v1/audio/speech", &[], "{}").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(fixture.workers()[0].processed(), 2);
+    fixture.assert_all_loads_return_to_zero().await;
+}
+
+#[tokio::test]
+async fn admin_reads_need_the_admin_key_and_probes_stay_open() {
+    let config = RouterConfig {
+        api_key: Some("inference".into()),
+        admin_api_key: Some("admin".into()),
+        ..RouterConfig::default()
+    };
+    let fixture = Fixture::start(config, vec![EngineConfig::instant()]).await;
+    for path in ["/workers", "/list_workers"] {
+        for key in [None, Some("Bearer inference")] {
+            let headers: Vec<(&str, &str)> =
+                key.map(|k| ("authorization", k)).into_iter().collect();
+            let (status, _, body) = call(fixture.addr, "GET", path, &headers, "").await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{path} with {key:?}");
+            assert!(
+                !String::from_utf8_lossy(&body).contains("127.0.0.1"),
+                "{path} revealed a worker URL"
+            );
+        }
+        let (status, _, body) = call(
+            fixture.addr,
+            "GET",
+            path,
+            &[("authorization", "Bearer admin")],
+            "",
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert!(String::from_utf8_lossy(&body).contains(&fixture.engines[0].url()));
+    }
+    for path in ["/health", "/liveness", "/readiness", "/metrics"] {
+        let (status, _, _) = call(fixture.addr, "GET", path, &[], "").await;
+        assert_eq!(status, StatusCode::OK, "{path} must stay open");
+    }
+}
+
+#[tokio::test]
+async fn aliases_of_a_worker_address_are_one_worker() {
+    let fixture = Fixture::start(RouterConfig::default(), vec![EngineConfig::instant()]).await;
+    let port = fixture.engines[0].addr().port();
+    assert_eq!(
+        fixture.workers()[0].url(),
+        format!("http://127.0.0.1:{port}")
+    );
+    for alias in [
+        format!("http://localhost:{port}"),
+        format!("http://LOCALHOST:{port}/"),
+        format!("http://127.1:{port}"),
+        format!("http://2130706433:{port}"),
+        format!("http://[::ffff:127.0.0.1]:{port}"),
+        format!("http://0x7f.0.0.1:0{port}"),
+    ] {
+        let encoded = alias.replace('[', "%5B").replace(']', "%5D");
+        let (status, _, body) = call(
+            fixture.addr,
+            "POST",
+            &format!("/add_worker?url={encoded}"),
+            &[],
+            "",
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::CONFLICT,
+            "{alias}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        assert_eq!(json(&body)["error"]["code"], "worker_exists");
+    }
+    assert_eq!(fixture.workers().len(), 1);
+}
+
+#[tokio::test]
+async fn remove_worker_can_answer_at_once_while_the_drain_goes_on() {
+    let fixture = Fixture::start(RouterConfig::default(), vec![EngineConfig::instant()]).await;
+    let url = fixture.engines[0].url();
+    let worker = std::sync::Arc::clone(&fixture.workers()[0]);
+    let mut streaming = Connection::open(fixture.addr).await;
+    let stalled = streaming
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("content-type", "application/json"),
+                ("x-sim-fault", "stall-after-headers=600s"),
+            ],
+            chat_body("held", true),
+        )
+        .await;
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        &format!("/remove_worker?url={url}&wait=false"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let body = json(&body);
+    assert_eq!(body["status"], "draining");
+    assert_eq!(body["load"], 1);
+    // Draining: no new work, and the same URL cannot be added yet.
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        chat_body("refused", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        &format!("/add_worker?url={url}"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(String::from_utf8_lossy(&body).contains("draining"));
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        &format!("/remove_worker?url={url}&wait=maybe"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    drop(stalled);
+    drop(streaming);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !fixture.workers().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker never left"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(worker.load(), 0);
+}
+
+/// A router behind [`router_http::serve_with`] with `server` limits.
+async fn limited_server(server: router_http::ServerConfig) -> (SocketAddr, router_http::Router) {
+    let router = router_http::Router::new(RouterConfig {
+        server,
+        ..RouterConfig::default()
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = router.clone();
+    tokio::spawn(async move { serving.serve(listener, std::future::pending()).await });
+    (addr, router)
+}
+
+#[tokio::test]
+async fn a_client_that_trickles_its_headers_is_disconnected() {
+    let (addr, router) = limited_server(router_http::ServerConfig {
+        header_read_timeout: Some(Duration::from_millis(500)),
+        ..router_http::ServerConfig::default()
+    })
+    .await;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(b"GET /hea").await.unwrap();
+    // The rest would come a byte at a time; the router closes first.
+    let mut buffer = [0u8; 256];
+    let read = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut buffer))
+        .await
+        .expect("the connection stayed open past the header-read timeout");
+    assert!(
+        matches!(read, Ok(0) | Err(_)) || buffer.starts_with(b"HTTP/1.1 408"),
+        "{read:?}"
+    );
+    // Its slot is free again.
+    let stats = &router.config().server.stats;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while stats.open_connections() != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the connection was not counted closed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_wait_until_one_closes() {
+    let (addr, router) = limited_server(router_http::ServerConfig {
+        max_connections: 2,
+        ..router_http::ServerConfig::default()
+    })
+    .await;
+    let mut held = vec![Connection::open(addr).await, Connection::open(addr).await];
+    for connection in &mut held {
+        let response = connection.send("GET", "/health", &[], "").await;
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    // The kernel completes the third handshake, but the router does not
+    // serve it while two connections are open.
+    let third = tokio::spawn(call(addr, "GET", "/health", &[], ""));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served over the cap"
+    );
+    assert!(router.config().server.stats.at_limit() >= 1);
+    held.pop();
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(30), third)
+        .await
+        .expect("the waiting connection was never served")
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_a_408_and_charges_no_worker() {
+    let config = RouterConfig {
+        request_body_timeout: Duration::from_millis(500),
+        ..RouterConfig::default()
+    };
+    let fixture = Fixture::start(config, vec![EngineConfig::instant()]).await;
+    let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
+    stream
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n\
+              content-length: 1000\r\n\r\n{\"model\":",
+        )
+        .await
+        .unwrap();
+    let mut response = vec![0u8; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut response))
+        .await
+        .expect("no answer past the body timeout")
+        .unwrap();
+    let text = String::from_utf8_lossy(&response[..read]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("request_body_timeout"), "{text}");
+    assert_eq!(fixture.workers()[0].processed(), 0);
+    fixture.assert_all_loads_return_to_zero().await;
+}

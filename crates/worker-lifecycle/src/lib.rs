@@ -111,6 +111,7 @@ mod retry;
 mod rng;
 mod static_set;
 mod sync;
+pub mod url;
 mod worker;
 
 pub use breaker::{

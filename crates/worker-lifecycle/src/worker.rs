@@ -93,27 +93,27 @@ pub enum EndpointError {
     /// The URL contains whitespace or control characters.
     #[error("endpoint URL {0:?} contains whitespace or control characters")]
     BadCharacter(String),
+    /// The port is not a number from 0 to 65535.
+    #[error("endpoint URL {0:?} has a port that is not a number from 0 to 65535")]
+    Port(String),
+    /// The host looks like an IP address but is not a valid one.
+    #[error("endpoint URL {url:?}: the host {why}")]
+    Host {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with the host.
+        why: &'static str,
+    },
 }
 
 impl Endpoint {
-    /// Checks and normalizes `url` (a trailing `/` is dropped, so
-    /// `http://a:8000/` and `http://a:8000` are the same endpoint).
+    /// Checks `url` and stores its canonical spelling, so that every way of
+    /// writing one address is one endpoint: `HTTP://LOCALHOST:8000/`,
+    /// `http://127.1:8000` and `http://[::ffff:127.0.0.1]:8000` are all
+    /// `http://127.0.0.1:8000` (the rules are in [`crate::url`]).
     pub fn new(url: &str, dp_rank: Option<u32>) -> Result<Self, EndpointError> {
-        if url.is_empty() {
-            return Err(EndpointError::Empty);
-        }
-        if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(EndpointError::BadCharacter(url.to_owned()));
-        }
-        let rest = url
-            .strip_prefix("http://")
-            .or_else(|| url.strip_prefix("https://"))
-            .ok_or_else(|| EndpointError::Scheme(url.to_owned()))?;
-        if rest.is_empty() || rest.starts_with('/') {
-            return Err(EndpointError::NoHost(url.to_owned()));
-        }
         Ok(Self {
-            url: url.trim_end_matches('/').to_owned(),
+            url: crate::url::canonical(url)?,
             dp_rank,
         })
     }
