@@ -730,3 +730,52 @@ fn worker_networks_are_parsed_or_refused_with_the_flag_named() {
     assert!(message.contains("10.0.0.0/40"), "{message}");
     assert_ne!(err.exit_code(), 0);
 }
+
+#[test]
+fn hardening_flags_map_onto_the_router_and_server_config() {
+    let defaults = settings(&[]).unwrap().router;
+    assert_eq!(defaults.request_body_timeout, Duration::from_secs(60));
+    assert_eq!(
+        defaults.server.header_read_timeout,
+        Some(Duration::from_secs(30))
+    );
+    assert_eq!(defaults.server.max_connections, 16384);
+    assert!(defaults.passthrough_paths.is_empty());
+
+    let s = settings(&[
+        "--request-body-timeout-secs",
+        "5",
+        "--header-read-timeout-secs",
+        "0",
+        "--max-connections",
+        "64",
+        "--passthrough-paths",
+        "/version",
+        "/v1/audio/*",
+    ])
+    .unwrap();
+    assert_eq!(s.router.request_body_timeout, Duration::from_secs(5));
+    assert_eq!(s.router.server.header_read_timeout, None, "0 turns it off");
+    assert_eq!(s.router.server.max_connections, 64);
+    assert_eq!(s.router.passthrough_paths, ["/version", "/v1/audio/*"]);
+
+    for (args, flag) in [
+        (
+            &["--passthrough-paths", "version"][..],
+            "--passthrough-paths",
+        ),
+        (
+            &["--passthrough-paths", "/v1/../admin"][..],
+            "--passthrough-paths",
+        ),
+        (&["--max-connections", "0"][..], "--max-connections"),
+        (
+            &["--request-body-timeout-secs", "0"][..],
+            "--request-body-timeout-secs",
+        ),
+    ] {
+        let err = settings(args).unwrap_err();
+        assert!(err.to_string().contains(flag), "{args:?}: {err}");
+        assert_eq!(err.exit_code(), 2, "{args:?}");
+    }
+}

@@ -199,7 +199,10 @@ impl App {
                 settings.router.shutdown_grace,
             );
             let grace = settings.router.shutdown_grace;
-            tokio::spawn(router_http::serve(listener, service, shutdown, grace))
+            let server = settings.router.server.clone();
+            tokio::spawn(async move {
+                router_http::serve_with(listener, service, shutdown, &server, move || grace).await
+            })
         };
         tracing::info!(%addr, "router listening; /health answers now");
 

@@ -172,6 +172,24 @@ pub struct Args {
     /// finish, in seconds.
     #[arg(long, default_value_t = 30, help_heading = "Serving")]
     pub shutdown_grace_period_secs: u64,
+    /// How long a client may take to send its request body, in seconds
+    /// (never past --request-timeout-secs); past it, 408.
+    #[arg(long, default_value_t = 60, help_heading = "Serving")]
+    pub request_body_timeout_secs: u64,
+    /// How long an HTTP/1 client may take to send a request's headers, in
+    /// seconds; the connection is closed past it (also an idle keep-alive
+    /// connection). 0 turns it off.
+    #[arg(long, default_value_t = 30, help_heading = "Serving")]
+    pub header_read_timeout_secs: u64,
+    /// Client connections served at once; at the cap new ones wait in the
+    /// listen backlog until one closes.
+    #[arg(long, default_value_t = 16384, help_heading = "Serving")]
+    pub max_connections: usize,
+    /// Paths proxied to a worker besides the named routes, with any method:
+    /// an exact path (/version) or a prefix ending in /* (/v1/audio/*).
+    /// Other paths are answered 404 by the router.
+    #[arg(long, num_args = 0.., value_name = "PATH", help_heading = "Serving")]
+    pub passthrough_paths: Vec<String>,
     /// Accepted for compatibility; this router sets no CORS headers.
     #[arg(long, num_args = 0.., value_name = "ORIGIN", help_heading = "Serving")]
     pub cors_allowed_origins: Vec<String>,

@@ -388,6 +388,18 @@ fn check_ranges(a: &Args) -> Result<(), CliError> {
     positive("request_timeout_secs", a.request_timeout_secs)?;
     positive("max_concurrent_requests", a.max_concurrent_requests as u64)?;
     positive("queue_timeout_secs", a.queue_timeout_secs)?;
+    positive("request_body_timeout_secs", a.request_body_timeout_secs)?;
+    positive("max_connections", a.max_connections as u64)?;
+    if let Some(path) = a
+        .passthrough_paths
+        .iter()
+        .find(|path| !path.starts_with('/') || path.split('/').any(|s| s == "." || s == ".."))
+    {
+        return Err(CliError::invalid(
+            "passthrough_paths",
+            format!("`{path}`: a path starts with / and has no . or .. segments"),
+        ));
+    }
     positive("worker_startup_timeout_secs", a.worker_startup_timeout_secs)?;
     positive(
         "worker_startup_check_interval",
@@ -742,6 +754,11 @@ fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
             .collect();
     }
     config.request_timeout = Duration::from_secs(a.request_timeout_secs);
+    config.request_body_timeout = Duration::from_secs(a.request_body_timeout_secs);
+    config.passthrough_paths = a.passthrough_paths.clone();
+    config.server.header_read_timeout =
+        (a.header_read_timeout_secs > 0).then(|| Duration::from_secs(a.header_read_timeout_secs));
+    config.server.max_connections = a.max_connections;
     config.retry = if a.disable_retries {
         RetryPolicy::no_retries()
     } else {

@@ -403,12 +403,47 @@ fn metrics(router: &Router) -> Response<BoxBody> {
         "",
         router.in_flight(),
     );
+    render_server(&router.config().server.stats, &mut out);
     let mut response = Response::new(full(Bytes::from(out)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     response
+}
+
+/// The accept loop's counters (see [`crate::server`]).
+fn render_server(stats: &crate::ServerStats, out: &mut String) {
+    let series: [(&str, &str, &str, u64); 4] = [
+        (
+            "router_connections_open",
+            "gauge",
+            "Client connections being served.",
+            stats.open_connections(),
+        ),
+        (
+            "router_connections_accepted_total",
+            "counter",
+            "Client connections accepted.",
+            stats.accepted(),
+        ),
+        (
+            "router_accept_errors_total",
+            "counter",
+            "Failed accept calls (out of file descriptors and the like).",
+            stats.accept_errors(),
+        ),
+        (
+            "router_connections_at_limit_total",
+            "counter",
+            "Times the accept loop waited because the connection cap was reached.",
+            stats.at_limit(),
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        family(out, name, kind, help);
+        sample(out, name, "", value);
+    }
 }
 
 /// A per-worker metric family: name, type, help, and how to read it.

@@ -141,3 +141,202 @@ impl Body for Chunks {
         self.0.is_empty()
     }
 }
+
+/// The whole request path, in process: `data` chooses a method, a request
+/// target form (origin, asterisk, authority, absolute, raw), headers and a
+/// body, and whether the client reads the response to its end or leaves
+/// after the head. The request goes through [`crate::Router::handle`] to a
+/// worker that answers every request it gets with 200. After each case:
+/// the worker's load and the router's permits are back to 0 with no clamped
+/// decrement, the worker's breaker never moved (the worker never failed, so
+/// nothing may count against it), and a request the router answers itself
+/// never reached the worker.
+pub fn request_path(data: &[u8]) {
+    HARNESS.with(|harness| harness.run(data));
+}
+
+thread_local! {
+    static HARNESS: PathHarness = PathHarness::new();
+}
+
+/// A router with one well-behaved worker, on a runtime of this thread.
+struct PathHarness {
+    runtime: tokio::runtime::Runtime,
+    router: crate::Router,
+    worker_requests: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+const METHODS: [&str; 10] = [
+    "GET", "POST", "PUT", "DELETE", "OPTIONS", "HEAD", "CONNECT", "PATCH", "TRACE", "PURGE",
+];
+
+const PATHS: [&str; 12] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/models",
+    "/generate",
+    "/tokenize",
+    "/health",
+    "/workers",
+    "/add_worker",
+    "/remove_worker",
+    "/passthrough",
+    "/",
+];
+
+impl PathHarness {
+    fn new() -> Self {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime");
+        let worker_requests = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = std::sync::Arc::clone(&worker_requests);
+        let worker_url = runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind the in-process worker");
+            let addr = listener.local_addr().expect("its address");
+            tokio::spawn(serve_worker(listener, counter));
+            format!("http://{addr}")
+        });
+        let mut config = crate::RouterConfig {
+            passthrough_paths: vec!["/passthrough/*".into()],
+            request_timeout: std::time::Duration::from_secs(20),
+            ..crate::RouterConfig::default()
+        };
+        // Any worker failure recorded would open the breaker at once.
+        config.worker_options.breaker.failure_threshold = 1;
+        let router = crate::Router::new(config).expect("the fuzz router's config");
+        router
+            .add_worker(&worker_url, None, None)
+            .expect("the in-process worker");
+        Self {
+            runtime,
+            router,
+            worker_requests,
+        }
+    }
+
+    fn run(&self, data: &[u8]) {
+        let Some(request) = fuzz_request(data) else {
+            return;
+        };
+        let read_to_end = data.get(2).is_none_or(|b| b & 1 == 0);
+        let forwarded = {
+            let path = request.uri().path();
+            let route = crate::Route::of(request.method(), path);
+            matches!(route, crate::Route::Proxy(_) | crate::Route::Models)
+                || (route == crate::Route::NotFound
+                    && crate::routes::passthrough_matches(
+                        &self.router.config().passthrough_paths,
+                        path,
+                    ))
+        };
+        let before = self
+            .worker_requests
+            .load(std::sync::atomic::Ordering::SeqCst);
+        self.runtime.block_on(async {
+            let response = self.router.handle(request).await;
+            let mut body = response.into_body();
+            if read_to_end {
+                while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+                    if frame.is_err() {
+                        break;
+                    }
+                }
+            } else {
+                let _ = http_body_util::BodyExt::frame(&mut body).await;
+            }
+        });
+        let worker = &self.router.workers()[0];
+        assert_eq!(worker.load(), 0, "the worker's load did not return to 0");
+        assert_eq!(worker.underflows(), 0, "a load decrement was clamped");
+        assert_eq!(self.router.in_flight(), 0, "an admission permit leaked");
+        assert_eq!(
+            worker.breaker().state(),
+            worker_lifecycle::BreakerState::Closed,
+            "a worker that never failed has a breaker that moved"
+        );
+        assert_eq!(worker.breaker().counters().opened, 0);
+        if !forwarded {
+            assert_eq!(
+                self.worker_requests
+                    .load(std::sync::atomic::Ordering::SeqCst),
+                before,
+                "a request the router answers itself reached the worker"
+            );
+        }
+    }
+}
+
+/// Decodes `data` into a request: `[method, target form, flags, rest...]`
+/// where `rest` is `target bytes \0 header lines \0 body`.
+fn fuzz_request(data: &[u8]) -> Option<http::Request<http_body_util::Full<Bytes>>> {
+    let (&method, rest) = data.split_first()?;
+    let (&form, rest) = rest.split_first()?;
+    let rest = rest.split_first().map_or(&[][..], |(_, rest)| rest);
+    let mut sections = rest.splitn(3, |&b| b == 0);
+    let target = sections.next().unwrap_or_default();
+    let header_lines = sections.next().unwrap_or_default();
+    let body = sections.next().unwrap_or_default();
+    let suffix = String::from_utf8_lossy(target);
+    let path = PATHS[usize::from(form >> 3) % PATHS.len()];
+    let uri = match form % 5 {
+        0 => format!("{path}{suffix}"),
+        1 => "*".to_owned(),
+        2 => format!("127.0.0.1:{}", u16::from(form)),
+        3 => format!("http://evil.example{path}{suffix}"),
+        _ => suffix.into_owned(),
+    };
+    let method =
+        http::Method::from_bytes(METHODS[usize::from(method) % METHODS.len()].as_bytes()).ok()?;
+    let mut builder = http::Request::builder().method(method).uri(uri);
+    for line in header_lines.split(|&b| b == b'\n') {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (name, value) = (&line[..colon], &line[colon + 1..]);
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name),
+            HeaderValue::from_bytes(value.trim_ascii()),
+        ) {
+            builder = builder.header(name, value);
+        }
+    }
+    builder
+        .body(http_body_util::Full::new(Bytes::copy_from_slice(body)))
+        .ok()
+}
+
+/// The in-process worker: answers every request with 200 and a small JSON
+/// body, after reading the request body.
+async fn serve_worker(
+    listener: tokio::net::TcpListener,
+    requests: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    while let Ok((stream, _)) = listener.accept().await {
+        let requests = std::sync::Arc::clone(&requests);
+        let service =
+            hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    let _ = http_body_util::BodyExt::collect(request.into_body()).await;
+                    let mut response = http::Response::new(http_body_util::Full::new(
+                        Bytes::from_static(br#"{"object":"ok"}"#),
+                    ));
+                    response.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            });
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}

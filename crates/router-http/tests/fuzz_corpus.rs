@@ -6,10 +6,11 @@ use std::path::PathBuf;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 3] = [
+const TARGETS: [(&str, Target); 4] = [
     ("router_request_body", fuzzing::request_body),
     ("router_headers", fuzzing::headers),
     ("router_sse_passthrough", fuzzing::sse_passthrough),
+    ("router_request_path", fuzzing::request_path),
 ];
 
 #[test]
