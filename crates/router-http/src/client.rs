@@ -90,13 +90,18 @@ pub enum UpstreamError {
     /// The request could not be built (an invalid worker URL).
     #[error("invalid upstream request: {0}")]
     InvalidRequest(String),
+    /// The caller's deadline ([`UpstreamClient::send_before`]) passed
+    /// before the response headers arrived.
+    #[error("the request deadline passed before the response headers")]
+    Deadline,
 }
 
 impl UpstreamError {
-    /// Whether the failure may be retried on another worker. Every variant
-    /// but an invalid request happened before the client saw a byte.
+    /// Whether the failure may be retried on another worker: it happened
+    /// before the client saw a byte, and neither the router's own request
+    /// nor its deadline is at fault.
     pub fn is_retryable(&self) -> bool {
-        !matches!(self, Self::InvalidRequest(_))
+        !matches!(self, Self::InvalidRequest(_) | Self::Deadline)
     }
 }
 
@@ -248,9 +253,26 @@ impl UpstreamClient {
         &self,
         request: http::Request<Full<Bytes>>,
     ) -> Result<http::Response<UpstreamBody>, UpstreamError> {
+        self.send_before(request, None).await
+    }
+
+    /// [`send`](Self::send), given up at `deadline` as well (the caller's
+    /// whole-request deadline) with [`UpstreamError::Deadline`]: one timer
+    /// covers both limits.
+    pub async fn send_before(
+        &self,
+        request: http::Request<Full<Bytes>>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<http::Response<UpstreamBody>, UpstreamError> {
         let timeout = self.pool.config.response_header_timeout;
-        match tokio::time::timeout(timeout, self.send_inner(request)).await {
+        let header_deadline = tokio::time::Instant::now() + timeout;
+        let (until, caller_first) = match deadline {
+            Some(deadline) if deadline < header_deadline => (deadline, true),
+            _ => (header_deadline, false),
+        };
+        match tokio::time::timeout_at(until, self.send_inner(request)).await {
             Ok(result) => result,
+            Err(_elapsed) if caller_first => Err(UpstreamError::Deadline),
             Err(_elapsed) => Err(UpstreamError::HeaderTimeout(timeout)),
         }
     }

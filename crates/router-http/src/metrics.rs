@@ -241,7 +241,7 @@ impl RouterMetrics {
     pub fn record_upstream_failure(&self, error: &crate::UpstreamError) {
         let index = match error {
             crate::UpstreamError::Connect(_) => 0,
-            crate::UpstreamError::HeaderTimeout(_) => 1,
+            crate::UpstreamError::HeaderTimeout(_) | crate::UpstreamError::Deadline => 1,
             _ => 2,
         };
         self.upstream_failures[index].inc();

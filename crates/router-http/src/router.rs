@@ -448,19 +448,18 @@ impl Router {
                     return Err(err);
                 }
             };
-            let sent = tokio::time::timeout_at(deadline, shared.client.send(upstream)).await;
-            let Ok(sent) = sent else {
-                // The worker took the request and did not answer in time.
-                guard.record_outcome(Outcome::Timeout);
-                shared
-                    .metrics
-                    .record_upstream_failure(&UpstreamError::HeaderTimeout(timeout));
-                return Err(ApiError::RequestTimeout {
-                    phase: "waiting for the worker's response headers",
-                    timeout,
-                });
-            };
-            match sent {
+            match shared.client.send_before(upstream, Some(deadline)).await {
+                Err(UpstreamError::Deadline) => {
+                    // The worker had the request and did not answer in time.
+                    guard.record_outcome(Outcome::Timeout);
+                    shared
+                        .metrics
+                        .record_upstream_failure(&UpstreamError::Deadline);
+                    return Err(ApiError::RequestTimeout {
+                        phase: "waiting for the worker's response headers",
+                        timeout,
+                    });
+                }
                 Err(UpstreamError::InvalidRequest(reason)) => {
                     // The router could not build or send the request: never
                     // the worker's failure, never retried.
@@ -759,7 +758,7 @@ fn build_upstream(
 fn outcome_of(err: &UpstreamError) -> Outcome {
     match err {
         UpstreamError::Connect(_) => Outcome::ConnectError,
-        UpstreamError::HeaderTimeout(_) => Outcome::Timeout,
+        UpstreamError::HeaderTimeout(_) | UpstreamError::Deadline => Outcome::Timeout,
         UpstreamError::InvalidRequest(_) => Outcome::RouterRejected,
         _ => Outcome::ConnectionReset,
     }

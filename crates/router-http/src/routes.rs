@@ -241,11 +241,26 @@ pub const ENGINE_POST_PATHS: [&str; 10] = [
 /// Whether `path` has a `.` or `..` segment, also percent-encoded: such a
 /// path names another path once normalized, and is never forwarded.
 fn has_dot_segment(path: &str) -> bool {
-    path.split('/').any(|segment| {
-        let lower = segment.to_ascii_lowercase();
-        let decoded = lower.replace("%2e", ".");
-        decoded == "." || decoded == ".."
-    })
+    path.split('/').any(is_dot_segment)
+}
+
+/// `.` or `..`, each dot possibly written `%2e` or `%2E` (no allocation:
+/// this runs on every request).
+fn is_dot_segment(segment: &str) -> bool {
+    let bytes = segment.as_bytes();
+    let (mut index, mut dots) = (0, 0);
+    while index < bytes.len() {
+        match bytes[index..] {
+            [b'.', ..] => index += 1,
+            [b'%', b'2', e, ..] if e.eq_ignore_ascii_case(&b'e') => index += 3,
+            _ => return false,
+        }
+        dots += 1;
+        if dots > 2 {
+            return false;
+        }
+    }
+    dots > 0
 }
 
 /// Whether `path` is covered by a pass-through entry: an exact path, or a
