@@ -5,7 +5,8 @@
 //! 1. route the method and path ([`Route::of`]); check the API keys;
 //! 2. answer the router's own routes (health, status, admin, metrics);
 //! 3. for a proxied route: refuse when shutting down; take a rate-limit token
-//!    and an admission permit (or wait in the bounded queue);
+//!    and an admission permit (or wait in the bounded queue); from here the
+//!    whole-request deadline bounds every wait (504 `request_timeout`);
 //! 4. read the body once, up to the payload limit, and extract the model,
 //!    the stream flag, the hash keys and the routing text ([`extract`]);
 //! 5. select a worker with the model's policy among the workers that serve
