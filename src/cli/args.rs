@@ -176,9 +176,9 @@ pub struct Args {
     /// (never past --request-timeout-secs); past it, 408.
     #[arg(long, default_value_t = 60, help_heading = "Serving")]
     pub request_body_timeout_secs: u64,
-    /// How long an HTTP/1 client may take to send a request's headers, in
-    /// seconds; the connection is closed past it (also an idle keep-alive
-    /// connection). 0 turns it off.
+    /// How long a new connection may take to send its first bytes, and an
+    /// HTTP/1 client a request's headers, in seconds; the connection is
+    /// closed past it (also an idle keep-alive connection). 0 turns it off.
     #[arg(long, default_value_t = 30, help_heading = "Serving")]
     pub header_read_timeout_secs: u64,
     /// Client connections served at once; at the cap new ones wait in the

@@ -414,7 +414,7 @@ fn metrics(router: &Router) -> Response<BoxBody> {
 
 /// The accept loop's counters (see [`crate::server`]).
 fn render_server(stats: &crate::ServerStats, out: &mut String) {
-    let series: [(&str, &str, &str, u64); 4] = [
+    let series: [(&str, &str, &str, u64); 5] = [
         (
             "router_connections_open",
             "gauge",
@@ -438,6 +438,12 @@ fn render_server(stats: &crate::ServerStats, out: &mut String) {
             "counter",
             "Times the accept loop waited because the connection cap was reached.",
             stats.at_limit(),
+        ),
+        (
+            "router_header_read_timeouts_total",
+            "counter",
+            "Connections closed because request headers did not arrive in time.",
+            stats.header_timeouts(),
         ),
     ];
     for (name, kind, help, value) in series {

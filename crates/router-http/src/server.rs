@@ -9,7 +9,8 @@
 //!
 //! Against clients that hold connections without using them, the loop caps
 //! the connections it serves at once ([`ServerConfig::max_connections`]),
-//! closes an HTTP/1 connection whose request headers do not arrive in time
+//! closes a connection whose first bytes, or an HTTP/1 connection whose
+//! request headers, do not arrive in time
 //! ([`ServerConfig::header_read_timeout`]), and pauses with a growing
 //! backoff when `accept` itself fails (out of file descriptors), logging
 //! that at most once per five seconds.
@@ -20,6 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use std::future::Future;
+use std::io::ErrorKind;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -39,7 +41,8 @@ pub enum ShutdownOutcome {
 /// Limits of the accept loop against clients that hold connections open.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// How long an HTTP/1 client may take to send a request's headers,
+    /// How long a new connection may take to send the first bytes that
+    /// choose HTTP/1 or HTTP/2, and an HTTP/1 client a request's headers,
     /// counted from when the connection waits for them (so it also closes a
     /// keep-alive connection idle for this long). Default 30 s, hyper's own
     /// default once a timer is set; `None` turns it off.
@@ -71,6 +74,7 @@ pub struct ServerStats {
     accepted: AtomicU64,
     accept_errors: AtomicU64,
     at_limit: AtomicU64,
+    header_timeouts: AtomicU64,
 }
 
 impl ServerStats {
@@ -92,6 +96,12 @@ impl ServerStats {
     /// Times the loop stopped accepting because the connection cap was reached.
     pub fn at_limit(&self) -> u64 {
         self.at_limit.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed because a request's headers (or, before any
+    /// request, the first bytes) did not arrive within the header-read timeout.
+    pub fn header_timeouts(&self) -> u64 {
+        self.header_timeouts.load(Ordering::Relaxed)
     }
 }
 
@@ -149,6 +159,7 @@ where
         .writev(false)
         .timer(TokioTimer::new())
         .header_read_timeout(config.header_read_timeout);
+    let builder = Arc::new(builder);
     let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let stats = Arc::clone(&config.stats);
     let mut errors = AcceptErrors::default();
@@ -190,14 +201,37 @@ where
                 stats.accepted.fetch_add(1, Ordering::Relaxed);
                 stats.open.fetch_add(1, Ordering::Relaxed);
                 let _ = stream.set_nodelay(true);
-                let connection = builder
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
-                    .into_owned();
-                let connection = graceful.watch(connection);
+                let builder = Arc::clone(&builder);
+                let service = service.clone();
+                let watcher = graceful.watcher();
                 let stats = Arc::clone(&stats);
+                let first_bytes_timeout = config.header_read_timeout;
                 tokio::spawn(async move {
-                    if let Err(err) = connection.await {
-                        tracing::debug!(error = %err, "connection ended with an error");
+                    // Until the first bytes choose HTTP/1 or HTTP/2 no
+                    // protocol timer runs: bound that wait too.
+                    let chosen = match first_bytes_timeout {
+                        Some(limit) => tokio::time::timeout(limit, protocol_chosen(&stream))
+                            .await
+                            .unwrap_or(Err(ErrorKind::TimedOut.into())),
+                        None => Ok(()),
+                    };
+                    match chosen {
+                        Ok(()) => {
+                            let connection = builder
+                                .serve_connection_with_upgrades(TokioIo::new(stream), service);
+                            if let Err(err) = watcher.watch(connection).await {
+                                if is_header_timeout(&*err) {
+                                    stats.header_timeouts.fetch_add(1, Ordering::Relaxed);
+                                }
+                                tracing::debug!(error = %err, "connection ended with an error");
+                            }
+                        }
+                        Err(err) => {
+                            if err.kind() == ErrorKind::TimedOut {
+                                stats.header_timeouts.fetch_add(1, Ordering::Relaxed);
+                            }
+                            tracing::debug!(error = %err, "connection closed before a request");
+                        }
                     }
                     stats.open.fetch_sub(1, Ordering::Relaxed);
                     drop(slot);
@@ -211,6 +245,43 @@ where
         Ok(()) => ShutdownOutcome::Drained,
         Err(_) => ShutdownOutcome::DeadlineReached,
     }
+}
+
+/// The client preface of HTTP/2 over cleartext.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Waits until the client's first bytes tell HTTP/1 from HTTP/2 (a byte
+/// that leaves the HTTP/2 preface, or the whole preface), without
+/// consuming them; an error when the client closes first.
+async fn protocol_chosen(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
+    let mut buffer = [0u8; H2_PREFACE.len()];
+    loop {
+        let read = stream.peek(&mut buffer).await?;
+        if read == 0 {
+            return Err(ErrorKind::UnexpectedEof.into());
+        }
+        if read == H2_PREFACE.len() || buffer[..read] != H2_PREFACE[..read] {
+            return Ok(());
+        }
+        // Part of a preface: `peek` would return the same bytes at once, so
+        // wait a little for the rest (it comes in the same flight in practice).
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Whether a connection ended because hyper's header-read timeout fired.
+fn is_header_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if error
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_timeout)
+        {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// Backoff and rate-limited logging of failed `accept` calls. Out of file

@@ -413,6 +413,7 @@ async fn a_client_that_trickles_its_headers_is_disconnected() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    assert_eq!(stats.header_timeouts(), 1);
 }
 
 #[tokio::test]
@@ -469,4 +470,34 @@ async fn a_body_that_does_not_arrive_in_time_is_a_408_and_charges_no_worker() {
     assert!(text.contains("request_body_timeout"), "{text}");
     assert_eq!(fixture.workers()[0].processed(), 0);
     fixture.assert_all_loads_return_to_zero().await;
+}
+
+#[tokio::test]
+async fn a_client_that_connects_and_sends_nothing_is_disconnected() {
+    let (addr, router) = limited_server(router_http::ServerConfig {
+        header_read_timeout: Some(Duration::from_millis(500)),
+        ..router_http::ServerConfig::default()
+    })
+    .await;
+    // Nothing at all, and the first bytes of an HTTP/2 preface: neither
+    // lets the server choose a protocol, and neither may hold a slot.
+    for sent in [&b""[..], b"PRI * HT"] {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(sent).await.unwrap();
+        let mut buffer = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut buffer))
+            .await
+            .expect("a silent connection stayed open past the header-read timeout");
+        assert!(matches!(read, Ok(0) | Err(_)), "{sent:?}: {read:?}");
+    }
+    let stats = &router.config().server.stats;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while stats.open_connections() != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slots were not freed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(stats.header_timeouts(), 2);
 }
