@@ -620,11 +620,14 @@ async fn http_register(
         }
     }
     let limited = http_body_util::Limited::new(request.into_body(), 64 * 1024);
-    let body = match limited.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) => {
+    let body = match tokio::time::timeout(config.request_body_timeout, limited.collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(err)) => {
             return ApiError::InvalidRequest(format!("cannot read the registration: {err}"))
                 .into_response();
+        }
+        Err(_elapsed) => {
+            return ApiError::RequestBodyTimeout(config.request_body_timeout).into_response();
         }
     };
     // The registered URL must pass the router's run-time checks (allowed
