@@ -41,6 +41,64 @@ fn header<'a>(response: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
+/// A streamed chat completion that the worker stalls after its headers: it
+/// keeps the worker loaded until the connection is dropped.
+async fn stalled_stream(addr: SocketAddr) -> (Connection, http::Response<hyper::body::Incoming>) {
+    let mut connection = Connection::open(addr).await;
+    let response = connection
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("content-type", "application/json"),
+                ("x-sim-fault", "stall-after-headers=600s"),
+            ],
+            chat_body("a long stream", true),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    (connection, response)
+}
+
+/// A non-streamed chat completion on a fresh connection.
+async fn chat(
+    addr: SocketAddr,
+    extra: &[(&str, &str)],
+) -> (StatusCode, http::HeaderMap, bytes::Bytes) {
+    let mut headers = vec![("content-type", "application/json")];
+    headers.extend_from_slice(extra);
+    call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        chat_body("hello", false),
+    )
+    .await
+}
+
+/// An admin `POST` without a body on a fresh connection.
+async fn post(addr: SocketAddr, path: &str) -> (StatusCode, http::HeaderMap, bytes::Bytes) {
+    call(addr, "POST", path, &[], "").await
+}
+
+/// Waits (bounded) until the fleet is empty, then checks the worker that
+/// left has no load and never clamped a decrement.
+async fn wait_until_the_fleet_is_empty(fixture: &Fixture, worker: &worker_lifecycle::Worker) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !fixture.workers().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker stayed {:?} with load {}",
+            worker.lifecycle(),
+            worker.load()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(worker.load(), 0);
+    assert_eq!(worker.underflows(), 0);
+}
+
 #[tokio::test]
 async fn asterisk_and_authority_form_targets_never_reach_a_worker_or_move_its_breaker() {
     // The default breaker and retries: the attack needed two requests.
@@ -69,14 +127,7 @@ async fn asterisk_and_authority_form_targets_never_reach_a_worker_or_move_its_br
     assert_eq!(worker.processed(), 0, "nothing was sent to the worker");
     assert_eq!(fixture.router.metrics().retries.get(), 0);
 
-    let (status, _, body) = call(
-        fixture.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        chat_body("still served", false),
-    )
-    .await;
+    let (status, _, body) = chat(fixture.addr, &[]).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     fixture.assert_all_loads_return_to_zero().await;
 }
@@ -94,15 +145,9 @@ async fn the_request_deadline_covers_the_wait_for_response_headers() {
     // is 600 s): only the 1 s deadline can end the wait.
     let answer = tokio::time::timeout(
         Duration::from_secs(60),
-        call(
+        chat(
             fixture.addr,
-            "POST",
-            "/v1/chat/completions",
-            &[
-                ("content-type", "application/json"),
-                ("x-sim-fault", "stall-before-headers=600s"),
-            ],
-            chat_body("never answered", false),
+            &[("x-sim-fault", "stall-before-headers=600s")],
         ),
     )
     .await
@@ -125,19 +170,7 @@ async fn a_drain_completes_after_the_admin_caller_disconnects() {
     let worker = std::sync::Arc::clone(&fixture.workers()[0]);
 
     // A stream stalled after its headers keeps the worker loaded.
-    let mut streaming = Connection::open(fixture.addr).await;
-    let stalled = streaming
-        .send(
-            "POST",
-            "/v1/chat/completions",
-            &[
-                ("content-type", "application/json"),
-                ("x-sim-fault", "stall-after-headers=600s"),
-            ],
-            chat_body("a long stream", true),
-        )
-        .await;
-    assert_eq!(stalled.status(), StatusCode::OK);
+    let (streaming, stalled) = stalled_stream(fixture.addr).await;
     assert_eq!(worker.load(), 1);
 
     // The operator asks for the removal and goes away while it drains.
@@ -161,28 +194,10 @@ async fn a_drain_completes_after_the_admin_caller_disconnects() {
     // worker must leave on its own.
     drop(stalled);
     drop(streaming);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !fixture.workers().is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the worker stayed {:?} with load {}",
-            worker.lifecycle(),
-            worker.load()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(worker.load(), 0);
-    assert_eq!(worker.underflows(), 0);
+    wait_until_the_fleet_is_empty(&fixture, &worker).await;
 
     // The same URL can join again, as a new lifetime.
-    let (status, _, body) = call(
-        fixture.addr,
-        "POST",
-        &format!("/add_worker?url={url}"),
-        &[],
-        "",
-    )
-    .await;
+    let (status, _, body) = post(fixture.addr, &format!("/add_worker?url={url}")).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     assert_eq!(fixture.workers().len(), 1);
     assert!(fixture.workers()[0].generation() > worker.generation());
@@ -281,14 +296,7 @@ async fn aliases_of_a_worker_address_are_one_worker() {
         format!("http://0x7f.0.0.1:0{port}"),
     ] {
         let encoded = alias.replace('[', "%5B").replace(']', "%5D");
-        let (status, _, body) = call(
-            fixture.addr,
-            "POST",
-            &format!("/add_worker?url={encoded}"),
-            &[],
-            "",
-        )
-        .await;
+        let (status, _, body) = post(fixture.addr, &format!("/add_worker?url={encoded}")).await;
         assert_eq!(
             status,
             StatusCode::CONFLICT,
@@ -305,24 +313,10 @@ async fn remove_worker_can_answer_at_once_while_the_drain_goes_on() {
     let fixture = Fixture::start(RouterConfig::default(), vec![EngineConfig::instant()]).await;
     let url = fixture.engines[0].url();
     let worker = std::sync::Arc::clone(&fixture.workers()[0]);
-    let mut streaming = Connection::open(fixture.addr).await;
-    let stalled = streaming
-        .send(
-            "POST",
-            "/v1/chat/completions",
-            &[
-                ("content-type", "application/json"),
-                ("x-sim-fault", "stall-after-headers=600s"),
-            ],
-            chat_body("held", true),
-        )
-        .await;
-    let (status, _, body) = call(
+    let (streaming, stalled) = stalled_stream(fixture.addr).await;
+    let (status, _, body) = post(
         fixture.addr,
-        "POST",
         &format!("/remove_worker?url={url}&wait=false"),
-        &[],
-        "",
     )
     .await;
     assert_eq!(status, StatusCode::ACCEPTED);
@@ -330,45 +324,20 @@ async fn remove_worker_can_answer_at_once_while_the_drain_goes_on() {
     assert_eq!(body["status"], "draining");
     assert_eq!(body["load"], 1);
     // Draining: no new work, and the same URL cannot be added yet.
-    let (status, _, _) = call(
-        fixture.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[("content-type", "application/json")],
-        chat_body("refused", false),
-    )
-    .await;
+    let (status, _, _) = chat(fixture.addr, &[]).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    let (status, _, body) = call(
-        fixture.addr,
-        "POST",
-        &format!("/add_worker?url={url}"),
-        &[],
-        "",
-    )
-    .await;
+    let (status, _, body) = post(fixture.addr, &format!("/add_worker?url={url}")).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert!(String::from_utf8_lossy(&body).contains("draining"));
-    let (status, _, _) = call(
+    let (status, _, _) = post(
         fixture.addr,
-        "POST",
         &format!("/remove_worker?url={url}&wait=maybe"),
-        &[],
-        "",
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     drop(stalled);
     drop(streaming);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !fixture.workers().is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the worker never left"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(worker.load(), 0);
+    wait_until_the_fleet_is_empty(&fixture, &worker).await;
 }
 
 /// A router behind [`router_http::serve_with`] with `server` limits.
@@ -383,6 +352,19 @@ async fn limited_server(server: router_http::ServerConfig) -> (SocketAddr, route
     let serving = router.clone();
     tokio::spawn(async move { serving.serve(listener, std::future::pending()).await });
     (addr, router)
+}
+
+/// Waits (bounded) until the server counts no open connection.
+async fn wait_until_every_connection_closed(stats: &router_http::ServerStats) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while stats.open_connections() != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} connections are still counted open",
+            stats.open_connections()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::test]
@@ -405,14 +387,7 @@ async fn a_client_that_trickles_its_headers_is_disconnected() {
     );
     // Its slot is free again.
     let stats = &router.config().server.stats;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while stats.open_connections() != 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the connection was not counted closed"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until_every_connection_closed(stats).await;
     assert_eq!(stats.header_timeouts(), 1);
 }
 
@@ -491,13 +466,6 @@ async fn a_client_that_connects_and_sends_nothing_is_disconnected() {
         assert!(matches!(read, Ok(0) | Err(_)), "{sent:?}: {read:?}");
     }
     let stats = &router.config().server.stats;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while stats.open_connections() != 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "slots were not freed"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until_every_connection_closed(stats).await;
     assert_eq!(stats.header_timeouts(), 2);
 }
