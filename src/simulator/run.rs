@@ -472,7 +472,7 @@ impl Sim<'_> {
         // Under P/D with the arrival choice both workers are taken up front
         // (the router's MoRI-IO READ path); by default the decode worker is
         // chosen when the prefill completes. Either way the decode guard is
-        // reserved only when the decode leg is sent (invariant 9).
+        // reserved only when the decode leg is sent (invariant 9 of docs/architecture.md).
         let decode_worker = match &self.decode {
             Some(_) if self.late_decode_choice => None,
             Some(pool) => {

@@ -4,7 +4,7 @@
 /// [`Backend::key`](crate::Backend::key).
 ///
 /// The host delivers these from its discovery / reconciliation step, before
-/// the new membership is used for routing (invariant 5: membership drives
+/// the new membership is used for routing (invariant 5 of docs/architecture.md: membership drives
 /// policy state). Events are idempotent: adding a present key or removing
 /// an absent one changes nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -4,7 +4,7 @@
 //! In P/D mode ([`RouterConfig::pd`](crate::RouterConfig::pd)) the router
 //! keeps two pools of workers, one per role, each with its own policy
 //! registry. A prefill worker and a decode worker at the same URL are two
-//! workers with two loads (invariant 2). Workers come from static URLs
+//! workers with two loads (invariant 2 of docs/architecture.md). Workers come from static URLs
 //! ([`PdConfig::prefill`], [`PdConfig::decode`]) or from a
 //! [`ServiceRegistry`] per role that a discovery listener feeds.
 //!

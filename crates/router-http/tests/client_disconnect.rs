@@ -1,4 +1,4 @@
-//! Invariant 7 on a real socket: when the client goes away while the
+//! Invariant 7 of docs/architecture.md on a real socket: when the client goes away while the
 //! upstream is stalled (sends nothing), hyper drops the response body, and the
 //! guard inside it is released promptly, not at the next upstream chunk.
 

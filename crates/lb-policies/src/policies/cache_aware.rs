@@ -15,7 +15,7 @@
 //!    processed count and then a rotating start.
 //! 4. The routing text is inserted into the tree for the chosen worker.
 //!
-//! Why per request (invariant 11): the older *fleet-wide* gate turned
+//! Why per request (invariant 11 of docs/architecture.md): the older *fleet-wide* gate turned
 //! affinity off for every request whenever any two workers were far apart
 //! in load — one hot worker, or one idle unhealthy one, disabled prefix
 //! routing for the whole fleet. It is kept as [`LoadGate::FleetWide`]

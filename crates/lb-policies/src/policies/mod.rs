@@ -32,7 +32,7 @@ pub(crate) fn find_candidate<B: Backend>(
 /// The fair least-loaded choice among available candidates: smallest
 /// `(load, processed)`, and among exact ties the first met when scanning
 /// from `start` (wrapping). Callers rotate or hash `start`, so equal-load
-/// traffic never lands on "index 0 every time" (invariant 12).
+/// traffic never lands on "index 0 every time" (invariant 12 of docs/architecture.md).
 ///
 /// Returns the index and its load.
 pub(crate) fn fair_least_loaded<B: Backend>(
