@@ -17,7 +17,7 @@ use crate::policies::random::RandomPolicy;
 use crate::policies::rendezvous::RendezvousHash;
 use crate::policies::round_robin::RoundRobin;
 use crate::policy::{Counted, Policy, PolicyState};
-use crate::sync::{self, Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 
 /// The built-in policy names, as on the command line.
 pub const BUILTIN_POLICIES: [&str; 8] = [
@@ -143,7 +143,7 @@ impl<B> fmt::Debug for PolicyRegistry<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PolicyRegistry")
             .field("default", &self.default)
-            .field("models", &sync::read(&self.instances).len())
+            .field("models", &self.instances.read().len())
             .finish_non_exhaustive()
     }
 }
@@ -164,7 +164,7 @@ impl<B: Backend> PolicyRegistry<B> {
         let default = PolicyConfig::named(name);
         factory(&default)?;
         let registry = Self::unchecked(default);
-        sync::write(&registry.factories).insert(name.to_owned(), factory);
+        registry.factories.write().insert(name.to_owned(), factory);
         Ok(registry)
     }
 
@@ -181,17 +181,17 @@ impl<B: Backend> PolicyRegistry<B> {
     /// Registers (or replaces) a custom policy factory under `name`; a
     /// custom name shadows a built-in one.
     pub fn register_factory(&self, name: impl Into<String>, factory: PolicyFactory<B>) {
-        sync::write(&self.factories).insert(name.into(), factory);
+        self.factories.write().insert(name.into(), factory);
     }
 
     /// Uses `config` for `model` from now on. The configuration is checked
     /// by building it once; an existing instance for the model is replaced
     /// (its learned state, such as a cache tree, starts over).
     pub fn set_model_config(&self, model: &str, config: PolicyConfig) -> Result<(), PolicyError> {
-        let members = sync::lock(&self.members);
+        let members = self.members.lock();
         let policy = self.build(&config, &members)?;
-        sync::write(&self.per_model).insert(model.into(), config);
-        sync::write(&self.instances).insert(model.into(), policy);
+        self.per_model.write().insert(model.into(), config);
+        self.instances.write().insert(model.into(), policy);
         Ok(())
     }
 
@@ -200,7 +200,7 @@ impl<B: Backend> PolicyRegistry<B> {
         config: &PolicyConfig,
         members: &[Arc<str>],
     ) -> Result<Arc<ModelPolicy<B>>, PolicyError> {
-        let factory = sync::read(&self.factories).get(&config.name).cloned();
+        let factory = self.factories.read().get(&config.name).cloned();
         let policy = match factory {
             Some(factory) => factory(config)?,
             None => build_builtin::<B>(config)?,
@@ -213,19 +213,23 @@ impl<B: Backend> PolicyRegistry<B> {
 
     /// The policy instance for `model`, created on first use.
     pub fn policy(&self, model: &str) -> Result<Arc<ModelPolicy<B>>, PolicyError> {
-        if let Some(policy) = sync::read(&self.instances).get(model) {
+        if let Some(policy) = self.instances.read().get(model) {
             return Ok(Arc::clone(policy));
         }
-        let members = sync::lock(&self.members);
-        if let Some(policy) = sync::read(&self.instances).get(model) {
+        let members = self.members.lock();
+        if let Some(policy) = self.instances.read().get(model) {
             return Ok(Arc::clone(policy));
         }
-        let config = sync::read(&self.per_model)
+        let config = self
+            .per_model
+            .read()
             .get(model)
             .cloned()
             .unwrap_or_else(|| self.default.clone());
         let policy = self.build(&config, &members)?;
-        sync::write(&self.instances).insert(model.into(), Arc::clone(&policy));
+        self.instances
+            .write()
+            .insert(model.into(), Arc::clone(&policy));
         Ok(policy)
     }
 
@@ -234,7 +238,7 @@ impl<B: Backend> PolicyRegistry<B> {
     /// host routes creates an instance, so hosts validate model ids (or
     /// remove the ones they stop serving).
     pub fn remove_model(&self, model: &str) -> bool {
-        sync::write(&self.instances).remove(model).is_some()
+        self.instances.write().remove(model).is_some()
     }
 
     /// Selects with the policy of `ctx.model`.
@@ -248,7 +252,7 @@ impl<B: Backend> PolicyRegistry<B> {
 
     /// Records a membership change and forwards it to every instance.
     pub fn on_membership(&self, event: MembershipEvent<'_>) {
-        let mut members = sync::lock(&self.members);
+        let mut members = self.members.lock();
         let key = event.key();
         let position = members.iter().position(|k| &**k == key);
         match (event, position) {
@@ -258,7 +262,7 @@ impl<B: Backend> PolicyRegistry<B> {
             }
             _ => {}
         }
-        for policy in sync::read(&self.instances).values() {
+        for policy in self.instances.read().values() {
             policy.on_membership(event);
         }
     }
@@ -266,7 +270,7 @@ impl<B: Backend> PolicyRegistry<B> {
     /// Runs every instance's periodic upkeep (cache-aware eviction). Call
     /// it from the host's timer.
     pub fn maintain(&self) {
-        let policies: Vec<_> = sync::read(&self.instances).values().cloned().collect();
+        let policies: Vec<_> = self.instances.read().values().cloned().collect();
         for policy in policies {
             policy.maintain();
         }
@@ -275,7 +279,9 @@ impl<B: Backend> PolicyRegistry<B> {
     /// `(model, worker key, symbols held)` for every instance that keeps
     /// prefix affinity (cache-aware), sorted: the host's tree-size metric.
     pub fn affinity_sizes(&self) -> Vec<(String, Arc<str>, usize)> {
-        let mut out: Vec<_> = sync::read(&self.instances)
+        let mut out: Vec<_> = self
+            .instances
+            .read()
             .iter()
             .flat_map(|(model, policy)| {
                 policy
@@ -291,7 +297,9 @@ impl<B: Backend> PolicyRegistry<B> {
     /// `(model, policy name, counts)` for every instance, sorted by model:
     /// what the host exports as metrics.
     pub fn counts(&self) -> Vec<(String, String, DecisionCounts)> {
-        let mut out: Vec<_> = sync::read(&self.instances)
+        let mut out: Vec<_> = self
+            .instances
+            .read()
             .iter()
             .map(|(model, p)| (model.to_string(), p.name().to_owned(), p.counts()))
             .collect();

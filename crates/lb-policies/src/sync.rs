@@ -1,43 +1,52 @@
-//! One place that switches between `std` and `loom` synchronization types,
-//! so the loom models exercise the same code the library runs.
+//! One place that switches between the shipped synchronization types and
+//! loom's models, so the loom models exercise the code the library runs.
+//!
+//! Normal builds use parking_lot's locks, whose `read`, `write` and `lock`
+//! cannot fail: a panic while a lock is held leaves nothing half-written
+//! here, so there is no poisoning to handle. Under `--cfg loom` thin wrappers
+//! give loom's locks the same signatures (the pattern radix-affinity uses).
+
+#[cfg(not(loom))]
+pub(crate) use parking_lot::{Mutex, RwLock};
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::{
-    Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
-    atomic::{AtomicU64, AtomicUsize, Ordering},
-};
-#[cfg(not(loom))]
-pub(crate) use std::sync::{
-    Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
-    atomic::{AtomicU64, AtomicUsize, Ordering},
-};
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// Read-locks, ignoring poisoning: every writer here leaves the protected
-/// value consistent before it can panic, so a poisoned lock still holds a
-/// usable value and a routing decision must not fail because of it.
-pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T>
-where
-    T: ?Sized,
-{
-    lock.read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// loom's reader-writer lock with parking_lot's infallible signatures.
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+
+#[cfg(loom)]
+impl<T> RwLock<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Self(loom::sync::RwLock::new(value))
+    }
+
+    pub(crate) fn read(&self) -> loom::sync::RwLockReadGuard<'_, T> {
+        // A poisoned lock follows a panic, which already fails the model.
+        self.0.read().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
+        self.0.write().unwrap_or_else(|poison| poison.into_inner())
+    }
 }
 
-/// Write-locks, ignoring poisoning (see [`read`]).
-pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T>
-where
-    T: ?Sized,
-{
-    lock.write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+/// loom's mutex with parking_lot's infallible `lock`.
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
 
-/// Locks a mutex, ignoring poisoning (see [`read`]).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T>
-where
-    T: ?Sized,
-{
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+#[cfg(loom)]
+impl<T> Mutex<T> {
+    pub(crate) fn new(value: T) -> Self {
+        Self(loom::sync::Mutex::new(value))
+    }
+
+    pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
+        self.0.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
 }

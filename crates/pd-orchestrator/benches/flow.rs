@@ -17,7 +17,7 @@ use http::{HeaderMap, StatusCode};
 use http_body::Body;
 use pd_orchestrator::{
     Endpoint, FlowConfig, ForwardHeaders, KvConnector, LegOutcome, LegRequest, LegResponse,
-    Mooncake, MooncakeEndpoint, Nixl, OnceBody, PdBackend, PdFlow, PdRequest, Phase, Transport,
+    Mooncake, MooncakeEndpoint, Nixl, PdBackend, PdFlow, PdRequest, Phase, Transport,
 };
 use serde_json::{Value, json};
 
@@ -27,9 +27,9 @@ struct Memory {
 }
 
 impl Transport for Memory {
-    type Body = OnceBody;
+    type Body = http_body_util::Full<Bytes>;
     type Error = std::convert::Infallible;
-    type Future = Ready<Result<LegResponse<OnceBody>, Self::Error>>;
+    type Future = Ready<Result<LegResponse<http_body_util::Full<Bytes>>, Self::Error>>;
 
     fn send(&self, leg: LegRequest) -> Self::Future {
         let body = match leg.phase {
@@ -40,7 +40,7 @@ impl Transport for Memory {
         ready(Ok(LegResponse {
             status: StatusCode::OK,
             headers: HeaderMap::new(),
-            body: OnceBody::new(body),
+            body: http_body_util::Full::new(body),
         }))
     }
 }

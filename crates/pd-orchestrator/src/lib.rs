@@ -40,8 +40,9 @@
 //! use http_body::Body as _;
 //! use pd_orchestrator::{
 //!     Endpoint, FlowConfig, ForwardHeaders, LegOutcome, LegRequest, LegResponse, Nixl,
-//!     OnceBody, PdBackend, PdFlow, PdRequest, Phase, Transport,
+//!     PdBackend, PdFlow, PdRequest, Phase, Transport,
 //! };
+//! use http_body_util::Full;
 //! use serde_json::{Value, json};
 //!
 //! /// Answers prefill with KV params and decode with a completion; keeps
@@ -49,9 +50,9 @@
 //! #[derive(Default)]
 //! struct Memory(Mutex<Vec<LegRequest>>);
 //! impl Transport for Memory {
-//!     type Body = OnceBody;
+//!     type Body = Full<Bytes>;
 //!     type Error = std::convert::Infallible;
-//!     type Future = Ready<Result<LegResponse<OnceBody>, Self::Error>>;
+//!     type Future = Ready<Result<LegResponse<Full<Bytes>>, Self::Error>>;
 //!     fn send(&self, leg: LegRequest) -> Self::Future {
 //!         let answer = match leg.phase {
 //!             Phase::Prefill => json!({"kv_transfer_params": {"remote_engine_id": "p0",
@@ -59,7 +60,7 @@
 //!             Phase::Decode => json!({"choices": [{"text": "Paris"}]}),
 //!         };
 //!         self.0.lock().unwrap().push(leg);
-//!         let body = OnceBody::new(serde_json::to_vec(&answer).unwrap());
+//!         let body = Full::new(Bytes::from(serde_json::to_vec(&answer).unwrap()));
 //!         ready(Ok(LegResponse { status: StatusCode::OK, headers: HeaderMap::new(), body }))
 //!     }
 //! }
@@ -149,7 +150,6 @@ pub use endpoint::{DEFAULT_MOONCAKE_BOOTSTRAP_PORT, Endpoint, MooncakeEndpoint, 
 pub use error::{ConnectorError, EndpointError, PdError};
 pub use flow::{
     BoxError, FlowConfig, FlowStats, FlowStatsSnapshot, Handoff, LegOutcome, LegRequest,
-    LegResponse, OnceBody, PdBackend, PdBody, PdFlow, PdRequest, PdResponse, PdWorker, Phase,
-    Transport,
+    LegResponse, PdBackend, PdBody, PdFlow, PdRequest, PdResponse, PdWorker, Phase, Transport,
 };
 pub use headers::ForwardHeaders;

@@ -95,6 +95,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use lb_policies::{PolicyConfig, PolicyRegistry, RequestContext};
+use parking_lot::Mutex;
 use pd_orchestrator::bootstrap::{BootstrapQuery, BootstrapRetry, Sleeper, learn_engine_ids};
 use pd_orchestrator::{
     Endpoint as PdEndpoint, FlowConfig, FlowStatsSnapshot, ForwardHeaders, KvConnector, LegOutcome,
@@ -105,7 +106,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use worker_lifecycle::{
     Endpoint, LoadGuard, MembershipEvent, Outcome, PoolError, RoleKind, ServiceRegistry,
@@ -312,10 +313,6 @@ impl PdConfig {
             bootstrap_retry: BootstrapRetry::default(),
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 enum Source {
@@ -525,7 +522,9 @@ impl PdRole {
             .added()
             .cloned()
             .ok_or_else(|| invalid("the worker set did not add it".into()))?;
-        lock(&self.endpoints).insert(worker.key().into(), Arc::new(endpoint));
+        self.endpoints
+            .lock()
+            .insert(worker.key().into(), Arc::new(endpoint));
         self.apply(&event);
         Ok(worker)
     }
@@ -588,7 +587,7 @@ impl PdRole {
     fn apply(&self, event: &MembershipEvent) {
         use lb_policies::MembershipEvent as PolicyEvent;
         if let Some(old) = event.removed() {
-            lock(&self.endpoints).remove(old.key());
+            self.endpoints.lock().remove(old.key());
             self.policies
                 .on_membership(PolicyEvent::Removed { key: old.key() });
         }
@@ -631,7 +630,7 @@ impl PdRole {
                 .await
             {
                 Ok(learned) => {
-                    let mut endpoints = lock(&endpoints);
+                    let mut endpoints = endpoints.lock();
                     // A worker that left meanwhile stays gone.
                     if let Some(slot) = endpoints.get_mut(worker.key()) {
                         *slot = Arc::new((*endpoint).clone().with_mooncake(learned));
@@ -649,7 +648,7 @@ impl PdRole {
     /// The flow endpoint of `worker`: built once per worker lifetime (from
     /// its registration labels when discovered).
     fn endpoint(&self, worker: &Arc<Worker>) -> Option<Arc<PdEndpoint>> {
-        let mut endpoints = lock(&self.endpoints);
+        let mut endpoints = self.endpoints.lock();
         if let Some(endpoint) = endpoints.get(worker.key()) {
             return Some(Arc::clone(endpoint));
         }
@@ -679,7 +678,7 @@ impl PdRole {
         workers: &'a [Arc<Worker>],
         scope: &PdScope,
     ) -> Result<Cow<'a, [Arc<Worker>]>, ApiError> {
-        let excluded = lock(scope.excluded(self.role));
+        let excluded = scope.excluded(self.role).lock();
         let model = scope.model.as_str();
         let needs_facts = match self.connector {
             PdConnector::Mooncake { .. } => self.role == RoleKind::Prefill,
@@ -888,7 +887,7 @@ impl PdScope {
 
     /// Leaves `worker` out of this request's later selections of its role.
     pub fn exclude(&self, worker: &Arc<Worker>) {
-        let mut failed = lock(self.excluded(worker.role().kind()));
+        let mut failed = self.excluded(worker.role().kind()).lock();
         if !failed.iter().any(|w| Arc::ptr_eq(w, worker)) {
             failed.push(Arc::clone(worker));
         }
@@ -897,7 +896,7 @@ impl PdScope {
     /// The decode worker chosen at decode dispatch since the last call,
     /// if any (late decode choice; see [`PdPools::select_prefill`]).
     pub fn take_late_decode(&self) -> Option<Arc<Worker>> {
-        lock(&self.late_decode).take()
+        self.late_decode.lock().take()
     }
 
     fn excluded(&self, role: RoleKind) -> &Mutex<Vec<Arc<Worker>>> {
@@ -949,7 +948,7 @@ impl std::fmt::Debug for PdTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PdTarget")
             .field("worker", &self.0.worker.key())
-            .field("reserved", &lock(&self.0.reserved).is_some())
+            .field("reserved", &self.0.reserved.lock().is_some())
             .finish()
     }
 }
@@ -962,7 +961,7 @@ impl PdTarget {
 
     /// Whether a reservation taken at selection is still waiting for its leg.
     pub fn is_reserved(&self) -> bool {
-        lock(&self.0.reserved).is_some()
+        self.0.reserved.lock().is_some()
     }
 }
 
@@ -1290,7 +1289,10 @@ impl PdPools {
                 "learned Mooncake engine ids"
             );
             let updated = Arc::new((*endpoint).clone().with_mooncake(learned));
-            lock(&self.prefill.endpoints).insert(worker.key().into(), updated);
+            self.prefill
+                .endpoints
+                .lock()
+                .insert(worker.key().into(), updated);
         }
         Ok(())
     }
@@ -1401,7 +1403,7 @@ impl PdBackend for PdPools {
     type Guard = LoadGuard;
 
     fn reserve(&self, target: &PdTarget, _phase: Phase) -> LoadGuard {
-        let reserved = lock(&target.0.reserved).take();
+        let reserved = target.0.reserved.lock().take();
         let guard = reserved.unwrap_or_else(|| {
             // A sequential decode leg, dispatched now. Its breaker admitted it
             // at selection; if it refuses now (a probe slot taken meanwhile)
@@ -1412,7 +1414,7 @@ impl PdBackend for PdPools {
                 .try_reserve()
                 .unwrap_or_else(|_| target.0.worker.reserve())
         });
-        *lock(&target.0.recorder) = Some(guard.share());
+        *target.0.recorder.lock() = Some(guard.share());
         guard
     }
 
@@ -1437,7 +1439,7 @@ impl PdBackend for PdPools {
         let scope = &prefill.0.scope;
         match self.select_decode_at(scope, Instant::now()) {
             Ok(decode) => {
-                *lock(&scope.late_decode) = Some(Arc::clone(&decode.0.worker));
+                *scope.late_decode.lock() = Some(Arc::clone(&decode.0.worker));
                 Some(decode)
             }
             Err(err) => {
@@ -1455,7 +1457,7 @@ impl PdBackend for PdPools {
         status: Option<StatusCode>,
     ) {
         self.metrics.record(phase, outcome);
-        if let Some(handle) = lock(&target.0.recorder).take() {
+        if let Some(handle) = target.0.recorder.lock().take() {
             handle.record_outcome(breaker_outcome(outcome, status));
             // The last handle of the reservation: the load comes down here.
             drop(handle);

@@ -14,35 +14,26 @@ pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, A
 
 pub(crate) use std::sync::atomic::Ordering;
 
-/// A mutex that never reports poisoning: every critical section in this
-/// crate leaves its data consistent before anything can panic, so a panic in
-/// one caller must not take the worker set down for everyone else.
-#[derive(Debug, Default)]
-pub(crate) struct Mutex<T> {
-    #[cfg(loom)]
-    inner: loom::sync::Mutex<T>,
-    #[cfg(not(loom))]
-    inner: std::sync::Mutex<T>,
-}
+/// The mutex of normal builds: parking_lot's, whose `lock` cannot fail. A
+/// panic in one caller leaves every critical section here consistent, so
+/// nothing is poisoned and the worker set stays usable for everyone else.
+#[cfg(not(loom))]
+pub(crate) use parking_lot::Mutex;
+
+/// loom's mutex with parking_lot's infallible `lock` (the pattern
+/// radix-affinity uses).
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
 
 #[cfg(loom)]
-pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
-#[cfg(not(loom))]
-pub(crate) type MutexGuard<'a, T> = std::sync::MutexGuard<'a, T>;
-
 impl<T> Mutex<T> {
     pub(crate) fn new(value: T) -> Self {
-        Self {
-            #[cfg(loom)]
-            inner: loom::sync::Mutex::new(value),
-            #[cfg(not(loom))]
-            inner: std::sync::Mutex::new(value),
-        }
+        Self(loom::sync::Mutex::new(value))
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
+        // A poisoned lock follows a panic, which already fails the model.
+        self.0.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 }

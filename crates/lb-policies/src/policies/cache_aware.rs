@@ -49,7 +49,7 @@ use crate::decision::{Decision, DecisionReason};
 use crate::error::PolicyError;
 use crate::membership::MembershipEvent;
 use crate::policy::{Policy, PolicyState};
-use crate::sync::{self, AtomicUsize, Mutex, Ordering, RwLock};
+use crate::sync::{AtomicUsize, Mutex, Ordering, RwLock};
 
 /// How cache-aware decides that affinity must yield to load.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -198,7 +198,7 @@ impl ModelState {
             members: RwLock::new(Members::default()),
         };
         {
-            let mut table = sync::write(&state.members);
+            let mut table = state.members.write();
             for (key, live) in members {
                 let slot = state.admit(&mut table, key);
                 table.slots[slot].live = *live;
@@ -231,7 +231,7 @@ impl ModelState {
     }
 
     fn apply(&self, event: MembershipEvent<'_>) {
-        let mut table = sync::write(&self.members);
+        let mut table = self.members.write();
         match event {
             MembershipEvent::Added { key } => {
                 self.admit(&mut table, key);
@@ -281,7 +281,7 @@ impl ModelState {
             return;
         }
         {
-            let table = sync::read(&self.members);
+            let table = self.members.read();
             if let Some(&slot) = table.by_key.get(key) {
                 let slot = &table.slots[slot];
                 if slot.live {
@@ -292,7 +292,7 @@ impl ModelState {
         }
         // A worker no event announced (the host routes before or without
         // membership events): admit it now so affinity still builds up.
-        let mut table = sync::write(&self.members);
+        let mut table = self.members.write();
         let slot = match table.by_key.get(key) {
             Some(&slot) if !table.slots[slot].live => return,
             Some(&slot) => slot,
@@ -318,7 +318,7 @@ impl std::fmt::Debug for CacheAware {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CacheAware")
             .field("config", &self.config)
-            .field("models", &sync::read(&self.models).len())
+            .field("models", &self.models.read().len())
             .finish_non_exhaustive()
     }
 }
@@ -345,7 +345,7 @@ impl CacheAware {
     /// `max_tree_size` symbols, least recently used first. The host calls
     /// this from its own timer every `eviction_interval`.
     pub fn evict(&self) {
-        let models: Vec<Arc<ModelState>> = sync::read(&self.models).values().cloned().collect();
+        let models: Vec<Arc<ModelState>> = self.models.read().values().cloned().collect();
         for state in models {
             state.text.evict_tenant_by_size(self.config.max_tree_size);
             state.tokens.evict_tenant_by_size(self.config.max_tree_size);
@@ -355,10 +355,10 @@ impl CacheAware {
     /// Symbols of `model`'s text tree attributed to worker `key` (0 when the
     /// model or worker is unknown). For metrics and tests.
     pub fn affinity_size(&self, model: &str, key: &str) -> usize {
-        let Some(state) = sync::read(&self.models).get(model).cloned() else {
+        let Some(state) = self.models.read().get(model).cloned() else {
             return 0;
         };
-        let table = sync::read(&state.members);
+        let table = state.members.read();
         table
             .by_key
             .get(key)
@@ -368,20 +368,20 @@ impl CacheAware {
     /// Forgets `model`'s trees (for a model the host no longer serves).
     /// Returns whether it had any. Its next request starts a fresh tree.
     pub fn remove_model(&self, model: &str) -> bool {
-        sync::write(&self.models).remove(model).is_some()
+        self.models.write().remove(model).is_some()
     }
 
     /// Whether `model` has a tree yet.
     pub fn has_model(&self, model: &str) -> bool {
-        sync::read(&self.models).contains_key(model)
+        self.models.read().contains_key(model)
     }
 
     fn model(&self, model: &str) -> Arc<ModelState> {
-        if let Some(state) = sync::read(&self.models).get(model) {
+        if let Some(state) = self.models.read().get(model) {
             return Arc::clone(state);
         }
-        let fleet = sync::lock(&self.fleet);
-        let mut models = sync::write(&self.models);
+        let fleet = self.fleet.lock();
+        let mut models = self.models.write();
         let state = models
             .entry(model.into())
             .or_insert_with(|| Arc::new(ModelState::new(fleet.iter())));
@@ -438,7 +438,7 @@ impl CacheAware {
             }
         };
         let preferred = {
-            let table = sync::read(&state.members);
+            let table = state.members.read();
             let by_tenant = if tokens {
                 &table.by_token_tenant
             } else {
@@ -498,14 +498,14 @@ impl PolicyState for CacheAware {
         }
     }
     fn on_membership(&self, event: MembershipEvent<'_>) {
-        let mut fleet = sync::lock(&self.fleet);
+        let mut fleet = self.fleet.lock();
         let key = event.key();
         let live = !matches!(event, MembershipEvent::Removed { .. });
         match fleet.iter_mut().find(|(k, _)| &**k == key) {
             Some(entry) => entry.1 = live,
             None => fleet.push((key.into(), live)),
         }
-        let models: Vec<Arc<ModelState>> = sync::read(&self.models).values().cloned().collect();
+        let models: Vec<Arc<ModelState>> = self.models.read().values().cloned().collect();
         for state in models {
             state.apply(event);
         }
@@ -516,10 +516,10 @@ impl PolicyState for CacheAware {
     }
 
     fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
-        let models: Vec<Arc<ModelState>> = sync::read(&self.models).values().cloned().collect();
+        let models: Vec<Arc<ModelState>> = self.models.read().values().cloned().collect();
         let mut sizes: Vec<(Arc<str>, usize)> = Vec::new();
         for state in models {
-            let table = sync::read(&state.members);
+            let table = state.members.read();
             for slot in table.slots.iter().filter(|slot| slot.live) {
                 let size =
                     state.text.tenant_size(slot.text) + state.tokens.tenant_size(slot.tokens);

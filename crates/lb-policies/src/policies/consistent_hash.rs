@@ -12,7 +12,7 @@ use crate::error::PolicyError;
 use crate::hash::stable_hash;
 use crate::membership::MembershipEvent;
 use crate::policy::{Policy, PolicyState};
-use crate::sync::{self, AtomicUsize, Mutex, Ordering, RwLock};
+use crate::sync::{AtomicUsize, Mutex, Ordering, RwLock};
 
 /// Knobs of [`ConsistentHash`].
 #[derive(Clone, Debug, PartialEq)]
@@ -195,7 +195,7 @@ impl ConsistentHash {
 
     /// Number of workers on the ring.
     pub fn member_count(&self) -> usize {
-        sync::read(&self.ring).members.len()
+        self.ring.read().members.len()
     }
 
     fn fallback<B: Backend>(&self, candidates: &[B], reason: DecisionReason) -> Option<Decision> {
@@ -220,7 +220,7 @@ impl<B: Backend> Policy<B> for ConsistentHash {
         let Some((_, key)) = ctx.keys.first() else {
             return self.fallback(candidates, DecisionReason::NoHashKey);
         };
-        let ring = Arc::clone(&sync::read(&self.ring));
+        let ring = Arc::clone(&self.ring.read());
         let len = ring.points.len();
         if len == 0 {
             return self.fallback(candidates, DecisionReason::HashUnmapped);
@@ -266,8 +266,8 @@ impl PolicyState for ConsistentHash {
     fn on_membership(&self, event: MembershipEvent<'_>) {
         // One writer at a time computes the next ring from the current one
         // while readers keep using the current one.
-        let _writer = sync::lock(&self.update);
-        let current = Arc::clone(&sync::read(&self.ring));
+        let _writer = self.update.lock();
+        let current = Arc::clone(&self.ring.read());
         let next = match event {
             MembershipEvent::Added { key } if current.index_of(key).is_none() => {
                 current.with_added(key, self.config.virtual_nodes)
@@ -279,6 +279,6 @@ impl PolicyState for ConsistentHash {
             // Same key, same points: a new lifetime changes nothing here.
             _ => return,
         };
-        *sync::write(&self.ring) = Arc::new(next);
+        *self.ring.write() = Arc::new(next);
     }
 }

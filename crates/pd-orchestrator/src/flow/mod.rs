@@ -5,7 +5,7 @@ mod collect;
 pub(crate) mod sse;
 mod traits;
 
-pub use body::{OnceBody, PdBody};
+pub use body::PdBody;
 pub use traits::{
     BoxError, LegOutcome, LegRequest, LegResponse, PdBackend, PdWorker, Phase, Transport,
 };
