@@ -88,6 +88,16 @@ pub enum ApiError {
         /// The configured deadline.
         timeout: Duration,
     },
+    /// A prefill/decode request failed in a way the router answers itself;
+    /// the status is `pd_orchestrator::PdError::status`, the one mapping of
+    /// flow errors to HTTP.
+    #[error("{message}")]
+    PrefillDecode {
+        /// The status the flow error maps to.
+        status: StatusCode,
+        /// What failed.
+        message: String,
+    },
     /// The client did not send its whole request body in time.
     #[error("the request body did not arrive within {0:?}")]
     RequestBodyTimeout(Duration),
@@ -114,6 +124,7 @@ impl ApiError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::RequestTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::RequestBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::PrefillDecode { status, .. } => *status,
             Self::WorkerExists(_) => StatusCode::CONFLICT,
             Self::WorkerNotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::WorkerAddressNotAllowed(_) => StatusCode::FORBIDDEN,
@@ -141,6 +152,13 @@ impl ApiError {
             | Self::WorkerNotReady(_)
             | Self::GatewayTimeout(_)
             | Self::RequestTimeout { .. } => "service_unavailable_error",
+            Self::PrefillDecode { status, .. } if status.is_client_error() => {
+                "invalid_request_error"
+            }
+            Self::PrefillDecode { status, .. } if *status == StatusCode::INTERNAL_SERVER_ERROR => {
+                "server_error"
+            }
+            Self::PrefillDecode { .. } => "service_unavailable_error",
         }
     }
 
@@ -163,6 +181,12 @@ impl ApiError {
             Self::NotFound(_) => "not_found",
             Self::RequestTimeout { .. } => "request_timeout",
             Self::RequestBodyTimeout(_) => "request_body_timeout",
+            Self::PrefillDecode { status, .. } => match status.as_u16() {
+                400..=499 => "invalid_request",
+                503 => "no_available_worker",
+                502 | 504 => "upstream_error",
+                _ => "internal_error",
+            },
             Self::WorkerExists(_) => "worker_exists",
             Self::WorkerNotReady(_) => "worker_not_ready",
             Self::WorkerAddressNotAllowed(_) => "worker_address_not_allowed",

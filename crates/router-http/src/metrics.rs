@@ -172,7 +172,7 @@ pub struct RouterMetrics {
     pub match_rate: Histogram,
 }
 
-const ERROR_CODES: [&str; 20] = [
+const ERROR_CODES: [&str; 21] = [
     "invalid_json",
     "invalid_request",
     "model_not_found",
@@ -192,6 +192,7 @@ const ERROR_CODES: [&str; 20] = [
     "request_timeout",
     "request_body_timeout",
     "worker_address_not_allowed",
+    "internal_error",
     "other",
 ];
 

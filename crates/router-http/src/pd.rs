@@ -1804,13 +1804,16 @@ fn pd_error(error: PdError, request_id: &RequestId) -> Result<Response<BoxBody>,
             headers.insert(request_id.header.clone(), request_id.value.clone());
             Ok(response)
         }
-        PdError::InvalidBody => Err(ApiError::InvalidRequest(error.to_string())),
-        PdError::Connector(_) => Err(ApiError::NoAvailableWorker(error.to_string())),
-        PdError::NoDecodeWorker => Err(ApiError::NoAvailableWorker(
-            "no decode worker is available (the decode pool emptied while the prefill ran)"
-                .to_owned(),
-        )),
-        other => Err(ApiError::BadGateway(other.to_string())),
+        // Everything else through the one mapping, `PdError::status`.
+        other => Err(ApiError::PrefillDecode {
+            status: other.status(),
+            message: match other {
+                PdError::NoDecodeWorker => "no decode worker is available (the decode pool \
+                                            emptied while the prefill ran)"
+                    .to_owned(),
+                other => other.to_string(),
+            },
+        }),
     }
 }
 
@@ -1851,6 +1854,49 @@ mod tests {
             );
         }
         assert!("nccl".parse::<PdConnector>().is_err());
+    }
+
+    #[test]
+    fn flow_errors_answer_with_the_status_pd_orchestrator_gives_them() {
+        let id = RequestId {
+            header: HeaderName::from_static("x-request-id"),
+            value: HeaderValue::from_static("r1"),
+        };
+        let errors = [
+            PdError::InvalidBody,
+            PdError::InvalidRequestId("bad id".into()),
+            PdError::DecodeNeededAtStart,
+            PdError::NoDecodeWorker,
+            PdError::PrefillFailed {
+                attempts: 2,
+                last: "reset".into(),
+            },
+            PdError::DecodeFailed {
+                reason: "refused".into(),
+            },
+            PdError::DecodeBodyFailed {
+                reason: "cut".into(),
+            },
+            PdError::Connector(pd_orchestrator::ConnectorError::MissingMooncakeBootstrap {
+                url: "http://p".into(),
+            }),
+            PdError::DecodeRejected {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                body: Bytes::from_static(b"{}"),
+            },
+        ];
+        for error in errors {
+            let expected = error.status();
+            let answered = match pd_error(error.clone(), &id) {
+                Ok(response) => response.status(),
+                Err(api) => api.status(),
+            };
+            assert_eq!(answered, expected, "{error:?}");
+        }
+        // The request-id error is the router's own bug: 500, not 502.
+        let api = pd_error(PdError::InvalidRequestId("x".into()), &id).unwrap_err();
+        assert_eq!(api.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(api.code(), "internal_error");
     }
 
     #[test]
