@@ -187,6 +187,18 @@ impl<B> IdleTimeout<B> {
         Self::with_deadline(inner, idle, Instant::now() + NO_DEADLINE)
     }
 
+    /// Wraps `inner` with only an absolute `deadline`, for a body whose
+    /// idle limit is already enforced inside it (a P/D decode leg carries
+    /// its own): one idle timer per stream, not two.
+    pub fn deadline_only(inner: B, deadline: Instant) -> Self {
+        Self::with_deadline(inner, NO_DEADLINE, deadline)
+    }
+
+    /// The idle limit, or `None` for [`deadline_only`](Self::deadline_only).
+    pub fn idle_limit(&self) -> Option<Duration> {
+        (self.idle != NO_DEADLINE).then_some(self.idle)
+    }
+
     /// Wraps `inner` with an idle timeout and an absolute `deadline`.
     pub fn with_deadline(inner: B, idle: Duration, deadline: Instant) -> Self {
         let now = Instant::now();

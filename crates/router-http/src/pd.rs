@@ -1723,11 +1723,7 @@ pub(crate) async fn proxy(
                 // The flow's body errors are boxed; the timeout wrapper
                 // wants a concrete error type.
                 let decode_body = response.body.map_err(std::io::Error::other);
-                let body = IdleTimeout::with_deadline(
-                    decode_body,
-                    shared.config.stream_idle_timeout,
-                    deadline,
-                );
+                let body = decode_stream(decode_body, deadline);
                 let in_flight = PdInFlight {
                     _permit: permit,
                     shared: Arc::clone(shared),
@@ -1763,6 +1759,13 @@ pub(crate) async fn proxy(
         }
         return pd_error(error, &request_id);
     }
+}
+
+/// The decode stream as the client receives it: the whole-request deadline
+/// only, because the decode leg's body already fails after the idle timeout
+/// (`HyperTransport`), and a second idle timer would race the first.
+fn decode_stream<B>(body: B, deadline: tokio::time::Instant) -> IdleTimeout<B> {
+    IdleTimeout::deadline_only(body, deadline)
 }
 
 /// The flow's request id, unique in this process: transfer ids derive from
@@ -1897,6 +1900,23 @@ mod tests {
         let api = pd_error(PdError::InvalidRequestId("x".into()), &id).unwrap_err();
         assert_eq!(api.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(api.code(), "internal_error");
+    }
+
+    #[tokio::test]
+    async fn a_decode_stream_gets_one_idle_timer_from_its_leg_only() {
+        let transport = HyperTransport::new(UpstreamClient::default(), Duration::from_secs(7));
+        assert_eq!(
+            transport.idle,
+            Duration::from_secs(7),
+            "the leg's idle limit"
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let stream = decode_stream(Full::new(Bytes::new()), deadline);
+        assert_eq!(
+            stream.idle_limit(),
+            None,
+            "no second idle timer around the leg"
+        );
     }
 
     #[test]
