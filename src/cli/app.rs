@@ -33,7 +33,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use worker_lifecycle::{Endpoint, HealthProbe, Worker, WorkerOptions, WorkerRole, WorkerSpec};
 
 /// Why the router could not start.
 #[derive(Debug, thiserror::Error)]
@@ -712,20 +711,15 @@ async fn wait_healthy(
     interval: Duration,
     per_probe: Duration,
 ) -> bool {
-    let Ok(endpoint) = Endpoint::new(url, None) else {
+    let Ok(worker_url) = worker_lifecycle::WorkerUrl::parse_http(url) else {
         return false;
     };
-    let candidate = Worker::new(
-        WorkerSpec::new(WorkerRole::Regular, endpoint),
-        0,
-        &WorkerOptions::default(),
-    );
     let deadline = tokio::time::Instant::now() + timeout;
     let mut attempt = 0u32;
     loop {
         attempt += 1;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match tokio::time::timeout(left.min(per_probe), probe.probe(&candidate)).await {
+        match tokio::time::timeout(left.min(per_probe), probe.probe_url(&worker_url)).await {
             Ok(Ok(())) => return true,
             Ok(Err(err)) => {
                 tracing::info!(%url, attempt, error = %err, "waiting for the worker to be healthy")

@@ -165,10 +165,10 @@ fn validate(wire: Wire) -> Result<ZmqRegistration, MessageError> {
         "D" | "d" => RegisteredRole::Decode,
         _ => return Err(MessageError::UnknownType(role.to_owned())),
     };
-    let valid_address =
-        address.rsplit_once(':').is_some_and(|(host, port)| {
-            !host.is_empty() && port.parse::<u16>().is_ok() && !address.contains('/')
-        }) && router_http::router::validate_worker_url(&format!("http://{address}")).is_ok();
+    let valid_address = address.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && port.parse::<u16>().is_ok() && !address.contains('/')
+    }) && worker_lifecycle::WorkerUrl::parse_http(&format!("http://{address}"))
+        .is_ok();
     if !valid_address {
         return Err(MessageError::HttpAddress(address));
     }
@@ -202,10 +202,10 @@ async fn allowed(frames: &[Bytes], networks: &[router_http::CidrBlock]) -> bool 
     let Ok(registration) = payload_of(frames).and_then(decode_registration) else {
         return true;
     };
-    let Ok(uri) = registration.url().parse::<http::Uri>() else {
+    let Ok(url) = worker_lifecycle::WorkerUrl::parse(&registration.url()) else {
         return true;
     };
-    match router_http::allow::check_worker_address(&uri, networks, Duration::from_secs(5)).await {
+    match router_http::allow::check_worker_address(&url, networks, Duration::from_secs(5)).await {
         Ok(()) => true,
         Err(err) => {
             tracing::warn!(error = %err, "ignoring a ZMQ registration outside the allowed networks");

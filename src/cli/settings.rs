@@ -491,15 +491,12 @@ fn check_ranges(a: &Args) -> Result<(), CliError> {
     Ok(())
 }
 
+/// A worker URL of flag `id` in its canonical spelling, or the flag's error
+/// naming what is wrong with the URL.
 fn check_url(id: &str, url: &str) -> Result<String, CliError> {
-    router_http::router::validate_worker_url(url).map_err(|err| {
-        let message = match err {
-            router_http::ApiError::InvalidRequest(message) => message,
-            other => other.to_string(),
-        };
-        CliError::invalid(id, message)
-    })?;
-    Ok(url.trim_end_matches('/').to_owned())
+    worker_lifecycle::WorkerUrl::parse_http(url)
+        .map(|url| url.as_str().to_owned())
+        .map_err(|err| CliError::invalid(id, err.to_string()))
 }
 
 fn check_unique(id: &str, urls: &[String]) -> Result<(), CliError> {

@@ -19,7 +19,6 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::endpoint::{Endpoint, MooncakeEndpoint};
-use crate::error::EndpointError;
 
 /// One `GET` of a bootstrap `/query` URL.
 pub trait BootstrapQuery: Send + Sync {
@@ -77,7 +76,7 @@ impl BootstrapRetry {
 pub enum BootstrapError {
     /// The prefill endpoint's URL cannot be addressed.
     #[error(transparent)]
-    Endpoint(#[from] EndpointError),
+    Endpoint(#[from] worker_lifecycle::WorkerUrlError),
     /// Every attempt failed to get a 2xx answer.
     #[error("Mooncake bootstrap server {url} did not answer after {attempts} attempt(s): {last}")]
     Unreachable {

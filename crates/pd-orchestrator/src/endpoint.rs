@@ -8,9 +8,8 @@
 //! request.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
-use crate::error::EndpointError;
+use worker_lifecycle::{WorkerUrl, WorkerUrlError};
 
 /// Default port of a Mooncake prefill engine's bootstrap server
 /// (`VLLM_MOONCAKE_BOOTSTRAP_PORT`).
@@ -19,8 +18,7 @@ pub const DEFAULT_MOONCAKE_BOOTSTRAP_PORT: u16 = 8998;
 /// One prefill or decode worker as the two-phase flow addresses it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
-    base_url: String,
-    authority: Authority,
+    url: WorkerUrl,
     dp_rank: Option<u32>,
     kv_addr: Option<String>,
     mooncake: Option<MooncakeEndpoint>,
@@ -28,24 +26,25 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Parses `base_url` (`http://host:port`, optionally with a trailing
-    /// slash; `https` is accepted too) into an endpoint without DP rank or
-    /// connector metadata.
+    /// Parses `base_url` ([`WorkerUrl`]'s rules: `http://host:port`, or
+    /// with a path prefix for an engine behind an ingress) into an endpoint
+    /// without DP rank or connector metadata.
     ///
     /// # Errors
-    /// [`EndpointError::InvalidUrl`] when the scheme is not http/https, the
-    /// host is empty, the port is not a number, or the URL carries a path,
-    /// query or user info.
-    pub fn new(base_url: &str) -> Result<Self, EndpointError> {
-        let authority = Authority::parse(base_url)?;
-        Ok(Self {
-            base_url: base_url.trim_end_matches('/').to_owned(),
-            authority,
+    /// The [`WorkerUrlError`] naming what is wrong with the URL.
+    pub fn new(base_url: &str) -> Result<Self, WorkerUrlError> {
+        Ok(Self::from_url(WorkerUrl::parse(base_url)?))
+    }
+
+    /// An endpoint at an already parsed URL (a worker's, parsed once).
+    pub fn from_url(url: WorkerUrl) -> Self {
+        Self {
+            url,
             dp_rank: None,
             kv_addr: None,
             mooncake: None,
             moriio: None,
-        })
+        }
     }
 
     /// Sets the data-parallel rank this endpoint addresses; every leg sent
@@ -80,30 +79,29 @@ impl Endpoint {
         self
     }
 
-    /// The base URL without a trailing slash, e.g. `http://10.0.0.1:8000`.
+    /// The base URL in canonical form, e.g. `http://10.0.0.1:8000`.
     pub fn base_url(&self) -> &str {
-        &self.base_url
+        self.url.as_str()
     }
 
-    /// The full URL of `path` on this endpoint.
+    /// The base URL as parsed.
+    pub fn worker_url(&self) -> &WorkerUrl {
+        &self.url
+    }
+
+    /// The full URL of `path` on this endpoint (below its path prefix).
     pub fn url_for(&self, path: &str) -> String {
-        let mut url = String::with_capacity(self.base_url.len() + path.len() + 1);
-        url.push_str(&self.base_url);
-        if !path.starts_with('/') {
-            url.push('/');
-        }
-        url.push_str(path);
-        url
+        self.url.url_for(path)
     }
 
     /// The host, without IPv6 brackets.
     pub fn host(&self) -> &str {
-        &self.authority.host
+        self.url.host()
     }
 
     /// The HTTP port (explicit, or 80/443 from the scheme).
     pub fn port(&self) -> u16 {
-        self.authority.port
+        self.url.port()
     }
 
     /// The data-parallel rank, when set.
@@ -116,7 +114,7 @@ impl Endpoint {
     pub fn kv_addr(&self) -> String {
         match &self.kv_addr {
             Some(addr) => addr.clone(),
-            None => self.authority.to_string(),
+            None => self.url.host_port(),
         }
     }
 
@@ -134,87 +132,8 @@ impl Endpoint {
     /// `http://{host}:{port or 8998}`.
     pub fn mooncake_bootstrap_addr(&self, bootstrap_port: Option<u16>) -> String {
         let port = bootstrap_port.unwrap_or(DEFAULT_MOONCAKE_BOOTSTRAP_PORT);
-        format!("http://{}:{port}", self.authority.bracketed_host())
-    }
-}
-
-/// Host and port parsed from a base URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Authority {
-    host: String,
-    port: u16,
-    ipv6: bool,
-}
-
-impl Authority {
-    fn parse(base_url: &str) -> Result<Self, EndpointError> {
-        let invalid = |reason: &'static str| EndpointError::InvalidUrl {
-            url: base_url.to_owned(),
-            reason,
-        };
-        let (rest, default_port) = if let Some(rest) = base_url.strip_prefix("http://") {
-            (rest, 80)
-        } else if let Some(rest) = base_url.strip_prefix("https://") {
-            (rest, 443)
-        } else {
-            return Err(invalid("scheme must be http:// or https://"));
-        };
-        let rest = rest.strip_suffix('/').unwrap_or(rest);
-        if rest.contains(['/', '?', '#', '@']) {
-            return Err(invalid("a base URL carries no path, query or user info"));
-        }
-        let (host, port_text, ipv6) = if let Some(bracketed) = rest.strip_prefix('[') {
-            let (host, after) = bracketed
-                .split_once(']')
-                .ok_or_else(|| invalid("unclosed IPv6 bracket"))?;
-            let port_text = match after {
-                "" => None,
-                _ => Some(
-                    after
-                        .strip_prefix(':')
-                        .ok_or_else(|| invalid("junk after IPv6 host"))?,
-                ),
-            };
-            (host, port_text, true)
-        } else {
-            match rest.rsplit_once(':') {
-                Some((host, port)) => (host, Some(port), false),
-                None => (rest, None, false),
-            }
-        };
-        if host.is_empty() {
-            return Err(invalid("empty host"));
-        }
-        if !ipv6 && host.contains(':') {
-            return Err(invalid("IPv6 hosts must be bracketed"));
-        }
-        let port = match port_text {
-            None => default_port,
-            Some(text) => text.parse::<u16>().map_err(|_| invalid("invalid port"))?,
-        };
-        Ok(Self {
-            host: host.to_owned(),
-            port,
-            ipv6,
-        })
-    }
-
-    fn bracketed_host(&self) -> String {
-        if self.ipv6 {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        }
-    }
-}
-
-impl fmt::Display for Authority {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.ipv6 {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
+        // A side server of the engine: plain HTTP on the same host.
+        format!("http://{}", self.url.with_port(port).host_port())
     }
 }
 
@@ -293,6 +212,7 @@ mod tests {
             "http://h:notaport",
             "http://h:70000",
             "http://h:1/v1",
+            "http://h:1/?q",
             "http://u@h:1",
             "http://[::1",
             "http://::1:80",

@@ -4,20 +4,6 @@
 use bytes::Bytes;
 use http::StatusCode;
 
-/// A worker base URL that cannot be addressed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum EndpointError {
-    /// The URL is not `http(s)://host[:port]`.
-    #[error("invalid worker URL {url:?}: {reason}")]
-    InvalidUrl {
-        /// The URL as given.
-        url: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-}
-
 /// The selected pair lacks what the connector needs to address it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -147,9 +147,10 @@ pub use connector::{
     MoriIoMode, MoriIoModeGate, Nixl, PhaseOrder,
 };
 pub use endpoint::{DEFAULT_MOONCAKE_BOOTSTRAP_PORT, Endpoint, MooncakeEndpoint, MoriIoEndpoint};
-pub use error::{ConnectorError, EndpointError, PdError};
+pub use error::{ConnectorError, PdError};
 pub use flow::{
     BoxError, FlowConfig, FlowStats, FlowStatsSnapshot, Handoff, LegOutcome, LegRequest,
     LegResponse, PdBackend, PdBody, PdFlow, PdRequest, PdResponse, PdWorker, Phase, Transport,
 };
 pub use headers::ForwardHeaders;
+pub use worker_lifecycle::{WorkerUrl, WorkerUrlError};

@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Full};
 use std::sync::Arc;
 use worker_lifecycle::{
     DrainOutcome, Endpoint, HealthProbe, Lifecycle, ProbeError, RoleKind, Worker, WorkerRole,
-    WorkerSpec, drain_worker,
+    WorkerSpec, WorkerUrl, drain_worker,
 };
 
 /// Answers one of the router's own routes.
@@ -159,9 +159,8 @@ fn lifecycle_str(lifecycle: Lifecycle) -> &'static str {
 async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<BoxBody>, ApiError> {
     let url = query_param(query, "url")
         .ok_or_else(|| ApiError::InvalidRequest("missing query parameter `url`".into()))?;
-    router.check_worker_url(&url).await?;
-    let endpoint =
-        Endpoint::new(&url, None).map_err(|err| ApiError::InvalidRequest(err.to_string()))?;
+    let worker_url = router.check_worker_url(&url).await?;
+    let endpoint = Endpoint::from_url(worker_url.clone(), None);
     // In P/D mode the worker joins a role's pool: `role=prefill|decode`.
     let pd_role = match router.pd() {
         Some(pd) => Some(pd_role(pd, query)?),
@@ -194,7 +193,7 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         let attempt = tokio::time::timeout(
             remaining.min(config.health.timeout),
-            probe.probe_url(endpoint.url()),
+            probe.probe_url(&worker_url),
         )
         .await;
         if matches!(attempt, Ok(Ok(()))) {
@@ -548,9 +547,10 @@ impl HttpProbe {
 
 impl HttpProbe {
     /// Probes the worker at base `url` once (no timeout of its own): for a
-    /// worker that is not (yet) a `Worker`, such as one being added.
-    pub async fn probe_url(&self, url: &str) -> Result<(), ProbeError> {
-        let uri = format!("{url}{}", self.endpoint);
+    /// worker that is not (yet) a `Worker`, such as one being added. The
+    /// health path goes below the URL's path prefix, if any.
+    pub async fn probe_url(&self, url: &WorkerUrl) -> Result<(), ProbeError> {
+        let uri = url.url_for(&self.endpoint);
         let request = Request::get(uri)
             .body(Full::new(Bytes::new()))
             .map_err(|err| ProbeError::Unreachable(err.to_string()))?;
@@ -576,6 +576,6 @@ impl HttpProbe {
 
 impl HealthProbe for HttpProbe {
     async fn probe(&self, worker: &Worker) -> Result<(), ProbeError> {
-        self.probe_url(worker.url()).await
+        self.probe_url(worker.endpoint().worker_url()).await
     }
 }

@@ -10,11 +10,11 @@
 //! re-checked, so deployments that need that guarantee list workers by IP.
 
 use crate::error::ApiError;
-use http::Uri;
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 use std::time::Duration;
+use worker_lifecycle::WorkerUrl;
 
 /// An IP network: an address and a prefix length (`10.0.0.0/8`,
 /// `fd00::/8`). Bits past the prefix are ignored, so `10.1.2.3/8` is
@@ -121,18 +121,15 @@ impl fmt::Display for CidrBlock {
 /// `allowed` is empty), resolving a host name within `resolve_timeout`.
 /// Nothing is sent to the worker.
 pub async fn check_worker_address(
-    uri: &Uri,
+    url: &WorkerUrl,
     allowed: &[CidrBlock],
     resolve_timeout: Duration,
 ) -> Result<(), ApiError> {
     if allowed.is_empty() {
         return Ok(());
     }
-    let refused = |why: String| ApiError::WorkerAddressNotAllowed(format!("{uri}: {why}"));
-    let Some(authority) = uri.authority() else {
-        return Err(refused("no host".into()));
-    };
-    let (host, port) = crate::client::host_port(authority);
+    let refused = |why: String| ApiError::WorkerAddressNotAllowed(format!("{url}: {why}"));
+    let (host, port) = (url.host(), url.port());
     let addresses: Vec<IpAddr> = match host.parse::<IpAddr>() {
         Ok(address) => vec![address],
         Err(_) => {
@@ -218,7 +215,7 @@ mod tests {
     async fn worker_addresses_are_checked_against_the_list() {
         let timeout = Duration::from_secs(5);
         let allowed = [block("127.0.0.0/8"), block("::1/128")];
-        let uri = |text: &str| text.parse::<Uri>().unwrap();
+        let uri = |text: &str| WorkerUrl::parse(text).unwrap();
         for good in [
             "http://127.0.0.1:8000",
             "http://[::1]:8000",

@@ -110,7 +110,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use worker_lifecycle::{
     Endpoint, LoadGuard, MembershipEvent, Outcome, PoolError, RoleKind, ServiceRegistry,
-    StaticWorkerSet, Worker, WorkerOptions, WorkerRole, WorkerSpec,
+    StaticWorkerSet, Worker, WorkerOptions, WorkerRole, WorkerSpec, WorkerUrl,
 };
 
 /// Which KV connector the engines use, and so how the two legs are built.
@@ -472,8 +472,9 @@ impl PdRole {
         if !matches!(self.source, Source::Static(_)) {
             return Err(invalid("this role is discovered".into()));
         }
-        crate::router::validate_worker_url(&spec.url).map_err(|err| invalid(err.to_string()))?;
-        let mut endpoint = PdEndpoint::new(&spec.url).map_err(|err| invalid(err.to_string()))?;
+        // Parsed once; both the worker and its P/D endpoint use it.
+        let url = WorkerUrl::parse_http(&spec.url).map_err(|err| invalid(err.to_string()))?;
+        let mut endpoint = PdEndpoint::from_url(url.clone());
         if let Some(rank) = spec.dp_rank {
             endpoint = endpoint.with_dp_rank(rank);
         }
@@ -495,8 +496,7 @@ impl PdRole {
             },
             _ => WorkerRole::Decode,
         };
-        let lifecycle_endpoint =
-            Endpoint::new(&spec.url, spec.dp_rank).map_err(|err| invalid(err.to_string()))?;
+        let lifecycle_endpoint = Endpoint::from_url(url, spec.dp_rank);
         let mut worker_spec = WorkerSpec::new(role, lifecycle_endpoint);
         if let Some(model) = &spec.model {
             worker_spec = worker_spec.with_model(model.clone());
@@ -775,13 +775,7 @@ impl PdRole {
 
 /// The flow endpoint of a discovered worker, from its registration labels.
 fn discovered_endpoint(worker: &Worker, connector: PdConnector) -> Option<PdEndpoint> {
-    let mut endpoint = match PdEndpoint::new(worker.url()) {
-        Ok(endpoint) => endpoint,
-        Err(err) => {
-            tracing::warn!(worker = worker.key(), %err, "worker URL cannot be addressed by the P/D flow");
-            return None;
-        }
-    };
+    let mut endpoint = PdEndpoint::from_url(worker.endpoint().worker_url().clone());
     if let Some(rank) = worker.dp_rank() {
         endpoint = endpoint.with_dp_rank(rank);
     }

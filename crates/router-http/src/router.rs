@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::time::Instant;
 use worker_lifecycle::{
     Endpoint, LoadGuard, MembershipEvent, Outcome, RandomSource, RetryBudget, RoleKind, SplitMix64,
-    StaticWorkerSet, Worker, WorkerRole, WorkerSpec,
+    StaticWorkerSet, Worker, WorkerRole, WorkerSpec, WorkerUrl,
 };
 
 /// The header carrying a worker's data-parallel rank to the engine.
@@ -182,21 +182,22 @@ impl Router {
     }
 
     /// Checks a worker URL given at run time before anything is sent to
-    /// it: [`validate_worker_url`], then the configured
-    /// [`RouterConfig::worker_networks`] (a host name is resolved, within
-    /// the connect timeout, and all its addresses must be allowed). Hosts
-    /// that register workers their own way (the reference router's
-    /// `/register`) call this first.
-    pub async fn check_worker_url(&self, url: &str) -> Result<Uri, ApiError> {
-        let uri = validate_worker_url(url)?;
+    /// it: [`WorkerUrl::parse_http`] (one canonical spelling, plain HTTP),
+    /// then the configured [`RouterConfig::worker_networks`] (a host name
+    /// is resolved, within the connect timeout, and all its addresses must
+    /// be allowed). Hosts that register workers their own way (the
+    /// reference router's `/register`) call this first.
+    pub async fn check_worker_url(&self, url: &str) -> Result<WorkerUrl, ApiError> {
+        let url =
+            WorkerUrl::parse_http(url).map_err(|err| ApiError::InvalidRequest(err.to_string()))?;
         let config = &self.shared.config;
         crate::allow::check_worker_address(
-            &uri,
+            &url,
             &config.worker_networks,
             config.client.connect_timeout,
         )
         .await?;
-        Ok(uri)
+        Ok(url)
     }
 
     /// Adds a regular worker at `url` (with an optional data-parallel rank
@@ -211,9 +212,22 @@ impl Router {
             url: url.to_owned(),
             reason,
         };
-        validate_worker_url(url).map_err(|err| invalid(err.to_string()))?;
-        let endpoint = Endpoint::new(url, dp_rank).map_err(|err| invalid(err.to_string()))?;
-        let mut spec = WorkerSpec::new(WorkerRole::Regular, endpoint);
+        let parsed = WorkerUrl::parse_http(url).map_err(|err| invalid(err.reason().to_owned()))?;
+        self.add_worker_at(Endpoint::from_url(parsed, dp_rank), model)
+    }
+
+    /// Adds a regular worker at an endpoint whose URL is already parsed,
+    /// without waiting for its health, and tells the policies.
+    pub fn add_worker_at(
+        &self,
+        endpoint: Endpoint,
+        model: Option<&str>,
+    ) -> Result<Arc<Worker>, ConfigError> {
+        let invalid = |reason: String| ConfigError::Worker {
+            url: endpoint.url().to_owned(),
+            reason,
+        };
+        let mut spec = WorkerSpec::new(WorkerRole::Regular, endpoint.clone());
         if let Some(model) = model {
             spec = spec.with_model(model);
         }
@@ -222,9 +236,11 @@ impl Router {
             .workers
             .add(spec)
             .map_err(|err| invalid(err.to_string()))?;
-        let worker = event.added().cloned();
         self.apply(&event);
-        worker.ok_or_else(|| invalid("the worker set did not add it".into()))
+        event
+            .added()
+            .cloned()
+            .ok_or_else(|| invalid("the worker set did not add it".into()))
     }
 
     /// Forwards a membership event to the policies: a replaced worker is a
@@ -734,7 +750,10 @@ fn build_upstream(
             "the request target {path:?} is not a path"
         )));
     }
-    let uri: Uri = format!("{}{}", worker.url(), path)
+    let uri: Uri = worker
+        .endpoint()
+        .worker_url()
+        .url_for(path)
         .parse()
         .map_err(|err| ApiError::InvalidRequest(format!("cannot forward {path:?}: {err}")))?;
     let mut request = Request::new(Full::new(body.clone()));
@@ -771,49 +790,6 @@ fn bearer(headers: &http::HeaderMap) -> Option<&str> {
     scheme
         .eq_ignore_ascii_case("bearer")
         .then_some(token.trim())
-}
-
-/// Checks a worker URL before anything is sent to it: `http`, a host, an
-/// optional valid port, no user info, query or fragment. `https` is refused
-/// with a message saying so: the router talks plain HTTP/1.1 to its workers
-/// (a private network or a sidecar terminates TLS), and accepting the URL
-/// would only turn every request to it into a failure.
-pub fn validate_worker_url(url: &str) -> Result<Uri, ApiError> {
-    let invalid =
-        |why: &str| ApiError::InvalidRequest(format!("invalid worker URL {url:?}: {why}"));
-    let uri: Uri = url.parse().map_err(|_| invalid("not a URL"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(invalid(
-                "https workers are not supported; the router connects to workers over plain HTTP",
-            ));
-        }
-        Some(_) => return Err(invalid("the scheme must be http")),
-        None => return Err(invalid("a scheme (http://) is required")),
-    }
-    let authority = uri
-        .authority()
-        .ok_or_else(|| invalid("a host is required"))?;
-    if authority.as_str().contains('@') {
-        return Err(invalid("user info is not allowed"));
-    }
-    if authority.host().is_empty() {
-        return Err(invalid("a host is required"));
-    }
-    if authority
-        .as_str()
-        .rsplit_once(':')
-        .is_some_and(|(host, port)| {
-            !host.ends_with(']') && !host.contains(']') && port.parse::<u16>().is_err()
-        })
-    {
-        return Err(invalid("the port must be a number from 0 to 65535"));
-    }
-    if uri.query().is_some() || url.contains('#') {
-        return Err(invalid("a query or fragment is not allowed"));
-    }
-    Ok(uri)
 }
 
 impl Router {
@@ -918,12 +894,20 @@ mod tests {
     use super::*;
     use http::StatusCode;
 
-    #[test]
-    fn worker_urls_are_validated_before_use() {
-        assert!(validate_worker_url("http://127.0.0.1:8001").is_ok());
-        assert!(validate_worker_url("http://engine.local").is_ok());
-        assert!(validate_worker_url("http://[::1]:8000").is_ok());
-        let https = validate_worker_url("https://engine.local").unwrap_err();
+    #[tokio::test]
+    async fn worker_urls_are_validated_before_use() {
+        let router = Router::new(RouterConfig::default()).unwrap();
+        for good in [
+            "http://127.0.0.1:8001",
+            "http://engine.local",
+            "http://[::1]:8000",
+        ] {
+            assert!(router.check_worker_url(good).await.is_ok(), "{good}");
+        }
+        let https = router
+            .check_worker_url("https://engine.local")
+            .await
+            .unwrap_err();
         assert!(
             https
                 .to_string()
@@ -937,10 +921,12 @@ mod tests {
             "http://host:99999",
             "http://user:pw@host",
             "http://host/?q=1",
+            "http://host:8000/v1",
             "not a url",
         ] {
-            let err = validate_worker_url(bad).unwrap_err();
+            let err = router.check_worker_url(bad).await.unwrap_err();
             assert_eq!(err.status(), StatusCode::BAD_REQUEST, "{bad}");
+            assert!(err.to_string().contains(bad), "{bad}: {err}");
         }
     }
 

@@ -164,6 +164,10 @@ where
     let stats = Arc::clone(&config.stats);
     let mut errors = AcceptErrors::default();
     let graceful = GracefulShutdown::new();
+    // Tells connections still waiting for their first bytes that the loop
+    // stopped: they hold a graceful-shutdown watcher, and must not make the
+    // drain wait for their timeout.
+    let (stopping, _) = tokio::sync::watch::channel(false);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         // A free connection slot first: at the cap, clients wait in the
@@ -206,14 +210,24 @@ where
                 let watcher = graceful.watcher();
                 let stats = Arc::clone(&stats);
                 let first_bytes_timeout = config.header_read_timeout;
+                let mut stopping = stopping.subscribe();
                 tokio::spawn(async move {
                     // Until the first bytes choose HTTP/1 or HTTP/2 no
-                    // protocol timer runs: bound that wait too.
-                    let chosen = match first_bytes_timeout {
-                        Some(limit) => tokio::time::timeout(limit, protocol_chosen(&stream))
-                            .await
-                            .unwrap_or(Err(ErrorKind::TimedOut.into())),
-                        None => Ok(()),
+                    // protocol timer runs: bound that wait too. A shutdown
+                    // ends it at once: nothing was asked on this connection.
+                    let first_bytes = async {
+                        match first_bytes_timeout {
+                            Some(limit) => tokio::time::timeout(limit, protocol_chosen(&stream))
+                                .await
+                                .unwrap_or(Err(ErrorKind::TimedOut.into())),
+                            None => protocol_chosen(&stream).await,
+                        }
+                    };
+                    let chosen = tokio::select! {
+                        chosen = first_bytes => chosen,
+                        _ = stopping.wait_for(|stop| *stop) => {
+                            Err(ErrorKind::ConnectionAborted.into())
+                        }
                     };
                     match chosen {
                         Ok(()) => {
@@ -241,6 +255,7 @@ where
         }
     }
     drop(listener);
+    stopping.send_replace(true);
     match tokio::time::timeout(grace(), graceful.shutdown()).await {
         Ok(()) => ShutdownOutcome::Drained,
         Err(_) => ShutdownOutcome::DeadlineReached,

@@ -469,3 +469,37 @@ async fn a_client_that_connects_and_sends_nothing_is_disconnected() {
     wait_until_every_connection_closed(stats).await;
     assert_eq!(stats.header_timeouts(), 2);
 }
+
+#[tokio::test]
+async fn a_silent_connection_does_not_hold_up_shutdown() {
+    // The default 30 s header-read timeout: shutdown must not wait for it.
+    let router = router_http::Router::new(RouterConfig {
+        shutdown_grace: Duration::from_secs(20),
+        ..RouterConfig::default()
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = router.clone();
+    let server = tokio::spawn(async move {
+        serving
+            .serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let _silent = TcpStream::connect(addr).await.unwrap();
+    let stats = &router.config().server.stats;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while stats.open_connections() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never accepted");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.send(()).unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(15), server)
+        .await
+        .expect("shutdown waited for a connection that never sent a byte")
+        .unwrap();
+    assert_eq!(outcome, router_http::ShutdownOutcome::Drained);
+}

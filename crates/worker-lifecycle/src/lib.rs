@@ -142,7 +142,8 @@ pub use static_set::{StaticSetError, StaticWorkerSet};
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+pub use url::{WorkerUrl, WorkerUrlError};
 pub use worker::{
-    Endpoint, EndpointError, HealthChange, Lifecycle, RoleKind, Unavailable, Worker, WorkerOptions,
-    WorkerRole, WorkerSpec,
+    Endpoint, HealthChange, Lifecycle, RoleKind, Unavailable, Worker, WorkerOptions, WorkerRole,
+    WorkerSpec,
 };

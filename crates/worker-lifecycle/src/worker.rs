@@ -15,6 +15,7 @@ use crate::breaker::{Admission, CircuitBreaker, CircuitBreakerConfig, Rejected, 
 use crate::clock::{Clock, SystemClock};
 use crate::guard::LoadGuard;
 use crate::sync::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::url::{WorkerUrl, WorkerUrlError};
 
 /// What a worker does in the serving topology.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -73,53 +74,31 @@ impl fmt::Display for RoleKind {
 /// the rank addressed through that URL.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Endpoint {
-    url: String,
+    url: WorkerUrl,
     dp_rank: Option<u32>,
 }
 
-/// A rejected endpoint.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum EndpointError {
-    /// The URL is empty.
-    #[error("endpoint URL is empty")]
-    Empty,
-    /// The URL does not start with `http://` or `https://`.
-    #[error("endpoint URL {0:?} must start with http:// or https://")]
-    Scheme(String),
-    /// The URL has no host after the scheme.
-    #[error("endpoint URL {0:?} has no host")]
-    NoHost(String),
-    /// The URL contains whitespace or control characters.
-    #[error("endpoint URL {0:?} contains whitespace or control characters")]
-    BadCharacter(String),
-    /// The port is not a number from 0 to 65535.
-    #[error("endpoint URL {0:?} has a port that is not a number from 0 to 65535")]
-    Port(String),
-    /// The host looks like an IP address but is not a valid one.
-    #[error("endpoint URL {url:?}: the host {why}")]
-    Host {
-        /// The URL as given.
-        url: String,
-        /// What is wrong with the host.
-        why: &'static str,
-    },
-}
-
 impl Endpoint {
-    /// Checks `url` and stores its canonical spelling, so that every way of
-    /// writing one address is one endpoint: `HTTP://LOCALHOST:8000/`,
-    /// `http://127.1:8000` and `http://[::ffff:127.0.0.1]:8000` are all
-    /// `http://127.0.0.1:8000` (the rules are in [`crate::url`]).
-    pub fn new(url: &str, dp_rank: Option<u32>) -> Result<Self, EndpointError> {
-        Ok(Self {
-            url: crate::url::canonical(url)?,
-            dp_rank,
-        })
+    /// Parses `url` into its canonical spelling ([`WorkerUrl`]), so that
+    /// every way of writing one address is one endpoint:
+    /// `HTTP://LOCALHOST:8000/`, `http://127.1:8000` and
+    /// `http://[::ffff:127.0.0.1]:8000` are all `http://127.0.0.1:8000`.
+    pub fn new(url: &str, dp_rank: Option<u32>) -> Result<Self, WorkerUrlError> {
+        Ok(Self::from_url(WorkerUrl::parse(url)?, dp_rank))
     }
 
-    /// The base URL.
+    /// An endpoint at an already parsed URL.
+    pub fn from_url(url: WorkerUrl, dp_rank: Option<u32>) -> Self {
+        Self { url, dp_rank }
+    }
+
+    /// The base URL, canonical.
     pub fn url(&self) -> &str {
+        self.url.as_str()
+    }
+
+    /// The base URL as parsed.
+    pub fn worker_url(&self) -> &WorkerUrl {
         &self.url
     }
 
@@ -133,7 +112,7 @@ impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.dp_rank {
             Some(rank) => write!(f, "{}@{}", self.url, rank),
-            None => f.write_str(&self.url),
+            None => f.write_str(self.url.as_str()),
         }
     }
 }
@@ -342,7 +321,7 @@ impl Worker {
 
     fn make_key(spec: &WorkerSpec, generation: u64) -> String {
         use fmt::Write;
-        let mut key = String::with_capacity(spec.endpoint.url.len() + 24);
+        let mut key = String::with_capacity(spec.endpoint.url().len() + 24);
         let _ = write!(key, "{}:{}#{}", spec.role.kind(), spec.endpoint, generation);
         key
     }
@@ -371,7 +350,7 @@ impl Worker {
 
     /// The base URL.
     pub fn url(&self) -> &str {
-        &self.spec.endpoint.url
+        self.spec.endpoint.url()
     }
 
     /// The data-parallel rank, if any.
