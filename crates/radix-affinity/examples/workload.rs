@@ -5,22 +5,32 @@
 //! cargo run --release -p radix-affinity --example workload -- --json
 //! ```
 //!
-//! Options: `--json` (one JSON line on stdout; otherwise a table), `--reps N`
-//! (default 5), `--variant ascii|unicode` (default both). Progress and the
-//! checksum verification go to stderr. Single-threaded phases are timed on the
-//! thread's on-CPU time (`/proc/thread-self/schedstat`), with wall time as
-//! secondary; the 2-thread route loop reports wall time.
+//! Options: `--json` (one JSON line on stdout; otherwise a table per
+//! variant), `--reps N` (default 5), `--variant ascii|unicode` (default
+//! both). Progress and the checksum verification go to stderr.
+//!
+//! Single-threaded phases are timed on the thread's on-CPU time
+//! (`/proc/thread-self/schedstat`), with wall time as secondary; the
+//! 2-thread route loops report wall time. Every figure is the median over
+//! the repetitions, with its minimum and maximum (`min_max` in JSON). The
+//! 2-thread route loop on one shared tree and its control on two unshared
+//! trees are also reported as ratios to the 1-thread loop of the same
+//! repetition (`route_2t_over_1t_*`, `route_2t_unshared_over_1t_*`), with
+//! each repetition's value: a single run's median hides how much they vary.
+//!
+//! Memory (f) is measured in child processes, one per tree (`--memory-of
+//! text|token --variant V`, used internally); the `memory` function says why.
 
-use std::io::Write;
 use std::process::Command;
 use std::time::Instant;
 
 use radix_affinity::workload::{
     self, Lookup, Request, SPEC_CHECKSUMS, SPEC_WARM_TOKENS, Variant, Workload, checksum,
 };
-use radix_affinity::{TenantId, TextTree, TokenTree};
+use radix_affinity::{RadixTree, Symbol, TenantId, TextTree};
 
-/// Resident bytes of this process.
+/// Resident bytes of this process: resident pages (`/proc/self/statm` field
+/// 2) times 4096, as the spec says (so it assumes 4 KiB pages).
 fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
@@ -107,7 +117,6 @@ struct Sets {
     lookups: Vec<Lookup>,
     lookup_copies: Vec<String>,
     routes: Vec<Request>,
-    insert_bytes: usize,
     /// W and the first R items behind one fixed chat-template prefix, for
     /// the worst case of this design (every text in one shard).
     templated_warm: Vec<Request>,
@@ -288,7 +297,6 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
     });
     std::hint::black_box(chars);
     rep.count_cpu = c;
-    let _ = s.insert_bytes;
     rep
 }
 
@@ -305,9 +313,34 @@ fn water_level(sorted: &[usize], budget: usize) -> usize {
     usize::MAX
 }
 
-fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0], v[v.len() - 1])
+/// Median, minimum and maximum of `values` (the upper median for an even
+/// count).
+fn spread(mut values: Vec<f64>) -> Spread {
+    values.sort_by(f64::total_cmp);
+    Spread {
+        median: values[values.len() / 2],
+        min: values[0],
+        max: values[values.len() - 1],
+    }
+}
+
+/// A figure over the repetitions of one run.
+#[derive(Clone, Copy)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    /// A figure measured once.
+    fn single(value: f64) -> Self {
+        Self {
+            median: value,
+            min: value,
+            max: value,
+        }
+    }
 }
 
 fn verify_checksums(w: &Workload, s: &Sets) -> bool {
@@ -361,62 +394,140 @@ fn verify_checksums(w: &Workload, s: &Sets) -> bool {
     ok && want == Some(count)
 }
 
-/// (f) in a fresh process: RSS growth of inserting W into a new tree.
-fn memory_child(variant: Variant) {
-    let w = Workload::new(variant);
-    let chars: usize = w.warm.iter().map(|r| r.text.chars().count()).sum();
+/// The tree a memory child builds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TreeKind {
+    /// [`TextTree`] over the W texts.
+    Text,
+    /// [`TokenTree`] over the W texts' synthetic tokens.
+    Token,
+}
+
+impl TreeKind {
+    fn name(self) -> &'static str {
+        match self {
+            TreeKind::Text => "text",
+            TreeKind::Token => "token",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        [TreeKind::Text, TreeKind::Token]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+}
+
+/// RSS growth of building a tree: the tree is created, its tenants interned
+/// and `insert_all` run between two readings.
+fn rss_growth<S: Symbol>(insert_all: impl FnOnce(&RadixTree<S>, &[TenantId])) -> (u64, usize) {
     let before = rss_bytes();
-    let setup = warm_tree(&w);
-    let after = rss_bytes();
-    let units = setup.tree.total_size();
-    // A token tree over the same texts, for comparison (separate measurement).
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{} {} {}", after.saturating_sub(before), chars, units);
-    drop(setup);
-    let mut tokens = Vec::new();
-    let tree = TokenTree::new();
+    let tree = RadixTree::<S>::new();
     let ids: Vec<TenantId> = (0..workload::TENANT_COUNT)
         .map(|i| tree.intern(&workload::tenant_name(i)))
         .collect();
-    let before = rss_bytes();
-    for r in &w.warm {
-        workload::tokenize(&r.text, &mut tokens);
-        tree.insert_symbols(&tokens, ids[workload::owner(r.sp)]);
-    }
+    insert_all(&tree, &ids);
     let after = rss_bytes();
-    let _ = writeln!(
-        out,
-        "{} {}",
-        after.saturating_sub(before),
-        tree.total_size()
-    );
+    (after.saturating_sub(before), tree.total_size())
 }
 
-fn memory(variant: Variant) -> Option<(f64, f64, f64)> {
+/// (f), run in a child process (`--memory-of KIND --variant V`): generates W,
+/// inserts it into a new tree of `kind` and prints one line, `<RSS growth in
+/// bytes> <chars of W> <tenant-attributed units>`.
+fn memory_child(kind: TreeKind, variant: Variant) {
+    let w = Workload::new(variant);
+    let chars: usize = w.warm.iter().map(|r| r.text.chars().count()).sum();
+    let (growth, units) = match kind {
+        TreeKind::Text => rss_growth::<char>(|tree, ids| {
+            for r in &w.warm {
+                tree.insert(&r.text, ids[workload::owner(r.sp)]);
+            }
+        }),
+        TreeKind::Token => {
+            // Tokenise every text once beforehand so the one reused buffer
+            // has its final size before the first reading.
+            let mut tokens = Vec::new();
+            for r in &w.warm {
+                workload::tokenize(&r.text, &mut tokens);
+            }
+            rss_growth::<u32>(|tree, ids| {
+                for r in &w.warm {
+                    workload::tokenize(&r.text, &mut tokens);
+                    tree.insert_symbols(&tokens, ids[workload::owner(r.sp)]);
+                }
+            })
+        }
+    };
+    println!("{growth} {chars} {units}");
+}
+
+/// Memory of one tree, as read from a child's line.
+struct Memory {
+    /// RSS growth per character of W.
+    bytes_per_char: f64,
+    /// RSS growth per tenant-attributed unit (char or token; a node held by
+    /// k tenants counts k times), as the spec's (f) reports it.
+    bytes_per_unit: f64,
+}
+
+/// Runs (f) for `kind` in a child process: this executable again, with
+/// `--memory-of`.
+///
+/// A child, because RSS growth measured in a process that has already built
+/// and dropped other trees counts only the pages the allocator could not
+/// take from its free lists: the token tree measured right after the text
+/// tree was dropped in one process grew by a tenth of what it grows by
+/// alone. Each tree is therefore measured in its own fresh process, the
+/// text tree too, so the two figures are comparable.
+fn memory(kind: TreeKind, variant: Variant) -> Option<Memory> {
     let exe = std::env::current_exe().ok()?;
     let out = Command::new(exe)
-        .arg("--memory-child")
-        .arg(variant.name())
+        .args(["--memory-of", kind.name(), "--variant", variant.name()])
         .output()
         .ok()?;
-    let text = String::from_utf8(out.stdout).ok()?;
-    let mut lines = text.lines();
-    let f: Vec<f64> = lines
-        .next()?
+    if !out.status.success() {
+        eprintln!(
+            "memory child ({} {}) failed: {}",
+            kind.name(),
+            variant.name(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    let line = String::from_utf8(out.stdout).ok()?;
+    let numbers: Vec<f64> = line
         .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let t: Vec<f64> = lines
-        .next()?
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let (grow, chars, units) = (*f.first()?, *f.get(1)?, *f.get(2)?);
-    let (token_grow, _tokens) = (*t.first()?, *t.get(1)?);
-    Some((grow / chars, grow / units, token_grow / chars))
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let [growth, chars, units] = numbers[..] else {
+        return None;
+    };
+    Some(Memory {
+        bytes_per_char: growth / chars,
+        bytes_per_unit: growth / units,
+    })
 }
 
-fn run_variant(variant: Variant, reps: usize) -> String {
+/// The figures of one variant.
+struct Report {
+    variant: Variant,
+    reps: usize,
+    checksums_ok: bool,
+    /// Named figures, median and range over the repetitions.
+    fields: Vec<(&'static str, Spread)>,
+    /// The two-thread ratios of each repetition, in order.
+    ratios: Vec<(&'static str, Vec<f64>)>,
+}
+
+/// Per-repetition ratio of the 2-thread route loop's throughput (wall time,
+/// as (d) is specified) to the 1-thread loop's (on-CPU time, (c)'s primary
+/// figure) of the same repetition. One thread's on-CPU time leaves out what
+/// other processes take from it, so on a busy machine the ratio errs low.
+fn over_one_thread(rep: &Rep, two_thread_wall: u64) -> f64 {
+    rep.route_cpu as f64 / two_thread_wall as f64
+}
+
+fn run_variant(variant: Variant, reps: usize) -> Report {
     eprintln!("generating {} ...", variant.name());
     let w = Workload::new(variant);
     let lookups = w.lookups(workload::LOOKUPS);
@@ -425,7 +536,6 @@ fn run_variant(variant: Variant, reps: usize) -> String {
         lookup_copies: lookups.iter().map(|l| l.text.clone()).collect(),
         lookups,
         routes: w.routes(workload::LOOKUPS),
-        insert_bytes: 0,
         templated_warm: Vec::new(),
         templated_routes: Vec::new(),
     };
@@ -438,157 +548,231 @@ fn run_variant(variant: Variant, reps: usize) -> String {
         eprintln!("{} repetition {}/{reps}", variant.name(), r + 1);
         results.push(one_rep(&w, &sets));
     }
-    let stat = |f: &dyn Fn(&Rep) -> f64| median(results.iter().map(f).collect());
+    let per_rep = |f: &dyn Fn(&Rep) -> f64| -> Vec<f64> { results.iter().map(f).collect() };
+    let stat = |f: &dyn Fn(&Rep) -> f64| spread(per_rep(f));
     let n_ins = sets.inserts.len() as f64;
     let n_l = sets.lookups.len() as f64;
     let n_r = sets.routes.len() as f64;
-    let mut fields: Vec<(String, (f64, f64, f64))> = vec![
+    let shared_ratios = per_rep(&|r| over_one_thread(r, r.route2_wall));
+    let unshared_ratios = per_rep(&|r| over_one_thread(r, r.independent2_wall));
+    let mut fields: Vec<(&'static str, Spread)> = vec![
         (
-            "insert_ops_per_s".into(),
+            "insert_ops_per_s",
             stat(&|r| n_ins / (r.insert_cpu as f64 / 1e9)),
         ),
         (
-            "insert_mb_per_s".into(),
+            "insert_mb_per_s",
             stat(&|r| insert_bytes as f64 / 1e6 / (r.insert_cpu as f64 / 1e9)),
         ),
         (
-            "insert_wall_ops_per_s".into(),
+            "insert_wall_ops_per_s",
             stat(&|r| n_ins / (r.insert_wall as f64 / 1e9)),
         ),
+        ("match_ns_per_op", stat(&|r| r.match_cpu as f64 / n_l)),
+        ("match_wall_ns_per_op", stat(&|r| r.match_wall as f64 / n_l)),
+        ("memcmp_ns_per_op", stat(&|r| r.memcmp_cpu as f64 / n_l)),
+        ("char_count_ns_per_op", stat(&|r| r.count_cpu as f64 / n_l)),
         (
-            "match_ns_per_op".into(),
-            stat(&|r| r.match_cpu as f64 / n_l),
-        ),
-        (
-            "match_wall_ns_per_op".into(),
-            stat(&|r| r.match_wall as f64 / n_l),
-        ),
-        (
-            "memcmp_ns_per_op".into(),
-            stat(&|r| r.memcmp_cpu as f64 / n_l),
-        ),
-        (
-            "char_count_ns_per_op".into(),
-            stat(&|r| r.count_cpu as f64 / n_l),
-        ),
-        (
-            "route_ops_per_s".into(),
+            "route_ops_per_s",
             stat(&|r| n_r / (r.route_cpu as f64 / 1e9)),
         ),
         (
-            "route_wall_ops_per_s".into(),
+            "route_wall_ops_per_s",
             stat(&|r| n_r / (r.route_wall as f64 / 1e9)),
         ),
         (
-            "route_2t_ops_per_s".into(),
+            "route_2t_ops_per_s",
             stat(&|r| n_r / (r.route2_wall as f64 / 1e9)),
         ),
+        ("route_2t_over_1t", spread(shared_ratios.clone())),
         (
-            "route_2t_cpu_ns_per_op".into(),
+            "route_2t_cpu_ns_per_op",
             stat(&|r| r.route2_cpu as f64 / n_r),
         ),
         (
-            "route_2t_lock_waits_per_op".into(),
+            "route_2t_lock_waits_per_op",
             stat(&|r| r.route2_waits as f64 / (2.0 * n_r)),
         ),
         (
-            "templated_route_ops_per_s".into(),
+            "route_2t_unshared_ops_per_s",
+            stat(&|r| n_r / (r.independent2_wall as f64 / 1e9)),
+        ),
+        ("route_2t_unshared_over_1t", spread(unshared_ratios.clone())),
+        (
+            "templated_route_ops_per_s",
             stat(&|r| TEMPLATED_ROUTES as f64 / (r.templated_cpu as f64 / 1e9)),
         ),
         (
-            "templated_route_2t_ops_per_s".into(),
+            "templated_route_2t_ops_per_s",
             stat(&|r| TEMPLATED_ROUTES as f64 / (r.templated2_wall as f64 / 1e9)),
         ),
         (
-            "templated_route_2t_lock_waits_per_op".into(),
+            "templated_route_2t_lock_waits_per_op",
             stat(&|r| r.templated2_waits as f64 / (2.0 * TEMPLATED_ROUTES as f64)),
         ),
+        ("evict_ms", stat(&|r| r.evict_cpu as f64 / 1e6)),
         (
-            "route_2t_unshared_ops_per_s".into(),
-            stat(&|r| n_r / (r.independent2_wall as f64 / 1e9)),
-        ),
-        ("evict_ms".into(), stat(&|r| r.evict_cpu as f64 / 1e6)),
-        (
-            "evict_tenant_ms".into(),
+            "evict_tenant_ms",
             stat(&|r| r.evict_tenant_cpu as f64 / 1e6),
         ),
-        (
-            "remove_tenant_ms".into(),
-            stat(&|r| r.remove_cpu as f64 / 1e6),
-        ),
-        ("hot_owner_ratio".into(), stat(&|r| r.hot_owner)),
-        ("matched_ratio".into(), stat(&|r| r.matched_ratio)),
+        ("remove_tenant_ms", stat(&|r| r.remove_cpu as f64 / 1e6)),
+        ("hot_owner_ratio", stat(&|r| r.hot_owner)),
+        ("matched_ratio", stat(&|r| r.matched_ratio)),
     ];
-    if let Some((per_char, per_unit, token_per_char)) = memory(variant) {
-        fields.push(("bytes_per_char".into(), (per_char, per_char, per_char)));
-        fields.push(("bytes_per_unit".into(), (per_unit, per_unit, per_unit)));
+    eprintln!("{} memory (children) ...", variant.name());
+    if let Some(m) = memory(TreeKind::Text, variant) {
+        fields.push(("bytes_per_char", Spread::single(m.bytes_per_char)));
+        fields.push(("bytes_per_unit", Spread::single(m.bytes_per_unit)));
+    }
+    if let Some(m) = memory(TreeKind::Token, variant) {
         fields.push((
-            "token_tree_bytes_per_char".into(),
-            (token_per_char, token_per_char, token_per_char),
+            "token_tree_bytes_per_char",
+            Spread::single(m.bytes_per_char),
+        ));
+        fields.push((
+            "token_tree_bytes_per_unit",
+            Spread::single(m.bytes_per_unit),
         ));
     }
-    let body: Vec<String> = fields
-        .iter()
-        .map(|(k, (m, _, _))| format!("\"{k}\":{m:.4}"))
-        .collect();
-    let range: Vec<String> = fields
-        .iter()
-        .map(|(k, (_, lo, hi))| format!("\"{k}\":[{lo:.4},{hi:.4}]"))
-        .collect();
-    format!(
-        "{{{},\"checksums_ok\":{checksums_ok},\"reps\":{reps},\"min_max\":{{{}}}}}",
-        body.join(","),
-        range.join(",")
-    )
+    Report {
+        variant,
+        reps,
+        checksums_ok,
+        fields,
+        ratios: vec![
+            ("route_2t_over_1t", shared_ratios),
+            ("route_2t_unshared_over_1t", unshared_ratios),
+        ],
+    }
+}
+
+impl Report {
+    /// The report's JSON members, without braces: every field's median under
+    /// its name; the two-thread ratios also as `<name>_median`, `_min`,
+    /// `_max` and `_per_rep` (in repetition order); `min_max` holds every
+    /// field's range.
+    fn json_members(&self) -> String {
+        let mut members: Vec<String> = self
+            .fields
+            .iter()
+            .map(|(name, s)| format!("\"{name}\":{:.4}", s.median))
+            .collect();
+        for (name, values) in &self.ratios {
+            let s = spread(values.clone());
+            let list: Vec<String> = values.iter().map(|v| format!("{v:.4}")).collect();
+            members.push(format!(
+                "\"{name}_median\":{:.4},\"{name}_min\":{:.4},\"{name}_max\":{:.4},\"{name}_per_rep\":[{}]",
+                s.median,
+                s.min,
+                s.max,
+                list.join(",")
+            ));
+        }
+        let ranges: Vec<String> = self
+            .fields
+            .iter()
+            .map(|(name, s)| format!("\"{name}\":[{:.4},{:.4}]", s.min, s.max))
+            .collect();
+        members.push(format!(
+            "\"checksums_ok\":{},\"reps\":{},\"min_max\":{{{}}}",
+            self.checksums_ok,
+            self.reps,
+            ranges.join(",")
+        ));
+        members.join(",")
+    }
+
+    /// The report as a table: one row per field (median, min, max over the
+    /// repetitions), then the two-thread ratios of each repetition.
+    fn table(&self) -> String {
+        let mut out = format!(
+            "{} ({} repetitions, checksums {})\n{:<38} {:>14} {:>14} {:>14}\n",
+            self.variant.name(),
+            self.reps,
+            if self.checksums_ok { "OK" } else { "MISMATCH" },
+            "measurement",
+            "median",
+            "min",
+            "max"
+        );
+        for (name, s) in &self.fields {
+            out.push_str(&format!(
+                "{name:<38} {:>14} {:>14} {:>14}\n",
+                readable(s.median),
+                readable(s.min),
+                readable(s.max)
+            ));
+        }
+        for (name, values) in &self.ratios {
+            let list: Vec<String> = values.iter().map(|v| format!("{v:.2}")).collect();
+            out.push_str(&format!("{name} per repetition: {}\n", list.join(" ")));
+        }
+        out
+    }
+}
+
+/// A figure with about four significant digits, for the table.
+fn readable(value: f64) -> String {
+    match value.abs() {
+        v if v >= 1000.0 => format!("{value:.0}"),
+        v if v >= 10.0 => format!("{value:.2}"),
+        _ => format!("{value:.4}"),
+    }
+}
+
+fn usage_error(message: &str) -> ! {
+    eprintln!("workload: {message}");
+    std::process::exit(2);
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(i) = args.iter().position(|a| a == "--memory-child") {
-        let variant = if args.get(i + 1).map(String::as_str) == Some("unicode") {
-            Variant::Unicode
-        } else {
-            Variant::Ascii
-        };
-        memory_child(variant);
+    let value_of = |flag: &str| {
+        let i = args.iter().position(|a| a == flag)?;
+        match args.get(i + 1) {
+            Some(v) => Some(v.clone()),
+            None => usage_error(&format!("{flag} needs a value")),
+        }
+    };
+    let only = value_of("--variant").map(|name| {
+        [Variant::Ascii, Variant::Unicode]
+            .into_iter()
+            .find(|v| v.name() == name)
+            .unwrap_or_else(|| usage_error(&format!("unknown variant {name:?}")))
+    });
+    if let Some(kind) = value_of("--memory-of") {
+        let kind = TreeKind::parse(&kind)
+            .unwrap_or_else(|| usage_error(&format!("unknown tree {kind:?} (text|token)")));
+        let variant = only.unwrap_or_else(|| usage_error("--memory-of needs --variant"));
+        memory_child(kind, variant);
         return;
     }
     let json = args.iter().any(|a| a == "--json");
-    let reps = args
-        .iter()
-        .position(|a| a == "--reps")
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(5usize)
+    let reps = value_of("--reps")
+        .map(|n| {
+            n.parse::<usize>()
+                .unwrap_or_else(|_| usage_error(&format!("--reps {n:?} is not a count")))
+        })
+        .unwrap_or(5)
         .max(1);
-    let only = args
-        .iter()
-        .position(|a| a == "--variant")
-        .and_then(|i| args.get(i + 1).cloned());
-    let mut parts = Vec::new();
-    for variant in [Variant::Ascii, Variant::Unicode] {
-        if only.as_deref().is_some_and(|o| o != variant.name()) {
-            continue;
-        }
-        parts.push((variant.name(), run_variant(variant, reps)));
-    }
+    let reports: Vec<Report> = [Variant::Ascii, Variant::Unicode]
+        .into_iter()
+        .filter(|v| only.is_none_or(|o| o == *v))
+        .map(|v| run_variant(v, reps))
+        .collect();
     if json {
-        // The ascii keys at top level, the unicode ones under "unicode".
-        let mut out = String::from("{");
-        for (i, (name, obj)) in parts.iter().enumerate() {
-            if *name == "ascii" {
-                out.push_str(&obj[1..obj.len() - 1]);
-            } else {
-                out.push_str(&format!("\"{name}\":{obj}"));
-            }
-            if i + 1 < parts.len() {
-                out.push(',');
-            }
-        }
-        out.push('}');
-        println!("{out}");
+        // The ascii members at top level, the unicode ones under "unicode".
+        let members: Vec<String> = reports
+            .iter()
+            .map(|r| match r.variant {
+                Variant::Ascii => r.json_members(),
+                _ => format!("\"{}\":{{{}}}", r.variant.name(), r.json_members()),
+            })
+            .collect();
+        println!("{{{}}}", members.join(","));
     } else {
-        for (name, obj) in parts {
-            println!("{name}: {obj}");
+        for r in &reports {
+            println!("{}", r.table());
         }
     }
 }

@@ -206,53 +206,36 @@
 //! every operation its own tick (exact order, one shared increment per
 //! operation) for tests and simulations.
 //!
-//! *What it costs and gains.* Against the previous design (inserts walked
-//! under the shard's read lock and applied their change under its write
-//! lock), measured alternately on the benchmark workload (medians of 8 and
-//! 5 runs): lookups cost the same; inserts got about 10 % faster (one walk
-//! instead of a walk and a validation); one thread's route loop (lookup,
-//! then insert) costs the same on ascii text and about 4 % more on unicode
-//! text; lock waits in the two-thread route loop fell from 0.045 to 0.0004
-//! per operation, and with every text behind one fixed template (one shard)
-//! from 0.5-0.7 to 0.001. Two threads sharing the tree run the route loop
-//! at 1.59x one thread on ascii text and 1.34x on unicode text (medians;
-//! 1.36-1.86x and 1.15-1.45x over the runs), as before the change, while
-//! two threads on two unshared trees reach 1.86x in the same runs.
+//! # How it scales
 //!
-//! That gap is not locking: the threads almost never wait or retry. It is
-//! the cost of sharing data between cores: each operation takes 13 % (ascii)
-//! and 34 % (unicode) more CPU time when the two threads share the tree,
-//! and the excess varies from nothing to 60 % between runs of the same binary.
-//! The route loop sends consecutive requests to different threads, and
-//! both threads keep adding branches below the same popular system prompts,
-//! so lookups read and inserts change nodes (version words, child arrays,
-//! owner counts, fresh labels) whose cache lines the other core has just
-//! written. On the benchmark machine (a virtual machine on an AMD EPYC,
-//! whose cores are grouped in chiplets with separate L3 caches) such
-//! transfers are slow and depend on where the host places the two virtual
-//! CPUs; unicode text takes half again as many bytes. The diagnostics of
-//! `route_threads` agree: the lookups alone scale on one tree about as on
-//! two (`--lookups-only`); texts split between the threads by shard cost
-//! about nothing extra on one tree (`--disjoint`), and texts split by system
-//! prompt (sharing shards and top nodes, but no prompt's branch) 5-15 % of
-//! CPU (`--prompt-disjoint`). The allocator matters too: with mimalloc as
-//! the global allocator the unicode figure rose to about 1.6x, but resident
-//! memory per character to 0.53-0.57 bytes, so the benchmarks keep the
-//! system's.
+//! A lookup costs time proportional to the part of the text it matches, an
+//! insert to the length of its text (one walk in one shard, plus a copy of
+//! what the tree did not hold yet); neither depends on how many texts or
+//! tenants the tree holds. Eviction and tenant removal cost what the tenant
+//! holds, not the size of the tree. Lookups take their shard's lock shared
+//! and lock no node, so they scale with threads. Inserts lock only the nodes they change, so threads sharing a
+//! tree almost never wait for each other; what keeps threads that insert
+//! below the same popular prefixes from scaling fully is the transfer of
+//! freshly written cache lines between cores, and on a virtual machine how
+//! much that costs varies from run to run.
 //!
-//! # Memory
+//! Memory: 128 bytes per node (two cache lines, one owner and two children
+//! inline) plus its label, one byte per ASCII character or one `u32` per
+//! token; a text's prefix the tree already holds is not stored again.
 //!
-//! Per node: 128 bytes (two cache lines, one owner and two children inline)
-//! plus the label. On the benchmark workload (20,000 requests of about 2,600
-//! characters sharing 256 system prompts) the resident-set growth is about
-//! 0.32 bytes per inserted character, where the unique text alone is about
-//! 0.21.
+//! Figures (per-operation costs, the two-thread ratio with its spread over
+//! runs, resident memory per character) and the history of their
+//! measurements are in `docs/benchmarks.md` in the repository;
+//! `cargo run --release -p radix-affinity --example workload` measures
+//! them.
 //!
 //! # Features and stability
 //!
-//! No cargo features. `fuzzing` and [`workload`] are public for the fuzz
-//! target, the benches and other implementations that want the same requests;
-//! `fuzzing` is hidden from the docs and not covered by semver.
+//! No cargo features. [`workload`] is public on purpose: it regenerates the
+//! benchmark's requests bit for bit, so another tree implementation can be
+//! measured on exactly the same requests as this one. `fuzzing` is public
+//! only for the fuzz target and the crate's own tests; it is hidden from the
+//! docs and not covered by semver.
 
 mod clock;
 #[doc(hidden)]
