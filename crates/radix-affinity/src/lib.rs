@@ -213,11 +213,12 @@
 //! what the tree did not hold yet); neither depends on how many texts or
 //! tenants the tree holds. Eviction and tenant removal cost what the tenant
 //! holds, not the size of the tree. Lookups take their shard's lock shared
-//! and lock no node, so they scale with threads. Inserts lock only the nodes they change, so threads sharing a
-//! tree almost never wait for each other; what keeps threads that insert
-//! below the same popular prefixes from scaling fully is the transfer of
-//! freshly written cache lines between cores, and on a virtual machine how
-//! much that costs varies from run to run.
+//! and lock no node, so they scale with threads. Inserts lock only the
+//! nodes they change, so threads sharing a tree almost never wait for each
+//! other; what keeps threads that insert below the same popular prefixes
+//! from scaling fully is the transfer of freshly written cache lines
+//! between cores, and on a virtual machine how much that costs varies from
+//! run to run.
 //!
 //! Memory: 128 bytes per node (two cache lines, one owner and two children
 //! inline) plus its label, one byte per ASCII character or one `u32` per
