@@ -393,8 +393,8 @@ pub struct Args {
     pub otel_excluded_paths: Vec<String>,
 
     // ----- Kubernetes discovery -----
-    /// Discover workers from Kubernetes pods (needs the `kubernetes` cargo
-    /// feature, which is not built yet).
+    /// Discover workers from Kubernetes pods (not implemented yet: refused
+    /// with a message).
     #[arg(long, help_heading = "Kubernetes discovery")]
     pub service_discovery: bool,
     /// Pod label selector, `key=value` ...

@@ -523,13 +523,11 @@ pub fn check_host_port(id: &str, value: &str) -> Result<(), CliError> {
 fn mode(parsed: &Parsed) -> Result<Mode, CliError> {
     let a = &parsed.args;
     if a.service_discovery {
-        let why = if cfg!(feature = "kubernetes") {
-            "Kubernetes service discovery is not implemented yet"
-        } else {
-            "Kubernetes service discovery is not compiled into this build \
-             (cargo feature `kubernetes`, which is not implemented yet)"
-        };
-        return Err(CliError::invalid("service_discovery", why));
+        return Err(CliError::invalid(
+            "service_discovery",
+            "Kubernetes service discovery is not implemented yet; list the workers with \
+             --worker-urls or use --vllm-discovery-address",
+        ));
     }
     if !a.vllm_pd_disaggregation && a.sim_pd.is_none() {
         if let Some(flag) = PD_FLAGS.iter().find(|id| parsed.is_explicit(id)) {

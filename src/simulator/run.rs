@@ -179,7 +179,9 @@ impl Pool {
                 .added()
                 .cloned()
                 .ok_or_else(|| SimError::Worker("add reported no worker".to_owned()))?;
-            registry.on_membership(lb_policies::MembershipEvent::Added { key: worker.key() });
+            for change in event.for_policies() {
+                registry.on_membership(change);
+            }
             let mut engine = Engine::with_pd(config.model.clone(), pd(i));
             engine.set_token_events(false);
             engines.push(engine);

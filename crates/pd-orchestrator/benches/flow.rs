@@ -16,8 +16,8 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use http::{HeaderMap, StatusCode};
 use http_body::Body;
 use pd_orchestrator::{
-    Endpoint, FlowConfig, ForwardHeaders, KvConnector, LegOutcome, LegRequest, LegResponse,
-    Mooncake, MooncakeEndpoint, Nixl, PdBackend, PdFlow, PdRequest, Phase, Transport,
+    FlowConfig, ForwardHeaders, KvConnector, LegOutcome, LegRequest, LegResponse, Mooncake,
+    MooncakeEndpoint, Nixl, PdBackend, PdEndpoint, PdFlow, PdRequest, Phase, Transport,
 };
 use serde_json::{Value, json};
 
@@ -58,17 +58,17 @@ impl Drop for Guard {
 }
 
 impl PdBackend for Counting {
-    type Worker = Arc<Endpoint>;
+    type Worker = Arc<PdEndpoint>;
     type Guard = Guard;
 
-    fn reserve(&self, _: &Arc<Endpoint>, _: Phase) -> Guard {
+    fn reserve(&self, _: &Arc<PdEndpoint>, _: Phase) -> Guard {
         self.0.fetch_add(1, Ordering::Relaxed);
         Guard(Arc::clone(&self.0))
     }
-    fn reselect_prefill(&self, _: &Arc<Endpoint>, _: u32) -> Option<Arc<Endpoint>> {
+    fn reselect_prefill(&self, _: &Arc<PdEndpoint>, _: u32) -> Option<Arc<PdEndpoint>> {
         None
     }
-    fn record(&self, _: &Arc<Endpoint>, _: Phase, outcome: LegOutcome, _: Option<StatusCode>) {
+    fn record(&self, _: &Arc<PdEndpoint>, _: Phase, outcome: LegOutcome, _: Option<StatusCode>) {
         black_box(outcome);
     }
 }
@@ -130,14 +130,14 @@ fn flows(c: &mut Criterion) {
         FlowConfig::default(),
     );
     let prefill = Arc::new(
-        Endpoint::new("http://10.0.0.1:8000")
+        PdEndpoint::new("http://10.0.0.1:8000")
             .unwrap()
             .with_mooncake(MooncakeEndpoint {
                 bootstrap_addr: "http://10.0.0.1:8998".into(),
                 engine_ids: [(0, "engine-0".to_owned())].into_iter().collect(),
             }),
     );
-    let decode = Arc::new(Endpoint::new("http://10.0.0.2:8000").unwrap());
+    let decode = Arc::new(PdEndpoint::new("http://10.0.0.2:8000").unwrap());
 
     let mut group = c.benchmark_group("flow");
     group.throughput(Throughput::Elements(1));

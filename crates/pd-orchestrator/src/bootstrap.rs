@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::endpoint::{Endpoint, MooncakeEndpoint};
+use crate::endpoint::{MooncakeEndpoint, PdEndpoint};
 
 /// One `GET` of a bootstrap `/query` URL.
 pub trait BootstrapQuery: Send + Sync {
@@ -135,7 +135,7 @@ pub fn parse_query_response(body: &[u8]) -> Result<BTreeMap<u32, String>, String
 pub async fn learn_engine_ids<Q, S>(
     query: &Q,
     sleeper: &S,
-    prefill: &Endpoint,
+    prefill: &PdEndpoint,
     bootstrap_port: Option<u16>,
     retry: &BootstrapRetry,
 ) -> Result<MooncakeEndpoint, BootstrapError>

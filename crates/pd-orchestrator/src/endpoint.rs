@@ -1,6 +1,6 @@
 //! What the orchestrator needs to know about one prefill or decode worker.
 //!
-//! An [`Endpoint`] is plain data: the HTTP base URL, the data-parallel rank
+//! An [`PdEndpoint`] is plain data: the HTTP base URL, the data-parallel rank
 //! when the worker is one rank of a DP engine, the address other engines use
 //! to reach its KV side channel, and the connector-specific facts learned at
 //! registration (Mooncake engine ids from the bootstrap server, MoRI-IO
@@ -17,7 +17,7 @@ pub const DEFAULT_MOONCAKE_BOOTSTRAP_PORT: u16 = 8998;
 
 /// One prefill or decode worker as the two-phase flow addresses it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
+pub struct PdEndpoint {
     url: WorkerUrl,
     dp_rank: Option<u32>,
     kv_addr: Option<String>,
@@ -25,7 +25,7 @@ pub struct Endpoint {
     moriio: Option<MoriIoEndpoint>,
 }
 
-impl Endpoint {
+impl PdEndpoint {
     /// Parses `base_url` ([`WorkerUrl`]'s rules: `http://host:port`, or
     /// with a path prefix for an engine behind an ingress) into an endpoint
     /// without DP rank or connector metadata.
@@ -180,7 +180,7 @@ mod tests {
 
     #[test]
     fn parses_host_port_and_defaults() {
-        let e = Endpoint::new("http://10.0.0.1:8000/").unwrap();
+        let e = PdEndpoint::new("http://10.0.0.1:8000/").unwrap();
         assert_eq!(e.base_url(), "http://10.0.0.1:8000");
         assert_eq!((e.host(), e.port()), ("10.0.0.1", 8000));
         assert_eq!(e.kv_addr(), "10.0.0.1:8000");
@@ -188,15 +188,15 @@ mod tests {
             e.url_for("/v1/completions"),
             "http://10.0.0.1:8000/v1/completions"
         );
-        let e = Endpoint::new("https://example.com").unwrap();
+        let e = PdEndpoint::new("https://example.com").unwrap();
         assert_eq!(e.port(), 443);
-        let e = Endpoint::new("http://example.com").unwrap();
+        let e = PdEndpoint::new("http://example.com").unwrap();
         assert_eq!(e.port(), 80);
     }
 
     #[test]
     fn parses_ipv6_and_keeps_brackets_where_addresses_need_them() {
-        let e = Endpoint::new("http://[::1]:9000").unwrap();
+        let e = PdEndpoint::new("http://[::1]:9000").unwrap();
         assert_eq!(e.host(), "::1");
         assert_eq!(e.kv_addr(), "[::1]:9000");
         assert_eq!(e.mooncake_bootstrap_addr(None), "http://[::1]:8998");
@@ -218,13 +218,13 @@ mod tests {
             "http://::1:80",
             "http://[::1]x",
         ] {
-            assert!(Endpoint::new(bad).is_err(), "{bad} accepted");
+            assert!(PdEndpoint::new(bad).is_err(), "{bad} accepted");
         }
     }
 
     #[test]
     fn kv_addr_override_and_bootstrap_port() {
-        let e = Endpoint::new("http://p:8000")
+        let e = PdEndpoint::new("http://p:8000")
             .unwrap()
             .with_kv_addr("p:21001")
             .with_dp_rank(1);

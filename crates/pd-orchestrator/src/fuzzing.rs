@@ -7,7 +7,7 @@ use serde_json::Value;
 use crate::connector::{
     KvConnector, LegContext, Mooncake, MoriIo, MoriIoMode, Nixl, prepare_prefill_body,
 };
-use crate::endpoint::{Endpoint, MooncakeEndpoint, MoriIoEndpoint};
+use crate::endpoint::{MooncakeEndpoint, MoriIoEndpoint, PdEndpoint};
 
 /// Parses a Mooncake bootstrap `/query` answer.
 pub fn pd_bootstrap_query(data: &[u8]) {
@@ -50,7 +50,7 @@ pub fn pd_rewrite_bodies(data: &[u8]) {
         dp_size: 2,
         tp_size: 1,
     };
-    let prefill = Endpoint::new("http://p:1")
+    let prefill = PdEndpoint::new("http://p:1")
         .expect("static URL")
         .with_dp_rank(1)
         .with_moriio(moriio)
@@ -58,7 +58,7 @@ pub fn pd_rewrite_bodies(data: &[u8]) {
             bootstrap_addr: "http://p:8998".to_owned(),
             engine_ids: [(1, "e".to_owned())].into_iter().collect(),
         });
-    let decode = Endpoint::new("http://d:2")
+    let decode = PdEndpoint::new("http://d:2")
         .expect("static URL")
         .with_moriio(moriio);
     let ctx = LegContext {

@@ -7,7 +7,7 @@
 use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::endpoint::Endpoint;
+use crate::endpoint::PdEndpoint;
 use crate::error::PdError;
 
 /// `X-Request-Id`: carries the P2P request-id convention on both legs.
@@ -20,7 +20,7 @@ pub const DATA_PARALLEL_RANK: HeaderName = HeaderName::from_static("x-data-paral
 /// `___prefill_addr_{P}___decode_addr_{D}_{id}`.
 ///
 /// Both legs carry the same id. `P` and `D` are the endpoints' KV addresses
-/// ([`Endpoint::kv_addr`]).
+/// ([`PdEndpoint::kv_addr`]).
 pub fn p2p_request_id(prefill_addr: &str, decode_addr: &str, id: &str) -> String {
     let mut out = String::with_capacity(
         "___prefill_addr_".len()
@@ -92,7 +92,7 @@ fn is_flow_owned(name: &HeaderName) -> bool {
 pub(crate) fn leg_headers(
     forward: &ForwardHeaders,
     request_id: &str,
-    endpoint: &Endpoint,
+    endpoint: &PdEndpoint,
 ) -> Result<HeaderMap, PdError> {
     let mut headers = forward.extra.clone();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -130,7 +130,7 @@ mod tests {
             )
             .with_header(REQUEST_ID, HeaderValue::from_static("spoofed"))
             .with_header(AUTHORIZATION, HeaderValue::from_static("Bearer spoofed"));
-        let ep = Endpoint::new("http://d:1").unwrap().with_dp_rank(3);
+        let ep = PdEndpoint::new("http://d:1").unwrap().with_dp_rank(3);
         let h = leg_headers(&forward, "rid", &ep).unwrap();
         assert_eq!(h[REQUEST_ID], "rid");
         assert_eq!(h[DATA_PARALLEL_RANK], "3");
@@ -141,7 +141,7 @@ mod tests {
         let plain = leg_headers(
             &ForwardHeaders::new(),
             "rid",
-            &Endpoint::new("http://d:1").unwrap(),
+            &PdEndpoint::new("http://d:1").unwrap(),
         )
         .unwrap();
         assert!(plain.get(DATA_PARALLEL_RANK).is_none());

@@ -39,7 +39,7 @@
 //! use http::{HeaderMap, StatusCode};
 //! use http_body::Body as _;
 //! use pd_orchestrator::{
-//!     Endpoint, FlowConfig, ForwardHeaders, LegOutcome, LegRequest, LegResponse, Nixl,
+//!     PdEndpoint, FlowConfig, ForwardHeaders, LegOutcome, LegRequest, LegResponse, Nixl,
 //!     PdBackend, PdFlow, PdRequest, Phase, Transport,
 //! };
 //! use http_body_util::Full;
@@ -69,11 +69,11 @@
 //! #[derive(Default)]
 //! struct Loads(Mutex<Vec<(Phase, LegOutcome)>>);
 //! impl PdBackend for Loads {
-//!     type Worker = Arc<Endpoint>;
+//!     type Worker = Arc<PdEndpoint>;
 //!     type Guard = ();
-//!     fn reserve(&self, _: &Arc<Endpoint>, _: Phase) {}
-//!     fn reselect_prefill(&self, _: &Arc<Endpoint>, _: u32) -> Option<Arc<Endpoint>> { None }
-//!     fn record(&self, _: &Arc<Endpoint>, phase: Phase, outcome: LegOutcome, _: Option<StatusCode>) {
+//!     fn reserve(&self, _: &Arc<PdEndpoint>, _: Phase) {}
+//!     fn reselect_prefill(&self, _: &Arc<PdEndpoint>, _: u32) -> Option<Arc<PdEndpoint>> { None }
+//!     fn record(&self, _: &Arc<PdEndpoint>, phase: Phase, outcome: LegOutcome, _: Option<StatusCode>) {
 //!         self.0.lock().unwrap().push((phase, outcome));
 //!     }
 //! }
@@ -87,8 +87,8 @@
 //!     }
 //! }
 //!
-//! let prefill = Arc::new(Endpoint::new("http://10.0.0.1:8000")?);
-//! let decode = Arc::new(Endpoint::new("http://10.0.0.2:8000")?);
+//! let prefill = Arc::new(PdEndpoint::new("http://10.0.0.1:8000")?);
+//! let decode = Arc::new(PdEndpoint::new("http://10.0.0.2:8000")?);
 //! let flow = PdFlow::new(Memory::default(), Arc::new(Loads::default()), FlowConfig::default());
 //! let request = PdRequest {
 //!     path: "/v1/completions".into(),
@@ -146,7 +146,7 @@ pub use connector::{
     ConnectorKind, DecodeHandoff, KvConnector, LegContext, ModeMismatch, Mooncake, MoriIo,
     MoriIoMode, MoriIoModeGate, Nixl, PhaseOrder,
 };
-pub use endpoint::{DEFAULT_MOONCAKE_BOOTSTRAP_PORT, Endpoint, MooncakeEndpoint, MoriIoEndpoint};
+pub use endpoint::{DEFAULT_MOONCAKE_BOOTSTRAP_PORT, MooncakeEndpoint, MoriIoEndpoint, PdEndpoint};
 pub use error::{ConnectorError, PdError};
 pub use flow::{
     BoxError, FlowConfig, FlowStats, FlowStatsSnapshot, Handoff, LegOutcome, LegRequest,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use pd_orchestrator::bootstrap::{
     BootstrapError, BootstrapQuery, BootstrapRetry, Sleeper, learn_engine_ids,
 };
-use pd_orchestrator::{Endpoint, Mooncake, MooncakeEndpoint};
+use pd_orchestrator::{Mooncake, MooncakeEndpoint, PdEndpoint};
 use support::ready;
 
 /// Answers each `get` with the next scripted result; records the URLs.
@@ -70,7 +70,7 @@ fn learns_engine_ids_after_retrying_with_backoff() {
         Ok(TWO_RANKS),
     ]);
     let sleeper = RecordingSleeper::default();
-    let prefill = Endpoint::new("http://10.0.0.1:8000").unwrap();
+    let prefill = PdEndpoint::new("http://10.0.0.1:8000").unwrap();
     let learned = ready(learn_engine_ids(
         &query,
         &sleeper,
@@ -108,7 +108,7 @@ fn learns_engine_ids_after_retrying_with_backoff() {
 #[test]
 fn explicit_bootstrap_port_and_ipv6_host() {
     let query = ScriptedQuery::new(vec![Ok(r#"{"0": {"engine_id": "e"}}"#)]);
-    let prefill = Endpoint::new("http://[fd00::1]:8000").unwrap();
+    let prefill = PdEndpoint::new("http://[fd00::1]:8000").unwrap();
     let learned = ready(learn_engine_ids(
         &query,
         &RecordingSleeper::default(),
@@ -133,7 +133,7 @@ fn gives_up_with_a_clear_error_after_the_attempt_budget() {
     let error = ready(learn_engine_ids(
         &query,
         &sleeper,
-        &Endpoint::new("http://p:8000").unwrap(),
+        &PdEndpoint::new("http://p:8000").unwrap(),
         None,
         &retry,
     ))
@@ -171,7 +171,7 @@ fn an_invalid_answer_fails_at_once() {
     let error = ready(learn_engine_ids(
         &query,
         &sleeper,
-        &Endpoint::new("http://p:8000").unwrap(),
+        &PdEndpoint::new("http://p:8000").unwrap(),
         None,
         &BootstrapRetry::default(),
     ))
@@ -187,7 +187,7 @@ fn an_invalid_answer_fails_at_once() {
 fn learned_data_feeds_the_mooncake_decode_params() {
     use pd_orchestrator::{DecodeHandoff, KvConnector, LegContext};
     let query = ScriptedQuery::new(vec![Ok(TWO_RANKS)]);
-    let base = Endpoint::new("http://10.0.0.1:8000").unwrap();
+    let base = PdEndpoint::new("http://10.0.0.1:8000").unwrap();
     let learned = ready(learn_engine_ids(
         &query,
         &RecordingSleeper::default(),
@@ -197,7 +197,7 @@ fn learned_data_feeds_the_mooncake_decode_params() {
     ))
     .unwrap();
     let prefill = base.with_mooncake(learned).with_dp_rank(1);
-    let decode = Endpoint::new("http://10.0.0.2:8000").unwrap();
+    let decode = PdEndpoint::new("http://10.0.0.2:8000").unwrap();
     let ctx = LegContext {
         request_id: "r",
         attempt: 0,

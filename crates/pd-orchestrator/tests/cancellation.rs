@@ -16,8 +16,8 @@ use std::task::Poll;
 
 use http::StatusCode;
 use pd_orchestrator::{
-    Endpoint, FlowConfig, ForwardHeaders, KvConnector, LegOutcome, Mooncake, MoriIo, MoriIoMode,
-    Nixl, PdFlow, PdRequest, Phase,
+    FlowConfig, ForwardHeaders, KvConnector, LegOutcome, Mooncake, MoriIo, MoriIoMode, Nixl,
+    PdEndpoint, PdFlow, PdRequest, Phase,
 };
 use serde_json::json;
 use support::*;
@@ -28,9 +28,9 @@ const D: &str = "http://10.0.0.2:8000";
 struct Scenario {
     name: &'static str,
     connector: Box<dyn KvConnector>,
-    prefill: Arc<Endpoint>,
-    decode: Arc<Endpoint>,
-    spare: Option<Arc<Endpoint>>,
+    prefill: Arc<PdEndpoint>,
+    decode: Arc<PdEndpoint>,
+    spare: Option<Arc<PdEndpoint>>,
     failing_first_prefill: bool,
     stream: bool,
     /// Streaming with `include_usage`: the usage event is rewritten, split

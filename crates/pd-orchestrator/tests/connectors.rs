@@ -70,8 +70,8 @@ struct Run {
 
 fn run(
     connector: &dyn KvConnector,
-    prefill: Arc<pd_orchestrator::Endpoint>,
-    decode: Arc<pd_orchestrator::Endpoint>,
+    prefill: Arc<pd_orchestrator::PdEndpoint>,
+    decode: Arc<pd_orchestrator::PdEndpoint>,
     prefill_answer: Value,
 ) -> Run {
     let log = Log::default();
@@ -176,7 +176,7 @@ fn nixl_prefill_without_params_proceeds_counted_and_strips_client_params() {
 fn mooncake_concurrent_bodies_headers_and_dp_rank() {
     let prefill = mooncake_prefill("http://10.0.0.1:8000", Some(1));
     let decode = Arc::new(
-        pd_orchestrator::Endpoint::new("http://10.0.0.2:8000")
+        pd_orchestrator::PdEndpoint::new("http://10.0.0.2:8000")
             .unwrap()
             .with_dp_rank(0)
             .with_kv_addr("10.0.0.2:22001"),

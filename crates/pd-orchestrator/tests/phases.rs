@@ -38,7 +38,7 @@ struct Setup {
     flow: PdFlow<ScriptedTransport, TestBackend>,
 }
 
-fn setup(spares: Vec<Arc<pd_orchestrator::Endpoint>>, config: FlowConfig) -> Setup {
+fn setup(spares: Vec<Arc<pd_orchestrator::PdEndpoint>>, config: FlowConfig) -> Setup {
     let log = Log::default();
     let transport = ScriptedTransport::new(&log);
     let backend = TestBackend::with_spares(&log, spares);

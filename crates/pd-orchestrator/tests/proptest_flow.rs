@@ -10,8 +10,8 @@ use std::task::Poll;
 
 use http::StatusCode;
 use pd_orchestrator::{
-    Endpoint, FlowConfig, ForwardHeaders, KvConnector, LegOutcome, Mooncake, MoriIo, MoriIoMode,
-    Nixl, PdFlow, PdRequest, Phase, PhaseOrder,
+    FlowConfig, ForwardHeaders, KvConnector, LegOutcome, Mooncake, MoriIo, MoriIoMode, Nixl,
+    PdEndpoint, PdFlow, PdRequest, Phase, PhaseOrder,
 };
 use proptest::prelude::*;
 use serde_json::json;
@@ -71,13 +71,13 @@ fn step(script: LegScript, phase: Phase, stream: bool) -> Step {
 /// A connector with its prefill, decode and spare prefill endpoints.
 type Setup = (
     Box<dyn KvConnector>,
-    Arc<Endpoint>,
-    Arc<Endpoint>,
-    Vec<Arc<Endpoint>>,
+    Arc<PdEndpoint>,
+    Arc<PdEndpoint>,
+    Vec<Arc<PdEndpoint>>,
 );
 
 fn connector(index: usize) -> Setup {
-    let spares = |make: &dyn Fn(&str) -> Arc<Endpoint>| {
+    let spares = |make: &dyn Fn(&str) -> Arc<PdEndpoint>| {
         vec![make("http://10.0.0.5:1"), make("http://10.0.0.6:1")]
     };
     match index {

@@ -98,8 +98,8 @@ use lb_policies::{PolicyConfig, PolicyRegistry, RequestContext};
 use parking_lot::Mutex;
 use pd_orchestrator::bootstrap::{BootstrapQuery, BootstrapRetry, Sleeper, learn_engine_ids};
 use pd_orchestrator::{
-    Endpoint as PdEndpoint, FlowConfig, FlowStatsSnapshot, ForwardHeaders, KvConnector, LegOutcome,
-    LegRequest, LegResponse, Mooncake, MoriIo, MoriIoEndpoint, MoriIoMode, Nixl, PdBackend,
+    FlowConfig, FlowStatsSnapshot, ForwardHeaders, KvConnector, LegOutcome, LegRequest,
+    LegResponse, Mooncake, MoriIo, MoriIoEndpoint, MoriIoMode, Nixl, PdBackend, PdEndpoint,
     PdError, PdFlow, PdRequest, PdWorker, Phase, PhaseOrder, Transport,
 };
 use std::borrow::Cow;
@@ -585,15 +585,13 @@ impl PdRole {
     }
 
     fn apply(&self, event: &MembershipEvent) {
-        use lb_policies::MembershipEvent as PolicyEvent;
+        for change in event.for_policies() {
+            self.policies.on_membership(change);
+        }
         if let Some(old) = event.removed() {
             self.endpoints.lock().remove(old.key());
-            self.policies
-                .on_membership(PolicyEvent::Removed { key: old.key() });
         }
         if let Some(new) = event.added() {
-            self.policies
-                .on_membership(PolicyEvent::Added { key: new.key() });
             let discovered = matches!(self.source, Source::Discovery { .. });
             if discovered && self.connector.is_mooncake() && self.role == RoleKind::Prefill {
                 if let Some(endpoint) = self.endpoint(new).filter(|e| e.mooncake().is_none()) {

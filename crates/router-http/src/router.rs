@@ -246,16 +246,8 @@ impl Router {
     /// Forwards a membership event to the policies: a replaced worker is a
     /// removal of the old lifetime's key and an addition of the new one's.
     pub fn apply(&self, event: &MembershipEvent) {
-        use lb_policies::MembershipEvent as PolicyEvent;
-        if let Some(old) = event.removed() {
-            self.shared
-                .policies
-                .on_membership(PolicyEvent::Removed { key: old.key() });
-        }
-        if let Some(new) = event.added() {
-            self.shared
-                .policies
-                .on_membership(PolicyEvent::Added { key: new.key() });
+        for change in event.for_policies() {
+            self.shared.policies.on_membership(change);
         }
     }
 

@@ -7,7 +7,23 @@
 //! endpoint is a new member to the policies and its old affinity goes with
 //! the old generation.
 
-use crate::Worker;
+use crate::{MembershipEvent, Worker};
+
+impl MembershipEvent {
+    /// This event as the policies see it, the one translation between the
+    /// two membership types: worker keys carry the registration generation,
+    /// so a replaced worker is the old lifetime's key leaving (its affinity
+    /// goes with it) and the new lifetime's key joining.
+    pub fn for_policies(&self) -> impl Iterator<Item = lb_policies::MembershipEvent<'_>> {
+        let removed = self
+            .removed()
+            .map(|old| lb_policies::MembershipEvent::Removed { key: old.key() });
+        let added = self
+            .added()
+            .map(|new| lb_policies::MembershipEvent::Added { key: new.key() });
+        removed.into_iter().chain(added)
+    }
+}
 
 impl lb_policies::Backend for Worker {
     fn key(&self) -> &str {
@@ -31,6 +47,29 @@ impl lb_policies::Backend for Worker {
 mod tests {
     use crate::{Endpoint, RoleKind, StaticWorkerSet, WorkerOptions, WorkerRole, WorkerSpec};
     use lb_policies::{Backend, Policy, RequestContext, RoundRobin};
+
+    #[test]
+    fn a_replacement_reaches_the_policies_as_the_old_key_leaving_and_the_new_joining() {
+        let set = StaticWorkerSet::new(RoleKind::Regular, WorkerOptions::default()).unwrap();
+        let endpoint = Endpoint::new("http://127.0.0.1:8001", None).unwrap();
+        let spec = WorkerSpec::new(WorkerRole::Regular, endpoint);
+        let added = set.add(spec.clone()).unwrap();
+        let first = added.added().unwrap().key().to_owned();
+        assert_eq!(
+            added.for_policies().collect::<Vec<_>>(),
+            [lb_policies::MembershipEvent::Added { key: &first }]
+        );
+        let replaced = set.replace(spec).unwrap();
+        let second = replaced.added().unwrap().key().to_owned();
+        assert_ne!(first, second, "a new lifetime has a new key");
+        assert_eq!(
+            replaced.for_policies().collect::<Vec<_>>(),
+            [
+                lb_policies::MembershipEvent::Removed { key: &first },
+                lb_policies::MembershipEvent::Added { key: &second },
+            ]
+        );
+    }
 
     #[test]
     fn policies_select_workers_and_see_their_live_load() {

@@ -26,7 +26,7 @@ pub use nixl::Nixl;
 
 use serde_json::{Map, Value};
 
-use crate::endpoint::Endpoint;
+use crate::endpoint::PdEndpoint;
 use crate::error::ConnectorError;
 
 /// The key both legs' KV instructions live under.
@@ -78,9 +78,9 @@ pub struct LegContext<'a> {
     /// engine can never be confused with the retry's.
     pub attempt: u32,
     /// The prefill endpoint of this attempt.
-    pub prefill: &'a Endpoint,
+    pub prefill: &'a PdEndpoint,
     /// The decode endpoint.
-    pub decode: &'a Endpoint,
+    pub decode: &'a PdEndpoint,
 }
 
 /// What a connector put into the decode request.

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use super::{
     ConnectorKind, DecodeHandoff, KV_TRANSFER_PARAMS, KvConnector, LegContext, PhaseOrder,
 };
-use crate::endpoint::{Endpoint, MoriIoEndpoint};
+use crate::endpoint::{MoriIoEndpoint, PdEndpoint};
 use crate::error::ConnectorError;
 
 /// The KV transfer direction of a MoRI-IO cluster. Every engine of a
@@ -202,7 +202,7 @@ impl MoriIo {
 }
 
 fn moriio_of<'a>(
-    endpoint: &'a Endpoint,
+    endpoint: &'a PdEndpoint,
     role: &'static str,
 ) -> Result<&'a MoriIoEndpoint, ConnectorError> {
     endpoint
@@ -216,7 +216,7 @@ fn moriio_of<'a>(
 /// The fields both legs share, describing the *remote* engine.
 fn remote_fields(
     ctx: &LegContext<'_>,
-    remote: &Endpoint,
+    remote: &PdEndpoint,
     info: &MoriIoEndpoint,
     prefill_side: bool,
 ) -> Map<String, Value> {

@@ -754,7 +754,7 @@ impl<'a> Legs<'a> {
         &self,
         phase: Phase,
         ctx: &LegContext<'_>,
-        target: &crate::Endpoint,
+        target: &crate::PdEndpoint,
         body: &Map<String, Value>,
     ) -> Result<(LegRequest, String), PdError> {
         let wire_id = p2p_request_id(
@@ -769,7 +769,7 @@ impl<'a> Legs<'a> {
     fn leg(
         &self,
         phase: Phase,
-        target: &crate::Endpoint,
+        target: &crate::PdEndpoint,
         wire_id: &str,
         body: &Map<String, Value>,
     ) -> Result<LegRequest, PdError> {

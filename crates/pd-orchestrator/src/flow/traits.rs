@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
-use crate::endpoint::Endpoint;
+use crate::endpoint::PdEndpoint;
 
 /// The boxed error type of [`crate::PdBody`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -81,20 +81,20 @@ pub trait Transport: Send + Sync {
     fn send(&self, leg: LegRequest) -> Self::Future;
 }
 
-/// A worker as the flow sees it: something with an [`Endpoint`].
+/// A worker as the flow sees it: something with an [`PdEndpoint`].
 pub trait PdWorker {
     /// How to address this worker.
-    fn endpoint(&self) -> &Endpoint;
+    fn endpoint(&self) -> &PdEndpoint;
 }
 
 impl<W: PdWorker + ?Sized> PdWorker for Arc<W> {
-    fn endpoint(&self) -> &Endpoint {
+    fn endpoint(&self) -> &PdEndpoint {
         (**self).endpoint()
     }
 }
 
-impl PdWorker for Endpoint {
-    fn endpoint(&self) -> &Endpoint {
+impl PdWorker for PdEndpoint {
+    fn endpoint(&self) -> &PdEndpoint {
         self
     }
 }

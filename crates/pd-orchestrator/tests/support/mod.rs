@@ -14,8 +14,8 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame};
 use pd_orchestrator::{
-    Endpoint, LegOutcome, LegRequest, LegResponse, MooncakeEndpoint, MoriIoEndpoint, PdBackend,
-    PdBody, Phase, Transport,
+    LegOutcome, LegRequest, LegResponse, MooncakeEndpoint, MoriIoEndpoint, PdBackend, PdBody,
+    PdEndpoint, Phase, Transport,
 };
 use serde_json::Value;
 
@@ -300,8 +300,8 @@ pub struct TestBackend {
     counters: Arc<Counters>,
     outcomes: Mutex<Vec<(String, Phase, LegOutcome)>>,
     statuses: Mutex<Vec<(Phase, Option<u16>)>>,
-    spare_prefills: Mutex<VecDeque<Arc<Endpoint>>>,
-    late_decodes: Mutex<VecDeque<Arc<Endpoint>>>,
+    spare_prefills: Mutex<VecDeque<Arc<PdEndpoint>>>,
+    late_decodes: Mutex<VecDeque<Arc<PdEndpoint>>>,
     pub log: Log,
 }
 
@@ -334,7 +334,7 @@ impl TestBackend {
             ..Self::default()
         })
     }
-    pub fn with_spares(log: &Log, spares: Vec<Arc<Endpoint>>) -> Arc<Self> {
+    pub fn with_spares(log: &Log, spares: Vec<Arc<PdEndpoint>>) -> Arc<Self> {
         Arc::new(Self {
             log: log.clone(),
             spare_prefills: Mutex::new(spares.into()),
@@ -343,10 +343,10 @@ impl TestBackend {
     }
     /// Queues decode workers that `select_decode` hands out, in order
     /// (none queued: no decode worker is available).
-    pub fn offer_decodes(&self, decodes: Vec<Arc<Endpoint>>) {
+    pub fn offer_decodes(&self, decodes: Vec<Arc<PdEndpoint>>) {
         self.late_decodes.lock().unwrap().extend(decodes);
     }
-    pub fn live(&self, worker: &Endpoint, phase: Phase) -> i64 {
+    pub fn live(&self, worker: &PdEndpoint, phase: Phase) -> i64 {
         let key = (worker.base_url().to_owned(), phase);
         *self.counters.live.lock().unwrap().get(&key).unwrap_or(&0)
     }
@@ -393,10 +393,10 @@ impl TestBackend {
 }
 
 impl PdBackend for TestBackend {
-    type Worker = Arc<Endpoint>;
+    type Worker = Arc<PdEndpoint>;
     type Guard = TestGuard;
 
-    fn reserve(&self, worker: &Arc<Endpoint>, phase: Phase) -> TestGuard {
+    fn reserve(&self, worker: &Arc<PdEndpoint>, phase: Phase) -> TestGuard {
         let key = (worker.base_url().to_owned(), phase);
         *self
             .counters
@@ -414,11 +414,15 @@ impl PdBackend for TestBackend {
         }
     }
 
-    fn reselect_prefill(&self, _failed: &Arc<Endpoint>, _attempt: u32) -> Option<Arc<Endpoint>> {
+    fn reselect_prefill(
+        &self,
+        _failed: &Arc<PdEndpoint>,
+        _attempt: u32,
+    ) -> Option<Arc<PdEndpoint>> {
         self.spare_prefills.lock().unwrap().pop_front()
     }
 
-    fn select_decode(&self, _prefill: &Arc<Endpoint>) -> Option<Arc<Endpoint>> {
+    fn select_decode(&self, _prefill: &Arc<PdEndpoint>) -> Option<Arc<PdEndpoint>> {
         let chosen = self.late_decodes.lock().unwrap().pop_front();
         match &chosen {
             Some(decode) => self
@@ -431,7 +435,7 @@ impl PdBackend for TestBackend {
 
     fn record(
         &self,
-        worker: &Arc<Endpoint>,
+        worker: &Arc<PdEndpoint>,
         phase: Phase,
         outcome: LegOutcome,
         status: Option<StatusCode>,
@@ -494,12 +498,12 @@ pub fn read_all(body: &mut PdBody<ScriptBody, TestBackend>) -> Result<Vec<u8>, S
     panic!("body did not end")
 }
 
-pub fn endpoint(url: &str) -> Arc<Endpoint> {
-    Arc::new(Endpoint::new(url).unwrap())
+pub fn endpoint(url: &str) -> Arc<PdEndpoint> {
+    Arc::new(PdEndpoint::new(url).unwrap())
 }
 
-pub fn mooncake_prefill(url: &str, rank: Option<u32>) -> Arc<Endpoint> {
-    let mut endpoint = Endpoint::new(url).unwrap();
+pub fn mooncake_prefill(url: &str, rank: Option<u32>) -> Arc<PdEndpoint> {
+    let mut endpoint = PdEndpoint::new(url).unwrap();
     let bootstrap_addr = endpoint.mooncake_bootstrap_addr(None);
     endpoint = endpoint.with_mooncake(MooncakeEndpoint {
         bootstrap_addr,
@@ -519,8 +523,8 @@ pub fn moriio(
     notify: u16,
     dp_size: u32,
     rank: Option<u32>,
-) -> Arc<Endpoint> {
-    let mut endpoint = Endpoint::new(url).unwrap().with_moriio(MoriIoEndpoint {
+) -> Arc<PdEndpoint> {
+    let mut endpoint = PdEndpoint::new(url).unwrap().with_moriio(MoriIoEndpoint {
         handshake_port: handshake,
         notify_port: notify,
         dp_size,
