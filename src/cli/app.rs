@@ -602,21 +602,8 @@ async fn http_register(
 ) -> http::Response<router_http::BoxBody> {
     use router_http::ApiError;
     let config = router.config();
-    let required = config
-        .admin_api_key
-        .as_deref()
-        .or(config.api_key.as_deref());
-    if let Some(key) = required {
-        let presented = request
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim());
-        if presented != Some(key) {
-            return ApiError::Unauthorized.into_response();
-        }
+    if let Err(refused) = router.authorize(router_http::Route::Register, request.headers()) {
+        return refused.into_response();
     }
     let limited = http_body_util::Limited::new(request.into_body(), 64 * 1024);
     let body = match tokio::time::timeout(config.request_body_timeout, limited.collect()).await {

@@ -267,8 +267,9 @@ impl<B: Body> Body for IdleTimeout<B> {
 /// A boxed body type the router answers with: bytes, errors boxed.
 pub type BoxBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
-/// The boxed error of a [`BoxBody`].
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The boxed error of a [`BoxBody`]: pd-orchestrator's, so bodies and
+/// errors pass between the two crates without conversion.
+pub use pd_orchestrator::BoxError;
 
 #[cfg(test)]
 mod tests {

@@ -319,7 +319,12 @@ impl Router {
         response
     }
 
-    fn authorize(&self, route: Route, headers: &http::HeaderMap) -> Result<(), ApiError> {
+    /// Checks the credential `route` needs: the inference key for proxied
+    /// routes, the admin key (or the inference key when no admin key is
+    /// set) for admin routes and admin reads, nothing for probes and
+    /// metrics. Hosts that serve a route of their own (the reference
+    /// router's `/register`) call this rather than parse keys themselves.
+    pub fn authorize(&self, route: Route, headers: &http::HeaderMap) -> Result<(), ApiError> {
         let config = &self.shared.config;
         // Admin reads reveal worker URLs: they need the admin credential
         // exactly like the admin writes.
@@ -335,7 +340,9 @@ impl Router {
         };
         match required {
             None => Ok(()),
-            Some(key) if bearer(headers) == Some(key) => Ok(()),
+            Some(key) if bearer(headers).is_some_and(|presented| same_key(presented, key)) => {
+                Ok(())
+            }
             Some(_) => Err(ApiError::Unauthorized),
         }
     }
@@ -776,6 +783,22 @@ fn outcome_of(err: &UpstreamError) -> Outcome {
     }
 }
 
+/// Compares a presented key with the configured one in time that depends
+/// only on their lengths, so response timing does not reveal how many
+/// leading characters of a guess were right.
+fn same_key(presented: &str, key: &str) -> bool {
+    let (presented, key) = (presented.as_bytes(), key.as_bytes());
+    if presented.len() != key.len() {
+        return false;
+    }
+    let difference = presented
+        .iter()
+        .zip(key)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    // Keep the optimizer from turning the fold into an early exit.
+    std::hint::black_box(difference) == 0
+}
+
 fn bearer(headers: &http::HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
@@ -920,6 +943,14 @@ mod tests {
             assert_eq!(err.status(), StatusCode::BAD_REQUEST, "{bad}");
             assert!(err.to_string().contains(bad), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn keys_match_only_when_equal() {
+        assert!(same_key("secret-key", "secret-key"));
+        assert!(!same_key("secret-kez", "secret-key"));
+        assert!(!same_key("secret", "secret-key"));
+        assert!(!same_key("", "k"));
     }
 
     #[test]
