@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Full};
 use std::sync::Arc;
 use worker_lifecycle::{
     DrainOutcome, Endpoint, HealthProbe, Lifecycle, ProbeError, RoleKind, Worker, WorkerRole,
-    WorkerSpec, WorkerUrl, drain_worker,
+    WorkerSpec, WorkerUrl,
 };
 
 /// Answers one of the router's own routes.
@@ -266,12 +266,8 @@ async fn remove_worker(
     let (worker, drain) = match router.pd() {
         Some(pd) => {
             let role = pd_role(pd, query)?;
-            if role.registry().is_some() {
-                return Err(ApiError::InvalidRequest(format!(
-                    "{} workers are discovered; they leave by deregistering",
-                    role.role()
-                )));
-            }
+            // Refused before anything is answered, `wait=false` included.
+            role.static_set()?;
             let worker = role
                 .workers()
                 .iter()
@@ -280,16 +276,17 @@ async fn remove_worker(
                 .ok_or_else(|| ApiError::WorkerNotFound(format!("{} worker {url}", role.role())))?;
             let kind = role.role();
             worker.start_drain();
+            let draining = Arc::clone(&worker);
             let task = tokio::spawn(async move {
                 let pd = owner
                     .pd()
-                    .ok_or_else(|| ApiError::WorkerNotFound(endpoint.to_string()))?;
+                    .ok_or_else(|| ApiError::WorkerNotFound(draining.url().to_owned()))?;
                 let role = if kind == RoleKind::Prefill {
                     pd.prefill()
                 } else {
                     pd.decode()
                 };
-                role.remove_worker(&endpoint, deadline).await
+                role.drain_and_remove(&draining, deadline).await
             });
             (worker, task)
         }
@@ -301,13 +298,13 @@ async fn remove_worker(
             worker.start_drain();
             let draining = Arc::clone(&worker);
             let task = tokio::spawn(async move {
-                let outcome = drain_worker(&draining, deadline).await;
                 // Exactly this lifetime: a replacement that took its place
                 // meanwhile stays.
-                if let Some(event) = owner.worker_set().remove_worker(&draining) {
-                    owner.apply(&event);
+                let report = owner.worker_set().drain_lifetime(&draining, deadline).await;
+                for event in &report.events {
+                    owner.apply(event);
                 }
-                Ok(matches!(outcome, DrainOutcome::Idle))
+                Ok(matches!(report.outcome, DrainOutcome::Idle))
             });
             (worker, task)
         }

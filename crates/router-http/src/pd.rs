@@ -445,16 +445,35 @@ impl PdRole {
         endpoint: &Endpoint,
         deadline: tokio::time::Instant,
     ) -> Result<bool, ApiError> {
-        let Source::Static(set) = &self.source else {
-            return Err(ApiError::InvalidRequest(format!(
+        let set = self.static_set()?;
+        let worker = set
+            .get(endpoint)
+            .ok_or_else(|| ApiError::WorkerNotFound(format!("{} worker {endpoint}", self.role)))?;
+        self.drain_and_remove(&worker, deadline).await
+    }
+
+    /// The hand-managed worker set of a static role; a discovered role's
+    /// workers leave by deregistering, not by an admin call.
+    pub(crate) fn static_set(&self) -> Result<&StaticWorkerSet, ApiError> {
+        match &self.source {
+            Source::Static(set) => Ok(set),
+            _ => Err(ApiError::InvalidRequest(format!(
                 "{} workers are discovered; they leave by deregistering",
                 self.role
-            )));
-        };
-        let report = set
-            .drain(endpoint, deadline)
-            .await
-            .map_err(|_| ApiError::WorkerNotFound(format!("{} worker {endpoint}", self.role)))?;
+            ))),
+        }
+    }
+
+    /// [`remove_worker`](Self::remove_worker) for a worker already looked
+    /// up: drains exactly this lifetime, removes it if it is still a member
+    /// and tells the policies. Returns whether its load reached 0.
+    pub async fn drain_and_remove(
+        &self,
+        worker: &Arc<Worker>,
+        deadline: tokio::time::Instant,
+    ) -> Result<bool, ApiError> {
+        let set = self.static_set()?;
+        let report = set.drain_lifetime(worker, deadline).await;
         for event in &report.events {
             self.apply(event);
         }

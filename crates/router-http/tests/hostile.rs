@@ -340,18 +340,13 @@ async fn remove_worker_can_answer_at_once_while_the_drain_goes_on() {
     wait_until_the_fleet_is_empty(&fixture, &worker).await;
 }
 
-/// A router behind [`router_http::serve_with`] with `server` limits.
-async fn limited_server(server: router_http::ServerConfig) -> (SocketAddr, router_http::Router) {
-    let router = router_http::Router::new(RouterConfig {
+/// A router with `server` limits and no workers, serving on loopback.
+async fn limited_server(server: router_http::ServerConfig) -> Fixture {
+    let config = RouterConfig {
         server,
         ..RouterConfig::default()
-    })
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let serving = router.clone();
-    tokio::spawn(async move { serving.serve(listener, std::future::pending()).await });
-    (addr, router)
+    };
+    Fixture::start(config, Vec::new()).await
 }
 
 /// Waits (bounded) until the server counts no open connection.
@@ -369,12 +364,12 @@ async fn wait_until_every_connection_closed(stats: &router_http::ServerStats) {
 
 #[tokio::test]
 async fn a_client_that_trickles_its_headers_is_disconnected() {
-    let (addr, router) = limited_server(router_http::ServerConfig {
+    let fixture = limited_server(router_http::ServerConfig {
         header_read_timeout: Some(Duration::from_millis(500)),
         ..router_http::ServerConfig::default()
     })
     .await;
-    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
     stream.write_all(b"GET /hea").await.unwrap();
     // The rest would come a byte at a time; the router closes first.
     let mut buffer = [0u8; 256];
@@ -386,32 +381,35 @@ async fn a_client_that_trickles_its_headers_is_disconnected() {
         "{read:?}"
     );
     // Its slot is free again.
-    let stats = &router.config().server.stats;
+    let stats = &fixture.router.config().server.stats;
     wait_until_every_connection_closed(stats).await;
     assert_eq!(stats.header_timeouts(), 1);
 }
 
 #[tokio::test]
 async fn connections_over_the_cap_wait_until_one_closes() {
-    let (addr, router) = limited_server(router_http::ServerConfig {
+    let fixture = limited_server(router_http::ServerConfig {
         max_connections: 2,
         ..router_http::ServerConfig::default()
     })
     .await;
-    let mut held = vec![Connection::open(addr).await, Connection::open(addr).await];
+    let mut held = vec![
+        Connection::open(fixture.addr).await,
+        Connection::open(fixture.addr).await,
+    ];
     for connection in &mut held {
         let response = connection.send("GET", "/health", &[], "").await;
         assert_eq!(response.status(), StatusCode::OK);
     }
     // The kernel completes the third handshake, but the router does not
     // serve it while two connections are open.
-    let third = tokio::spawn(call(addr, "GET", "/health", &[], ""));
+    let third = tokio::spawn(call(fixture.addr, "GET", "/health", &[], ""));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !third.is_finished(),
         "a third connection was served over the cap"
     );
-    assert!(router.config().server.stats.at_limit() >= 1);
+    assert!(fixture.router.config().server.stats.at_limit() >= 1);
     held.pop();
     let (status, _, _) = tokio::time::timeout(Duration::from_secs(30), third)
         .await
@@ -449,7 +447,7 @@ async fn a_body_that_does_not_arrive_in_time_is_a_408_and_charges_no_worker() {
 
 #[tokio::test]
 async fn a_client_that_connects_and_sends_nothing_is_disconnected() {
-    let (addr, router) = limited_server(router_http::ServerConfig {
+    let fixture = limited_server(router_http::ServerConfig {
         header_read_timeout: Some(Duration::from_millis(500)),
         ..router_http::ServerConfig::default()
     })
@@ -457,7 +455,7 @@ async fn a_client_that_connects_and_sends_nothing_is_disconnected() {
     // Nothing at all, and the first bytes of an HTTP/2 preface: neither
     // lets the server choose a protocol, and neither may hold a slot.
     for sent in [&b""[..], b"PRI * HT"] {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
         stream.write_all(sent).await.unwrap();
         let mut buffer = [0u8; 64];
         let read = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut buffer))
@@ -465,7 +463,7 @@ async fn a_client_that_connects_and_sends_nothing_is_disconnected() {
             .expect("a silent connection stayed open past the header-read timeout");
         assert!(matches!(read, Ok(0) | Err(_)), "{sent:?}: {read:?}");
     }
-    let stats = &router.config().server.stats;
+    let stats = &fixture.router.config().server.stats;
     wait_until_every_connection_closed(stats).await;
     assert_eq!(stats.header_timeouts(), 2);
 }
@@ -473,33 +471,20 @@ async fn a_client_that_connects_and_sends_nothing_is_disconnected() {
 #[tokio::test]
 async fn a_silent_connection_does_not_hold_up_shutdown() {
     // The default 30 s header-read timeout: shutdown must not wait for it.
-    let router = router_http::Router::new(RouterConfig {
+    let config = RouterConfig {
         shutdown_grace: Duration::from_secs(20),
         ..RouterConfig::default()
-    })
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = router.clone();
-    let server = tokio::spawn(async move {
-        serving
-            .serve(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    let _silent = TcpStream::connect(addr).await.unwrap();
-    let stats = &router.config().server.stats;
+    };
+    let fixture = Fixture::start(config, Vec::new()).await;
+    let _silent = TcpStream::connect(fixture.addr).await.unwrap();
+    let stats = &fixture.router.config().server.stats;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while stats.open_connections() == 0 {
         assert!(tokio::time::Instant::now() < deadline, "never accepted");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    stop.send(()).unwrap();
-    let outcome = tokio::time::timeout(Duration::from_secs(15), server)
+    let outcome = tokio::time::timeout(Duration::from_secs(15), fixture.shutdown())
         .await
-        .expect("shutdown waited for a connection that never sent a byte")
-        .unwrap();
+        .expect("shutdown waited for a connection that never sent a byte");
     assert_eq!(outcome, router_http::ShutdownOutcome::Drained);
 }

@@ -6,6 +6,8 @@
 //! its set or pool, which emits the [`MembershipEvent`]. The wait holds no
 //! lock.
 
+use std::sync::Arc;
+
 use tokio::time::Instant as TokioInstant;
 
 use crate::membership::MembershipEvent;
@@ -57,9 +59,20 @@ impl StaticWorkerSet {
         let worker = self
             .get(endpoint)
             .ok_or_else(|| StaticSetError::NotFound(endpoint.to_string()))?;
-        let outcome = drain_worker(&worker, deadline).await;
-        let events = self.remove_worker(&worker).into_iter().collect();
-        Ok(DrainReport { outcome, events })
+        Ok(self.drain_lifetime(&worker, deadline).await)
+    }
+
+    /// Drains exactly this worker lifetime and removes it if it is still a
+    /// member: for a caller that already holds the worker, so a
+    /// replacement registered at the same endpoint meanwhile is left alone.
+    pub async fn drain_lifetime(
+        &self,
+        worker: &Arc<Worker>,
+        deadline: TokioInstant,
+    ) -> DrainReport {
+        let outcome = drain_worker(worker, deadline).await;
+        let events = self.remove_worker(worker).into_iter().collect();
+        DrainReport { outcome, events }
     }
 }
 

@@ -67,7 +67,7 @@ pub struct WorkerUrl {
     text: std::sync::Arc<str>,
     /// Where the authority ends and the path prefix starts in `text`.
     prefix_start: usize,
-    /// Where the host starts and ends in `text` (IPv6 without brackets).
+    /// Where the host starts and ends in `text` (IPv6 with its brackets).
     host: (usize, usize),
     /// The port, explicit or the scheme's default.
     port: u16,
@@ -131,29 +131,41 @@ impl WorkerUrl {
         if host.is_empty() {
             return Err(fail("it has no host"));
         }
-        let port = port.unwrap_or(default_port);
-        let mut text = String::with_capacity(url.len());
+        let parsed = Self::assemble(
+            scheme == "https",
+            &host,
+            port.unwrap_or(default_port),
+            prefix,
+        );
+        if parsed.text.parse::<http::Uri>().is_err() {
+            return Err(fail("it is not a valid URL"));
+        }
+        Ok(parsed)
+    }
+
+    /// The canonical URL of checked parts: `host` canonical (IPv6 in
+    /// brackets), the port left out when it is the scheme's default.
+    fn assemble(https: bool, host: &str, port: u16, prefix: &str) -> Self {
+        let (scheme, default_port) = if https { ("https", 443) } else { ("http", 80) };
+        let mut text = String::with_capacity(scheme.len() + host.len() + prefix.len() + 9);
         text.push_str(scheme);
         text.push_str("://");
-        let host_start = text.len() + usize::from(host.starts_with('['));
-        text.push_str(&host);
-        let host_end = text.len() - usize::from(host.starts_with('['));
+        let host_start = text.len();
+        text.push_str(host);
+        let host = (host_start, text.len());
         if port != default_port {
             text.push(':');
             text.push_str(&port.to_string());
         }
         let prefix_start = text.len();
         text.push_str(prefix);
-        if text.parse::<http::Uri>().is_err() {
-            return Err(fail("it is not a valid URL"));
-        }
-        Ok(Self {
+        Self {
             text: text.into(),
             prefix_start,
-            host: (host_start, host_end),
+            host,
             port,
-            https: scheme == "https",
-        })
+            https,
+        }
     }
 
     /// [`parse`](Self::parse) for a client that speaks plain HTTP only:
@@ -184,6 +196,14 @@ impl WorkerUrl {
 
     /// The host, without IPv6 brackets.
     pub fn host(&self) -> &str {
+        let host = self.bracketed_host();
+        host.strip_prefix('[')
+            .and_then(|inner| inner.strip_suffix(']'))
+            .unwrap_or(host)
+    }
+
+    /// The host as written in the URL (IPv6 in brackets).
+    fn bracketed_host(&self) -> &str {
         &self.text[self.host.0..self.host.1]
     }
 
@@ -195,12 +215,7 @@ impl WorkerUrl {
     /// `host:port` as a connection is addressed, IPv6 in brackets, the
     /// port always written.
     pub fn host_port(&self) -> String {
-        let (open, close) = if self.host().contains(':') {
-            ("[", "]")
-        } else {
-            ("", "")
-        };
-        format!("{open}{}{close}:{}", self.host(), self.port)
+        format!("{}:{}", self.bracketed_host(), self.port)
     }
 
     /// The path prefix (`/engine-a`), or `""` for an engine at the root.
@@ -223,19 +238,7 @@ impl WorkerUrl {
     /// The same host with another port and no prefix: a side server of the
     /// engine, such as a Mooncake bootstrap server.
     pub fn with_port(&self, port: u16) -> Self {
-        let scheme = if self.https { "https" } else { "http" };
-        let host = &self.text[self.host.0 - usize::from(self.host().contains(':'))
-            ..self.host.1 + usize::from(self.host().contains(':'))];
-        let text = format!("{scheme}://{host}:{port}");
-        let prefix_start = text.len();
-        let host_start = scheme.len() + 3 + usize::from(host.starts_with('['));
-        Self {
-            host: (host_start, host_start + self.host().len()),
-            text: text.into(),
-            prefix_start,
-            port,
-            https: self.https,
-        }
+        Self::assemble(self.https, self.bracketed_host(), port, "")
     }
 }
 
