@@ -305,16 +305,16 @@ impl Registries {
         // The label names router-http's P/D pools read.
         let mut labels = BTreeMap::new();
         if let Some(zmq) = &registration.zmq_address {
-            labels.insert(router_http::pd::labels::KV_ADDR.to_owned(), zmq.clone());
+            labels.insert(worker_lifecycle::labels::KV_ADDR.to_owned(), zmq.clone());
         }
         if let Some(mode) = &registration.transfer_mode {
             labels.insert(
-                router_http::pd::labels::MORIIO_MODE.to_owned(),
+                worker_lifecycle::labels::MORIIO_MODE.to_owned(),
                 mode.to_ascii_lowercase(),
             );
         }
         if let Some(moriio) = &registration.moriio {
-            use router_http::pd::labels;
+            use worker_lifecycle::labels;
             for (label, value) in [
                 (
                     labels::MORIIO_HANDSHAKE_PORT,

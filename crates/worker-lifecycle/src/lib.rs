@@ -101,6 +101,7 @@ pub mod fuzzing;
 mod guard;
 #[cfg(not(loom))]
 mod health;
+pub mod labels;
 mod membership;
 mod outcome;
 #[cfg(feature = "lb-policies")]
