@@ -14,17 +14,12 @@
 //! Groups (`routing_*`):
 //!
 //! - `decision`: the three steps above.
-//! - `pd_pair`: the same for a prefill/decode pair, by hand, the way a host
-//!   using only lb-policies and worker-lifecycle does it: one parse, a
-//!   `cache_aware` selection among N prefill workers, a `power_of_two`
-//!   selection among N decode workers, and one guard per phase.
-//!   pd-orchestrator itself has no pair-selection API (the host chooses
-//!   the pair and hands it to `PdFlow::run`).
-//! - `pd_select`: the same pair chosen by router-http's
-//!   `PdPools::select_pair`, the reference router's P/D path (both roles'
-//!   serialized steps, candidates by model, both policies, the prefill
-//!   reserved at selection), then each phase's guard reserved, released
-//!   and its outcome recorded, as the two-phase flow does.
+//! - `pd_select`: a prefill/decode pair chosen by pd-orchestrator's
+//!   `PdPools::select_pair`, the one pair selection of the workspace (both
+//!   roles' serialized steps, candidates by model, a `cache_aware` choice
+//!   among N prefill workers and a `power_of_two` choice among N decode
+//!   workers), then each phase reserved through its breaker and finished
+//!   (outcome recorded, load released), as the two-phase flow does.
 //! - `extract`: step 1 alone, so the rest can be read as the difference.
 //!
 //! Bodies are 1 KB, 8 KB and 64 KB chat requests: a system prompt shared by
@@ -54,10 +49,12 @@ use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{
     BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
 };
-use lb_policies::{DecisionReason, MembershipEvent, PolicyConfig, PolicyRegistry, RequestContext};
-use pd_orchestrator::{LegOutcome, PdBackend, Phase};
-use router_http::pd::PdScope;
-use router_http::{PdConfig, PdConnector, PdPools, PdWorkerConfig, RouteKind, extract};
+use lb_policies::{
+    DecisionReason, MembershipEvent, OwnedContext, PolicyConfig, PolicyRegistry, RequestContext,
+};
+use pd_orchestrator::pools::{PdConfig, PdPools, PdScope, PdWorkerConfig};
+use pd_orchestrator::{LegOutcome, PdBackend, PdConnector, Phase, PhaseGuard};
+use router_http::{RouteKind, extract};
 use serde_json::json;
 use worker_lifecycle::{Endpoint, Worker, WorkerOptions, WorkerRole, WorkerSpec};
 
@@ -216,36 +213,7 @@ fn route_once(body: &[u8], registry: &PolicyRegistry<Arc<Worker>>, fleet: &[Arc<
     decision.index
 }
 
-fn route_pair(
-    body: &[u8],
-    prefill: (&PolicyRegistry<Arc<Worker>>, &[Arc<Worker>]),
-    decode: (&PolicyRegistry<Arc<Worker>>, &[Arc<Worker>]),
-) -> (usize, usize) {
-    let info = extract(RouteKind::ChatCompletions, body).expect("a valid chat body");
-    let ctx = RequestContext::new(info.model.as_deref().unwrap_or(""));
-    let ctx = match info.routing.text() {
-        Some(text) => ctx.with_text(text),
-        None => ctx,
-    };
-    let (Ok(Some(p)), Ok(Some(d))) = (
-        prefill.0.select(prefill.1, &ctx),
-        decode.0.select(decode.1, &ctx),
-    ) else {
-        return (0, 0);
-    };
-    let prefill_guard = prefill.1[p.index]
-        .try_reserve()
-        .expect("an idle worker admits");
-    let decode_guard = decode.1[d.index]
-        .try_reserve()
-        .expect("an idle worker admits");
-    // Sequential P/D: prefill ends first, then decode.
-    prefill_guard.release();
-    decode_guard.release();
-    (p.index, d.index)
-}
-
-/// router-http's P/D pools over `n` static prefill and `n` static decode
+/// pd-orchestrator's P/D pools over `n` static prefill and `n` static decode
 /// workers (NIXL: sequential phases), `cache_aware` for prefill and
 /// `power_of_two` for decode, as [`route_pair`] chooses them by hand.
 fn pd_pools(n: usize) -> PdPools {
@@ -269,21 +237,29 @@ fn pd_pools(n: usize) -> PdPools {
     .expect("a valid P/D configuration")
 }
 
-/// A P/D request the way router-http's P/D path chooses its pair: one
-/// parse, `PdPools::select_pair` (both roles' serialized steps, both
-/// policies, the prefill reserved), then each phase's guard reserved,
-/// released and its outcome recorded as the two-phase flow does. Returns
-/// whether a pair was found.
+/// A P/D request the way the reference router's P/D path chooses its
+/// pair: one parse, `PdPools::select_pair` (both roles' serialized steps,
+/// both policies), then each phase reserved and finished as the two-phase
+/// flow does. Returns whether a pair was found.
 fn select_pd(body: &[u8], pools: &PdPools) -> bool {
     let info = extract(RouteKind::ChatCompletions, body).expect("a valid chat body");
-    let scope = Arc::new(PdScope::new(info.model.unwrap_or_default(), info.routing));
+    let scope = Arc::new(PdScope::new(OwnedContext {
+        model: info.model.unwrap_or_default(),
+        routing: info.routing,
+        ..OwnedContext::default()
+    }));
     let Ok(pair) = pools.select_pair(&scope) else {
         return false;
     };
-    drop(pools.reserve(&pair.prefill, Phase::Prefill));
-    pools.record(&pair.prefill, Phase::Prefill, LegOutcome::Success, None);
-    drop(pools.reserve(&pair.decode, Phase::Decode));
-    pools.record(&pair.decode, Phase::Decode, LegOutcome::Success, None);
+    for (target, phase) in [
+        (&pair.prefill, Phase::Prefill),
+        (&pair.decode, Phase::Decode),
+    ] {
+        let Ok(lease) = pools.reserve(target, phase) else {
+            return false;
+        };
+        lease.finish(LegOutcome::Success, None);
+    }
     true
 }
 
@@ -399,46 +375,6 @@ fn benches(c: &mut Criterion<ThreadCpuTime>) {
                 b.iter(|| {
                     i = (i + 1) % case.measured.len();
                     black_box(route_once(&case.measured[i], &registry, &fleet))
-                })
-            });
-        }
-    }
-    group.finish();
-
-    let mut group = configure(c, "routing_pd_pair");
-    for (size, case) in &cases {
-        for &n in &FLEET_SIZES {
-            let prefill = workers(
-                WorkerRole::Prefill {
-                    bootstrap_port: None,
-                },
-                n,
-            );
-            let decode = workers(WorkerRole::Decode, n);
-            let prefill_policy = registry("cache_aware", &prefill);
-            let decode_policy = registry("power_of_two", &decode);
-            for body in &case.warm {
-                route_pair(body, (&prefill_policy, &prefill), (&decode_policy, &decode));
-            }
-            report_warm_state(
-                *size,
-                &prefill_policy,
-                &prefill,
-                |body| {
-                    route_pair(body, (&prefill_policy, &prefill), (&decode_policy, &decode));
-                },
-                &case.measured,
-            );
-            let mut i = 0usize;
-            let id = BenchmarkId::new(format!("{}KB", size >> 10), format!("{n}+{n}_workers"));
-            group.bench_function(id, |b| {
-                b.iter(|| {
-                    i = (i + 1) % case.measured.len();
-                    black_box(route_pair(
-                        &case.measured[i],
-                        (&prefill_policy, &prefill),
-                        (&decode_policy, &decode),
-                    ))
                 })
             });
         }

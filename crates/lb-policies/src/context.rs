@@ -127,6 +127,95 @@ impl<'a> RequestContext<'a> {
     }
 }
 
+/// The owned form of [`RoutingInput`], for a host that keeps a request's
+/// routing input across several selections.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Routing {
+    /// No routing text could be derived (the policy routes without affinity).
+    #[default]
+    None,
+    /// Text, as the cache-aware tree keys it.
+    Text(String),
+    /// Token ids, when the host tokenizes or the client sent them.
+    Tokens(Vec<u32>),
+}
+
+impl Routing {
+    /// The borrowed form a [`RequestContext`] carries.
+    pub fn as_input(&self) -> RoutingInput<'_> {
+        match self {
+            Self::None => RoutingInput::None,
+            Self::Text(text) => RoutingInput::Text(text),
+            Self::Tokens(tokens) => RoutingInput::Tokens(tokens),
+        }
+    }
+
+    /// The text, when the input is text.
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Self::Text(text) => Some(text),
+            _ => None,
+        }
+    }
+
+    /// The token ids, when the input is tokens.
+    pub fn tokens(&self) -> Option<&[u32]> {
+        match self {
+            Self::Tokens(tokens) => Some(tokens),
+            _ => None,
+        }
+    }
+}
+
+/// The owned form of [`RequestContext`]: what a host keeps about one request
+/// when it selects more than once for it (a retry, a second role), so every
+/// selection sees the same context.
+///
+/// ```
+/// use lb_policies::{HashKeySource, OwnedContext, Routing};
+///
+/// let request = OwnedContext {
+///     model: "llama".into(),
+///     routing: Routing::Text("You are a helpful assistant.".into()),
+///     user: Some("alice".into()),
+///     ..OwnedContext::default()
+/// };
+/// let ctx = request.context();
+/// assert_eq!(ctx.model, "llama");
+/// assert_eq!(ctx.keys.first(), Some((HashKeySource::User, "alice")));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnedContext {
+    /// The model the request names (empty: any).
+    pub model: String,
+    /// What cache-aware routing matches.
+    pub routing: Routing,
+    /// Explicit session id (highest hash-key precedence).
+    pub session: Option<String>,
+    /// The request's `user` field.
+    pub user: Option<String>,
+    /// The value of the operator-configured hash header.
+    pub header: Option<String>,
+    /// The request id, for logs.
+    pub request_id: Option<String>,
+}
+
+impl OwnedContext {
+    /// The context a policy reads, borrowed from this request.
+    pub fn context(&self) -> RequestContext<'_> {
+        RequestContext {
+            model: &self.model,
+            routing: self.routing.as_input(),
+            keys: HashKeys {
+                session: self.session.as_deref(),
+                user: self.user.as_deref(),
+                header: self.header.as_deref(),
+            },
+            request_id: self.request_id.as_deref(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,8 @@ use http::{HeaderMap, StatusCode};
 use http_body::Body;
 use pd_orchestrator::{
     FlowConfig, ForwardHeaders, KvConnector, LegOutcome, LegRequest, LegResponse, Mooncake,
-    MooncakeEndpoint, Nixl, PdBackend, PdEndpoint, PdFlow, PdRequest, Phase, Transport,
+    MooncakeEndpoint, Nixl, PdBackend, PdEndpoint, PdFlow, PdRequest, Phase, PhaseGuard, Refused,
+    Transport,
 };
 use serde_json::{Value, json};
 
@@ -57,19 +58,22 @@ impl Drop for Guard {
     }
 }
 
+impl PhaseGuard for Guard {
+    fn finish(self, outcome: LegOutcome, _: Option<StatusCode>) {
+        black_box(outcome);
+    }
+}
+
 impl PdBackend for Counting {
     type Worker = Arc<PdEndpoint>;
     type Guard = Guard;
 
-    fn reserve(&self, _: &Arc<PdEndpoint>, _: Phase) -> Guard {
+    fn reserve(&self, _: &Arc<PdEndpoint>, _: Phase) -> Result<Guard, Refused> {
         self.0.fetch_add(1, Ordering::Relaxed);
-        Guard(Arc::clone(&self.0))
+        Ok(Guard(Arc::clone(&self.0)))
     }
     fn reselect_prefill(&self, _: &Arc<PdEndpoint>, _: u32) -> Option<Arc<PdEndpoint>> {
         None
-    }
-    fn record(&self, _: &Arc<PdEndpoint>, _: Phase, outcome: LegOutcome, _: Option<StatusCode>) {
-        black_box(outcome);
     }
 }
 

@@ -63,32 +63,41 @@ pub enum PdError {
     },
     /// Every prefill attempt failed on the worker side (transport error,
     /// 5xx, 408/429, unreadable or oversized body).
-    #[error("prefill failed after {attempts} attempt(s): {last}")]
+    #[error("prefill failed after {attempts} attempt(s), last on {worker}: {last}")]
     PrefillFailed {
         /// How many prefill attempts were made.
         attempts: u32,
         /// The last failure, for logs.
         last: String,
+        /// The worker of the last attempt ([`PdWorker::id`](crate::PdWorker::id)).
+        worker: String,
     },
-    /// The decode request could not be sent or its response head not read.
-    #[error("decode failed: {reason}")]
+    /// The decode request could not be sent (its worker refused the
+    /// reservation, or the transport failed) or its response head not read.
+    #[error("decode on {worker} failed: {reason}")]
     DecodeFailed {
-        /// The transport error, for logs.
+        /// The error, for logs.
         reason: String,
+        /// The decode worker ([`PdWorker::id`](crate::PdWorker::id)).
+        worker: String,
     },
     /// The decode worker answered with a non-2xx status.
-    #[error("decode answered {status}")]
+    #[error("decode on {worker} answered {status}")]
     DecodeRejected {
         /// Status of the decode response.
         status: StatusCode,
         /// Its body (bounded), for the client.
         body: Bytes,
+        /// The decode worker ([`PdWorker::id`](crate::PdWorker::id)).
+        worker: String,
     },
     /// A non-streaming decode body could not be read to the end.
-    #[error("decode body failed: {reason}")]
+    #[error("decode body from {worker} failed: {reason}")]
     DecodeBodyFailed {
         /// The body error, for logs.
         reason: String,
+        /// The decode worker ([`PdWorker::id`](crate::PdWorker::id)).
+        worker: String,
     },
     /// The prefill finished but [`PdBackend::select_decode`](crate::PdBackend::select_decode)
     /// found no available decode worker (the pool emptied during the
@@ -117,6 +126,20 @@ impl PdError {
             Self::PrefillFailed { .. }
             | Self::DecodeFailed { .. }
             | Self::DecodeBodyFailed { .. } => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The worker whose failure ended the flow, and its phase: a caller
+    /// retrying the whole request leaves it out of the next selection.
+    /// `None` when no worker failed (a bad request, a rejection that is
+    /// not the worker's fault, an empty pool).
+    pub fn failed_worker(&self) -> Option<(crate::Phase, &str)> {
+        match self {
+            Self::PrefillFailed { worker, .. } => Some((crate::Phase::Prefill, worker)),
+            Self::DecodeFailed { worker, .. }
+            | Self::DecodeBodyFailed { worker, .. }
+            | Self::DecodeRejected { worker, .. } => Some((crate::Phase::Decode, worker)),
+            _ => None,
         }
     }
 

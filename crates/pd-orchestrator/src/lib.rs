@@ -40,7 +40,7 @@
 //! use http_body::Body as _;
 //! use pd_orchestrator::{
 //!     PdEndpoint, FlowConfig, ForwardHeaders, LegOutcome, LegRequest, LegResponse, Nixl,
-//!     PdBackend, PdFlow, PdRequest, Phase, Transport,
+//!     PdBackend, PdFlow, PdRequest, Phase, PhaseGuard, Refused, Transport,
 //! };
 //! use http_body_util::Full;
 //! use serde_json::{Value, json};
@@ -65,17 +65,23 @@
 //!     }
 //! }
 //!
-//! /// Counts load per phase; a real router plugs in its worker pools here.
+//! /// Keeps each leg's outcome; a real router plugs in its worker pools
+//! /// here (its guard records to the worker's breaker, then releases).
 //! #[derive(Default)]
-//! struct Loads(Mutex<Vec<(Phase, LegOutcome)>>);
+//! struct Loads(Arc<Mutex<Vec<(Phase, LegOutcome)>>>);
+//! struct Lease(Arc<Mutex<Vec<(Phase, LegOutcome)>>>, Phase);
+//! impl PhaseGuard for Lease {
+//!     fn finish(self, outcome: LegOutcome, _: Option<StatusCode>) {
+//!         self.0.lock().unwrap().push((self.1, outcome));
+//!     }
+//! }
 //! impl PdBackend for Loads {
 //!     type Worker = Arc<PdEndpoint>;
-//!     type Guard = ();
-//!     fn reserve(&self, _: &Arc<PdEndpoint>, _: Phase) {}
-//!     fn reselect_prefill(&self, _: &Arc<PdEndpoint>, _: u32) -> Option<Arc<PdEndpoint>> { None }
-//!     fn record(&self, _: &Arc<PdEndpoint>, phase: Phase, outcome: LegOutcome, _: Option<StatusCode>) {
-//!         self.0.lock().unwrap().push((phase, outcome));
+//!     type Guard = Lease;
+//!     fn reserve(&self, _: &Arc<PdEndpoint>, phase: Phase) -> Result<Lease, Refused> {
+//!         Ok(Lease(Arc::clone(&self.0), phase))
 //!     }
+//!     fn reselect_prefill(&self, _: &Arc<PdEndpoint>, _: u32) -> Option<Arc<PdEndpoint>> { None }
 //! }
 //!
 //! // Every future here is ready at once, so polling once drives it.
@@ -141,16 +147,19 @@ mod flow;
 pub mod fuzzing;
 pub mod headers;
 pub mod merge;
+#[cfg(feature = "pools")]
+pub mod pools;
 
 pub use connector::{
     ConnectorKind, DecodeHandoff, KvConnector, LegContext, ModeMismatch, Mooncake, MoriIo,
-    MoriIoMode, MoriIoModeGate, Nixl, PhaseOrder,
+    MoriIoMode, MoriIoModeGate, Nixl, PdConnector, PhaseOrder, UnknownConnector,
 };
 pub use endpoint::{DEFAULT_MOONCAKE_BOOTSTRAP_PORT, MooncakeEndpoint, MoriIoEndpoint, PdEndpoint};
 pub use error::{ConnectorError, PdError};
 pub use flow::{
     BoxError, FlowConfig, FlowStats, FlowStatsSnapshot, Handoff, LegOutcome, LegRequest,
-    LegResponse, PdBackend, PdBody, PdFlow, PdRequest, PdResponse, PdWorker, Phase, Transport,
+    LegResponse, PdBackend, PdBody, PdFlow, PdRequest, PdResponse, PdWorker, Phase, PhaseGuard,
+    Refused, Transport,
 };
 pub use headers::ForwardHeaders;
 pub use worker_lifecycle::{WorkerUrl, WorkerUrlError};

@@ -396,11 +396,19 @@ fn concurrent_decode_error_while_prefill_active_releases_both_once() {
         .unwrap_err();
         assert!(error.is_retryable(), "{error}");
         match &error {
-            PdError::DecodeRejected { status, body } => {
+            PdError::DecodeRejected {
+                status,
+                body,
+                worker,
+            } => {
                 assert_eq!(*status, StatusCode::SERVICE_UNAVAILABLE);
                 assert_eq!(&body[..], b"{\"error\":\"overloaded\"}");
+                assert_eq!(worker, D, "the error names the decode worker");
             }
-            PdError::DecodeFailed { reason } => assert_eq!(reason, "connection refused"),
+            PdError::DecodeFailed { reason, worker } => {
+                assert_eq!(reason, "connection refused");
+                assert_eq!(worker, D, "the error names the decode worker");
+            }
             other => panic!("unexpected {other}"),
         }
         assert_eq!(s.backend.live(&prefill, Phase::Prefill), 0);
@@ -655,9 +663,14 @@ fn prefill_retries_stop_at_the_attempt_limit_or_when_no_worker_is_left() {
         .push(Phase::Prefill, Step::transport_error("refused"));
     let error = ready(s.flow.run(&Nixl, request(true), endpoint(P), endpoint(D))).unwrap_err();
     match &error {
-        PdError::PrefillFailed { attempts, last } => {
+        PdError::PrefillFailed {
+            attempts,
+            last,
+            worker,
+        } => {
             assert_eq!(*attempts, 2);
             assert_eq!(last, "transport: refused");
+            assert_eq!(worker, P2, "the error names the last prefill worker");
         }
         other => panic!("unexpected {other}"),
     }

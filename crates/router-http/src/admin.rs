@@ -19,7 +19,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use std::sync::Arc;
 use worker_lifecycle::{
-    DrainOutcome, Endpoint, HealthProbe, Lifecycle, ProbeError, RoleKind, Worker, WorkerRole,
+    Endpoint, HealthProbe, Lifecycle, ProbeError, RoleKind, RolePool, Worker, WorkerRole,
     WorkerSpec, WorkerUrl,
 };
 
@@ -51,16 +51,16 @@ where
             };
             let mut body = serde_json::json!({ "urls": urls(&router.all_workers()) });
             if let Some(pd) = router.pd() {
-                body["prefill"] = urls(&pd.prefill().refresh()?).into();
-                body["decode"] = urls(&pd.decode().refresh()?).into();
+                body["prefill"] = urls(&pd.prefill().pool().refresh()?).into();
+                body["decode"] = urls(&pd.decode().pool().refresh()?).into();
             }
             Ok(json(StatusCode::OK, &body))
         }
         Route::Workers => {
             if let Some(pd) = router.pd() {
                 // Reconcile discovered roles so the view is current.
-                pd.prefill().refresh()?;
-                pd.decode().refresh()?;
+                pd.prefill().pool().refresh()?;
+                pd.decode().pool().refresh()?;
             }
             let workers: Vec<_> = router
                 .all_workers()
@@ -162,18 +162,12 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
     let worker_url = router.check_worker_url(&url).await?;
     let endpoint = Endpoint::from_url(worker_url.clone(), None);
     // In P/D mode the worker joins a role's pool: `role=prefill|decode`.
-    let pd_role = match router.pd() {
-        Some(pd) => Some(pd_role(pd, query)?),
-        None => None,
-    };
-    let existing = match pd_role {
-        Some(role) => role
-            .workers()
-            .iter()
-            .find(|w| *w.endpoint() == endpoint)
-            .cloned(),
-        None => router.worker_set().get(&endpoint),
-    };
+    let (pool, pd_role) = role_pool(router, query)?;
+    let existing = pool
+        .workers()
+        .iter()
+        .find(|w| *w.endpoint() == endpoint)
+        .cloned();
     if let Some(existing) = existing {
         return Err(ApiError::WorkerExists(match existing.lifecycle() {
             Lifecycle::Draining => format!(
@@ -207,7 +201,7 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
         }
         tokio::time::sleep(config.worker_startup_check_interval).await;
     }
-    if let Some(role) = pd_role {
+    if let (Some(role), Some(pd)) = (pd_role, &router.shared().pd) {
         let mut spec = crate::pd::PdWorkerConfig::new(url.as_str());
         if let Some(port) = query_param(query, "bootstrap_port") {
             let port = port.parse::<u16>().map_err(|_| {
@@ -215,7 +209,7 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
             })?;
             spec = spec.with_bootstrap_port(port);
         }
-        let worker = role.add_worker(&spec).await.map_err(|err| match err {
+        let worker = pd.add_worker(role, &spec).await.map_err(|err| match err {
             crate::ConfigError::Bootstrap(err) => ApiError::WorkerNotReady(err.to_string()),
             other => ApiError::InvalidRequest(other.to_string()),
         })?;
@@ -224,15 +218,12 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
             &serde_json::json!({"status": "added", "worker": worker_json(&worker)}),
         ));
     }
-    let event = router
-        .worker_set()
+    let worker = pool
         .add(WorkerSpec::new(WorkerRole::Regular, endpoint))
         .map_err(|err| ApiError::WorkerExists(err.to_string()))?;
-    router.apply(&event);
-    let worker = event.added().map(|w| worker_json(w)).unwrap_or_default();
     Ok(json(
         StatusCode::OK,
-        &serde_json::json!({"status": "added", "worker": worker}),
+        &serde_json::json!({"status": "added", "worker": worker_json(&worker)}),
     ))
 }
 
@@ -262,53 +253,33 @@ async fn remove_worker(
     };
     let drain_timeout = router.config().drain_timeout;
     let deadline = tokio::time::Instant::now() + drain_timeout;
-    let owner = router.clone();
-    let (worker, drain) = match router.pd() {
-        Some(pd) => {
-            let role = pd_role(pd, query)?;
-            // Refused before anything is answered, `wait=false` included.
-            role.static_set()?;
-            let worker = role
-                .workers()
-                .iter()
-                .find(|w| *w.endpoint() == endpoint)
-                .cloned()
-                .ok_or_else(|| ApiError::WorkerNotFound(format!("{} worker {url}", role.role())))?;
-            let kind = role.role();
-            worker.start_drain();
-            let draining = Arc::clone(&worker);
-            let task = tokio::spawn(async move {
-                let pd = owner
-                    .pd()
-                    .ok_or_else(|| ApiError::WorkerNotFound(draining.url().to_owned()))?;
-                let role = if kind == RoleKind::Prefill {
-                    pd.prefill()
-                } else {
-                    pd.decode()
-                };
-                role.drain_and_remove(&draining, deadline).await
-            });
-            (worker, task)
-        }
-        None => {
-            let worker = router
-                .worker_set()
-                .get(&endpoint)
-                .ok_or_else(|| ApiError::WorkerNotFound(url.clone()))?;
-            worker.start_drain();
-            let draining = Arc::clone(&worker);
-            let task = tokio::spawn(async move {
-                // Exactly this lifetime: a replacement that took its place
-                // meanwhile stays.
-                let report = owner.worker_set().drain_lifetime(&draining, deadline).await;
-                for event in &report.events {
-                    owner.apply(event);
-                }
-                Ok(matches!(report.outcome, DrainOutcome::Idle))
-            });
-            (worker, task)
-        }
-    };
+    let (pool, role) = role_pool(router, query)?;
+    // Refused before anything is answered, `wait=false` included: a
+    // discovered worker leaves by deregistering.
+    pool.static_set()
+        .map_err(|err| ApiError::InvalidRequest(err.to_string()))?;
+    let worker = pool
+        .workers()
+        .iter()
+        .find(|w| *w.endpoint() == endpoint)
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::WorkerNotFound(match role {
+                Some(role) => format!("{role} worker {url}"),
+                None => url.clone(),
+            })
+        })?;
+    worker.start_drain();
+    let (owner, draining) = (router.clone(), Arc::clone(&worker));
+    // The router owns the drain: it finishes whether or not the caller
+    // stays, and removes exactly this lifetime (a replacement that took
+    // its place meanwhile stays).
+    let drain = tokio::spawn(async move {
+        let (pool, _) = role_pool_of(&owner, role);
+        pool.drain_and_remove(&draining, deadline)
+            .await
+            .map_err(|err| ApiError::InvalidRequest(err.to_string()))
+    });
     if !wait {
         return Ok(json(
             StatusCode::ACCEPTED,
@@ -331,20 +302,32 @@ async fn remove_worker(
     ))
 }
 
-/// The P/D role an admin call names with `role` (or `worker_type`).
-fn pd_role<'a>(
-    pd: &'a crate::pd::PdPools,
+/// The pool an admin call acts on: the regular workers, or in P/D mode the
+/// role it names with `role` (or `worker_type`).
+fn role_pool<'a>(
+    router: &'a Router,
     query: Option<&str>,
-) -> Result<&'a crate::pd::PdRole, ApiError> {
+) -> Result<(&'a RolePool, Option<RoleKind>), ApiError> {
+    if router.pd().is_none() {
+        return Ok(role_pool_of(router, None));
+    }
     let role = query_param(query, "role").or_else(|| query_param(query, "worker_type"));
     match role.as_deref() {
-        Some("prefill") => Ok(pd.prefill()),
-        Some("decode") => Ok(pd.decode()),
+        Some("prefill") => Ok(role_pool_of(router, Some(RoleKind::Prefill))),
+        Some("decode") => Ok(role_pool_of(router, Some(RoleKind::Decode))),
         _ => Err(ApiError::InvalidRequest(
             "in prefill/decode mode, add_worker and remove_worker need role=prefill or \
              role=decode"
                 .into(),
         )),
+    }
+}
+
+/// The regular pool (`None`), or the P/D role's pool.
+fn role_pool_of(router: &Router, role: Option<RoleKind>) -> (&RolePool, Option<RoleKind>) {
+    match (role, router.pd()) {
+        (Some(role), Some(pd)) => (pd.role(role).pool(), Some(role)),
+        _ => (router.pool(), None),
     }
 }
 

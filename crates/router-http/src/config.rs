@@ -7,9 +7,9 @@ use crate::allow::CidrBlock;
 use crate::client::ClientConfig;
 use crate::headers::DEFAULT_REQUEST_ID_HEADERS;
 use crate::limits::ConcurrencyConfig;
-use crate::pd::PdConfig;
 use crate::server::ServerConfig;
 use lb_policies::PolicyConfig;
+use pd_orchestrator::pools::{PdConfig, PoolsError};
 use std::time::Duration;
 use worker_lifecycle::{HealthCheckConfig, RetryBudgetConfig, RetryPolicy, WorkerOptions};
 
@@ -161,4 +161,14 @@ pub enum ConfigError {
     /// startup.
     #[error("prefill/decode startup failed: {0}")]
     Bootstrap(#[from] pd_orchestrator::bootstrap::BootstrapError),
+}
+
+impl From<PoolsError> for ConfigError {
+    fn from(error: PoolsError) -> Self {
+        match error {
+            PoolsError::Worker { url, reason } => Self::Worker { url, reason },
+            PoolsError::Policy(error) => Self::Policy(error),
+            other => Self::Pd(other.to_string()),
+        }
+    }
 }

@@ -107,6 +107,20 @@ pub enum ApiError {
     WorkerAddressNotAllowed(String),
 }
 
+impl From<worker_lifecycle::SelectError> for ApiError {
+    /// The one mapping of a refused selection, in both modes: no worker
+    /// serves the model (404), none is available (503, naming the role),
+    /// the policy refused the request (400).
+    fn from(error: worker_lifecycle::SelectError) -> Self {
+        use worker_lifecycle::SelectError;
+        match error {
+            SelectError::UnknownModel(model) => Self::UnknownModel(model),
+            SelectError::Policy(reason) => Self::InvalidRequest(reason),
+            other => Self::NoAvailableWorker(other.to_string()),
+        }
+    }
+}
+
 impl ApiError {
     /// The HTTP status this error answers with.
     pub fn status(&self) -> StatusCode {

@@ -15,6 +15,7 @@
 //! regardless of what the worker actually holds.
 
 use crate::error::ApiError;
+pub use lb_policies::Routing;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::borrow::Cow;
@@ -41,37 +42,6 @@ pub enum RouteKind {
     Other,
 }
 
-/// The routing input of a request: text for text-keyed trees, or token ids
-/// when the client sent a pre-tokenized prompt.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum RoutingInput {
-    /// No routing text could be derived (the policy routes without affinity).
-    #[default]
-    None,
-    /// Text, as the cache-aware tree keys it.
-    Text(String),
-    /// Token ids from a pre-tokenized prompt.
-    Tokens(Vec<u32>),
-}
-
-impl RoutingInput {
-    /// The text, when the input is text.
-    pub fn text(&self) -> Option<&str> {
-        match self {
-            Self::Text(text) => Some(text),
-            _ => None,
-        }
-    }
-
-    /// The token ids, when the input is tokens.
-    pub fn tokens(&self) -> Option<&[u32]> {
-        match self {
-            Self::Tokens(tokens) => Some(tokens),
-            _ => None,
-        }
-    }
-}
-
 /// Everything the router reads from a request body.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RequestInfo {
@@ -82,7 +52,7 @@ pub struct RequestInfo {
     /// The `user` field, a hash key for session-affine policies.
     pub user: Option<String>,
     /// What the cache-aware policy matches.
-    pub routing: RoutingInput,
+    pub routing: Routing,
 }
 
 /// Parses `body` as sent to `route` and extracts the [`RequestInfo`].
@@ -97,7 +67,7 @@ pub fn extract(route: RouteKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
     if route == RouteKind::Other {
         // Best effort: an unknown path may carry anything, or nothing.
         return Ok(serde_json::from_slice::<Body<'_>>(body)
-            .map(|body| body.into_info(RoutingInput::None))
+            .map(|body| body.into_info(Routing::None))
             .unwrap_or_default());
     }
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -115,7 +85,7 @@ pub fn extract(route: RouteKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
     let routing = match route {
         RouteKind::ChatCompletions => {
             let messages = parsed.messages.take().ok_or_else(|| missing("messages"))?;
-            RoutingInput::Text(render_messages(&messages))
+            Routing::Text(render_messages(&messages))
         }
         RouteKind::Completions => parsed
             .prompt
@@ -130,14 +100,14 @@ pub fn extract(route: RouteKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
         RouteKind::Rerank => parsed
             .query
             .take()
-            .map(|query| RoutingInput::Text(query.into_owned()))
+            .map(|query| Routing::Text(query.into_owned()))
             .unwrap_or_default(),
         RouteKind::Generate => match (parsed.text.take(), parsed.input_ids.take()) {
             (Some(text), _) => text.into_routing(),
-            (None, Some(ids)) => RoutingInput::Tokens(ids),
-            (None, None) => RoutingInput::None,
+            (None, Some(ids)) => Routing::Tokens(ids),
+            (None, None) => Routing::None,
         },
-        RouteKind::Other => RoutingInput::None,
+        RouteKind::Other => Routing::None,
     };
     Ok(parsed.into_info(routing))
 }
@@ -188,7 +158,7 @@ struct Body<'a> {
 }
 
 impl Body<'_> {
-    fn into_info(self, routing: RoutingInput) -> RequestInfo {
+    fn into_info(self, routing: Routing) -> RequestInfo {
         RequestInfo {
             model: self.model.map(Cow::into_owned),
             stream: self.stream.unwrap_or(false),
@@ -441,11 +411,11 @@ enum Prompt<'a> {
 }
 
 impl Prompt<'_> {
-    fn into_routing(self) -> RoutingInput {
+    fn into_routing(self) -> Routing {
         match self {
-            Self::Text(text) => RoutingInput::Text(text.into_owned()),
-            Self::Tokens(tokens) => RoutingInput::Tokens(tokens),
-            Self::Other => RoutingInput::None,
+            Self::Text(text) => Routing::Text(text.into_owned()),
+            Self::Tokens(tokens) => Routing::Tokens(tokens),
+            Self::Other => Routing::None,
         }
     }
 }
@@ -597,9 +567,9 @@ mod tests {
     #[test]
     fn completions_accept_text_batches_and_tokens() {
         let text = extract(RouteKind::Completions, br#"{"prompt":"hello"}"#).unwrap();
-        assert_eq!(text.routing, RoutingInput::Text("hello".into()));
+        assert_eq!(text.routing, Routing::Text("hello".into()));
         let batch = extract(RouteKind::Completions, br#"{"prompt":["a","b"]}"#).unwrap();
-        assert_eq!(batch.routing, RoutingInput::Text("a".into()));
+        assert_eq!(batch.routing, Routing::Text("a".into()));
         let tokens = extract(RouteKind::Completions, br#"{"prompt":[1,2,3]}"#).unwrap();
         assert_eq!(tokens.routing.tokens(), Some(&[1, 2, 3][..]));
         let batches = extract(RouteKind::Completions, br#"{"prompt":[[7,8],[9]]}"#).unwrap();
@@ -652,10 +622,10 @@ mod tests {
         for prompt in [r#"[1,"a"]"#, r#"{"k":1}"#, "[]", "-1"] {
             let body = format!(r#"{{"prompt":{prompt}}}"#);
             let info = extract(RouteKind::Completions, body.as_bytes()).unwrap();
-            assert_eq!(info.routing, RoutingInput::None, "{prompt}");
+            assert_eq!(info.routing, Routing::None, "{prompt}");
         }
         let mixed = extract(RouteKind::Completions, br#"{"prompt":[[1,"x"],[2]]}"#).unwrap();
-        assert_eq!(mixed.routing, RoutingInput::None);
+        assert_eq!(mixed.routing, Routing::None);
     }
 
     #[test]
@@ -666,7 +636,7 @@ mod tests {
             chat(r#"{"messages":[{"role":"user","content":[{"text":"a\"b"},{"text":"c"}]}]}"#);
         assert_eq!(parts.routing.text(), Some("user: a\"bc\n"));
         let prompt = extract(RouteKind::Completions, br#"{"prompt":["x\ny","z"]}"#).unwrap();
-        assert_eq!(prompt.routing, RoutingInput::Text("x\ny".into()));
+        assert_eq!(prompt.routing, Routing::Text("x\ny".into()));
     }
 
     #[test]

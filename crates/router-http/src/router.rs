@@ -26,7 +26,7 @@ use crate::body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout};
 use crate::client::{UpstreamClient, UpstreamError};
 use crate::config::{ConfigError, RouterConfig};
 use crate::error::ApiError;
-use crate::extract::{RequestInfo, RouteKind, RoutingInput, extract};
+use crate::extract::{RouteKind, extract};
 use crate::headers::{RequestId, RequestIds, strip_hop_by_hop};
 use crate::limits::{AdmissionPermit, ConcurrencyLimiter, RateLimiter};
 use crate::metrics::RouterMetrics;
@@ -36,14 +36,13 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, Limited};
-use lb_policies::{PolicyRegistry, RequestContext};
-use std::borrow::Cow;
+use lb_policies::{OwnedContext, PolicyRegistry};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::time::Instant;
 use worker_lifecycle::{
-    Endpoint, LoadGuard, MembershipEvent, Outcome, RandomSource, RetryBudget, RoleKind, SplitMix64,
-    StaticWorkerSet, Worker, WorkerRole, WorkerSpec, WorkerUrl,
+    Endpoint, LoadGuard, MembershipEvent, Outcome, RandomSource, RequestRetries, RetryBudget,
+    RoleKind, RolePool, SplitMix64, Worker, WorkerRole, WorkerSpec, WorkerUrl,
 };
 
 /// The header carrying a worker's data-parallel rank to the engine.
@@ -59,7 +58,7 @@ pub struct Router {
 impl std::fmt::Debug for Router {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Router")
-            .field("workers", &self.shared.workers.workers().len())
+            .field("workers", &self.shared.pool.workers().len())
             .field("accepting", &self.is_accepting())
             .finish_non_exhaustive()
     }
@@ -68,15 +67,15 @@ impl std::fmt::Debug for Router {
 pub(crate) struct Shared {
     pub(crate) config: RouterConfig,
     pub(crate) client: UpstreamClient,
-    pub(crate) workers: StaticWorkerSet,
-    pub(crate) policies: PolicyRegistry<Arc<Worker>>,
+    /// The regular workers and their policies.
+    pub(crate) pool: RolePool,
     limiter: ConcurrencyLimiter,
     rate: Option<RateLimiter>,
     ids: RequestIds,
     session_header: HeaderName,
     dp_rank_header: HeaderName,
-    pub(crate) retry_budget: RetryBudget,
-    pub(crate) jitter_seed: AtomicU64,
+    retry_budget: RetryBudget,
+    jitter_seed: AtomicU64,
     pub(crate) metrics: RouterMetrics,
     accepting: AtomicBool,
     /// Prefill/decode pools and flow, in P/D mode.
@@ -109,7 +108,7 @@ impl Router {
             }
             None => None,
         };
-        let workers = StaticWorkerSet::new(RoleKind::Regular, config.worker_options.clone())
+        let pool = RolePool::fixed(RoleKind::Regular, config.worker_options.clone(), policies)
             .map_err(|err| ConfigError::Worker {
                 url: String::new(),
                 reason: err.to_string(),
@@ -124,8 +123,7 @@ impl Router {
             client,
             pd,
             limiter: ConcurrencyLimiter::new(config.concurrency),
-            workers,
-            policies,
+            pool,
             rate,
             ids,
             session_header,
@@ -156,7 +154,7 @@ impl Router {
     /// unknown are not selected.
     pub async fn bootstrap_pd(&self) -> Result<(), ConfigError> {
         match &self.shared.pd {
-            Some(pd) => pd.bootstrap(&self.shared.client).await,
+            Some(pd) => pd.bootstrap().await,
             None => Ok(()),
         }
     }
@@ -231,39 +229,33 @@ impl Router {
         if let Some(model) = model {
             spec = spec.with_model(model);
         }
-        let event = self
-            .shared
-            .workers
+        self.shared
+            .pool
             .add(spec)
-            .map_err(|err| invalid(err.to_string()))?;
-        self.apply(&event);
-        event
-            .added()
-            .cloned()
-            .ok_or_else(|| invalid("the worker set did not add it".into()))
+            .map_err(|err| invalid(err.to_string()))
     }
 
-    /// Forwards a membership event to the policies: a replaced worker is a
-    /// removal of the old lifetime's key and an addition of the new one's.
+    /// Forwards a membership event of the regular workers to the policies:
+    /// a replaced worker is a removal of the old lifetime's key and an
+    /// addition of the new one's.
     pub fn apply(&self, event: &MembershipEvent) {
-        for change in event.for_policies() {
-            self.shared.policies.on_membership(change);
-        }
+        self.shared.pool.apply(event);
     }
 
-    /// Every worker, as a snapshot.
+    /// Every regular worker, as a snapshot.
     pub fn workers(&self) -> Arc<[Arc<Worker>]> {
-        self.shared.workers.workers()
+        self.shared.pool.workers()
     }
 
-    /// The worker set behind the router.
-    pub fn worker_set(&self) -> &StaticWorkerSet {
-        &self.shared.workers
+    /// The regular workers' pool: their set, their policies and the
+    /// forwarding between them.
+    pub fn pool(&self) -> &RolePool {
+        &self.shared.pool
     }
 
-    /// The policies, one per model.
+    /// The regular workers' policies, one per model.
     pub fn policies(&self) -> &PolicyRegistry<Arc<Worker>> {
-        &self.shared.policies
+        self.shared.pool.policies()
     }
 
     /// The router's own counters.
@@ -397,7 +389,7 @@ impl Router {
                     .get(&shared.session_header)
                     .and_then(|value| value.to_str().ok())
                     .map(str::to_owned);
-                let call = crate::pd::PdCall {
+                let arrival = crate::pd::PdArrival {
                     parts,
                     bytes,
                     info,
@@ -406,55 +398,56 @@ impl Router {
                     permit,
                     deadline,
                 };
-                return crate::pd::proxy(self, shared, pd, call).await;
+                return crate::pd::proxy(shared, pd, arrival).await;
             }
         }
         // In P/D mode the other routes (models, embeddings...) go to the
         // decode workers, chosen by the decode policy.
-        let (all, policies) = match self.pd() {
-            Some(pd) => (pd.decode().refresh()?, pd.decode().policies()),
-            None => (shared.workers.workers(), &shared.policies),
+        let pool = match self.pd() {
+            Some(pd) => pd.decode().pool(),
+            None => &shared.pool,
         };
-        let model = info.model.as_deref().unwrap_or("");
-        let candidates = serving(&all, model)?;
+        let all = pool.refresh()?;
         let session = parts
             .headers
             .get(&shared.session_header)
-            .and_then(|value| value.to_str().ok());
-        let context = routing_context(model, &info, session, &request_id);
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let request = OwnedContext {
+            model: info.model.unwrap_or_default(),
+            routing: info.routing,
+            session,
+            user: info.user,
+            header: None,
+            request_id: request_id.value.to_str().ok().map(str::to_owned),
+        };
+        let context = request.context();
+        let candidates = pool.eligible(&all, &request.model, |_| true)?;
 
-        shared
-            .retry_budget
-            .record_request(std::time::Instant::now());
-        let mut jitter = SplitMix64::new(shared.jitter_seed.fetch_add(1, Ordering::Relaxed));
+        let mut retries = shared.retries(std::time::Instant::now());
         let mut failed: Vec<Arc<Worker>> = Vec::new();
-        let mut retries = 0u32;
-        // Each pass either sends an attempt or rules a worker out, so the
-        // loop ends after at most (retries + 1) sends and one skip per worker.
-        let mut skips = 0usize;
         loop {
-            let pool = without(&candidates, &failed);
-            let decision = policies
-                .select(&pool, &context)
-                .map_err(|err| ApiError::InvalidRequest(err.to_string()))?
-                .ok_or_else(|| no_available_worker(&candidates))?;
-            if let Some(permille) = decision.match_permille {
+            // Workers that failed this request are left out, unless that
+            // would leave none available (then a failed one may be retried).
+            let rest = pool.eligible(candidates.workers(), "", |w| {
+                !failed.iter().any(|f| Arc::ptr_eq(f, w))
+            })?;
+            let pick = if rest.any_available() {
+                rest
+            } else {
+                candidates.clone()
+            };
+            pool.require_available(&pick)?;
+            let choice = pool.choose(&pick, &context, true)?;
+            if let Some(permille) = choice.match_permille {
                 shared
                     .metrics
                     .match_rate
                     .observe(f64::from(permille) / 1000.0);
             }
-            let worker = Arc::clone(&pool[decision.index]);
-            let guard = match worker.try_reserve() {
-                Ok(guard) => guard,
-                Err(_unavailable) if skips < candidates.len() => {
-                    // Lost a race for the breaker's probe slot or the worker
-                    // just turned unavailable: choose again without it.
-                    skips += 1;
-                    failed.push(worker);
-                    continue;
-                }
-                Err(_unavailable) => return Err(no_available_worker(&candidates)),
+            let worker = choice.worker;
+            let Some(guard) = choice.guard else {
+                return Err(no_guard(&worker));
             };
             let upstream = match build_upstream(&parts, &worker, &bytes, &request_id, shared) {
                 Ok(upstream) => upstream,
@@ -488,11 +481,13 @@ impl Router {
                     guard.record_outcome(outcome_of(&err));
                     drop(guard);
                     shared.metrics.record_upstream_failure(&err);
-                    if err.is_retryable() && self.may_retry(retries, deadline) {
-                        retries += 1;
-                        shared.metrics.retries.inc();
+                    if let Some(backoff) = err
+                        .is_retryable()
+                        .then(|| self.grant_retry(&mut retries, deadline))
+                        .flatten()
+                    {
                         failed.push(worker);
-                        self.back_off(retries, &mut jitter, deadline).await?;
+                        self.back_off(backoff, deadline).await?;
                         continue;
                     }
                     return Err(match err {
@@ -504,18 +499,20 @@ impl Router {
                 }
                 Ok(response) => {
                     let status = response.status().as_u16();
-                    if shared.config.retry.is_retryable_status(status)
-                        && self.may_retry(retries, deadline)
+                    if let Some(backoff) = shared
+                        .config
+                        .retry
+                        .is_retryable_status(status)
+                        .then(|| self.grant_retry(&mut retries, deadline))
+                        .flatten()
                     {
                         guard.record_outcome(Outcome::from_status(status));
                         // This attempt ends here: its unread body and its
                         // guard are dropped together.
                         drop(response);
                         drop(guard);
-                        retries += 1;
-                        shared.metrics.retries.inc();
                         failed.push(worker);
-                        self.back_off(retries, &mut jitter, deadline).await?;
+                        self.back_off(backoff, deadline).await?;
                         continue;
                     }
                     let success = response.status().is_success();
@@ -534,15 +531,28 @@ impl Router {
         }
     }
 
-    /// Sleeps the backoff before retry number `retries`, never past
-    /// `deadline`; a deadline reached while backing off ends the request.
-    pub(crate) async fn back_off(
+    /// One more retry of this request, if the policy, the shared budget
+    /// and `deadline` allow it: the backoff to wait before it.
+    fn grant_retry(
         &self,
-        retries: u32,
-        jitter: &mut SplitMix64,
+        retries: &mut RequestRetries<'_>,
+        deadline: Instant,
+    ) -> Option<std::time::Duration> {
+        if Instant::now() >= deadline {
+            return None;
+        }
+        let backoff = retries.next(std::time::Instant::now())?;
+        self.shared.metrics.retries.inc();
+        Some(backoff)
+    }
+
+    /// Sleeps `backoff`, never past `deadline`; a deadline reached while
+    /// backing off ends the request.
+    async fn back_off(
+        &self,
+        backoff: std::time::Duration,
         deadline: Instant,
     ) -> Result<(), ApiError> {
-        let backoff = self.shared.config.retry.backoff(retries, jitter);
         tokio::time::sleep_until((Instant::now() + backoff).min(deadline)).await;
         if Instant::now() >= deadline {
             return Err(ApiError::RequestTimeout {
@@ -552,13 +562,30 @@ impl Router {
         }
         Ok(())
     }
+}
 
-    pub(crate) fn may_retry(&self, retries: u32, deadline: Instant) -> bool {
-        let shared = &self.shared;
-        shared.config.retry.allows_retry(retries + 1)
-            && Instant::now() < deadline
-            && shared.retry_budget.try_withdraw(std::time::Instant::now())
+impl Shared {
+    /// The retries of one request arriving at `now`, counted in the
+    /// router's budget (both modes).
+    pub(crate) fn retries(&self, now: std::time::Instant) -> RequestRetries<'_> {
+        let seed = self.jitter_seed.fetch_add(1, Ordering::Relaxed);
+        RequestRetries::start(&self.config.retry, &self.retry_budget, seed, now)
     }
+
+    /// Counts how a response body ended (both modes).
+    pub(crate) fn body_ended(&self, end: BodyEnd) {
+        let metrics = &self.metrics;
+        match end {
+            BodyEnd::Complete => metrics.bodies_completed.inc(),
+            BodyEnd::Failed => metrics.bodies_failed.inc(),
+            BodyEnd::Dropped => metrics.bodies_dropped.inc(),
+        }
+    }
+}
+
+/// A choice made with `reserve` always carries its guard.
+fn no_guard(worker: &Worker) -> ApiError {
+    ApiError::NoAvailableWorker(format!("{} could not be reserved", worker.key()))
 }
 
 /// The router's background tasks; dropping this stops them.
@@ -607,12 +634,7 @@ struct InFlight {
 
 impl Finish for InFlight {
     fn finish(self, end: BodyEnd) {
-        let metrics = &self.shared.metrics;
-        match end {
-            BodyEnd::Complete => metrics.bodies_completed.inc(),
-            BodyEnd::Failed => metrics.bodies_failed.inc(),
-            BodyEnd::Dropped => metrics.bodies_dropped.inc(),
-        }
+        self.shared.body_ended(end);
         let outcome = match end {
             BodyEnd::Complete => Outcome::Success,
             BodyEnd::Failed => Outcome::ConnectionReset,
@@ -652,83 +674,6 @@ where
             "could not read the request body: {err}"
         ))),
     }
-}
-
-/// The workers that serve `model`: all of them when none declares a model.
-fn serving<'a>(all: &'a [Arc<Worker>], model: &str) -> Result<Cow<'a, [Arc<Worker>]>, ApiError> {
-    let serves =
-        |worker: &Arc<Worker>| model.is_empty() || worker.model_id().is_none_or(|m| m == model);
-    if all.iter().all(serves) {
-        return Ok(Cow::Borrowed(all));
-    }
-    let matching: Vec<_> = all.iter().filter(|w| serves(w)).cloned().collect();
-    if matching.is_empty() {
-        return Err(ApiError::UnknownModel(model.to_owned()));
-    }
-    Ok(Cow::Owned(matching))
-}
-
-/// The candidates without the workers that already failed this request,
-/// unless that would leave none available (then a failed one may be retried).
-fn without<'a>(candidates: &'a [Arc<Worker>], failed: &[Arc<Worker>]) -> Cow<'a, [Arc<Worker>]> {
-    if failed.is_empty() {
-        return Cow::Borrowed(candidates);
-    }
-    let rest: Vec<_> = candidates
-        .iter()
-        .filter(|w| !failed.iter().any(|f| Arc::ptr_eq(f, w)))
-        .cloned()
-        .collect();
-    if rest.iter().any(|w| w.is_available()) {
-        Cow::Owned(rest)
-    } else {
-        Cow::Borrowed(candidates)
-    }
-}
-
-fn no_available_worker(candidates: &[Arc<Worker>]) -> ApiError {
-    if candidates.is_empty() {
-        return ApiError::NoAvailableWorker("no workers are registered".into());
-    }
-    let (mut unhealthy, mut breaker_open, mut not_ready) = (0, 0, 0);
-    for worker in candidates {
-        if worker.lifecycle() != worker_lifecycle::Lifecycle::Ready {
-            not_ready += 1;
-        } else if !worker.is_healthy() {
-            unhealthy += 1;
-        } else {
-            breaker_open += 1;
-        }
-    }
-    ApiError::NoAvailableWorker(format!(
-        "all {} workers are unavailable ({unhealthy} unhealthy, {breaker_open} with an open \
-         circuit breaker, {not_ready} draining or not ready)",
-        candidates.len()
-    ))
-}
-
-fn routing_context<'a>(
-    model: &'a str,
-    info: &'a RequestInfo,
-    session: Option<&'a str>,
-    request_id: &'a RequestId,
-) -> RequestContext<'a> {
-    let mut context = RequestContext::new(model);
-    context = match &info.routing {
-        RoutingInput::Text(text) => context.with_text(text),
-        RoutingInput::Tokens(tokens) => context.with_tokens(tokens),
-        RoutingInput::None => context,
-    };
-    if let Some(session) = session {
-        context = context.with_session(session);
-    }
-    if let Some(user) = info.user.as_deref() {
-        context = context.with_user(user);
-    }
-    if let Ok(id) = request_id.value.to_str() {
-        context = context.with_request_id(id);
-    }
-    context
 }
 
 fn build_upstream(
@@ -875,7 +820,7 @@ impl Router {
             ticker.tick().await;
             loop {
                 ticker.tick().await;
-                evictor.policies.maintain();
+                evictor.pool.policies().maintain();
                 if let Some(pd) = &evictor.pd {
                     pd.pools().prefill().policies().maintain();
                     pd.pools().decode().policies().maintain();

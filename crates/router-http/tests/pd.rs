@@ -1238,10 +1238,16 @@ async fn decode_pool_emptied_during_the_prefill_is_a_503_naming_decode() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let decode_endpoint = Endpoint::new(&fixture.decode[0].url(), None).unwrap();
-    let drained = fixture
-        .pd()
-        .decode()
-        .remove_worker(&decode_endpoint, tokio::time::Instant::now())
+    let decode_role = fixture.pd().decode();
+    let decode_worker = decode_role
+        .workers()
+        .iter()
+        .find(|w| *w.endpoint() == decode_endpoint)
+        .cloned()
+        .unwrap();
+    let drained = decode_role
+        .pool()
+        .drain_and_remove(&decode_worker, tokio::time::Instant::now())
         .await
         .unwrap();
     assert!(drained, "no decode load while the prefill runs");

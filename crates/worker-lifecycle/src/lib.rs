@@ -110,6 +110,8 @@ mod pool;
 mod registry;
 mod retry;
 mod rng;
+#[cfg(all(feature = "lb-policies", not(loom)))]
+mod role_pool;
 mod static_set;
 mod sync;
 pub mod url;
@@ -134,9 +136,14 @@ pub use registry::{
     RegisterOutcome, Registration, RegistryError, RegistrySnapshot, ServiceRegistry, SnapshotEntry,
 };
 pub use retry::{
-    DEFAULT_RETRYABLE_STATUSES, RetryBudget, RetryBudgetConfig, RetryDecision, RetryPolicy,
+    DEFAULT_RETRYABLE_STATUSES, RequestRetries, RetryBudget, RetryBudgetConfig, RetryDecision,
+    RetryPolicy,
 };
 pub use rng::{RandomSource, SplitMix64};
+#[cfg(all(feature = "lb-policies", not(loom)))]
+pub use role_pool::{
+    Choice, Eligible, MembershipListener, NoWorkerAvailable, RolePool, RolePoolError, SelectError,
+};
 pub use static_set::{StaticSetError, StaticWorkerSet};
 /// The README's example runs as a doc test.
 #[cfg(doctest)]

@@ -289,3 +289,64 @@ impl RetryBudget {
         true
     }
 }
+
+/// One request's retries: the policy's limit, the shared budget and the
+/// jitter, in the order every retry loop checks them. The caller decides
+/// whether an attempt's failure is retryable at all, and sleeps the backoff
+/// with its own timer (bounded by its own deadline).
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use worker_lifecycle::{RequestRetries, RetryBudget, RetryBudgetConfig, RetryPolicy};
+///
+/// let policy = RetryPolicy { max_retries: 1, ..RetryPolicy::default() };
+/// let budget = RetryBudget::new(RetryBudgetConfig::default(), Instant::now());
+/// let mut retries = RequestRetries::start(&policy, &budget, 7, Instant::now());
+/// let backoff = retries.next(Instant::now()).expect("one retry allowed");
+/// assert!(backoff <= Duration::from_millis(50));
+/// assert_eq!(retries.count(), 1);
+/// assert_eq!(retries.next(Instant::now()), None, "max_retries reached");
+/// ```
+#[derive(Debug)]
+pub struct RequestRetries<'a> {
+    policy: &'a RetryPolicy,
+    budget: &'a RetryBudget,
+    jitter: crate::rng::SplitMix64,
+    done: u32,
+}
+
+impl<'a> RequestRetries<'a> {
+    /// The retries of a request arriving at `now`, which is counted in
+    /// `budget`; `seed` seeds the jitter (a per-request counter will do).
+    pub fn start(
+        policy: &'a RetryPolicy,
+        budget: &'a RetryBudget,
+        seed: u64,
+        now: Instant,
+    ) -> Self {
+        budget.record_request(now);
+        Self {
+            policy,
+            budget,
+            jitter: crate::rng::SplitMix64::new(seed),
+            done: 0,
+        }
+    }
+
+    /// Retries granted so far.
+    pub fn count(&self) -> u32 {
+        self.done
+    }
+
+    /// Grants one more retry when the policy's `max_retries` and then the
+    /// shared budget (withdrawn here) allow it, and returns the backoff to
+    /// wait before it; `None` when the request must give up.
+    pub fn next(&mut self, now: Instant) -> Option<Duration> {
+        let retry = self.done.saturating_add(1);
+        if !self.policy.allows_retry(retry) || !self.budget.try_withdraw(now) {
+            return None;
+        }
+        self.done = retry;
+        Some(self.policy.backoff(retry, &mut self.jitter))
+    }
+}

@@ -16,10 +16,12 @@
 //! gains (or loses) `kv_transfer_params`. A client-sent `kv_transfer_params`
 //! never reaches an engine.
 
+mod choice;
 mod mooncake;
 mod moriio;
 mod nixl;
 
+pub use choice::{PdConnector, UnknownConnector};
 pub use mooncake::Mooncake;
 pub use moriio::{ModeMismatch, MoriIo, MoriIoMode, MoriIoModeGate, ParseModeError};
 pub use nixl::Nixl;

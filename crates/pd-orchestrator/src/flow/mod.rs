@@ -7,7 +7,8 @@ mod traits;
 
 pub use body::PdBody;
 pub use traits::{
-    BoxError, LegOutcome, LegRequest, LegResponse, PdBackend, PdWorker, Phase, Transport,
+    BoxError, LegOutcome, LegRequest, LegResponse, PdBackend, PdWorker, Phase, PhaseGuard, Refused,
+    Transport,
 };
 
 use std::future::poll_fn;
@@ -393,14 +394,18 @@ where
                 legs.request_id,
             );
             let leg = legs.leg(Phase::Prefill, ctx.prefill, &wire_id, &prefill_body)?;
-            let lease = PhaseLease::reserve(&self.backend, prefill.clone(), Phase::Prefill);
-            let sent = self.transport.send(leg);
-            let failure = match run_prefill_leg(sent, lease, self.limits()).await {
-                Ok(response) => break (response, wire_id),
-                Err(PrefillLegError::Rejected { status, body }) => {
-                    return Err(PdError::PrefillRejected { status, body });
+            let failure = match PhaseLease::reserve(&*self.backend, &prefill, Phase::Prefill) {
+                Err(refused) => format!("not reserved: {refused}"),
+                Ok(lease) => {
+                    let sent = self.transport.send(leg);
+                    match run_prefill_leg(sent, lease, self.limits()).await {
+                        Ok(response) => break (response, wire_id),
+                        Err(PrefillLegError::Rejected { status, body }) => {
+                            return Err(PdError::PrefillRejected { status, body });
+                        }
+                        Err(PrefillLegError::Failed(failure)) => failure,
+                    }
                 }
-                Err(PrefillLegError::Failed(failure)) => failure,
             };
             attempt += 1;
             tracing::warn!(
@@ -423,6 +428,7 @@ where
                     return Err(PdError::PrefillFailed {
                         attempts: attempt,
                         last: failure,
+                        worker: prefill.id().to_owned(),
                     });
                 }
             }
@@ -440,21 +446,21 @@ where
         let handoff_kind = self.note_handoff(&handoff, &ctx, connector);
         apply_decode_handoff(&mut decode_body, &mut handoff);
         let leg = legs.leg(Phase::Decode, ctx.decode, &wire_id, &decode_body)?;
-        let lease = PhaseLease::reserve(&self.backend, decode.clone(), Phase::Decode);
+        let lease = PhaseLease::reserve(&*self.backend, &decode, Phase::Decode)
+            .map_err(|refused| decode_failed(&decode, format!("not reserved: {refused}")))?;
         let sent = self.transport.send(leg);
         let response = match sent.await {
             Ok(response) => response,
             Err(error) => {
                 lease.finish(LegOutcome::WorkerFailure);
-                return Err(PdError::DecodeFailed {
-                    reason: error.to_string(),
-                });
+                return Err(decode_failed(&decode, error.to_string()));
             }
         };
         let (status, headers, body) = self
             .finish_decode(
                 response,
                 lease,
+                &decode,
                 &legs,
                 PrefillState::Done(Some(prefill_response)),
             )
@@ -490,7 +496,14 @@ where
             legs.build(Phase::Prefill, &ctx, ctx.prefill, &prefill_body)?;
         let decode_leg = legs.leg(Phase::Decode, ctx.decode, &wire_id, &decode_body)?;
 
-        let prefill_lease = PhaseLease::reserve(&self.backend, prefill.clone(), Phase::Prefill);
+        let prefill_lease =
+            PhaseLease::reserve(&*self.backend, &prefill, Phase::Prefill).map_err(|refused| {
+                PdError::PrefillFailed {
+                    attempts: 1,
+                    last: format!("not reserved: {refused}"),
+                    worker: prefill.id().to_owned(),
+                }
+            })?;
         let prefill_sent = self.transport.send(prefill_leg);
         let mut driver: Option<PrefillDriver> = Some(Box::pin(run_prefill_leg(
             prefill_sent,
@@ -499,7 +512,11 @@ where
         )));
         let mut prefill_result: Option<PrefillResult> = None;
 
-        let decode_lease = PhaseLease::reserve(&self.backend, decode.clone(), Phase::Decode);
+        // A refusal drops the prefill leg before its first poll, finishing
+        // its lease as cancelled.
+        let decode_lease = PhaseLease::reserve(&*self.backend, &decode, Phase::Decode)
+            .map_err(|refused| decode_failed(&decode, format!("not reserved: {refused}")))?;
+
         let mut decode_sent = pin!(self.transport.send(decode_leg));
         let head = poll_fn(|cx| {
             if let Some(running) = driver.as_mut() {
@@ -523,21 +540,22 @@ where
                     Some(Err(PrefillLegError::Rejected { status, body })) => {
                         PdError::PrefillRejected { status, body }
                     }
-                    Some(Err(PrefillLegError::Failed(last))) => {
-                        PdError::PrefillFailed { attempts: 1, last }
-                    }
+                    Some(Err(PrefillLegError::Failed(last))) => PdError::PrefillFailed {
+                        attempts: 1,
+                        last,
+                        worker: prefill.id().to_owned(),
+                    },
                     Some(Ok(_)) | None => PdError::PrefillFailed {
                         attempts: 1,
                         last: "prefill ended without a result".to_owned(),
+                        worker: prefill.id().to_owned(),
                     },
                 });
             }
             Some(Err(error)) => {
                 decode_lease.finish(LegOutcome::WorkerFailure);
                 // `driver` drops with this frame: the prefill leg is aborted.
-                return Err(PdError::DecodeFailed {
-                    reason: error.to_string(),
-                });
+                return Err(decode_failed(&decode, error.to_string()));
             }
             Some(Ok(response)) => response,
         };
@@ -546,7 +564,7 @@ where
             None => PrefillState::Done(prefill_result.and_then(Result::ok)),
         };
         let (status, headers, body) = self
-            .finish_decode(response, decode_lease, &legs, prefill_state)
+            .finish_decode(response, decode_lease, &decode, &legs, prefill_state)
             .await?;
         Ok(PdResponse {
             status,
@@ -587,6 +605,7 @@ where
         &self,
         response: LegResponse<T::Body>,
         mut lease: PhaseLease<Bk>,
+        decode: &Bk::Worker,
         legs: &Legs<'_>,
         prefill: PrefillState,
     ) -> Result<(StatusCode, HeaderMap, PdBody<T::Body, Bk>), PdError> {
@@ -608,6 +627,7 @@ where
             return Err(PdError::DecodeRejected {
                 status,
                 body: error_body,
+                worker: decode.id().to_owned(),
             });
         }
         if legs.streaming {
@@ -674,6 +694,7 @@ where
                 lease.finish(LegOutcome::WorkerFailure);
                 return Err(PdError::DecodeBodyFailed {
                     reason: error.to_string(),
+                    worker: decode.id().to_owned(),
                 });
             }
         };
@@ -782,6 +803,14 @@ impl<'a> Legs<'a> {
             headers,
             body: Bytes::from(body),
         })
+    }
+}
+
+/// A decode leg that could not be sent or answered, naming its worker.
+fn decode_failed<W: PdWorker>(decode: &W, reason: String) -> PdError {
+    PdError::DecodeFailed {
+        reason,
+        worker: decode.id().to_owned(),
     }
 }
 

@@ -85,11 +85,22 @@ pub trait Transport: Send + Sync {
 pub trait PdWorker {
     /// How to address this worker.
     fn endpoint(&self) -> &PdEndpoint;
+
+    /// The name errors give this worker, so a caller can leave it out of
+    /// its next selection: a pool's worker key (unique per registration
+    /// lifetime) when it has one; the endpoint's base URL by default.
+    fn id(&self) -> &str {
+        self.endpoint().base_url()
+    }
 }
 
 impl<W: PdWorker + ?Sized> PdWorker for Arc<W> {
     fn endpoint(&self) -> &PdEndpoint {
         (**self).endpoint()
+    }
+
+    fn id(&self) -> &str {
+        (**self).id()
     }
 }
 
@@ -115,25 +126,61 @@ pub enum LegOutcome {
     Cancelled,
 }
 
-/// The caller's side of the flow: load guards per phase, a fresh prefill
-/// worker for a retry, and outcome recording.
+/// A reservation of one phase's load on one worker, that records how the
+/// leg ended and then releases the load.
 ///
-/// This is the seam where the router plugs in its worker pools: `Guard` is
-/// its RAII load guard (any `Send + 'static` value whose `Drop` releases the
-/// load), `reselect_prefill` asks the prefill policy again, `record` feeds
-/// circuit breakers and metrics.
+/// [`finish`](Self::finish) is called exactly once per reservation the flow
+/// made: with the leg's outcome when it ended, or [`LegOutcome::Cancelled`]
+/// when the flow future or the body holding it was dropped. Recording
+/// before releasing lets a half-open circuit breaker see its probe's result
+/// while the probe still holds its slot.
+pub trait PhaseGuard: Send + 'static {
+    /// Records `outcome` (with the response `status` when a response head
+    /// arrived: `None` means the leg failed or was abandoned before that, so
+    /// a breaker can tell a connect failure from a 5xx, or a body cut
+    /// mid-stream — `WorkerFailure` with a 2xx status), then releases.
+    fn finish(self, outcome: LegOutcome, status: Option<StatusCode>);
+}
+
+/// A backend that counts nothing.
+impl PhaseGuard for () {
+    fn finish(self, _outcome: LegOutcome, _status: Option<StatusCode>) {}
+}
+
+/// Why [`PdBackend::reserve`] refused: the worker cannot take the leg now
+/// (its breaker refuses, it is draining or gone). Nothing was counted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// The caller's side of the flow: reservations per phase, a fresh prefill
+/// worker for a retry, and the decode worker of a late choice.
+///
+/// This is the seam where a router plugs in its worker pools: `Guard` is
+/// its load reservation, which records each leg's outcome (circuit
+/// breakers, metrics) and releases; `reselect_prefill` asks the prefill
+/// policy again.
 pub trait PdBackend: Send + Sync + 'static {
     /// A selected worker (usually an `Arc` of the pool's worker object).
     type Worker: PdWorker + Clone + Send + Sync + 'static;
-    /// A load reservation on one worker for one phase; dropping it releases.
-    type Guard: Send + 'static;
+    /// A reservation of one phase on one worker; see [`PhaseGuard`].
+    type Guard: PhaseGuard;
 
-    /// Counts `phase` load on `worker` until the returned guard is dropped.
-    /// Called when the leg is dispatched.
-    fn reserve(&self, worker: &Self::Worker, phase: Phase) -> Self::Guard;
+    /// Counts `phase` load on `worker` until the returned guard finishes,
+    /// when the worker's breaker admits it. Called right before the leg is
+    /// dispatched.
+    ///
+    /// # Errors
+    /// [`Refused`] when the worker cannot take the leg: the leg is not
+    /// sent, nothing is counted, and the flow treats it as that worker
+    /// failing (a prefill is retried on another worker; a decode ends the
+    /// flow with [`PdError::DecodeFailed`](crate::PdError::DecodeFailed)
+    /// naming it).
+    fn reserve(&self, worker: &Self::Worker, phase: Phase) -> Result<Self::Guard, Refused>;
 
     /// A different prefill worker for retry number `attempt` (1-based) after
-    /// `failed` failed, or `None` to give up.
+    /// `failed` failed, or `None` to give up. The backend should leave
+    /// `failed` out of this request's later choices.
     fn reselect_prefill(&self, failed: &Self::Worker, attempt: u32) -> Option<Self::Worker>;
 
     /// The decode worker of a flow started with
@@ -153,41 +200,26 @@ pub trait PdBackend: Send + Sync + 'static {
         let _ = prefill;
         None
     }
-
-    /// Records how a leg ended. Called exactly once per reserved guard,
-    /// right after the guard is released. `status` is the response status
-    /// when a response head arrived (`None`: the leg failed or was abandoned
-    /// before that), so a breaker can tell a connect failure from a 5xx, or
-    /// a body cut mid-stream (`WorkerFailure` with a 2xx status).
-    fn record(
-        &self,
-        worker: &Self::Worker,
-        phase: Phase,
-        outcome: LegOutcome,
-        status: Option<StatusCode>,
-    );
 }
 
-/// A reserved phase: the guard plus the duty to record one outcome.
-/// Dropping it unfinished records [`LegOutcome::Cancelled`].
+/// A reserved phase: the guard plus the duty to finish it once.
+/// Dropping it unfinished finishes it with [`LegOutcome::Cancelled`].
 pub(crate) struct PhaseLease<Bk: PdBackend> {
-    backend: Arc<Bk>,
-    worker: Bk::Worker,
-    phase: Phase,
     guard: Option<Bk::Guard>,
     status: Option<StatusCode>,
 }
 
 impl<Bk: PdBackend> PhaseLease<Bk> {
-    pub(crate) fn reserve(backend: &Arc<Bk>, worker: Bk::Worker, phase: Phase) -> Self {
-        let guard = backend.reserve(&worker, phase);
-        Self {
-            backend: Arc::clone(backend),
-            worker,
-            phase,
-            guard: Some(guard),
+    /// Reserves `phase` on `worker` through `backend`.
+    pub(crate) fn reserve(
+        backend: &Bk,
+        worker: &Bk::Worker,
+        phase: Phase,
+    ) -> Result<Self, Refused> {
+        Ok(Self {
+            guard: Some(backend.reserve(worker, phase)?),
             status: None,
-        }
+        })
     }
 
     /// Notes the status of the leg's response head.
@@ -201,9 +233,7 @@ impl<Bk: PdBackend> PhaseLease<Bk> {
 
     fn end(&mut self, outcome: LegOutcome) {
         if let Some(guard) = self.guard.take() {
-            drop(guard);
-            self.backend
-                .record(&self.worker, self.phase, outcome, self.status);
+            guard.finish(outcome, self.status);
         }
     }
 }

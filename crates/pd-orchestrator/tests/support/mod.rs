@@ -15,7 +15,7 @@ use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame};
 use pd_orchestrator::{
     LegOutcome, LegRequest, LegResponse, MooncakeEndpoint, MoriIoEndpoint, PdBackend, PdBody,
-    PdEndpoint, Phase, Transport,
+    PdEndpoint, Phase, PhaseGuard, Refused, Transport,
 };
 use serde_json::Value;
 
@@ -295,11 +295,17 @@ struct Counters {
 }
 
 /// Counting guards, outcome records and a queue of spare prefill workers.
+/// What the guards recorded when they finished.
+#[derive(Default)]
+pub struct Recorded {
+    outcomes: Mutex<Vec<(String, Phase, LegOutcome)>>,
+    statuses: Mutex<Vec<(Phase, Option<u16>)>>,
+}
+
 #[derive(Default)]
 pub struct TestBackend {
     counters: Arc<Counters>,
-    outcomes: Mutex<Vec<(String, Phase, LegOutcome)>>,
-    statuses: Mutex<Vec<(Phase, Option<u16>)>>,
+    recorded: Arc<Recorded>,
     spare_prefills: Mutex<VecDeque<Arc<PdEndpoint>>>,
     late_decodes: Mutex<VecDeque<Arc<PdEndpoint>>>,
     pub log: Log,
@@ -309,6 +315,28 @@ pub struct TestGuard {
     key: (String, Phase),
     counters: Arc<Counters>,
     log: Log,
+    recorded: Arc<Recorded>,
+}
+
+impl PhaseGuard for TestGuard {
+    /// Logs the release, then the outcome: the order the router's breaker
+    /// bookkeeping cannot observe, kept so the logs read as before.
+    fn finish(self, outcome: LegOutcome, status: Option<StatusCode>) {
+        let (worker, phase) = self.key.clone();
+        let (log, recorded) = (self.log.clone(), Arc::clone(&self.recorded));
+        drop(self);
+        log.push(format!("outcome {phase} {outcome:?}"));
+        recorded
+            .outcomes
+            .lock()
+            .unwrap()
+            .push((worker, phase, outcome));
+        recorded
+            .statuses
+            .lock()
+            .unwrap()
+            .push((phase, status.map(|s| s.as_u16())));
+    }
 }
 
 impl Drop for TestGuard {
@@ -354,11 +382,11 @@ impl TestBackend {
         self.counters.reserved.load(Ordering::SeqCst)
     }
     pub fn outcomes(&self) -> Vec<(String, Phase, LegOutcome)> {
-        self.outcomes.lock().unwrap().clone()
+        self.recorded.outcomes.lock().unwrap().clone()
     }
     /// The response status each recorded leg saw, in record order.
     pub fn statuses(&self) -> Vec<(Phase, Option<u16>)> {
-        self.statuses.lock().unwrap().clone()
+        self.recorded.statuses.lock().unwrap().clone()
     }
     pub fn outcome_kinds(&self) -> Vec<(Phase, LegOutcome)> {
         self.outcomes()
@@ -396,7 +424,7 @@ impl PdBackend for TestBackend {
     type Worker = Arc<PdEndpoint>;
     type Guard = TestGuard;
 
-    fn reserve(&self, worker: &Arc<PdEndpoint>, phase: Phase) -> TestGuard {
+    fn reserve(&self, worker: &Arc<PdEndpoint>, phase: Phase) -> Result<TestGuard, Refused> {
         let key = (worker.base_url().to_owned(), phase);
         *self
             .counters
@@ -407,11 +435,12 @@ impl PdBackend for TestBackend {
             .or_default() += 1;
         self.counters.reserved.fetch_add(1, Ordering::SeqCst);
         self.log.push(format!("reserve {phase} {}", key.0));
-        TestGuard {
+        Ok(TestGuard {
             key,
             counters: Arc::clone(&self.counters),
             log: self.log.clone(),
-        }
+            recorded: Arc::clone(&self.recorded),
+        })
     }
 
     fn reselect_prefill(
@@ -431,24 +460,6 @@ impl PdBackend for TestBackend {
             None => self.log.push("select decode none"),
         }
         chosen
-    }
-
-    fn record(
-        &self,
-        worker: &Arc<PdEndpoint>,
-        phase: Phase,
-        outcome: LegOutcome,
-        status: Option<StatusCode>,
-    ) {
-        self.log.push(format!("outcome {phase} {outcome:?}"));
-        self.outcomes
-            .lock()
-            .unwrap()
-            .push((worker.base_url().to_owned(), phase, outcome));
-        self.statuses
-            .lock()
-            .unwrap()
-            .push((phase, status.map(|s| s.as_u16())));
     }
 }
 

@@ -3,14 +3,16 @@
 //! worker's load equals the number of live guards on it, per role, and no
 //! refused selection leaves anything behind.
 
-use pd_orchestrator::{LegOutcome, PdBackend, Phase};
+#![cfg(feature = "pools")]
+
+use lb_policies::{OwnedContext, Routing};
+use pd_orchestrator::pools::{PdConfig, PdLease, PdPair, PdPools, PdScope};
+use pd_orchestrator::{LegOutcome, PdBackend, PdConnector, Phase, PhaseGuard};
 use proptest::prelude::*;
-use router_http::pd::{PdPair, PdScope, labels};
-use router_http::{ApiError, PdConfig, PdConnector, PdPools, RoutingInput};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use worker_lifecycle::{
-    Endpoint, LoadGuard, Registration, RoleKind, ServiceRegistry, Worker, WorkerOptions,
+    Endpoint, Registration, RoleKind, SelectError, ServiceRegistry, Worker, WorkerOptions, labels,
 };
 
 const TTL: Duration = Duration::from_secs(10);
@@ -54,11 +56,11 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// One request in flight: its pair and the guards the flow would hold.
+/// One request in flight: its pair and the leases the flow would hold.
 struct Live {
     pair: PdPair,
-    prefill: Option<LoadGuard>,
-    decode: Option<LoadGuard>,
+    prefill: Option<PdLease>,
+    decode: Option<PdLease>,
 }
 
 struct Model {
@@ -129,15 +131,16 @@ impl Model {
         }
     }
 
-    fn record(&self, target: &router_http::pd::PdTarget, phase: Phase, guard: LoadGuard) {
-        // What the flow's lease does: release, then record.
-        drop(guard);
-        self.pools.record(
-            target,
-            phase,
-            LegOutcome::Success,
-            Some(http::StatusCode::OK),
-        );
+    /// What the flow does when a leg succeeds: finish its lease (record,
+    /// then release).
+    fn record(lease: PdLease) {
+        lease.finish(LegOutcome::Success, Some(http::StatusCode::OK));
+    }
+
+    fn reserve(&self, target: &pd_orchestrator::pools::PdTarget, phase: Phase) -> PdLease {
+        self.pools
+            .reserve(target, phase)
+            .expect("an available worker admits")
     }
 
     fn apply(&mut self, op: Op) {
@@ -160,7 +163,11 @@ impl Model {
             Op::Advance(seconds) => self.now += Duration::from_secs(seconds),
             Op::Start { prompt } => {
                 let text = format!("prompt number {prompt} shares a prefix");
-                let scope = Arc::new(PdScope::new("m", RoutingInput::Text(text)));
+                let scope = Arc::new(PdScope::new(OwnedContext {
+                    model: "m".into(),
+                    routing: Routing::Text(text),
+                    ..OwnedContext::default()
+                }));
                 let before = self.decision_count();
                 match self.pools.select_pair_at(&scope, self.now) {
                     Ok(pair) => {
@@ -168,18 +175,25 @@ impl Model {
                         self.note(&pair.decode.worker().clone());
                         assert_eq!(pair.prefill.worker().role().kind(), RoleKind::Prefill);
                         assert_eq!(pair.decode.worker().role().kind(), RoleKind::Decode);
-                        assert_eq!(pair.decode.is_reserved(), self.concurrent);
-                        let prefill = Some(self.pools.reserve(&pair.prefill, Phase::Prefill));
+                        // A choice holds no load: each phase is reserved
+                        // when its leg is dispatched.
+                        let loads = |pair: &PdPair| {
+                            (pair.prefill.worker().load(), pair.decode.worker().load())
+                        };
+                        let before = loads(&pair);
+                        let prefill = Some(self.reserve(&pair.prefill, Phase::Prefill));
+                        assert_eq!(loads(&pair).0, before.0 + 1);
                         let decode = self
                             .concurrent
-                            .then(|| self.pools.reserve(&pair.decode, Phase::Decode));
+                            .then(|| self.reserve(&pair.decode, Phase::Decode));
                         self.live.push(Live {
                             pair,
                             prefill,
                             decode,
                         });
                     }
-                    Err(ApiError::NoAvailableWorker(message)) => {
+                    Err(SelectError::Unavailable(unavailable)) => {
+                        let message = unavailable.to_string();
                         // A refusal asks no policy: no tree insertion.
                         assert_eq!(self.decision_count(), before, "{message}");
                         assert!(
@@ -193,39 +207,39 @@ impl Model {
             Op::FinishPrefill(i) => {
                 let Some(index) = self.index(i) else { return };
                 let live = &mut self.live[index];
-                if let Some(guard) = live.prefill.take() {
-                    let target = live.pair.prefill.clone();
+                if let Some(lease) = live.prefill.take() {
                     let dispatch_decode = live.decode.is_none() && !self.concurrent;
-                    self.record(&target, Phase::Prefill, guard);
+                    Self::record(lease);
                     if dispatch_decode {
-                        let live = &mut self.live[index];
-                        live.decode = Some(self.pools.reserve(&live.pair.decode, Phase::Decode));
+                        let target = &self.live[index].pair.decode;
+                        match self.pools.reserve(target, Phase::Decode) {
+                            Ok(decode) => self.live[index].decode = Some(decode),
+                            // The decode worker left while the prefill ran:
+                            // its breaker-aware reservation is refused, and
+                            // the flow fails the request (nothing counted).
+                            Err(_) => {
+                                assert!(!target.worker().is_available());
+                                self.live.remove(index);
+                            }
+                        }
                     }
                 }
             }
             Op::FinishDecode(i) => {
                 let Some(index) = self.index(i) else { return };
-                if let Some(guard) = self.live[index].decode.take() {
-                    let target = self.live[index].pair.decode.clone();
-                    self.record(&target, Phase::Decode, guard);
+                if let Some(lease) = self.live[index].decode.take() {
+                    Self::record(lease);
                     let live = self.live.remove(index);
                     if let Some(prefill) = live.prefill {
-                        self.record(&live.pair.prefill, Phase::Prefill, prefill);
+                        Self::record(prefill);
                     }
                 }
             }
             Op::Drop(i) => {
                 let Some(index) = self.index(i) else { return };
                 let live = self.live.remove(index);
-                for (target, phase, guard) in [
-                    (&live.pair.prefill, Phase::Prefill, live.prefill),
-                    (&live.pair.decode, Phase::Decode, live.decode),
-                ] {
-                    if let Some(guard) = guard {
-                        drop(guard);
-                        self.pools
-                            .record(target, phase, LegOutcome::Cancelled, None);
-                    }
+                for lease in [live.prefill, live.decode].into_iter().flatten() {
+                    lease.finish(LegOutcome::Cancelled, None);
                 }
             }
         }
@@ -251,7 +265,7 @@ impl Model {
                 .iter()
                 .flat_map(|l| [l.prefill.as_ref(), l.decode.as_ref()])
                 .flatten()
-                .filter(|guard| Arc::ptr_eq(guard.worker(), worker))
+                .filter(|lease| Arc::ptr_eq(lease.worker(), worker))
                 .count()
         };
         for worker in &self.seen {

@@ -2,12 +2,11 @@
 //! serialized steps, both policies, the reservations, and the release and
 //! outcome recording the flow does when each leg ends.
 //!
-//! Run with `cargo run --release -p router-http --example pd_select`.
+//! Run with `cargo run --release -p pd-orchestrator --example pd_select`.
 
-use lb_policies::PolicyConfig;
-use pd_orchestrator::{LegOutcome, PdBackend, Phase};
-use router_http::pd::PdScope;
-use router_http::{PdConfig, PdConnector, PdPools, PdWorkerConfig, RoutingInput};
+use lb_policies::{OwnedContext, PolicyConfig, Routing};
+use pd_orchestrator::pools::{PdConfig, PdPools, PdScope, PdWorkerConfig};
+use pd_orchestrator::{LegOutcome, PdBackend, PdConnector, Phase, PhaseGuard};
 use std::sync::Arc;
 use std::time::Instant;
 use worker_lifecycle::{Endpoint, Registration, RoleKind, ServiceRegistry, WorkerOptions};
@@ -62,15 +61,19 @@ fn measure(name: &str, pools: &PdPools) {
         .collect();
     let started = Instant::now();
     for i in 0..REQUESTS {
-        let routing = RoutingInput::Text(prompts[i % prompts.len()].clone());
-        let scope = Arc::new(PdScope::new("m", routing));
+        let scope = Arc::new(PdScope::new(OwnedContext {
+            model: "m".into(),
+            routing: Routing::Text(prompts[i % prompts.len()].clone()),
+            ..OwnedContext::default()
+        }));
         let pair = pools.select_pair(&scope).expect("workers are available");
-        let prefill = pools.reserve(&pair.prefill, Phase::Prefill);
-        drop(prefill);
-        pools.record(&pair.prefill, Phase::Prefill, LegOutcome::Success, None);
-        let decode = pools.reserve(&pair.decode, Phase::Decode);
-        drop(decode);
-        pools.record(&pair.decode, Phase::Decode, LegOutcome::Success, None);
+        for (target, phase) in [
+            (&pair.prefill, Phase::Prefill),
+            (&pair.decode, Phase::Decode),
+        ] {
+            let lease = pools.reserve(target, phase).expect("an idle worker admits");
+            lease.finish(LegOutcome::Success, None);
+        }
     }
     let per_request = started.elapsed() / REQUESTS as u32;
     println!("{name:<34} {per_request:>10.2?} per request ({WORKERS} + {WORKERS} workers)");

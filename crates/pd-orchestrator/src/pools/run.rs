@@ -1,0 +1,169 @@
+//! The whole-request retry loop of a P/D request: [`run`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+use serde_json::Value;
+use worker_lifecycle::{RequestRetries, RoleKind, SelectError};
+
+use super::{PdPools, PdScope};
+use crate::PdRequest;
+use crate::bootstrap::Sleeper;
+use crate::connector::KvConnector;
+use crate::error::PdError;
+use crate::flow::{PdFlow, PdResponse, Phase, Transport};
+use crate::headers::ForwardHeaders;
+
+/// One client request as [`run`] sends it, attempt after attempt.
+#[derive(Debug)]
+pub struct PdCall {
+    /// The client's path (with its query), used by both legs.
+    pub path: String,
+    /// The client's body as received; a retry parses it again rather than
+    /// the first attempt paying for a deep copy it rarely needs.
+    pub body: Bytes,
+    /// The body already parsed, for the first attempt.
+    pub parsed: Option<Value>,
+    /// The request's id in the flow ([`flow_request_id`]); attempt `n > 0`
+    /// runs as `{id}-a{n}`, so a retried pair never meets an abandoned
+    /// attempt's KV state.
+    pub request_id: String,
+    /// Client headers forwarded to both legs.
+    pub forward: ForwardHeaders,
+    /// What the request routes by, and the workers that failed it.
+    pub scope: Arc<PdScope>,
+}
+
+/// Why [`run`] produced no decode response.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RunError {
+    /// No pair could be selected for the first attempt.
+    #[error(transparent)]
+    Select(#[from] SelectError),
+    /// The flow failed: the last attempt's error (a retry that found no
+    /// fresh pair reports why the attempt before it failed).
+    #[error(transparent)]
+    Flow(#[from] PdError),
+}
+
+/// Runs `call` over pairs from the flow's [`PdPools`]: select (a pair, or
+/// the prefill alone when the decode is chosen late), run the flow, and on
+/// a retryable failure leave the failed worker out, wait the backoff
+/// `retries` grants (through `sleeper`) and run again with a fresh pair.
+/// `on_retry` sees each error that is retried, for metrics and logs.
+///
+/// The caller bounds the whole of it with its own deadline (dropping the
+/// future is safe at any await: every reserved phase is finished as
+/// cancelled).
+///
+/// # Errors
+/// [`RunError`]; a [`RunError::Flow`] error's [`PdError::status`] is the
+/// answer to give.
+pub async fn run<T, C, S>(
+    flow: &PdFlow<T, PdPools>,
+    connector: &C,
+    call: PdCall,
+    retries: &mut RequestRetries<'_>,
+    sleeper: &S,
+    mut on_retry: impl FnMut(&PdError),
+) -> Result<PdResponse<T::Body, PdPools>, RunError>
+where
+    T: Transport,
+    C: KvConnector + ?Sized,
+    S: Sleeper + ?Sized,
+{
+    let PdCall {
+        path,
+        body,
+        mut parsed,
+        request_id,
+        forward,
+        scope,
+    } = call;
+    let pools = flow.backend();
+    let mut last_error: Option<PdError> = None;
+    loop {
+        let selected = if pools.late_decode() {
+            pools.select_prefill(&scope).map(|prefill| (prefill, None))
+        } else {
+            pools
+                .select_pair(&scope)
+                .map(|pair| (pair.prefill, Some(pair.decode)))
+        };
+        let (prefill, decode) = match selected {
+            Ok(selected) => selected,
+            Err(err) => return Err(last_error.map_or(RunError::Select(err), RunError::Flow)),
+        };
+        let attempt_body = match parsed.take() {
+            Some(value) => value,
+            None => serde_json::from_slice(&body).map_err(|_| PdError::InvalidBody)?,
+        };
+        let request = PdRequest {
+            path: path.clone(),
+            body: attempt_body,
+            request_id: match retries.count() {
+                0 => request_id.clone(),
+                n => format!("{request_id}-a{n}"),
+            },
+            forward: forward.clone(),
+        };
+        let result = match decode {
+            Some(decode) => flow.run(connector, request, prefill, decode).await,
+            None => flow.run_late_decode(connector, request, prefill).await,
+        };
+        let error = match result {
+            Ok(response) => return Ok(response),
+            Err(error) => error,
+        };
+        if let Some((phase, worker)) = error.failed_worker() {
+            let role = match phase {
+                Phase::Prefill => RoleKind::Prefill,
+                Phase::Decode => RoleKind::Decode,
+            };
+            scope.exclude(role, worker);
+        }
+        let backoff = if error.is_retryable() {
+            retries.next(Instant::now())
+        } else {
+            None
+        };
+        let Some(backoff) = backoff else {
+            return Err(RunError::Flow(error));
+        };
+        on_retry(&error);
+        last_error = Some(error);
+        sleeper.sleep(backoff).await;
+    }
+}
+
+/// The flow's request id for a client's request id, unique in this process:
+/// transfer ids derive from it, and two requests that share a client id (a
+/// client reusing ids, a fixed header) must not rendezvous on each other's
+/// KV. It keeps the client's id as a prefix when that fits the P2P
+/// convention's alphabet (ASCII letters, digits, `-`, `_`, `.`; at most 80
+/// bytes), for correlating engine logs.
+///
+/// ```
+/// use pd_orchestrator::pools::flow_request_id;
+///
+/// let a = flow_request_id(b"chat-42");
+/// let b = flow_request_id(b"chat-42");
+/// assert!(a.starts_with("chat-42.") && b.starts_with("chat-42."));
+/// assert_ne!(a, b, "one id per request");
+/// assert!(flow_request_id(b"a:b").starts_with("pd-"), "':' would corrupt the wire id");
+/// ```
+pub fn flow_request_id(client_id: &[u8]) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let fits = !client_id.is_empty()
+        && client_id.len() <= 80
+        && client_id
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    match std::str::from_utf8(client_id) {
+        Ok(client) if fits => format!("{client}.{n}"),
+        _ => format!("pd-{}-{n}", std::process::id()),
+    }
+}

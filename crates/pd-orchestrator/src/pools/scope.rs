@@ -1,0 +1,120 @@
+//! What one request routes by, and the workers chosen for it.
+
+use std::sync::Arc;
+
+use lb_policies::OwnedContext;
+use parking_lot::Mutex;
+use worker_lifecycle::{RoleKind, Worker};
+
+use crate::endpoint::PdEndpoint;
+use crate::flow::PdWorker;
+
+/// What one request routes by, shared by its selections (the first pair,
+/// a prefill retry, a late decode choice, a retry of the whole request),
+/// and the workers that already failed it, which those selections leave
+/// out.
+#[derive(Debug)]
+pub struct PdScope {
+    request: OwnedContext,
+    failed_prefill: Mutex<Vec<Box<str>>>,
+    failed_decode: Mutex<Vec<Box<str>>>,
+}
+
+impl PdScope {
+    /// The scope of `request`.
+    pub fn new(request: OwnedContext) -> Self {
+        Self {
+            request,
+            failed_prefill: Mutex::default(),
+            failed_decode: Mutex::default(),
+        }
+    }
+
+    /// What the policies see.
+    pub fn request(&self) -> &OwnedContext {
+        &self.request
+    }
+
+    /// Leaves the worker with key `worker` (see [`PdWorker::id`]) out of
+    /// this request's later selections of `role`.
+    pub fn exclude(&self, role: RoleKind, worker: &str) {
+        let mut failed = self.failed(role).lock();
+        if !failed.iter().any(|key| &**key == worker) {
+            failed.push(worker.into());
+        }
+    }
+
+    /// Whether the worker with key `worker` failed this request in `role`.
+    pub fn is_excluded(&self, role: RoleKind, worker: &str) -> bool {
+        self.failed(role).lock().iter().any(|key| &**key == worker)
+    }
+
+    fn failed(&self, role: RoleKind) -> &Mutex<Vec<Box<str>>> {
+        match role {
+            RoleKind::Prefill => &self.failed_prefill,
+            _ => &self.failed_decode,
+        }
+    }
+}
+
+/// A selected worker of one role, as the flow addresses it. Cheap to clone;
+/// holds no load: the flow reserves it when it dispatches the leg
+/// ([`PdBackend::reserve`](crate::PdBackend::reserve)).
+#[derive(Clone)]
+pub struct PdTarget {
+    worker: Arc<Worker>,
+    endpoint: Arc<PdEndpoint>,
+    scope: Arc<PdScope>,
+}
+
+impl std::fmt::Debug for PdTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PdTarget")
+            .field("worker", &self.worker.key())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PdTarget {
+    pub(super) fn new(
+        worker: Arc<Worker>,
+        endpoint: Arc<PdEndpoint>,
+        scope: &Arc<PdScope>,
+    ) -> Self {
+        Self {
+            worker,
+            endpoint,
+            scope: Arc::clone(scope),
+        }
+    }
+
+    /// The worker.
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+
+    /// The request it was chosen for.
+    pub fn scope(&self) -> &Arc<PdScope> {
+        &self.scope
+    }
+}
+
+impl PdWorker for PdTarget {
+    fn endpoint(&self) -> &PdEndpoint {
+        &self.endpoint
+    }
+
+    /// The worker key: unique per registration lifetime.
+    fn id(&self) -> &str {
+        self.worker.key()
+    }
+}
+
+/// A chosen (prefill, decode) pair.
+#[derive(Debug, Clone)]
+pub struct PdPair {
+    /// The prefill worker.
+    pub prefill: PdTarget,
+    /// The decode worker.
+    pub decode: PdTarget,
+}

@@ -1,0 +1,523 @@
+//! Prefill/decode disaggregation over HTTP: the hyper side of
+//! `pd-orchestrator`.
+//!
+//! In P/D mode ([`RouterConfig::pd`](crate::RouterConfig::pd)) the router
+//! keeps two pools of workers, one per role. The pools, pair selection, the
+//! flow's backend and the whole-request retry loop all live in
+//! [`pd_orchestrator::pools`]; this module only plugs HTTP into them:
+//!
+//! - [`HyperTransport`] sends the legs through the router's pooled
+//!   [`UpstreamClient`], each response body failing after the stream idle
+//!   timeout;
+//! - the Mooncake bootstrap: [`Router::start`](crate::Router::start) (or
+//!   [`Router::bootstrap_pd`](crate::Router::bootstrap_pd)) queries every
+//!   static prefill worker once, with retries; a discovered prefill worker
+//!   is queried in the background when it joins (a prefill worker whose
+//!   engine ids are not known is not selected);
+//! - the request: the client's body, headers and path become a
+//!   [`PdCall`](pd_orchestrator::pools::PdCall); the decode response body
+//!   owns the decode guard (inside `pd-orchestrator`'s `PdBody`) and the
+//!   router's admission permit, both released at end of stream, at a body
+//!   error, or when the client goes away;
+//! - errors, answered once through [`PdError::status`];
+//! - the `router_pd_*` series of `/metrics`.
+//!
+//! # Example
+//!
+//! ```
+//! use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router, RouterConfig};
+//!
+//! let mut pd = PdConfig::new(PdConnector::Nixl);
+//! pd.prefill = vec![PdWorkerConfig::new("http://10.0.0.1:8000")];
+//! // The same URL as a decode worker is a second, separate worker.
+//! pd.decode = vec![
+//!     PdWorkerConfig::new("http://10.0.0.1:8000"),
+//!     PdWorkerConfig::new("http://10.0.0.2:8000"),
+//! ];
+//! let config = RouterConfig { pd: Some(pd), ..RouterConfig::default() };
+//! // `Router::start(config).await` also runs the Mooncake bootstrap.
+//! let router = Router::new(config)?;
+//! let pools = router.pd().expect("P/D mode");
+//! assert_eq!(pools.prefill().workers().len(), 1);
+//! assert_eq!(pools.decode().workers().len(), 2);
+//! assert_eq!(router.all_workers().len(), 3);
+//! assert!(router.is_ready(), "an available worker in each role");
+//! # Ok::<(), router_http::ConfigError>(())
+//! ```
+
+mod metrics;
+
+pub use pd_orchestrator::PdConnector;
+pub use pd_orchestrator::pools::{
+    PdConfig, PdPair, PdPools, PdRole, PdScope, PdTarget, PdWorkerConfig,
+};
+/// Registration labels read from discovered workers (the contract lives in
+/// worker-lifecycle, where discovery listeners and pools both see it).
+pub use worker_lifecycle::labels;
+
+use crate::body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout};
+use crate::client::{UpstreamClient, UpstreamError};
+use crate::config::{ConfigError, RouterConfig};
+use crate::error::ApiError;
+use crate::extract::RequestInfo;
+use crate::headers::{RequestId, strip_hop_by_hop};
+use crate::limits::AdmissionPermit;
+use crate::router::Shared;
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, Limited};
+use lb_policies::OwnedContext;
+use pd_orchestrator::bootstrap::{BootstrapQuery, BootstrapRetry, Sleeper, learn_engine_ids};
+use pd_orchestrator::pools::{PdCall, RunError, flow_request_id};
+use pd_orchestrator::{
+    ForwardHeaders, KvConnector, LegRequest, LegResponse, PdEndpoint, PdError, PdFlow, Transport,
+};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use worker_lifecycle::{RoleKind, Worker, WorkerRole};
+
+/// Sends P/D legs through the router's pooled [`UpstreamClient`]; each
+/// response body fails when it sends nothing for the idle timeout.
+#[derive(Debug, Clone)]
+pub struct HyperTransport {
+    client: UpstreamClient,
+    idle: Duration,
+}
+
+impl HyperTransport {
+    /// A transport over `client` whose bodies time out after `idle`
+    /// without a frame.
+    pub fn new(client: UpstreamClient, idle: Duration) -> Self {
+        Self { client, idle }
+    }
+}
+
+/// A leg's response body: hyper's, with the idle timeout.
+pub type LegBody = Pin<Box<IdleTimeout<crate::client::UpstreamBody>>>;
+
+impl Transport for HyperTransport {
+    type Body = LegBody;
+    type Error = UpstreamError;
+    type Future = Pin<Box<dyn Future<Output = Result<LegResponse<LegBody>, UpstreamError>> + Send>>;
+
+    fn send(&self, leg: LegRequest) -> Self::Future {
+        let client = self.client.clone();
+        let idle = self.idle;
+        Box::pin(async move {
+            let mut request = Request::post(leg.url.as_str())
+                .body(Full::new(leg.body))
+                .map_err(|err| UpstreamError::InvalidRequest(err.to_string()))?;
+            *request.headers_mut() = leg.headers;
+            let response = client.send(request).await?;
+            let (parts, body) = response.into_parts();
+            Ok(LegResponse {
+                status: parts.status,
+                headers: parts.headers,
+                body: Box::pin(IdleTimeout::new(body, idle)),
+            })
+        })
+    }
+}
+
+/// `GET` of a Mooncake bootstrap `/query` through the pooled client.
+struct HyperBootstrap(UpstreamClient);
+
+/// Largest bootstrap answer read.
+const MAX_BOOTSTRAP_BODY: usize = 1 << 20;
+
+impl BootstrapQuery for HyperBootstrap {
+    fn get(&self, url: &str) -> impl Future<Output = Result<Vec<u8>, String>> + Send {
+        let client = self.0.clone();
+        let request = Request::get(url)
+            .body(Full::new(Bytes::new()))
+            .map_err(|err| err.to_string());
+        async move {
+            let response = client.send(request?).await.map_err(|err| err.to_string())?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(format!("status {status}"));
+            }
+            let body = Limited::new(response.into_body(), MAX_BOOTSTRAP_BODY)
+                .collect()
+                .await
+                .map_err(|err| err.to_string())?;
+            Ok(body.to_bytes().to_vec())
+        }
+    }
+}
+
+/// The runtime's timer, for bootstrap and request retries.
+struct TokioSleeper;
+
+impl Sleeper for TokioSleeper {
+    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(duration)
+    }
+}
+
+/// The P/D state of a router: the pools (inside the flow) and the
+/// connector.
+pub(crate) struct PdState {
+    pub(crate) flow: PdFlow<HyperTransport, PdPools>,
+    connector: Arc<dyn KvConnector>,
+    client: UpstreamClient,
+    bootstrap_retry: BootstrapRetry,
+}
+
+impl PdState {
+    pub(crate) fn new(
+        pd: &PdConfig,
+        config: &RouterConfig,
+        client: &UpstreamClient,
+    ) -> Result<Self, ConfigError> {
+        let pools = Arc::new(PdPools::new(pd, &config.policy, &config.worker_options)?);
+        if pd.connector.is_mooncake() {
+            let learner = (Arc::downgrade(&pools), client.clone(), pd.bootstrap_retry);
+            pools
+                .prefill()
+                .on_unlearned(Box::new(move |worker, endpoint| {
+                    learn_in_background(&learner, worker, endpoint);
+                }));
+        }
+        let transport = HyperTransport::new(client.clone(), config.stream_idle_timeout);
+        Ok(Self {
+            flow: PdFlow::new(transport, pools, pd.flow),
+            connector: pd.connector.build(),
+            client: client.clone(),
+            bootstrap_retry: pd.bootstrap_retry,
+        })
+    }
+
+    pub(crate) fn pools(&self) -> &Arc<PdPools> {
+        self.flow.backend()
+    }
+
+    /// Learns the Mooncake engine ids of every static prefill worker that
+    /// does not have them yet (a no-op for other connectors).
+    pub(crate) async fn bootstrap(&self) -> Result<(), ConfigError> {
+        let pools = self.pools();
+        if !pools.connector().is_mooncake() {
+            return Ok(());
+        }
+        let query = HyperBootstrap(self.client.clone());
+        for worker in pools.prefill().workers().iter() {
+            let Some(endpoint) = pools.prefill().endpoint(worker) else {
+                continue;
+            };
+            if endpoint.mooncake().is_some() {
+                continue;
+            }
+            let port = bootstrap_port(worker);
+            let retry = &self.bootstrap_retry;
+            let learned = learn_engine_ids(&query, &TokioSleeper, &endpoint, port, retry).await?;
+            tracing::info!(
+                prefill = worker.url(),
+                bootstrap = learned.bootstrap_addr,
+                ranks = learned.engine_ids.len(),
+                "learned Mooncake engine ids"
+            );
+            pools.prefill().set_learned(worker, learned);
+        }
+        Ok(())
+    }
+
+    /// Adds a static worker at run time (the admin route): a Mooncake
+    /// prefill worker's engine ids are learned first, so it joins its role
+    /// already selectable.
+    pub(crate) async fn add_worker(
+        &self,
+        role: RoleKind,
+        spec: &PdWorkerConfig,
+    ) -> Result<Arc<Worker>, ConfigError> {
+        let role = self.pools().role(role);
+        let mut worker = role.build_static(spec)?;
+        if self.pools().connector().is_mooncake() && role.role() == RoleKind::Prefill {
+            let query = HyperBootstrap(self.client.clone());
+            let (endpoint, port) = (worker.endpoint(), worker.bootstrap_port());
+            let retry = &self.bootstrap_retry;
+            let learned = learn_engine_ids(&query, &TokioSleeper, endpoint, port, retry).await?;
+            worker = worker.with_mooncake(learned);
+        }
+        Ok(role.add_static(worker)?)
+    }
+
+    pub(crate) fn render(&self, out: &mut String) {
+        metrics::render(self.pools(), self.flow.stats().snapshot(), out);
+    }
+}
+
+fn bootstrap_port(worker: &Worker) -> Option<u16> {
+    match worker.role() {
+        WorkerRole::Prefill { bootstrap_port } => bootstrap_port,
+        _ => None,
+    }
+}
+
+/// Queries a newly discovered Mooncake prefill worker's bootstrap server
+/// off the request path; the worker becomes selectable once its engine ids
+/// are known. Spawning does not block, so this may run under the pool's
+/// lock.
+fn learn_in_background(
+    (pools, client, retry): &(std::sync::Weak<PdPools>, UpstreamClient, BootstrapRetry),
+    worker: &Arc<Worker>,
+    endpoint: &Arc<PdEndpoint>,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(
+            prefill = worker.key(),
+            "no runtime to query the Mooncake bootstrap server of a discovered prefill worker"
+        );
+        return;
+    };
+    let (pools, query, retry) = (pools.clone(), HyperBootstrap(client.clone()), *retry);
+    let (worker, endpoint) = (Arc::clone(worker), Arc::clone(endpoint));
+    runtime.spawn(async move {
+        let port = bootstrap_port(&worker);
+        match learn_engine_ids(&query, &TokioSleeper, &endpoint, port, &retry).await {
+            Ok(learned) => {
+                if let Some(pools) = pools.upgrade() {
+                    pools.prefill().set_learned(&worker, learned);
+                }
+            }
+            Err(err) => tracing::error!(
+                prefill = worker.key(),
+                %err,
+                "discovered Mooncake prefill worker stays unselectable"
+            ),
+        }
+    });
+}
+
+/// Headers forwarded to both legs besides the ones the flow sets.
+const FORWARDED: [&str; 3] = ["traceparent", "tracestate", "baggage"];
+
+/// Everything one two-phase request needs from the router's path.
+pub(crate) struct PdArrival {
+    pub(crate) parts: http::request::Parts,
+    pub(crate) bytes: Bytes,
+    pub(crate) info: RequestInfo,
+    pub(crate) request_id: RequestId,
+    pub(crate) session: Option<String>,
+    pub(crate) permit: AdmissionPermit,
+    pub(crate) deadline: tokio::time::Instant,
+}
+
+/// Runs one two-phase request through `pd-orchestrator`'s retry loop and
+/// hands the decode response to the client with a body owning what the
+/// request holds.
+pub(crate) async fn proxy(
+    shared: &Arc<Shared>,
+    pd: &PdState,
+    arrival: PdArrival,
+) -> Result<Response<BoxBody>, ApiError> {
+    let PdArrival {
+        parts,
+        bytes,
+        info,
+        request_id,
+        session,
+        permit,
+        deadline,
+    } = arrival;
+    let parsed =
+        serde_json::from_slice(&bytes).map_err(|err| ApiError::InvalidJson(err.to_string()))?;
+    let flow_id = flow_request_id(request_id.value.as_bytes());
+    let mut forward = ForwardHeaders::new();
+    if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
+        forward = forward.with_authorization(auth.clone());
+    }
+    for name in FORWARDED {
+        if let Some(value) = parts.headers.get(name) {
+            forward = forward.with_header(HeaderName::from_static(name), value.clone());
+        }
+    }
+    let scope = Arc::new(PdScope::new(OwnedContext {
+        model: info.model.unwrap_or_default(),
+        routing: info.routing,
+        session,
+        user: info.user,
+        header: None,
+        request_id: Some(flow_id.clone()),
+    }));
+    let call = PdCall {
+        path: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned()),
+        body: bytes,
+        parsed: Some(parsed),
+        request_id: flow_id.clone(),
+        forward,
+        scope,
+    };
+    let mut retries = shared.retries(std::time::Instant::now());
+    let run = pd_orchestrator::pools::run(
+        &pd.flow,
+        &*pd.connector,
+        call,
+        &mut retries,
+        &TokioSleeper,
+        |error| {
+            tracing::warn!(request_id = flow_id, %error, "prefill/decode attempt failed; retrying");
+            shared.metrics.retries.inc();
+        },
+    );
+    let response = match tokio::time::timeout_at(deadline, run).await {
+        Err(_elapsed) => {
+            return Err(ApiError::RequestTimeout {
+                phase: "before the decode response headers (prefill/decode)",
+                timeout: shared.config.request_timeout,
+            });
+        }
+        Ok(Err(RunError::Select(err))) => return Err(err.into()),
+        Ok(Err(RunError::Flow(error))) => {
+            tracing::warn!(request_id = flow_id, %error, "prefill/decode request failed");
+            return pd_error(error, &request_id);
+        }
+        Ok(Ok(response)) => response,
+    };
+    let (mut headers, status) = (response.headers, response.status);
+    strip_hop_by_hop(&mut headers);
+    headers.insert(request_id.header.clone(), request_id.value.clone());
+    // The flow's body errors are boxed; the timeout wrapper wants a
+    // concrete error type.
+    let decode_body = response.body.map_err(std::io::Error::other);
+    let in_flight = PdInFlight {
+        _permit: permit,
+        shared: Arc::clone(shared),
+    };
+    let body = GuardedBody::new(decode_stream(decode_body, deadline), in_flight)
+        .map_err(|err| -> BoxError { Box::new(err) })
+        .boxed_unsync();
+    let mut out = Response::new(body);
+    *out.status_mut() = status;
+    *out.headers_mut() = headers;
+    Ok(out)
+}
+
+/// The decode stream as the client receives it: the whole-request deadline
+/// only, because the decode leg's body already fails after the idle timeout
+/// (`HyperTransport`), and a second idle timer would race the first.
+fn decode_stream<B>(body: B, deadline: tokio::time::Instant) -> IdleTimeout<B> {
+    IdleTimeout::deadline_only(body, deadline)
+}
+
+/// A flow error as the client sees it: an engine's own rejection passes
+/// through with its status and body; everything else is the router's error
+/// with the status of the one mapping, [`PdError::status`].
+fn pd_error(error: PdError, request_id: &RequestId) -> Result<Response<BoxBody>, ApiError> {
+    match error {
+        PdError::PrefillRejected { status, body }
+        | PdError::DecodeRejected { status, body, .. } => {
+            let mut response = Response::new(
+                Full::new(body)
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            );
+            *response.status_mut() = status;
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            headers.insert(request_id.header.clone(), request_id.value.clone());
+            Ok(response)
+        }
+        other => Err(ApiError::PrefillDecode {
+            status: other.status(),
+            message: match other {
+                PdError::NoDecodeWorker => "no decode worker is available (the decode pool \
+                                            emptied while the prefill ran)"
+                    .to_owned(),
+                other => other.to_string(),
+            },
+        }),
+    }
+}
+
+/// What a two-phase response body holds besides the decode guard (which
+/// lives inside the flow's body): the admission permit.
+struct PdInFlight {
+    _permit: AdmissionPermit,
+    shared: Arc<Shared>,
+}
+
+impl Finish for PdInFlight {
+    fn finish(self, end: BodyEnd) {
+        self.shared.body_ended(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::StatusCode;
+
+    #[test]
+    fn flow_errors_answer_with_the_status_pd_orchestrator_gives_them() {
+        let id = RequestId {
+            header: HeaderName::from_static("x-request-id"),
+            value: HeaderValue::from_static("r1"),
+        };
+        let worker = || "decode http://d:8000 #1".to_owned();
+        let errors = [
+            PdError::InvalidBody,
+            PdError::InvalidRequestId("bad id".into()),
+            PdError::DecodeNeededAtStart,
+            PdError::NoDecodeWorker,
+            PdError::PrefillFailed {
+                attempts: 2,
+                last: "reset".into(),
+                worker: worker(),
+            },
+            PdError::DecodeFailed {
+                reason: "refused".into(),
+                worker: worker(),
+            },
+            PdError::DecodeBodyFailed {
+                reason: "cut".into(),
+                worker: worker(),
+            },
+            PdError::Connector(pd_orchestrator::ConnectorError::MissingMooncakeBootstrap {
+                url: "http://p".into(),
+            }),
+            PdError::DecodeRejected {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                body: Bytes::from_static(b"{}"),
+                worker: worker(),
+            },
+        ];
+        for error in errors {
+            let expected = error.status();
+            let answered = match pd_error(error.clone(), &id) {
+                Ok(response) => response.status(),
+                Err(api) => api.status(),
+            };
+            assert_eq!(answered, expected, "{error:?}");
+        }
+        // The request-id error is the router's own bug: 500, not 502.
+        let api = pd_error(PdError::InvalidRequestId("x".into()), &id).unwrap_err();
+        assert_eq!(api.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(api.code(), "internal_error");
+    }
+
+    #[tokio::test]
+    async fn a_decode_stream_gets_one_idle_timer_from_its_leg_only() {
+        let transport = HyperTransport::new(UpstreamClient::default(), Duration::from_secs(7));
+        assert_eq!(
+            transport.idle,
+            Duration::from_secs(7),
+            "the leg's idle limit"
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let stream = decode_stream(Full::new(Bytes::new()), deadline);
+        assert_eq!(
+            stream.idle_limit(),
+            None,
+            "no second idle timer around the leg"
+        );
+    }
+}
