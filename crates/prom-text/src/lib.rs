@@ -76,6 +76,7 @@
 
 #![warn(missing_docs)]
 
+use std::borrow::Cow;
 use std::fmt::{self, Display, Write as _};
 
 /// The `Content-Type` of the text format this crate writes.
@@ -183,31 +184,57 @@ pub fn is_valid_label_name(name: &str) -> bool {
     is_valid_name(name, false)
 }
 
-fn is_valid_name(name: &str, colons: bool) -> bool {
-    let mut bytes = name.bytes();
-    bytes
-        .next()
-        .is_some_and(|first| is_name_start(first, colons))
-        && bytes.all(|byte| is_name_start(byte, colons) || byte.is_ascii_digit())
-}
-
-fn is_name_start(byte: u8, colons: bool) -> bool {
-    byte.is_ascii_alphabetic() || byte == b'_' || (colons && byte == b':')
-}
-
-/// Writes `name`, replacing what the name rules do not allow with `_`.
-fn push_name(out: &mut String, name: &str, colons: bool) {
-    if is_valid_name(name, colons) {
-        out.push_str(name);
-        return;
+/// Byte classes for the name rules: a letter or `_` may start a name, a
+/// digit may follow, a colon is allowed in metric names only.
+const START: u8 = 1;
+const DIGIT: u8 = 2;
+const COLON: u8 = 4;
+const NAME_BYTES: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let c = byte as u8;
+        table[byte] = if c.is_ascii_alphabetic() || c == b'_' {
+            START
+        } else if c.is_ascii_digit() {
+            DIGIT
+        } else if c == b':' {
+            COLON
+        } else {
+            0
+        };
+        byte += 1;
     }
+    table
+};
+
+fn is_valid_name(name: &str, colons: bool) -> bool {
+    let start = if colons { START | COLON } else { START };
+    let rest = start | DIGIT;
+    match name.as_bytes() {
+        [first, tail @ ..] => {
+            NAME_BYTES[usize::from(*first)] & start != 0
+                && tail.iter().all(|b| NAME_BYTES[usize::from(*b)] & rest != 0)
+        }
+        [] => false,
+    }
+}
+
+/// `name` as written: itself when valid, else with what the name rules do
+/// not allow replaced by `_` (and a `_` in front of a leading digit).
+fn checked_name(name: &str, colons: bool) -> Cow<'_, str> {
+    if is_valid_name(name, colons) {
+        return Cow::Borrowed(name);
+    }
+    let mut checked = String::with_capacity(name.len() + 1);
     if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
-        out.push('_');
+        checked.push('_');
     }
     for c in name.chars() {
         let allowed = c.is_ascii_alphanumeric() || c == '_' || (colons && c == ':');
-        out.push(if allowed { c } else { '_' });
+        checked.push(if allowed { c } else { '_' });
     }
+    Cow::Owned(checked)
 }
 
 /// A `fmt::Write` that escapes what it is given before appending it.
@@ -220,7 +247,10 @@ struct Escaping<'a> {
 impl fmt::Write for Escaping<'_> {
     fn write_str(&mut self, mut text: &str) -> fmt::Result {
         let quotes = self.quotes;
-        while let Some(at) = text.find(|c| c == '\\' || c == '\n' || (quotes && c == '"')) {
+        // The three bytes are ASCII, so they never occur inside a multi-byte
+        // character and `at` is always a character boundary.
+        let special = |b: &u8| matches!(b, b'\\' | b'\n') || (quotes && *b == b'"');
+        while let Some(at) = text.as_bytes().iter().position(special) {
             self.out.push_str(&text[..at]);
             self.out.push_str(match text.as_bytes()[at] {
                 b'\\' => "\\\\",
@@ -254,7 +284,8 @@ impl<'a> Exposition<'a> {
     /// Writes the `# HELP` and `# TYPE` lines of a family and returns it,
     /// to write its samples.
     pub fn family<'s>(&'s mut self, name: &'s str, kind: MetricType, help: &str) -> Family<'s> {
-        self.header(name, kind.as_str(), help);
+        let name = checked_name(name, true);
+        self.header(&name, kind.as_str(), help);
         Family {
             out: self.out,
             name,
@@ -264,17 +295,19 @@ impl<'a> Exposition<'a> {
     /// Writes the `# HELP` and `# TYPE` lines of a histogram family and
     /// returns it, to write its histograms (one per label set).
     pub fn histograms<'s>(&'s mut self, name: &'s str, help: &str) -> Histograms<'s> {
-        self.header(name, "histogram", help);
+        let name = checked_name(name, true);
+        self.header(&name, "histogram", help);
         Histograms {
             out: self.out,
             name,
         }
     }
 
+    /// The `# HELP` and `# TYPE` lines of `name`, already checked.
     fn header(&mut self, name: &str, kind: &str, help: &str) {
         for line in ["# HELP ", "# TYPE "] {
             self.out.push_str(line);
-            push_name(self.out, name, true);
+            self.out.push_str(name);
             self.out.push(' ');
             if line == "# HELP " {
                 let _ = Escaping {
@@ -294,13 +327,14 @@ impl<'a> Exposition<'a> {
 #[derive(Debug)]
 pub struct Family<'a> {
     out: &'a mut String,
-    name: &'a str,
+    /// Checked when the family was opened.
+    name: Cow<'a, str>,
 }
 
 impl Family<'_> {
     /// Writes one sample: `name{labels} value`.
     pub fn sample(&mut self, labels: &[Label<'_>], value: impl Into<Value>) {
-        series(self.out, self.name, "", labels, None);
+        series(self.out, &self.name, "", labels, None);
         finish(self.out, value.into());
     }
 }
@@ -309,7 +343,8 @@ impl Family<'_> {
 #[derive(Debug)]
 pub struct Histograms<'a> {
     out: &'a mut String,
-    name: &'a str,
+    /// Checked when the family was opened.
+    name: Cow<'a, str>,
 }
 
 impl Histograms<'_> {
@@ -332,22 +367,23 @@ impl Histograms<'_> {
             // An infinite (or NaN) bound has no line of its own: its count
             // is in the one `+Inf` bucket written below.
             if bound.is_finite() {
-                series(self.out, self.name, "_bucket", labels, Some(bound));
+                series(self.out, &self.name, "_bucket", labels, Some(bound));
                 finish(self.out, Value::Unsigned(cumulative));
             }
         }
-        series(self.out, self.name, "_bucket", labels, Some(f64::INFINITY));
+        series(self.out, &self.name, "_bucket", labels, Some(f64::INFINITY));
         finish(self.out, Value::Unsigned(cumulative));
-        series(self.out, self.name, "_sum", labels, None);
+        series(self.out, &self.name, "_sum", labels, None);
         finish(self.out, Value::Float(sum));
-        series(self.out, self.name, "_count", labels, None);
+        series(self.out, &self.name, "_count", labels, None);
         finish(self.out, Value::Unsigned(cumulative));
     }
 }
 
-/// Writes `name{labels}` (with an `le` label last for a bucket).
+/// Writes `name{labels}` (with an `le` label last for a bucket); `name` is
+/// already checked, label names are checked here.
 fn series(out: &mut String, name: &str, suffix: &str, labels: &[Label<'_>], le: Option<f64>) {
-    push_name(out, name, true);
+    out.push_str(name);
     out.push_str(suffix);
     if labels.is_empty() && le.is_none() {
         return;
@@ -357,7 +393,7 @@ fn series(out: &mut String, name: &str, suffix: &str, labels: &[Label<'_>], le: 
         if index > 0 {
             out.push(',');
         }
-        push_name(out, label, false);
+        out.push_str(&checked_name(label, false));
         out.push_str("=\"");
         let _ = write!(Escaping { out, quotes: true }, "{value}");
         out.push('"');
