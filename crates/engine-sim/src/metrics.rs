@@ -10,8 +10,12 @@
 //! (with a `reason` breakdown in `engine_sim:kv_transfers_invalid_by_reason_total`),
 //! `engine_sim:kv_transfers_produced_total`, `engine_sim:kv_transfers_held`,
 //! `engine_sim:faults_injected_total`, `engine_sim:server_load`.
+//!
+//! The text is written with [`prom_text`], the workspace's one writer of
+//! the format (a leaf crate with no dependencies, so engine-sim still
+//! depends on no router crate): it escapes the model name and engine id.
 
-use std::fmt::Write;
+use prom_text::{Exposition, Label, MetricType, Value};
 
 use crate::engine::EngineStats;
 
@@ -26,132 +30,120 @@ pub struct ServerCounters {
 
 /// Renders the metrics for one engine.
 pub fn render(model: &str, engine_id: &str, stats: &EngineStats, server: ServerCounters) -> String {
-    let labels = format!("engine=\"0\",model_name=\"{}\"", escape(model));
-    let mut out = String::with_capacity(2048);
-    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        let _ = writeln!(out, "{name}{{{labels}}} {value}");
-    };
-    metric(
-        "vllm:num_requests_running",
-        "gauge",
-        "Number of requests in model execution batches.",
-        stats.running.to_string(),
-    );
-    metric(
-        "vllm:num_requests_waiting",
-        "gauge",
-        "Number of requests waiting to be processed.",
-        stats.waiting.to_string(),
-    );
-    metric(
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "KV-cache usage. 1 means 100 percent usage.",
-        format!("{}", stats.kv_cache_usage),
-    );
-    metric(
-        "vllm:gpu_cache_usage_perc",
-        "gauge",
-        "GPU KV-cache usage (older name of vllm:kv_cache_usage_perc).",
-        format!("{}", stats.kv_cache_usage),
-    );
-    metric(
-        "vllm:prefix_cache_queries_total",
-        "counter",
-        "Prefix cache queries, in terms of number of queried tokens.",
-        stats.prefix_cache_queries.to_string(),
-    );
-    metric(
-        "vllm:prefix_cache_hits_total",
-        "counter",
-        "Prefix cache hits, in terms of number of cached tokens.",
-        stats.prefix_cache_hits.to_string(),
-    );
-    metric(
-        "vllm:prompt_tokens_total",
-        "counter",
-        "Number of prefill tokens processed.",
-        stats.prompt_tokens.to_string(),
-    );
-    metric(
-        "vllm:generation_tokens_total",
-        "counter",
-        "Number of generation tokens processed.",
-        stats.generation_tokens.to_string(),
-    );
-    metric(
-        "vllm:request_success_total",
-        "counter",
-        "Count of successfully processed requests.",
-        stats.requests_finished.to_string(),
-    );
-    metric(
-        "engine_sim:kv_transfers_produced_total",
-        "counter",
-        "KV transfers this prefill engine produced.",
-        stats.kv_transfers_produced.to_string(),
-    );
-    metric(
-        "engine_sim:kv_transfers_held",
-        "gauge",
-        "KV transfers this prefill engine still keeps blocks for.",
-        stats.kv_transfers_held.to_string(),
-    );
-    metric(
-        "engine_sim:kv_transfers_valid_total",
-        "counter",
-        "Decode requests whose kv_transfer_params matched a produced transfer.",
-        stats.kv_transfers_valid.to_string(),
-    );
-    metric(
-        "engine_sim:kv_transfers_invalid_total",
-        "counter",
-        "Decode requests whose kv_transfer_params were missing, malformed or forged.",
-        stats.kv_transfers_invalid_total().to_string(),
-    );
-    metric(
-        "engine_sim:faults_injected_total",
-        "counter",
-        "Faults this engine injected.",
-        server.faults_injected.to_string(),
-    );
-    metric(
-        "engine_sim:server_load",
-        "gauge",
-        "In-flight generation requests (what /load reports).",
-        server.server_load.to_string(),
-    );
-    let _ = writeln!(
-        out,
-        "# HELP engine_sim:kv_transfers_invalid_by_reason_total Invalid KV transfers by reason."
-    );
-    let _ = writeln!(
-        out,
-        "# TYPE engine_sim:kv_transfers_invalid_by_reason_total counter"
+    use MetricType::{Counter, Gauge};
+    let series: [(&str, MetricType, &str, Value); 15] = [
+        (
+            "vllm:num_requests_running",
+            Gauge,
+            "Number of requests in model execution batches.",
+            stats.running.into(),
+        ),
+        (
+            "vllm:num_requests_waiting",
+            Gauge,
+            "Number of requests waiting to be processed.",
+            stats.waiting.into(),
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            Gauge,
+            "KV-cache usage. 1 means 100 percent usage.",
+            stats.kv_cache_usage.into(),
+        ),
+        (
+            "vllm:gpu_cache_usage_perc",
+            Gauge,
+            "GPU KV-cache usage (older name of vllm:kv_cache_usage_perc).",
+            stats.kv_cache_usage.into(),
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            Counter,
+            "Prefix cache queries, in terms of number of queried tokens.",
+            stats.prefix_cache_queries.into(),
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            Counter,
+            "Prefix cache hits, in terms of number of cached tokens.",
+            stats.prefix_cache_hits.into(),
+        ),
+        (
+            "vllm:prompt_tokens_total",
+            Counter,
+            "Number of prefill tokens processed.",
+            stats.prompt_tokens.into(),
+        ),
+        (
+            "vllm:generation_tokens_total",
+            Counter,
+            "Number of generation tokens processed.",
+            stats.generation_tokens.into(),
+        ),
+        (
+            "vllm:request_success_total",
+            Counter,
+            "Count of successfully processed requests.",
+            stats.requests_finished.into(),
+        ),
+        (
+            "engine_sim:kv_transfers_produced_total",
+            Counter,
+            "KV transfers this prefill engine produced.",
+            stats.kv_transfers_produced.into(),
+        ),
+        (
+            "engine_sim:kv_transfers_held",
+            Gauge,
+            "KV transfers this prefill engine still keeps blocks for.",
+            stats.kv_transfers_held.into(),
+        ),
+        (
+            "engine_sim:kv_transfers_valid_total",
+            Counter,
+            "Decode requests whose kv_transfer_params matched a produced transfer.",
+            stats.kv_transfers_valid.into(),
+        ),
+        (
+            "engine_sim:kv_transfers_invalid_total",
+            Counter,
+            "Decode requests whose kv_transfer_params were missing, malformed or forged.",
+            stats.kv_transfers_invalid_total().into(),
+        ),
+        (
+            "engine_sim:faults_injected_total",
+            Counter,
+            "Faults this engine injected.",
+            server.faults_injected.into(),
+        ),
+        (
+            "engine_sim:server_load",
+            Gauge,
+            "In-flight generation requests (what /load reports).",
+            server.server_load.into(),
+        ),
+    ];
+    let mut out = String::with_capacity(4096);
+    let mut exposition = Exposition::new(&mut out);
+    let engine: Label<'_> = ("engine", &"0");
+    let model: Label<'_> = ("model_name", &model);
+    for (name, kind, help, value) in series {
+        exposition
+            .family(name, kind, help)
+            .sample(&[engine, model], value);
+    }
+    let mut family = exposition.family(
+        "engine_sim:kv_transfers_invalid_by_reason_total",
+        Counter,
+        "Invalid KV transfers by reason.",
     );
     for (reason, count) in &stats.kv_transfers_invalid {
-        let _ = writeln!(
-            out,
-            "engine_sim:kv_transfers_invalid_by_reason_total{{{labels},reason=\"{reason}\"}} {count}"
-        );
+        family.sample(&[engine, model, ("reason", reason)], *count);
     }
-    let _ = writeln!(out, "# HELP engine_sim:info Engine identity.");
-    let _ = writeln!(out, "# TYPE engine_sim:info gauge");
-    let _ = writeln!(
-        out,
-        "engine_sim:info{{{labels},engine_id=\"{}\"}} 1",
-        escape(engine_id)
-    );
+    exposition
+        .family("engine_sim:info", Gauge, "Engine identity.")
+        .sample(&[engine, model, ("engine_id", &engine_id)], 1u64);
     out
-}
-
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Reads one sample (`name{...} value`, first match) from exposition text;
@@ -165,4 +157,40 @@ pub fn sample(text: &str, name: &str) -> Option<f64> {
         })
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_name_and_engine_id_are_escaped_by_the_writer() {
+        let stats = EngineStats {
+            running: 2,
+            ..EngineStats::default()
+        };
+        let text = render(
+            "org/\"odd\"\\model\nx",
+            "id\n1",
+            &stats,
+            ServerCounters::default(),
+        );
+        let labels = "engine=\"0\",model_name=\"org/\\\"odd\\\"\\\\model\\nx\"";
+        assert!(
+            text.contains(&format!("vllm:num_requests_running{{{labels}}} 2\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "engine_sim:info{{{labels},engine_id=\"id\\n1\"}} 1\n"
+            )),
+            "{text}"
+        );
+        // Every line is a comment or one sample: nothing broke out of a label.
+        assert!(
+            text.lines()
+                .all(|l| l.starts_with('#') || l.ends_with(['0', '1', '2']))
+        );
+        assert_eq!(sample(&text, "vllm:num_requests_running"), Some(2.0));
+    }
 }

@@ -450,7 +450,7 @@ async fn route(
             let mut response = Response::new(SimBody::full(text.into()));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                HeaderValue::from_static(prom_text::CONTENT_TYPE),
             );
             response
         }

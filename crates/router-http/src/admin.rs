@@ -9,7 +9,6 @@
 
 use crate::body::{BoxBody, BoxError};
 use crate::error::ApiError;
-use crate::metrics::{escape_label, family, sample};
 use crate::router::Router;
 use crate::routes::{Route, query_param};
 use bytes::Bytes;
@@ -17,6 +16,7 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
+use prom_text::{Exposition, Label, MetricType, Value};
 use std::sync::Arc;
 use worker_lifecycle::{
     Endpoint, HealthProbe, Lifecycle, ProbeError, RoleKind, RolePool, Worker, WorkerRole,
@@ -332,161 +332,142 @@ fn role_pool_of(router: &Router, role: Option<RoleKind>) -> (&RolePool, Option<R
 }
 
 fn metrics(router: &Router) -> Response<BoxBody> {
-    let mut out = String::with_capacity(8 * 1024);
-    router.metrics().render(&mut out);
-    render_workers(&router.all_workers(), &mut out);
+    let mut out = String::with_capacity(96 * 1024);
+    let mut exposition = Exposition::new(&mut out);
+    router.metrics().render(&mut exposition);
+    render_workers(&router.all_workers(), &mut exposition);
     if let Some(pd) = &router.shared().pd {
         pd.render(&mut out);
     }
-    family(
-        &mut out,
+    let mut exposition = Exposition::new(&mut out);
+    let mut family = exposition.family(
         "router_policy_decisions_total",
-        "counter",
+        MetricType::Counter,
         "Policy decisions by model, policy and reason.",
     );
     for (model, policy, counts) in router.policies().counts() {
-        let model = escape_label(&model);
         for (reason, value) in counts.iter() {
-            let labels = format!("model=\"{model}\",policy=\"{policy}\",reason=\"{reason}\"");
-            sample(&mut out, "router_policy_decisions_total", &labels, value);
+            family.sample(
+                &[("model", &model), ("policy", &policy), ("reason", &reason)],
+                value,
+            );
         }
     }
-    family(
-        &mut out,
+    let mut family = exposition.family(
         "router_cache_tree_size",
-        "gauge",
+        MetricType::Gauge,
         "Symbols (chars or tokens) each worker holds in the model's cache-aware tree.",
     );
+    let workers = router.workers();
     for (model, key, size) in router.policies().affinity_sizes() {
-        let worker = router
-            .workers()
-            .iter()
-            .find(|w| w.key() == &*key)
-            .map_or_else(|| key.to_string(), |w| w.endpoint().to_string());
-        let labels = format!(
-            "model=\"{}\",worker=\"{}\"",
-            escape_label(&model),
-            escape_label(&worker)
-        );
-        sample(&mut out, "router_cache_tree_size", &labels, size);
+        let worker = workers.iter().find(|w| w.key() == &*key);
+        let worker: &dyn std::fmt::Display = match worker {
+            Some(worker) => worker.endpoint(),
+            None => &key,
+        };
+        family.sample(&[("model", &model), ("worker", worker)], size);
     }
-    family(
-        &mut out,
-        "router_in_flight_requests",
-        "gauge",
-        "Requests holding an admission permit.",
-    );
-    sample(
-        &mut out,
-        "router_in_flight_requests",
-        "",
-        router.in_flight(),
-    );
-    render_server(&router.config().server.stats, &mut out);
+    exposition
+        .family(
+            "router_in_flight_requests",
+            MetricType::Gauge,
+            "Requests holding an admission permit.",
+        )
+        .sample(&[], router.in_flight());
+    render_server(&router.config().server.stats, &mut exposition);
     let mut response = Response::new(full(Bytes::from(out)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(prom_text::CONTENT_TYPE),
     );
     response
 }
 
 /// The accept loop's counters (see [`crate::server`]).
-fn render_server(stats: &crate::ServerStats, out: &mut String) {
-    let series: [(&str, &str, &str, u64); 5] = [
+fn render_server(stats: &crate::ServerStats, exposition: &mut Exposition<'_>) {
+    let series: [(&str, MetricType, &str, u64); 5] = [
         (
             "router_connections_open",
-            "gauge",
+            MetricType::Gauge,
             "Client connections being served.",
             stats.open_connections(),
         ),
         (
             "router_connections_accepted_total",
-            "counter",
+            MetricType::Counter,
             "Client connections accepted.",
             stats.accepted(),
         ),
         (
             "router_accept_errors_total",
-            "counter",
+            MetricType::Counter,
             "Failed accept calls (out of file descriptors and the like).",
             stats.accept_errors(),
         ),
         (
             "router_connections_at_limit_total",
-            "counter",
+            MetricType::Counter,
             "Times the accept loop waited because the connection cap was reached.",
             stats.at_limit(),
         ),
         (
             "router_header_read_timeouts_total",
-            "counter",
+            MetricType::Counter,
             "Connections closed because request headers did not arrive in time.",
             stats.header_timeouts(),
         ),
     ];
     for (name, kind, help, value) in series {
-        family(out, name, kind, help);
-        sample(out, name, "", value);
+        exposition.family(name, kind, help).sample(&[], value);
     }
 }
 
 /// A per-worker metric family: name, type, help, and how to read it.
-type WorkerSeries = (&'static str, &'static str, &'static str, fn(&Worker) -> f64);
+type WorkerSeries = (&'static str, MetricType, &'static str, fn(&Worker) -> Value);
 
 /// Per-worker series, read from the workers at scrape time.
-pub(crate) fn render_workers(workers: &[Arc<Worker>], out: &mut String) {
-    let labels: Vec<String> = workers
-        .iter()
-        .map(|w| {
-            format!(
-                "url=\"{}\",role=\"{}\",generation=\"{}\"",
-                escape_label(&w.endpoint().to_string()),
-                w.role().kind().as_str(),
-                w.generation()
-            )
-        })
-        .collect();
+pub(crate) fn render_workers(workers: &[Arc<Worker>], exposition: &mut Exposition<'_>) {
     let series: [WorkerSeries; 5] = [
         (
             "router_worker_load",
-            "gauge",
+            MetricType::Gauge,
             "In-flight requests counted by the router.",
-            |w| w.load() as f64,
+            |w| w.load().into(),
         ),
         (
             "router_worker_processed_total",
-            "counter",
+            MetricType::Counter,
             "Requests completed on the worker.",
-            |w| w.processed() as f64,
+            |w| w.processed().into(),
         ),
         (
             "router_worker_healthy",
-            "gauge",
+            MetricType::Gauge,
             "1 when the last health checks passed.",
-            |w| f64::from(u8::from(w.is_healthy())),
+            |w| w.is_healthy().into(),
         ),
         (
             "router_worker_breaker_open",
-            "gauge",
+            MetricType::Gauge,
             "1 when the circuit breaker is not closed.",
-            |w| {
-                f64::from(u8::from(
-                    w.breaker().state() != worker_lifecycle::BreakerState::Closed,
-                ))
-            },
+            |w| (w.breaker().state() != worker_lifecycle::BreakerState::Closed).into(),
         ),
         (
             "router_worker_load_underflows_total",
-            "counter",
+            MetricType::Counter,
             "Decrements clamped at zero (should stay 0).",
-            |w| w.underflows() as f64,
+            |w| w.underflows().into(),
         ),
     ];
     for (name, kind, help, value) in series {
-        family(out, name, kind, help);
-        for (worker, labels) in workers.iter().zip(&labels) {
-            sample(out, name, labels, value(worker));
+        let mut family = exposition.family(name, kind, help);
+        for worker in workers {
+            let labels: [Label<'_>; 3] = [
+                ("url", worker.endpoint()),
+                ("role", &worker.role().kind().as_str()),
+                ("generation", &worker.generation()),
+            ];
+            family.sample(&labels, value(worker));
         }
     }
 }
@@ -557,5 +538,46 @@ impl HttpProbe {
 impl HealthProbe for HttpProbe {
     async fn probe(&self, worker: &Worker) -> Result<(), ProbeError> {
         self.probe_url(worker.endpoint().worker_url()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Empty;
+    use lb_policies::RequestContext;
+
+    /// A model id comes from the client, so it can hold anything: the writer
+    /// escapes it in every series that carries it.
+    #[tokio::test]
+    async fn a_hostile_model_name_is_escaped_in_the_scrape() {
+        let router = Router::new(crate::RouterConfig::default()).unwrap();
+        router.add_worker("http://127.0.0.1:9", None, None).unwrap();
+        let model = "evil\"} 1\nrouter_fake 1\\";
+        let context = RequestContext::new(model).with_text("hello there");
+        let decision = router.policies().select(&router.workers(), &context);
+        assert!(decision.unwrap().is_some());
+
+        let request = Request::get("/metrics")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let response = router.handle(request).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8(body.to_vec()).unwrap();
+
+        let escaped = "model=\"evil\\\"} 1\\nrouter_fake 1\\\\\"";
+        assert!(
+            text.contains(&format!("router_cache_tree_size{{{escaped},worker=\"")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("router_policy_decisions_total{{{escaped},policy=")),
+            "{text}"
+        );
+        assert!(
+            !text.lines().any(|line| line.starts_with("router_fake")),
+            "{text}"
+        );
     }
 }

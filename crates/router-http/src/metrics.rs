@@ -7,10 +7,15 @@
 //! the policies' decision counts; the cache-aware tree sizes) is not copied
 //! into metrics at all: it is read at scrape time and rendered then, so the
 //! two can never disagree.
+//!
+//! Every series is written through [`prom_text`], the workspace's one
+//! writer of the text format: it escapes label values and help, checks
+//! names and keeps histograms whole, so nothing here escapes by hand.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use prom_text::{Exposition, Histograms, Label, MetricType};
 
 /// A monotonically increasing counter.
 #[derive(Debug, Default)]
@@ -87,44 +92,32 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
-    /// Writes the histogram's series (`_bucket`, `_sum`, `_count`) with the
-    /// given extra labels (`key="value",...` without braces, may be empty).
-    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let separator = if labels.is_empty() { "" } else { "," };
-        let mut cumulative = 0;
-        for (index, bound) in self.bounds.iter().enumerate() {
-            cumulative += self.buckets[index].load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{separator}le=\"{bound}\"}} {cumulative}"
-            );
-        }
-        cumulative += self.buckets[self.bounds.len()].load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels}{separator}le=\"+Inf\"}} {cumulative}"
-        );
+    /// Writes this histogram's series (`_bucket`, `_sum`, `_count`) with
+    /// `labels` into its family.
+    pub fn render(&self, family: &mut Histograms<'_>, labels: &[Label<'_>]) {
+        let bounds = self.bounds.iter().copied().chain([f64::INFINITY]);
+        let counts = self.buckets.iter().map(|b| b.load(Ordering::Relaxed));
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let braces = |labels: &str| {
-            if labels.is_empty() {
-                String::new()
-            } else {
-                format!("{{{labels}}}")
-            }
-        };
-        let _ = writeln!(out, "{name}_sum{} {sum}", braces(labels));
-        let _ = writeln!(out, "{name}_count{} {cumulative}", braces(labels));
+        family.histogram(labels, bounds.zip(counts), sum);
     }
 }
 
-/// Writes the `# HELP` and `# TYPE` lines of a metric family.
-pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+// Compatibility for `pd.rs` (`PdPools::render`) until it is ported to
+// `prom_text`: remove these three then. Nothing else may use them.
+
+/// Writes the `# HELP` and `# TYPE` lines of a counter or gauge family.
+pub(crate) fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let kind = match kind {
+        "counter" => MetricType::Counter,
+        "gauge" => MetricType::Gauge,
+        _ => MetricType::Untyped,
+    };
+    Exposition::new(out).family(name, kind, help);
 }
 
-/// Writes one sample line: `name{labels} value`.
-pub fn sample(out: &mut String, name: &str, labels: &str, value: impl std::fmt::Display) {
+/// Writes one sample line: `name{labels} value` (labels already escaped).
+pub(crate) fn sample(out: &mut String, name: &str, labels: &str, value: impl std::fmt::Display) {
+    use std::fmt::Write as _;
     if labels.is_empty() {
         let _ = writeln!(out, "{name} {value}");
     } else {
@@ -133,7 +126,7 @@ pub fn sample(out: &mut String, name: &str, labels: &str, value: impl std::fmt::
 }
 
 /// Escapes a label value for the text format (backslash, quote, newline).
-pub fn escape_label(value: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn escape_label(value: &str) -> std::borrow::Cow<'_, str> {
     if !value.contains(['\\', '"', '\n']) {
         return std::borrow::Cow::Borrowed(value);
     }
@@ -255,106 +248,71 @@ impl RouterMetrics {
     }
 
     /// Writes every series in the text format.
-    pub fn render(&self, out: &mut String) {
-        family(
-            out,
+    pub fn render(&self, exposition: &mut Exposition<'_>) {
+        let routes = || crate::Route::ALL.iter().map(|r| r.label());
+        let mut family = exposition.family(
             "router_requests_total",
-            "counter",
+            MetricType::Counter,
             "Responses by route and status class.",
         );
-        for (route, classes) in crate::Route::ALL
-            .iter()
-            .map(|r| r.label())
-            .zip(&self.responses)
-        {
-            for (class, counter) in classes.iter().enumerate() {
+        for (route, classes) in routes().zip(&self.responses) {
+            for (class, counter) in (1u8..).zip(classes) {
                 let value = counter.get();
                 if value > 0 {
-                    let labels = format!("route=\"{route}\",status=\"{}xx\"", class + 1);
-                    sample(out, "router_requests_total", &labels, value);
+                    let status = format_args!("{class}xx");
+                    family.sample(&[("route", &route), ("status", &status)], value);
                 }
             }
         }
-        family(
-            out,
+        let mut family = exposition.histograms(
             "router_request_header_seconds",
-            "histogram",
             "Time from request arrival to response headers, by route.",
         );
-        for (route, histogram) in crate::Route::ALL
-            .iter()
-            .map(|r| r.label())
-            .zip(&self.header_latency)
-        {
+        for (route, histogram) in routes().zip(&self.header_latency) {
             if histogram.count() > 0 {
-                histogram.render(
-                    out,
-                    "router_request_header_seconds",
-                    &format!("route=\"{route}\""),
-                );
+                histogram.render(&mut family, &[("route", &route)]);
             }
         }
-        family(
-            out,
+        let mut family = exposition.family(
             "router_errors_total",
-            "counter",
+            MetricType::Counter,
             "Errors answered by the router, by code.",
         );
         for (code, counter) in ERROR_CODES.iter().zip(&self.errors) {
-            sample(
-                out,
-                "router_errors_total",
-                &format!("code=\"{code}\""),
-                counter.get(),
-            );
+            family.sample(&[("code", code)], counter.get());
         }
-        family(
-            out,
+        let mut family = exposition.family(
             "router_upstream_failures_total",
-            "counter",
+            MetricType::Counter,
             "Attempts that failed before a worker response, by kind.",
         );
         for (kind, counter) in UPSTREAM_FAILURES.iter().zip(&self.upstream_failures) {
-            sample(
-                out,
-                "router_upstream_failures_total",
-                &format!("kind=\"{kind}\""),
-                counter.get(),
-            );
+            family.sample(&[("kind", kind)], counter.get());
         }
-        family(out, "router_retries_total", "counter", "Retried attempts.");
-        sample(out, "router_retries_total", "", self.retries.get());
-        family(
-            out,
+        exposition
+            .family(
+                "router_retries_total",
+                MetricType::Counter,
+                "Retried attempts.",
+            )
+            .sample(&[], self.retries.get());
+        let mut family = exposition.family(
             "router_response_bodies_total",
-            "counter",
+            MetricType::Counter,
             "Response bodies by how they ended.",
         );
-        sample(
-            out,
-            "router_response_bodies_total",
-            "end=\"complete\"",
-            self.bodies_completed.get(),
-        );
-        sample(
-            out,
-            "router_response_bodies_total",
-            "end=\"failed\"",
-            self.bodies_failed.get(),
-        );
-        sample(
-            out,
-            "router_response_bodies_total",
-            "end=\"client_dropped\"",
-            self.bodies_dropped.get(),
-        );
-        family(
-            out,
+        for (end, counter) in [
+            ("complete", &self.bodies_completed),
+            ("failed", &self.bodies_failed),
+            ("client_dropped", &self.bodies_dropped),
+        ] {
+            family.sample(&[("end", &end)], counter.get());
+        }
+        let mut family = exposition.histograms(
             "router_cache_match_rate",
-            "histogram",
             "Prefix match rate (matched / input) of cache-aware decisions.",
         );
-        self.match_rate.render(out, "router_cache_match_rate", "");
+        self.match_rate.render(&mut family, &[]);
     }
 }
 
@@ -370,9 +328,12 @@ mod tests {
         histogram.observe(0.5);
         histogram.observe(7.0);
         let mut out = String::new();
-        histogram.render(&mut out, "x_seconds", "route=\"chat\"");
+        let mut exposition = Exposition::new(&mut out);
+        let mut family = exposition.histograms("x_seconds", "h");
+        histogram.render(&mut family, &[("route", &"chat")]);
+        let samples = out.split_once("histogram\n").unwrap().1;
         assert_eq!(
-            out,
+            samples,
             "x_seconds_bucket{route=\"chat\",le=\"0.1\"} 1\n\
              x_seconds_bucket{route=\"chat\",le=\"1\"} 3\n\
              x_seconds_bucket{route=\"chat\",le=\"+Inf\"} 4\n\
@@ -386,8 +347,9 @@ mod tests {
         let histogram = Histogram::new(&[1.0, 2.0]);
         histogram.observe(1.0);
         let mut out = String::new();
-        histogram.render(&mut out, "h", "");
-        assert!(out.starts_with("h_bucket{le=\"1\"} 1\n"), "{out}");
+        histogram.render(&mut Exposition::new(&mut out).histograms("h", "h"), &[]);
+        let samples = out.split_once("histogram\n").unwrap().1;
+        assert!(samples.starts_with("h_bucket{le=\"1\"} 1\n"), "{out}");
     }
 
     #[test]
