@@ -337,9 +337,8 @@ fn metrics(router: &Router) -> Response<BoxBody> {
     router.metrics().render(&mut exposition);
     render_workers(&router.all_workers(), &mut exposition);
     if let Some(pd) = &router.shared().pd {
-        pd.render(&mut out);
+        pd.render(&mut exposition);
     }
-    let mut exposition = Exposition::new(&mut out);
     let mut family = exposition.family(
         "router_policy_decisions_total",
         MetricType::Counter,

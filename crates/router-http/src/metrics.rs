@@ -102,46 +102,6 @@ impl Histogram {
     }
 }
 
-// Compatibility for `pd.rs` (`PdPools::render`) until it is ported to
-// `prom_text`: remove these three then. Nothing else may use them.
-
-/// Writes the `# HELP` and `# TYPE` lines of a counter or gauge family.
-pub(crate) fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let kind = match kind {
-        "counter" => MetricType::Counter,
-        "gauge" => MetricType::Gauge,
-        _ => MetricType::Untyped,
-    };
-    Exposition::new(out).family(name, kind, help);
-}
-
-/// Writes one sample line: `name{labels} value` (labels already escaped).
-pub(crate) fn sample(out: &mut String, name: &str, labels: &str, value: impl std::fmt::Display) {
-    use std::fmt::Write as _;
-    if labels.is_empty() {
-        let _ = writeln!(out, "{name} {value}");
-    } else {
-        let _ = writeln!(out, "{name}{{{labels}}} {value}");
-    }
-}
-
-/// Escapes a label value for the text format (backslash, quote, newline).
-pub(crate) fn escape_label(value: &str) -> std::borrow::Cow<'_, str> {
-    if !value.contains(['\\', '"', '\n']) {
-        return std::borrow::Cow::Borrowed(value);
-    }
-    let mut escaped = String::with_capacity(value.len() + 8);
-    for c in value.chars() {
-        match c {
-            '\\' => escaped.push_str("\\\\"),
-            '"' => escaped.push_str("\\\""),
-            '\n' => escaped.push_str("\\n"),
-            c => escaped.push(c),
-        }
-    }
-    std::borrow::Cow::Owned(escaped)
-}
-
 /// The router's own counters and histograms, recorded on the request path.
 #[derive(Debug)]
 pub struct RouterMetrics {
@@ -350,11 +310,5 @@ mod tests {
         histogram.render(&mut Exposition::new(&mut out).histograms("h", "h"), &[]);
         let samples = out.split_once("histogram\n").unwrap().1;
         assert!(samples.starts_with("h_bucket{le=\"1\"} 1\n"), "{out}");
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape_label("plain"), "plain");
-        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

@@ -1,42 +1,31 @@
 //! The P/D series of `/metrics`.
 
-use crate::metrics::{escape_label, family, sample};
 use pd_orchestrator::pools::{LEG_OUTCOMES, PdPools};
 use pd_orchestrator::{FlowStatsSnapshot, Phase};
+use prom_text::{Exposition, MetricType};
 
-/// Writes the P/D series: leg outcomes per phase, refusals per role,
-/// the flow's counters and both roles' policy decisions.
-pub(crate) fn render(pools: &PdPools, flow: FlowStatsSnapshot, out: &mut String) {
-    family(
-        out,
+/// Writes the P/D series: leg outcomes per phase, refusals per role, the
+/// flow's counters and both roles' policy decisions.
+pub(crate) fn render(pools: &PdPools, flow: FlowStatsSnapshot, exposition: &mut Exposition<'_>) {
+    let mut family = exposition.family(
         "router_pd_leg_outcomes_total",
-        "counter",
+        MetricType::Counter,
         "Prefill and decode legs by how they ended.",
     );
     for phase in [Phase::Prefill, Phase::Decode] {
         for outcome in LEG_OUTCOMES {
-            let labels = format!("phase=\"{phase}\",outcome=\"{outcome}\"");
-            sample(
-                out,
-                "router_pd_leg_outcomes_total",
-                &labels,
-                pools.metrics().outcomes(phase, outcome),
-            );
+            let value = pools.metrics().outcomes(phase, outcome);
+            family.sample(&[("phase", &phase), ("outcome", &outcome)], value);
         }
     }
-    family(
-        out,
+    let roles = [pools.prefill(), pools.decode()];
+    let mut family = exposition.family(
         "router_pd_unavailable_total",
-        "counter",
+        MetricType::Counter,
         "Requests refused with 503 because a role had no available worker.",
     );
-    for role in [pools.prefill(), pools.decode()] {
-        sample(
-            out,
-            "router_pd_unavailable_total",
-            &format!("role=\"{}\"", role.role()),
-            role.unavailable_count(),
-        );
+    for role in roles {
+        family.sample(&[("role", &role.role())], role.unavailable_count());
     }
     let flow_series: [(&str, &str, u64); 5] = [
         (
@@ -66,24 +55,26 @@ pub(crate) fn render(pools: &PdPools, flow: FlowStatsSnapshot, out: &mut String)
         ),
     ];
     for (name, help, value) in flow_series {
-        family(out, name, "counter", help);
-        sample(out, name, "", value);
+        exposition
+            .family(name, MetricType::Counter, help)
+            .sample(&[], value);
     }
-    family(
-        out,
+    let mut family = exposition.family(
         "router_pd_policy_decisions_total",
-        "counter",
+        MetricType::Counter,
         "Policy decisions of each P/D role by model, policy and reason.",
     );
-    for role in [pools.prefill(), pools.decode()] {
+    for role in roles {
+        let kind = role.role();
         for (model, policy, counts) in role.policies().counts() {
-            let model = escape_label(&model);
             for (reason, value) in counts.iter() {
-                let labels = format!(
-                    "role=\"{}\",model=\"{model}\",policy=\"{policy}\",reason=\"{reason}\"",
-                    role.role()
-                );
-                sample(out, "router_pd_policy_decisions_total", &labels, value);
+                let labels: [(&str, &dyn std::fmt::Display); 4] = [
+                    ("role", &kind),
+                    ("model", &model),
+                    ("policy", &policy),
+                    ("reason", &reason),
+                ];
+                family.sample(&labels, value);
             }
         }
     }

@@ -244,8 +244,8 @@ impl PdState {
         Ok(role.add_static(worker)?)
     }
 
-    pub(crate) fn render(&self, out: &mut String) {
-        metrics::render(self.pools(), self.flow.stats().snapshot(), out);
+    pub(crate) fn render(&self, exposition: &mut prom_text::Exposition<'_>) {
+        metrics::render(self.pools(), self.flow.stats().snapshot(), exposition);
     }
 }
 

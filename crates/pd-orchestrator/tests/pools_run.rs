@@ -1,0 +1,166 @@
+//! The whole-request retry loop over real pools and a scripted transport:
+//! a failed flow names its worker, the next attempt leaves it out, and the
+//! client hears the last flow error when no fresh pair is left.
+#![cfg(feature = "pools")]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::StatusCode;
+use lb_policies::{OwnedContext, PolicyConfig};
+use pd_orchestrator::bootstrap::Sleeper;
+use pd_orchestrator::pools::{PdCall, PdConfig, PdPools, PdScope, PdWorkerConfig, RunError, run};
+use pd_orchestrator::{FlowConfig, ForwardHeaders, Nixl, PdConnector, PdError, PdFlow, Phase};
+use serde_json::json;
+use support::*;
+use worker_lifecycle::{
+    RequestRetries, RetryBudget, RetryBudgetConfig, RetryPolicy, WorkerOptions,
+};
+
+const P: &str = "http://10.0.0.1:8000";
+const D1: &str = "http://10.0.0.2:8000";
+const D2: &str = "http://10.0.0.3:8000";
+
+/// Records the backoffs it was asked to wait, and waits for none.
+#[derive(Default)]
+struct Waits(std::sync::Mutex<Vec<Duration>>);
+
+impl Sleeper for Waits {
+    fn sleep(&self, duration: Duration) -> impl std::future::Future<Output = ()> + Send {
+        self.0.lock().unwrap().push(duration);
+        std::future::ready(())
+    }
+}
+
+fn pools(decodes: &[&str]) -> Arc<PdPools> {
+    let mut config = PdConfig::new(PdConnector::Nixl);
+    config.prefill = vec![PdWorkerConfig::new(P)];
+    config.decode = decodes
+        .iter()
+        .map(|url| PdWorkerConfig::new(*url))
+        .collect();
+    let policy = PolicyConfig::named("round_robin");
+    Arc::new(PdPools::new(&config, &policy, &WorkerOptions::default()).unwrap())
+}
+
+fn call() -> PdCall {
+    let body = json!({"model": "m", "prompt": "hello", "max_tokens": 4});
+    PdCall {
+        path: "/v1/completions".into(),
+        body: Bytes::from(serde_json::to_vec(&body).unwrap()),
+        parsed: Some(body),
+        request_id: "r1".into(),
+        forward: ForwardHeaders::new(),
+        scope: Arc::new(PdScope::new(OwnedContext::default())),
+    }
+}
+
+fn prefill_ok() -> Step {
+    Step::json(json!({"kv_transfer_params": {"remote_engine_id": "e", "remote_block_ids": [1]}}))
+}
+
+#[test]
+fn a_failed_decode_is_left_out_of_the_retry_which_runs_on_a_fresh_pair() {
+    let log = Log::default();
+    let transport = ScriptedTransport::new(&log);
+    transport.push(Phase::Prefill, prefill_ok());
+    transport.push(
+        Phase::Decode,
+        Step::status(StatusCode::SERVICE_UNAVAILABLE, "{}"),
+    );
+    transport.push(Phase::Prefill, prefill_ok());
+    transport.push(
+        Phase::Decode,
+        Step::json(json!({"choices": [{"text": "ok"}]})),
+    );
+    let pools = pools(&[D1, D2]);
+    let flow = PdFlow::new(transport, Arc::clone(&pools), FlowConfig::default());
+    let policy = RetryPolicy::default();
+    let budget = RetryBudget::new(RetryBudgetConfig::default(), Instant::now());
+    let mut retries = RequestRetries::start(&policy, &budget, 1, Instant::now());
+    let waits = Waits::default();
+    let retried = AtomicUsize::new(0);
+    let response = ready(run(&flow, &Nixl, call(), &mut retries, &waits, |error| {
+        assert!(matches!(error, PdError::DecodeRejected { .. }), "{error}");
+        retried.fetch_add(1, Ordering::Relaxed);
+    }))
+    .unwrap();
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(retried.load(Ordering::Relaxed), 1);
+    assert_eq!(retries.count(), 1);
+    assert_eq!(
+        waits.0.lock().unwrap().len(),
+        1,
+        "one backoff, through the sleeper"
+    );
+    let decodes: Vec<String> = flow
+        .transport()
+        .sent()
+        .iter()
+        .filter(|leg| leg.phase == Phase::Decode)
+        .map(|leg| leg.url.clone())
+        .collect();
+    assert_eq!(decodes.len(), 2);
+    assert_ne!(
+        decodes[0], decodes[1],
+        "the failed decode worker is left out"
+    );
+    // The retry runs under its own id: transfer ids never meet the
+    // abandoned attempt's.
+    let ids: Vec<_> = flow
+        .transport()
+        .sent()
+        .iter()
+        .map(|leg| leg.headers["x-request-id"].to_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        ids[0].ends_with("_r1") && ids[2].ends_with("_r1-a1"),
+        "{ids:?}"
+    );
+    drop(response);
+    for worker in pools.workers() {
+        assert_eq!(worker.load(), 0, "{}", worker.key());
+    }
+    assert_eq!(pools.metrics().outcomes(Phase::Decode, "worker_failure"), 1);
+}
+
+#[test]
+fn with_no_fresh_pair_left_the_client_hears_the_last_flow_error() {
+    let log = Log::default();
+    let transport = ScriptedTransport::new(&log);
+    transport.push(Phase::Prefill, prefill_ok());
+    transport.push(Phase::Decode, Step::transport_error("connection refused"));
+    let pools = pools(&[D1]);
+    let flow = PdFlow::new(transport, Arc::clone(&pools), FlowConfig::default());
+    let policy = RetryPolicy::default();
+    let budget = RetryBudget::new(RetryBudgetConfig::default(), Instant::now());
+    let mut retries = RequestRetries::start(&policy, &budget, 1, Instant::now());
+    let error = ready(run(
+        &flow,
+        &Nixl,
+        call(),
+        &mut retries,
+        &Waits::default(),
+        |_| {},
+    ))
+    .unwrap_err();
+    match error {
+        RunError::Flow(PdError::DecodeFailed { reason, worker }) => {
+            assert_eq!(reason, "connection refused");
+            assert!(worker.contains("10.0.0.2:8000"), "{worker}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(
+        retries.count(),
+        1,
+        "one retry was granted, then no pair was left"
+    );
+    for worker in pools.workers() {
+        assert_eq!(worker.load(), 0, "{}", worker.key());
+    }
+}
