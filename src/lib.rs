@@ -11,18 +11,33 @@
 //! | [`pd`] | `pd-orchestrator` | prefill/decode pairing and KV connectors |
 //! | [`http`] | `router-http` | the hyper 1.x proxy path, admin and metrics |
 //! | [`sim`] | `engine-sim` | a simulated vLLM-style engine |
+//! | `discovery` | `worker-discovery` | vLLM registration discovery (feature `discovery`) |
 //!
 //! Two modules live here, on top of all of them:
 //!
-//! - [`cli`]: the reference router's command line (vllm-router's flags),
-//!   startup, discovery and shutdown — `cargo run --release --example router`;
+//! - `cli`: the reference router's command line (vllm-router's flags),
+//!   startup, discovery and shutdown — `cargo run --release --example router`
+//!   (feature `cli`);
 //! - [`simulator`]: the routing-quality simulator, which drives engine-sim
 //!   engine models on a virtual clock through the production policy and
 //!   worker code — `cargo run --release --example simulate`.
+//!
+//! # Features
+//!
+//! - `cli` (default): the `cli` module and what only it needs (clap, toml,
+//!   tracing-subscriber, the ZMQ stack through `discovery`). A host that
+//!   depends on this crate for its re-exports turns it off with
+//!   `default-features = false`.
+//! - `discovery` (on with `cli`): re-exports `worker-discovery` as
+//!   `affinity_router::discovery`.
 #![warn(missing_docs)]
 
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod simulator;
+
+#[cfg(feature = "discovery")]
+pub use worker_discovery as discovery;
 
 pub use engine_sim as sim;
 pub use lb_policies as policies;

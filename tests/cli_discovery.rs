@@ -1,8 +1,12 @@
-//! vLLM ZMQ registration discovery over a real socket: a test engine
-//! connects a DEALER to the router's ROUTER on 127.0.0.1 and registers.
+//! The reference router's wiring of worker-discovery: `--worker-networks`
+//! as the address check (over a real socket: a test engine connects a
+//! DEALER to the listener's ROUTER on 127.0.0.1 and registers) and the
+//! `POST /register` hook's mapping of refusals to HTTP. The protocol's own
+//! tests (heartbeats, expiry, malformed messages) live in
+//! crates/worker-discovery.
 
-use affinity_router::cli::discovery::ZmqDiscovery;
-use affinity_router::workers::{DiscoveryPool, RoleKind, WorkerOptions};
+use affinity_router::cli::discovery::{self, NetworkCheck, Registrar, Registries, ZmqDiscovery};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zeromq::{Socket, SocketSend, ZmqMessage};
 
@@ -35,184 +39,9 @@ async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registration_heartbeat_expiry_and_a_new_generation() {
-    let discovery = ZmqDiscovery::bind("127.0.0.1:0", TTL).await.unwrap();
-    assert_eq!(discovery.local_addr().ip().to_string(), "127.0.0.1");
-    let registries = discovery.registries().clone();
-    let mut engine = engine_socket(&discovery).await;
-
-    engine
-        .send(registration("P", "127.0.0.1:8100", "127.0.0.1:21001"))
-        .await
-        .unwrap();
-    engine
-        .send(registration("D", "127.0.0.1:8200", "127.0.0.1:22001"))
-        .await
-        .unwrap();
-    eventually("both engines are registered", || {
-        !registries
-            .prefill
-            .snapshot(Instant::now())
-            .entries
-            .is_empty()
-            && !registries
-                .decode
-                .snapshot(Instant::now())
-                .entries
-                .is_empty()
-    })
-    .await;
-    let prefill = registries.prefill.snapshot(Instant::now());
-    assert_eq!(prefill.entries.len(), 1);
-    let entry = &prefill.entries[0];
-    assert_eq!(entry.endpoint.to_string(), "http://127.0.0.1:8100");
-    assert_eq!(
-        entry.registration.labels.get("kv_addr").map(String::as_str),
-        Some("127.0.0.1:21001")
-    );
-    let first_generation = entry.generation;
-    let decode = registries.decode.snapshot(Instant::now());
-    assert_eq!(
-        decode.entries[0].endpoint.to_string(),
-        "http://127.0.0.1:8200"
-    );
-
-    // The pool builds one persistent worker for this lifetime; a request
-    // holds load on it.
-    let pool = DiscoveryPool::new(RoleKind::Prefill, WorkerOptions::default()).unwrap();
-    let guard = pool
-        .with_reconciled(&registries.prefill, Instant::now(), |view| {
-            view.workers()[0].try_reserve().ok()
-        })
-        .unwrap()
-        .expect("the registered prefill engine is available");
-    let first_worker = guard.worker().clone();
-    assert_eq!(first_worker.load(), 1);
-
-    // Heartbeats (the same message again) within the TTL, for longer than
-    // the TTL: the generation and the worker stay.
-    let heartbeat_until = Instant::now() + TTL + TTL / 2;
-    while Instant::now() < heartbeat_until {
-        engine
-            .send(registration("P", "127.0.0.1:8100", "127.0.0.1:21001"))
-            .await
-            .unwrap();
-        tokio::time::sleep(TTL / 5).await;
-    }
-    let after_heartbeats = registries.prefill.snapshot(Instant::now());
-    assert_eq!(
-        after_heartbeats.entries.len(),
-        1,
-        "heartbeats keep it alive"
-    );
-    assert_eq!(after_heartbeats.entries[0].generation, first_generation);
-    let same = pool
-        .with_reconciled(&registries.prefill, Instant::now(), |view| {
-            view.workers()[0].clone()
-        })
-        .unwrap();
-    assert!(std::sync::Arc::ptr_eq(&same, &first_worker));
-    assert_eq!(same.load(), 1);
-
-    // Silence: the prefill engine expires (the decode one already has).
-    eventually("the silent engine expires", || {
-        registries
-            .prefill
-            .snapshot(Instant::now())
-            .entries
-            .is_empty()
-    })
-    .await;
-    assert!(
-        registries
-            .decode
-            .snapshot(Instant::now())
-            .entries
-            .is_empty()
-    );
-    let empty = pool
-        .with_reconciled(&registries.prefill, Instant::now(), |view| {
-            view.workers().len()
-        })
-        .unwrap();
-    assert_eq!(empty, 0, "an expired engine leaves the pool");
-
-    // It registers again at the same URL: a new generation, a fresh worker
-    // with load 0, while the old request still holds the old one.
-    engine
-        .send(registration("P", "127.0.0.1:8100", "127.0.0.1:21001"))
-        .await
-        .unwrap();
-    eventually("the engine is registered again", || {
-        !registries
-            .prefill
-            .snapshot(Instant::now())
-            .entries
-            .is_empty()
-    })
-    .await;
-    let again = registries.prefill.snapshot(Instant::now());
-    assert!(again.entries[0].generation > first_generation);
-    let fresh = pool
-        .with_reconciled(&registries.prefill, Instant::now(), |view| {
-            view.workers()[0].clone()
-        })
-        .unwrap();
-    assert!(!std::sync::Arc::ptr_eq(&fresh, &first_worker));
-    assert_eq!(fresh.load(), 0);
-    assert_eq!(first_worker.load(), 1);
-    drop(guard);
-    assert_eq!(first_worker.load(), 0);
-    assert_eq!(fresh.load(), 0);
-    assert_eq!(discovery.malformed_messages(), 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_messages_are_counted_and_discovery_keeps_working() {
-    let discovery = ZmqDiscovery::bind("127.0.0.1:0", Duration::from_secs(5))
-        .await
-        .unwrap();
-    let registries = discovery.registries().clone();
-    let mut engine = engine_socket(&discovery).await;
-    engine
-        .send(ZmqMessage::from(b"not msgpack".to_vec()))
-        .await
-        .unwrap();
-    let unknown_type = serde_json::json!({"type": "Q", "http_address": "127.0.0.1:1"});
-    engine
-        .send(ZmqMessage::from(
-            rmp_serde::to_vec_named(&unknown_type).unwrap(),
-        ))
-        .await
-        .unwrap();
-    engine
-        .send(registration("D", "127.0.0.1:8300", "127.0.0.1:23001"))
-        .await
-        .unwrap();
-    eventually("the valid registration arrives", || {
-        !registries
-            .decode
-            .snapshot(Instant::now())
-            .entries
-            .is_empty()
-    })
-    .await;
-    assert_eq!(discovery.malformed_messages(), 2);
-    assert!(registries.prefill.is_empty());
-}
-
-#[tokio::test]
-async fn a_bad_address_is_refused() {
-    let err = ZmqDiscovery::bind("no-port", Duration::from_secs(5))
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("no-port"));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrations_outside_the_allowed_networks_are_ignored() {
     let networks = vec!["127.0.0.0/8".parse().unwrap()];
-    let discovery = ZmqDiscovery::bind_with_networks("127.0.0.1:0", TTL, networks)
+    let discovery = discovery::bind("127.0.0.1:0", TTL, networks, Duration::from_secs(5))
         .await
         .unwrap();
     let registries = discovery.registries().clone();
@@ -242,4 +71,41 @@ async fn registrations_outside_the_allowed_networks_are_ignored() {
         .map(|entry| entry.endpoint.to_string())
         .collect();
     assert_eq!(urls, ["http://127.0.0.1:8101"]);
+    assert_eq!(discovery.refused_addresses(), 1);
+}
+
+#[tokio::test]
+async fn the_register_hook_answers_400_for_bad_maps_and_403_outside_the_networks() {
+    let networks = vec!["10.0.0.0/8".parse().unwrap()];
+    let check = NetworkCheck::new(networks, Duration::from_secs(1)).expect("networks are set");
+    let registrar = Registrar::new(Registries::new(Duration::from_secs(5)))
+        .with_check(Arc::new(check), Duration::from_secs(1));
+    let hook = discovery::register_hook(registrar.clone());
+
+    let outside = hook
+        .register(r#"{"type": "P", "http_address": "192.168.1.1:8000"}"#.into())
+        .await
+        .unwrap_err();
+    assert_eq!(outside.status(), http::StatusCode::FORBIDDEN);
+    let message = outside.to_string();
+    assert!(
+        message.contains("192.168.1.1") && message.contains("10.0.0.0/8"),
+        "{message}"
+    );
+    let invalid = hook.register(r#"{"type": "X"}"#.into()).await.unwrap_err();
+    assert_eq!(invalid.status(), http::StatusCode::BAD_REQUEST);
+    assert!(
+        invalid.to_string().starts_with("invalid registration"),
+        "{invalid}"
+    );
+    assert!(registrar.registries().prefill.is_empty(), "nothing changed");
+
+    let inside = hook
+        .register(r#"{"type": "P", "http_address": "10.1.2.3:8000"}"#.into())
+        .await
+        .unwrap();
+    assert_eq!(inside["status"], "registered");
+    assert_eq!(inside["url"], "http://10.1.2.3:8000");
+    assert_eq!(registrar.registries().prefill.len(), 1);
+    assert!(NetworkCheck::new(Vec::new(), Duration::from_secs(1)).is_none());
 }

@@ -8,27 +8,27 @@
 //! the router with its two pools is built once the static workers answered
 //! (running the Mooncake bootstrap) and replaces the stand-in router that
 //! answered `/health` meanwhile; with `--vllm-discovery-address` the ZMQ
-//! listener's registries feed the pools, and `POST /register` feeds the
-//! same registries over HTTP. [`App::stop`]
+//! listener (bound first) feeds the pools, and router-http answers
+//! `POST /register` through a hook that feeds the same registries over
+//! HTTP. [`App::stop`]
 //! is the graceful shutdown: readiness and health turn 503 at once, new
 //! requests are refused, the listener stays open while requests are in
 //! flight so that load balancers can see the 503, and everything is done
 //! within the grace period.
 
 use super::args::KvConnectorName;
-use super::discovery::{DiscoveryError, Registries, ZmqDiscovery};
+use super::discovery::{DiscoveryError, ZmqDiscovery};
 use super::settings::{Mode, PdSettings, Settings, join_host_port};
 use bytes::Bytes;
 use engine_sim::{EngineConfig, EngineHandle, ServeOptions, TransferRegistry};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use pd_orchestrator::{MoriIoEndpoint, MoriIoMode};
 use router_http::{
-    ClientConfig, HttpProbe, PdConfig, PdConnector, PdWorkerConfig, Router, RouterConfig,
-    UpstreamClient,
+    ClientConfig, HttpProbe, PdConfig, PdConnector, PdWorkerConfig, RegisterHook, Router,
+    RouterConfig, UpstreamClient,
 };
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -98,14 +98,15 @@ struct SimEngine {
 /// A running router: the listeners, engines, discovery and background tasks.
 #[derive(Debug)]
 pub struct App {
-    /// Set once discovery runs: `POST /register` feeds them.
-    registries: Arc<OnceLock<Registries>>,
     current: Arc<Current>,
     addr: SocketAddr,
     prometheus_addr: Option<SocketAddr>,
     engines: Vec<SimEngine>,
     worker_urls: Vec<String>,
     discovery: Option<ZmqDiscovery>,
+    /// Answers `POST /register` when discovery runs (every router served
+    /// gets it, the stand-in included).
+    register_hook: Option<Arc<dyn RegisterHook>>,
     policy: &'static str,
     grace: Duration,
     serve: JoinHandle<router_http::ShutdownOutcome>,
@@ -157,9 +158,25 @@ impl App {
             );
         }
         tracing::info!(settings = %settings.summary(), "starting affinity-router");
+        // Discovery first: `POST /register` feeds its registries from the
+        // moment the router answers.
+        let discovery = match &settings.mode {
+            Mode::PrefillDecode(PdSettings {
+                discovery: Some(address),
+                ..
+            }) => Some(bind_discovery(settings, address).await?),
+            _ => None,
+        };
+        let register_hook = discovery
+            .as_ref()
+            .map(|discovery| super::discovery::register_hook(discovery.registrar().clone()));
         // The regular router, or (P/D) the stand-in that answers /health
         // while the P/D workers start.
-        let current = Arc::new(Current(RwLock::new(Router::new(settings.router.clone())?)));
+        let config = RouterConfig {
+            register_hook: register_hook.clone(),
+            ..settings.router.clone()
+        };
+        let current = Arc::new(Current(RwLock::new(Router::new(config)?)));
 
         let bind = settings.bind_address();
         let listener = TcpListener::bind(&bind)
@@ -173,24 +190,11 @@ impl App {
             source,
         })?;
         let (stop, stopped) = watch::channel(false);
-        let registries: Arc<OnceLock<Registries>> = Arc::new(OnceLock::new());
         let serve = {
             let service_router = Arc::clone(&current);
-            let service_registries = Arc::clone(&registries);
             let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
                 let router = service_router.get();
-                // Only `POST /register` needs the registries (and only once
-                // discovery runs); every other request goes straight on.
-                let registries = is_register(&request)
-                    .then(|| service_registries.get().cloned())
-                    .flatten();
-                async move {
-                    let response = match registries {
-                        Some(registries) => http_register(&router, &registries, request).await,
-                        None => router.handle(request).await,
-                    };
-                    Ok::<_, std::convert::Infallible>(response)
-                }
+                async move { Ok::<_, std::convert::Infallible>(router.handle(request).await) }
             });
             let shutdown = wait_for_stop(
                 Arc::clone(&current),
@@ -224,13 +228,13 @@ impl App {
             };
 
         let mut app = App {
-            registries,
             current,
             addr,
             prometheus_addr,
             engines: Vec::new(),
             worker_urls: Vec::new(),
-            discovery: None,
+            discovery,
+            register_hook,
             policy: settings.args.policy.as_str(),
             grace: settings.router.shutdown_grace,
             serve,
@@ -338,7 +342,7 @@ impl App {
                 self.start_pd(settings, pd).await
             }
             Mode::PrefillDecode(pd_settings) => {
-                let pd = self.pd_config(settings, pd_settings).await?;
+                let pd = self.pd_config(settings, pd_settings);
                 let mut urls: Vec<String> = pd_settings
                     .prefill
                     .iter()
@@ -354,12 +358,8 @@ impl App {
     }
 
     /// The P/D section for real engines: static workers (one per DP rank)
-    /// or the registries of a ZMQ discovery listener.
-    async fn pd_config(
-        &mut self,
-        settings: &Settings,
-        pd_settings: &PdSettings,
-    ) -> Result<PdConfig, StartError> {
+    /// or the registries of the ZMQ discovery listener.
+    fn pd_config(&self, settings: &Settings, pd_settings: &PdSettings) -> PdConfig {
         let connector = pd_connector(pd_settings.kv_connector);
         let mut pd = PdConfig::new(connector);
         let dp = settings.args.intra_node_data_parallel_size;
@@ -383,17 +383,12 @@ impl App {
         for url in &pd_settings.decode {
             pd.decode.extend(ranks(url, None));
         }
-        if let Some(address) = &pd_settings.discovery {
-            let ttl = Duration::from_secs(settings.args.vllm_discovery_ttl_secs);
-            let networks = settings.router.worker_networks.clone();
-            let discovery = ZmqDiscovery::bind_with_networks(address, ttl, networks).await?;
+        if let Some(discovery) = &self.discovery {
             let registries = discovery.registries();
             pd.prefill_registry = Some(Arc::clone(&registries.prefill));
             pd.decode_registry = Some(Arc::clone(&registries.decode));
-            let _ = self.registries.set(registries.clone());
-            self.discovery = Some(discovery);
         }
-        Ok(pd)
+        pd
     }
 
     /// Builds the P/D router (running the Mooncake bootstrap) and serves it.
@@ -410,6 +405,7 @@ impl App {
         pd.decode_policy = policy(settings.args.decode_policy);
         let config = RouterConfig {
             pd: Some(pd),
+            register_hook: self.register_hook.clone(),
             ..settings.router.clone()
         };
         let router = Router::start(config).await?;
@@ -587,69 +583,13 @@ async fn wait_for_stop(current: Arc<Current>, mut stopped: watch::Receiver<bool>
     }
 }
 
-fn is_register(request: &http::Request<Incoming>) -> bool {
-    request.method() == http::Method::POST
-        && request.uri().path().trim_end_matches('/') == "/register"
-}
-
-/// `POST /register`: the ZMQ registration map as JSON, for engines that
-/// cannot speak ZMQ. Guarded like every admin route: the admin key, or the
-/// inference key when no admin key is set.
-async fn http_register(
-    router: &Router,
-    registries: &Registries,
-    request: http::Request<Incoming>,
-) -> http::Response<router_http::BoxBody> {
-    use router_http::ApiError;
-    let config = router.config();
-    if let Err(refused) = router.authorize(router_http::Route::Register, request.headers()) {
-        return refused.into_response();
-    }
-    let limited = http_body_util::Limited::new(request.into_body(), 64 * 1024);
-    let body = match tokio::time::timeout(config.request_body_timeout, limited.collect()).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(err)) => {
-            return ApiError::InvalidRequest(format!("cannot read the registration: {err}"))
-                .into_response();
-        }
-        Err(_elapsed) => {
-            return ApiError::RequestBodyTimeout(config.request_body_timeout).into_response();
-        }
-    };
-    // The registered URL must pass the router's run-time checks (allowed
-    // networks) before the registration touches any pool.
-    if let Ok(registration) = super::discovery::decode_json_registration(&body) {
-        if let Err(err) = router.check_worker_url(&registration.url()).await {
-            return err.into_response();
-        }
-    }
-    match registries.apply_json(&body, std::time::Instant::now()) {
-        Ok((registration, generation)) => {
-            let answer = serde_json::json!({
-                "status": "registered",
-                "role": match registration.role {
-                    super::discovery::RegisteredRole::Prefill => "prefill",
-                    super::discovery::RegisteredRole::Decode => "decode",
-                },
-                "url": registration.url(),
-                "generation": generation,
-            });
-            let mut response = http::Response::new(
-                http_body_util::Full::new(Bytes::from(answer.to_string()))
-                    .map_err(|never| match never {})
-                    .boxed_unsync(),
-            );
-            response.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            );
-            response
-        }
-        Err(err) => {
-            tracing::warn!(error = %err, "refused an HTTP registration");
-            ApiError::InvalidRequest(format!("invalid registration: {err}")).into_response()
-        }
-    }
+/// Binds the ZMQ discovery listener, admitting only engines inside
+/// `--worker-networks` (host names resolved within the connect timeout).
+async fn bind_discovery(settings: &Settings, address: &str) -> Result<ZmqDiscovery, StartError> {
+    let ttl = Duration::from_secs(settings.args.vllm_discovery_ttl_secs);
+    let networks = settings.router.worker_networks.clone();
+    let resolve_timeout = settings.router.client.connect_timeout;
+    Ok(super::discovery::bind(address, ttl, networks, resolve_timeout).await?)
 }
 
 /// Waits, in parallel, for every URL's first healthy probe.

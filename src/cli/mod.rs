@@ -13,9 +13,11 @@
 //! - [`app`]: simulated engines (regular or prefill/decode), the listeners,
 //!   waiting for workers, the P/D router, `POST /register`, graceful
 //!   shutdown.
-//! - [`discovery`]: vLLM's ZMQ registration discovery feeding
-//!   worker-lifecycle's [`ServiceRegistry`](worker_lifecycle::ServiceRegistry)
-//!   per role, which router-http's P/D pools reconcile on every request.
+//! - [`discovery`]: the `worker-discovery` crate wired to router-http:
+//!   `--worker-networks` as its address check, its registrar as the
+//!   `POST /register` hook. Its registries (worker-lifecycle's
+//!   [`ServiceRegistry`](worker_lifecycle::ServiceRegistry), one per role)
+//!   feed router-http's P/D pools, reconciled on every request.
 //! - [`logging`]: tracing to stderr (human or JSON) and `--log-dir`.
 //!
 //! docs/operations.md documents every flag; a test keeps it in step with
@@ -47,7 +49,7 @@ pub mod settings;
 
 pub use app::{App, ShutdownSignals, StartError, StopOutcome};
 pub use args::{Args, KvConnectorName, LogLevel, PolicyName};
-pub use discovery::{Registries, ZmqDiscovery, ZmqRegistration};
+pub use discovery::{EngineRegistration, Registries, ZmqDiscovery};
 pub use settings::{CliError, Mode, Parsed, PdSettings, Settings};
 
 use std::io::Write as _;

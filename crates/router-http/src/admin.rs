@@ -71,9 +71,7 @@ where
         }
         Route::AddWorker => add_worker(router, query.as_deref()).await,
         Route::RemoveWorker => remove_worker(router, query.as_deref()).await,
-        Route::Register => Err(ApiError::InvalidRequest(
-            "HTTP registration is not enabled on this router".into(),
-        )),
+        Route::Register => crate::register::handle(router, request).await,
         Route::ServerOptions => {
             let mut response = Response::new(full(Bytes::new()));
             response.headers_mut().insert(

@@ -91,6 +91,9 @@ pub struct RouterConfig {
     pub passthrough_paths: Vec<String>,
     /// The accept loop's limits: header-read timeout and connection cap.
     pub server: ServerConfig,
+    /// What answers an authenticated `POST /register` (default `None`: the
+    /// route answers 400, registration not enabled). See [`crate::register`].
+    pub register_hook: Option<std::sync::Arc<dyn crate::register::RegisterHook>>,
 }
 
 impl Default for RouterConfig {
@@ -122,6 +125,7 @@ impl Default for RouterConfig {
             worker_networks: Vec::new(),
             passthrough_paths: Vec::new(),
             server: ServerConfig::default(),
+            register_hook: None,
         }
     }
 }

@@ -183,8 +183,7 @@ impl Router {
     /// it: [`WorkerUrl::parse_http`] (one canonical spelling, plain HTTP),
     /// then the configured [`RouterConfig::worker_networks`] (a host name
     /// is resolved, within the connect timeout, and all its addresses must
-    /// be allowed). Hosts that register workers their own way (the
-    /// reference router's `/register`) call this first.
+    /// be allowed). Hosts that add workers their own way call this first.
     pub async fn check_worker_url(&self, url: &str) -> Result<WorkerUrl, ApiError> {
         let url =
             WorkerUrl::parse_http(url).map_err(|err| ApiError::InvalidRequest(err.to_string()))?;
@@ -314,8 +313,8 @@ impl Router {
     /// Checks the credential `route` needs: the inference key for proxied
     /// routes, the admin key (or the inference key when no admin key is
     /// set) for admin routes and admin reads, nothing for probes and
-    /// metrics. Hosts that serve a route of their own (the reference
-    /// router's `/register`) call this rather than parse keys themselves.
+    /// metrics. Hosts that serve a route of their own next to
+    /// [`Router::handle`] call this rather than parse keys themselves.
     pub fn authorize(&self, route: Route, headers: &http::HeaderMap) -> Result<(), ApiError> {
         let config = &self.shared.config;
         // Admin reads reveal worker URLs: they need the admin credential

@@ -1,0 +1,552 @@
+//! The ZMQ listener: a ROUTER socket and its receive loop.
+//!
+//! # Why the address check runs beside the loop
+//!
+//! One loop receives every engine's messages. If it awaited each message's
+//! address check in turn, one host name that takes five seconds to resolve
+//! would hold up every registration queued behind it, heartbeats included,
+//! and engines with a short TTL would expire while the loop waited. So the
+//! loop only decodes (cheap, synchronous) and hands the check to a task in
+//! a bounded set; a registration is applied when its own check finishes,
+//! whatever the others are doing.
+//!
+//! Two rules keep that correct:
+//!
+//! - **One engine, one check at a time, newest message wins.** Checks of
+//!   the same (role, URL) never run concurrently: a message that arrives
+//!   while its engine's check is running waits behind it, replacing any
+//!   older message waiting there. So an engine's registrations are applied
+//!   in the order it sent them (a restart's new labels are never
+//!   overwritten by an older heartbeat that happened to resolve later), and
+//!   a slow engine that keeps sending costs one task, not one per message.
+//! - **Bounded.** At most [`DiscoveryConfig::max_pending_checks`] checks run
+//!   at once, each within [`DiscoveryConfig::check_timeout`]. When the set
+//!   is full the loop stops reading until one finishes: ZMQ queues the
+//!   messages meanwhile, and nothing grows without bound.
+
+use crate::message::{EngineRegistration, RegisteredRole, decode_registration, payload_of};
+use crate::registrar::{AddressCheck, AddressRefused, DEFAULT_CHECK_TIMEOUT, Registrar};
+use crate::registries::Registries;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::task::{Id, JoinError, JoinSet};
+use worker_lifecycle::WorkerUrl;
+use zeromq::{Socket, SocketRecv};
+
+/// How long a registration lives without a new message (vLLM engines send
+/// one every few seconds).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(5);
+
+/// How many address checks run at once by default.
+pub const DEFAULT_MAX_PENDING_CHECKS: usize = 64;
+
+/// How a [`ZmqDiscovery`] listener runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryConfig {
+    /// How long a registration lives after its last message (default 5 s).
+    pub ttl: Duration,
+    /// How long one address check may take before its registration is
+    /// refused (default 5 s).
+    pub check_timeout: Duration,
+    /// How many address checks run at once (default 64; 0 counts as 1).
+    /// When that many are running, the loop reads no further message until
+    /// one finishes.
+    pub max_pending_checks: usize,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            ttl: DEFAULT_TTL,
+            check_timeout: DEFAULT_CHECK_TIMEOUT,
+            max_pending_checks: DEFAULT_MAX_PENDING_CHECKS,
+        }
+    }
+}
+
+/// Why discovery could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DiscoveryError {
+    /// The address is not `HOST:PORT`.
+    #[error("invalid discovery address {0:?} (expected HOST:PORT)")]
+    Address(String),
+    /// The ROUTER socket could not be bound.
+    #[error("cannot bind the ZMQ ROUTER socket on {address}: {reason}")]
+    Bind {
+        /// The address.
+        address: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// A running ZMQ discovery listener. Dropping it stops the listener and
+/// every address check it started.
+#[derive(Debug)]
+pub struct ZmqDiscovery {
+    registrar: Registrar,
+    local_addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ZmqDiscovery {
+    /// Binds a ROUTER socket on `address` (`HOST:PORT`; port 0 picks a free
+    /// one) and registers every well-formed message, with entries living
+    /// `ttl`. No address check.
+    pub async fn bind(address: &str, ttl: Duration) -> Result<Self, DiscoveryError> {
+        let config = DiscoveryConfig {
+            ttl,
+            ..DiscoveryConfig::default()
+        };
+        Self::bind_with(address, &config, None).await
+    }
+
+    /// [`ZmqDiscovery::bind`] with a configuration and an optional address
+    /// check that every registration must pass before it is applied.
+    pub async fn bind_with(
+        address: &str,
+        config: &DiscoveryConfig,
+        check: Option<Arc<dyn AddressCheck>>,
+    ) -> Result<Self, DiscoveryError> {
+        let (host, port) = address
+            .rsplit_once(':')
+            .filter(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+            .ok_or_else(|| DiscoveryError::Address(address.to_owned()))?;
+        let bind_error = |reason: String| DiscoveryError::Bind {
+            address: address.to_owned(),
+            reason,
+        };
+        let mut socket = zeromq::RouterSocket::new();
+        let bound = socket
+            .bind(&format!("tcp://{host}:{port}"))
+            .await
+            .map_err(|err| bind_error(err.to_string()))?;
+        let local_addr = match bound {
+            zeromq::Endpoint::Tcp(host, port) => {
+                let ip = match host {
+                    zeromq::Host::Ipv4(ip) => IpAddr::V4(ip),
+                    zeromq::Host::Ipv6(ip) => IpAddr::V6(ip),
+                    zeromq::Host::Domain(_) => IpAddr::from([127, 0, 0, 1]),
+                };
+                SocketAddr::new(ip, port)
+            }
+            other => return Err(bind_error(format!("bound an unexpected endpoint {other}"))),
+        };
+        let mut registrar = Registrar::new(Registries::new(config.ttl));
+        if let Some(check) = check {
+            registrar = registrar.with_check(check, config.check_timeout);
+        }
+        let intake = Intake::new(registrar.clone(), config.max_pending_checks);
+        let task = tokio::spawn(intake.run(socket));
+        tracing::info!(
+            %local_addr,
+            ttl_secs = config.ttl.as_secs_f64(),
+            "ZMQ discovery listening"
+        );
+        Ok(Self {
+            registrar,
+            local_addr,
+            task,
+        })
+    }
+
+    /// The registries this listener feeds.
+    pub fn registries(&self) -> &Registries {
+        self.registrar.registries()
+    }
+
+    /// The registrar this listener applies registrations with: the same
+    /// registries and address check, for registrations that arrive another
+    /// way (an HTTP `POST /register`).
+    pub fn registrar(&self) -> &Registrar {
+        &self.registrar
+    }
+
+    /// Messages refused as malformed so far (both transports).
+    pub fn malformed_messages(&self) -> u64 {
+        self.registries().malformed_messages()
+    }
+
+    /// Registrations refused by the address check so far.
+    pub fn refused_addresses(&self) -> u64 {
+        self.registries().refused_addresses()
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+}
+
+impl Drop for ZmqDiscovery {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Where the loop's messages come from: the ROUTER socket, or a channel in
+/// the tests. `None` ends the loop.
+trait FrameSource: Send + 'static {
+    /// The next multipart message. Must be cancel safe: the loop drops it
+    /// when a check finishes first.
+    fn next_frames(&mut self) -> impl Future<Output = Option<Result<Vec<Bytes>, String>>> + Send;
+}
+
+impl FrameSource for zeromq::RouterSocket {
+    // Cancel safe: `recv` is a `Stream::next` on the socket's fair queue
+    // and returns as soon as that yields a message (zeromq 0.6).
+    async fn next_frames(&mut self) -> Option<Result<Vec<Bytes>, String>> {
+        Some(
+            self.recv()
+                .await
+                .map(|message| message.into_vec())
+                .map_err(|err| err.to_string()),
+        )
+    }
+}
+
+/// An engine: the same URL in two roles is two engines.
+type EngineKey = (RegisteredRole, WorkerUrl);
+
+/// A finished address check.
+struct Checked {
+    registration: EngineRegistration,
+    verdict: Result<(), AddressRefused>,
+}
+
+/// The receive loop's state: the checks in flight and what waits behind
+/// them. Owned by the loop task alone, so it needs no lock.
+struct Intake {
+    registrar: Registrar,
+    max_pending: usize,
+    checks: JoinSet<Checked>,
+    /// The engine each running check is for.
+    running: HashMap<Id, EngineKey>,
+    /// Engines with a check running, each with the newest message that
+    /// arrived meanwhile.
+    waiting: HashMap<EngineKey, Option<EngineRegistration>>,
+}
+
+impl Intake {
+    fn new(registrar: Registrar, max_pending: usize) -> Self {
+        Self {
+            registrar,
+            max_pending: max_pending.max(1),
+            checks: JoinSet::new(),
+            running: HashMap::new(),
+            waiting: HashMap::new(),
+        }
+    }
+
+    /// Receives until the source ends (never, for a socket: the task is
+    /// aborted when the listener is dropped).
+    async fn run(mut self, mut source: impl FrameSource) {
+        loop {
+            let may_read = self.checks.len() < self.max_pending;
+            tokio::select! {
+                // Finished checks first: they free room for reading.
+                biased;
+                Some(done) = self.checks.join_next_with_id(), if !self.checks.is_empty() => {
+                    self.finished(done);
+                }
+                frames = source.next_frames(), if may_read => match frames {
+                    Some(Ok(frames)) => self.offer(&frames),
+                    Some(Err(err)) => {
+                        // A peer's broken frame: count it and keep serving.
+                        self.registrar.registries().count_malformed();
+                        tracing::warn!(error = %err, "ZMQ receive failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    None => break,
+                },
+            }
+        }
+    }
+
+    /// One received message: refused at once when malformed, applied at
+    /// once when there is no check, otherwise checked beside the loop.
+    fn offer(&mut self, frames: &[Bytes]) {
+        let registries = self.registrar.registries();
+        let registration =
+            match registries.decoded(payload_of(frames).and_then(decode_registration)) {
+                Ok(registration) => registration,
+                Err(err) => {
+                    tracing::warn!(
+                        error = %err,
+                        malformed_total = registries.malformed_messages(),
+                        "ignoring a malformed ZMQ registration"
+                    );
+                    return;
+                }
+            };
+        if !self.registrar.has_check() {
+            registries.register(&registration, Instant::now());
+            return;
+        }
+        let key = (registration.role, registration.worker_url.clone());
+        match self.waiting.get_mut(&key) {
+            // Its engine's check is running: wait behind it, newest wins.
+            Some(next) => *next = Some(registration),
+            None => self.start_check(key, registration),
+        }
+    }
+
+    fn start_check(&mut self, key: EngineKey, registration: EngineRegistration) {
+        let registrar = self.registrar.clone();
+        let handle = self.checks.spawn(async move {
+            let verdict = registrar.admit(&registration).await;
+            Checked {
+                registration,
+                verdict,
+            }
+        });
+        self.running.insert(handle.id(), key.clone());
+        self.waiting.insert(key, None);
+    }
+
+    /// A check finished: apply its registration if admitted (the refusal
+    /// was counted and logged by the registrar), then start the check of
+    /// the message that waited behind it.
+    fn finished(&mut self, done: Result<(Id, Checked), JoinError>) {
+        let id = match done {
+            Ok((id, checked)) => {
+                if checked.verdict.is_ok() {
+                    self.registrar
+                        .registries()
+                        .register(&checked.registration, Instant::now());
+                }
+                id
+            }
+            Err(err) => {
+                // The host's check panicked: refuse, keep serving.
+                self.registrar.registries().count_refused();
+                tracing::warn!(error = %err, "an address check failed; registration ignored");
+                err.id()
+            }
+        };
+        let Some(key) = self.running.remove(&id) else {
+            return;
+        };
+        if let Some(Some(next)) = self.waiting.remove(&key) {
+            self.start_check(key, next);
+        }
+    }
+}
+
+/// The frames of a channel: what the tests feed the loop with.
+#[cfg(test)]
+impl FrameSource for tokio::sync::mpsc::Receiver<Vec<Bytes>> {
+    async fn next_frames(&mut self) -> Option<Result<Vec<Bytes>, String>> {
+        self.recv().await.map(Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registrar::CheckFuture;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::sync::{Semaphore, mpsc};
+
+    /// Resolves `slow.example` only when the test adds a permit (or never);
+    /// every other host at once. Counts the checks that started.
+    struct GatedResolver {
+        slow_gate: Semaphore,
+        started: AtomicUsize,
+    }
+
+    impl AddressCheck for GatedResolver {
+        fn check<'a>(&'a self, url: &'a WorkerUrl) -> CheckFuture<'a> {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                if url.host() == "slow.example" {
+                    let permit = self.slow_gate.acquire().await;
+                    permit
+                        .map_err(|_| AddressRefused::new("gate closed"))?
+                        .forget();
+                }
+                Ok(())
+            })
+        }
+    }
+
+    struct Harness {
+        resolver: Arc<GatedResolver>,
+        registries: Registries,
+        send: mpsc::Sender<Vec<Bytes>>,
+        _loop: tokio::task::JoinHandle<()>,
+    }
+
+    fn harness(max_pending: usize) -> Harness {
+        let resolver = Arc::new(GatedResolver {
+            slow_gate: Semaphore::new(0),
+            started: AtomicUsize::new(0),
+        });
+        let registrar = Registrar::new(Registries::new(Duration::from_secs(60)))
+            .with_check(resolver.clone(), Duration::from_secs(5));
+        let registries = registrar.registries().clone();
+        let (send, receive) = mpsc::channel(16);
+        let task = tokio::spawn(Intake::new(registrar, max_pending).run(receive));
+        Harness {
+            resolver,
+            registries,
+            send,
+            _loop: task,
+        }
+    }
+
+    fn message(kind: &str, http: &str, zmq: &str) -> Vec<Bytes> {
+        let map = serde_json::json!({"type": kind, "http_address": http, "zmq_address": zmq});
+        let payload = rmp_serde::to_vec_named(&map).unwrap();
+        vec![Bytes::from_static(b"engine"), Bytes::from(payload)]
+    }
+
+    fn urls(registries: &Registries, role: RegisteredRole) -> Vec<String> {
+        let snapshot = registries.of(role).snapshot(Instant::now());
+        snapshot
+            .entries
+            .iter()
+            .map(|entry| entry.endpoint.to_string())
+            .collect()
+    }
+
+    /// Lets every ready task run, without moving the paused clock.
+    async fn settle() {
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_lookup_never_delays_another_registration() {
+        let h = harness(8);
+        h.send
+            .send(message("P", "slow.example:8100", "10.0.0.1:21001"))
+            .await
+            .unwrap();
+        h.send
+            .send(message("P", "10.0.0.2:8100", "10.0.0.2:21001"))
+            .await
+            .unwrap();
+        settle().await;
+        // The fast engine is registered while the slow one's lookup has
+        // started and is still pending.
+        assert_eq!(h.resolver.started.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            urls(&h.registries, RegisteredRole::Prefill),
+            ["http://10.0.0.2:8100"]
+        );
+        // Its lookup answers: it is registered too.
+        h.resolver.slow_gate.add_permits(1);
+        settle().await;
+        assert_eq!(
+            urls(&h.registries, RegisteredRole::Prefill),
+            ["http://10.0.0.2:8100", "http://slow.example:8100"]
+        );
+        assert_eq!(h.registries.refused_addresses(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lookup_that_outlives_the_timeout_is_refused_and_others_go_on() {
+        let h = harness(8);
+        h.send
+            .send(message("D", "slow.example:8200", "10.0.0.1:22001"))
+            .await
+            .unwrap();
+        settle().await;
+        tokio::time::advance(Duration::from_secs(4)).await;
+        h.send
+            .send(message("D", "10.0.0.3:8200", "10.0.0.3:22001"))
+            .await
+            .unwrap();
+        settle().await;
+        assert_eq!(
+            urls(&h.registries, RegisteredRole::Decode),
+            ["http://10.0.0.3:8200"]
+        );
+        assert_eq!(h.registries.refused_addresses(), 0, "still within 5 s");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        settle().await;
+        assert_eq!(h.registries.refused_addresses(), 1);
+        assert_eq!(
+            urls(&h.registries, RegisteredRole::Decode),
+            ["http://10.0.0.3:8200"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_engine_is_checked_once_at_a_time_and_its_newest_message_wins() {
+        let h = harness(8);
+        // Three messages while its first lookup is pending: the restart's
+        // new KV address (the last one) is what stays.
+        for zmq in ["10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3"] {
+            h.send
+                .send(message("P", "slow.example:8100", zmq))
+                .await
+                .unwrap();
+        }
+        settle().await;
+        assert_eq!(h.resolver.started.load(Ordering::SeqCst), 1);
+        h.resolver.slow_gate.add_permits(2);
+        settle().await;
+        assert_eq!(
+            h.resolver.started.load(Ordering::SeqCst),
+            2,
+            "the second message was dropped for the third"
+        );
+        let snapshot = h.registries.prefill.snapshot(Instant::now());
+        assert_eq!(snapshot.entries.len(), 1);
+        assert_eq!(
+            snapshot.entries[0]
+                .registration
+                .labels
+                .get(worker_lifecycle::labels::KV_ADDR)
+                .map(String::as_str),
+            Some("10.0.0.1:3")
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_set_of_checks_stops_reading_until_one_finishes() {
+        let h = harness(1);
+        h.send
+            .send(message("P", "slow.example:8100", "10.0.0.1:1"))
+            .await
+            .unwrap();
+        h.send
+            .send(message("D", "10.0.0.5:8200", "10.0.0.5:1"))
+            .await
+            .unwrap();
+        settle().await;
+        assert_eq!(h.resolver.started.load(Ordering::SeqCst), 1);
+        assert!(h.registries.decode.is_empty(), "not read yet");
+        h.resolver.slow_gate.add_permits(1);
+        settle().await;
+        assert_eq!(h.resolver.started.load(Ordering::SeqCst), 2);
+        assert_eq!(h.registries.prefill.len(), 1);
+        assert_eq!(h.registries.decode.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_check_messages_are_applied_in_the_loop() {
+        let registrar = Registrar::new(Registries::new(Duration::from_secs(60)));
+        let registries = registrar.registries().clone();
+        let (send, receive) = mpsc::channel(4);
+        let task = tokio::spawn(Intake::new(registrar, 4).run(receive));
+        send.send(message("D", "10.0.0.6:8200", "10.0.0.6:1"))
+            .await
+            .unwrap();
+        send.send(vec![Bytes::from_static(b"engine")])
+            .await
+            .unwrap();
+        drop(send);
+        task.await.unwrap();
+        assert_eq!(registries.decode.len(), 1);
+        assert_eq!(registries.malformed_messages(), 1);
+    }
+}

@@ -1,0 +1,210 @@
+//! vLLM ZMQ registration discovery over a real socket: a test engine
+//! connects a DEALER to the listener's ROUTER on 127.0.0.1 and registers.
+
+use std::time::{Duration, Instant};
+use worker_discovery::ZmqDiscovery;
+use worker_lifecycle::{DiscoveryPool, RoleKind, WorkerOptions};
+use zeromq::{Socket, SocketSend, ZmqMessage};
+
+/// Short enough to watch an expiry, long enough for a loaded CI machine
+/// to deliver a heartbeat in time.
+const TTL: Duration = Duration::from_millis(1500);
+
+fn registration(kind: &str, http: &str, zmq: &str) -> ZmqMessage {
+    let map = serde_json::json!({"type": kind, "http_address": http, "zmq_address": zmq});
+    ZmqMessage::from(rmp_serde::to_vec_named(&map).unwrap())
+}
+
+async fn engine_socket(discovery: &ZmqDiscovery) -> zeromq::DealerSocket {
+    let mut socket = zeromq::DealerSocket::new();
+    let endpoint = format!("tcp://{}", discovery.local_addr());
+    tokio::time::timeout(Duration::from_secs(5), socket.connect(&endpoint))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    socket
+}
+
+/// Polls `condition` every 20 ms for at most 5 s.
+async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_heartbeat_expiry_and_a_new_generation() {
+    let discovery = ZmqDiscovery::bind("127.0.0.1:0", TTL).await.unwrap();
+    assert_eq!(discovery.local_addr().ip().to_string(), "127.0.0.1");
+    let registries = discovery.registries().clone();
+    let mut engine = engine_socket(&discovery).await;
+
+    engine
+        .send(registration("P", "127.0.0.1:8100", "127.0.0.1:21001"))
+        .await
+        .unwrap();
+    engine
+        .send(registration("D", "127.0.0.1:8200", "127.0.0.1:22001"))
+        .await
+        .unwrap();
+    eventually("both engines are registered", || {
+        !registries
+            .prefill
+            .snapshot(Instant::now())
+            .entries
+            .is_empty()
+            && !registries
+                .decode
+                .snapshot(Instant::now())
+                .entries
+                .is_empty()
+    })
+    .await;
+    let prefill = registries.prefill.snapshot(Instant::now());
+    assert_eq!(prefill.entries.len(), 1);
+    let entry = &prefill.entries[0];
+    assert_eq!(entry.endpoint.to_string(), "http://127.0.0.1:8100");
+    assert_eq!(
+        entry.registration.labels.get("kv_addr").map(String::as_str),
+        Some("127.0.0.1:21001")
+    );
+    let first_generation = entry.generation;
+    let decode = registries.decode.snapshot(Instant::now());
+    assert_eq!(
+        decode.entries[0].endpoint.to_string(),
+        "http://127.0.0.1:8200"
+    );
+
+    // The pool builds one persistent worker for this lifetime; a request
+    // holds load on it.
+    let pool = DiscoveryPool::new(RoleKind::Prefill, WorkerOptions::default()).unwrap();
+    let guard = pool
+        .with_reconciled(&registries.prefill, Instant::now(), |view| {
+            view.workers()[0].try_reserve().ok()
+        })
+        .unwrap()
+        .expect("the registered prefill engine is available");
+    let first_worker = guard.worker().clone();
+    assert_eq!(first_worker.load(), 1);
+
+    // Heartbeats (the same message again) within the TTL, for longer than
+    // the TTL: the generation and the worker stay.
+    let heartbeat_until = Instant::now() + TTL + TTL / 2;
+    while Instant::now() < heartbeat_until {
+        engine
+            .send(registration("P", "127.0.0.1:8100", "127.0.0.1:21001"))
+            .await
+            .unwrap();
+        tokio::time::sleep(TTL / 5).await;
+    }
+    let after_heartbeats = registries.prefill.snapshot(Instant::now());
+    assert_eq!(
+        after_heartbeats.entries.len(),
+        1,
+        "heartbeats keep it alive"
+    );
+    assert_eq!(after_heartbeats.entries[0].generation, first_generation);
+    let same = pool
+        .with_reconciled(&registries.prefill, Instant::now(), |view| {
+            view.workers()[0].clone()
+        })
+        .unwrap();
+    assert!(std::sync::Arc::ptr_eq(&same, &first_worker));
+    assert_eq!(same.load(), 1);
+
+    // Silence: the prefill engine expires (the decode one already has).
+    eventually("the silent engine expires", || {
+        registries
+            .prefill
+            .snapshot(Instant::now())
+            .entries
+            .is_empty()
+    })
+    .await;
+    assert!(
+        registries
+            .decode
+            .snapshot(Instant::now())
+            .entries
+            .is_empty()
+    );
+    let empty = pool
+        .with_reconciled(&registries.prefill, Instant::now(), |view| {
+            view.workers().len()
+        })
+        .unwrap();
+    assert_eq!(empty, 0, "an expired engine leaves the pool");
+
+    // It registers again at the same URL: a new generation, a fresh worker
+    // with load 0, while the old request still holds the old one.
+    engine
+        .send(registration("P", "127.0.0.1:8100", "127.0.0.1:21001"))
+        .await
+        .unwrap();
+    eventually("the engine is registered again", || {
+        !registries
+            .prefill
+            .snapshot(Instant::now())
+            .entries
+            .is_empty()
+    })
+    .await;
+    let again = registries.prefill.snapshot(Instant::now());
+    assert!(again.entries[0].generation > first_generation);
+    let fresh = pool
+        .with_reconciled(&registries.prefill, Instant::now(), |view| {
+            view.workers()[0].clone()
+        })
+        .unwrap();
+    assert!(!std::sync::Arc::ptr_eq(&fresh, &first_worker));
+    assert_eq!(fresh.load(), 0);
+    assert_eq!(first_worker.load(), 1);
+    drop(guard);
+    assert_eq!(first_worker.load(), 0);
+    assert_eq!(fresh.load(), 0);
+    assert_eq!(discovery.malformed_messages(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_messages_are_counted_and_discovery_keeps_working() {
+    let discovery = ZmqDiscovery::bind("127.0.0.1:0", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let registries = discovery.registries().clone();
+    let mut engine = engine_socket(&discovery).await;
+    engine
+        .send(ZmqMessage::from(b"not msgpack".to_vec()))
+        .await
+        .unwrap();
+    let unknown_type = serde_json::json!({"type": "Q", "http_address": "127.0.0.1:1"});
+    engine
+        .send(ZmqMessage::from(
+            rmp_serde::to_vec_named(&unknown_type).unwrap(),
+        ))
+        .await
+        .unwrap();
+    engine
+        .send(registration("D", "127.0.0.1:8300", "127.0.0.1:23001"))
+        .await
+        .unwrap();
+    eventually("the valid registration arrives", || {
+        !registries
+            .decode
+            .snapshot(Instant::now())
+            .entries
+            .is_empty()
+    })
+    .await;
+    assert_eq!(discovery.malformed_messages(), 2);
+    assert!(registries.prefill.is_empty());
+}
+
+#[tokio::test]
+async fn a_bad_address_is_refused() {
+    let err = ZmqDiscovery::bind("no-port", Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no-port"));
+}
