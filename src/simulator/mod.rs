@@ -5,26 +5,26 @@
 //! models on one virtual clock with a request [`Trace`], and routes every
 //! request through the same code the router runs:
 //!
-//! - workers are [`worker_lifecycle::Worker`]s created by a
-//!   [`worker_lifecycle::StaticWorkerSet`], whose membership events are
-//!   forwarded to an [`lb_policies::PolicyRegistry`] built by policy name
-//!   (`round_robin`, `cache_aware`, `cache_aware_fleet_gate`, ...); the
-//!   candidates are the `Arc<Worker>`s themselves (worker-lifecycle's
-//!   `lb-policies` feature implements the policies' `Backend` for them);
-//! - each request is placed by the registry's `select` with the request's
-//!   routing text and session key, and dispatched with
-//!   [`Worker::try_reserve`](worker_lifecycle::Worker::try_reserve); the
+//! - in regular mode the workers are [`worker_lifecycle::Worker`]s of a
+//!   [`worker_lifecycle::RolePool`], the router's own pool type: a static
+//!   set whose membership events reach an [`lb_policies::PolicyRegistry`]
+//!   built by policy name (`round_robin`, `cache_aware`,
+//!   `cache_aware_fleet_gate`, ...); each request is placed by the pool's
+//!   `eligible` / `require_available` / `choose` with the request's routing
+//!   text and session key, reserved through the worker's breaker, and the
 //!   [`LoadGuard`](worker_lifecycle::LoadGuard) lives until the simulated
-//!   request finishes, so the load every policy reads is the real in-flight
-//!   count;
-//! - in prefill/decode mode the prefill worker is chosen at arrival by the
-//!   policy under test and the decode worker by the decode policy when the
-//!   prefill completes, as the router does for NIXL and sequential
-//!   Mooncake (or both at arrival, as for MoRI-IO READ, with
-//!   [`SimConfig::late_decode_choice`] off); a prefill guard lives from
+//!   request finishes, so the load every policy reads is the real
+//!   in-flight count;
+//! - in prefill/decode mode the pairs come from pd-orchestrator's
+//!   [`PdPools`](pd_orchestrator::pools::PdPools), the router's pair
+//!   selection: the prefill worker is chosen at arrival by the policy under
+//!   test and the decode worker by the decode policy when the prefill
+//!   completes (`PdBackend::select_decode`), as the router does for NIXL
+//!   and sequential Mooncake (or both at arrival with `select_pair`, as for
+//!   MoRI-IO READ, with [`SimConfig::late_decode_choice`] off); each phase
+//!   is reserved as a `PdLease` when its leg is sent, the prefill's from
 //!   dispatch to prefill completion (queued and running requests count),
-//!   then the decode guard is reserved and the decode leg receives the
-//!   prefill engine's
+//!   and the decode leg receives the prefill engine's
 //!   `kv_transfer_params`, validated against a shared
 //!   [`TransferRegistry`](engine_sim::TransferRegistry) and charged the
 //!   engine model's KV-transfer cost.

@@ -10,10 +10,13 @@ use engine_sim::{
     Role, SimRequest, TransferRegistry, transfer::ProducerAddress,
 };
 use lb_policies::{
-    Backend, CacheAwareConfig, PolicyConfig, PolicyError, PolicyRegistry, RequestContext,
+    Backend, CacheAwareConfig, OwnedContext, PolicyConfig, PolicyError, PolicyRegistry,
+    RequestContext, Routing,
 };
+use pd_orchestrator::pools::{PdConfig, PdLease, PdPools, PdScope, PdTarget, PdWorkerConfig};
+use pd_orchestrator::{LegOutcome, PdBackend, Phase, PhaseGuard};
 use worker_lifecycle::{
-    Endpoint, LoadGuard, ManualClock, StaticWorkerSet, Worker, WorkerOptions, WorkerRole,
+    Endpoint, LoadGuard, ManualClock, RoleKind, RolePool, Worker, WorkerOptions, WorkerRole,
     WorkerSpec,
 };
 
@@ -128,93 +131,98 @@ pub struct RunReport {
 /// The model id every simulated request names.
 const MODEL: &str = "sim-model";
 
-/// One role's engines, workers and policy.
+/// One role's engines, in the order of its workers.
 struct Pool {
     engines: Vec<Engine>,
-    candidates: Vec<Arc<Worker>>,
-    policy: PolicyRegistry<Arc<Worker>>,
+    /// The role's workers, engine `i` behind worker `i`.
+    candidates: Arc<[Arc<Worker>]>,
+    /// Worker key to engine index.
+    index: HashMap<Box<str>, usize>,
     /// The scheduler step each engine is running: (start, end).
     steps: Vec<Option<(Duration, Duration)>>,
     /// Time each engine spent running steps.
     busy: Vec<Duration>,
-    /// Keeps the workers' set (and so their membership) alive.
-    _set: StaticWorkerSet,
+}
+
+/// How requests are placed: the router's own selection code, a role pool
+/// in regular mode and pd-orchestrator's pair selection under P/D.
+enum Placement {
+    Regular(Box<RolePool>),
+    Pd(Box<PdPools>),
+}
+
+/// What a leg holds while it runs: the worker's load.
+enum Held {
+    Guard(LoadGuard),
+    Lease(PdLease),
+}
+
+impl Held {
+    /// The leg ended normally: its load comes down (a P/D lease records
+    /// its success first, as the flow does).
+    fn finish(self) {
+        match self {
+            Self::Guard(guard) => drop(guard),
+            Self::Lease(lease) => lease.finish(LegOutcome::Success, None),
+        }
+    }
+}
+
+/// The simulator's worker options: breakers never see a failure here, but
+/// a manual clock keeps even their reads of "now" out of the results.
+fn worker_options() -> WorkerOptions {
+    WorkerOptions {
+        clock: Arc::new(ManualClock::new(Instant::now())),
+        ..WorkerOptions::default()
+    }
+}
+
+fn policy_config(policy: &str, config: &SimConfig) -> PolicyConfig {
+    let mut policy_config = PolicyConfig::named(policy).with_seed(config.seed);
+    policy_config.cache_aware = config.cache_aware.clone();
+    policy_config
+}
+
+fn worker_url(role: RoleKind, i: usize) -> String {
+    format!("http://{}-{i}:8000", role.as_str())
 }
 
 impl Pool {
+    /// Engines behind `workers` (in their order), the last `drained` of
+    /// them drained before the run.
     fn new(
-        role: WorkerRole,
-        (count, drained): (usize, usize),
-        policy: &str,
+        workers: Arc<[Arc<Worker>]>,
+        drained: usize,
         config: &SimConfig,
         pd: impl Fn(usize) -> PdSettings,
     ) -> Result<Self, SimError> {
+        let count = workers.len();
         if count <= drained {
             return Err(SimError::NoWorkers);
         }
-        // Breakers never see a failure here, but a manual clock keeps even
-        // their reads of "now" out of the results.
-        let options = WorkerOptions {
-            clock: Arc::new(ManualClock::new(Instant::now())),
-            ..WorkerOptions::default()
-        };
-        let set = StaticWorkerSet::new(role.kind(), options)
-            .map_err(|e| SimError::Worker(e.to_string()))?;
-        let mut policy_config = PolicyConfig::named(policy).with_seed(config.seed);
-        policy_config.cache_aware = config.cache_aware.clone();
-        let registry = PolicyRegistry::<Arc<Worker>>::new(policy_config)?;
-        // Instantiate the model's policy first so it sees every Added event.
-        registry.policy(MODEL)?;
-        let name = role.kind().as_str();
         let mut engines = Vec::with_capacity(count);
-        let mut candidates = Vec::with_capacity(count);
-        for i in 0..count {
-            let url = format!("http://{name}-{i}:8000");
-            let endpoint =
-                Endpoint::new(&url, None).map_err(|e| SimError::Worker(e.to_string()))?;
-            let event = set
-                .add(WorkerSpec::new(role, endpoint).with_model(MODEL))
-                .map_err(|e| SimError::Worker(e.to_string()))?;
-            let worker = event
-                .added()
-                .cloned()
-                .ok_or_else(|| SimError::Worker("add reported no worker".to_owned()))?;
-            for change in event.for_policies() {
-                registry.on_membership(change);
-            }
+        let mut index = HashMap::with_capacity(count);
+        for (i, worker) in workers.iter().enumerate() {
             let mut engine = Engine::with_pd(config.model.clone(), pd(i));
             engine.set_token_events(false);
             engines.push(engine);
             if i >= count - drained {
                 worker.start_drain();
             }
-            candidates.push(worker);
+            index.insert(worker.key().into(), i);
         }
         Ok(Pool {
             engines,
-            candidates,
-            policy: registry,
+            candidates: workers,
+            index,
             steps: vec![None; count],
             busy: vec![Duration::ZERO; count],
-            _set: set,
         })
     }
 
-    /// Places a request: the policy's choice, reserved with `try_reserve`.
-    fn place(&self, ctx: &RequestContext<'_>) -> Option<(usize, LoadGuard)> {
-        let index = self.choose(ctx)?;
-        Some((index, self.reserve(index)?))
-    }
-
-    /// The policy's choice, not yet reserved.
-    fn choose(&self, ctx: &RequestContext<'_>) -> Option<usize> {
-        let decision = self.policy.select(&self.candidates, ctx).ok()??;
-        (decision.index < self.candidates.len()).then_some(decision.index)
-    }
-
-    /// Reserves one request on worker `index` (refused when unavailable).
-    fn reserve(&self, index: usize) -> Option<LoadGuard> {
-        self.candidates.get(index)?.try_reserve().ok()
+    /// The engine behind `worker`.
+    fn engine_of(&self, worker: &Worker) -> Option<usize> {
+        self.index.get(worker.key()).copied()
     }
 
     /// Accounts engine `i`'s busy time after an operation at `now`: a step
@@ -246,9 +254,10 @@ impl Pool {
 struct Flight {
     trace_index: usize,
     /// Held until the leg finishes: the worker's load while in flight.
-    guard: LoadGuard,
-    /// P/D prefill legs: the decode worker chosen with the prefill one.
-    decode_worker: Option<usize>,
+    held: Held,
+    /// P/D prefill legs: the prefill target (whose request scope a late
+    /// decode choice reads) and the decode worker chosen with it at arrival.
+    pd: Option<(PdTarget, Option<PdTarget>)>,
 }
 
 /// Which pool an engine event came from.
@@ -263,6 +272,7 @@ struct Sim<'a> {
     /// Regular engines, or the prefill pool under P/D.
     main: Pool,
     decode: Option<Pool>,
+    placement: Placement,
     main_flights: HashMap<u64, Flight>,
     decode_flights: HashMap<u64, Flight>,
     tally: Tally,
@@ -285,18 +295,40 @@ pub fn simulate(
     if trace.is_empty() {
         return Err(SimError::EmptyTrace);
     }
-    let (main, decode) = match config.pd {
-        None => (
-            Pool::new(
-                WorkerRole::Regular,
-                (config.workers, config.drained),
-                policy,
-                config,
-                |_| PdSettings::default(),
-            )?,
-            None,
-        ),
+    let (main, decode, placement) = match config.pd {
+        None => {
+            let registry = PolicyRegistry::<Arc<Worker>>::new(policy_config(policy, config))?;
+            // Instantiate the model's policy first so it sees every Added event.
+            registry.policy(MODEL)?;
+            let pool = RolePool::fixed(RoleKind::Regular, worker_options(), registry)
+                .map_err(|e| SimError::Worker(e.to_string()))?;
+            for i in 0..config.workers {
+                let endpoint = Endpoint::new(&worker_url(RoleKind::Regular, i), None)
+                    .map_err(|e| SimError::Worker(e.to_string()))?;
+                pool.add(WorkerSpec::new(WorkerRole::Regular, endpoint).with_model(MODEL))
+                    .map_err(|e| SimError::Worker(e.to_string()))?;
+            }
+            let main = Pool::new(pool.workers(), config.drained, config, |_| {
+                PdSettings::default()
+            })?;
+            (main, None, Placement::Regular(Box::new(pool)))
+        }
         Some(split) => {
+            let mut pd = PdConfig::new(pd_orchestrator::PdConnector::Nixl);
+            pd.prefill_policy = Some(policy_config(policy, config));
+            pd.decode_policy = Some(policy_config(&config.decode_policy, config));
+            let statics = |role, n| -> Vec<PdWorkerConfig> {
+                (0..n)
+                    .map(|i| PdWorkerConfig::new(worker_url(role, i)).with_model(MODEL))
+                    .collect()
+            };
+            pd.prefill = statics(RoleKind::Prefill, split.prefill);
+            pd.decode = statics(RoleKind::Decode, split.decode);
+            let pools = PdPools::new(&pd, &policy_config(policy, config), &worker_options())
+                .map_err(|e| match e {
+                    pd_orchestrator::pools::PoolsError::Policy(e) => SimError::Policy(e),
+                    other => SimError::Worker(other.to_string()),
+                })?;
             let transfers = TransferRegistry::new();
             let prefill_settings = |i: usize| PdSettings {
                 role: Role::Prefill,
@@ -316,25 +348,14 @@ pub fn simulate(
                 registry: Some(Arc::clone(&transfers)),
                 ..PdSettings::default()
             };
-            let prefill_role = WorkerRole::Prefill {
-                bootstrap_port: None,
-            };
-            (
-                Pool::new(
-                    prefill_role,
-                    (split.prefill, config.drained),
-                    policy,
-                    config,
-                    prefill_settings,
-                )?,
-                Some(Pool::new(
-                    WorkerRole::Decode,
-                    (split.decode, 0),
-                    &config.decode_policy,
-                    config,
-                    decode_settings,
-                )?),
-            )
+            let main = Pool::new(
+                pools.prefill().workers(),
+                config.drained,
+                config,
+                prefill_settings,
+            )?;
+            let decode = Pool::new(pools.decode().workers(), 0, config, decode_settings)?;
+            (main, Some(decode), Placement::Pd(Box::new(pools)))
         }
     };
     let span = trace.trace.span();
@@ -361,6 +382,7 @@ pub fn simulate(
         },
         main,
         decode,
+        placement,
         main_flights: HashMap::new(),
         decode_flights: HashMap::new(),
         tally: Tally::default(),
@@ -461,30 +483,65 @@ impl Sim<'_> {
         }
     }
 
+    /// The owned form of [`context`](Self::context), for the P/D pools'
+    /// request scope.
+    fn owned_context(&self, index: usize) -> OwnedContext {
+        let request = &self.trace.trace.requests[index];
+        OwnedContext {
+            model: MODEL.to_owned(),
+            routing: Routing::Text(request.prompt.to_string()),
+            session: request.session.as_deref().map(str::to_owned),
+            ..OwnedContext::default()
+        }
+    }
+
+    /// Places request `index` on the main pool: the engine, what its leg
+    /// holds, and (P/D) its targets. `None`: refused.
+    fn place(&self, index: usize) -> Option<(usize, Flight)> {
+        match &self.placement {
+            Placement::Regular(pool) => {
+                let context = self.context(index);
+                let workers = pool.workers();
+                let eligible = pool.eligible(&workers, MODEL, |_| true).ok()?;
+                pool.require_available(&eligible).ok()?;
+                let choice = pool.choose(&eligible, &context, true).ok()?;
+                let flight = Flight {
+                    trace_index: index,
+                    held: Held::Guard(choice.guard?),
+                    pd: None,
+                };
+                Some((self.main.engine_of(&choice.worker)?, flight))
+            }
+            Placement::Pd(pools) => {
+                let scope = Arc::new(PdScope::new(self.owned_context(index)));
+                // Under P/D with the arrival choice both workers are taken
+                // up front (the router's MoRI-IO READ path); by default the
+                // decode worker is chosen when the prefill completes. Either
+                // way the decode is reserved only when its leg is sent
+                // (invariant 9 of docs/architecture.md).
+                let (prefill, decode) = if self.late_decode_choice {
+                    (pools.select_prefill(&scope).ok()?, None)
+                } else {
+                    let pair = pools.select_pair(&scope).ok()?;
+                    (pair.prefill, Some(pair.decode))
+                };
+                let lease = pools.reserve(&prefill, Phase::Prefill).ok()?;
+                let engine = self.main.engine_of(prefill.worker())?;
+                let flight = Flight {
+                    trace_index: index,
+                    held: Held::Lease(lease),
+                    pd: Some((prefill, decode)),
+                };
+                Some((engine, flight))
+            }
+        }
+    }
+
     fn dispatch(&mut self, index: usize) {
         let at = self.trace.trace.requests[index].arrival;
-        let placed = {
-            let ctx = self.context(index);
-            self.main.place(&ctx)
-        };
-        let Some((worker, guard)) = placed else {
+        let Some((worker, flight)) = self.place(index) else {
             self.tally.rejected += 1;
             return;
-        };
-        // Under P/D with the arrival choice both workers are taken up front
-        // (the router's MoRI-IO READ path); by default the decode worker is
-        // chosen when the prefill completes. Either way the decode guard is
-        // reserved only when the decode leg is sent (invariant 9 of docs/architecture.md).
-        let decode_worker = match &self.decode {
-            Some(_) if self.late_decode_choice => None,
-            Some(pool) => {
-                let Some(choice) = pool.choose(&self.context(index)) else {
-                    self.tally.rejected += 1;
-                    return;
-                };
-                Some(choice)
-            }
-            None => None,
         };
         // Routing loss: what the chosen cache held against the best one,
         // read before the engine admits the request.
@@ -495,7 +552,7 @@ impl Sim<'_> {
             .main
             .engines
             .iter()
-            .zip(&self.main.candidates)
+            .zip(self.main.candidates.iter())
             .filter(|(_, c)| c.is_available())
             .map(|(e, _)| cached(e))
             .max()
@@ -521,18 +578,11 @@ impl Sim<'_> {
         match self.main.engines[worker].submit(at, sim_request) {
             Ok(()) => {
                 self.main.observe(worker, at);
-                self.main_flights.insert(
-                    index as u64,
-                    Flight {
-                        trace_index: index,
-                        guard,
-                        decode_worker,
-                    },
-                );
+                self.main_flights.insert(index as u64, flight);
             }
             Err(_) => {
                 self.tally.rejected += 1;
-                drop(guard);
+                drop(flight);
             }
         }
     }
@@ -548,8 +598,8 @@ impl Sim<'_> {
         self.tally.prompt_tokens += summary.prompt_tokens as u64;
         self.tally.cached_tokens += summary.cached_tokens as u64;
         // Prefill load ends with the prefill (invariant 9).
-        drop(flight.guard);
-        if self.decode.is_none() {
+        flight.held.finish();
+        let (Some((prefill, decode)), Placement::Pd(pools)) = (flight.pd, &self.placement) else {
             self.tally.completions.push(Completion {
                 ttft: summary.ttft(),
                 e2e: summary.e2e(),
@@ -557,14 +607,9 @@ impl Sim<'_> {
                 output_tokens: summary.completion_tokens,
             });
             return;
-        }
-        let decode_worker = match (flight.decode_worker, &self.decode) {
-            (Some(worker), _) => Some(worker),
-            (None, Some(pool)) => pool.choose(&self.context(flight.trace_index)),
-            (None, None) => None,
         };
-        match decode_worker {
-            Some(worker) => self.dispatch_decode(flight.trace_index, worker, &summary, at),
+        match decode.or_else(|| pools.select_decode(&prefill)) {
+            Some(decode) => self.dispatch_decode(flight.trace_index, &decode, &summary, at),
             None => self.tally.rejected += 1,
         }
     }
@@ -572,10 +617,18 @@ impl Sim<'_> {
     fn dispatch_decode(
         &mut self,
         index: usize,
-        worker: usize,
+        target: &PdTarget,
         prefill: &RequestSummary,
         at: Duration,
     ) {
+        let Some(worker) = self
+            .decode
+            .as_ref()
+            .and_then(|p| p.engine_of(target.worker()))
+        else {
+            self.tally.rejected += 1;
+            return;
+        };
         // A decode step ending at this very instant is handled first, so
         // the requests it finishes release their guards before this one
         // is counted (the submit below would otherwise run it silently).
@@ -587,11 +640,14 @@ impl Sim<'_> {
         if due {
             self.step(Which::Decode, worker, at);
         }
-        let Some(pool) = self.decode.as_mut() else {
+        let Placement::Pd(pools) = &self.placement else {
             return;
         };
-        let Some(guard) = pool.reserve(worker) else {
+        let Ok(lease) = pools.reserve(target, Phase::Decode) else {
             self.tally.rejected += 1;
+            return;
+        };
+        let Some(pool) = self.decode.as_mut() else {
             return;
         };
         let request = &self.trace.trace.requests[index];
@@ -611,14 +667,14 @@ impl Sim<'_> {
                     index as u64,
                     Flight {
                         trace_index: index,
-                        guard,
-                        decode_worker: None,
+                        held: Held::Lease(lease),
+                        pd: None,
                     },
                 );
             }
             Err(_) => {
                 self.tally.rejected += 1;
-                drop(guard);
+                drop(lease);
             }
         }
     }
@@ -627,7 +683,7 @@ impl Sim<'_> {
         let Some(flight) = self.decode_flights.remove(&id) else {
             return;
         };
-        drop(flight.guard);
+        flight.held.finish();
         let arrival = self.trace.trace.requests[flight.trace_index].arrival;
         self.tally.completions.push(Completion {
             ttft: summary.first_token_at.saturating_sub(arrival),
@@ -647,9 +703,11 @@ impl Sim<'_> {
             .chain(self.decode.as_ref())
             .flat_map(|p| p.candidates.iter().map(|c| c.load()))
             .collect();
-        let mut decisions: Vec<(String, u64)> = self
-            .main
-            .policy
+        let policies = match &self.placement {
+            Placement::Regular(pool) => pool.policies(),
+            Placement::Pd(pools) => pools.prefill().policies(),
+        };
+        let mut decisions: Vec<(String, u64)> = policies
             .counts()
             .into_iter()
             .flat_map(|(_, _, counts)| {
