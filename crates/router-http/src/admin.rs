@@ -9,6 +9,8 @@
 
 use crate::body::{BoxBody, BoxError};
 use crate::error::ApiError;
+use crate::payload::json;
+use crate::probe::HttpProbe;
 use crate::router::Router;
 use crate::routes::{Route, query_param};
 use bytes::Bytes;
@@ -18,10 +20,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use prom_text::{Exposition, Label, MetricType, Value};
 use std::sync::Arc;
-use worker_lifecycle::{
-    Endpoint, HealthProbe, Lifecycle, ProbeError, RoleKind, RolePool, Worker, WorkerRole,
-    WorkerSpec, WorkerUrl,
-};
+use worker_lifecycle::{Endpoint, Lifecycle, RoleKind, RolePool, Worker, WorkerRole, WorkerSpec};
 
 /// Answers one of the router's own routes.
 pub(crate) async fn handle<B>(
@@ -71,7 +70,11 @@ where
         }
         Route::AddWorker => add_worker(router, query.as_deref()).await,
         Route::RemoveWorker => remove_worker(router, query.as_deref()).await,
-        Route::Register => crate::register::handle(router, request).await,
+        Route::Register => {
+            let config = router.config();
+            let timeout = config.request_body_timeout.min(config.request_timeout);
+            crate::register::handle(config.register_hook.as_ref(), timeout, request).await
+        }
         Route::ServerOptions => {
             let mut response = Response::new(full(Bytes::new()));
             response.headers_mut().insert(
@@ -469,73 +472,10 @@ pub(crate) fn render_workers(workers: &[Arc<Worker>], exposition: &mut Expositio
     }
 }
 
-/// A JSON response.
-pub(crate) fn json(status: StatusCode, value: &serde_json::Value) -> Response<BoxBody> {
-    let mut response = Response::new(full(Bytes::from(value.to_string())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
-}
-
 fn full(bytes: Bytes) -> BoxBody {
     Full::new(bytes)
         .map_err(|never| match never {})
         .boxed_unsync()
-}
-
-/// Probes a worker with `GET {url}{endpoint}`: healthy on a 2xx answer.
-#[derive(Debug, Clone)]
-pub struct HttpProbe {
-    client: crate::client::UpstreamClient,
-    endpoint: String,
-}
-
-impl HttpProbe {
-    /// A probe of `endpoint` (e.g. `/health`) through `client`.
-    pub fn new(client: crate::client::UpstreamClient, endpoint: &str) -> Self {
-        Self {
-            client,
-            endpoint: endpoint.to_owned(),
-        }
-    }
-}
-
-impl HttpProbe {
-    /// Probes the worker at base `url` once (no timeout of its own): for a
-    /// worker that is not (yet) a `Worker`, such as one being added. The
-    /// health path goes below the URL's path prefix, if any.
-    pub async fn probe_url(&self, url: &WorkerUrl) -> Result<(), ProbeError> {
-        let uri = url.url_for(&self.endpoint);
-        let request = Request::get(uri)
-            .body(Full::new(Bytes::new()))
-            .map_err(|err| ProbeError::Unreachable(err.to_string()))?;
-        let response = self
-            .client
-            .send(request)
-            .await
-            .map_err(|err| ProbeError::Unreachable(err.to_string()))?;
-        let status = response.status();
-        // Reading the (small) body to its end lets the connection go back
-        // to the pool instead of a new one per probe; a large or broken
-        // body only costs the connection.
-        let _ = http_body_util::Limited::new(response.into_body(), 64 * 1024)
-            .collect()
-            .await;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(ProbeError::Unhealthy(format!("status {status}")))
-        }
-    }
-}
-
-impl HealthProbe for HttpProbe {
-    async fn probe(&self, worker: &Worker) -> Result<(), ProbeError> {
-        self.probe_url(worker.endpoint().worker_url()).await
-    }
 }
 
 #[cfg(test)]

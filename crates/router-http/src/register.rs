@@ -29,14 +29,15 @@
 
 use crate::body::{BoxBody, BoxError};
 use crate::error::ApiError;
-use crate::router::Router;
+use crate::payload::{json, read_limited};
 use bytes::Bytes;
-use http::{Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The largest registration body read, in bytes (a registration is a small
 /// JSON map); larger is 413.
@@ -76,55 +77,28 @@ impl fmt::Debug for dyn RegisterHook {
     }
 }
 
-/// Answers an authenticated `POST /register`.
+/// Answers an authenticated `POST /register` with `hook`, reading the body
+/// within [`MAX_REGISTRATION_BYTES`] and `body_timeout`.
 pub(crate) async fn handle<B>(
-    router: &Router,
+    hook: Option<&Arc<dyn RegisterHook>>,
+    body_timeout: Duration,
     request: Request<B>,
 ) -> Result<Response<BoxBody>, ApiError>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let config = router.config();
-    let Some(hook) = config.register_hook.clone() else {
+    let Some(hook) = hook else {
         return Err(ApiError::InvalidRequest(
             "HTTP registration is not enabled on this router".into(),
         ));
     };
-    let timeout = config.request_body_timeout.min(config.request_timeout);
-    let body = match tokio::time::timeout(timeout, read(request)).await {
+    let (parts, body) = request.into_parts();
+    let read = read_limited(body, &parts.headers, MAX_REGISTRATION_BYTES);
+    let body = match tokio::time::timeout(body_timeout, read).await {
         Ok(body) => body?,
-        Err(_elapsed) => return Err(ApiError::RequestBodyTimeout(timeout)),
+        Err(_elapsed) => return Err(ApiError::RequestBodyTimeout(body_timeout)),
     };
     let answer = hook.register(body).await?;
-    Ok(crate::admin::json(StatusCode::OK, &answer))
-}
-
-/// The whole body, refusing more than [`MAX_REGISTRATION_BYTES`] with 413
-/// (at once when `content-length` already says so).
-async fn read<B>(request: Request<B>) -> Result<Bytes, ApiError>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let too_large = ApiError::PayloadTooLarge {
-        limit: MAX_REGISTRATION_BYTES,
-    };
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > MAX_REGISTRATION_BYTES as u64) {
-        return Err(too_large);
-    }
-    match Limited::new(request.into_body(), MAX_REGISTRATION_BYTES)
-        .collect()
-        .await
-    {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => Err(too_large),
-        Err(err) => Err(ApiError::InvalidRequest(format!(
-            "cannot read the registration: {err}"
-        ))),
-    }
+    Ok(json(StatusCode::OK, &answer))
 }

@@ -35,7 +35,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
 use http_body::Body;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use lb_policies::{OwnedContext, PolicyRegistry};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -278,38 +278,6 @@ impl Router {
         self.shared.limiter.in_flight()
     }
 
-    /// Handles one request. Never fails: every error is an HTTP response.
-    pub async fn handle<B>(&self, request: Request<B>) -> Response<BoxBody>
-    where
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-    {
-        let started = Instant::now();
-        let config = &self.shared.config;
-        let mut route = Route::of(request.method(), request.uri().path());
-        if route == Route::NotFound
-            && crate::routes::passthrough_matches(&config.passthrough_paths, request.uri().path())
-        {
-            route = Route::Proxy(RouteKind::Other);
-        }
-        let result = match self.authorize(route, request.headers()) {
-            Err(err) => Err(err),
-            Ok(()) => match route {
-                Route::Proxy(kind) => self.proxy(kind, request, started).await,
-                Route::Models => self.proxy(RouteKind::Other, request, started).await,
-                other => crate::admin::handle(self, other, request).await,
-            },
-        };
-        let response = result.unwrap_or_else(|err| {
-            self.shared.metrics.record_error(&err);
-            err.into_response()
-        });
-        self.shared
-            .metrics
-            .record_response(route, response.status(), started.elapsed());
-        response
-    }
-
     /// Checks the credential `route` needs: the inference key for proxied
     /// routes, the admin key (or the inference key when no admin key is
     /// set) for admin routes and admin reads, nothing for probes and
@@ -338,7 +306,7 @@ impl Router {
         }
     }
 
-    async fn proxy<B>(
+    pub(crate) async fn proxy<B>(
         &self,
         kind: RouteKind,
         request: Request<B>,
@@ -371,42 +339,13 @@ impl Router {
         let body_deadline = deadline.min(Instant::now() + shared.config.request_body_timeout);
         let bytes = tokio::time::timeout_at(
             body_deadline,
-            read_body(body, &parts.headers, shared.config.max_payload_size),
+            crate::payload::read_limited(body, &parts.headers, shared.config.max_payload_size),
         )
         .await
         .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
         let info = extract(kind, &bytes)?;
         let request_id = shared.ids.resolve(&parts.headers);
 
-        if let Some(pd) = &shared.pd {
-            if matches!(
-                kind,
-                RouteKind::ChatCompletions | RouteKind::Completions | RouteKind::Generate
-            ) {
-                let session = parts
-                    .headers
-                    .get(&shared.session_header)
-                    .and_then(|value| value.to_str().ok())
-                    .map(str::to_owned);
-                let arrival = crate::pd::PdArrival {
-                    parts,
-                    bytes,
-                    info,
-                    request_id,
-                    session,
-                    permit,
-                    deadline,
-                };
-                return crate::pd::proxy(shared, pd, arrival).await;
-            }
-        }
-        // In P/D mode the other routes (models, embeddings...) go to the
-        // decode workers, chosen by the decode policy.
-        let pool = match self.pd() {
-            Some(pd) => pd.decode().pool(),
-            None => &shared.pool,
-        };
-        let all = pool.refresh()?;
         let session = parts
             .headers
             .get(&shared.session_header)
@@ -420,10 +359,38 @@ impl Router {
             header: None,
             request_id: request_id.value.to_str().ok().map(str::to_owned),
         };
+        let retries = shared.retries(std::time::Instant::now());
+        if let Some(pd) = &shared.pd {
+            if matches!(
+                kind,
+                RouteKind::ChatCompletions | RouteKind::Completions | RouteKind::Generate
+            ) {
+                let arrival = crate::pd::PdArrival {
+                    parts,
+                    bytes,
+                    request,
+                    client_id: request_id.value.clone(),
+                    deadline,
+                };
+                let timeout = shared.config.request_timeout;
+                let response =
+                    crate::pd::proxy(pd, arrival, retries, &shared.metrics, timeout).await?;
+                // The decode guard lives inside the body (pd-orchestrator's
+                // `PdBody`); the permit goes with it.
+                let in_flight = InFlight::new(None, permit, shared, false);
+                return Ok(respond(response, in_flight, request_id));
+            }
+        }
+        // In P/D mode the other routes (models, embeddings...) go to the
+        // decode workers, chosen by the decode policy.
+        let pool = match self.pd() {
+            Some(pd) => pd.decode().pool(),
+            None => &shared.pool,
+        };
+        let all = pool.refresh()?;
         let context = request.context();
         let candidates = pool.eligible(&all, &request.model, |_| true)?;
-
-        let mut retries = shared.retries(std::time::Instant::now());
+        let mut retries = retries;
         let mut failed: Vec<Arc<Worker>> = Vec::new();
         loop {
             // Workers that failed this request are left out, unless that
@@ -518,13 +485,11 @@ impl Router {
                     if !success {
                         guard.record_outcome(Outcome::from_status(status));
                     }
-                    let in_flight = InFlight {
-                        guard,
-                        _permit: permit,
-                        shared: Arc::clone(shared),
-                        outcome_pending: success,
-                    };
-                    return Ok(respond(response, in_flight, request_id, shared, deadline));
+                    let idle = shared.config.stream_idle_timeout;
+                    let response =
+                        response.map(|body| IdleTimeout::with_deadline(body, idle, deadline));
+                    let in_flight = InFlight::new(Some(guard), permit, shared, success);
+                    return Ok(respond(response, in_flight, request_id));
                 }
             }
         }
@@ -570,16 +535,6 @@ impl Shared {
         let seed = self.jitter_seed.fetch_add(1, Ordering::Relaxed);
         RequestRetries::start(&self.config.retry, &self.retry_budget, seed, now)
     }
-
-    /// Counts how a response body ended (both modes).
-    pub(crate) fn body_ended(&self, end: BodyEnd) {
-        let metrics = &self.metrics;
-        match end {
-            BodyEnd::Complete => metrics.bodies_completed.inc(),
-            BodyEnd::Failed => metrics.bodies_failed.inc(),
-            BodyEnd::Dropped => metrics.bodies_dropped.inc(),
-        }
-    }
 }
 
 /// A choice made with `reserve` always carries its guard.
@@ -602,76 +557,73 @@ impl Drop for BackgroundTasks {
     }
 }
 
-/// The response handed to the client: the worker's status, headers and
-/// body, with hop-by-hop headers removed, the request id added, and the body
-/// owning the attempt's guard and the admission permit.
-fn respond(
-    response: Response<crate::client::UpstreamBody>,
+/// The response handed to the client in both modes: the worker's status,
+/// headers and body, with hop-by-hop headers removed, the request id added,
+/// and the body owning what the request holds.
+fn respond<B>(
+    response: Response<B>,
     in_flight: InFlight,
     request_id: RequestId,
-    shared: &Shared,
-    deadline: Instant,
-) -> Response<BoxBody> {
+) -> Response<BoxBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.insert(request_id.header, request_id.value);
-    let body = IdleTimeout::with_deadline(body, shared.config.stream_idle_timeout, deadline);
     let body = GuardedBody::new(body, in_flight)
-        .map_err(|err| -> BoxError { Box::new(err) })
+        .map_err(|err| -> BoxError { err.into() })
         .boxed_unsync();
     Response::from_parts(parts, body)
 }
 
-/// What one admitted request holds while its response body runs.
+/// What one admitted request holds while its response body runs: the
+/// admission permit, and the worker's guard when the router proxied to one
+/// worker (a P/D response's decode guard lives inside its body).
 struct InFlight {
-    guard: LoadGuard,
+    guard: Option<LoadGuard>,
     _permit: AdmissionPermit,
     shared: Arc<Shared>,
     /// A 2xx response's breaker outcome is known only when its body ends.
     outcome_pending: bool,
 }
 
+impl InFlight {
+    fn new(
+        guard: Option<LoadGuard>,
+        permit: AdmissionPermit,
+        shared: &Arc<Shared>,
+        outcome_pending: bool,
+    ) -> Self {
+        Self {
+            guard,
+            _permit: permit,
+            shared: Arc::clone(shared),
+            outcome_pending,
+        }
+    }
+}
+
 impl Finish for InFlight {
     fn finish(self, end: BodyEnd) {
-        self.shared.body_ended(end);
+        let metrics = &self.shared.metrics;
+        match end {
+            BodyEnd::Complete => metrics.bodies_completed.inc(),
+            BodyEnd::Failed => metrics.bodies_failed.inc(),
+            BodyEnd::Dropped => metrics.bodies_dropped.inc(),
+        }
         let outcome = match end {
             BodyEnd::Complete => Outcome::Success,
             BodyEnd::Failed => Outcome::ConnectionReset,
             BodyEnd::Dropped => Outcome::ClientCancelled,
         };
-        if self.outcome_pending || end == BodyEnd::Failed {
-            self.guard.record_outcome(outcome);
+        if let Some(guard) = &self.guard {
+            if self.outcome_pending || end == BodyEnd::Failed {
+                guard.record_outcome(outcome);
+            }
         }
         // The guard and the permit are released here, by being dropped.
-    }
-}
-
-/// Reads the whole request body, refusing more than `limit` bytes with 413
-/// (at once when `content-length` already says so).
-async fn read_body<B>(body: B, headers: &http::HeaderMap, limit: usize) -> Result<Bytes, ApiError>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(ApiError::PayloadTooLarge { limit });
-    }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err)
-            if err
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(ApiError::PayloadTooLarge { limit })
-        }
-        Err(err) => Err(ApiError::InvalidRequest(format!(
-            "could not read the request body: {err}"
-        ))),
     }
 }
 
@@ -805,7 +757,8 @@ impl Router {
     /// stop when the returned handle is dropped.
     pub fn spawn_background(&self) -> BackgroundTasks {
         let shared = Arc::clone(&self.shared);
-        let probe = crate::HttpProbe::new(shared.client.clone(), &shared.config.health_endpoint);
+        let probe =
+            crate::probe::HttpProbe::new(shared.client.clone(), &shared.config.health_endpoint);
         let checker = Arc::new(worker_lifecycle::HealthChecker::new(
             probe,
             shared.config.health.clone(),

@@ -45,8 +45,6 @@
 //! # Ok::<(), router_http::ConfigError>(())
 //! ```
 
-mod metrics;
-
 pub use pd_orchestrator::PdConnector;
 pub use pd_orchestrator::pools::{
     PdConfig, PdPair, PdPools, PdRole, PdScope, PdTarget, PdWorkerConfig,
@@ -55,18 +53,16 @@ pub use pd_orchestrator::pools::{
 /// worker-lifecycle, where discovery listeners and pools both see it).
 pub use worker_lifecycle::labels;
 
-use crate::body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout};
+use crate::body::{BoxError, IdleTimeout};
 use crate::client::{UpstreamClient, UpstreamError};
 use crate::config::{ConfigError, RouterConfig};
 use crate::error::ApiError;
-use crate::extract::RequestInfo;
-use crate::headers::{RequestId, strip_hop_by_hop};
-use crate::limits::AdmissionPermit;
-use crate::router::Shared;
+use crate::metrics::RouterMetrics;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::combinators::MapErr;
+use http_body_util::{BodyExt, Either, Full, Limited};
 use lb_policies::OwnedContext;
 use pd_orchestrator::bootstrap::{BootstrapQuery, BootstrapRetry, Sleeper, learn_engine_ids};
 use pd_orchestrator::pools::{PdCall, RunError, flow_request_id};
@@ -77,7 +73,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use worker_lifecycle::{RoleKind, Worker, WorkerRole};
+use worker_lifecycle::{RequestRetries, RoleKind, Worker, WorkerRole};
 
 /// Sends P/D legs through the router's pooled [`UpstreamClient`]; each
 /// response body fails when it sends nothing for the idle timeout.
@@ -245,7 +241,7 @@ impl PdState {
     }
 
     pub(crate) fn render(&self, exposition: &mut prom_text::Exposition<'_>) {
-        metrics::render(self.pools(), self.flow.stats().snapshot(), exposition);
+        crate::metrics::render_pd(self.pools(), self.flow.stats().snapshot(), exposition);
     }
 }
 
@@ -294,37 +290,46 @@ fn learn_in_background(
 /// Headers forwarded to both legs besides the ones the flow sets.
 const FORWARDED: [&str; 3] = ["traceparent", "tracestate", "baggage"];
 
-/// Everything one two-phase request needs from the router's path.
+/// Everything one two-phase request brings from the router's path.
 pub(crate) struct PdArrival {
     pub(crate) parts: http::request::Parts,
     pub(crate) bytes: Bytes,
-    pub(crate) info: RequestInfo,
-    pub(crate) request_id: RequestId,
-    pub(crate) session: Option<String>,
-    pub(crate) permit: AdmissionPermit,
+    pub(crate) request: OwnedContext,
+    /// The client's request id, the prefix of the flow's id.
+    pub(crate) client_id: HeaderValue,
     pub(crate) deadline: tokio::time::Instant,
 }
 
-/// Runs one two-phase request through `pd-orchestrator`'s retry loop and
-/// hands the decode response to the client with a body owning what the
-/// request holds.
+/// A two-phase answer's body: the decode stream, or an engine's own
+/// rejection passed through.
+pub(crate) type PdReply = Either<IdleTimeout<DecodeBody>, Full<Bytes>>;
+
+/// The decode body with its boxed errors made concrete for the timeout
+/// wrapper.
+type DecodeBody = MapErr<pd_orchestrator::PdBody<LegBody, PdPools>, fn(BoxError) -> std::io::Error>;
+
+/// Runs one two-phase request through `pd-orchestrator`'s retry loop
+/// within its deadline (`timeout` names it in the error), counting retries
+/// in `metrics`. The caller adds the request id and makes the body own the
+/// admission permit.
 pub(crate) async fn proxy(
-    shared: &Arc<Shared>,
     pd: &PdState,
     arrival: PdArrival,
-) -> Result<Response<BoxBody>, ApiError> {
+    mut retries: RequestRetries<'_>,
+    metrics: &RouterMetrics,
+    timeout: Duration,
+) -> Result<Response<PdReply>, ApiError> {
     let PdArrival {
         parts,
         bytes,
-        info,
-        request_id,
-        session,
-        permit,
+        mut request,
+        client_id,
         deadline,
     } = arrival;
     let parsed =
         serde_json::from_slice(&bytes).map_err(|err| ApiError::InvalidJson(err.to_string()))?;
-    let flow_id = flow_request_id(request_id.value.as_bytes());
+    let flow_id = flow_request_id(client_id.as_bytes());
+    request.request_id = Some(flow_id.clone());
     let mut forward = ForwardHeaders::new();
     if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
         forward = forward.with_authorization(auth.clone());
@@ -334,14 +339,6 @@ pub(crate) async fn proxy(
             forward = forward.with_header(HeaderName::from_static(name), value.clone());
         }
     }
-    let scope = Arc::new(PdScope::new(OwnedContext {
-        model: info.model.unwrap_or_default(),
-        routing: info.routing,
-        session,
-        user: info.user,
-        header: None,
-        request_id: Some(flow_id.clone()),
-    }));
     let call = PdCall {
         path: parts
             .uri
@@ -351,9 +348,8 @@ pub(crate) async fn proxy(
         parsed: Some(parsed),
         request_id: flow_id.clone(),
         forward,
-        scope,
+        scope: Arc::new(PdScope::new(request)),
     };
-    let mut retries = shared.retries(std::time::Instant::now());
     let run = pd_orchestrator::pools::run(
         &pd.flow,
         &*pd.connector,
@@ -362,39 +358,28 @@ pub(crate) async fn proxy(
         &TokioSleeper,
         |error| {
             tracing::warn!(request_id = flow_id, %error, "prefill/decode attempt failed; retrying");
-            shared.metrics.retries.inc();
+            metrics.retries.inc();
         },
     );
     let response = match tokio::time::timeout_at(deadline, run).await {
         Err(_elapsed) => {
             return Err(ApiError::RequestTimeout {
                 phase: "before the decode response headers (prefill/decode)",
-                timeout: shared.config.request_timeout,
+                timeout,
             });
         }
         Ok(Err(RunError::Select(err))) => return Err(err.into()),
         Ok(Err(RunError::Flow(error))) => {
             tracing::warn!(request_id = flow_id, %error, "prefill/decode request failed");
-            return pd_error(error, &request_id);
+            return pd_error(error).map(|rejected| rejected.map(Either::Right));
         }
         Ok(Ok(response)) => response,
     };
-    let (mut headers, status) = (response.headers, response.status);
-    strip_hop_by_hop(&mut headers);
-    headers.insert(request_id.header.clone(), request_id.value.clone());
-    // The flow's body errors are boxed; the timeout wrapper wants a
-    // concrete error type.
-    let decode_body = response.body.map_err(std::io::Error::other);
-    let in_flight = PdInFlight {
-        _permit: permit,
-        shared: Arc::clone(shared),
-    };
-    let body = GuardedBody::new(decode_stream(decode_body, deadline), in_flight)
-        .map_err(|err| -> BoxError { Box::new(err) })
-        .boxed_unsync();
-    let mut out = Response::new(body);
-    *out.status_mut() = status;
-    *out.headers_mut() = headers;
+    let to_io: fn(BoxError) -> std::io::Error = std::io::Error::other;
+    let body = decode_stream(response.body.map_err(to_io), deadline);
+    let mut out = Response::new(Either::Left(body));
+    *out.status_mut() = response.status;
+    *out.headers_mut() = response.headers;
     Ok(out)
 }
 
@@ -408,22 +393,16 @@ fn decode_stream<B>(body: B, deadline: tokio::time::Instant) -> IdleTimeout<B> {
 /// A flow error as the client sees it: an engine's own rejection passes
 /// through with its status and body; everything else is the router's error
 /// with the status of the one mapping, [`PdError::status`].
-fn pd_error(error: PdError, request_id: &RequestId) -> Result<Response<BoxBody>, ApiError> {
+fn pd_error(error: PdError) -> Result<Response<Full<Bytes>>, ApiError> {
     match error {
         PdError::PrefillRejected { status, body }
         | PdError::DecodeRejected { status, body, .. } => {
-            let mut response = Response::new(
-                Full::new(body)
-                    .map_err(|never| match never {})
-                    .boxed_unsync(),
-            );
+            let mut response = Response::new(Full::new(body));
             *response.status_mut() = status;
-            let headers = response.headers_mut();
-            headers.insert(
+            response.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
-            headers.insert(request_id.header.clone(), request_id.value.clone());
             Ok(response)
         }
         other => Err(ApiError::PrefillDecode {
@@ -438,19 +417,6 @@ fn pd_error(error: PdError, request_id: &RequestId) -> Result<Response<BoxBody>,
     }
 }
 
-/// What a two-phase response body holds besides the decode guard (which
-/// lives inside the flow's body): the admission permit.
-struct PdInFlight {
-    _permit: AdmissionPermit,
-    shared: Arc<Shared>,
-}
-
-impl Finish for PdInFlight {
-    fn finish(self, end: BodyEnd) {
-        self.shared.body_ended(end);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -458,10 +424,6 @@ mod tests {
 
     #[test]
     fn flow_errors_answer_with_the_status_pd_orchestrator_gives_them() {
-        let id = RequestId {
-            header: HeaderName::from_static("x-request-id"),
-            value: HeaderValue::from_static("r1"),
-        };
         let worker = || "decode http://d:8000 #1".to_owned();
         let errors = [
             PdError::InvalidBody,
@@ -492,14 +454,14 @@ mod tests {
         ];
         for error in errors {
             let expected = error.status();
-            let answered = match pd_error(error.clone(), &id) {
+            let answered = match pd_error(error.clone()) {
                 Ok(response) => response.status(),
                 Err(api) => api.status(),
             };
             assert_eq!(answered, expected, "{error:?}");
         }
         // The request-id error is the router's own bug: 500, not 502.
-        let api = pd_error(PdError::InvalidRequestId("x".into()), &id).unwrap_err();
+        let api = pd_error(PdError::InvalidRequestId("x".into())).unwrap_err();
         assert_eq!(api.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(api.code(), "internal_error");
     }

@@ -1,0 +1,50 @@
+//! The router as a service: one request in, one response out.
+//!
+//! [`Router::handle`] routes the method and path ([`Route::of`]), checks
+//! the credential the route needs, and hands the request to the proxy path
+//! ([`crate::router`]) or to the router's own routes ([`crate::admin`]).
+//! Living apart from both keeps the module graph one-directional: the
+//! admin routes use the router, the router does not know them.
+
+use crate::body::{BoxBody, BoxError};
+use crate::extract::RouteKind;
+use crate::router::Router;
+use crate::routes::Route;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use tokio::time::Instant;
+
+impl Router {
+    /// Handles one request. Never fails: every error is an HTTP response.
+    pub async fn handle<B>(&self, request: Request<B>) -> Response<BoxBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let started = Instant::now();
+        let config = &self.shared().config;
+        let mut route = Route::of(request.method(), request.uri().path());
+        if route == Route::NotFound
+            && crate::routes::passthrough_matches(&config.passthrough_paths, request.uri().path())
+        {
+            route = Route::Proxy(RouteKind::Other);
+        }
+        let result = match self.authorize(route, request.headers()) {
+            Err(err) => Err(err),
+            Ok(()) => match route {
+                Route::Proxy(kind) => self.proxy(kind, request, started).await,
+                Route::Models => self.proxy(RouteKind::Other, request, started).await,
+                other => crate::admin::handle(self, other, request).await,
+            },
+        };
+        let response = result.unwrap_or_else(|err| {
+            self.shared().metrics.record_error(&err);
+            err.into_response()
+        });
+        self.shared()
+            .metrics
+            .record_response(route, response.status(), started.elapsed());
+        response
+    }
+}
