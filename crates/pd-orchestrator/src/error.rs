@@ -110,6 +110,16 @@ pub enum PdError {
     /// before the prefill. Nothing was sent.
     #[error("the connector needs the decode worker before the prefill is dispatched")]
     DecodeNeededAtStart,
+    /// The caller's transport could not build or send a leg
+    /// ([`Transport::is_local_error`](crate::Transport::is_local_error)):
+    /// the router's own failure, no worker saw it, nothing is retried.
+    #[error("the {phase} leg could not be sent: {reason}")]
+    LegNotSent {
+        /// The leg's phase.
+        phase: crate::Phase,
+        /// The transport's error, for logs.
+        reason: String,
+    },
 }
 
 impl PdError {
@@ -117,7 +127,7 @@ impl PdError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidBody => StatusCode::BAD_REQUEST,
-            Self::InvalidRequestId(_) | Self::DecodeNeededAtStart => {
+            Self::InvalidRequestId(_) | Self::DecodeNeededAtStart | Self::LegNotSent { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
             Self::NoDecodeWorker => StatusCode::SERVICE_UNAVAILABLE,
@@ -152,7 +162,8 @@ impl PdError {
             | Self::Connector(_)
             | Self::PrefillRejected { .. }
             | Self::NoDecodeWorker
-            | Self::DecodeNeededAtStart => false,
+            | Self::DecodeNeededAtStart
+            | Self::LegNotSent { .. } => false,
             Self::PrefillFailed { .. }
             | Self::DecodeFailed { .. }
             | Self::DecodeBodyFailed { .. } => true,

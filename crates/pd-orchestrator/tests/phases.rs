@@ -735,3 +735,54 @@ fn decode_client_error_is_not_a_worker_failure() {
     );
     s.backend.assert_balanced();
 }
+
+#[test]
+fn a_leg_the_transport_could_not_send_is_the_callers_failure_and_is_not_retried() {
+    // Prefill: the spare prefill worker is never tried.
+    let s = setup(vec![endpoint(P2)], FlowConfig::default());
+    s.transport
+        .push(Phase::Prefill, Step::local_error("invalid header"));
+    let error = ready(s.flow.run(&Nixl, request(false), endpoint(P), endpoint(D))).unwrap_err();
+    match &error {
+        PdError::LegNotSent { phase, reason } => {
+            assert_eq!(*phase, Phase::Prefill);
+            assert!(reason.contains("invalid header"), "{reason}");
+        }
+        other => panic!("unexpected {other}"),
+    }
+    assert!(!error.is_retryable());
+    assert_eq!(error.failed_worker(), None, "no worker failed");
+    assert_eq!(error.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(s.backend.reserved(), 1, "no second prefill attempt");
+    assert_eq!(
+        s.backend.outcome_kinds(),
+        [(Phase::Prefill, LegOutcome::NotSent)]
+    );
+    s.backend.assert_balanced();
+
+    // Decode: the prefill succeeded; the decode leg was never sent.
+    let s = setup(vec![], FlowConfig::default());
+    s.transport
+        .push(Phase::Prefill, Step::json(nixl_prefill_answer()));
+    s.transport
+        .push(Phase::Decode, Step::local_error("invalid uri"));
+    let error = ready(s.flow.run(&Nixl, request(false), endpoint(P), endpoint(D))).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            PdError::LegNotSent {
+                phase: Phase::Decode,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(
+        s.backend.outcome_kinds(),
+        [
+            (Phase::Prefill, LegOutcome::Success),
+            (Phase::Decode, LegOutcome::NotSent)
+        ]
+    );
+    s.backend.assert_balanced();
+}

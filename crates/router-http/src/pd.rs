@@ -116,6 +116,11 @@ impl Transport for HyperTransport {
             })
         })
     }
+
+    /// A leg the client could not even build is the router's failure.
+    fn is_local_error(error: &UpstreamError) -> bool {
+        matches!(error, UpstreamError::InvalidRequest(_))
+    }
 }
 
 /// `GET` of a Mooncake bootstrap `/query` through the pooled client.

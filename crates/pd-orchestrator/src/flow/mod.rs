@@ -179,6 +179,8 @@ pub(crate) enum PrefillLegError {
     Failed(String),
     /// The engine rejected the request itself.
     Rejected { status: StatusCode, body: Bytes },
+    /// The caller's transport could not send it (its own failure).
+    NotSent(String),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -398,12 +400,18 @@ where
                 Err(refused) => format!("not reserved: {refused}"),
                 Ok(lease) => {
                     let sent = self.transport.send(leg);
-                    match run_prefill_leg(sent, lease, self.limits()).await {
+                    match run_prefill_leg(sent, lease, self.limits(), T::is_local_error).await {
                         Ok(response) => break (response, wire_id),
                         Err(PrefillLegError::Rejected { status, body }) => {
                             return Err(PdError::PrefillRejected { status, body });
                         }
                         Err(PrefillLegError::Failed(failure)) => failure,
+                        Err(PrefillLegError::NotSent(reason)) => {
+                            return Err(PdError::LegNotSent {
+                                phase: Phase::Prefill,
+                                reason,
+                            });
+                        }
                     }
                 }
             };
@@ -451,10 +459,7 @@ where
         let sent = self.transport.send(leg);
         let response = match sent.await {
             Ok(response) => response,
-            Err(error) => {
-                lease.finish(LegOutcome::WorkerFailure);
-                return Err(decode_failed(&decode, error.to_string()));
-            }
+            Err(error) => return Err(decode_send_failed::<T, _, _>(lease, &decode, &error)),
         };
         let (status, headers, body) = self
             .finish_decode(
@@ -509,6 +514,7 @@ where
             prefill_sent,
             prefill_lease,
             self.limits(),
+            T::is_local_error,
         )));
         let mut prefill_result: Option<PrefillResult> = None;
 
@@ -540,6 +546,10 @@ where
                     Some(Err(PrefillLegError::Rejected { status, body })) => {
                         PdError::PrefillRejected { status, body }
                     }
+                    Some(Err(PrefillLegError::NotSent(reason))) => PdError::LegNotSent {
+                        phase: Phase::Prefill,
+                        reason,
+                    },
                     Some(Err(PrefillLegError::Failed(last))) => PdError::PrefillFailed {
                         attempts: 1,
                         last,
@@ -553,9 +563,8 @@ where
                 });
             }
             Some(Err(error)) => {
-                decode_lease.finish(LegOutcome::WorkerFailure);
                 // `driver` drops with this frame: the prefill leg is aborted.
-                return Err(decode_failed(&decode, error.to_string()));
+                return Err(decode_send_failed::<T, _, _>(decode_lease, &decode, &error));
             }
             Some(Ok(response)) => response,
         };
@@ -814,12 +823,31 @@ fn decode_failed<W: PdWorker>(decode: &W, reason: String) -> PdError {
     }
 }
 
+/// A decode leg whose request could not be sent or answered: the worker's
+/// failure, or the caller's own when the transport says so.
+fn decode_send_failed<T: Transport, Bk: PdBackend, W: PdWorker>(
+    lease: PhaseLease<Bk>,
+    decode: &W,
+    error: &T::Error,
+) -> PdError {
+    if T::is_local_error(error) {
+        lease.finish(LegOutcome::NotSent);
+        return PdError::LegNotSent {
+            phase: Phase::Decode,
+            reason: error.to_string(),
+        };
+    }
+    lease.finish(LegOutcome::WorkerFailure);
+    decode_failed(decode, error.to_string())
+}
+
 /// The prefill leg, from dispatch to its body read: checks the status,
 /// reads the body, parses it, and ends its lease with the outcome.
 async fn run_prefill_leg<F, B, E, Bk>(
     sent: F,
     lease: PhaseLease<Bk>,
     limits: Limits,
+    is_local: fn(&E) -> bool,
 ) -> Result<Value, PrefillLegError>
 where
     F: std::future::Future<Output = Result<LegResponse<B>, E>>,
@@ -830,6 +858,10 @@ where
 {
     let response = match sent.await {
         Ok(response) => response,
+        Err(error) if is_local(&error) => {
+            lease.finish(LegOutcome::NotSent);
+            return Err(PrefillLegError::NotSent(error.to_string()));
+        }
         Err(error) => {
             lease.finish(LegOutcome::WorkerFailure);
             return Err(PrefillLegError::Failed(format!("transport: {error}")));

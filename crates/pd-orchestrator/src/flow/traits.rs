@@ -79,6 +79,17 @@ pub trait Transport: Send + Sync {
 
     /// Starts sending `leg`.
     fn send(&self, leg: LegRequest) -> Self::Future;
+
+    /// Whether `error` is the caller's own: the leg could not even be
+    /// built or handed to the network (an invalid URL or header), so no
+    /// worker saw it. Such a leg finishes as [`LegOutcome::NotSent`] (no
+    /// breaker counts it) and the request fails at once with
+    /// [`PdError::LegNotSent`](crate::PdError::LegNotSent) rather than
+    /// trying another worker. Default: every error is the worker's.
+    fn is_local_error(error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
 }
 
 /// A worker as the flow sees it: something with an [`PdEndpoint`].
@@ -124,6 +135,9 @@ pub enum LegOutcome {
     /// The leg was abandoned before it ended: the client went away, or the
     /// other phase failed and this one was aborted. Not the worker's fault.
     Cancelled,
+    /// The leg was never sent: the caller could not build or send it
+    /// ([`Transport::is_local_error`]). Not the worker's fault.
+    NotSent,
 }
 
 /// A reservation of one phase's load on one worker, that records how the

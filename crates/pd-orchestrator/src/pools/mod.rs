@@ -98,13 +98,19 @@ use crate::connector::{PdConnector, PhaseOrder};
 use crate::flow::{LegOutcome, PdBackend, Phase, PhaseGuard, Refused};
 
 /// The outcome names of [`PdMetrics::outcomes`], in counter order.
-pub const LEG_OUTCOMES: [&str; 4] = ["success", "worker_failure", "client_error", "cancelled"];
+pub const LEG_OUTCOMES: [&str; 5] = [
+    "success",
+    "worker_failure",
+    "client_error",
+    "cancelled",
+    "not_sent",
+];
 
 /// Per-phase leg outcomes of the P/D path.
 #[derive(Debug, Default)]
 pub struct PdMetrics {
     /// `[phase][outcome]`, phase 0 prefill, 1 decode.
-    outcomes: [[AtomicU64; 4]; 2],
+    outcomes: [[AtomicU64; LEG_OUTCOMES.len()]; 2],
 }
 
 impl PdMetrics {
@@ -113,6 +119,7 @@ impl PdMetrics {
             LegOutcome::Success => 0,
             LegOutcome::WorkerFailure => 1,
             LegOutcome::ClientError => 2,
+            LegOutcome::NotSent => 4,
             _ => 3,
         };
         self.outcomes[phase_index(phase)][slot].fetch_add(1, Ordering::Relaxed);
@@ -171,6 +178,7 @@ pub fn breaker_outcome(outcome: LegOutcome, status: Option<StatusCode>) -> Outco
         (LegOutcome::WorkerFailure, None) => Outcome::ConnectError,
         (LegOutcome::ClientError, Some(status)) => Outcome::ClientError(status.as_u16()),
         (LegOutcome::ClientError, None) => Outcome::ClientError(400),
+        (LegOutcome::NotSent, _) => Outcome::RouterRejected,
         _ => Outcome::ClientCancelled,
     }
 }

@@ -108,6 +108,10 @@ impl Step {
             gate: None,
         }
     }
+    /// A leg the transport itself could not send (its caller's failure).
+    pub fn local_error(reason: &str) -> Self {
+        Self::transport_error(&format!("{LOCAL}{reason}"))
+    }
     pub fn gated(mut self, gate: &Arc<Permits>) -> Self {
         self.gate = Some(Arc::clone(gate));
         self
@@ -152,6 +156,9 @@ impl ScriptedTransport {
     }
 }
 
+/// The prefix marking a scripted error as the transport's own.
+const LOCAL: &str = "local: ";
+
 #[derive(Debug)]
 pub struct ScriptError(pub String);
 
@@ -167,6 +174,10 @@ impl Transport for ScriptedTransport {
     type Body = ScriptBody;
     type Error = ScriptError;
     type Future = ScriptedSend;
+
+    fn is_local_error(error: &ScriptError) -> bool {
+        error.0.starts_with(LOCAL)
+    }
 
     fn send(&self, leg: LegRequest) -> ScriptedSend {
         let phase = leg.phase;
