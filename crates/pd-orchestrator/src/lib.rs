@@ -22,10 +22,14 @@
 //! - [`PdFlow`]: the two-phase flow over a [`Transport`], with one load
 //!   guard per phase from a [`PdBackend`] and outcomes recorded per leg.
 //!
+//! - [`pools`] (feature `pools`, on by default): pair selection over
+//!   worker-lifecycle's role pools and lb-policies' policies, the flow's
+//!   backend over real workers and breakers, and the whole-request retry
+//!   loop — the one pairing code of the workspace.
+//!
 //! There is no HTTP client and no async runtime here: the router supplies
-//! the transport (hyper) and the backend (its worker pools, load guards and
-//! circuit breakers), so every ordering, failure and cancellation is tested
-//! without sockets.
+//! the transport (hyper), so every ordering, failure and cancellation is
+//! tested without sockets.
 //!
 //! # Example
 //!

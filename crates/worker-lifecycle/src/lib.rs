@@ -74,7 +74,13 @@
 //!
 //! # Feature flags
 //!
-//! None. tokio is used only by the health checker and drain (timers and
+//! - `lb-policies`: implements lb-policies' `Backend` for [`Worker`] (every
+//!   policy selects among workers directly) and adds `RolePool`, the one
+//!   pool of a role — a worker source, its policy registry, membership
+//!   forwarding, and breaker-aware select-then-reserve — that the router,
+//!   the prefill/decode pools and the simulator all use.
+//!
+//! tokio is used only by the health checker and drain (timers and
 //! `Notify`); every decision is synchronous.
 //!
 //! # Concurrency and cancel safety
