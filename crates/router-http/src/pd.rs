@@ -15,7 +15,7 @@
 //!   is queried in the background when it joins (a prefill worker whose
 //!   engine ids are not known is not selected);
 //! - the request: the client's body, headers and path become a
-//!   [`PdCall`](pd_orchestrator::pools::PdCall); the decode response body
+//!   `PdCall`; the decode response body
 //!   owns the decode guard (inside `pd-orchestrator`'s `PdBody`) and the
 //!   router's admission permit, both released at end of stream, at a body
 //!   error, or when the client goes away;

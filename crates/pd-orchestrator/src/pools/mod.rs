@@ -5,7 +5,7 @@
 //! [`PdPools`] keeps one [`PdRole`] per role, each a
 //! [`RolePool`](worker_lifecycle::RolePool) (a static set or a discovered
 //! pool, its policy registry, membership forwarding) plus the flow's
-//! [`PdEndpoint`] of each worker — from the static configuration, or from
+//! [`PdEndpoint`](crate::PdEndpoint) of each worker — from the static configuration, or from
 //! the registration labels of [`worker_lifecycle::labels`]. A prefill and a
 //! decode worker at the same URL are two workers with two loads
 //! (invariant 2 of docs/architecture.md).
@@ -45,7 +45,7 @@
 //!
 //! A failed prefill leg is replaced by a fresh prefill choice that leaves
 //! out every prefill worker that failed this request. A failed flow names
-//! its worker ([`PdError::failed_worker`]); [`run`] leaves it out and, within
+//! its worker ([`PdError::failed_worker`](crate::PdError::failed_worker)); [`run`] leaves it out and, within
 //! the request's [`RequestRetries`](worker_lifecycle::RequestRetries),
 //! selects a fresh pair and runs the whole request again.
 //!
