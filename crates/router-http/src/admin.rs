@@ -48,6 +48,8 @@ where
             let urls = |workers: &[Arc<Worker>]| -> Vec<String> {
                 workers.iter().map(|w| w.endpoint().to_string()).collect()
             };
+            // Reconcile discovered workers so the view is current.
+            router.pool().refresh()?;
             let mut body = serde_json::json!({ "urls": urls(&router.all_workers()) });
             if let Some(pd) = router.pd() {
                 body["prefill"] = urls(&pd.prefill().pool().refresh()?).into();
@@ -56,6 +58,7 @@ where
             Ok(json(StatusCode::OK, &body))
         }
         Route::Workers => {
+            router.pool().refresh()?;
             if let Some(pd) = router.pd() {
                 // Reconcile discovered roles so the view is current.
                 pd.prefill().pool().refresh()?;

@@ -80,6 +80,14 @@ pub struct RouterConfig {
     /// Prefill/decode disaggregation (default `None`: every worker serves
     /// whole requests). See [`crate::pd`].
     pub pd: Option<PdConfig>,
+    /// Where the regular workers come from when they are discovered: a
+    /// [`ServiceRegistry`](worker_lifecycle::ServiceRegistry) of the
+    /// `regular` role that a discovery listener feeds (default `None`:
+    /// workers are added by hand, [`crate::Router::add_worker`]). Each
+    /// request reconciles the pool with it first, so a registration is
+    /// routable at once and an expired one is gone (invariants 3 and 4 of
+    /// docs/architecture.md).
+    pub worker_registry: Option<std::sync::Arc<worker_lifecycle::ServiceRegistry>>,
     /// Networks that workers added at run time (`POST /add_worker`,
     /// registration through [`crate::Router::check_worker_url`]) must be
     /// in; empty (the default) allows any address. See [`crate::allow`].
@@ -122,6 +130,7 @@ impl Default for RouterConfig {
             eviction_interval: Duration::from_secs(120),
             shutdown_grace: Duration::from_secs(30),
             pd: None,
+            worker_registry: None,
             worker_networks: Vec::new(),
             passthrough_paths: Vec::new(),
             server: ServerConfig::default(),

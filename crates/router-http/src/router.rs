@@ -108,11 +108,25 @@ impl Router {
             }
             None => None,
         };
-        let pool = RolePool::fixed(RoleKind::Regular, config.worker_options.clone(), policies)
-            .map_err(|err| ConfigError::Worker {
-                url: String::new(),
-                reason: err.to_string(),
-            })?;
+        let options = config.worker_options.clone();
+        let pool = match &config.worker_registry {
+            Some(registry) if registry.role() != RoleKind::Regular => {
+                return Err(ConfigError::Worker {
+                    url: String::new(),
+                    reason: format!(
+                        "the worker registry is for the {} role; regular workers need a regular \
+                         one",
+                        registry.role()
+                    ),
+                });
+            }
+            Some(registry) => RolePool::discovered(Arc::clone(registry), options, policies),
+            None => RolePool::fixed(RoleKind::Regular, options, policies),
+        }
+        .map_err(|err| ConfigError::Worker {
+            url: String::new(),
+            reason: err.to_string(),
+        })?;
         let retry_budget = RetryBudget::new(config.retry_budget.clone(), std::time::Instant::now());
         let client = UpstreamClient::new(config.client);
         let pd = match &config.pd {
@@ -792,7 +806,11 @@ impl Router {
         }
         match self.pd() {
             Some(pd) => pd.is_ready(),
-            None => self.workers().iter().any(|w| w.is_available()),
+            None => self
+                .shared
+                .pool
+                .refresh()
+                .is_ok_and(|workers| workers.iter().any(|w| w.is_available())),
         }
     }
 
