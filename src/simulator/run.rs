@@ -347,7 +347,6 @@ pub fn simulate(
                     bootstrap_port: None,
                 },
                 registry: Some(Arc::clone(&transfers)),
-                ..PdSettings::default()
             };
             let decode_settings = |_| PdSettings {
                 role: Role::Decode,
