@@ -1,9 +1,10 @@
 //! The reference router's command line: defaults, errors, the config file,
 //! and docs/operations.md against what clap knows.
 
-use affinity_router::cli::args::{Args, BackendName, KvConnectorName, LogLevel, PolicyName};
+use affinity_router::cli::args::{Args, BackendName, LogLevel, PolicyName};
 use affinity_router::cli::settings::{self, CliError};
 use affinity_router::cli::{Mode, Settings};
+use affinity_router::pd::PdConnector;
 use clap::CommandFactory;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,7 +37,7 @@ fn every_flag_has_vllm_routers_default() {
     assert!(!a.vllm_pd_disaggregation);
     assert!(a.prefill.is_empty());
     assert!(a.decode.is_empty());
-    assert_eq!(a.kv_connector, KvConnectorName::Nixl);
+    assert_eq!(a.kv_connector, PdConnector::Nixl);
     assert_eq!(a.vllm_discovery_address, None);
     assert_eq!(a.cache_threshold, 0.3);
     assert_eq!(a.balance_abs_threshold, 64);
@@ -326,7 +327,7 @@ fn prefill_decode_flags_parse_fully() {
     assert_eq!(pd.decode, vec!["http://d0:8000", "http://d1:8000"]);
     assert_eq!(pd.prefill_policy, PolicyName::PowerOfTwo);
     assert_eq!(pd.decode_policy, PolicyName::CacheAware);
-    assert_eq!(pd.kv_connector, KvConnectorName::Mooncake);
+    assert_eq!(pd.kv_connector, PdConnector::Mooncake { concurrent: true });
 
     let s = settings(&[
         "--vllm-pd-disaggregation",
@@ -524,6 +525,47 @@ fn unparsable_values_exit_2_naming_the_flag() {
         let rendered = clap_error.render().to_string();
         assert!(rendered.contains(flag), "{argv:?}: {rendered}");
     }
+}
+
+/// `--kv-connector` is read by `PdConnector`'s own parser: every name it
+/// knows (and `moriio`, short for `moriio-read`) on the command line and in
+/// a config file; an unknown one refused with the accepted names.
+#[test]
+fn kv_connector_names_are_pd_connectors_own() {
+    for name in PdConnector::NAMES.into_iter().chain(["moriio"]) {
+        let expected: PdConnector = name.parse().unwrap();
+        let s = settings(&["--sim-pd", "1:1", "--kv-connector", name]).unwrap();
+        assert_eq!(s.args.kv_connector, expected, "{name}");
+        let path = temp_file("connector.toml", &format!("kv_connector = {name:?}\n"));
+        let s = settings(&["--sim-pd", "1:1", "--config", path.to_str().unwrap()]).unwrap();
+        assert_eq!(s.args.kv_connector, expected, "{name} in a config file");
+        // A dumped configuration names it canonically.
+        assert!(
+            settings::to_toml(&s.args)
+                .contains(&format!("kv_connector = \"{}\"", expected.as_str())),
+            "{name}"
+        );
+    }
+
+    let Err(CliError::Clap(err)) = settings(&["--kv-connector", "rdma"]) else {
+        panic!("rdma accepted")
+    };
+    assert_eq!(err.exit_code(), 2);
+    let rendered = err.render().to_string();
+    assert!(rendered.contains("'rdma'"), "{rendered}");
+    for name in PdConnector::NAMES {
+        assert!(rendered.contains(name), "{name} missing from {rendered}");
+    }
+    let path = temp_file("bad-connector.toml", "kv_connector = \"rdma\"\n");
+    let err = settings(&["--config", path.to_str().unwrap()]).unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    let message = err.to_string();
+    assert!(message.contains("kv_connector"), "{message}");
+    assert!(message.contains("moriio-write"), "{message}");
+
+    let help = Args::command().render_long_help().to_string();
+    let possible = format!("[possible values: {}]", PdConnector::NAMES.join(", "));
+    assert!(help.contains(&possible), "{help}");
 }
 
 #[test]

@@ -483,12 +483,16 @@ async fn stop_with_a_stream_in_flight_turns_readiness_503_and_lets_it_finish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_prefill_and_decode_urls_with_a_mooncake_bootstrap_port() {
-    use affinity_router::sim::{KvConnector, Role, TransferRegistry};
+    use affinity_router::sim::{Role, TransferRegistry};
+    let connector = "mooncake";
+    let (kv_connector, moriio_mode) = affinity_router::sim_connector(connector.parse().unwrap())
+        .expect("engine-sim simulates Mooncake");
     let transfers = TransferRegistry::new();
     let prefill = affinity_router::sim::spawn(
         EngineConfig {
             role: Role::Prefill,
-            kv_connector: KvConnector::Mooncake,
+            kv_connector,
+            moriio_mode,
             ..EngineConfig::instant()
         },
         ServeOptions {
@@ -502,7 +506,8 @@ async fn static_prefill_and_decode_urls_with_a_mooncake_bootstrap_port() {
     let decode = affinity_router::sim::spawn(
         EngineConfig {
             role: Role::Decode,
-            kv_connector: KvConnector::Mooncake,
+            kv_connector,
+            moriio_mode,
             ..EngineConfig::instant()
         },
         ServeOptions {
@@ -523,7 +528,7 @@ async fn static_prefill_and_decode_urls_with_a_mooncake_bootstrap_port() {
         "--decode",
         &decode_url,
         "--kv-connector",
-        "mooncake",
+        connector,
         "--prefill-policy",
         "round_robin",
     ]);

@@ -3,8 +3,9 @@
 //! and requests through the router while they heartbeat, fall silent and
 //! come back.
 
+use affinity_router::cli::args::Args;
 use affinity_router::cli::{App, Settings, StopOutcome};
-use affinity_router::sim::{EngineConfig, EngineHandle, KvConnector, Role, ServeOptions};
+use affinity_router::sim::{EngineConfig, EngineHandle, Role, ServeOptions};
 use affinity_router::workers::RoleKind;
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -45,10 +46,14 @@ fn registration(kind: &str, engine: &EngineHandle) -> ZmqMessage {
     ZmqMessage::from(rmp_serde::to_vec_named(&map).unwrap())
 }
 
+/// An engine speaking the router's default connector.
 async fn engine(role: Role) -> EngineHandle {
+    let (kv_connector, moriio_mode) =
+        affinity_router::sim_connector(Args::default().kv_connector).unwrap();
     let config = EngineConfig {
         role,
-        kv_connector: KvConnector::Nixl,
+        kv_connector,
+        moriio_mode,
         ..EngineConfig::instant()
     };
     affinity_router::sim::spawn(config, ServeOptions::default())
@@ -247,10 +252,14 @@ async fn engines_can_register_over_http_with_the_admin_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moriio_engines_register_in_their_own_form() {
+    let connector = "moriio";
+    let (kv_connector, moriio_mode) =
+        affinity_router::sim_connector(connector.parse().unwrap()).unwrap();
     let spawn = |role| async move {
         let config = EngineConfig {
             role,
-            kv_connector: KvConnector::Moriio,
+            kv_connector,
+            moriio_mode,
             ..EngineConfig::instant()
         };
         affinity_router::sim::spawn(config, ServeOptions::default())
@@ -267,7 +276,7 @@ async fn moriio_engines_register_in_their_own_form() {
         "0",
         "--vllm-pd-disaggregation",
         "--kv-connector",
-        "moriio",
+        connector,
         "--vllm-discovery-address",
         "127.0.0.1:0",
     ];

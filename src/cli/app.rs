@@ -16,13 +16,12 @@
 //! flight so that load balancers can see the 503, and everything is done
 //! within the grace period.
 
-use super::args::KvConnectorName;
 use super::discovery::{DiscoveryError, ZmqDiscovery};
 use super::settings::{Mode, PdSettings, Settings, join_host_port};
 use bytes::Bytes;
 use engine_sim::{EngineConfig, EngineHandle, ServeOptions, TransferRegistry};
 use hyper::body::Incoming;
-use pd_orchestrator::{MoriIoEndpoint, MoriIoMode};
+use pd_orchestrator::MoriIoEndpoint;
 use router_http::{
     ClientConfig, HttpProbe, PdConfig, PdConnector, PdWorkerConfig, RegisterHook, Router,
     RouterConfig, UpstreamClient,
@@ -133,19 +132,6 @@ const SIM_MORIIO: MoriIoEndpoint = MoriIoEndpoint {
     dp_size: 1,
     tp_size: 1,
 };
-
-/// The router-http connector for a `--kv-connector` value.
-pub fn pd_connector(name: KvConnectorName) -> PdConnector {
-    match name {
-        KvConnectorName::Nixl => PdConnector::Nixl,
-        KvConnectorName::Mooncake => PdConnector::Mooncake { concurrent: true },
-        KvConnectorName::MooncakeSequential => PdConnector::Mooncake { concurrent: false },
-        KvConnectorName::Moriio | KvConnectorName::MoriioRead => {
-            PdConnector::MoriIo(MoriIoMode::Read)
-        }
-        KvConnectorName::MoriioWrite => PdConnector::MoriIo(MoriIoMode::Write),
-    }
-}
 
 impl App {
     /// Starts everything `settings` asks for and returns once the router is
@@ -276,22 +262,12 @@ impl App {
                 self.add_workers(settings).await
             }
             Mode::SimulatedPd { prefill, decode } => {
-                let connector = pd_connector(settings.args.kv_connector);
-                let (kv, mode) = match connector {
-                    PdConnector::Mooncake { .. } => (
-                        engine_sim::KvConnector::Mooncake,
-                        engine_sim::MoriioMode::Read,
-                    ),
-                    PdConnector::MoriIo(MoriIoMode::Write) => (
-                        engine_sim::KvConnector::Moriio,
-                        engine_sim::MoriioMode::Write,
-                    ),
-                    PdConnector::MoriIo(_) => (
-                        engine_sim::KvConnector::Moriio,
-                        engine_sim::MoriioMode::Read,
-                    ),
-                    _ => (engine_sim::KvConnector::Nixl, engine_sim::MoriioMode::Read),
-                };
+                let connector = settings.args.kv_connector;
+                let (kv, mode) = crate::sim_connector(connector).ok_or_else(|| {
+                    StartError::Engine(std::io::Error::other(format!(
+                        "engine-sim does not simulate the {connector} connector"
+                    )))
+                })?;
                 // One registry: decode engines check that the named prefill
                 // engine really produced each transfer.
                 let transfers = TransferRegistry::new();
@@ -360,8 +336,7 @@ impl App {
     /// The P/D section for real engines: static workers (one per DP rank)
     /// or the registries of the ZMQ discovery listener.
     fn pd_config(&self, settings: &Settings, pd_settings: &PdSettings) -> PdConfig {
-        let connector = pd_connector(pd_settings.kv_connector);
-        let mut pd = PdConfig::new(connector);
+        let mut pd = PdConfig::new(pd_settings.kv_connector);
         let dp = settings.args.intra_node_data_parallel_size;
         let ranks = |url: &str, bootstrap: Option<u16>| -> Vec<PdWorkerConfig> {
             let base = || {

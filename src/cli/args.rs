@@ -6,7 +6,11 @@
 //! key (snake_case, or the flag's kebab-case spelling), so a file and a
 //! command line say the same things.
 
+use std::ffi::OsStr;
+
+use clap::builder::{PossibleValue, StringValueParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
+use pd_orchestrator::PdConnector;
 use serde::{Deserialize, Serialize};
 
 /// Load-balancing policies accepted by `--policy`, `--prefill-policy` and
@@ -44,32 +48,6 @@ impl PolicyName {
             Self::LeastLoaded => "least_loaded",
         }
     }
-}
-
-/// KV connectors accepted by `--kv-connector`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[value(rename_all = "lowercase")]
-pub enum KvConnectorName {
-    /// NIXL: the decode engine pulls the KV cache (sequential phases).
-    Nixl,
-    /// Mooncake: the prefill engine pushes (both legs dispatched at once).
-    Mooncake,
-    /// Mooncake with sequential legs (a failed prefill can be retried on
-    /// another engine before decode starts).
-    #[value(name = "mooncake-sequential")]
-    #[serde(rename = "mooncake-sequential")]
-    MooncakeSequential,
-    /// MoRI-IO in READ mode (sequential); the same as `moriio-read`.
-    Moriio,
-    /// MoRI-IO in READ mode (sequential).
-    #[value(name = "moriio-read")]
-    #[serde(rename = "moriio-read")]
-    MoriioRead,
-    /// MoRI-IO in WRITE mode (concurrent).
-    #[value(name = "moriio-write")]
-    #[serde(rename = "moriio-write")]
-    MoriioWrite,
 }
 
 /// Log levels accepted by `--log-level`.
@@ -262,9 +240,11 @@ pub struct Args {
     /// Policy of the decode engines (default: --policy).
     #[arg(long, value_enum, help_heading = "Prefill/decode")]
     pub decode_policy: Option<PolicyName>,
-    /// KV connector between prefill and decode engines.
-    #[arg(long, value_enum, default_value_t = KvConnectorName::Nixl, help_heading = "Prefill/decode")]
-    pub kv_connector: KvConnectorName,
+    /// KV connector between prefill and decode engines (`moriio` alone
+    /// means `moriio-read`).
+    #[arg(long, value_parser = ConnectorParser, default_value_t = PdConnector::Nixl, help_heading = "Prefill/decode")]
+    #[serde(with = "connector_name")]
+    pub kv_connector: PdConnector,
     /// Bind a ZMQ ROUTER socket here (HOST:PORT) for vLLM engines to
     /// register themselves (P/D mode).
     #[arg(long, value_name = "HOST:PORT", help_heading = "Prefill/decode")]
@@ -436,6 +416,56 @@ pub struct Args {
 impl Default for Args {
     fn default() -> Self {
         Args::parse_from(["router"])
+    }
+}
+
+/// `--kv-connector`: parsed by [`PdConnector`]'s own
+/// [`FromStr`](std::str::FromStr), which
+/// names the accepted connectors when it refuses one; its
+/// [`NAMES`](PdConnector::NAMES) are the possible values `--help` shows.
+#[derive(Debug, Clone, Copy)]
+struct ConnectorParser;
+
+impl TypedValueParser for ConnectorParser {
+    type Value = PdConnector;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<PdConnector, clap::Error> {
+        StringValueParser::new()
+            .try_map(|name| name.parse::<PdConnector>())
+            .parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(
+            PdConnector::NAMES.into_iter().map(PossibleValue::new),
+        ))
+    }
+}
+
+/// `kv_connector` in the `--config` file: the command line's names, read
+/// and written by [`PdConnector`] itself.
+mod connector_name {
+    use pd_orchestrator::PdConnector;
+    use serde::{Deserialize, Deserializer, Serializer, de};
+
+    pub(super) fn serialize<S: Serializer>(
+        connector: &PdConnector,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(connector.as_str())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<PdConnector, D::Error> {
+        String::deserialize(deserializer)?
+            .parse()
+            .map_err(de::Error::custom)
     }
 }
 

@@ -48,7 +48,7 @@ pub mod logging;
 pub mod settings;
 
 pub use app::{App, ShutdownSignals, StartError, StopOutcome};
-pub use args::{Args, KvConnectorName, LogLevel, PolicyName};
+pub use args::{Args, LogLevel, PolicyName};
 pub use discovery::{EngineRegistration, Registries, ZmqDiscovery};
 pub use settings::{CliError, Mode, Parsed, PdSettings, Settings};
 

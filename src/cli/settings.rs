@@ -10,9 +10,10 @@
 //! 3. [`Settings::from_parsed`] checks ranges, URLs and combinations and
 //!    names the flag at fault (exit 2).
 
-use super::args::{Args, BackendName, KvConnectorName, PolicyName, long_flag};
+use super::args::{Args, BackendName, PolicyName, long_flag};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
+use pd_orchestrator::PdConnector;
 use router_http::{ConcurrencyConfig, RouterConfig};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -203,7 +204,7 @@ pub struct PdSettings {
     /// Policy of the decode engines.
     pub decode_policy: PolicyName,
     /// The KV connector.
-    pub kv_connector: KvConnectorName,
+    pub kv_connector: PdConnector,
     /// The ZMQ discovery address, if any.
     pub discovery: Option<String>,
 }
@@ -299,7 +300,7 @@ impl Settings {
             }
             Mode::Workers { urls } => format!("workers {urls:?}"),
             Mode::PrefillDecode(pd) => format!(
-                "P/D prefill {:?} decode {:?} discovery {:?} connector {:?}",
+                "P/D prefill {:?} decode {:?} discovery {:?} connector {}",
                 pd.prefill, pd.decode, pd.discovery, pd.kv_connector
             ),
         };
@@ -596,11 +597,7 @@ fn mode(parsed: &Parsed) -> Result<Mode, CliError> {
                 ));
             }
         }
-        let moriio = matches!(
-            a.kv_connector,
-            KvConnectorName::Moriio | KvConnectorName::MoriioRead | KvConnectorName::MoriioWrite
-        );
-        if moriio && !prefill.is_empty() {
+        if a.kv_connector.is_moriio() && !prefill.is_empty() {
             return Err(CliError::invalid(
                 "kv_connector",
                 "moriio needs each engine's MoRI-IO side-channel ports, which static \

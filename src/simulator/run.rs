@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine_sim::{
-    Engine, EventKind, KvConnector, KvTransferParams, ModelConfig, PdSettings, RequestSummary,
-    Role, SimRequest, TransferRegistry, transfer::ProducerAddress,
+    Engine, EventKind, KvTransferParams, ModelConfig, PdSettings, RequestSummary, Role, SimRequest,
+    TransferRegistry, transfer::ProducerAddress,
 };
 use lb_policies::{
     Backend, CacheAwareConfig, OwnedContext, PolicyConfig, PolicyError, PolicyRegistry,
     RequestContext, Routing,
 };
 use pd_orchestrator::pools::{PdConfig, PdLease, PdPools, PdScope, PdTarget, PdWorkerConfig};
-use pd_orchestrator::{LegOutcome, PdBackend, Phase, PhaseGuard};
+use pd_orchestrator::{LegOutcome, PdBackend, PdConnector, Phase, PhaseGuard};
 use worker_lifecycle::{
     Endpoint, LoadGuard, ManualClock, RoleKind, RolePool, Worker, WorkerOptions, WorkerRole,
     WorkerSpec,
@@ -130,6 +130,10 @@ pub struct RunReport {
 
 /// The model id every simulated request names.
 const MODEL: &str = "sim-model";
+
+/// The connector of a P/D run: NIXL, the sequential pull path whose
+/// decode worker may be chosen when the prefill completes.
+const CONNECTOR: PdConnector = PdConnector::Nixl;
 
 /// One role's engines, in the order of its workers.
 struct Pool {
@@ -314,7 +318,7 @@ pub fn simulate(
             (main, None, Placement::Regular(Box::new(pool)))
         }
         Some(split) => {
-            let mut pd = PdConfig::new(pd_orchestrator::PdConnector::Nixl);
+            let mut pd = PdConfig::new(CONNECTOR);
             pd.prefill_policy = Some(policy_config(policy, config));
             pd.decode_policy = Some(policy_config(&config.decode_policy, config));
             let statics = |role, n| -> Vec<PdWorkerConfig> {
@@ -329,10 +333,13 @@ pub fn simulate(
                     pd_orchestrator::pools::PoolsError::Policy(e) => SimError::Policy(e),
                     other => SimError::Worker(other.to_string()),
                 })?;
+            let (connector, moriio_mode) =
+                crate::sim_connector(CONNECTOR).expect("engine-sim simulates NIXL");
             let transfers = TransferRegistry::new();
             let prefill_settings = |i: usize| PdSettings {
                 role: Role::Prefill,
-                connector: KvConnector::Nixl,
+                connector,
+                moriio_mode,
                 address: ProducerAddress {
                     engine_id: format!("prefill-{i}"),
                     host: format!("prefill-{i}"),
@@ -340,11 +347,11 @@ pub fn simulate(
                     bootstrap_port: None,
                 },
                 registry: Some(Arc::clone(&transfers)),
-                ..PdSettings::default()
             };
             let decode_settings = |_| PdSettings {
                 role: Role::Decode,
-                connector: KvConnector::Nixl,
+                connector,
+                moriio_mode,
                 registry: Some(Arc::clone(&transfers)),
                 ..PdSettings::default()
             };

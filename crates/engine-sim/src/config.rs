@@ -39,6 +39,7 @@ impl Role {
 /// The KV connector whose `kv_transfer_params` format an engine speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[non_exhaustive]
 pub enum KvConnector {
     /// NIXL (pull): the prefill response names its engine, block ids, host and
@@ -67,6 +68,7 @@ impl KvConnector {
 /// MoRI-IO transfer direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[non_exhaustive]
 pub enum MoriioMode {
     /// The decode engine reads the prefill engine's blocks (sequential).

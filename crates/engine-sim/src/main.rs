@@ -15,19 +15,6 @@ enum RoleArg {
     Decode,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum ConnectorArg {
-    Nixl,
-    Mooncake,
-    Moriio,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum ModeArg {
-    Read,
-    Write,
-}
-
 /// A simulated vLLM-style engine: OpenAI API, prefix KV cache, latency
 /// model, P/D roles and fault injection. Durations accept `20us`, `250ms`,
 /// `2s` or a bare number of milliseconds.
@@ -44,11 +31,11 @@ struct Args {
     #[arg(long, value_enum, default_value_t = RoleArg::Regular)]
     role: RoleArg,
     /// KV connector format for P/D.
-    #[arg(long, value_enum, default_value_t = ConnectorArg::Nixl)]
-    kv_connector: ConnectorArg,
+    #[arg(long, value_enum, default_value_t = KvConnector::Nixl)]
+    kv_connector: KvConnector,
     /// MoRI-IO mode.
-    #[arg(long, value_enum, default_value_t = ModeArg::Read)]
-    moriio_mode: ModeArg,
+    #[arg(long, value_enum, default_value_t = MoriioMode::Read)]
+    moriio_mode: MoriioMode,
     /// Mooncake bootstrap port serving GET /query (prefill role).
     #[arg(long)]
     bootstrap_port: Option<u16>,
@@ -148,15 +135,8 @@ impl Args {
                 RoleArg::Prefill => Role::Prefill,
                 RoleArg::Decode => Role::Decode,
             },
-            kv_connector: match self.kv_connector {
-                ConnectorArg::Nixl => KvConnector::Nixl,
-                ConnectorArg::Mooncake => KvConnector::Mooncake,
-                ConnectorArg::Moriio => KvConnector::Moriio,
-            },
-            moriio_mode: match self.moriio_mode {
-                ModeArg::Read => MoriioMode::Read,
-                ModeArg::Write => MoriioMode::Write,
-            },
+            kv_connector: self.kv_connector,
+            moriio_mode: self.moriio_mode,
             engine_id: self.engine_id.clone(),
             advertise_host: self.advertise_host.clone(),
             time_scale: self.time_scale,

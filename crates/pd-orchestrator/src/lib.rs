@@ -155,8 +155,8 @@ pub mod merge;
 pub mod pools;
 
 pub use connector::{
-    ConnectorKind, DecodeHandoff, KvConnector, LegContext, ModeMismatch, Mooncake, MoriIo,
-    MoriIoMode, MoriIoModeGate, Nixl, PdConnector, PhaseOrder, UnknownConnector,
+    DecodeHandoff, KvConnector, LegContext, ModeMismatch, Mooncake, MoriIo, MoriIoMode,
+    MoriIoModeGate, Nixl, PdConnector, PhaseOrder, UnknownConnector,
 };
 pub use endpoint::{DEFAULT_MOONCAKE_BOOTSTRAP_PORT, MooncakeEndpoint, MoriIoEndpoint, PdEndpoint};
 pub use error::{ConnectorError, PdError};

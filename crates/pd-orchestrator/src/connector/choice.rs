@@ -7,9 +7,10 @@ use std::sync::Arc;
 use super::{KvConnector, Mooncake, MoriIo, MoriIoMode, Nixl};
 
 /// Which KV connector the engines use, and so how the two legs are built:
-/// the one configuration type of the workspace (the router's config, its
-/// command line and the simulator all parse and print it through
-/// [`FromStr`] and [`as_str`](Self::as_str)).
+/// the one definition of the workspace (the router's config, its command
+/// line and the simulator all parse and print it through [`FromStr`] and
+/// [`as_str`](Self::as_str), and [`KvConnector::kind`] names a running
+/// strategy with it).
 ///
 /// ```
 /// use pd_orchestrator::{MoriIoMode, PdConnector};
@@ -123,5 +124,15 @@ mod tests {
         );
         let err = "rdma".parse::<PdConnector>().unwrap_err();
         assert!(err.to_string().contains("\"rdma\""), "{err}");
+    }
+
+    #[test]
+    fn every_strategy_reports_the_configuration_it_was_built_from() {
+        for name in PdConnector::NAMES {
+            let connector: PdConnector = name.parse().unwrap();
+            let strategy = connector.build();
+            assert_eq!(strategy.kind(), connector, "{name}");
+            assert_eq!(strategy.kind().as_str(), name);
+        }
     }
 }

@@ -46,29 +46,6 @@ pub enum PhaseOrder {
     Concurrent,
 }
 
-/// Which connector a strategy implements (for metrics and logs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ConnectorKind {
-    /// NVIDIA NIXL, pull-based.
-    Nixl,
-    /// Mooncake transfer engine, push-based.
-    Mooncake,
-    /// AMD MoRI-IO, READ or WRITE mode.
-    MoriIo,
-}
-
-impl ConnectorKind {
-    /// A short lowercase name: `nixl`, `mooncake`, `moriio`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Nixl => "nixl",
-            Self::Mooncake => "mooncake",
-            Self::MoriIo => "moriio",
-        }
-    }
-}
-
 /// The facts a connector may use to build one pair's KV parameters.
 #[derive(Debug, Clone, Copy)]
 pub struct LegContext<'a> {
@@ -101,8 +78,11 @@ pub enum DecodeHandoff {
 /// Implementations are cheap, immutable values; one instance serves every
 /// request of a deployment.
 pub trait KvConnector: Send + Sync {
-    /// Which connector this is.
-    fn kind(&self) -> ConnectorKind;
+    /// The configuration this strategy implements, exactly (Mooncake
+    /// concurrent or sequential, MoRI-IO READ or WRITE), for metrics and
+    /// logs: `kind().as_str()` is the name the deployment was configured
+    /// with, and `kind().build()` an equivalent strategy.
+    fn kind(&self) -> PdConnector;
 
     /// Whether decode waits for the prefill response.
     fn phase_order(&self) -> PhaseOrder;
@@ -141,7 +121,7 @@ pub trait KvConnector: Send + Sync {
 }
 
 impl<C: KvConnector + ?Sized> KvConnector for &C {
-    fn kind(&self) -> ConnectorKind {
+    fn kind(&self) -> PdConnector {
         (**self).kind()
     }
     fn phase_order(&self) -> PhaseOrder {
@@ -163,7 +143,7 @@ impl<C: KvConnector + ?Sized> KvConnector for &C {
 }
 
 impl<C: KvConnector + ?Sized> KvConnector for std::sync::Arc<C> {
-    fn kind(&self) -> ConnectorKind {
+    fn kind(&self) -> PdConnector {
         (**self).kind()
     }
     fn phase_order(&self) -> PhaseOrder {

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{ConnectorKind, DecodeHandoff, KvConnector, LegContext, PhaseOrder};
+use super::{DecodeHandoff, KvConnector, LegContext, PdConnector, PhaseOrder};
 use crate::error::ConnectorError;
 
 /// vLLM's `MooncakeConnector`: both legs carry the same per-request
@@ -67,8 +67,10 @@ impl Mooncake {
 }
 
 impl KvConnector for Mooncake {
-    fn kind(&self) -> ConnectorKind {
-        ConnectorKind::Mooncake
+    fn kind(&self) -> PdConnector {
+        PdConnector::Mooncake {
+            concurrent: self.order == PhaseOrder::Concurrent,
+        }
     }
 
     fn phase_order(&self) -> PhaseOrder {

@@ -6,9 +6,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use serde_json::{Map, Value};
 
-use super::{
-    ConnectorKind, DecodeHandoff, KV_TRANSFER_PARAMS, KvConnector, LegContext, PhaseOrder,
-};
+use super::{DecodeHandoff, KV_TRANSFER_PARAMS, KvConnector, LegContext, PdConnector, PhaseOrder};
 use crate::endpoint::{MoriIoEndpoint, PdEndpoint};
 use crate::error::ConnectorError;
 
@@ -248,8 +246,8 @@ fn remote_fields(
 }
 
 impl KvConnector for MoriIo {
-    fn kind(&self) -> ConnectorKind {
-        ConnectorKind::MoriIo
+    fn kind(&self) -> PdConnector {
+        PdConnector::MoriIo(self.mode)
     }
 
     fn phase_order(&self) -> PhaseOrder {

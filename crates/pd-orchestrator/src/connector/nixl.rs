@@ -2,9 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{
-    ConnectorKind, DecodeHandoff, KV_TRANSFER_PARAMS, KvConnector, LegContext, PhaseOrder,
-};
+use super::{DecodeHandoff, KV_TRANSFER_PARAMS, KvConnector, LegContext, PdConnector, PhaseOrder};
 use crate::error::ConnectorError;
 
 /// vLLM's `NixlConnector`: the prefill engine computes the prompt's KV and
@@ -25,8 +23,8 @@ use crate::error::ConnectorError;
 pub struct Nixl;
 
 impl KvConnector for Nixl {
-    fn kind(&self) -> ConnectorKind {
-        ConnectorKind::Nixl
+    fn kind(&self) -> PdConnector {
+        PdConnector::Nixl
     }
 
     fn phase_order(&self) -> PhaseOrder {

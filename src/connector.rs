@@ -1,0 +1,87 @@
+//! The one conversion from the router's connector configuration
+//! ([`PdConnector`]) to the connector settings of an engine-sim engine.
+//!
+//! engine-sim depends on no router crate, so it keeps its own description
+//! of a connector: the `kv_transfer_params` format an engine speaks
+//! ([`KvConnector`]) and, for MoRI-IO, the transfer direction
+//! ([`MoriioMode`]). Whether Mooncake legs run concurrently or one after
+//! the other is the router's choice alone; its engines speak the same
+//! format either way. The facade is the one crate that depends on both, so
+//! the mapping is written here, once: the command line's simulated P/D
+//! engines, the routing-quality simulator and the tests all use it.
+
+use engine_sim::{KvConnector, MoriioMode};
+use pd_orchestrator::{MoriIoMode, PdConnector};
+
+/// The engine-sim connector and MoRI-IO mode that the engines of a
+/// deployment running `connector` need (the values of
+/// [`EngineConfig::kv_connector`](engine_sim::EngineConfig::kv_connector)
+/// and [`EngineConfig::moriio_mode`](engine_sim::EngineConfig::moriio_mode)).
+/// The mode is engine-sim's default, READ, for connectors other than
+/// MoRI-IO.
+///
+/// `None` for a connector engine-sim does not simulate; every connector of
+/// [`PdConnector::NAMES`] is simulated today.
+///
+/// ```
+/// use affinity_router::pd::PdConnector;
+/// use affinity_router::sim::{KvConnector, MoriioMode};
+///
+/// let write: PdConnector = "moriio-write".parse().unwrap();
+/// assert_eq!(
+///     affinity_router::sim_connector(write),
+///     Some((KvConnector::Moriio, MoriioMode::Write))
+/// );
+/// ```
+pub fn sim_connector(connector: PdConnector) -> Option<(KvConnector, MoriioMode)> {
+    Some(match connector {
+        PdConnector::Nixl => (KvConnector::Nixl, MoriioMode::Read),
+        PdConnector::Mooncake { .. } => (KvConnector::Mooncake, MoriioMode::Read),
+        PdConnector::MoriIo(MoriIoMode::Read) => (KvConnector::Moriio, MoriioMode::Read),
+        PdConnector::MoriIo(MoriIoMode::Write) => (KvConnector::Moriio, MoriioMode::Write),
+        // `PdConnector` is non-exhaustive: a connector added to the router
+        // has no engine-sim format until engine-sim learns it.
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_configurable_connector_maps_to_the_engines_it_needs() {
+        let expected = [
+            ("nixl", KvConnector::Nixl, MoriioMode::Read),
+            ("mooncake", KvConnector::Mooncake, MoriioMode::Read),
+            (
+                "mooncake-sequential",
+                KvConnector::Mooncake,
+                MoriioMode::Read,
+            ),
+            ("moriio-read", KvConnector::Moriio, MoriioMode::Read),
+            ("moriio-write", KvConnector::Moriio, MoriioMode::Write),
+        ];
+        assert_eq!(
+            expected.map(|(name, ..)| name),
+            PdConnector::NAMES,
+            "a name without an expected engine connector"
+        );
+        for (name, kv, mode) in expected {
+            let connector: PdConnector = name.parse().unwrap();
+            assert_eq!(sim_connector(connector), Some((kv, mode)), "{name}");
+            // The names agree: the router's is the engine's plus, where the
+            // router has a choice the engine does not see, a suffix.
+            assert!(name.starts_with(kv.as_str()), "{name} vs {}", kv.as_str());
+            // What the engines get follows from what the strategy does:
+            // MoRI-IO WRITE is the concurrent MoRI-IO.
+            let concurrent =
+                connector.build().phase_order() == pd_orchestrator::PhaseOrder::Concurrent;
+            assert_eq!(
+                mode == MoriioMode::Write,
+                connector.is_moriio() && concurrent,
+                "{name}"
+            );
+        }
+    }
+}
