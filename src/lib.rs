@@ -22,11 +22,6 @@
 //!   engine models on a virtual clock through the production policy and
 //!   worker code — `cargo run --release --example simulate`.
 //!
-//! Beside them, one function: [`sim_connector`], the single mapping from the
-//! router's KV connector configuration to the connector settings of the
-//! engine-sim engines a deployment needs (engine-sim depends on no router
-//! crate, so it keeps its own type and the conversion lives here).
-//!
 //! # Features
 //!
 //! - `cli` (default): the `cli` module and what only it needs (clap, toml,
@@ -39,10 +34,7 @@
 
 #[cfg(feature = "cli")]
 pub mod cli;
-mod connector;
 pub mod simulator;
-
-pub use connector::sim_connector;
 
 #[cfg(feature = "discovery")]
 pub use worker_discovery as discovery;

@@ -485,8 +485,9 @@ async fn stop_with_a_stream_in_flight_turns_readiness_503_and_lets_it_finish() {
 async fn static_prefill_and_decode_urls_with_a_mooncake_bootstrap_port() {
     use affinity_router::sim::{Role, TransferRegistry};
     let connector = "mooncake";
-    let (kv_connector, moriio_mode) = affinity_router::sim_connector(connector.parse().unwrap())
-        .expect("engine-sim simulates Mooncake");
+    let (kv_connector, moriio_mode) =
+        affinity_router::sim::for_deployment(connector.parse().unwrap())
+            .expect("engine-sim simulates Mooncake");
     let transfers = TransferRegistry::new();
     let prefill = affinity_router::sim::spawn(
         EngineConfig {

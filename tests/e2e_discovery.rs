@@ -49,7 +49,7 @@ fn registration(kind: &str, engine: &EngineHandle) -> ZmqMessage {
 /// An engine speaking the router's default connector.
 async fn engine(role: Role) -> EngineHandle {
     let (kv_connector, moriio_mode) =
-        affinity_router::sim_connector(Args::default().kv_connector).unwrap();
+        affinity_router::sim::for_deployment(Args::default().kv_connector).unwrap();
     let config = EngineConfig {
         role,
         kv_connector,
@@ -254,7 +254,7 @@ async fn engines_can_register_over_http_with_the_admin_key() {
 async fn moriio_engines_register_in_their_own_form() {
     let connector = "moriio";
     let (kv_connector, moriio_mode) =
-        affinity_router::sim_connector(connector.parse().unwrap()).unwrap();
+        affinity_router::sim::for_deployment(connector.parse().unwrap()).unwrap();
     let spawn = |role| async move {
         let config = EngineConfig {
             role,

@@ -334,7 +334,7 @@ pub fn simulate(
                     other => SimError::Worker(other.to_string()),
                 })?;
             let (connector, moriio_mode) =
-                crate::sim_connector(CONNECTOR).expect("engine-sim simulates NIXL");
+                engine_sim::for_deployment(CONNECTOR).expect("engine-sim simulates NIXL");
             let transfers = TransferRegistry::new();
             let prefill_settings = |i: usize| PdSettings {
                 role: Role::Prefill,

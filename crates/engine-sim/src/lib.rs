@@ -133,6 +133,8 @@
 pub mod api;
 pub mod cache;
 pub mod config;
+#[cfg(feature = "pd-orchestrator")]
+mod deployment;
 pub mod engine;
 pub mod fault;
 pub mod metrics;
@@ -146,6 +148,8 @@ pub mod transfer;
 pub mod fuzzing;
 
 pub use config::{EngineConfig, FaultConfig, KvConnector, ModelConfig, MoriioMode, Role};
+#[cfg(feature = "pd-orchestrator")]
+pub use deployment::for_deployment;
 pub use engine::{
     Engine, EngineEvent, EngineStats, EventKind, PdSettings, RequestId, RequestSummary, SimRequest,
     SubmitError, TransferOutcome,

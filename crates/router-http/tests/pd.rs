@@ -140,12 +140,7 @@ fn router_config(pd: PdConfig, policy: &str) -> RouterConfig {
 }
 
 fn engine_connector(connector: PdConnector) -> (KvConnector, MoriioMode) {
-    match connector {
-        PdConnector::Mooncake { .. } => (KvConnector::Mooncake, MoriioMode::Read),
-        PdConnector::MoriIo(MoriIoMode::Write) => (KvConnector::Moriio, MoriioMode::Write),
-        PdConnector::MoriIo(_) => (KvConnector::Moriio, MoriioMode::Read),
-        _ => (KvConnector::Nixl, MoriioMode::Read),
-    }
+    engine_sim::for_deployment(connector).expect("engine-sim simulates every connector")
 }
 
 /// `prefill` prefill engines (with the given faults, in order) and one

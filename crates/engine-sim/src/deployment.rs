@@ -1,16 +1,17 @@
-//! The one conversion from the router's connector configuration
-//! ([`PdConnector`]) to the connector settings of an engine-sim engine.
+//! The one conversion from a router's connector configuration
+//! ([`PdConnector`]) to the connector settings of an engine (feature
+//! `pd-orchestrator`).
 //!
-//! engine-sim depends on no router crate, so it keeps its own description
-//! of a connector: the `kv_transfer_params` format an engine speaks
-//! ([`KvConnector`]) and, for MoRI-IO, the transfer direction
-//! ([`MoriioMode`]). Whether Mooncake legs run concurrently or one after
+//! engine-sim keeps its own description of a connector — the
+//! `kv_transfer_params` format an engine speaks ([`KvConnector`]) and, for
+//! MoRI-IO, the transfer direction ([`MoriioMode`]) — so it runs without
+//! any router crate. Whether Mooncake legs run concurrently or one after
 //! the other is the router's choice alone; its engines speak the same
-//! format either way. The facade is the one crate that depends on both, so
-//! the mapping is written here, once: the command line's simulated P/D
-//! engines, the routing-quality simulator and the tests all use it.
+//! format either way. The reference router's simulated engines, the
+//! routing-quality simulator and every test that starts engines for a
+//! router use this function.
 
-use engine_sim::{KvConnector, MoriioMode};
+use crate::config::{KvConnector, MoriioMode};
 use pd_orchestrator::{MoriIoMode, PdConnector};
 
 /// The engine-sim connector and MoRI-IO mode that the engines of a
@@ -24,16 +25,16 @@ use pd_orchestrator::{MoriIoMode, PdConnector};
 /// [`PdConnector::NAMES`] is simulated today.
 ///
 /// ```
-/// use affinity_router::pd::PdConnector;
-/// use affinity_router::sim::{KvConnector, MoriioMode};
+/// use engine_sim::{KvConnector, MoriioMode};
+/// use pd_orchestrator::PdConnector;
 ///
 /// let write: PdConnector = "moriio-write".parse().unwrap();
 /// assert_eq!(
-///     affinity_router::sim_connector(write),
+///     engine_sim::for_deployment(write),
 ///     Some((KvConnector::Moriio, MoriioMode::Write))
 /// );
 /// ```
-pub fn sim_connector(connector: PdConnector) -> Option<(KvConnector, MoriioMode)> {
+pub fn for_deployment(connector: PdConnector) -> Option<(KvConnector, MoriioMode)> {
     Some(match connector {
         PdConnector::Nixl => (KvConnector::Nixl, MoriioMode::Read),
         PdConnector::Mooncake { .. } => (KvConnector::Mooncake, MoriioMode::Read),
@@ -69,7 +70,7 @@ mod tests {
         );
         for (name, kv, mode) in expected {
             let connector: PdConnector = name.parse().unwrap();
-            assert_eq!(sim_connector(connector), Some((kv, mode)), "{name}");
+            assert_eq!(for_deployment(connector), Some((kv, mode)), "{name}");
             // The names agree: the router's is the engine's plus, where the
             // router has a choice the engine does not see, a suffix.
             assert!(name.starts_with(kv.as_str()), "{name} vs {}", kv.as_str());
