@@ -5,12 +5,13 @@
 //! Prometheus listener, starts simulated engines when asked, waits for
 //! every configured worker's first healthy probe and only then adds it (so
 //! the first request can use it), and starts the health checks. In P/D mode
-//! the router with its two pools is built once the static workers answered
-//! (running the Mooncake bootstrap) and replaces the stand-in router that
-//! answered `/health` meanwhile; with `--vllm-discovery-address` the ZMQ
-//! listener (bound first) feeds the pools, and router-http answers
-//! `POST /register` through a hook that feeds the same registries over
-//! HTTP. [`App::stop`]
+//! the router is built with both roles' pools from the start, empty or fed
+//! by discovery; each static worker joins its role once it answered (a
+//! Mooncake prefill after its engine ids were learned), so one router
+//! answers `/health` from the first moment and serves the whole run. With
+//! `--vllm-discovery-address` the ZMQ listener (bound first) feeds the
+//! pools, and router-http answers `POST /register` through a hook that
+//! feeds the same registries over HTTP. [`App::stop`]
 //! is the graceful shutdown: readiness and health turn 503 at once, new
 //! requests are refused, the listener stays open while requests are in
 //! flight so that load balancers can see the 503, and everything is done
@@ -23,15 +24,16 @@ use engine_sim::{EngineConfig, EngineHandle, ServeOptions, TransferRegistry};
 use hyper::body::Incoming;
 use pd_orchestrator::MoriIoEndpoint;
 use router_http::{
-    ClientConfig, HttpProbe, PdConfig, PdConnector, PdWorkerConfig, RegisterHook, Router,
-    RouterConfig, UpstreamClient,
+    ClientConfig, HttpProbe, PdConfig, PdConnector, PdWorkerConfig, Router, RouterConfig,
+    UpstreamClient,
 };
 use std::net::SocketAddr;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use worker_lifecycle::RoleKind;
 
 /// Why the router could not start.
 #[derive(Debug, thiserror::Error)]
@@ -68,25 +70,6 @@ pub enum StartError {
     },
 }
 
-/// The router being served. Start-up may replace it once (a P/D router is
-/// built only after its static workers answered and its Mooncake bootstrap
-/// ran); until then a router with no workers answers `/health`.
-#[derive(Debug)]
-struct Current(RwLock<Router>);
-
-impl Current {
-    fn get(&self) -> Router {
-        self.0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn set(&self, router: Router) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = router;
-    }
-}
-
 /// A simulated engine started in-process, with its role for the banner.
 #[derive(Debug)]
 struct SimEngine {
@@ -97,15 +80,12 @@ struct SimEngine {
 /// A running router: the listeners, engines, discovery and background tasks.
 #[derive(Debug)]
 pub struct App {
-    current: Arc<Current>,
+    router: Router,
     addr: SocketAddr,
     prometheus_addr: Option<SocketAddr>,
     engines: Vec<SimEngine>,
     worker_urls: Vec<String>,
     discovery: Option<ZmqDiscovery>,
-    /// Answers `POST /register` when discovery runs (every router served
-    /// gets it, the stand-in included).
-    register_hook: Option<Arc<dyn RegisterHook>>,
     policy: &'static str,
     grace: Duration,
     serve: JoinHandle<router_http::ShutdownOutcome>,
@@ -156,13 +136,24 @@ impl App {
         let register_hook = discovery
             .as_ref()
             .map(|discovery| super::discovery::register_hook(discovery.registrar().clone()));
-        // The regular router, or (P/D) the stand-in that answers /health
-        // while the P/D workers start.
+        // The router answers /health from here on; its workers join as they
+        // answer their first probe (P/D: both roles' pools exist already,
+        // empty until then or fed by discovery).
+        let pd = match &settings.mode {
+            Mode::SimulatedPd { .. } => Some(pd_pools(settings, settings.args.kv_connector, None)),
+            Mode::PrefillDecode(pd_settings) => Some(pd_pools(
+                settings,
+                pd_settings.kv_connector,
+                discovery.as_ref(),
+            )),
+            _ => None,
+        };
         let config = RouterConfig {
-            register_hook: register_hook.clone(),
+            register_hook,
+            pd,
             ..settings.router.clone()
         };
-        let current = Arc::new(Current(RwLock::new(Router::new(config)?)));
+        let router = Router::new(config)?;
 
         let bind = settings.bind_address();
         let listener = TcpListener::bind(&bind)
@@ -177,13 +168,13 @@ impl App {
         })?;
         let (stop, stopped) = watch::channel(false);
         let serve = {
-            let service_router = Arc::clone(&current);
+            let service_router = router.clone();
             let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
-                let router = service_router.get();
+                let router = service_router.clone();
                 async move { Ok::<_, std::convert::Infallible>(router.handle(request).await) }
             });
             let shutdown = wait_for_stop(
-                Arc::clone(&current),
+                router.clone(),
                 stopped.clone(),
                 settings.router.shutdown_grace,
             );
@@ -200,7 +191,7 @@ impl App {
             settings.args.prometheus_port,
         );
         let (prometheus_addr, metrics_server) =
-            match serve_metrics(&current, &prometheus, stopped.clone()).await {
+            match serve_metrics(&router, &prometheus, stopped.clone()).await {
                 Ok((addr, task)) => (Some(addr), Some(task)),
                 Err(err) => {
                     tracing::warn!(
@@ -214,13 +205,12 @@ impl App {
             };
 
         let mut app = App {
-            current,
+            router,
             addr,
             prometheus_addr,
             engines: Vec::new(),
             worker_urls: Vec::new(),
             discovery,
-            register_hook,
             policy: settings.args.policy.as_str(),
             grace: settings.router.shutdown_grace,
             serve,
@@ -271,7 +261,7 @@ impl App {
                 // One registry: decode engines check that the named prefill
                 // engine really produced each transfer.
                 let transfers = TransferRegistry::new();
-                let mut pd = PdConfig::new(connector);
+                let mut workers = Vec::new();
                 for (role, count) in [
                     (engine_sim::Role::Prefill, *prefill),
                     (engine_sim::Role::Decode, *decode),
@@ -302,23 +292,22 @@ impl App {
                         if matches!(connector, PdConnector::MoriIo(_)) {
                             worker = worker.with_moriio(SIM_MORIIO);
                         }
-                        let label = if role == engine_sim::Role::Prefill {
-                            pd.prefill.push(worker);
-                            "prefill"
+                        let (kind, label) = if role == engine_sim::Role::Prefill {
+                            (RoleKind::Prefill, "prefill")
                         } else {
-                            pd.decode.push(worker);
-                            "decode"
+                            (RoleKind::Decode, "decode")
                         };
+                        workers.push((kind, worker));
                         self.engines.push(SimEngine {
                             role: label,
                             handle,
                         });
                     }
                 }
-                self.start_pd(settings, pd).await
+                self.add_pd_workers(&workers).await
             }
             Mode::PrefillDecode(pd_settings) => {
-                let pd = self.pd_config(settings, pd_settings);
+                let workers = pd_static_workers(settings, pd_settings);
                 let mut urls: Vec<String> = pd_settings
                     .prefill
                     .iter()
@@ -328,63 +317,22 @@ impl App {
                 urls.dedup();
                 self.worker_urls = urls.clone();
                 wait_all_healthy(settings, &urls).await?;
-                self.start_pd(settings, pd).await
+                self.add_pd_workers(&workers).await
             }
         }
     }
 
-    /// The P/D section for real engines: static workers (one per DP rank)
-    /// or the registries of the ZMQ discovery listener.
-    fn pd_config(&self, settings: &Settings, pd_settings: &PdSettings) -> PdConfig {
-        let mut pd = PdConfig::new(pd_settings.kv_connector);
-        let dp = settings.args.intra_node_data_parallel_size;
-        let ranks = |url: &str, bootstrap: Option<u16>| -> Vec<PdWorkerConfig> {
-            let base = || {
-                let worker = PdWorkerConfig::new(url);
-                match bootstrap {
-                    Some(port) => worker.with_bootstrap_port(port),
-                    None => worker,
-                }
-            };
-            if dp <= 1 {
-                vec![base()]
-            } else {
-                (0..dp).map(|rank| base().with_dp_rank(rank)).collect()
-            }
-        };
-        for (url, bootstrap) in &pd_settings.prefill {
-            pd.prefill.extend(ranks(url, *bootstrap));
+    /// Adds static prefill and decode workers that answered their first
+    /// probe: a Mooncake prefill's engine ids are learned first (with the
+    /// bootstrap retry schedule), so each joins its role selectable.
+    async fn add_pd_workers(
+        &self,
+        workers: &[(RoleKind, PdWorkerConfig)],
+    ) -> Result<(), StartError> {
+        for (role, spec) in workers {
+            self.router.add_pd_worker(*role, spec).await?;
+            tracing::info!(url = %spec.url, %role, "worker healthy and added");
         }
-        for url in &pd_settings.decode {
-            pd.decode.extend(ranks(url, None));
-        }
-        if let Some(discovery) = &self.discovery {
-            let registries = discovery.registries();
-            pd.prefill_registry = Some(Arc::clone(&registries.prefill));
-            pd.decode_registry = Some(Arc::clone(&registries.decode));
-        }
-        pd
-    }
-
-    /// Builds the P/D router (running the Mooncake bootstrap) and serves it.
-    async fn start_pd(&mut self, settings: &Settings, pd: PdConfig) -> Result<(), StartError> {
-        let policy = |name: Option<super::args::PolicyName>| {
-            name.map(|name| {
-                let mut policy = settings.router.policy.clone();
-                policy.name = name.as_str().to_owned();
-                policy
-            })
-        };
-        let mut pd = pd;
-        pd.prefill_policy = policy(settings.args.prefill_policy);
-        pd.decode_policy = policy(settings.args.decode_policy);
-        let config = RouterConfig {
-            pd: Some(pd),
-            register_hook: self.register_hook.clone(),
-            ..settings.router.clone()
-        };
-        let router = Router::start(config).await?;
-        self.current.set(router);
         Ok(())
     }
 
@@ -411,7 +359,7 @@ impl App {
 
     /// The router being served (cheap to clone: shared state).
     pub fn router(&self) -> Router {
-        self.current.get()
+        self.router.clone()
     }
 
     /// The router's bound address.
@@ -546,11 +494,10 @@ impl App {
 /// Resolves when a stop is asked for and the requests in flight are done
 /// (or the grace period passed): until then the listener keeps accepting,
 /// so readiness probes see the 503.
-async fn wait_for_stop(current: Arc<Current>, mut stopped: watch::Receiver<bool>, grace: Duration) {
+async fn wait_for_stop(router: Router, mut stopped: watch::Receiver<bool>, grace: Duration) {
     if stopped.wait_for(|stop| *stop).await.is_err() {
         return;
     }
-    let router = current.get();
     router.begin_shutdown();
     let deadline = tokio::time::Instant::now() + grace;
     while router.in_flight() > 0 && tokio::time::Instant::now() < deadline {
@@ -638,16 +585,16 @@ async fn wait_healthy(
 
 /// Serves `GET /metrics` (and nothing else) on `address`.
 async fn serve_metrics(
-    current: &Arc<Current>,
+    router: &Router,
     address: &str,
     mut stopped: watch::Receiver<bool>,
 ) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(address).await?;
     let addr = listener.local_addr()?;
-    let current = Arc::clone(current);
+    let serving = router.clone();
     let service =
         hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-            let router = current.get();
+            let router = serving.clone();
             async move {
                 if request.method() == http::Method::GET && request.uri().path() == "/metrics" {
                     let (parts, _) = request.into_parts();
@@ -708,4 +655,64 @@ impl ShutdownSignals {
             tracing::info!("Ctrl-C: shutting down gracefully");
         }
     }
+}
+
+/// The P/D section of the router, without static workers (they join as
+/// they answer their first probe): the connector, each role's policy, and
+/// the registries of the discovery listener when there is one.
+fn pd_pools(
+    settings: &Settings,
+    connector: PdConnector,
+    discovery: Option<&ZmqDiscovery>,
+) -> PdConfig {
+    let policy = |name: Option<super::args::PolicyName>| {
+        name.map(|name| {
+            let mut policy = settings.router.policy.clone();
+            policy.name = name.as_str().to_owned();
+            policy
+        })
+    };
+    let mut pd = PdConfig::new(connector);
+    pd.prefill_policy = policy(settings.args.prefill_policy);
+    pd.decode_policy = policy(settings.args.decode_policy);
+    if let Some(discovery) = discovery {
+        let registries = discovery.registries();
+        pd.prefill_registry = Some(Arc::clone(&registries.prefill));
+        pd.decode_registry = Some(Arc::clone(&registries.decode));
+    }
+    pd
+}
+
+/// The static prefill and decode workers of real engines, one per
+/// data-parallel rank.
+fn pd_static_workers(
+    settings: &Settings,
+    pd_settings: &PdSettings,
+) -> Vec<(RoleKind, PdWorkerConfig)> {
+    let dp = settings.args.intra_node_data_parallel_size;
+    let ranks = |url: &str, bootstrap: Option<u16>| -> Vec<PdWorkerConfig> {
+        let base = || {
+            let worker = PdWorkerConfig::new(url);
+            match bootstrap {
+                Some(port) => worker.with_bootstrap_port(port),
+                None => worker,
+            }
+        };
+        if dp <= 1 {
+            vec![base()]
+        } else {
+            (0..dp).map(|rank| base().with_dp_rank(rank)).collect()
+        }
+    };
+    let prefill = pd_settings
+        .prefill
+        .iter()
+        .flat_map(|(url, bootstrap)| ranks(url, *bootstrap))
+        .map(|spec| (RoleKind::Prefill, spec));
+    let decode = pd_settings
+        .decode
+        .iter()
+        .flat_map(|url| ranks(url, None))
+        .map(|spec| (RoleKind::Decode, spec));
+    prefill.chain(decode).collect()
 }

@@ -205,7 +205,7 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
         }
         tokio::time::sleep(config.worker_startup_check_interval).await;
     }
-    if let (Some(role), Some(pd)) = (pd_role, &router.shared().pd) {
+    if let Some(role) = pd_role {
         let mut spec = crate::pd::PdWorkerConfig::new(url.as_str());
         if let Some(port) = query_param(query, "bootstrap_port") {
             let port = port.parse::<u16>().map_err(|_| {
@@ -213,10 +213,13 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
             })?;
             spec = spec.with_bootstrap_port(port);
         }
-        let worker = pd.add_worker(role, &spec).await.map_err(|err| match err {
-            crate::ConfigError::Bootstrap(err) => ApiError::WorkerNotReady(err.to_string()),
-            other => ApiError::InvalidRequest(other.to_string()),
-        })?;
+        let worker = router
+            .add_pd_worker(role, &spec)
+            .await
+            .map_err(|err| match err {
+                crate::ConfigError::Bootstrap(err) => ApiError::WorkerNotReady(err.to_string()),
+                other => ApiError::InvalidRequest(other.to_string()),
+            })?;
         return Ok(json(
             StatusCode::OK,
             &serde_json::json!({"status": "added", "worker": worker_json(&worker)}),

@@ -248,6 +248,28 @@ impl Router {
             .map_err(|err| invalid(err.to_string()))
     }
 
+    /// Adds a static prefill or decode worker at run time, in P/D mode: a
+    /// Mooncake prefill worker's engine ids are learned first (with the
+    /// configured bootstrap retries), so it joins its role already
+    /// selectable.
+    ///
+    /// # Errors
+    /// [`ConfigError::Pd`] outside P/D mode; [`ConfigError::Worker`] for an
+    /// invalid spec, a duplicate or a discovered role;
+    /// [`ConfigError::Bootstrap`] when its bootstrap server does not answer.
+    pub async fn add_pd_worker(
+        &self,
+        role: RoleKind,
+        spec: &crate::pd::PdWorkerConfig,
+    ) -> Result<Arc<Worker>, ConfigError> {
+        match &self.shared.pd {
+            Some(pd) => pd.add_worker(role, spec).await,
+            None => Err(ConfigError::Pd(
+                "the router is not in prefill/decode mode".into(),
+            )),
+        }
+    }
+
     /// Forwards a membership event of the regular workers to the policies:
     /// a replaced worker is a removal of the old lifetime's key and an
     /// addition of the new one's.
