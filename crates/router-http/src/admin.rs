@@ -184,7 +184,7 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
         }));
     }
     let config = router.config();
-    let probe = HttpProbe::new(router.shared().client.clone(), &config.health_endpoint);
+    let probe = HttpProbe::new(router.client().clone(), &config.health_endpoint);
     let deadline = tokio::time::Instant::now() + config.worker_startup_timeout;
     // Nothing is routable until the first healthy probe.
     loop {
@@ -343,9 +343,7 @@ fn metrics(router: &Router) -> Response<BoxBody> {
     let mut exposition = Exposition::new(&mut out);
     router.metrics().render(&mut exposition);
     render_workers(&router.all_workers(), &mut exposition);
-    if let Some(pd) = &router.shared().pd {
-        pd.render(&mut exposition);
-    }
+    router.render_pd(&mut exposition);
     let mut family = exposition.family(
         "router_policy_decisions_total",
         MetricType::Counter,

@@ -64,11 +64,11 @@ impl std::fmt::Debug for Router {
     }
 }
 
-pub(crate) struct Shared {
-    pub(crate) config: RouterConfig,
-    pub(crate) client: UpstreamClient,
+struct Shared {
+    config: RouterConfig,
+    client: UpstreamClient,
     /// The regular workers and their policies.
-    pub(crate) pool: RolePool,
+    pool: RolePool,
     limiter: ConcurrencyLimiter,
     rate: Option<RateLimiter>,
     ids: RequestIds,
@@ -76,10 +76,10 @@ pub(crate) struct Shared {
     dp_rank_header: HeaderName,
     retry_budget: RetryBudget,
     jitter_seed: AtomicU64,
-    pub(crate) metrics: RouterMetrics,
+    metrics: RouterMetrics,
     accepting: AtomicBool,
     /// Prefill/decode pools and flow, in P/D mode.
-    pub(crate) pd: Option<crate::pd::PdState>,
+    pd: Option<crate::pd::PdState>,
 }
 
 impl Router {
@@ -567,7 +567,7 @@ impl Router {
 impl Shared {
     /// The retries of one request arriving at `now`, counted in the
     /// router's budget (both modes).
-    pub(crate) fn retries(&self, now: std::time::Instant) -> RequestRetries<'_> {
+    fn retries(&self, now: std::time::Instant) -> RequestRetries<'_> {
         let seed = self.jitter_seed.fetch_add(1, Ordering::Relaxed);
         RequestRetries::start(&self.config.retry, &self.retry_budget, seed, now)
     }
@@ -836,8 +836,16 @@ impl Router {
         }
     }
 
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
+    /// The pooled client the router forwards (and probes) through.
+    pub fn client(&self) -> &UpstreamClient {
+        &self.shared.client
+    }
+
+    /// Writes the P/D series of `/metrics` (nothing outside P/D mode).
+    pub(crate) fn render_pd(&self, exposition: &mut prom_text::Exposition<'_>) {
+        if let Some(pd) = &self.shared.pd {
+            pd.render(exposition);
+        }
     }
 }
 

@@ -23,7 +23,7 @@ impl Router {
         B::Error: Into<BoxError>,
     {
         let started = Instant::now();
-        let config = &self.shared().config;
+        let config = self.config();
         let mut route = Route::of(request.method(), request.uri().path());
         if route == Route::NotFound
             && crate::routes::passthrough_matches(&config.passthrough_paths, request.uri().path())
@@ -39,11 +39,10 @@ impl Router {
             },
         };
         let response = result.unwrap_or_else(|err| {
-            self.shared().metrics.record_error(&err);
+            self.metrics().record_error(&err);
             err.into_response()
         });
-        self.shared()
-            .metrics
+        self.metrics()
             .record_response(route, response.status(), started.elapsed());
         response
     }
