@@ -373,13 +373,19 @@ impl PdPools {
         let choice = role
             .pool()
             .choose(eligible, &scope.request().context(), false)?;
-        let endpoint = role.endpoint(&choice.worker).ok_or_else(|| {
-            SelectError::Policy(format!(
-                "{} cannot be addressed by the {} connector",
-                choice.worker.key(),
-                self.connector
-            ))
-        })?;
+        // Only a worker the connector refused has no endpoint, and the
+        // eligibility filter already left those out: a 503 if it happens,
+        // never the client's fault.
+        let endpoint = role
+            .endpoint(&choice.worker)
+            .ok_or_else(|| SelectError::Pool {
+                role: role.role(),
+                reason: format!(
+                    "{} cannot be addressed by the {} connector",
+                    choice.worker.key(),
+                    self.connector
+                ),
+            })?;
         Ok(PdTarget::new(choice.worker, endpoint, scope))
     }
 

@@ -271,10 +271,10 @@ impl PdRole {
         scope: &PdScope,
     ) -> Result<Eligible<'a>, SelectError> {
         let needs_facts = self.needs_facts();
-        let role = self.role();
+        let failed = scope.failed_keys(self.role());
         self.pool
             .eligible(workers, &scope.request().model, |worker| {
-                !scope.is_excluded(role, worker.key())
+                !failed.iter().any(|key| **key == *worker.key())
                     && (!needs_facts || self.endpoint(worker).is_some_and(|e| self.can_address(&e)))
             })
     }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use lb_policies::OwnedContext;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use worker_lifecycle::{RoleKind, Worker};
 
 use crate::endpoint::PdEndpoint;
@@ -47,6 +47,12 @@ impl PdScope {
     /// Whether the worker with key `worker` failed this request in `role`.
     pub fn is_excluded(&self, role: RoleKind, worker: &str) -> bool {
         self.failed(role).lock().iter().any(|key| &**key == worker)
+    }
+
+    /// The keys of the workers that failed this request in `role`, locked
+    /// once for a pass over a whole pool.
+    pub(super) fn failed_keys(&self, role: RoleKind) -> MutexGuard<'_, Vec<Box<str>>> {
+        self.failed(role).lock()
     }
 
     fn failed(&self, role: RoleKind) -> &Mutex<Vec<Box<str>>> {
