@@ -16,8 +16,8 @@ use pd_orchestrator::{MoriIoMode, PdConnector};
 
 /// The engine-sim connector and MoRI-IO mode that the engines of a
 /// deployment running `connector` need (the values of
-/// [`EngineConfig::kv_connector`](engine_sim::EngineConfig::kv_connector)
-/// and [`EngineConfig::moriio_mode`](engine_sim::EngineConfig::moriio_mode)).
+/// [`EngineConfig::kv_connector`](crate::EngineConfig::kv_connector)
+/// and [`EngineConfig::moriio_mode`](crate::EngineConfig::moriio_mode)).
 /// The mode is engine-sim's default, READ, for connectors other than
 /// MoRI-IO.
 ///
