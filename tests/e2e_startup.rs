@@ -1,6 +1,7 @@
 //! Start-up as deployment scripts see it, in-process: `/health` does not
 //! say ready before the configured workers are routable (a client that
-//! sends its first request on the first 200 is served).
+//! sends its first request on the first 200 is served), and a command line
+//! without a worker source starts an empty fleet, as vllm-router's does.
 
 use affinity_router::cli::{App, Settings, StopOutcome};
 use affinity_router::sim::{EngineConfig, EngineHandle, Role, ServeOptions, TransferRegistry};
@@ -277,6 +278,62 @@ async fn health_names_the_awaited_worker_while_liveness_answers() {
         let (status, body) = send(&client, "GET", &format!("{base}/readiness"), "").await;
         assert_eq!(status, StatusCode::OK, "{body}");
         let app = starting.await.unwrap().expect("the router starts");
+        assert_eq!(app.stop().await, StopOutcome::Drained);
+        engine.shutdown().await;
+    })
+    .await
+    .expect("within 60 s");
+}
+
+/// vllm-router's command line without a worker source: no workers at all,
+/// `/health` 200 at once, and the banner's `curl` adds one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_without_workers_start_an_empty_fleet_that_add_worker_fills() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let client = client();
+        let settings = settings(&[
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--policy",
+            "round_robin",
+            "--prometheus-port",
+            "0",
+        ]);
+        let app = App::start(&settings).await.unwrap();
+        assert_eq!(app.engines().count(), 0, "no simulated engines");
+        let base = format!("http://{}", app.addr());
+        let (status, body) = send(&client, "GET", &format!("{base}/list_workers"), "").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, serde_json::json!({"urls": []}));
+        assert_eq!(
+            send(&client, "GET", &format!("{base}/health"), "").await.0,
+            StatusCode::OK
+        );
+
+        let banner = app.banner();
+        assert!(banner.contains("an empty fleet"), "{banner}");
+        let add = banner
+            .lines()
+            .find(|line| line.contains("/add_worker"))
+            .unwrap_or_else(|| panic!("the banner shows how to add a worker:\n{banner}"));
+        assert!(add.contains("curl -s -X POST"), "{add}");
+        // The banner's URL, with a real engine in place of its placeholder.
+        let engine = affinity_router::sim::spawn(EngineConfig::instant(), ServeOptions::default())
+            .await
+            .unwrap();
+        let add_url = add
+            .split('\'')
+            .find(|part| part.starts_with("http://"))
+            .expect("a quoted URL")
+            .replace("http://HOST:PORT", &engine.url());
+        let (status, body) = send(&client, "POST", &add_url, "").await;
+        assert!(status.is_success(), "{status} {body}");
+        let (_, body) = send(&client, "GET", &format!("{base}/list_workers"), "").await;
+        assert_eq!(body, serde_json::json!({"urls": [engine.url()]}));
+        let chat = format!("{base}/v1/chat/completions");
+        assert_eq!(send(&client, "POST", &chat, CHAT).await.0, StatusCode::OK);
         assert_eq!(app.stop().await, StopOutcome::Drained);
         engine.shutdown().await;
     })

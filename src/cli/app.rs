@@ -434,7 +434,7 @@ impl App {
             if !self.worker_urls.is_empty() {
                 out.push_str(&format!("  workers: {}\n", self.worker_urls.join(" ")));
             } else if self.discovery.is_none() {
-                out.push_str("  workers: none yet (POST /add_worker?url=...)\n");
+                out.push_str(&empty_fleet_banner(&base, router.config()));
             }
         } else {
             for role in ["regular", "prefill", "decode"] {
@@ -510,6 +510,23 @@ impl App {
         }
         outcome
     }
+}
+
+/// The banner lines of a router started without workers: what that means
+/// and the `curl` that adds one (with the admin credential when one is set).
+fn empty_fleet_banner(base: &str, config: &RouterConfig) -> String {
+    let auth = if config.admin_api_key.is_some() {
+        " -H 'authorization: Bearer ADMIN_API_KEY'"
+    } else if config.api_key.is_some() {
+        " -H 'authorization: Bearer API_KEY'"
+    } else {
+        ""
+    };
+    format!(
+        "  workers: none, an empty fleet (no worker source given; simulated engines start with \
+         no arguments at all, --sim-workers N or --sim-pd P:D)\n  \
+         add one: curl -s -X POST{auth} '{base}/add_worker?url=http://HOST:PORT'\n"
+    )
 }
 
 /// Resolves when a stop is asked for and the requests in flight are done
