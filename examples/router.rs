@@ -1,7 +1,9 @@
 //! The reference router: `cargo run --release --example router`.
 //!
-//! With no worker flags it starts four simulated engines in-process and
-//! routes to them; with vllm-router's flags it fronts real engines. Every
+//! With no arguments at all (or with `--sim-workers N` / `--sim-pd P:D`) it
+//! starts simulated engines in-process and routes to them; with
+//! vllm-router's flags it fronts real engines, and like vllm-router it
+//! starts an empty fleet when no worker source is given. Every
 //! flag is in `--help` and in docs/operations.md; the code is in
 //! `affinity_router::cli`.
 

@@ -91,16 +91,87 @@ fn every_flag_has_vllm_routers_default() {
 }
 
 #[test]
-fn no_worker_flags_means_four_simulated_engines() {
+fn no_arguments_at_all_means_four_simulated_engines() {
     let s = settings(&[]).unwrap();
     assert_eq!(s.mode, Mode::Simulated { engines: 4 });
     assert_eq!(s.bind_address(), "127.0.0.1:30000");
     assert!(s.ignored.is_empty());
+}
+
+#[test]
+fn explicit_simulator_flags_start_simulated_engines() {
     let s = settings(&["--sim-workers", "2"]).unwrap();
     assert_eq!(s.mode, Mode::Simulated { engines: 2 });
-    // `--worker-urls` with no URL: no engines at all, add workers later.
-    let s = settings(&["--worker-urls"]).unwrap();
-    assert_eq!(s.mode, Mode::Workers { urls: vec![] });
+    // The default count, given explicitly, still asks for engines.
+    let s = settings(&["--port", "8000", "--sim-workers", "4"]).unwrap();
+    assert_eq!(s.mode, Mode::Simulated { engines: 4 });
+    let s = settings(&["--policy", "round_robin", "--sim-pd", "1:2"]).unwrap();
+    assert_eq!(
+        s.mode,
+        Mode::SimulatedPd {
+            prefill: 1,
+            decode: 2
+        }
+    );
+    let path = temp_file("sim.toml", "sim-workers = 3\nport = 8000\n");
+    let s = settings(&["--config", path.to_str().unwrap()]).unwrap();
+    assert_eq!(s.mode, Mode::Simulated { engines: 3 });
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn flags_without_a_worker_source_start_an_empty_fleet_as_vllm_routers_do() {
+    let empty = Mode::Workers { urls: vec![] };
+    for args in [
+        // vllm-router's own harness command line.
+        &[
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "8000",
+            "--policy",
+            "round_robin",
+            "--prometheus-port",
+            "29001",
+        ][..],
+        &["--port", "8000"],
+        &["--log-level", "debug"],
+        // A simulator setting alone does not ask for engines.
+        &["--sim-time-scale", "0"],
+        // `--worker-urls` with no URL.
+        &["--worker-urls"],
+    ] {
+        let s = settings(args).unwrap();
+        assert_eq!(s.mode, empty, "{args:?}");
+    }
+    let path = temp_file("port.toml", "port = 8000\npolicy = \"random\"\n");
+    let s = settings(&["--config", path.to_str().unwrap()]).unwrap();
+    assert_eq!(s.mode, empty, "a config file without a worker source");
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn help_says_when_simulated_engines_start_and_when_the_fleet_is_empty() {
+    let Err(CliError::Clap(help)) = settings(&["--help"]) else {
+        panic!("--help prints the help")
+    };
+    // As printed, with the line wrapping undone.
+    let help = help
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for needle in [
+        "With no arguments at all it starts four simulated engines",
+        "--sim-workers N or --sim-pd P:D",
+        "starts an empty fleet",
+        "POST /add_worker",
+    ] {
+        assert!(
+            help.contains(needle),
+            "{needle:?} missing from --help:\n{help}"
+        );
+    }
 }
 
 #[test]
@@ -645,10 +716,11 @@ fn a_config_file_round_trips() {
 }
 
 #[test]
-fn a_dump_of_the_defaults_is_the_same_as_no_flags() {
+fn a_dump_of_the_defaults_selects_nothing() {
     let path = temp_file("defaults.toml", &settings::to_toml(&Args::default()));
+    // Only `--config` is given: no worker source, so an empty fleet.
     let s = settings(&["--config", path.to_str().unwrap()]).unwrap();
-    assert_eq!(s.mode, Mode::Simulated { engines: 4 });
+    assert_eq!(s.mode, Mode::Workers { urls: vec![] });
     assert!(s.ignored.is_empty(), "{:?}", s.ignored);
     // ... and flags still combine with it as without a file.
     let s = settings(&[

@@ -263,7 +263,7 @@ async fn zero_workers_health_answers_and_readiness_waits() {
     )
     .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(app.banner().contains("workers: none yet"));
+    assert!(app.banner().contains("an empty fleet"));
     assert_eq!(app.stop().await, StopOutcome::Drained);
 }
 

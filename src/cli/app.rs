@@ -1,14 +1,18 @@
 //! Start-up, serving and graceful shutdown of the reference router.
 //!
 //! [`App::start`] does everything up to "serving": it binds the router (so
-//! `/health` answers at once, even with no workers), binds the extra
-//! Prometheus listener, starts simulated engines when asked, waits for
-//! every configured worker's first healthy probe and only then adds it (so
-//! the first request can use it), and starts the health checks. In P/D mode
-//! the router is built with both roles' pools from the start, empty or fed
-//! by discovery; each static worker joins its role once it answered (a
-//! Mooncake prefill after its engine ids were learned), so one router
-//! answers `/health` from the first moment and serves the whole run. With
+//! `/liveness` answers at once), binds the extra Prometheus listener,
+//! starts simulated engines when asked, waits for every configured worker's
+//! first healthy probe and only then adds it (so the first request can use
+//! it), and starts the health checks. Until the configured workers were
+//! added, router-http's [startup gate](router_http::startup) holds
+//! `/health` and `/readiness` at 503 naming them, so a client that sends
+//! its first request on the first `/health` 200 is served; with no worker
+//! configured (an empty fleet, discovery) `/health` answers 200 at once.
+//! In P/D mode the router is built with both roles' pools from the start,
+//! empty or fed by discovery; each static worker joins its role once it
+//! answered (a Mooncake prefill after its engine ids were learned), so one
+//! router answers from the first moment and serves the whole run. With
 //! `--vllm-discovery-address` the ZMQ listener (bound first) feeds the
 //! pools, and router-http answers `POST /register` through a hook that
 //! feeds the same registries over HTTP. [`App::stop`]
@@ -154,6 +158,12 @@ impl App {
             ..settings.router.clone()
         };
         let router = Router::new(config)?;
+        // Until the workers given here joined, /health and /readiness
+        // answer 503 naming them; the listener binds next.
+        router.startup_gate().await_workers(
+            startup_workers(&settings.mode),
+            settings.router.worker_startup_timeout,
+        );
 
         let bind = settings.bind_address();
         let listener = TcpListener::bind(&bind)
@@ -184,7 +194,7 @@ impl App {
                 router_http::serve_with(listener, service, shutdown, &server, move || grace).await
             })
         };
-        tracing::info!(%addr, "router listening; /health answers now");
+        tracing::info!(%addr, "router listening; /liveness answers now");
 
         let prometheus = join_host_port(
             &settings.args.prometheus_host,
@@ -222,6 +232,9 @@ impl App {
             app.stop().await;
             return Err(err);
         }
+        // Every configured worker joined (simulated engines are awaited by
+        // a name, not by URL): /health follows its usual rule from here.
+        app.router().startup_gate().open();
         app.background = Some(app.router().spawn_background());
         tracing::info!(workers = app.router().all_workers().len(), "ready");
         Ok(app)
@@ -329,9 +342,16 @@ impl App {
         &self,
         workers: &[(RoleKind, PdWorkerConfig)],
     ) -> Result<(), StartError> {
-        for (role, spec) in workers {
+        for (i, (role, spec)) in workers.iter().enumerate() {
             self.router.add_pd_worker(*role, spec).await?;
             tracing::info!(url = %spec.url, %role, "worker healthy and added");
+            // A URL may serve both roles and several ranks: ready after its last.
+            if workers[i + 1..]
+                .iter()
+                .all(|(_, later)| later.url != spec.url)
+            {
+                self.router.startup_gate().worker_ready(&spec.url);
+            }
         }
         Ok(())
     }
@@ -353,6 +373,7 @@ impl App {
                 }
             }
             tracing::info!(%url, dp_ranks = dp, "worker healthy and added");
+            router.startup_gate().worker_ready(url);
         }
         Ok(())
     }
@@ -413,7 +434,7 @@ impl App {
             if !self.worker_urls.is_empty() {
                 out.push_str(&format!("  workers: {}\n", self.worker_urls.join(" ")));
             } else if self.discovery.is_none() {
-                out.push_str("  workers: none yet (POST /add_worker?url=...)\n");
+                out.push_str(&empty_fleet_banner(&base, router.config()));
             }
         } else {
             for role in ["regular", "prefill", "decode"] {
@@ -489,6 +510,23 @@ impl App {
         }
         outcome
     }
+}
+
+/// The banner lines of a router started without workers: what that means
+/// and the `curl` that adds one (with the admin credential when one is set).
+fn empty_fleet_banner(base: &str, config: &RouterConfig) -> String {
+    let auth = if config.admin_api_key.is_some() {
+        " -H 'authorization: Bearer ADMIN_API_KEY'"
+    } else if config.api_key.is_some() {
+        " -H 'authorization: Bearer API_KEY'"
+    } else {
+        ""
+    };
+    format!(
+        "  workers: none, an empty fleet (no worker source given; simulated engines start with \
+         no arguments at all, --sim-workers N or --sim-pd P:D)\n  \
+         add one: curl -s -X POST{auth} '{base}/add_worker?url=http://HOST:PORT'\n"
+    )
 }
 
 /// Resolves when a stop is asked for and the requests in flight are done
@@ -654,6 +692,28 @@ impl ShutdownSignals {
             let _ = tokio::signal::ctrl_c().await;
             tracing::info!("Ctrl-C: shutting down gracefully");
         }
+    }
+}
+
+/// What the startup gate awaits: every worker given at startup (in P/D
+/// mode the static prefill and decode URLs) and the simulated engines, by
+/// one name; nothing for an empty fleet or discovery.
+fn startup_workers(mode: &Mode) -> Vec<String> {
+    match mode {
+        Mode::Simulated { engines: 0 } => Vec::new(),
+        Mode::Simulated { engines } => vec![format!("{engines} simulated engines")],
+        Mode::SimulatedPd { prefill, decode } => {
+            vec![format!(
+                "{prefill} simulated prefill and {decode} decode engines"
+            )]
+        }
+        Mode::Workers { urls } => urls.clone(),
+        Mode::PrefillDecode(pd) => pd
+            .prefill
+            .iter()
+            .map(|(url, _)| url.clone())
+            .chain(pd.decode.iter().cloned())
+            .collect(),
     }
 }
 

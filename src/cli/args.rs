@@ -104,9 +104,12 @@ pub enum BackendName {
     allow_negative_numbers = true,
     about = "affinity-router: a cache-aware, load-exact router for vLLM-style engines",
     long_about = "affinity-router: a cache-aware, load-exact router for vLLM-style engines.\n\n\
-        With no worker flags it starts simulated engines in-process (engine-sim) and routes \
-        to them, so it works out of the box. With vllm-router's flags it fronts real engines: \
-        existing command lines work unchanged."
+        With no arguments at all it starts four simulated engines in-process (engine-sim) and \
+        routes to them, so it works out of the box; --sim-workers N or --sim-pd P:D start \
+        simulated engines explicitly. With vllm-router's flags it fronts real engines: existing \
+        command lines work unchanged. Like vllm-router, any other command line without a \
+        worker source (--worker-urls, --prefill/--decode, discovery) starts an empty fleet: \
+        add workers with POST /add_worker?url=URL."
 )]
 #[serde(deny_unknown_fields, default)]
 pub struct Args {
@@ -394,7 +397,9 @@ pub struct Args {
     pub service_discovery_namespace: Option<String>,
 
     // ----- Simulated engines (this router's demo mode) -----
-    /// With no worker flags: how many engine-sim engines to start in-process.
+    /// Start N engine-sim engines in-process and route to them (4 when the
+    /// command line is empty; without this flag, other flags and no worker
+    /// source start an empty fleet).
     #[arg(long, default_value_t = 4, help_heading = "Simulated engines")]
     pub sim_workers: usize,
     /// Start PREFILL:DECODE simulated engines for a P/D demo (e.g. 2:2).

@@ -171,7 +171,8 @@ pub fn to_toml(args: &Args) -> String {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Mode {
-    /// No worker flags: start this many engine-sim engines in-process.
+    /// No arguments at all, or `--sim-workers N`: start this many engine-sim
+    /// engines in-process.
     Simulated {
         /// Engines to start (0: none).
         engines: usize,
@@ -183,7 +184,10 @@ pub enum Mode {
         /// Decode engines.
         decode: usize,
     },
-    /// `--worker-urls`: real engines (possibly none, to be added later).
+    /// `--worker-urls`: real engines. None (an empty fleet, workers added
+    /// later through `POST /add_worker`) for `--worker-urls` without a URL
+    /// and for any command line without a worker source that does not ask
+    /// for simulated engines.
     Workers {
         /// The URLs, validated.
         urls: Vec<String>,
@@ -645,9 +649,24 @@ fn mode(parsed: &Parsed) -> Result<Mode, CliError> {
         check_unique("worker_urls", &urls)?;
         return Ok(Mode::Workers { urls });
     }
-    Ok(Mode::Simulated {
-        engines: a.sim_workers,
-    })
+    if starts_simulated_engines(parsed) {
+        return Ok(Mode::Simulated {
+            engines: a.sim_workers,
+        });
+    }
+    // vllm-router's behaviour: no worker source, no workers until
+    // `POST /add_worker`.
+    Ok(Mode::Workers { urls: Vec::new() })
+}
+
+/// Without a worker source, simulated engines start only for a command line
+/// with no arguments at all (nothing given on the command line, in the
+/// environment or in a `--config` file) or with `--sim-workers N` given
+/// explicitly. Any other command line starts an empty fleet, as
+/// vllm-router's does, so that tools driving it through `/add_worker` see
+/// no foreign workers.
+fn starts_simulated_engines(parsed: &Parsed) -> bool {
+    parsed.explicit.is_empty() || parsed.is_explicit("sim_workers")
 }
 
 /// Groups `--prefill URL [BOOTSTRAP_PORT|none]` values: a port (or

@@ -4,7 +4,9 @@
 //! Health (`/health`) answers 200 while the router is up and accepting
 //! requests, even with no workers, as vllm-router's does; readiness
 //! (`/readiness`) answers 200 only when a worker is available to serve;
-//! liveness (`/liveness`) always answers 200. `/workers` shows each worker's
+//! liveness (`/liveness`) always answers 200. While the
+//! [startup gate](crate::startup) is closed, health and readiness answer
+//! 503 naming the workers still awaited. `/workers` shows each worker's
 //! live state as the router's own accounting sees it.
 
 use crate::body::{BoxBody, BoxError};
@@ -34,10 +36,13 @@ where
 {
     let query = request.uri().query().map(str::to_owned);
     match route {
-        Route::Health if router.is_accepting() => {
-            Ok(json(StatusCode::OK, &serde_json::json!({"status": "ok"})))
-        }
-        Route::Health => Err(ApiError::ShuttingDown),
+        Route::Health if !router.is_accepting() => Err(ApiError::ShuttingDown),
+        Route::Health => match router.startup_gate().awaited() {
+            awaited if awaited.is_empty() => {
+                Ok(json(StatusCode::OK, &serde_json::json!({"status": "ok"})))
+            }
+            awaited => Err(ApiError::AwaitingWorkers(awaited)),
+        },
         Route::Liveness => Ok(json(
             StatusCode::OK,
             &serde_json::json!({"status": "alive"}),
@@ -108,12 +113,16 @@ fn shortened(text: &str) -> String {
 }
 
 fn readiness(router: &Router) -> Response<BoxBody> {
-    let ready = router.is_ready();
+    // One read of the gate for both fields, so the body never says ready
+    // while it names awaited workers.
+    let awaited = router.startup_gate().awaited();
+    let ready = awaited.is_empty() && router.is_ready();
     let workers = router.all_workers();
     let available = workers.iter().filter(|w| w.is_available()).count();
     let mut body = serde_json::json!({
         "ready": ready,
         "accepting": router.is_accepting(),
+        "awaited_workers": awaited,
         "workers": workers.len(),
         "available_workers": available,
     });

@@ -67,6 +67,14 @@ pub enum ApiError {
     /// A worker being added did not become healthy in time.
     #[error("worker did not become healthy: {0}")]
     WorkerNotReady(String),
+    /// `/health` or `/readiness` while the startup gate is closed: these
+    /// workers, configured at startup, are not routable yet (see
+    /// [`crate::startup`]). The body lists them as `awaited_workers` too.
+    #[error(
+        "waiting for the workers configured at startup to become routable: {}",
+        .0.join(", ")
+    )]
+    AwaitingWorkers(Vec<String>),
     /// The router is shutting down and admits no new requests.
     #[error("the router is shutting down")]
     ShuttingDown,
@@ -131,7 +139,9 @@ impl ApiError {
             Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::QueueTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::NoAvailableWorker(_) | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoAvailableWorker(_) | Self::ShuttingDown | Self::AwaitingWorkers(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Self::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -162,6 +172,7 @@ impl ApiError {
             Self::TooManyRequests { .. } | Self::QueueTimeout(_) => "rate_limit_error",
             Self::NoAvailableWorker(_)
             | Self::ShuttingDown
+            | Self::AwaitingWorkers(_)
             | Self::BadGateway(_)
             | Self::WorkerNotReady(_)
             | Self::GatewayTimeout(_)
@@ -191,6 +202,7 @@ impl ApiError {
             Self::GatewayTimeout(_) => "upstream_timeout",
             Self::WorkerNotFound(_) => "worker_not_found",
             Self::ShuttingDown => "shutting_down",
+            Self::AwaitingWorkers(_) => "awaiting_workers",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::NotFound(_) => "not_found",
             Self::RequestTimeout { .. } => "request_timeout",
@@ -207,15 +219,19 @@ impl ApiError {
         }
     }
 
-    /// The JSON body: `{"error": {"message", "type", "code"}}`.
+    /// The JSON body: `{"error": {"message", "type", "code"}}`, plus
+    /// `awaited_workers` for [`ApiError::AwaitingWorkers`].
     pub fn json_body(&self) -> Bytes {
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "error": {
                 "message": self.to_string(),
                 "type": self.error_type(),
                 "code": self.code(),
             }
         });
+        if let Self::AwaitingWorkers(workers) = self {
+            body["error"]["awaited_workers"] = workers.clone().into();
+        }
         Bytes::from(body.to_string())
     }
 
@@ -238,6 +254,9 @@ impl ApiError {
             }
             Self::MethodNotAllowed { allow } => {
                 headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            Self::AwaitingWorkers(_) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(1));
             }
             _ => {}
         }

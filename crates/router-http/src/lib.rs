@@ -73,6 +73,7 @@ pub mod router;
 pub mod routes;
 pub mod server;
 mod service;
+pub mod startup;
 
 pub use allow::{CidrBlock, CidrError};
 pub use body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout, IdleTimeoutError};
@@ -88,3 +89,4 @@ pub use register::{RegisterFuture, RegisterHook};
 pub use router::{BackgroundTasks, Router};
 pub use routes::Route;
 pub use server::{ServerConfig, ServerStats, ShutdownOutcome, serve, serve_with};
+pub use startup::StartupGate;

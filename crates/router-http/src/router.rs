@@ -78,6 +78,8 @@ struct Shared {
     jitter_seed: AtomicU64,
     metrics: RouterMetrics,
     accepting: AtomicBool,
+    /// Holds `/health` and `/readiness` until the startup workers joined.
+    startup: crate::startup::StartupGate,
     /// Prefill/decode pools and flow, in P/D mode.
     pd: Option<crate::pd::PdState>,
 }
@@ -146,6 +148,7 @@ impl Router {
             jitter_seed: AtomicU64::new(SplitMix64::from_entropy().next_u64()),
             metrics: RouterMetrics::default(),
             accepting: AtomicBool::new(true),
+            startup: crate::startup::StartupGate::new(),
             config,
         };
         Ok(Self {
@@ -307,6 +310,14 @@ impl Router {
     /// proxied routes answer 503; requests in flight continue.
     pub fn begin_shutdown(&self) {
         self.shared.accepting.store(false, Ordering::Release);
+    }
+
+    /// The startup gate: until the workers a host declared on it are marked
+    /// ready (or its startup wait ends), `/health` and `/readiness` answer
+    /// 503 naming them, while `/liveness` answers 200. Open unless a host
+    /// declares workers; see [`crate::startup`].
+    pub fn startup_gate(&self) -> &crate::startup::StartupGate {
+        &self.shared.startup
     }
 
     /// Requests in flight through the router (admission permits held).
@@ -820,10 +831,10 @@ impl Router {
         }
     }
 
-    /// Status of the whole fleet for readiness: whether every required role
-    /// has at least one available worker.
+    /// Status of the whole fleet for readiness: whether the startup gate is
+    /// open and every required role has at least one available worker.
     pub fn is_ready(&self) -> bool {
-        if !self.is_accepting() {
+        if !self.is_accepting() || !self.shared.startup.is_open() {
             return false;
         }
         match self.pd() {

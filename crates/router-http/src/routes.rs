@@ -31,11 +31,13 @@ pub enum Route {
     Proxy(RouteKind),
     /// `GET /v1/models`: the models the workers serve.
     Models,
-    /// `GET /health`: 200 while the router is up and accepting requests.
+    /// `GET /health`: 200 while the router is up and accepting requests
+    /// (503 while the startup gate awaits workers).
     Health,
     /// `GET /liveness`: always 200.
     Liveness,
-    /// `GET /readiness`: 200 only when every required role has an available worker.
+    /// `GET /readiness`: 200 only when the startup gate is open and every
+    /// required role has an available worker.
     Readiness,
     /// `GET /metrics`: Prometheus text.
     Metrics,
