@@ -388,12 +388,38 @@ fn metrics(router: &Router) -> Response<BoxBody> {
         )
         .sample(&[], router.in_flight());
     render_server(&router.config().server.stats, &mut exposition);
+    render_fleet_guard(router, &mut exposition);
     let mut response = Response::new(full(Bytes::from(out)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(prom_text::CONTENT_TYPE),
     );
     response
+}
+
+/// How often each pool's fleet guard acted (`worker_lifecycle::FleetGuard`).
+fn render_fleet_guard(router: &Router, exposition: &mut Exposition<'_>) {
+    let mut pools = vec![router.pool()];
+    if let Some(pd) = router.pd() {
+        pools.extend([pd.prefill().pool(), pd.decode().pool()]);
+    }
+    let counts: Vec<_> = pools.iter().map(|p| (p.role(), p.fleet_counts())).collect();
+    let mut family = exposition.family(
+        "router_pool_panic_steps_total",
+        MetricType::Counter,
+        "Selections that found the pool below its panic threshold (every live worker seen).",
+    );
+    for (role, fleet) in &counts {
+        family.sample(&[("role", role)], fleet.panic_steps);
+    }
+    let mut family = exposition.family(
+        "router_pool_breaker_cap_steps_total",
+        MetricType::Counter,
+        "Selections in which the cap on breaker exclusions let refused workers through.",
+    );
+    for (role, fleet) in &counts {
+        family.sample(&[("role", role)], fleet.capped_steps);
+    }
 }
 
 /// The accept loop's counters (see [`crate::server`]).

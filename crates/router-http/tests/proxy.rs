@@ -632,6 +632,9 @@ async fn the_breaker_opens_refuses_then_recovers_through_one_probe() {
     config.worker_options.breaker.open_timeout = Duration::from_millis(200);
     config.worker_options.breaker.jitter = 0.0;
     config.worker_options.breaker.success_threshold = 1;
+    // The breaker alone: a one-worker pool would otherwise be in panic mode
+    // (fleet_guard.rs tests that).
+    config.worker_options.fleet = worker_lifecycle::FleetGuard::off();
     let fixture = Fixture::start(config, vec![EngineConfig::instant()]).await;
     let failing = [("x-sim-fault", "status=500")];
     let (status, _, _) = call(

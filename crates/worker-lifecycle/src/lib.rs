@@ -148,7 +148,8 @@ pub use retry::{
 pub use rng::{RandomSource, SplitMix64};
 #[cfg(all(feature = "lb-policies", not(loom)))]
 pub use role_pool::{
-    Choice, Eligible, MembershipListener, NoWorkerAvailable, RolePool, RolePoolError, SelectError,
+    Choice, Eligible, FleetCounts, MembershipListener, NoWorkerAvailable, RolePool, RolePoolError,
+    SelectError,
 };
 pub use static_set::{StaticSetError, StaticWorkerSet};
 /// The README's example runs as a doc test.
@@ -158,6 +159,6 @@ struct ReadmeDoctests;
 
 pub use url::{WorkerUrl, WorkerUrlError};
 pub use worker::{
-    Endpoint, HealthChange, Lifecycle, RoleKind, Unavailable, Worker, WorkerOptions, WorkerRole,
-    WorkerSpec,
+    Endpoint, FleetGuard, HealthChange, Lifecycle, RoleKind, Unavailable, Worker, WorkerOptions,
+    WorkerRole, WorkerSpec,
 };

@@ -68,7 +68,7 @@ use crate::pool::{DiscoveryPool, PoolError};
 use crate::registry::ServiceRegistry;
 use crate::static_set::{StaticSetError, StaticWorkerSet};
 use crate::sync::{AtomicU64, Ordering};
-use crate::worker::{Lifecycle, RoleKind, Worker, WorkerOptions, WorkerSpec};
+use crate::worker::{FleetGuard, Lifecycle, RoleKind, Worker, WorkerOptions, WorkerSpec};
 
 /// Where a role's workers come from.
 #[derive(Debug)]
@@ -206,6 +206,19 @@ pub struct RolePool {
     policies: PolicyRegistry<Arc<Worker>>,
     listener: Option<MembershipListener>,
     unavailable: AtomicU64,
+    fleet: FleetGuard,
+    panic_steps: AtomicU64,
+    capped_steps: AtomicU64,
+}
+
+/// How often a pool's [`FleetGuard`] acted, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FleetCounts {
+    /// Steps that found the pool below its panic threshold (every live
+    /// worker seen).
+    pub panic_steps: u64,
+    /// Steps in which the breaker cap let breaker-refused workers through.
+    pub capped_steps: u64,
 }
 
 impl fmt::Debug for RolePool {
@@ -228,10 +241,12 @@ impl RolePool {
         options: WorkerOptions,
         policies: PolicyRegistry<Arc<Worker>>,
     ) -> Result<Self, RolePoolError> {
+        let fleet = options.fleet;
         Ok(Self::with_source(
             role,
             Source::Fixed(StaticWorkerSet::new(role, options)?),
             policies,
+            fleet,
         ))
     }
 
@@ -246,21 +261,31 @@ impl RolePool {
         policies: PolicyRegistry<Arc<Worker>>,
     ) -> Result<Self, RolePoolError> {
         let role = registry.role();
+        let fleet = options.fleet;
         let pool = DiscoveryPool::new(role, options)?;
         Ok(Self::with_source(
             role,
             Source::Discovered { pool, registry },
             policies,
+            fleet,
         ))
     }
 
-    fn with_source(role: RoleKind, source: Source, policies: PolicyRegistry<Arc<Worker>>) -> Self {
+    fn with_source(
+        role: RoleKind,
+        source: Source,
+        policies: PolicyRegistry<Arc<Worker>>,
+        fleet: FleetGuard,
+    ) -> Self {
         Self {
             role,
             source,
             policies,
             listener: None,
             unavailable: AtomicU64::new(0),
+            fleet,
+            panic_steps: AtomicU64::new(0),
+            capped_steps: AtomicU64::new(0),
         }
     }
 
@@ -370,18 +395,72 @@ impl RolePool {
         f: impl FnOnce(&Arc<[Arc<Worker>]>) -> R,
     ) -> Result<R, SelectError> {
         match &self.source {
-            Source::Fixed(set) => Ok(f(&set.workers())),
+            Source::Fixed(set) => {
+                let workers = set.workers();
+                self.guard_fleet(&workers);
+                Ok(f(&workers))
+            }
             Source::Discovered { pool, registry } => pool
                 .with_reconciled(registry, now, |view| {
                     for event in view.events() {
                         self.apply(event);
                     }
-                    f(&view.workers_arc())
+                    let workers = view.workers_arc();
+                    self.guard_fleet(&workers);
+                    f(&workers)
                 })
                 .map_err(|err| SelectError::Pool {
                     role: self.role,
                     reason: err.to_string(),
                 }),
+        }
+    }
+
+    /// How often the pool's [`FleetGuard`] acted.
+    pub fn fleet_counts(&self) -> FleetCounts {
+        FleetCounts {
+            panic_steps: self.panic_steps.load(Ordering::Relaxed),
+            capped_steps: self.capped_steps.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Applies the [`FleetGuard`] to `workers`: which of them the pool lets
+    /// through although unhealthy or refused by their breaker. Atomics
+    /// only; concurrent steps compute the same answer from the same state.
+    fn guard_fleet(&self, workers: &[Arc<Worker>]) {
+        let ready = |w: &Arc<Worker>| w.lifecycle() == Lifecycle::Ready;
+        let live = workers.iter().filter(|w| ready(w)).count();
+        if live == 0 {
+            return;
+        }
+        let available = workers
+            .iter()
+            .filter(|w| ready(w) && w.is_healthy() && w.breaker_admits())
+            .count();
+        if (available as f64) < self.fleet.panic_threshold * live as f64 {
+            self.panic_steps.fetch_add(1, Ordering::Relaxed);
+            for worker in workers {
+                worker.set_pool_admitted(ready(worker));
+            }
+            return;
+        }
+        // Healthy workers that only their breaker keeps out, beyond the cap,
+        // are let through: the first ones in the pool's order (a stable
+        // choice, so the same workers stay in from step to step).
+        let refused = |w: &Arc<Worker>| ready(w) && w.is_healthy() && !w.breaker_admits();
+        let excluded = workers.iter().filter(|w| refused(w)).count();
+        let share = self.fleet.max_breaker_exclusion.clamp(0.0, 1.0);
+        let cap = (share * live as f64).floor() as usize;
+        let mut let_through = excluded.saturating_sub(cap);
+        if let_through > 0 {
+            self.capped_steps.fetch_add(1, Ordering::Relaxed);
+        }
+        for worker in workers {
+            let admit = let_through > 0 && refused(worker);
+            if admit {
+                let_through -= 1;
+            }
+            worker.set_pool_admitted(admit);
         }
     }
 
@@ -505,5 +584,110 @@ impl RolePool {
                 match_permille: decision.match_permille,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Endpoint, Outcome, WorkerRole};
+    use lb_policies::PolicyConfig;
+    use std::time::Duration;
+
+    /// A pool of `n` regular workers whose breakers open at the first
+    /// failure and stay open for an hour.
+    fn pool(n: usize, fleet: FleetGuard) -> RolePool {
+        let mut options = WorkerOptions {
+            fleet,
+            ..WorkerOptions::default()
+        };
+        options.breaker.failure_threshold = 1;
+        options.breaker.open_timeout = Duration::from_secs(3600);
+        options.breaker.max_open_timeout = Duration::from_secs(3600);
+        let policies = PolicyRegistry::new(PolicyConfig::named("round_robin")).unwrap();
+        let pool = RolePool::fixed(RoleKind::Regular, options, policies).unwrap();
+        for port in 0..n {
+            let url = format!("http://127.0.0.1:{}", 9000 + port);
+            let endpoint = Endpoint::new(&url, None).unwrap();
+            pool.add(WorkerSpec::new(WorkerRole::Regular, endpoint))
+                .unwrap();
+        }
+        pool
+    }
+
+    /// Opens the breaker of worker `i` with one failure.
+    fn fail(pool: &RolePool, i: usize) {
+        let worker = Arc::clone(&pool.workers()[i]);
+        let guard = worker.try_reserve().unwrap();
+        guard.record_outcome(Outcome::from_status(503));
+    }
+
+    /// The workers a step lets the policy see.
+    fn seen(pool: &RolePool) -> Vec<bool> {
+        pool.refresh()
+            .unwrap()
+            .iter()
+            .map(|w| w.is_available())
+            .collect()
+    }
+
+    #[test]
+    fn three_of_four_failing_leaves_the_healthy_one_alone_in_service() {
+        let pool = pool(4, FleetGuard::default());
+        for i in 0..3 {
+            fail(&pool, i);
+        }
+        assert_eq!(seen(&pool), [false, false, false, true]);
+        assert_eq!(pool.fleet_counts(), FleetCounts::default());
+    }
+
+    #[test]
+    fn open_breakers_exclude_no_more_than_the_cap() {
+        let fleet = FleetGuard {
+            max_breaker_exclusion: 0.5,
+            panic_threshold: 0.0,
+        };
+        let pool = pool(4, fleet);
+        for i in 0..3 {
+            fail(&pool, i);
+        }
+        // Two may be excluded: the first refused one is let through.
+        assert_eq!(seen(&pool), [true, false, false, true]);
+        assert_eq!(pool.fleet_counts().capped_steps, 1);
+        // Let through, it is reserved without its breaker's admission.
+        let guard = pool.workers()[0].try_reserve().expect("let through");
+        drop(guard);
+    }
+
+    #[test]
+    fn below_the_panic_threshold_every_live_worker_is_seen() {
+        let pool = pool(4, FleetGuard::default());
+        for i in 0..4 {
+            fail(&pool, i);
+        }
+        assert_eq!(
+            seen(&pool),
+            [true; 4],
+            "their own answers beat a blanket 503"
+        );
+        assert_eq!(pool.fleet_counts().panic_steps, 1);
+        // A draining worker is not live: panic does not bring it back.
+        pool.workers()[3].start_drain();
+        assert_eq!(seen(&pool), [true, true, true, false]);
+    }
+
+    #[test]
+    fn turned_off_every_exclusion_is_trusted() {
+        let pool = pool(4, FleetGuard::off());
+        for i in 0..4 {
+            fail(&pool, i);
+        }
+        assert_eq!(seen(&pool), [false; 4]);
+        let workers = pool.workers();
+        let eligible = pool.eligible(&workers, "", |_| true).unwrap();
+        assert!(matches!(
+            pool.require_available(&eligible),
+            Err(SelectError::Unavailable(_))
+        ));
     }
 }

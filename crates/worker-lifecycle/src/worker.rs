@@ -202,6 +202,54 @@ pub struct WorkerOptions {
     /// The state a new worker starts in (`Ready` by default, so that a
     /// freshly discovered fleet is routable from the first request).
     pub initial_lifecycle: Lifecycle,
+    /// How much of a pool failures may take away (used by the pools these
+    /// options build workers for).
+    pub fleet: FleetGuard,
+}
+
+/// How much of a pool its failing workers may take away, so that a
+/// fleet-wide failure does not become a total outage.
+///
+/// - **Breaker cap.** Open breakers may exclude at most
+///   `max_breaker_exclusion` of a pool's live (ready) workers; beyond that,
+///   the pool lets the excess through (those whose breaker opened last
+///   stay excluded), like Envoy's `max_ejection_percent` for outlier
+///   detection.
+/// - **Panic threshold.** When fewer than `panic_threshold` of the live
+///   workers are available (healthy and admitted by their breaker), the
+///   pool sees every live worker again, like Envoy's panic threshold:
+///   their own answers beat a blanket 503 from the router.
+///
+/// Defaults: cap 0.8, panic below 0.2 — a pool of 4 whose 3 workers fail
+/// keeps serving from the healthy one (Envoy's defaults, 10 % and 50 %,
+/// suit large fleets of interchangeable hosts; an LLM fleet is a handful of
+/// engines). `FleetGuard::off()` trusts every exclusion.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FleetGuard {
+    /// Largest share (0..=1) of live workers open breakers may exclude.
+    pub max_breaker_exclusion: f64,
+    /// Below this share (0..=1) of available live workers, every live
+    /// worker is seen.
+    pub panic_threshold: f64,
+}
+
+impl Default for FleetGuard {
+    fn default() -> Self {
+        Self {
+            max_breaker_exclusion: 0.8,
+            panic_threshold: 0.2,
+        }
+    }
+}
+
+impl FleetGuard {
+    /// No cap and no panic mode: every exclusion is trusted.
+    pub fn off() -> Self {
+        Self {
+            max_breaker_exclusion: 1.0,
+            panic_threshold: 0.0,
+        }
+    }
 }
 
 impl fmt::Debug for WorkerOptions {
@@ -211,6 +259,7 @@ impl fmt::Debug for WorkerOptions {
             .field("clock", &self.clock)
             .field("breaker_hook", &self.breaker_hook.is_some())
             .field("initial_lifecycle", &self.initial_lifecycle)
+            .field("fleet", &self.fleet)
             .finish()
     }
 }
@@ -222,6 +271,7 @@ impl Default for WorkerOptions {
             clock: Arc::new(SystemClock),
             breaker_hook: None,
             initial_lifecycle: Lifecycle::Ready,
+            fleet: FleetGuard::default(),
         }
     }
 }
@@ -271,6 +321,9 @@ pub struct Worker {
     processed: AtomicU64,
     underflows: AtomicU64,
     healthy: AtomicBool,
+    /// Let through by its pool although unhealthy or refused by its breaker
+    /// (the pool's failure cap or panic mode; see `RolePool`).
+    pool_admitted: AtomicBool,
     health_ok_streak: AtomicU32,
     health_fail_streak: AtomicU32,
     lifecycle: AtomicU8,
@@ -308,6 +361,7 @@ impl Worker {
             processed: AtomicU64::new(0),
             underflows: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
+            pool_admitted: AtomicBool::new(false),
             health_ok_streak: AtomicU32::new(0),
             health_fail_streak: AtomicU32::new(0),
             lifecycle: AtomicU8::new(options.initial_lifecycle.as_u8()),
@@ -414,9 +468,27 @@ impl Worker {
     /// breaker is open or half-open.
     pub fn is_available(&self) -> bool {
         self.lifecycle() == Lifecycle::Ready
-            && self.is_healthy()
-            && (self.breaker.state() == crate::BreakerState::Closed
-                || self.breaker.would_admit(self.clock.now()))
+            && (self.is_pool_admitted() || (self.is_healthy() && self.breaker_admits()))
+    }
+
+    /// Whether its breaker would admit a request now (closed, or a probe
+    /// slot free).
+    pub fn breaker_admits(&self) -> bool {
+        self.breaker.state() == crate::BreakerState::Closed
+            || self.breaker.would_admit(self.clock.now())
+    }
+
+    /// Whether its pool lets it through although it is unhealthy or its
+    /// breaker refuses: the pool's cap on breaker exclusions, or its panic
+    /// mode (see `RolePool`, feature `lb-policies`).
+    pub fn is_pool_admitted(&self) -> bool {
+        self.pool_admitted.load(Ordering::Acquire)
+    }
+
+    /// Sets [`is_pool_admitted`](Self::is_pool_admitted); the pool's
+    /// business, called in its serialized step.
+    pub fn set_pool_admitted(&self, admitted: bool) {
+        self.pool_admitted.store(admitted, Ordering::Release);
     }
 
     /// Reserves one request on this worker unconditionally (load + 1) and
@@ -441,10 +513,18 @@ impl Worker {
         if lifecycle != Lifecycle::Ready {
             return Err(Unavailable::NotReady(lifecycle));
         }
-        if !self.is_healthy() {
-            return Err(Unavailable::Unhealthy);
-        }
-        let admission = self.breaker.try_acquire(now)?;
+        let admission = if self.is_pool_admitted() {
+            // Let through by the pool: the breaker's admission when it
+            // gives one (a half-open probe), otherwise none.
+            self.breaker
+                .try_acquire(now)
+                .unwrap_or_else(|_| Admission::unprobed())
+        } else {
+            if !self.is_healthy() {
+                return Err(Unavailable::Unhealthy);
+            }
+            self.breaker.try_acquire(now)?
+        };
         self.load.fetch_add(1, Ordering::AcqRel);
         Ok(LoadGuard::new(self.clone(), admission))
     }
