@@ -103,6 +103,8 @@
 //! [`ServiceRegistry`]: worker_lifecycle::ServiceRegistry
 #![warn(missing_docs)]
 
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod message;
 pub mod registrar;
 pub mod registries;
