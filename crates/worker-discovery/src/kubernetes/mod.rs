@@ -74,6 +74,10 @@
 pub mod pods;
 pub mod selector;
 
+/// The kube-rs client this module is built on (its `Client` and `Config`
+/// build the client that [`KubernetesDiscovery::start`] takes).
+pub use kube;
+
 pub use pods::{
     BOOTSTRAP_PORT_ANNOTATION, KubernetesRegistries, PodInfo, PodTracker, REGISTRATION_TTL,
     StreamEvent, SyncReport,
