@@ -277,6 +277,15 @@ async fn the_router_serves_the_ready_pods_of_its_selector() {
     assert_eq!(workers[0].role().kind(), RoleKind::Regular);
     assert_eq!(workers[0].labels()["pod"], "vllm-0");
     let first = workers[0].generation();
+    let (status, body) = send(&client, "GET", format!("{url}/workers"), "").await;
+    assert_eq!(status, StatusCode::OK);
+    let listed: Value = serde_json::from_str(&body).unwrap();
+    let labels = &listed[0]["labels"];
+    assert_eq!(
+        (&labels["source"], &labels["pod"], &labels["namespace"]),
+        (&json!("kubernetes"), &json!("vllm-0"), &json!("inference")),
+        "{listed}"
+    );
 
     // NotReady: the pod leaves, and with no other worker the router
     // answers 503.
