@@ -412,3 +412,77 @@ async fn a_403_while_running_is_counted_and_retried() {
     api.create(pod("b", "uid-b", "10.0.0.2", &[("app", "vllm")]));
     joined(&view, B).await;
 }
+
+/// Through a `RolePool` with the cache-aware policy, as router-http uses
+/// it: a re-created pod's old lifetime leaves the policy's tree, the
+/// request in flight on it is released on the old object, and the new
+/// lifetime starts with no affinity of its own.
+#[tokio::test]
+async fn a_recreated_pod_leaves_no_cache_affinity_behind() {
+    use lb_policies::{PolicyConfig, PolicyRegistry, RequestContext};
+    use worker_lifecycle::RolePool;
+
+    let (api, addr) = FakeApi::start().await;
+    api.create(pod("a", "uid-1", "10.0.0.1", &[("app", "vllm")]));
+    api.create(pod("b", "uid-b", "10.0.0.2", &[("app", "vllm")]));
+    let discovery = discover(addr, regular()).await.unwrap();
+    assert!(discovery.wait_synced(Duration::from_secs(20)).await);
+    let policies = PolicyRegistry::new(PolicyConfig::named("cache_aware")).unwrap();
+    let pool = RolePool::discovered(
+        Arc::clone(&discovery.registries().regular),
+        WorkerOptions::default(),
+        policies,
+    )
+    .unwrap();
+    let route = |text: &str| {
+        let workers = pool.refresh().unwrap();
+        let eligible = pool.eligible(&workers, "m", |_| true).unwrap();
+        pool.choose(&eligible, &RequestContext::new("m").with_text(text), true)
+            .unwrap()
+    };
+    let keys = || -> Vec<String> {
+        pool.policies()
+            .affinity_sizes()
+            .into_iter()
+            .map(|(_, key, _)| key.to_string())
+            .collect()
+    };
+    // Route until `a` holds a prefix (the first choice among equals is fair,
+    // not fixed); keep that request in flight.
+    let mut in_flight = None;
+    for i in 0..8 {
+        let choice = route(&format!("conversation {i} with a long shared prefix"));
+        if choice.worker.url() == A {
+            in_flight = Some(choice);
+            break;
+        }
+    }
+    let choice = in_flight.expect("a was chosen within 8 requests");
+    let old = Arc::clone(&choice.worker);
+    assert!(keys().contains(&old.key().to_owned()), "{:?}", keys());
+
+    api.delete("uid-1");
+    api.create(pod("a", "uid-2", "10.0.0.1", &[("app", "vllm")]));
+    eventually("the new lifetime is in the pool", || {
+        pool.refresh()
+            .unwrap()
+            .iter()
+            .any(|w| w.url() == A && w.generation() > old.generation())
+    })
+    .await;
+    assert!(!keys().contains(&old.key().to_owned()), "{:?}", keys());
+    let new = pool
+        .refresh()
+        .unwrap()
+        .iter()
+        .find(|w| w.url() == A)
+        .cloned()
+        .unwrap();
+    assert_eq!(new.load(), 0);
+    assert_drained(&old, choice.guard.into_iter().collect());
+    assert_eq!(
+        new.load(),
+        0,
+        "the old release did not touch the new lifetime"
+    );
+}
