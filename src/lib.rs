@@ -30,6 +30,9 @@
 //!   `default-features = false`.
 //! - `discovery` (on with `cli`): re-exports `worker-discovery` as
 //!   `affinity_router::discovery`.
+//! - `kubernetes` (on with `cli`): `discovery` with its Kubernetes pod
+//!   discovery (`affinity_router::discovery::kubernetes`, kube-rs; needs
+//!   Rust 1.88), behind the router's `--service-discovery`.
 #![warn(missing_docs)]
 
 #[cfg(feature = "cli")]

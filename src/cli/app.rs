@@ -22,6 +22,7 @@
 //! within the grace period.
 
 use super::discovery::{DiscoveryError, ZmqDiscovery};
+use super::kubernetes::{KubernetesDiscovery, KubernetesError};
 use super::settings::{Mode, PdSettings, Settings, join_host_port};
 use bytes::Bytes;
 use engine_sim::{EngineConfig, EngineHandle, ServeOptions, TransferRegistry};
@@ -46,6 +47,9 @@ pub enum StartError {
     /// The ZMQ discovery listener could not start.
     #[error("--vllm-discovery-address: {0}")]
     Discovery(#[from] DiscoveryError),
+    /// Kubernetes discovery could not start (a 403 names the RBAC rule).
+    #[error("--service-discovery: {0}")]
+    Kubernetes(#[from] KubernetesError),
     /// The router configuration was refused.
     #[error("invalid router configuration: {0}")]
     Config(#[from] router_http::ConfigError),
@@ -90,6 +94,7 @@ pub struct App {
     engines: Vec<SimEngine>,
     worker_urls: Vec<String>,
     discovery: Option<ZmqDiscovery>,
+    kubernetes: Option<KubernetesDiscovery>,
     policy: &'static str,
     grace: Duration,
     serve: JoinHandle<router_http::ShutdownOutcome>,
@@ -137,6 +142,11 @@ impl App {
             }) => Some(bind_discovery(settings, address).await?),
             _ => None,
         };
+        // Kubernetes discovery next: a 403 stops the start here.
+        let kubernetes = match &settings.mode {
+            Mode::Kubernetes(k8s) => Some(super::kubernetes::start(k8s).await?),
+            _ => None,
+        };
         let register_hook = discovery
             .as_ref()
             .map(|discovery| super::discovery::register_hook(discovery.registrar().clone()));
@@ -150,11 +160,25 @@ impl App {
                 pd_settings.kv_connector,
                 discovery.as_ref(),
             )),
+            Mode::Kubernetes(k8s) => k8s.pd.as_ref().zip(kubernetes.as_ref()).map(|(pd, k8s)| {
+                let mut config = pd_pools(settings, pd.kv_connector, None);
+                let registries = k8s.registries();
+                config.prefill_registry = Some(Arc::clone(&registries.prefill));
+                config.decode_registry = Some(Arc::clone(&registries.decode));
+                config
+            }),
             _ => None,
+        };
+        let worker_registry = match (&settings.mode, &kubernetes) {
+            (Mode::Kubernetes(k8s), Some(discovery)) if k8s.pd.is_none() => {
+                Some(Arc::clone(&discovery.registries().regular))
+            }
+            _ => settings.router.worker_registry.clone(),
         };
         let config = RouterConfig {
             register_hook,
             pd,
+            worker_registry,
             ..settings.router.clone()
         };
         let router = Router::new(config)?;
@@ -221,6 +245,7 @@ impl App {
             engines: Vec::new(),
             worker_urls: Vec::new(),
             discovery,
+            kubernetes,
             policy: settings.args.policy.as_str(),
             grace: settings.router.shutdown_grace,
             serve,
@@ -263,6 +288,13 @@ impl App {
             Mode::Workers { urls } => {
                 self.worker_urls = urls.clone();
                 self.add_workers(settings).await
+            }
+            Mode::Kubernetes(_) => {
+                if let Some(kubernetes) = &self.kubernetes {
+                    let wait = settings.router.worker_startup_timeout;
+                    super::kubernetes::wait_synced(kubernetes, wait).await;
+                }
+                Ok(())
             }
             Mode::SimulatedPd { prefill, decode } => {
                 let connector = settings.args.kv_connector;
@@ -404,6 +436,11 @@ impl App {
         self.discovery.as_ref()
     }
 
+    /// Kubernetes pod discovery, with `--service-discovery`.
+    pub fn kubernetes(&self) -> Option<&KubernetesDiscovery> {
+        self.kubernetes.as_ref()
+    }
+
     /// The start-up banner: where the router listens, its engines, the
     /// policy, and a curl command that works as printed.
     pub fn banner(&self) -> String {
@@ -431,9 +468,15 @@ impl App {
                     discovery.local_addr()
                 ));
             }
+            if let Some(kubernetes) = &self.kubernetes {
+                out.push_str(&format!(
+                    "  discovery: {}\n",
+                    super::kubernetes::describe(kubernetes.config())
+                ));
+            }
             if !self.worker_urls.is_empty() {
                 out.push_str(&format!("  workers: {}\n", self.worker_urls.join(" ")));
-            } else if self.discovery.is_none() {
+            } else if self.discovery.is_none() && self.kubernetes.is_none() {
                 out.push_str(&empty_fleet_banner(&base, router.config()));
             }
         } else {
@@ -499,6 +542,7 @@ impl App {
         }
         drop(self.background.take());
         drop(self.discovery.take());
+        drop(self.kubernetes.take());
         for engine in std::mem::take(&mut self.engines) {
             let _ = tokio::time::timeout(Duration::from_secs(2), engine.handle.shutdown()).await;
         }
@@ -714,6 +758,8 @@ fn startup_workers(mode: &Mode) -> Vec<String> {
             .map(|(url, _)| url.clone())
             .chain(pd.decode.iter().cloned())
             .collect(),
+        // Discovered pods are not configured workers: nothing to await.
+        Mode::Kubernetes(_) => Vec::new(),
     }
 }
 

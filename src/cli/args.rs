@@ -376,23 +376,27 @@ pub struct Args {
     pub otel_excluded_paths: Vec<String>,
 
     // ----- Kubernetes discovery -----
-    /// Discover workers from Kubernetes pods (not implemented yet: refused
-    /// with a message).
+    /// Discover workers from Kubernetes pods: Running, Ready pods with an
+    /// IP that match --selector (or, with --vllm-pd-disaggregation,
+    /// --prefill-selector / --decode-selector). Needs get, list and watch on
+    /// pods.
     #[arg(long, help_heading = "Kubernetes discovery")]
     pub service_discovery: bool,
-    /// Pod label selector, `key=value` ...
+    /// Label selector of regular worker pods, `key=value` ... (all must match).
     #[arg(long, num_args = 0.., value_name = "KEY=VALUE", help_heading = "Kubernetes discovery")]
     pub selector: Vec<String>,
-    /// Label selector of prefill pods.
+    /// Label selector of prefill pods (P/D); a prefill pod's KV bootstrap
+    /// port comes from its annotation `vllm.ai/bootstrap-port`.
     #[arg(long, num_args = 0.., value_name = "KEY=VALUE", help_heading = "Kubernetes discovery")]
     pub prefill_selector: Vec<String>,
     /// Label selector of decode pods.
     #[arg(long, num_args = 0.., value_name = "KEY=VALUE", help_heading = "Kubernetes discovery")]
     pub decode_selector: Vec<String>,
-    /// Port of discovered pods.
+    /// Port the workers serve on, at each pod's IP.
     #[arg(long, default_value_t = 80, help_heading = "Kubernetes discovery")]
     pub service_discovery_port: u16,
-    /// Namespace watched (default: all the router may see).
+    /// The one namespace watched (default: all namespaces, which needs a
+    /// ClusterRole).
     #[arg(long, value_name = "NAMESPACE", help_heading = "Kubernetes discovery")]
     pub service_discovery_namespace: Option<String>,
 

@@ -18,6 +18,8 @@
 //!   `POST /register` hook. Its registries (worker-lifecycle's
 //!   [`ServiceRegistry`](worker_lifecycle::ServiceRegistry), one per role)
 //!   feed router-http's P/D pools, reconciled on every request.
+//! - [`kubernetes`]: `--service-discovery`, worker-discovery's Kubernetes pod
+//!   watch, whose per-role registries feed the same pools.
 //! - [`logging`]: tracing to stderr (human or JSON) and `--log-dir`.
 //!
 //! docs/operations.md documents every flag; a test keeps it in step with
@@ -44,6 +46,7 @@
 pub mod app;
 pub mod args;
 pub mod discovery;
+pub mod kubernetes;
 pub mod logging;
 pub mod settings;
 

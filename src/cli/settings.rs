@@ -194,6 +194,8 @@ pub enum Mode {
     },
     /// `--vllm-pd-disaggregation`.
     PrefillDecode(PdSettings),
+    /// `--service-discovery`: workers are Kubernetes pods.
+    Kubernetes(super::kubernetes::KubernetesSettings),
 }
 
 /// The P/D settings, validated.
@@ -277,7 +279,7 @@ impl Settings {
         ignored.extend(
             KUBERNETES_FLAGS
                 .iter()
-                .filter(|id| parsed.is_explicit(id))
+                .filter(|id| !args.service_discovery && parsed.is_explicit(id))
                 .map(|id| long_flag(id)),
         );
         Ok(Settings {
@@ -307,6 +309,7 @@ impl Settings {
                 "P/D prefill {:?} decode {:?} discovery {:?} connector {}",
                 pd.prefill, pd.decode, pd.discovery, pd.kv_connector
             ),
+            Mode::Kubernetes(k8s) => super::kubernetes::describe(&k8s.discovery),
         };
         format!(
             "bind={} mode={mode} policy={} cache_threshold={} balance_abs={} balance_rel={} \
@@ -528,11 +531,7 @@ pub fn check_host_port(id: &str, value: &str) -> Result<(), CliError> {
 fn mode(parsed: &Parsed) -> Result<Mode, CliError> {
     let a = &parsed.args;
     if a.service_discovery {
-        return Err(CliError::invalid(
-            "service_discovery",
-            "Kubernetes service discovery is not implemented yet; list the workers with \
-             --worker-urls or use --vllm-discovery-address",
-        ));
+        return super::kubernetes::mode(parsed);
     }
     if !a.vllm_pd_disaggregation && a.sim_pd.is_none() {
         if let Some(flag) = PD_FLAGS.iter().find(|id| parsed.is_explicit(id)) {

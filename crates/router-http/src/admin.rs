@@ -157,6 +157,9 @@ pub(crate) fn worker_json(worker: &Worker) -> serde_json::Value {
         "breaker": worker.breaker().state().as_str(),
         "lifecycle": lifecycle_str(worker.lifecycle()),
         "underflows": worker.underflows(),
+        // Where it came from: discovery's registration labels (Kubernetes:
+        // `source`, `pod`, `namespace`; vLLM registration: `kv_addr`, ...).
+        "labels": worker.labels(),
     })
 }
 

@@ -1,5 +1,6 @@
 //! vLLM registration discovery: engines announce themselves, and land in
-//! `worker-lifecycle`'s per-role [`ServiceRegistry`]s.
+//! `worker-lifecycle`'s per-role [`ServiceRegistry`]s. With the feature
+//! `kubernetes`, Kubernetes pods do too.
 //!
 //! vLLM engines running a P2P KV connector register with the router over
 //! ZMQ: each connects a DEALER socket to the router's ROUTER socket and
@@ -86,6 +87,13 @@
 //! # }
 //! ```
 //!
+//! # Feature flags
+//!
+//! - `kubernetes` (off by default): [`kubernetes`], pods matching a label
+//!   selector become workers in the same kind of per-role registries,
+//!   through kube-rs's watcher. It pulls the Kubernetes client (kube,
+//!   k8s-openapi, rustls); ZMQ-only hosts leave it off.
+//!
 //! # Concurrency and cancel safety
 //!
 //! The listener's state belongs to its own task; the registries are
@@ -103,6 +111,8 @@
 //! [`ServiceRegistry`]: worker_lifecycle::ServiceRegistry
 #![warn(missing_docs)]
 
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod message;
 pub mod registrar;
 pub mod registries;
