@@ -153,7 +153,11 @@ fn chat_body(systems: &[String], body_size: usize, id: u64, extra_turns: usize) 
     let mut k = 0usize;
     while size < body_size {
         let mut text = String::new();
-        let role = if k % 2 == 0 { "user" } else { "assistant" };
+        let role = if k.is_multiple_of(2) {
+            "user"
+        } else {
+            "assistant"
+        };
         words(&mut rng, turn.min(body_size - size).max(8), &mut text);
         size += text.len() + 40;
         messages.push(json!({"role": role, "content": text}));

@@ -609,6 +609,7 @@ fn kv_connector_names_are_pd_connectors_own() {
         assert_eq!(s.args.kv_connector, expected, "{name}");
         let path = temp_file("connector.toml", &format!("kv_connector = {name:?}\n"));
         let s = settings(&["--sim-pd", "1:1", "--config", path.to_str().unwrap()]).unwrap();
+        std::fs::remove_file(&path).unwrap();
         assert_eq!(s.args.kv_connector, expected, "{name} in a config file");
         // A dumped configuration names it canonically.
         assert!(
@@ -629,6 +630,7 @@ fn kv_connector_names_are_pd_connectors_own() {
     }
     let path = temp_file("bad-connector.toml", "kv_connector = \"rdma\"\n");
     let err = settings(&["--config", path.to_str().unwrap()]).unwrap_err();
+    std::fs::remove_file(&path).unwrap();
     assert_eq!(err.exit_code(), 2);
     let message = err.to_string();
     assert!(message.contains("kv_connector"), "{message}");
@@ -665,18 +667,73 @@ fn flags_with_no_effect_are_reported_not_refused() {
         "app=vllm",
         "--service-discovery-port",
         "8000",
-        "--enable-trace",
+        "--otel-sampling-ratio",
+        "0.5",
     ])
     .unwrap();
     assert_eq!(
         s.ignored,
         vec![
             "--cors-allowed-origins",
-            "--enable-trace",
+            "--otel-sampling-ratio",
             "--selector",
             "--service-discovery-port"
         ]
     );
+}
+
+#[test]
+fn trace_export_flags_are_refused_naming_the_flag() {
+    for args in [
+        &["--enable-trace"][..],
+        &["--otlp-traces-endpoint", "collector:4317"],
+        &["--worker-urls", "http://127.0.0.1:9", "--enable-trace"],
+    ] {
+        let err = settings(args).unwrap_err();
+        let message = err.to_string();
+        let flag = if args.contains(&"--enable-trace") {
+            "--enable-trace: "
+        } else {
+            "--otlp-traces-endpoint: "
+        };
+        assert!(message.starts_with(flag), "{args:?}: {message}");
+        assert!(message.contains("not built into"), "{message}");
+        assert_eq!(err.exit_code(), 2);
+    }
+}
+
+#[test]
+fn fleet_guard_shares_come_from_their_flags() {
+    let defaults = settings(&["--worker-urls", "http://127.0.0.1:9"]).unwrap();
+    assert_eq!(
+        defaults.router.worker_options.fleet,
+        worker_lifecycle::FleetGuard::default()
+    );
+    let set = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--cb-max-exclusion",
+        "1.0",
+        "--pool-panic-threshold",
+        "0",
+    ])
+    .unwrap();
+    assert_eq!(
+        set.router.worker_options.fleet,
+        worker_lifecycle::FleetGuard::off()
+    );
+    for (flag, value) in [
+        ("--cb-max-exclusion", "1.5"),
+        ("--pool-panic-threshold", "-0.1"),
+    ] {
+        let message = settings(&["--worker-urls", "http://127.0.0.1:9", flag, value])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with(&format!("{flag}: must be between 0.0 and 1.0")),
+            "{message}"
+        );
+    }
 }
 
 #[test]

@@ -175,10 +175,15 @@ impl App {
             }
             _ => settings.router.worker_registry.clone(),
         };
+        let mut metrics_sources = settings.router.metrics_sources.clone();
+        if let Some(kubernetes) = &kubernetes {
+            metrics_sources.push(super::kubernetes::metrics_source(kubernetes));
+        }
         let config = RouterConfig {
             register_hook,
             pd,
             worker_registry,
+            metrics_sources,
             ..settings.router.clone()
         };
         let router = Router::new(config)?;

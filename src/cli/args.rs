@@ -327,6 +327,26 @@ pub struct Args {
     /// Turn the circuit breakers off.
     #[arg(long, help_heading = "Retries and circuit breaker")]
     pub disable_circuit_breaker: bool,
+    /// Largest share (0.0-1.0) of a pool's live workers that open breakers
+    /// may exclude; beyond it the excess is let through (Envoy's
+    /// max_ejection_percent). 1.0: no cap.
+    #[arg(
+        long,
+        default_value_t = 0.8,
+        value_name = "FRACTION",
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub cb_max_exclusion: f64,
+    /// Below this share (0.0-1.0) of available live workers a pool is in
+    /// panic: the policy sees every live worker again and clients get the
+    /// workers' own answers (Envoy's panic threshold). 0.0: never.
+    #[arg(
+        long,
+        default_value_t = 0.2,
+        value_name = "FRACTION",
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub pool_panic_threshold: f64,
 
     // ----- Health checks -----
     /// Consecutive failed probes that mark a worker unhealthy.
@@ -362,16 +382,19 @@ pub struct Args {
     /// Log as JSON lines instead of human-readable text.
     #[arg(long, help_heading = "Observability")]
     pub log_json: bool,
-    /// Accepted for compatibility; OpenTelemetry export is not built in.
+    /// Refused with a message: OpenTelemetry export is not built in (the
+    /// flag exists so that a vllm-router command line fails clearly rather
+    /// than running without the traces it asked for).
     #[arg(long, help_heading = "Observability")]
     pub enable_trace: bool,
-    /// Accepted for compatibility (see --enable-trace).
+    /// Refused, as --enable-trace.
     #[arg(long, value_name = "HOST:PORT", help_heading = "Observability")]
     pub otlp_traces_endpoint: Option<String>,
-    /// Accepted for compatibility (see --enable-trace).
+    /// Accepted and ignored: without --enable-trace it has no effect, as in
+    /// vllm-router.
     #[arg(long, default_value_t = 1.0, help_heading = "Observability")]
     pub otel_sampling_ratio: f64,
-    /// Accepted for compatibility (see --enable-trace).
+    /// Accepted and ignored, as --otel-sampling-ratio.
     #[arg(long, num_args = 0.., value_name = "PATH", help_heading = "Observability")]
     pub otel_excluded_paths: Vec<String>,
 

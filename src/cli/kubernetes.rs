@@ -22,6 +22,8 @@
 use super::args::PolicyName;
 use super::settings::{CliError, Mode, Parsed};
 use router_http::PdConnector;
+use router_http::metrics::{Exposition, MetricsSource};
+use std::sync::Arc;
 use std::time::Duration;
 use worker_discovery::kubernetes::kube;
 pub use worker_discovery::kubernetes::{
@@ -159,6 +161,15 @@ pub fn mode(parsed: &Parsed) -> Result<Mode, CliError> {
         }
         other => other.clone(),
     };
+    if a.intra_node_data_parallel_size > 1 {
+        // A pod announces one port and no rank count; vLLM balances its
+        // own data-parallel ranks behind that port.
+        return Err(invalid(
+            "--intra-node-data-parallel-size",
+            "applies to --worker-urls only: a discovered pod is one worker (vLLM balances its \
+             data-parallel ranks behind the pod's port); remove the flag",
+        ));
+    }
     if a.service_discovery_port == 0 {
         return Err(invalid("--service-discovery-port", "must be 1-65535"));
     }
@@ -213,6 +224,13 @@ pub async fn wait_synced(discovery: &KubernetesDiscovery, wait: Duration) {
             "the first pod list has not completed; serving, and adding pods as they are listed"
         );
     }
+}
+
+/// The `router_discovery_*` families on the router's `/metrics`, read from
+/// the running discovery at each scrape.
+pub fn metrics_source(discovery: &KubernetesDiscovery) -> Arc<dyn MetricsSource> {
+    let reader = discovery.metrics_reader();
+    Arc::new(move |exposition: &mut Exposition<'_>| reader.snapshot().render(exposition))
 }
 
 /// The banner line: what is watched.

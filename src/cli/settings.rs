@@ -18,7 +18,7 @@ use router_http::{ConcurrencyConfig, RouterConfig};
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::time::Duration;
-use worker_lifecycle::{FailureRateWindow, HealthCheckConfig, RetryPolicy};
+use worker_lifecycle::{FailureRateWindow, FleetGuard, HealthCheckConfig, RetryPolicy};
 
 /// A command line the router refuses.
 #[derive(Debug, thiserror::Error)]
@@ -246,14 +246,36 @@ const KUBERNETES_FLAGS: [&str; 5] = [
     "service_discovery_namespace",
 ];
 
-const IGNORED_FLAGS: [&str; 6] = [
+const IGNORED_FLAGS: [&str; 4] = [
     "cors_allowed_origins",
-    "enable_trace",
-    "otlp_traces_endpoint",
     "otel_sampling_ratio",
     "otel_excluded_paths",
     "backend",
 ];
+
+/// vllm-router's flags that ask for something this router does not do, and
+/// where accepting them silently would mislead: an operator who passes
+/// `--enable-trace` expects spans in their collector.
+const REFUSED_FLAGS: [(&str, &str); 2] = [
+    (
+        "enable_trace",
+        "OpenTelemetry trace export is not built into affinity-router; remove the flag. \
+         Every request is logged with its request id (add --log-json for a collector), and \
+         /metrics carries the latency histograms (docs/operations.md, \"Tracing\")",
+    ),
+    (
+        "otlp_traces_endpoint",
+        "OpenTelemetry trace export is not built into affinity-router (see --enable-trace); \
+         remove the flag",
+    ),
+];
+
+fn refuse_unsupported(parsed: &Parsed) -> Result<(), CliError> {
+    match REFUSED_FLAGS.iter().find(|(id, _)| parsed.is_explicit(id)) {
+        Some((id, why)) => Err(CliError::invalid(id, *why)),
+        None => Ok(()),
+    }
+}
 
 impl Settings {
     /// Parses `argv` (program name first), merges `--config`, validates.
@@ -268,6 +290,7 @@ impl Settings {
     /// Validates parsed settings and builds the router configuration.
     pub fn from_parsed(parsed: Parsed) -> Result<Self, CliError> {
         let args = &parsed.args;
+        refuse_unsupported(&parsed)?;
         check_ranges(args)?;
         let mode = mode(&parsed)?;
         let router = router_config(args)?;
@@ -390,6 +413,8 @@ fn check_ranges(a: &Args) -> Result<(), CliError> {
     fraction("retry_jitter_factor", a.retry_jitter_factor)?;
     factor("retry_backoff_multiplier", a.retry_backoff_multiplier)?;
     fraction("otel_sampling_ratio", a.otel_sampling_ratio)?;
+    fraction("cb_max_exclusion", a.cb_max_exclusion)?;
+    fraction("pool_panic_threshold", a.pool_panic_threshold)?;
     positive("eviction_interval_secs", a.eviction_interval_secs)?;
     positive("max_tree_size", a.max_tree_size as u64)?;
     positive("max_payload_size", a.max_payload_size as u64)?;
@@ -437,13 +462,13 @@ fn check_ranges(a: &Args) -> Result<(), CliError> {
             ),
         ));
     }
-    if let Some(rate) = a.rate_limit_tokens_per_second {
-        if !(rate.is_finite() && rate > 0.0) {
-            return Err(CliError::invalid(
-                "rate_limit_tokens_per_second",
-                format!("must be a positive number of requests per second, got {rate}"),
-            ));
-        }
+    if let Some(rate) = a.rate_limit_tokens_per_second
+        && !(rate.is_finite() && rate > 0.0)
+    {
+        return Err(CliError::invalid(
+            "rate_limit_tokens_per_second",
+            format!("must be a positive number of requests per second, got {rate}"),
+        ));
     }
     if !(a.sim_time_scale.is_finite() && a.sim_time_scale >= 0.0) {
         return Err(CliError::invalid(
@@ -480,10 +505,10 @@ fn check_ranges(a: &Args) -> Result<(), CliError> {
             ));
         }
     }
-    if let Some(dir) = &a.log_dir {
-        if dir.is_empty() {
-            return Err(CliError::invalid("log_dir", "must not be empty"));
-        }
+    if let Some(dir) = &a.log_dir
+        && dir.is_empty()
+    {
+        return Err(CliError::invalid("log_dir", "must not be empty"));
     }
     match a.backend {
         BackendName::Vllm => {}
@@ -533,13 +558,14 @@ fn mode(parsed: &Parsed) -> Result<Mode, CliError> {
     if a.service_discovery {
         return super::kubernetes::mode(parsed);
     }
-    if !a.vllm_pd_disaggregation && a.sim_pd.is_none() {
-        if let Some(flag) = PD_FLAGS.iter().find(|id| parsed.is_explicit(id)) {
-            return Err(CliError::invalid(
-                flag,
-                "is a prefill/decode flag: it needs --vllm-pd-disaggregation",
-            ));
-        }
+    if !a.vllm_pd_disaggregation
+        && a.sim_pd.is_none()
+        && let Some(flag) = PD_FLAGS.iter().find(|id| parsed.is_explicit(id))
+    {
+        return Err(CliError::invalid(
+            flag,
+            "is a prefill/decode flag: it needs --vllm-pd-disaggregation",
+        ));
     }
     let workers_given = parsed.is_explicit("worker_urls");
     if let Some(spec) = &a.sim_pd {
@@ -588,17 +614,16 @@ fn mode(parsed: &Parsed) -> Result<Mode, CliError> {
         if let Some(address) = &a.vllm_discovery_address {
             check_host_port("vllm_discovery_address", address)?;
         }
-        if a.vllm_discovery_address.is_some() {
-            if let Some(id) = ["prefill", "decode"]
+        if a.vllm_discovery_address.is_some()
+            && let Some(id) = ["prefill", "decode"]
                 .iter()
                 .find(|id| parsed.is_explicit(id))
-            {
-                return Err(CliError::invalid(
-                    id,
-                    "cannot be combined with --vllm-discovery-address: each role takes its \
+        {
+            return Err(CliError::invalid(
+                id,
+                "cannot be combined with --vllm-discovery-address: each role takes its \
                      workers either from static URLs or from discovery",
-                ));
-            }
+            ));
         }
         if a.kv_connector.is_moriio() && !prefill.is_empty() {
             return Err(CliError::invalid(
@@ -794,6 +819,10 @@ fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
             window: Duration::from_secs(a.cb_window_duration_secs),
             ..FailureRateWindow::default()
         });
+    config.worker_options.fleet = FleetGuard {
+        max_breaker_exclusion: a.cb_max_exclusion,
+        panic_threshold: a.pool_panic_threshold,
+    };
     config.health = HealthCheckConfig {
         interval: Duration::from_secs(a.health_check_interval_secs),
         timeout: Duration::from_secs(a.health_check_timeout_secs),

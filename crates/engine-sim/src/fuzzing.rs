@@ -9,10 +9,10 @@ use crate::transfer::KvTransferParams;
 /// `kv_transfer_params` it carries; then parses it as a fault header.
 pub fn parse_request_body(data: &[u8]) {
     for endpoint in [Endpoint::Chat, Endpoint::Completions] {
-        if let Ok(request) = parse_request(endpoint, data) {
-            if let Some(params) = &request.kv_transfer_params {
-                let _ = KvTransferParams::from_json(params);
-            }
+        if let Ok(request) = parse_request(endpoint, data)
+            && let Some(params) = &request.kv_transfer_params
+        {
+            let _ = KvTransferParams::from_json(params);
         }
     }
     if let Ok(text) = std::str::from_utf8(data) {

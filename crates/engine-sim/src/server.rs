@@ -666,12 +666,12 @@ async fn generate(
         Err(e) => return error_response(&e),
     };
     let model_name = &shared.config.model.model_name;
-    if let Some(model) = &parsed.model {
-        if model != model_name {
-            return error_response(&ApiError::not_found(format!(
-                "The model `{model}` does not exist."
-            )));
-        }
+    if let Some(model) = &parsed.model
+        && model != model_name
+    {
+        return error_response(&ApiError::not_found(format!(
+            "The model `{model}` does not exist."
+        )));
     }
     let prompt = match parsed.prompt {
         Prompt::Text(text) => tokenize(&text, shared.config.model.chars_per_token),
@@ -972,19 +972,19 @@ impl Body for SimBody {
             this.stall = None;
         }
         loop {
-            if let Some(flag) = &this.reset {
-                if this.frames_sent >= 1 {
-                    let timer = this
-                        .reset_timer
-                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(RESET_DELAY)));
-                    ready!(timer.as_mut().poll(cx));
-                    flag.store(true, Ordering::SeqCst);
-                    this.source = None;
-                    this.pending.clear();
-                    this.reset = None;
-                    this.load = None;
-                    return Poll::Ready(Some(Err(BodyError::Reset)));
-                }
+            if let Some(flag) = &this.reset
+                && this.frames_sent >= 1
+            {
+                let timer = this
+                    .reset_timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(RESET_DELAY)));
+                ready!(timer.as_mut().poll(cx));
+                flag.store(true, Ordering::SeqCst);
+                this.source = None;
+                this.pending.clear();
+                this.reset = None;
+                this.load = None;
+                return Poll::Ready(Some(Err(BodyError::Reset)));
             }
             if let Some(bytes) = this.pending.pop_front() {
                 this.frames_sent += 1;

@@ -291,10 +291,10 @@ impl TransferRegistry {
         let result = {
             let mut state = self.state.lock();
             let state = &mut *state;
-            if let Some(engine) = &params.remote_engine_id {
-                if !state.engines.contains_key(engine) {
-                    return Err(InvalidTransfer::UnknownEngine);
-                }
+            if let Some(engine) = &params.remote_engine_id
+                && !state.engines.contains_key(engine)
+            {
+                return Err(InvalidTransfer::UnknownEngine);
             }
             let found = match &params.transfer_id {
                 Some(tid) => state.pending.iter().find_map(|(engine, list)| {

@@ -122,10 +122,10 @@ impl InFlight {
     fn start(&mut self, fleet: &[BasicBackend], index: usize) {
         fleet[index].begin_request();
         self.window.push_back(index);
-        if self.window.len() > self.capacity {
-            if let Some(done) = self.window.pop_front() {
-                fleet[done].end_request();
-            }
+        if self.window.len() > self.capacity
+            && let Some(done) = self.window.pop_front()
+        {
+            fleet[done].end_request();
         }
     }
 }

@@ -71,10 +71,10 @@ pub fn merge_usage(prefill: &Value, decode: &mut Value) -> bool {
             }
         }
     }
-    if let Some(completion) = usage.get("completion_tokens").and_then(Value::as_u64) {
-        if let Some(total) = prompt_tokens.checked_add(completion) {
-            usage.insert("total_tokens".to_owned(), Value::from(total));
-        }
+    if let Some(completion) = usage.get("completion_tokens").and_then(Value::as_u64)
+        && let Some(total) = prompt_tokens.checked_add(completion)
+    {
+        usage.insert("total_tokens".to_owned(), Value::from(total));
     }
     true
 }
@@ -87,11 +87,10 @@ pub fn merge_prompt_logprobs(prefill: &Value, decode: &mut Value) -> bool {
     if let (Some(prompt), Some(decode_obj)) = (
         prefill.get("prompt_logprobs").filter(|v| !v.is_null()),
         decode.as_object_mut(),
-    ) {
-        if decode_obj.get("prompt_logprobs").is_none_or(Value::is_null) {
-            decode_obj.insert("prompt_logprobs".to_owned(), prompt.clone());
-            merged = true;
-        }
+    ) && decode_obj.get("prompt_logprobs").is_none_or(Value::is_null)
+    {
+        decode_obj.insert("prompt_logprobs".to_owned(), prompt.clone());
+        merged = true;
     }
     let Some(prefill_choices) = prefill.get("choices").and_then(Value::as_array) else {
         return merged;

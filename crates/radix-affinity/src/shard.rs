@@ -1340,15 +1340,15 @@ impl<U: Unit> Shard<U> {
         let moved = list.get(pos).copied();
         let size = index.size.load(Ordering::Relaxed);
         index.size.store(size - symbols, Ordering::Relaxed);
-        if let Some(moved) = moved {
-            if let Some(o) = self.node(moved).owners_owned().owner(tenant) {
-                o.pos.store(pos as u32, Ordering::Relaxed);
-            }
+        if let Some(moved) = moved
+            && let Some(o) = self.node(moved).owners_owned().owner(tenant)
+        {
+            o.pos.store(pos as u32, Ordering::Relaxed);
         }
-        if parent != ROOT {
-            if let Some(o) = self.node(parent).owners_owned().owner(tenant) {
-                o.add_held(-1);
-            }
+        if parent != ROOT
+            && let Some(o) = self.node(parent).owners_owned().owner(tenant)
+        {
+            o.add_held(-1);
         }
         if now_empty {
             // Nobody holds it, so (prefix closure) nobody holds a child: it is
@@ -1398,10 +1398,10 @@ impl<U: Unit> Shard<U> {
         index.size.store(0, Ordering::Relaxed);
         let mut emptied = Vec::new();
         for &node in &list {
-            if let Some((_, now_empty)) = self.drop_owner(node, tenant) {
-                if now_empty {
-                    emptied.push(node);
-                }
+            if let Some((_, now_empty)) = self.drop_owner(node, tenant)
+                && now_empty
+            {
+                emptied.push(node);
             }
         }
         // An emptied node's parent is either kept (unlink from it) or emptied

@@ -392,6 +392,9 @@ fn metrics(router: &Router) -> Response<BoxBody> {
         .sample(&[], router.in_flight());
     render_server(&router.config().server.stats, &mut exposition);
     render_fleet_guard(router, &mut exposition);
+    for source in &router.config().metrics_sources {
+        source.render(&mut exposition);
+    }
     let mut response = Response::new(full(Bytes::from(out)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -125,10 +125,10 @@ where
             Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => Some(BodyEnd::Complete),
             Poll::Ready(Some(Ok(_))) | Poll::Pending => None,
         };
-        if let Some(end) = end {
-            if let Some(guard) = this.guard.take() {
-                guard.finish(end);
-            }
+        if let Some(end) = end
+            && let Some(guard) = this.guard.take()
+        {
+            guard.finish(end);
         }
         polled
     }

@@ -480,10 +480,12 @@ impl Drop for UpstreamBody {
     /// reports its end, such as an empty one) still returns its connection;
     /// one dropped earlier closes it.
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            if self.incoming.is_end_stream() && !conn.closed && self.driver_error.is_none() {
-                self.pool.put(conn);
-            }
+        if let Some(conn) = self.conn.take()
+            && self.incoming.is_end_stream()
+            && !conn.closed
+            && self.driver_error.is_none()
+        {
+            self.pool.put(conn);
         }
     }
 }
@@ -497,12 +499,11 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        if let Some(conn) = this.conn.as_mut() {
-            if !conn.closed {
-                if let Poll::Ready(Err(err)) = conn.poll_driver(cx) {
-                    this.driver_error = Some(err);
-                }
-            }
+        if let Some(conn) = this.conn.as_mut()
+            && !conn.closed
+            && let Poll::Ready(Err(err)) = conn.poll_driver(cx)
+        {
+            this.driver_error = Some(err);
         }
         match Pin::new(&mut this.incoming).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {

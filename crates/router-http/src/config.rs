@@ -102,6 +102,9 @@ pub struct RouterConfig {
     /// What answers an authenticated `POST /register` (default `None`: the
     /// route answers 400, registration not enabled). See [`crate::register`].
     pub register_hook: Option<std::sync::Arc<dyn crate::register::RegisterHook>>,
+    /// Series rendered on `/metrics` after the router's own, at scrape time
+    /// (default none). See [`crate::metrics::MetricsSource`].
+    pub metrics_sources: Vec<std::sync::Arc<dyn crate::metrics::MetricsSource>>,
 }
 
 impl Default for RouterConfig {
@@ -135,6 +138,7 @@ impl Default for RouterConfig {
             passthrough_paths: Vec::new(),
             server: ServerConfig::default(),
             register_hook: None,
+            metrics_sources: Vec::new(),
         }
     }
 }

@@ -15,7 +15,56 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use prom_text::{Exposition, Histograms, Label, MetricType};
+use prom_text::{Histograms, Label, MetricType};
+
+/// The writer a [`MetricsSource`] renders into (re-exported from
+/// [`prom_text`] so that hosts need not name that crate).
+pub use prom_text::Exposition;
+
+/// Series a host adds to the router's `/metrics`: discovery, a cache, a
+/// subsystem the router does not own. Rendered at scrape time, after the
+/// router's own families, from state the source already keeps (nothing is
+/// copied into the router).
+///
+/// A closure `Fn(&mut Exposition<'_>)` is a source:
+///
+/// ```
+/// use router_http::RouterConfig;
+/// use router_http::metrics::MetricsSource;
+/// use prom_text::{Exposition, MetricType};
+/// use std::sync::Arc;
+///
+/// let source = |exposition: &mut Exposition<'_>| {
+///     exposition
+///         .family("my_gateway_sessions", MetricType::Gauge, "Open sessions.")
+///         .sample(&[], 3u64);
+/// };
+/// let config = RouterConfig {
+///     metrics_sources: vec![Arc::new(source) as Arc<dyn MetricsSource>],
+///     ..RouterConfig::default()
+/// };
+/// # let _ = config;
+/// ```
+pub trait MetricsSource: Send + Sync + 'static {
+    /// Writes this source's families. Family names must not repeat the
+    /// router's own (`router_*` families other than the source's own).
+    fn render(&self, exposition: &mut Exposition<'_>);
+}
+
+impl<F> MetricsSource for F
+where
+    F: Fn(&mut Exposition<'_>) + Send + Sync + 'static,
+{
+    fn render(&self, exposition: &mut Exposition<'_>) {
+        self(exposition)
+    }
+}
+
+impl std::fmt::Debug for dyn MetricsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MetricsSource")
+    }
+}
 
 /// A monotonically increasing counter.
 #[derive(Debug, Default)]

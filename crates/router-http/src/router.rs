@@ -407,26 +407,25 @@ impl Router {
             request_id: request_id.value.to_str().ok().map(str::to_owned),
         };
         let retries = shared.retries(std::time::Instant::now());
-        if let Some(pd) = &shared.pd {
-            if matches!(
+        if let Some(pd) = &shared.pd
+            && matches!(
                 kind,
                 RouteKind::ChatCompletions | RouteKind::Completions | RouteKind::Generate
-            ) {
-                let arrival = crate::pd::PdArrival {
-                    parts,
-                    bytes,
-                    request,
-                    client_id: request_id.value.clone(),
-                    deadline,
-                };
-                let timeout = shared.config.request_timeout;
-                let response =
-                    crate::pd::proxy(pd, arrival, retries, &shared.metrics, timeout).await?;
-                // The decode guard lives inside the body (pd-orchestrator's
-                // `PdBody`); the permit goes with it.
-                let in_flight = InFlight::new(None, permit, shared, false);
-                return Ok(respond(response, in_flight, request_id));
-            }
+            )
+        {
+            let arrival = crate::pd::PdArrival {
+                parts,
+                bytes,
+                request,
+                client_id: request_id.value.clone(),
+                deadline,
+            };
+            let timeout = shared.config.request_timeout;
+            let response = crate::pd::proxy(pd, arrival, retries, &shared.metrics, timeout).await?;
+            // The decode guard lives inside the body (pd-orchestrator's
+            // `PdBody`); the permit goes with it.
+            let in_flight = InFlight::new(None, permit, shared, false);
+            return Ok(respond(response, in_flight, request_id));
         }
         // In P/D mode the other routes (models, embeddings...) go to the
         // decode workers, chosen by the decode policy.
@@ -665,10 +664,10 @@ impl Finish for InFlight {
             BodyEnd::Failed => Outcome::ConnectionReset,
             BodyEnd::Dropped => Outcome::ClientCancelled,
         };
-        if let Some(guard) = &self.guard {
-            if self.outcome_pending || end == BodyEnd::Failed {
-                guard.record_outcome(outcome);
-            }
+        if let Some(guard) = &self.guard
+            && (self.outcome_pending || end == BodyEnd::Failed)
+        {
+            guard.record_outcome(outcome);
         }
         // The guard and the permit are released here, by being dropped.
     }

@@ -776,3 +776,44 @@ async fn shutdown_turns_readiness_503_at_once_and_lets_the_stream_finish() {
     let outcome = fixture.stopped().await;
     assert_eq!(outcome, router_http::ShutdownOutcome::Drained);
 }
+
+#[tokio::test]
+async fn metrics_sources_are_rendered_from_live_state_at_scrape_time() {
+    use router_http::metrics::MetricsSource;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let sessions = Arc::new(AtomicU64::new(3));
+    let read = Arc::clone(&sessions);
+    let source = move |exposition: &mut prom_text::Exposition<'_>| {
+        exposition
+            .family(
+                "gateway_sessions",
+                prom_text::MetricType::Gauge,
+                "Sessions the host holds.",
+            )
+            .sample(&[], read.load(Ordering::Relaxed));
+    };
+    let config = RouterConfig {
+        metrics_sources: vec![Arc::new(source) as Arc<dyn MetricsSource>],
+        ..RouterConfig::default()
+    };
+    let fixture = Fixture::start(config, Vec::new()).await;
+    let scrape = || async {
+        let (status, _, body) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+        assert_eq!(status, StatusCode::OK);
+        String::from_utf8(body.to_vec()).unwrap()
+    };
+    let first = scrape().await;
+    assert!(first.contains("# TYPE gateway_sessions gauge"), "{first}");
+    assert!(first.contains("\ngateway_sessions 3\n"), "{first}");
+    // The router's own families come first and stay.
+    assert!(
+        first.find("router_in_flight_requests") < first.find("gateway_sessions"),
+        "{first}"
+    );
+    sessions.store(7, Ordering::Relaxed);
+    let second = scrape().await;
+    assert!(second.contains("\ngateway_sessions 7\n"), "{second}");
+    fixture.shutdown().await;
+}

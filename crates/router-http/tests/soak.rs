@@ -98,7 +98,7 @@ async fn one_request(addr: std::net::SocketAddr, index: usize, seed: u64) -> usi
         3 => Some("stall-before-headers=20ms"),
         _ => None,
     };
-    let stream = (seed >> 8) % 2 == 0;
+    let stream = (seed >> 8).is_multiple_of(2);
     let cancel_after = match (seed >> 16) % 8 {
         0 => Some(Duration::from_micros((seed >> 24) % 3_000)),
         _ => None,

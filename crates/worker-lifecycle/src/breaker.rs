@@ -176,13 +176,12 @@ impl CircuitBreakerConfig {
         if self.max_open_timeout < self.open_timeout {
             return Err(BreakerConfigError::TimeoutCap);
         }
-        if let Some(w) = &self.failure_rate {
-            if w.window.is_zero()
+        if let Some(w) = &self.failure_rate
+            && (w.window.is_zero()
                 || w.buckets == 0
-                || !(w.failure_rate > 0.0 && w.failure_rate <= 1.0)
-            {
-                return Err(BreakerConfigError::Window);
-            }
+                || !(w.failure_rate > 0.0 && w.failure_rate <= 1.0))
+        {
+            return Err(BreakerConfigError::Window);
         }
         Ok(())
     }
@@ -557,22 +556,22 @@ impl CircuitBreaker {
         let result = {
             let mut guard = self.inner.lock();
             let inner = &mut *guard;
-            if let Phase::Open { until } = inner.phase {
-                if now >= until {
-                    inner.epoch += 1;
-                    inner.phase = Phase::HalfOpen {
-                        in_flight: 0,
-                        successes: 0,
-                    };
-                    self.enter(
-                        BreakerState::Open,
-                        BreakerState::HalfOpen,
-                        now,
-                        inner,
-                        None,
-                        &mut transitions,
-                    );
-                }
+            if let Phase::Open { until } = inner.phase
+                && now >= until
+            {
+                inner.epoch += 1;
+                inner.phase = Phase::HalfOpen {
+                    in_flight: 0,
+                    successes: 0,
+                };
+                self.enter(
+                    BreakerState::Open,
+                    BreakerState::HalfOpen,
+                    now,
+                    inner,
+                    None,
+                    &mut transitions,
+                );
             }
             match &mut inner.phase {
                 Phase::Closed => Ok(Admission::unprobed()),

@@ -213,13 +213,13 @@ impl DiscoveryPool {
             Some(id) if id != snapshot.registry_id => return Err(PoolError::ForeignRegistry),
             _ => {}
         }
-        if let Some((version, taken_at)) = inner.applied {
-            if (snapshot.version, snapshot.taken_at) < (version, taken_at) {
-                return Err(PoolError::StaleSnapshot {
-                    snapshot: snapshot.version,
-                    applied: version,
-                });
-            }
+        if let Some((version, taken_at)) = inner.applied
+            && (snapshot.version, snapshot.taken_at) < (version, taken_at)
+        {
+            return Err(PoolError::StaleSnapshot {
+                snapshot: snapshot.version,
+                applied: version,
+            });
         }
         inner.registry_id = Some(snapshot.registry_id);
         inner.applied = Some((snapshot.version, snapshot.taken_at));

@@ -208,14 +208,14 @@ impl ServiceRegistry {
         if now >= entry.expires_at {
             return Err(RegistryError::Expired(endpoint.to_string()));
         }
-        if let Some(claimed) = generation {
-            if claimed != entry.generation {
-                return Err(RegistryError::StaleGeneration {
-                    endpoint: endpoint.to_string(),
-                    claimed,
-                    live: entry.generation,
-                });
-            }
+        if let Some(claimed) = generation
+            && claimed != entry.generation
+        {
+            return Err(RegistryError::StaleGeneration {
+                endpoint: endpoint.to_string(),
+                claimed,
+                live: entry.generation,
+            });
         }
         // Extending a lifetime changes no membership, so the version stays.
         entry.expires_at = now + ttl;

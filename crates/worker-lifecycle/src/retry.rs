@@ -149,10 +149,10 @@ impl RetryPolicy {
         if !self.allows_retry(retry) {
             return RetryDecision::RetriesExhausted;
         }
-        if let Some(budget) = budget {
-            if !budget.try_withdraw(now) {
-                return RetryDecision::BudgetExhausted;
-            }
+        if let Some(budget) = budget
+            && !budget.try_withdraw(now)
+        {
+            return RetryDecision::BudgetExhausted;
         }
         RetryDecision::RetryAfter(self.backoff(retry, rng))
     }

@@ -172,6 +172,10 @@ impl WorkerUrl {
     /// an `https` URL is refused with a message saying so, instead of
     /// becoming a worker every request to which fails.
     pub fn parse_http(url: &str) -> Result<Self, WorkerUrlError> {
+        if split_scheme(url).is_none() && !url.is_empty() {
+            // Not "http:// or https://": only one of them is accepted here.
+            return Err(WorkerUrlError::new(url, "it must start with http://"));
+        }
         let parsed = Self::parse(url)?;
         if parsed.https {
             return Err(WorkerUrlError::new(
@@ -540,6 +544,21 @@ mod tests {
             "{https}"
         );
         assert!(WorkerUrl::parse_http("http://engine").is_ok());
+        // The plain-HTTP parser names the one scheme it takes.
+        for other in ["ftp://engine", "engine:8000", "HTTPX://engine"] {
+            let error = WorkerUrl::parse_http(other).unwrap_err().to_string();
+            assert!(
+                error.contains("must start with http://"),
+                "{other}: {error}"
+            );
+            assert!(!error.contains("https://"), "{other}: {error}");
+        }
+        assert!(
+            WorkerUrl::parse_http("")
+                .unwrap_err()
+                .to_string()
+                .contains("empty")
+        );
     }
 
     #[test]

@@ -66,13 +66,13 @@ impl ConsistentHashConfig {
                 reason: format!("must be in 1..=65536, got {}", self.virtual_nodes),
             });
         }
-        if let Some(c) = self.bounded_load {
-            if !(c.is_finite() && c >= 1.0) {
-                return Err(PolicyError::InvalidConfig {
-                    field: "bounded_load",
-                    reason: format!("must be a finite factor >= 1.0, got {c}"),
-                });
-            }
+        if let Some(c) = self.bounded_load
+            && !(c.is_finite() && c >= 1.0)
+        {
+            return Err(PolicyError::InvalidConfig {
+                field: "bounded_load",
+                reason: format!("must be a finite factor >= 1.0, got {c}"),
+            });
         }
         Ok(())
     }

@@ -172,10 +172,11 @@ impl<C: KvConnector + ?Sized> KvConnector for std::sync::Arc<C> {
 pub fn prepare_prefill_body(body: &mut Map<String, Value>) {
     body.insert("max_tokens".to_owned(), Value::from(1));
     for key in ["max_completion_tokens", "min_tokens"] {
-        if let Some(value) = body.get_mut(key) {
-            if value.as_u64().is_none_or(|v| v > 1) && !value.is_null() {
-                *value = Value::from(1);
-            }
+        if let Some(value) = body.get_mut(key)
+            && value.as_u64().is_none_or(|v| v > 1)
+            && !value.is_null()
+        {
+            *value = Value::from(1);
         }
     }
     body.insert("stream".to_owned(), Value::Bool(false));

@@ -525,14 +525,14 @@ where
 
         let mut decode_sent = pin!(self.transport.send(decode_leg));
         let head = poll_fn(|cx| {
-            if let Some(running) = driver.as_mut() {
-                if let Poll::Ready(result) = running.as_mut().poll(cx) {
-                    driver = None;
-                    let failed = result.is_err();
-                    prefill_result = Some(result);
-                    if failed {
-                        return Poll::Ready(None);
-                    }
+            if let Some(running) = driver.as_mut()
+                && let Poll::Ready(result) = running.as_mut().poll(cx)
+            {
+                driver = None;
+                let failed = result.is_err();
+                prefill_result = Some(result);
+                if failed {
+                    return Poll::Ready(None);
                 }
             }
             decode_sent.as_mut().poll(cx).map(Some)
@@ -678,10 +678,10 @@ where
                 let mut collector = Collector::default();
                 let mut finished: Option<PrefillResult> = None;
                 let collected = poll_fn(|cx| {
-                    if finished.is_none() {
-                        if let Poll::Ready(result) = driver.as_mut().poll(cx) {
-                            finished = Some(result);
-                        }
+                    if finished.is_none()
+                        && let Poll::Ready(result) = driver.as_mut().poll(cx)
+                    {
+                        finished = Some(result);
                     }
                     collector.poll_collect(cx, &mut body, limit)
                 })

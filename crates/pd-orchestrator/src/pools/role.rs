@@ -84,16 +84,16 @@ impl PdRole {
                 let Some(new) = event.added().filter(|_| learns) else {
                     return;
                 };
-                if let Some(endpoint) = endpoint_of(&endpoints, new, connector) {
-                    if endpoint.mooncake().is_none() {
-                        match learn.get() {
-                            Some(hook) => hook(new, &endpoint),
-                            None => tracing::warn!(
-                                prefill = new.key(),
-                                "no way to query the Mooncake bootstrap server of a discovered \
+                if let Some(endpoint) = endpoint_of(&endpoints, new, connector)
+                    && endpoint.mooncake().is_none()
+                {
+                    match learn.get() {
+                        Some(hook) => hook(new, &endpoint),
+                        None => tracing::warn!(
+                            prefill = new.key(),
+                            "no way to query the Mooncake bootstrap server of a discovered \
                                  prefill worker; it stays unselectable"
-                            ),
-                        }
+                        ),
                     }
                 }
             }
@@ -361,25 +361,25 @@ pub(super) fn discovered_endpoint(worker: &Worker, connector: PdConnector) -> Op
             });
         }
     }
-    if connector.is_mooncake() {
-        if let WorkerRole::Prefill { bootstrap_port } = worker.role() {
-            let engine_ids: BTreeMap<u32, String> = labels
-                .iter()
-                .filter_map(|(key, value)| {
-                    let rank = match key.strip_prefix(labels::MOONCAKE_ENGINE_ID)? {
-                        "" => 0,
-                        rest => rest.strip_prefix('.')?.parse().ok()?,
-                    };
-                    Some((rank, value.clone()))
-                })
-                .collect();
-            if !engine_ids.is_empty() {
-                let bootstrap_addr = endpoint.mooncake_bootstrap_addr(bootstrap_port);
-                endpoint = endpoint.with_mooncake(MooncakeEndpoint {
-                    bootstrap_addr,
-                    engine_ids,
-                });
-            }
+    if connector.is_mooncake()
+        && let WorkerRole::Prefill { bootstrap_port } = worker.role()
+    {
+        let engine_ids: BTreeMap<u32, String> = labels
+            .iter()
+            .filter_map(|(key, value)| {
+                let rank = match key.strip_prefix(labels::MOONCAKE_ENGINE_ID)? {
+                    "" => 0,
+                    rest => rest.strip_prefix('.')?.parse().ok()?,
+                };
+                Some((rank, value.clone()))
+            })
+            .collect();
+        if !engine_ids.is_empty() {
+            let bootstrap_addr = endpoint.mooncake_bootstrap_addr(bootstrap_port);
+            endpoint = endpoint.with_mooncake(MooncakeEndpoint {
+                bootstrap_addr,
+                engine_ids,
+            });
         }
     }
     Some(endpoint)

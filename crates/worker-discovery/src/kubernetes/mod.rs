@@ -319,6 +319,76 @@ pub struct DiscoveryMetrics {
     pub decode_workers: u64,
 }
 
+impl DiscoveryMetrics {
+    /// Writes the `router_discovery_*` families (names in the field docs).
+    pub fn render(&self, exposition: &mut prom_text::Exposition<'_>) {
+        use prom_text::MetricType::{Counter, Gauge};
+        for (name, help, value) in [
+            (
+                "router_discovery_watch_errors_total",
+                "Failed pod lists and watches, each one backed off.",
+                self.watch_errors,
+            ),
+            (
+                "router_discovery_forbidden_total",
+                "Pod lists and watches refused with 401 or 403 (RBAC).",
+                self.forbidden,
+            ),
+            (
+                "router_discovery_relists_total",
+                "Completed pod lists: the first and every re-list after a lost watch.",
+                self.relists,
+            ),
+            (
+                "router_discovery_events_total",
+                "Pod events received.",
+                self.events,
+            ),
+            (
+                "router_discovery_registrations_total",
+                "Pods registered as workers (each a new generation).",
+                self.registrations,
+            ),
+            (
+                "router_discovery_deregistrations_total",
+                "Pods deregistered (their workers drained).",
+                self.deregistrations,
+            ),
+            (
+                "router_discovery_invalid_annotations_total",
+                "Prefill pods whose vllm.ai/bootstrap-port annotation is not a port.",
+                self.invalid_annotations,
+            ),
+        ] {
+            exposition.family(name, Counter, help).sample(&[], value);
+        }
+        let mut workers = exposition.family(
+            "router_discovery_workers",
+            Gauge,
+            "Pods registered as workers now, by role.",
+        );
+        for (role, value) in [
+            ("regular", self.regular_workers),
+            ("prefill", self.prefill_workers),
+            ("decode", self.decode_workers),
+        ] {
+            workers.sample(&[("role", &role)], value);
+        }
+    }
+}
+
+/// Reads [`DiscoveryMetrics`] of a running [`KubernetesDiscovery`] from
+/// anywhere (a metrics endpoint), without holding the discovery itself.
+#[derive(Debug, Clone)]
+pub struct DiscoveryMetricsReader(Arc<Counters>);
+
+impl DiscoveryMetricsReader {
+    /// The counters now.
+    pub fn snapshot(&self) -> DiscoveryMetrics {
+        self.0.snapshot()
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counters {
     watch_errors: AtomicU64,
@@ -449,6 +519,12 @@ impl KubernetesDiscovery {
     /// The counters now.
     pub fn metrics(&self) -> DiscoveryMetrics {
         self.counters.snapshot()
+    }
+
+    /// A handle that reads the counters for as long as it lives (a
+    /// metrics endpoint keeps one).
+    pub fn metrics_reader(&self) -> DiscoveryMetricsReader {
+        DiscoveryMetricsReader(Arc::clone(&self.counters))
     }
 
     /// Whether every selector's first list has completed.

@@ -91,16 +91,16 @@ impl Selector {
                 let (key, value) = (key.trim(), value.trim());
                 check_key(key).map_err(|reason| SelectorError::new(item, reason))?;
                 check_value(value).map_err(|reason| SelectorError::new(item, reason))?;
-                if let Some(previous) = labels.insert(key.to_owned(), value.to_owned()) {
-                    if previous != value {
-                        return Err(SelectorError::new(
-                            item,
-                            format!(
-                                "label {key:?} is required to be both {previous:?} and {value:?}: \
+                if let Some(previous) = labels.insert(key.to_owned(), value.to_owned())
+                    && previous != value
+                {
+                    return Err(SelectorError::new(
+                        item,
+                        format!(
+                            "label {key:?} is required to be both {previous:?} and {value:?}: \
                                  no pod can match"
-                            ),
-                        ));
-                    }
+                        ),
+                    ));
                 }
             }
         }
