@@ -5,38 +5,14 @@
 //! tests (heartbeats, expiry, malformed messages) live in
 //! crates/worker-discovery.
 
-use affinity_router::cli::discovery::{self, NetworkCheck, Registrar, Registries, ZmqDiscovery};
+use affinity_router::cli::discovery::{self, NetworkCheck, Registrar, Registries};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zeromq::{Socket, SocketSend, ZmqMessage};
+use zeromq::SocketSend;
 
-/// Short enough to watch an expiry, long enough for a loaded CI machine
-/// to deliver a heartbeat in time.
-const TTL: Duration = Duration::from_millis(1500);
-
-fn registration(kind: &str, http: &str, zmq: &str) -> ZmqMessage {
-    let map = serde_json::json!({"type": kind, "http_address": http, "zmq_address": zmq});
-    ZmqMessage::from(rmp_serde::to_vec_named(&map).unwrap())
-}
-
-async fn engine_socket(discovery: &ZmqDiscovery) -> zeromq::DealerSocket {
-    let mut socket = zeromq::DealerSocket::new();
-    let endpoint = format!("tcp://{}", discovery.local_addr());
-    tokio::time::timeout(Duration::from_secs(5), socket.connect(&endpoint))
-        .await
-        .expect("connect in time")
-        .expect("connect");
-    socket
-}
-
-/// Polls `condition` every 20 ms for at most 5 s.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+#[path = "../crates/worker-discovery/tests/support/vllm_engine.rs"]
+mod vllm_engine;
+use vllm_engine::{TTL, engine_socket, eventually, registration};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrations_outside_the_allowed_networks_are_ignored() {

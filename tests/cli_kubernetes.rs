@@ -22,6 +22,24 @@ fn settings(args: &[&str]) -> Result<Settings, affinity_router::cli::CliError> {
     Settings::from_args(std::iter::once("router").chain(args.iter().copied()))
 }
 
+/// Settings for `args` (after `--port 0 --prometheus-port 0
+/// --service-discovery`) talking to the fake API server at `api`.
+fn against(api: std::net::SocketAddr, args: &[&str]) -> Settings {
+    let argv = [
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--service-discovery",
+    ];
+    let argv: Vec<&str> = argv.iter().chain(args).copied().collect();
+    let mut settings = settings(&argv).unwrap();
+    if let Mode::Kubernetes(k8s) = &mut settings.mode {
+        k8s.api_server = Some(format!("http://{api}"));
+    }
+    settings
+}
+
 fn kubernetes(settings: &Settings) -> &KubernetesSettings {
     match &settings.mode {
         Mode::Kubernetes(k8s) => k8s,
@@ -292,23 +310,17 @@ async fn the_router_serves_the_ready_pods_of_its_selector() {
     let (api, api_addr) = FakeApi::start().await;
     api.create(pod("uid-1", "127.0.0.1"));
 
-    let mut settings = settings(&[
-        "--port",
-        "0",
-        "--prometheus-port",
-        "0",
-        "--service-discovery",
-        "--selector",
-        "app=vllm",
-        "--service-discovery-namespace",
-        "inference",
-        "--service-discovery-port",
-        &engine_port,
-    ])
-    .unwrap();
-    if let Mode::Kubernetes(k8s) = &mut settings.mode {
-        k8s.api_server = Some(format!("http://{api_addr}"));
-    }
+    let settings = against(
+        api_addr,
+        &[
+            "--selector",
+            "app=vllm",
+            "--service-discovery-namespace",
+            "inference",
+            "--service-discovery-port",
+            &engine_port,
+        ],
+    );
     let app = App::start(&settings).await.unwrap();
     assert!(
         app.kubernetes().unwrap().is_synced(),
@@ -384,19 +396,7 @@ async fn the_router_serves_the_ready_pods_of_its_selector() {
 async fn a_403_at_startup_stops_with_the_rbac_rule() {
     let (api, api_addr) = FakeApi::start().await;
     api.set_forbidden(true);
-    let mut settings = settings(&[
-        "--port",
-        "0",
-        "--prometheus-port",
-        "0",
-        "--service-discovery",
-        "--selector",
-        "app=vllm",
-    ])
-    .unwrap();
-    if let Mode::Kubernetes(k8s) = &mut settings.mode {
-        k8s.api_server = Some(format!("http://{api_addr}"));
-    }
+    let settings = against(api_addr, &["--selector", "app=vllm"]);
     let err = App::start(&settings).await.unwrap_err().to_string();
     assert!(err.starts_with("--service-discovery: "), "{err}");
     assert!(err.contains("get, list and watch on pods"), "{err}");
@@ -513,28 +513,22 @@ async fn prefill_and_decode_pods_serve_through_the_mooncake_bootstrap() {
     ));
     api.create(role_pod("decode-0", "uid-d", "decode", None));
     let port = network.port().to_string();
-    let mut settings = settings(&[
-        "--port",
-        "0",
-        "--prometheus-port",
-        "0",
-        "--service-discovery",
-        "--vllm-pd-disaggregation",
-        "--prefill-selector",
-        "app=vllm",
-        "role=prefill",
-        "--decode-selector",
-        "app=vllm",
-        "role=decode",
-        "--kv-connector",
-        "mooncake",
-        "--service-discovery-port",
-        &port,
-    ])
-    .unwrap();
-    if let Mode::Kubernetes(k8s) = &mut settings.mode {
-        k8s.api_server = Some(format!("http://{api_addr}"));
-    }
+    let settings = against(
+        api_addr,
+        &[
+            "--vllm-pd-disaggregation",
+            "--prefill-selector",
+            "app=vllm",
+            "role=prefill",
+            "--decode-selector",
+            "app=vllm",
+            "role=decode",
+            "--kv-connector",
+            "mooncake",
+            "--service-discovery-port",
+            &port,
+        ],
+    );
     let app = App::start(&settings).await.unwrap();
     let url = format!("http://{}", app.addr());
     let client = Client::builder(TokioExecutor::new()).build_http();

@@ -4,35 +4,11 @@
 use std::time::{Duration, Instant};
 use worker_discovery::ZmqDiscovery;
 use worker_lifecycle::{DiscoveryPool, RoleKind, WorkerOptions};
-use zeromq::{Socket, SocketSend, ZmqMessage};
+use zeromq::{SocketSend, ZmqMessage};
 
-/// Short enough to watch an expiry, long enough for a loaded CI machine
-/// to deliver a heartbeat in time.
-const TTL: Duration = Duration::from_millis(1500);
-
-fn registration(kind: &str, http: &str, zmq: &str) -> ZmqMessage {
-    let map = serde_json::json!({"type": kind, "http_address": http, "zmq_address": zmq});
-    ZmqMessage::from(rmp_serde::to_vec_named(&map).unwrap())
-}
-
-async fn engine_socket(discovery: &ZmqDiscovery) -> zeromq::DealerSocket {
-    let mut socket = zeromq::DealerSocket::new();
-    let endpoint = format!("tcp://{}", discovery.local_addr());
-    tokio::time::timeout(Duration::from_secs(5), socket.connect(&endpoint))
-        .await
-        .expect("connect in time")
-        .expect("connect");
-    socket
-}
-
-/// Polls `condition` every 20 ms for at most 5 s.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+#[path = "support/vllm_engine.rs"]
+mod vllm_engine;
+use vllm_engine::{TTL, engine_socket, eventually, registration};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registration_heartbeat_expiry_and_a_new_generation() {
