@@ -44,6 +44,7 @@ fn every_flag_has_vllm_routers_default() {
     assert_eq!(a.balance_rel_threshold, 1.5);
     assert_eq!(a.eviction_interval_secs, 120);
     assert_eq!(a.max_tree_size, 1 << 26);
+    assert_eq!(a.block_size, 16, "vLLM's default block size");
     assert_eq!(a.max_payload_size, 512 * 1024 * 1024);
     assert_eq!(a.intra_node_data_parallel_size, 1);
     assert_eq!(a.api_key, None);
@@ -949,4 +950,15 @@ fn hardening_flags_map_onto_the_router_and_server_config() {
         assert!(err.to_string().contains(flag), "{args:?}: {err}");
         assert_eq!(err.exit_code(), 2, "{args:?}");
     }
+}
+
+#[test]
+fn block_size_reaches_cache_aware_and_zero_is_refused() {
+    let s = settings(&["--worker-urls", "http://127.0.0.1:9", "--block-size", "32"]).unwrap();
+    assert_eq!(s.router.policy.cache_aware.block_size, 32);
+    let message = settings(&["--block-size", "0"]).unwrap_err().to_string();
+    assert!(
+        message.starts_with("--block-size: must be at least 1"),
+        "{message}"
+    );
 }

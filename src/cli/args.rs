@@ -224,6 +224,16 @@ pub struct Args {
     /// cache_aware: per-worker prefix-tree budget, in characters.
     #[arg(long, default_value_t = 67_108_864, help_heading = "Policy")]
     pub max_tree_size: usize,
+    /// cache_aware on token ids: the engines' KV block size (vLLM's
+    /// --block-size). A token match counts in whole blocks, and
+    /// --cache-threshold applies to those cached tokens.
+    #[arg(
+        long,
+        default_value_t = 16,
+        value_name = "TOKENS",
+        help_heading = "Policy"
+    )]
+    pub block_size: usize,
 
     // ----- Prefill/decode -----
     /// Route prefill and decode to separate engines (vLLM P/D disaggregation).

@@ -417,6 +417,7 @@ fn check_ranges(a: &Args) -> Result<(), CliError> {
     fraction("pool_panic_threshold", a.pool_panic_threshold)?;
     positive("eviction_interval_secs", a.eviction_interval_secs)?;
     positive("max_tree_size", a.max_tree_size as u64)?;
+    positive("block_size", a.block_size as u64)?;
     positive("max_payload_size", a.max_payload_size as u64)?;
     positive("request_timeout_secs", a.request_timeout_secs)?;
     positive("max_concurrent_requests", a.max_concurrent_requests as u64)?;
@@ -755,6 +756,7 @@ fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
     cache.balance_rel_threshold = a.balance_rel_threshold;
     cache.eviction_interval = Duration::from_secs(a.eviction_interval_secs);
     cache.max_tree_size = a.max_tree_size;
+    cache.block_size = a.block_size;
     cache
         .validate()
         .map_err(|err| CliError::invalid("policy", err.to_string()))?;

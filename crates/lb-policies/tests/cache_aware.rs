@@ -299,7 +299,6 @@ fn regression_removal_drops_affinity() {
     for b in &fleet {
         b.set_load(1);
     }
-    fleet[owner].set_load(0);
     let fresh = prompt(4);
     assert_eq!(select(&p, &fleet, &fresh).0, owner);
     assert_eq!(
@@ -384,6 +383,49 @@ fn token_ids_route_like_text() {
         .select(&fleet[..], &RequestContext::new(MODEL))
         .expect("available");
     assert_eq!(no_input.reason, DecisionReason::CacheLowMatch);
+}
+
+/// An engine reuses whole KV blocks only: a token match shorter than one
+/// block is no match, and the threshold applies to the tokens of whole
+/// blocks.
+#[test]
+fn token_matches_count_in_whole_blocks() {
+    let fleet = fleet(2);
+    let mut config = CacheAwareConfig::default();
+    config.block_size = 16;
+    config.cache_threshold = 0.5;
+    let p = CacheAware::new(config).unwrap();
+    let select_tokens = |tokens: &[u32]| {
+        p.select(&fleet[..], &RequestContext::new(MODEL).with_tokens(tokens))
+            .expect("available")
+    };
+    // Worker A holds 0..40 (two whole blocks and 8 tokens of a third).
+    let held: Vec<u32> = (0..40).collect();
+    let owner = select_tokens(&held).index;
+
+    // Shares 15 tokens of 20: 75 % in symbols, but not one whole block.
+    let mut short: Vec<u32> = (0..15).collect();
+    short.extend(1000..1005);
+    let d = select_tokens(&short);
+    assert_eq!(d.reason, DecisionReason::CacheLowMatch, "{d:?}");
+
+    // Shares 40 tokens of 48: 83 % in symbols, 32 cached tokens = 67 %.
+    let mut long: Vec<u32> = (0..40).collect();
+    long.extend(2000..2008);
+    let d = select_tokens(&long);
+    assert_eq!((d.index, d.reason), (owner, DecisionReason::CacheHit));
+    assert_eq!(d.match_permille, Some(667), "32 of 48 tokens: {d:?}");
+
+    // Shares 40 tokens of 70: 57 % in symbols, 32 cached = 46 %, below 0.5.
+    let mut diluted: Vec<u32> = (0..40).collect();
+    diluted.extend(3000..3030);
+    let d = select_tokens(&diluted);
+    assert_eq!(d.reason, DecisionReason::CacheLowMatch, "{d:?}");
+
+    // A block size of 0 is refused.
+    let mut zero = CacheAwareConfig::default();
+    zero.block_size = 0;
+    assert!(CacheAware::new(zero).is_err());
 }
 
 #[test]

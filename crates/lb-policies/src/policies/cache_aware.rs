@@ -77,8 +77,17 @@ pub enum LoadGate {
 #[non_exhaustive]
 pub struct CacheAwareConfig {
     /// Minimum match rate (`matched / input`, in symbols) above which the
-    /// matched worker is preferred. In `0.0..=1.0`. Default 0.3.
+    /// matched worker is preferred. In `0.0..=1.0`. Default 0.3. For token
+    /// input, `matched` counts only the tokens of whole blocks (see
+    /// [`block_size`](Self::block_size)): the tokens the engine would
+    /// really find cached.
     pub cache_threshold: f64,
+    /// The engine's KV block size in tokens (vLLM's `--block-size`,
+    /// default 16). An engine reuses whole blocks only, so a token match
+    /// counts as `matched - matched % block_size`: a 15-token match is worth
+    /// nothing. Text input is not rounded (characters are not blocks).
+    /// At least 1 (1: no rounding).
+    pub block_size: usize,
     /// Absolute load margin: the preferred worker yields only if its load
     /// exceeds the least loaded available candidate's by more than this.
     /// Default 64.
@@ -101,6 +110,7 @@ impl Default for CacheAwareConfig {
     fn default() -> Self {
         CacheAwareConfig {
             cache_threshold: 0.3,
+            block_size: 16,
             balance_abs_threshold: 64,
             balance_rel_threshold: 1.5,
             eviction_interval: Duration::from_secs(120),
@@ -126,6 +136,12 @@ impl CacheAwareConfig {
                     "must be a finite factor >= 1.0, got {}",
                     self.balance_rel_threshold
                 ),
+            });
+        }
+        if self.block_size == 0 {
+            return Err(PolicyError::InvalidConfig {
+                field: "block_size",
+                reason: "must be at least 1 token".to_owned(),
             });
         }
         if self.eviction_interval.is_zero() {
@@ -424,13 +440,19 @@ impl CacheAware {
         let Some((found, tokens)) = state.prefix_match(ctx.routing) else {
             return self.least_loaded(candidates, DecisionReason::CacheLowMatch);
         };
+        // Tokens: only whole blocks are reused by the engine.
+        let matched = if tokens {
+            found.matched - found.matched % self.config.block_size
+        } else {
+            found.matched
+        };
         let rate = if found.input == 0 {
             0.0
         } else {
-            found.matched as f64 / found.input as f64
+            matched as f64 / found.input as f64
         };
         let tenant = match found.tenant {
-            Some(t) if rate > self.config.cache_threshold => t,
+            Some(t) if matched > 0 && rate > self.config.cache_threshold => t,
             _ => {
                 return self
                     .least_loaded(candidates, DecisionReason::CacheLowMatch)
