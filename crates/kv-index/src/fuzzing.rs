@@ -132,11 +132,14 @@ pub fn event_of(op: &Op) -> Option<KvEvent> {
             let end = start.saturating_add(len).min(PROMPT_BLOCKS);
             let blocks = start.min(end)..end;
             Some(KvEvent::BlockStored {
-                block_hashes: blocks.clone().map(|b| engine_hash(prompt, b, salt)).collect(),
-                parent_block_hash: start
-                    .checked_sub(1)
-                    .map(|p| engine_hash(prompt, p, salt)),
-                token_ids: blocks.flat_map(|b| prompt_block_tokens(prompt, b)).collect(),
+                block_hashes: blocks
+                    .clone()
+                    .map(|b| engine_hash(prompt, b, salt))
+                    .collect(),
+                parent_block_hash: start.checked_sub(1).map(|p| engine_hash(prompt, p, salt)),
+                token_ids: blocks
+                    .flat_map(|b| prompt_block_tokens(prompt, b))
+                    .collect(),
                 block_size: if bad_size { BLOCK_SIZE + 1 } else { BLOCK_SIZE },
                 lora_id: lora.then_some(1),
             })
@@ -363,65 +366,80 @@ impl Harness {
 
     /// Checks every observable against the model.
     pub fn check(&self) {
-        let expected = self.model.holders();
-        let holder = |(w, r): (u32, u32)| (w, r);
-        let mut universe: BTreeSet<u64> = BTreeSet::new();
-        let mut prompts = Vec::new();
-        for lora in [None, Some(1)] {
-            let hasher = BlockHasher::new(BLOCK_SIZE).with_lora(lora);
-            for p in 0..PROMPTS {
-                let hashes = hasher.hash_blocks(&prompt_tokens(p));
-                universe.extend(hashes.iter().map(|h| h.0));
-                prompts.push(hashes);
-            }
-        }
-        assert!(
-            expected.keys().all(|k| universe.contains(k)),
-            "the model holds a block outside the universe"
-        );
-        for &h in &universe {
-            let got: BTreeSet<(u32, u32)> = self
-                .index
-                .holders_of(BlockHash(h))
-                .into_iter()
-                .map(|Holder { worker, rank }| (worker.get(), rank))
-                .collect();
-            let want: BTreeSet<(u32, u32)> = expected
-                .get(&h)
-                .map(|s| s.iter().copied().map(holder).collect())
-                .unwrap_or_default();
-            assert_eq!(got, want, "holders of block {h:#x}");
-        }
-        for hashes in &prompts {
-            for end in [1, 3, hashes.len()] {
-                let hashes = &hashes[..end];
-                let want = self.model.prefixes(hashes);
-                let found = self.index.lookup(hashes);
-                let got: BTreeMap<(u32, u32), usize> = found
-                    .matches()
-                    .iter()
-                    .map(|m| ((m.holder.worker.get(), m.holder.rank), m.blocks))
-                    .collect();
-                assert_eq!(got.len(), found.matches().len(), "a holder twice");
-                assert_eq!(got, want, "prefixes of {hashes:?}");
-                assert!(
-                    found.matches().windows(2).all(|w| w[0].blocks >= w[1].blocks),
-                    "longest first"
-                );
-            }
-        }
-        let stats = self.index.stats();
-        assert_eq!(stats.pairs, expected.values().map(BTreeSet::len).sum::<usize>());
-        assert_eq!(stats.blocks, expected.len());
-        let entries: usize = self.model.streams.values().map(BTreeMap::len).sum();
-        assert_eq!(stats.holders.iter().map(|h| h.blocks).sum::<usize>(), entries);
-        let c = stats.counters;
-        assert_eq!(c.unknown_parent_blocks, self.model.unknown_parent);
-        assert_eq!(c.unknown_removed_blocks, self.model.unknown_removed);
-        assert_eq!(c.malformed_blocks, self.model.malformed);
+        check_index(&self.index, &self.model);
     }
 }
 
+/// Checks every observable of `index` against `model`: the holders of every
+/// block of the universe (base model and LoRA 1), lookups of every prompt
+/// and of its prefixes, pair, block and entry counts, and the counters of
+/// skipped events. Panics at the first disagreement.
+pub fn check_index<K: std::hash::Hash + Eq + Clone>(index: &KvIndex<K>, model: &Model) {
+    let expected = model.holders();
+    let holder = |(w, r): (u32, u32)| (w, r);
+    let mut universe: BTreeSet<u64> = BTreeSet::new();
+    let mut prompts = Vec::new();
+    for lora in [None, Some(1)] {
+        let hasher = BlockHasher::new(BLOCK_SIZE).with_lora(lora);
+        for p in 0..PROMPTS {
+            let hashes = hasher.hash_blocks(&prompt_tokens(p));
+            universe.extend(hashes.iter().map(|h| h.0));
+            prompts.push(hashes);
+        }
+    }
+    assert!(
+        expected.keys().all(|k| universe.contains(k)),
+        "the model holds a block outside the universe"
+    );
+    for &h in &universe {
+        let got: BTreeSet<(u32, u32)> = index
+            .holders_of(BlockHash(h))
+            .into_iter()
+            .map(|Holder { worker, rank }| (worker.get(), rank))
+            .collect();
+        let want: BTreeSet<(u32, u32)> = expected
+            .get(&h)
+            .map(|s| s.iter().copied().map(holder).collect())
+            .unwrap_or_default();
+        assert_eq!(got, want, "holders of block {h:#x}");
+    }
+    for hashes in &prompts {
+        for end in [1, 3, hashes.len()] {
+            let hashes = &hashes[..end];
+            let want = model.prefixes(hashes);
+            let found = index.lookup(hashes);
+            let got: BTreeMap<(u32, u32), usize> = found
+                .matches()
+                .iter()
+                .map(|m| ((m.holder.worker.get(), m.holder.rank), m.blocks))
+                .collect();
+            assert_eq!(got.len(), found.matches().len(), "a holder twice");
+            assert_eq!(got, want, "prefixes of {hashes:?}");
+            assert!(
+                found
+                    .matches()
+                    .windows(2)
+                    .all(|w| w[0].blocks >= w[1].blocks),
+                "longest first"
+            );
+        }
+    }
+    let stats = index.stats();
+    assert_eq!(
+        stats.pairs,
+        expected.values().map(BTreeSet::len).sum::<usize>()
+    );
+    assert_eq!(stats.blocks, expected.len());
+    let entries: usize = model.streams.values().map(BTreeMap::len).sum();
+    assert_eq!(
+        stats.holders.iter().map(|h| h.blocks).sum::<usize>(),
+        entries
+    );
+    let c = stats.counters;
+    assert_eq!(c.unknown_parent_blocks, model.unknown_parent);
+    assert_eq!(c.unknown_removed_blocks, model.unknown_removed);
+    assert_eq!(c.malformed_blocks, model.malformed);
+}
 /// Runs `ops` against the index and the model, checking after every step;
 /// panics at the first disagreement.
 pub fn check_ops(ops: &[Op]) {

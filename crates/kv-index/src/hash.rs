@@ -284,6 +284,9 @@ mod tests {
         let mut other = [1u8; 32];
         other[31] = 2;
         assert_ne!(a, EngineHash::from_bytes(&other));
-        assert_ne!(EngineHash::from_bytes(&[0]), EngineHash::from_bytes(&[0, 0]));
+        assert_ne!(
+            EngineHash::from_bytes(&[0]),
+            EngineHash::from_bytes(&[0, 0])
+        );
     }
 }

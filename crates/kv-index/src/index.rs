@@ -453,7 +453,11 @@ const INITIAL_CAPACITY: usize = 4;
 impl Inner {
     fn new(config: IndexConfig) -> Self {
         let shards = (0..1usize << SHARD_BITS)
-            .map(|_| AtomicPtr::new(Box::into_raw(Box::new(Table::with_capacity(INITIAL_CAPACITY)))))
+            .map(|_| {
+                AtomicPtr::new(Box::into_raw(Box::new(Table::with_capacity(
+                    INITIAL_CAPACITY,
+                ))))
+            })
             .collect();
         let max_holders = config.max_holders.clamp(1, 0x7fff_fffe);
         Self {
@@ -945,7 +949,10 @@ impl Inner {
     fn stats(&self) -> IndexStats {
         let streams: Vec<Arc<Mutex<Stream>>> = {
             let reg = self.registry.lock();
-            reg.streams.values().flat_map(|s| s.values().cloned()).collect()
+            reg.streams
+                .values()
+                .flat_map(|s| s.values().cloned())
+                .collect()
         };
         let mut holders: Vec<HolderStats> = streams
             .iter()
@@ -1103,7 +1110,12 @@ impl<K: Hash + Eq + Clone> KvIndex<K> {
 
     /// Applies one event of `worker`'s `rank` stream (see
     /// [`KvIndex::stream`] for repeated use).
-    pub fn apply(&self, worker: WorkerId, rank: u32, event: &KvEvent) -> Result<ApplyOutcome, KvIndexError> {
+    pub fn apply(
+        &self,
+        worker: WorkerId,
+        rank: u32,
+        event: &KvEvent,
+    ) -> Result<ApplyOutcome, KvIndexError> {
         let stream = self.inner.stream(Holder { worker, rank })?;
         let mut stream = stream.lock();
         self.inner.apply(&mut stream, event)

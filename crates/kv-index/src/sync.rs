@@ -3,9 +3,9 @@
 //! (see `tests/loom_*.rs`).
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-#[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
