@@ -156,6 +156,32 @@ fn two_engine_hashes_for_one_block_hold_it_until_both_go() {
 }
 
 #[test]
+fn a_same_sized_but_different_holder_set_ends_a_prefix() {
+    let index = index();
+    let a = index.register_worker("a".into());
+    let b = index.register_worker("b".into());
+    let c = index.register_worker("c".into());
+    for w in [a, b, c] {
+        index.apply(w, 0, &stored(0..4, 1, 1)).unwrap();
+    }
+    // Block 0: {a, b}; block 1: {b, c}; block 2: {a, b, c}; block 3: {c}.
+    index.apply(c, 0, &removed(0..1, 1)).unwrap();
+    index.apply(a, 0, &removed(1..2, 1)).unwrap();
+    index.apply(a, 0, &removed(3..4, 1)).unwrap();
+    index.apply(b, 0, &removed(3..4, 1)).unwrap();
+    let request = index.block_hashes(&tokens(0..4, 1), None);
+    let found = index.lookup(&request);
+    assert_eq!(found.blocks_of(h(a, 0)), 1);
+    assert_eq!(found.blocks_of(h(b, 0)), 3);
+    assert_eq!(found.blocks_of(h(c, 0)), 0);
+    assert_eq!(found.matches().len(), 2);
+    // Only c holds block 1 onwards without block 0.
+    let found = index.lookup(&request[1..]);
+    assert_eq!(found.blocks_of(h(c, 0)), 3);
+    assert_eq!(found.blocks_of(h(b, 0)), 2);
+}
+
+#[test]
 fn many_holders_share_blocks_and_drop_out_in_steps() {
     let index: KvIndex<u32> = KvIndex::new(IndexConfig {
         block_size: BS,
