@@ -373,6 +373,9 @@ impl Garbage {
     }
 }
 
+/// How many blocks ahead of the walk a lookup prefetches table slots.
+const PREFETCH_AHEAD: usize = 24;
+
 /// Replaced holder arrays gathered before a writer waits for a grace period.
 const GARBAGE_BATCH: usize = 64;
 
@@ -602,8 +605,9 @@ impl Inner {
     fn grow(&self, w: &mut Writer, shard: usize) {
         let old = self.table(shard);
         let live = w.live[shard];
-        let needed = ((live + 1) * 4).div_ceil(3);
-        let new = Table::with_capacity((needed * 2).max(INITIAL_CAPACITY));
+        // At most 5/8 full after the rebuild, so the next one is a while
+        // off; the power of two leaves it between 5/16 and 5/8 full.
+        let new = Table::with_capacity((((live + 1) * 8).div_ceil(5)).max(INITIAL_CAPACITY));
         for slot in old.slots.iter() {
             let word = slot.word.load(Ordering::Relaxed);
             if word != 0 {
@@ -681,6 +685,9 @@ impl Inner {
                             let mut ours = std::mem::take(&mut stream.scratch);
                             ours.clear();
                             hasher.chain_into(parent, token_ids, &mut ours);
+                            for our in &ours {
+                                self.table(self.shard_of(our.0)).prefetch(our.0);
+                            }
                             let garbage = {
                                 let mut w = self.writer.lock();
                                 for (engine, our) in block_hashes.iter().zip(&ours) {
@@ -851,8 +858,14 @@ impl Inner {
         for &slot in &s.alive {
             bit_set(&mut s.in_alive, slot);
         }
+        for hash in hashes.iter().take(PREFETCH_AHEAD).skip(1) {
+            self.table(self.shard_of(hash.0)).prefetch(hash.0);
+        }
         let mut end = hashes.len();
         for (i, hash) in hashes.iter().enumerate().skip(1) {
+            if let Some(ahead) = hashes.get(i + PREFETCH_AHEAD) {
+                self.table(self.shard_of(ahead.0)).prefetch(ahead.0);
+            }
             let word = self.table(self.shard_of(hash.0)).get(hash.0);
             if word == 0 {
                 end = i;
