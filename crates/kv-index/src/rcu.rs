@@ -46,7 +46,12 @@ impl Rcu {
         loop {
             let parity = self.parity.load(Ordering::SeqCst);
             self.readers[parity].fetch_add(1, Ordering::SeqCst);
-            if self.parity.load(Ordering::SeqCst) == parity {
+            // A read-modify-write, not a load: it reads the latest parity,
+            // and if the writer's flip comes after it, the flip (also a
+            // read-modify-write) synchronizes with it, so the writer then
+            // sees this reader's announcement. This needs no store-load
+            // ordering, which loom does not model for SeqCst accesses.
+            if self.parity.fetch_add(0, Ordering::SeqCst) == parity {
                 return ReadGuard { rcu: self, parity };
             }
             self.readers[parity].fetch_sub(1, Ordering::SeqCst);
@@ -56,8 +61,7 @@ impl Rcu {
     /// Waits until every reader announced before this call has left.
     pub(crate) fn synchronize(&self) {
         let _flip = self.flips.lock();
-        let old = self.parity.load(Ordering::SeqCst);
-        self.parity.store(old ^ 1, Ordering::SeqCst);
+        let old = self.parity.fetch_xor(1, Ordering::SeqCst);
         let mut spins = 0;
         while self.readers[old].load(Ordering::SeqCst) != 0 {
             wait_step(&mut spins);
