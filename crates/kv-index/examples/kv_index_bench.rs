@@ -176,8 +176,7 @@ fn main() {
     }
     // A third of the long conversations also live on one or two other
     // workers that hold the same system prompt.
-    for w in 0..WORKERS / 3 {
-        let (p, conversation) = conversations[w];
+    for &(p, conversation) in &conversations[..WORKERS / 3] {
         for _ in 0..1 + rng.below(2) {
             let other = rng.below(WORKERS);
             let mut events = Vec::new();

@@ -9,7 +9,7 @@
 //! cache lines per block. A slot is 16 bytes (the key and a holder word); a
 //! holder word keeps one or two holders inline, the common case, and points
 //! to a shared sorted array only for blocks three or more workers hold
-//! (see [`crate::table`]). A (block, worker) pair therefore costs a table
+//! (module `table`). A (block, worker) pair therefore costs a table
 //! slot (16 bytes at 50–75 % load) plus the worker's translation entry
 //! (engine hash -> our hash, 16 bytes at up to 87 % load) when the block is
 //! private, and 4 bytes plus the translation entry when it is shared.
@@ -34,7 +34,7 @@
 //! # Concurrency: what is guaranteed
 //!
 //! - **Readers never block and never wait for writers.** A lookup announces
-//!   itself to a two-counter grace-period scheme ([`crate::rcu`]), then does
+//!   itself to a two-counter grace-period scheme (module `rcu`), then does
 //!   only atomic loads. Tables and holder arrays are replaced
 //!   copy-on-write and freed only after every reader that could see them
 //!   has left.
@@ -831,7 +831,7 @@ impl Inner {
 
     fn holder_of_slot(&self, slot: u32) -> Option<Holder> {
         let packed = self.slot_holder.get(slot as usize)?.load(Ordering::Acquire);
-        (packed != VACANT).then(|| Holder {
+        (packed != VACANT).then_some(Holder {
             worker: WorkerId((packed >> 32) as u32),
             rank: packed as u32,
         })

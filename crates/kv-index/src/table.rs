@@ -16,7 +16,7 @@
 //!   to three workers, and these cost nothing beyond the table slot;
 //! - otherwise: a pointer to an immutable [`HeapSet`] (sorted slots plus
 //!   their fingerprint), replaced copy-on-write and freed after a grace
-//!   period ([`crate::rcu`]).
+//!   period (module `rcu`).
 
 use crate::hash::mix64;
 use crate::sync::{AtomicU64, Ordering};
