@@ -1,0 +1,587 @@
+//! A resilient subscriber: one task per engine stream that connects a SUB
+//! socket, decodes batches, asks for replays on a DEALER socket, reconnects
+//! with backoff, and hands ordered batches and resets to an [`EventSink`].
+//!
+//! # How it is put together
+//!
+//! The decisions live in [`Sequencer`](crate::Sequencer); this module only
+//! moves bytes. The task waits on four things at once: the next live
+//! message, the SUB socket's disconnect notice, answers of the replay in
+//! flight, and the sequencer's replay deadline. Each replay uses a fresh
+//! DEALER connection (gaps are rare; a fresh socket cannot mix answers of an
+//! abandoned request into a new one), sending `["", start]` so that vLLM's
+//! ROUTER sees the three frames it requires.
+//!
+//! The SUB socket is dropped and made again on disconnect, with exponential
+//! backoff between attempts; the stream's position is kept, so a publisher
+//! that comes back with the sequence it had loses nothing, and one that
+//! restarted (sequence back at 0) is detected and reset.
+//!
+//! # Cancel safety
+//!
+//! Dropping a [`Subscriber`] aborts its task; batches not yet handed to the
+//! sink are lost with it (a new subscriber starts cold).
+
+use std::future::Future;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::decode::decode_batch_with;
+use crate::sequencer::{Action, ReplayId, ResetReason, Sequencer, SequencerConfig, Source, StreamState};
+use crate::wire::{DecodeLimits, EventBatch};
+
+/// What the subscriber hands to its sink.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum StreamEvent {
+    /// The next batch of the stream, in order.
+    Batch {
+        /// Its sequence number.
+        seq: u64,
+        /// The decoded batch.
+        batch: EventBatch,
+        /// Events of unknown type that were skipped in it.
+        unknown_events: usize,
+        /// Live or replayed.
+        source: Source,
+    },
+    /// Forget everything learned from this stream (the engine's blocks):
+    /// what follows starts from scratch.
+    Reset {
+        /// Why.
+        reason: ResetReason,
+    },
+}
+
+/// Where a subscriber delivers. Called from the subscriber's task, in
+/// stream order; it should be quick (an index update), or hand the event
+/// on. Closures and tokio's unbounded senders are sinks.
+pub trait EventSink: Send + 'static {
+    /// One event of the stream.
+    fn on_event(&mut self, event: StreamEvent);
+}
+
+impl<F: FnMut(StreamEvent) + Send + 'static> EventSink for F {
+    fn on_event(&mut self, event: StreamEvent) {
+        self(event);
+    }
+}
+
+impl EventSink for mpsc::UnboundedSender<StreamEvent> {
+    fn on_event(&mut self, event: StreamEvent) {
+        // A receiver that is gone wants nothing more.
+        let _ = self.send(event);
+    }
+}
+
+/// Exponential backoff between connection attempts (no jitter: one
+/// subscriber per engine, nothing to de-synchronise).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backoff {
+    /// The first delay (default 100 ms).
+    pub initial: Duration,
+    /// The longest delay (default 5 s).
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before attempt `failures + 1`, after `failures`
+    /// consecutive failures (`failures >= 1`): `initial * 2^(failures-1)`,
+    /// capped at `max`.
+    #[must_use]
+    pub fn delay(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(30);
+        self.initial.saturating_mul(1 << doublings).min(self.max)
+    }
+}
+
+/// How a [`Subscriber`] connects and behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SubscriberConfig {
+    /// The engine's PUB address, e.g. `tcp://10.0.0.5:5557`.
+    pub endpoint: String,
+    /// The engine's replay (ROUTER) address, e.g. `tcp://10.0.0.5:5558`;
+    /// `None` turns replay off (gaps then reset the stream).
+    pub replay_endpoint: Option<String>,
+    /// The topic prefix to subscribe to (vLLM's `topic`; empty takes all).
+    pub topic: String,
+    /// The sequencing rules (replay timeout, catch-up, buffering).
+    pub sequencer: SequencerConfig,
+    /// How long one connection attempt may take (default 1 s).
+    pub connect_timeout: Duration,
+    /// Delays between failed connection attempts.
+    pub backoff: Backoff,
+    /// Bounds on decoded payloads.
+    pub limits: DecodeLimits,
+}
+
+impl SubscriberConfig {
+    /// A configuration for the engine at `endpoint` with the defaults and
+    /// no replay endpoint.
+    #[must_use]
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            replay_endpoint: None,
+            topic: String::new(),
+            sequencer: SequencerConfig::default(),
+            connect_timeout: Duration::from_secs(1),
+            backoff: Backoff::default(),
+            limits: DecodeLimits::default(),
+        }
+    }
+
+    /// Sets the replay address.
+    #[must_use]
+    pub fn with_replay(mut self, replay_endpoint: impl Into<String>) -> Self {
+        self.replay_endpoint = Some(replay_endpoint.into());
+        self
+    }
+
+    /// Sets the topic prefix.
+    #[must_use]
+    pub fn with_topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = topic.into();
+        self
+    }
+}
+
+/// Counters of one stream, for metrics and status pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StreamCounters {
+    /// Batches delivered to the sink.
+    pub batches: u64,
+    /// Events in the delivered batches.
+    pub events: u64,
+    /// Events of unknown type skipped.
+    pub unknown_events: u64,
+    /// Live messages received (valid or not).
+    pub messages: u64,
+    /// Batches skipped as already delivered.
+    pub duplicates: u64,
+    /// Gaps seen in the live stream.
+    pub gaps: u64,
+    /// Replays requested.
+    pub replays: u64,
+    /// Replays that timed out or failed.
+    pub replay_timeouts: u64,
+    /// Resets sent to the sink.
+    pub resets: u64,
+    /// Messages or payloads that could not be decoded.
+    pub decode_errors: u64,
+    /// Successful connections.
+    pub connects: u64,
+    /// Failed connection attempts.
+    pub connect_failures: u64,
+    /// Connections lost.
+    pub disconnects: u64,
+}
+
+/// A snapshot of one stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamStatus {
+    /// Where the stream is.
+    pub state: StreamState,
+    /// What happened so far.
+    pub counters: StreamCounters,
+    /// The last delivered sequence number, when warm.
+    pub last_seq: Option<u64>,
+}
+
+/// A running subscription to one engine's event stream.
+#[derive(Debug)]
+pub struct Subscriber {
+    status: Arc<Mutex<StreamStatus>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Subscriber {
+    /// Starts the subscription on the current tokio runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (as `tokio::spawn`).
+    #[must_use]
+    pub fn spawn(config: SubscriberConfig, sink: impl EventSink) -> Self {
+        let transport = ZmqTransport {
+            endpoint: config.endpoint.clone(),
+            replay_endpoint: config.replay_endpoint.clone(),
+            topic: config.topic.clone(),
+            connect_timeout: config.connect_timeout,
+        };
+        let status = Arc::new(Mutex::new(StreamStatus {
+            state: StreamState::Connecting,
+            counters: StreamCounters::default(),
+            last_seq: None,
+        }));
+        let task = tokio::spawn(run(config, transport, sink, Arc::clone(&status)));
+        Self {
+            status,
+            task: Some(task),
+        }
+    }
+
+    /// The stream's current state and counters.
+    #[must_use]
+    pub fn status(&self) -> StreamStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Stops the subscription and waits for its task to end.
+    pub async fn shutdown(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// One live message's frames, or the end of the connection.
+pub(crate) enum LiveMsg {
+    Frames(Vec<Bytes>),
+    Closed,
+}
+
+/// An answer on the replay channel.
+pub(crate) enum ReplayMsg {
+    Item(ReplayId, Bytes, Bytes),
+    End(ReplayId),
+    Failed(ReplayId),
+}
+
+/// The sockets, behind a trait so that the loop's timers are tested with
+/// paused time and no network.
+pub(crate) trait Transport: Send + 'static {
+    type Live: LiveStream;
+    fn connect(&mut self) -> impl Future<Output = Result<Self::Live, String>> + Send;
+    fn has_replay(&self) -> bool;
+    fn replay(
+        &self,
+        id: ReplayId,
+        from: u64,
+        answers: mpsc::UnboundedSender<ReplayMsg>,
+    ) -> JoinHandle<()>;
+}
+
+pub(crate) trait LiveStream: Send {
+    fn next(&mut self) -> impl Future<Output = LiveMsg> + Send;
+}
+
+struct Loop<S> {
+    config: SubscriberConfig,
+    machine: Sequencer<(EventBatch, usize)>,
+    counters: StreamCounters,
+    sink: S,
+    status: Arc<Mutex<StreamStatus>>,
+    replay_task: Option<JoinHandle<()>>,
+}
+
+async fn run<T: Transport, S: EventSink>(
+    mut config: SubscriberConfig,
+    mut transport: T,
+    sink: S,
+    status: Arc<Mutex<StreamStatus>>,
+) {
+    if !transport.has_replay() {
+        config.sequencer.replay = false;
+    }
+    let mut lp = Loop {
+        machine: Sequencer::new(config.sequencer.clone()),
+        config,
+        counters: StreamCounters::default(),
+        sink,
+        status,
+        replay_task: None,
+    };
+    let (answers_tx, mut answers) = mpsc::unbounded_channel();
+    let mut failures = 0u32;
+    loop {
+        lp.publish_status();
+        let mut live = match transport.connect().await {
+            Ok(live) => live,
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                lp.counters.connect_failures += 1;
+                let delay = lp.config.backoff.delay(failures);
+                tracing::debug!(endpoint = %lp.config.endpoint, error = %e, ?delay, "KV event stream: connect failed");
+                lp.publish_status();
+                tokio::time::sleep(delay).await;
+                continue;
+            }
+        };
+        lp.counters.connects += 1;
+        lp.machine.on_connected();
+        lp.publish_status();
+        loop {
+            let deadline = lp.machine.poll_timeout().map(Instant::from_std);
+            tokio::select! {
+                msg = live.next() => match msg {
+                    LiveMsg::Frames(frames) => lp.on_live(frames),
+                    LiveMsg::Closed => break,
+                },
+                Some(answer) = answers.recv() => lp.on_answer(answer),
+                () = sleep_until(deadline) => lp.machine.on_timeout(Instant::now().into_std()),
+            }
+            lp.apply(&transport, &answers_tx);
+        }
+        lp.counters.disconnects += 1;
+        lp.machine.on_disconnected();
+        lp.publish_status();
+        failures = 1;
+        tokio::time::sleep(lp.config.backoff.delay(failures)).await;
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl<S: EventSink> Loop<S> {
+    fn on_live(&mut self, frames: Vec<Bytes>) {
+        self.counters.messages += 1;
+        let [_topic, seq, payload] = frames.as_slice() else {
+            self.counters.decode_errors += 1;
+            return;
+        };
+        let Ok(seq) = <[u8; 8]>::try_from(seq.as_ref()).map(u64::from_be_bytes) else {
+            self.counters.decode_errors += 1;
+            return;
+        };
+        match decode_batch_with(payload, &self.config.limits) {
+            Ok(decoded) => {
+                let mut hasher = DefaultHasher::new();
+                payload.hash(&mut hasher);
+                self.machine.on_live(
+                    seq,
+                    hasher.finish(),
+                    (decoded.batch, decoded.unknown_events),
+                    Instant::now().into_std(),
+                );
+            }
+            Err(e) => {
+                // Not fed to the sequencer: the batch is lost, which the
+                // next one shows as a gap (and a replay may recover it).
+                self.counters.decode_errors += 1;
+                tracing::warn!(endpoint = %self.config.endpoint, seq, error = %e, "undecodable KV event batch");
+            }
+        }
+    }
+
+    fn on_answer(&mut self, answer: ReplayMsg) {
+        match answer {
+            ReplayMsg::Item(id, seq, payload) => {
+                let Ok(seq) = <[u8; 8]>::try_from(seq.as_ref()).map(u64::from_be_bytes) else {
+                    self.counters.decode_errors += 1;
+                    return;
+                };
+                match decode_batch_with(&payload, &self.config.limits) {
+                    Ok(decoded) => self
+                        .machine
+                        .on_replay(id, seq, (decoded.batch, decoded.unknown_events)),
+                    Err(_) => self.counters.decode_errors += 1,
+                }
+            }
+            ReplayMsg::End(id) => self.machine.on_replay_end(id),
+            ReplayMsg::Failed(id) => self.machine.on_replay_failed(id),
+        }
+    }
+
+    fn apply<T: Transport>(&mut self, transport: &T, answers: &mpsc::UnboundedSender<ReplayMsg>) {
+        while let Some(action) = self.machine.poll_action() {
+            match action {
+                Action::Deliver { seq, item, source } => {
+                    let (batch, unknown_events) = item;
+                    self.counters.batches += 1;
+                    self.counters.events += batch.events.len() as u64;
+                    self.counters.unknown_events += unknown_events as u64;
+                    self.sink.on_event(StreamEvent::Batch {
+                        seq,
+                        batch,
+                        unknown_events,
+                        source,
+                    });
+                }
+                Action::Reset(reason) => {
+                    tracing::info!(endpoint = %self.config.endpoint, %reason, "KV event stream reset");
+                    self.sink.on_event(StreamEvent::Reset { reason });
+                }
+                Action::RequestReplay { id, from } => {
+                    if let Some(task) = self.replay_task.take() {
+                        task.abort();
+                    }
+                    self.replay_task = Some(transport.replay(id, from, answers.clone()));
+                }
+            }
+        }
+        // A finished or abandoned replay needs its connection no more.
+        if self.machine.poll_timeout().is_none() {
+            if let Some(task) = self.replay_task.take() {
+                task.abort();
+            }
+        }
+        self.publish_status();
+    }
+
+    fn publish_status(&self) {
+        let m = self.machine.counters();
+        let mut counters = self.counters;
+        counters.duplicates = m.duplicates;
+        counters.gaps = m.gaps;
+        counters.replays = m.replays;
+        counters.replay_timeouts = m.replay_timeouts;
+        counters.resets = m.resets;
+        let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        status.state = self.machine.state();
+        status.counters = counters;
+        status.last_seq = self.machine.last_delivered();
+    }
+}
+
+/// The real sockets.
+struct ZmqTransport {
+    endpoint: String,
+    replay_endpoint: Option<String>,
+    topic: String,
+    connect_timeout: Duration,
+}
+
+struct ZmqLive {
+    socket: zeromq::SubSocket,
+    /// The socket's events; a `Disconnected` ends the connection.
+    monitor: futures_util::stream::BoxStream<'static, zeromq::SocketEvent>,
+}
+
+impl Transport for ZmqTransport {
+    type Live = ZmqLive;
+
+    fn connect(&mut self) -> impl Future<Output = Result<ZmqLive, String>> + Send {
+        let endpoint = self.endpoint.clone();
+        let topic = self.topic.clone();
+        let timeout = self.connect_timeout;
+        async move {
+            use zeromq::Socket;
+            let mut options = zeromq::SocketOptions::default();
+            options.connect_timeout(timeout);
+            let mut socket = zeromq::SubSocket::with_options(options);
+            let monitor = socket.monitor();
+            tokio::time::timeout(timeout, socket.connect(&endpoint))
+                .await
+                .map_err(|_| "connect timed out".to_owned())?
+                .map_err(|e| e.to_string())?;
+            socket.subscribe(&topic).await.map_err(|e| e.to_string())?;
+            Ok(ZmqLive {
+                socket,
+                monitor: futures_util::StreamExt::boxed(monitor),
+            })
+        }
+    }
+
+    fn has_replay(&self) -> bool {
+        self.replay_endpoint.is_some()
+    }
+
+    fn replay(
+        &self,
+        id: ReplayId,
+        from: u64,
+        answers: mpsc::UnboundedSender<ReplayMsg>,
+    ) -> JoinHandle<()> {
+        let endpoint = self.replay_endpoint.clone().unwrap_or_default();
+        let timeout = self.connect_timeout;
+        tokio::spawn(async move {
+            let outcome = replay_once(&endpoint, timeout, id, from, &answers).await;
+            if let Err(e) = outcome {
+                tracing::debug!(%endpoint, error = %e, "KV event replay failed");
+                let _ = answers.send(ReplayMsg::Failed(id));
+            }
+        })
+    }
+}
+
+async fn replay_once(
+    endpoint: &str,
+    timeout: Duration,
+    id: ReplayId,
+    from: u64,
+    answers: &mpsc::UnboundedSender<ReplayMsg>,
+) -> Result<(), String> {
+    use zeromq::{Socket, SocketRecv, SocketSend};
+    let mut options = zeromq::SocketOptions::default();
+    options.connect_timeout(timeout);
+    let mut dealer = zeromq::DealerSocket::with_options(options);
+    tokio::time::timeout(timeout, dealer.connect(endpoint))
+        .await
+        .map_err(|_| "connect timed out".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let request = crate::publisher::frames([Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())]);
+    dealer.send(request).await.map_err(|e| e.to_string())?;
+    loop {
+        let mut frames = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
+        // A DEALER sees the ROUTER's empty delimiter; a REQ-style peer
+        // would have stripped it.
+        if frames.first().is_some_and(Bytes::is_empty) && frames.len() == 3 {
+            frames.remove(0);
+        }
+        let [seq, payload] = <[Bytes; 2]>::try_from(frames)
+            .map_err(|f| format!("replay answer with {} frames", f.len()))?;
+        if payload.is_empty() || seq.as_ref() == crate::publisher::END_OF_REPLAY {
+            let _ = answers.send(ReplayMsg::End(id));
+            return Ok(());
+        }
+        if answers.send(ReplayMsg::Item(id, seq, payload)).is_err() {
+            return Ok(());
+        }
+    }
+}
+
+impl LiveStream for ZmqLive {
+    fn next(&mut self) -> impl Future<Output = LiveMsg> + Send {
+        async move {
+            use futures_util::StreamExt;
+            use zeromq::SocketRecv;
+            loop {
+                tokio::select! {
+                    msg = self.socket.recv() => return match msg {
+                        Ok(msg) => LiveMsg::Frames(msg.into_vec()),
+                        Err(_) => LiveMsg::Closed,
+                    },
+                    event = self.monitor.next() => match event {
+                        Some(zeromq::SocketEvent::Disconnected(_)) | None => return LiveMsg::Closed,
+                        Some(_) => {}
+                    },
+                }
+            }
+        }
+    }
+}
