@@ -17,10 +17,21 @@
 //!   second's sequence number is the first's plus one: **the consumer never
 //!   sees a silent discontinuity**.
 //! - A live batch ahead of the next expected one is a **gap**: the machine
-//!   asks for a replay from the first missing number and buffers the live
-//!   batches that arrive meanwhile (up to [`SequencerConfig::max_buffered`]).
-//!   Replayed batches are delivered in order, duplicates skipped, then the
-//!   buffer drains.
+//!   asks for a replay and buffers the live batches that arrive meanwhile
+//!   (up to [`SequencerConfig::max_buffered`]). Replayed batches are
+//!   delivered in order, duplicates skipped, then the buffer drains.
+//! - The replay starts one batch early, at the last delivered one (the
+//!   **anchor**): its fingerprint (a hash of the payload) must match what
+//!   was delivered. That is how a publisher that restarted and already
+//!   counted past our position is told apart from the same publisher: vLLM's
+//!   messages carry no epoch, only numbers from 0. A mismatch resets the
+//!   stream and catches up on the new publisher from 0; an anchor the buffer
+//!   no longer holds resets it too (the lineage cannot be checked).
+//! - After a reconnect the first live batch is checked the same way, even
+//!   when its number is the expected one: a restarted engine also breaks
+//!   the connection. A replay running when the connection drops is ended
+//!   there (with a reset if batches are still missing), so batches from
+//!   before and after the break are never joined unchecked.
 //! - If the replay does not bring the missing range (the publisher's buffer
 //!   no longer holds it), times out, or the buffer overflows, the machine
 //!   emits [`Action::Reset`] and continues from the oldest batch it has:
@@ -34,12 +45,10 @@
 //!   so an engine that was running before we subscribed still has its
 //!   buffered history applied.
 //!
-//! A restart cannot be told apart from a gap when the restarted engine has
-//! already published past the last number we saw before we hear from it
-//! again; vLLM's messages carry no epoch. Such a replay brings batches of the
-//! new engine that are then applied on top of the old state; the consumer's
-//! view can only over-report blocks until they are evicted or the engine's
-//! `AllBlocksCleared` arrives.
+//! What the checks cannot see: without replay, a restart whose first
+//! received number is above the last one seen (and whose connection break
+//! went unnoticed) continues the old stream. With `replay` off the machine
+//! therefore resets on every gap and every reconnect.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -86,6 +95,20 @@ pub enum ResetReason {
         /// The first missing number.
         missing_from: u64,
     },
+    /// The replay's anchor batch differs from the one delivered: the
+    /// publisher was replaced (restarted) without the numbers showing it.
+    PublisherReplaced {
+        /// The anchor's number.
+        anchor: u64,
+    },
+    /// The connection broke while batches were missing.
+    Interrupted {
+        /// The first missing number.
+        missing_from: u64,
+    },
+    /// The connection broke and replay is off, so the stream's lineage
+    /// cannot be checked.
+    Reconnected,
     /// A gap, and replay is off.
     Gap {
         /// The number expected.
@@ -114,6 +137,13 @@ impl std::fmt::Display for ResetReason {
             Self::ReplayOverflow { missing_from } => {
                 write!(f, "too many live batches buffered during the replay from {missing_from}")
             }
+            Self::PublisherReplaced { anchor } => {
+                write!(f, "replayed batch {anchor} differs from the one delivered (publisher replaced)")
+            }
+            Self::Interrupted { missing_from } => {
+                write!(f, "connection lost while batches from {missing_from} were missing")
+            }
+            Self::Reconnected => write!(f, "reconnected without replay to check the stream"),
             Self::Gap { expected, got } => {
                 write!(f, "gap: expected {expected}, got {got}, and replay is off")
             }
@@ -214,8 +244,11 @@ struct Run<T> {
     id: ReplayId,
     from: u64,
     deadline: Instant,
-    /// Live batches received while the replay runs.
-    pending: BTreeMap<u64, T>,
+    /// The last delivered number and fingerprint, until the replay has
+    /// shown the same batch.
+    anchor: Option<(u64, u64)>,
+    /// Live batches (with fingerprints) received while the replay runs.
+    pending: BTreeMap<u64, (u64, T)>,
 }
 
 /// Why a replay run ended.
@@ -224,6 +257,7 @@ enum Finish {
     Ended,
     TimedOut,
     Overflow,
+    Interrupted,
 }
 
 /// The sequence state machine of one stream. `T` is the batch type (the
@@ -235,6 +269,10 @@ pub struct Sequencer<T> {
     next: Option<u64>,
     /// The last live number and its fingerprint.
     last_live: Option<(u64, u64)>,
+    /// The fingerprint of the last delivered batch.
+    last_fp: u64,
+    /// The connection broke since the last delivery: check the lineage.
+    verify: bool,
     run: Option<Run<T>>,
     next_id: u64,
     connected: bool,
@@ -251,6 +289,8 @@ impl<T> Sequencer<T> {
             config,
             next: None,
             last_live: None,
+            last_fp: 0,
+            verify: false,
             run: None,
             next_id: 0,
             connected: false,
@@ -308,6 +348,10 @@ impl<T> Sequencer<T> {
     /// kept: a reconnect that continues the sequence loses nothing.
     pub fn on_disconnected(&mut self) {
         self.connected = false;
+        if self.run.is_some() {
+            self.finish(Finish::Interrupted);
+        }
+        self.verify = self.next.is_some();
     }
 
     /// A live batch. `fingerprint` identifies its content (a hash of the
@@ -326,41 +370,70 @@ impl<T> Sequencer<T> {
         }
         self.last_live = Some((seq, fingerprint));
         if let Some(run) = &mut self.run {
-            run.pending.insert(seq, item);
+            run.pending.insert(seq, (fingerprint, item));
             if run.pending.len() > self.config.max_buffered {
                 self.finish(Finish::Overflow);
             }
             return;
         }
+        let verify = std::mem::take(&mut self.verify);
         match self.next {
             None if seq == 0 || !self.config.replay || !self.config.catch_up => {
-                self.deliver(seq, item, Source::Live);
+                self.deliver(seq, fingerprint, item, Source::Live);
             }
-            None => self.start_run(0, seq, item, now),
-            Some(n) if seq == n => self.deliver(seq, item, Source::Live),
-            Some(n) if seq < n => self.counters.duplicates += 1,
+            None => self.start_run(0, None, seq, fingerprint, item, now),
+            Some(n) if seq < n && !verify => self.counters.duplicates += 1,
+            Some(n) if seq == n && !verify => self.deliver(seq, fingerprint, item, Source::Live),
             Some(n) => {
-                self.counters.gaps += 1;
+                if seq > n {
+                    self.counters.gaps += 1;
+                }
                 if self.config.replay {
-                    self.start_run(n, seq, item, now);
+                    let anchor = (n - 1, self.last_fp);
+                    self.start_run(n - 1, Some(anchor), seq, fingerprint, item, now);
                 } else {
-                    self.reset(ResetReason::Gap {
-                        expected: n,
-                        got: seq,
+                    self.reset(if seq > n {
+                        ResetReason::Gap {
+                            expected: n,
+                            got: seq,
+                        }
+                    } else {
+                        ResetReason::Reconnected
                     });
-                    self.deliver(seq, item, Source::Live);
+                    self.deliver(seq, fingerprint, item, Source::Live);
                 }
             }
         }
     }
 
     /// A batch answered to replay request `id`.
-    pub fn on_replay(&mut self, id: ReplayId, seq: u64, item: T) {
-        if self.run.as_ref().is_none_or(|r| r.id != id) {
+    pub fn on_replay(&mut self, id: ReplayId, seq: u64, fingerprint: u64, item: T, now: Instant) {
+        let Some(run) = self.run.as_mut().filter(|r| r.id == id) else {
             return;
-        }
+        };
         self.counters.replayed += 1;
-        self.accept(seq, item, Source::Replay, Finish::Ended);
+        if let Some((anchor, anchor_fp)) = run.anchor {
+            if seq < anchor {
+                return;
+            }
+            run.anchor = None;
+            if seq == anchor {
+                if fingerprint == anchor_fp {
+                    // Same publisher: the anchor itself was delivered.
+                    self.counters.duplicates += 1;
+                } else {
+                    self.replaced(anchor, now);
+                }
+                return;
+            }
+            // The anchor is gone from the buffer: nothing can be checked.
+            let missing_from = anchor + 1;
+            self.reset(ResetReason::ReplayIncomplete {
+                missing_from,
+                resumed_at: seq,
+            });
+        }
+        self.accept(seq, fingerprint, item, Source::Replay, Finish::Ended);
         self.drain_pending(false, Finish::Ended);
     }
 
@@ -387,52 +460,86 @@ impl<T> Sequencer<T> {
         }
     }
 
-    fn start_run(&mut self, from: u64, seq: u64, item: T, now: Instant) {
+    fn start_run(
+        &mut self,
+        from: u64,
+        anchor: Option<(u64, u64)>,
+        seq: u64,
+        fingerprint: u64,
+        item: T,
+        now: Instant,
+    ) {
+        let mut pending = BTreeMap::new();
+        pending.insert(seq, (fingerprint, item));
+        self.start_run_with(from, anchor, pending, now);
+    }
+
+    fn start_run_with(
+        &mut self,
+        from: u64,
+        anchor: Option<(u64, u64)>,
+        pending: BTreeMap<u64, (u64, T)>,
+        now: Instant,
+    ) {
         let id = ReplayId(self.next_id);
         self.next_id += 1;
         self.counters.replays += 1;
-        let mut pending = BTreeMap::new();
-        pending.insert(seq, item);
         self.run = Some(Run {
             id,
             from,
             deadline: now + self.config.replay_timeout,
+            anchor,
             pending,
         });
         self.actions.push_back(Action::RequestReplay { id, from });
     }
 
+    /// The anchor differs: reset and catch up on the new publisher from 0,
+    /// keeping the live batches received meanwhile.
+    fn replaced(&mut self, anchor: u64, now: Instant) {
+        let pending = self.run.take().map(|r| r.pending).unwrap_or_default();
+        self.reset(ResetReason::PublisherReplaced { anchor });
+        self.start_run_with(0, None, pending, now);
+    }
+
     fn reset(&mut self, reason: ResetReason) {
         self.counters.resets += 1;
         self.next = None;
+        self.verify = false;
         self.cold = Some(reason.clone());
         self.actions.push_back(Action::Reset(reason));
     }
 
-    fn deliver(&mut self, seq: u64, item: T, source: Source) {
+    fn deliver(&mut self, seq: u64, fingerprint: u64, item: T, source: Source) {
         self.counters.delivered += 1;
         self.next = Some(seq.saturating_add(1));
+        self.last_fp = fingerprint;
         self.cold = None;
         self.actions.push_back(Action::Deliver { seq, item, source });
     }
 
+    fn reason(why: Finish, missing_from: u64, resumed_at: u64) -> ResetReason {
+        match why {
+            Finish::Ended => ResetReason::ReplayIncomplete {
+                missing_from,
+                resumed_at,
+            },
+            Finish::TimedOut => ResetReason::ReplayTimedOut { missing_from },
+            Finish::Overflow => ResetReason::ReplayOverflow { missing_from },
+            Finish::Interrupted => ResetReason::Interrupted { missing_from },
+        }
+    }
+
     /// Delivers `seq` if it is next, skips it if already delivered, and
     /// resets first if batches before it are missing for good.
-    fn accept(&mut self, seq: u64, item: T, source: Source, why: Finish) {
+    fn accept(&mut self, seq: u64, fingerprint: u64, item: T, source: Source, why: Finish) {
         match self.next {
-            None => self.deliver(seq, item, source),
+            None => self.deliver(seq, fingerprint, item, source),
             Some(n) if seq < n => self.counters.duplicates += 1,
-            Some(n) if seq == n => self.deliver(seq, item, source),
+            Some(n) if seq == n => self.deliver(seq, fingerprint, item, source),
             Some(n) => {
-                self.reset(match why {
-                    Finish::Ended => ResetReason::ReplayIncomplete {
-                        missing_from: n,
-                        resumed_at: seq,
-                    },
-                    Finish::TimedOut => ResetReason::ReplayTimedOut { missing_from: n },
-                    Finish::Overflow => ResetReason::ReplayOverflow { missing_from: n },
-                });
-                self.deliver(seq, item, source);
+                self.reset(Self::reason(why, n, seq));
+                self.deliver(seq, fingerprint, item, source);
             }
         }
     }
@@ -450,12 +557,24 @@ impl<T> Sequencer<T> {
             if !ready {
                 return;
             }
-            let item = entry.remove();
-            self.accept(seq, item, Source::Live, why);
+            let (fingerprint, item) = entry.remove();
+            self.accept(seq, fingerprint, item, Source::Live, why);
         }
     }
 
     fn finish(&mut self, why: Finish) {
+        // An anchor never checked: what follows cannot be joined to what
+        // was delivered.
+        if let Some((anchor, _)) = self.run.as_ref().and_then(|r| r.anchor) {
+            if self.next.is_some() {
+                let resumed_at = self
+                    .run
+                    .as_ref()
+                    .and_then(|r| r.pending.keys().next().copied())
+                    .unwrap_or(anchor + 1);
+                self.reset(Self::reason(why, anchor + 1, resumed_at));
+            }
+        }
         self.drain_pending(true, why);
         self.run = None;
     }

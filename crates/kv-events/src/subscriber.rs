@@ -360,6 +360,15 @@ async fn run<T: Transport, S: EventSink>(
     }
 }
 
+/// A payload's fingerprint, to recognise the same batch (a duplicate, or
+/// the replay's anchor). Payloads carry the engine's timestamp, so two
+/// different batches practically never share bytes.
+fn fingerprint(payload: &[u8]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    payload.hash(&mut hasher);
+    hasher.finish()
+}
+
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -380,11 +389,9 @@ impl<S: EventSink> Loop<S> {
         };
         match decode_batch_with(payload, &self.config.limits) {
             Ok(decoded) => {
-                let mut hasher = DefaultHasher::new();
-                payload.hash(&mut hasher);
                 self.machine.on_live(
                     seq,
-                    hasher.finish(),
+                    fingerprint(payload),
                     (decoded.batch, decoded.unknown_events),
                     Instant::now().into_std(),
                 );
@@ -406,9 +413,13 @@ impl<S: EventSink> Loop<S> {
                     return;
                 };
                 match decode_batch_with(&payload, &self.config.limits) {
-                    Ok(decoded) => self
-                        .machine
-                        .on_replay(id, seq, (decoded.batch, decoded.unknown_events)),
+                    Ok(decoded) => self.machine.on_replay(
+                        id,
+                        seq,
+                        fingerprint(&payload),
+                        (decoded.batch, decoded.unknown_events),
+                        Instant::now().into_std(),
+                    ),
                     Err(_) => self.counters.decode_errors += 1,
                 }
             }
