@@ -596,3 +596,188 @@ impl LiveStream for ZmqLive {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The loop's timers (reconnect backoff, replay deadline) with paused
+    //! time and an in-memory transport: exact virtual durations, no network.
+
+    use super::*;
+    use crate::encode::encode_batch;
+
+    struct FakeTransport {
+        attempts: Arc<Mutex<Vec<Instant>>>,
+        fail_first: usize,
+        live: Option<mpsc::UnboundedReceiver<LiveMsg>>,
+        replays: mpsc::UnboundedSender<(ReplayId, u64)>,
+    }
+
+    struct FakeLive(mpsc::UnboundedReceiver<LiveMsg>);
+
+    impl LiveStream for FakeLive {
+        fn next(&mut self) -> impl Future<Output = LiveMsg> + Send {
+            async move { self.0.recv().await.unwrap_or(LiveMsg::Closed) }
+        }
+    }
+
+    impl Transport for FakeTransport {
+        type Live = FakeLive;
+
+        fn connect(&mut self) -> impl Future<Output = Result<FakeLive, String>> + Send {
+            let mut attempts = self.attempts.lock().unwrap();
+            attempts.push(Instant::now());
+            let result = if attempts.len() <= self.fail_first {
+                Err("refused".to_owned())
+            } else {
+                self.live.take().map(FakeLive).ok_or_else(|| "gone".to_owned())
+            };
+            std::future::ready(result)
+        }
+
+        fn has_replay(&self) -> bool {
+            true
+        }
+
+        fn replay(
+            &self,
+            id: ReplayId,
+            from: u64,
+            _answers: mpsc::UnboundedSender<ReplayMsg>,
+        ) -> JoinHandle<()> {
+            // Recorded, never answered.
+            let _ = self.replays.send((id, from));
+            tokio::spawn(async {})
+        }
+    }
+
+    fn frames(seq: u64) -> LiveMsg {
+        let payload = encode_batch(&EventBatch::new(seq as f64, Vec::new()));
+        LiveMsg::Frames(vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            Bytes::from(payload),
+        ])
+    }
+
+    struct Rig {
+        attempts: Arc<Mutex<Vec<Instant>>>,
+        live: mpsc::UnboundedSender<LiveMsg>,
+        replays: mpsc::UnboundedReceiver<(ReplayId, u64)>,
+        events: mpsc::UnboundedReceiver<StreamEvent>,
+        status: Arc<Mutex<StreamStatus>>,
+        task: JoinHandle<()>,
+    }
+
+    fn rig(fail_first: usize, config: SubscriberConfig) -> Rig {
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let (live_tx, live_rx) = mpsc::unbounded_channel();
+        let (replays_tx, replays) = mpsc::unbounded_channel();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let transport = FakeTransport {
+            attempts: Arc::clone(&attempts),
+            fail_first,
+            live: Some(live_rx),
+            replays: replays_tx,
+        };
+        let status = Arc::new(Mutex::new(StreamStatus {
+            state: StreamState::Connecting,
+            counters: StreamCounters::default(),
+            last_seq: None,
+        }));
+        let task = tokio::spawn(run(config, transport, events_tx, Arc::clone(&status)));
+        Rig {
+            attempts,
+            live: live_tx,
+            replays,
+            events,
+            status,
+            task,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reconnect_attempts_back_off_exponentially_up_to_the_cap() {
+        let mut config = SubscriberConfig::new("tcp://fake:1").with_replay("tcp://fake:2");
+        config.backoff = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(250),
+        };
+        let mut rig = rig(4, config);
+        // The fifth attempt connects; a live batch then comes through.
+        rig.live.send(frames(0)).unwrap();
+        let event = rig.events.recv().await.unwrap();
+        assert!(matches!(event, StreamEvent::Batch { seq: 0, .. }), "{event:?}");
+        let attempts = rig.attempts.lock().unwrap().clone();
+        let gaps: Vec<_> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
+        let ms = Duration::from_millis;
+        assert_eq!(gaps, vec![ms(100), ms(200), ms(250), ms(250)]);
+        let status = rig.status.lock().unwrap().clone();
+        assert_eq!(status.counters.connect_failures, 4);
+        assert_eq!(status.counters.connects, 1);
+        assert_eq!(status.state, StreamState::Live);
+        rig.task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_replay_resets_exactly_at_its_deadline() {
+        let mut config = SubscriberConfig::new("tcp://fake:1").with_replay("tcp://fake:2");
+        config.sequencer.replay_timeout = Duration::from_millis(750);
+        let mut rig = rig(0, config);
+        rig.live.send(frames(0)).unwrap();
+        assert!(matches!(
+            rig.events.recv().await.unwrap(),
+            StreamEvent::Batch { seq: 0, .. }
+        ));
+        let t0 = Instant::now();
+        rig.live.send(frames(2)).unwrap();
+        let (_, from) = rig.replays.recv().await.unwrap();
+        assert_eq!(from, 0, "the replay starts at the anchor, the last delivered batch");
+        let event = rig.events.recv().await.unwrap();
+        assert_eq!(Instant::now() - t0, Duration::from_millis(750));
+        assert!(
+            matches!(
+                event,
+                StreamEvent::Reset {
+                    reason: ResetReason::ReplayTimedOut { missing_from: 1 }
+                }
+            ),
+            "{event:?}"
+        );
+        assert!(matches!(
+            rig.events.recv().await.unwrap(),
+            StreamEvent::Batch { seq: 2, source: Source::Live, .. }
+        ));
+        let counters = rig.status.lock().unwrap().counters;
+        assert_eq!((counters.gaps, counters.replay_timeouts, counters.resets), (1, 1, 1));
+        rig.task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_connection_is_retried_after_the_first_backoff_step() {
+        let mut config = SubscriberConfig::new("tcp://fake:1");
+        config.backoff.initial = Duration::from_millis(300);
+        let mut rig = rig(0, config);
+        rig.live.send(frames(0)).unwrap();
+        assert!(rig.events.recv().await.is_some());
+        rig.live.send(LiveMsg::Closed).unwrap();
+        // The fake has one connection only: the next attempt fails, and the
+        // one after is another backoff step later.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let attempts = rig.attempts.lock().unwrap().clone();
+        assert_eq!(attempts.len(), 3, "{attempts:?}");
+        assert_eq!(attempts[2] - attempts[1], Duration::from_millis(600));
+        let status = rig.status.lock().unwrap().clone();
+        assert_eq!(status.state, StreamState::Connecting);
+        assert_eq!(status.counters.disconnects, 1);
+        rig.task.abort();
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let b = Backoff::default();
+        assert_eq!(b.delay(1), Duration::from_millis(100));
+        assert_eq!(b.delay(3), Duration::from_millis(400));
+        assert_eq!(b.delay(10), Duration::from_secs(5));
+        assert_eq!(b.delay(u32::MAX), Duration::from_secs(5));
+    }
+}
