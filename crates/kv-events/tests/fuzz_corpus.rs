@@ -18,8 +18,9 @@ fn seed_corpus_runs_clean() {
         let path = entry.unwrap().path();
         if path.file_name().unwrap().to_string_lossy().starts_with("seed-") {
             let data = std::fs::read(&path).unwrap();
-            if decode_batch(&data).is_ok() {
-                decoded += 1;
+            match decode_batch(&data) {
+                Ok(_) => decoded += 1,
+                Err(e) => eprintln!("{}: {e}", path.display()),
             }
             decode_roundtrip(&data);
             seeds += 1;
