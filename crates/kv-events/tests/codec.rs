@@ -12,6 +12,7 @@
 //! element, or as the `"type"` key of a map); `omit_defaults=True` leaves
 //! out fields equal to their default (at the end of an array, anywhere in a
 //! map).
+#![cfg(not(loom))]
 
 use kv_events::{
     BlockHash, BlockRemoved, BlockStored, DecodeError, DecodeLimits, EventBatch, KvEvent, Value,

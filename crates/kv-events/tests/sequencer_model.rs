@@ -3,6 +3,7 @@
 //! timeouts. A reference consumer checks what a user of the stream relies
 //! on; the publisher model is vLLM's (numbers from 0 per lifetime, a
 //! bounded replay buffer answering `seq >= from`).
+#![cfg(not(loom))]
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
