@@ -6,8 +6,8 @@
 
 use crate::value::Value;
 use crate::wire::{
-    BlockHash, BlockRemoved, BlockStored, DecodeLimits, EventBatch, KvEvent, TAG_ALL_BLOCKS_CLEARED,
-    TAG_BLOCK_REMOVED, TAG_BLOCK_STORED,
+    BlockHash, BlockRemoved, BlockStored, DecodeLimits, EventBatch, KvEvent,
+    TAG_ALL_BLOCKS_CLEARED, TAG_BLOCK_REMOVED, TAG_BLOCK_STORED,
 };
 
 /// Why a payload could not be decoded.
@@ -401,11 +401,7 @@ impl<'a> Reader<'a, '_> {
         self.hash(field).map(Some)
     }
 
-    fn array_len(
-        &mut self,
-        field: &'static str,
-        limit: usize,
-    ) -> Result<usize, DecodeError> {
+    fn array_len(&mut self, field: &'static str, limit: usize) -> Result<usize, DecodeError> {
         let start = self.pos;
         match self.head()? {
             Head::Array(n) if n > limit => Err(DecodeError::LimitExceeded {

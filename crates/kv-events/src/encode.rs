@@ -44,7 +44,15 @@ pub fn encode_batch_as(batch: &EventBatch, format: WireFormat) -> Vec<u8> {
 struct Writer(Vec<u8>);
 
 impl Writer {
-    fn marker_len(&mut self, len: usize, fix: u8, fix_max: usize, m8: Option<u8>, m16: u8, m32: u8) {
+    fn marker_len(
+        &mut self,
+        len: usize,
+        fix: u8,
+        fix_max: usize,
+        m8: Option<u8>,
+        m16: u8,
+        m32: u8,
+    ) {
         if len <= fix_max {
             self.0.push(fix | len as u8);
         } else if let (Some(m8), true) = (m8, len <= 0xff) {

@@ -30,7 +30,10 @@ pub fn decode_roundtrip(data: &[u8]) {
             Ok(again) => again,
             Err(e) => panic!("re-encoded batch does not decode ({format:?}): {e}"),
         };
-        assert_eq!(again.unknown_events, 0, "re-encoding wrote an unknown event");
+        assert_eq!(
+            again.unknown_events, 0,
+            "re-encoding wrote an unknown event"
+        );
         assert_eq!(
             again.batch.events.len(),
             decoded.batch.events.len(),

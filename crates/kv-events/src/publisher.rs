@@ -239,7 +239,10 @@ async fn serve_replays(mut router: zeromq::RouterSocket, buffer: Arc<ReplayBuffe
         };
         // `[identity, empty delimiter, start]`, as vLLM requires.
         let [identity, delimiter, start] = request.as_slice() else {
-            tracing::warn!(frames = request.len(), "ignoring a replay request that is not 3 frames");
+            tracing::warn!(
+                frames = request.len(),
+                "ignoring a replay request that is not 3 frames"
+            );
             continue;
         };
         if !delimiter.is_empty() || start.len() > 8 {

@@ -122,7 +122,10 @@ impl std::fmt::Display for ResetReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::SequenceWentBack { last, got } => {
-                write!(f, "sequence went back from {last} to {got} (publisher restarted)")
+                write!(
+                    f,
+                    "sequence went back from {last} to {got} (publisher restarted)"
+                )
             }
             Self::ReplayIncomplete {
                 missing_from,
@@ -135,13 +138,22 @@ impl std::fmt::Display for ResetReason {
                 write!(f, "replay from {missing_from} timed out")
             }
             Self::ReplayOverflow { missing_from } => {
-                write!(f, "too many live batches buffered during the replay from {missing_from}")
+                write!(
+                    f,
+                    "too many live batches buffered during the replay from {missing_from}"
+                )
             }
             Self::PublisherReplaced { anchor } => {
-                write!(f, "replayed batch {anchor} differs from the one delivered (publisher replaced)")
+                write!(
+                    f,
+                    "replayed batch {anchor} differs from the one delivered (publisher replaced)"
+                )
             }
             Self::Interrupted { missing_from } => {
-                write!(f, "connection lost while batches from {missing_from} were missing")
+                write!(
+                    f,
+                    "connection lost while batches from {missing_from} were missing"
+                )
             }
             Self::Reconnected => write!(f, "reconnected without replay to check the stream"),
             Self::Gap { expected, got } => {
@@ -515,7 +527,8 @@ impl<T> Sequencer<T> {
         self.next = Some(seq.saturating_add(1));
         self.last_fp = fingerprint;
         self.cold = None;
-        self.actions.push_back(Action::Deliver { seq, item, source });
+        self.actions
+            .push_back(Action::Deliver { seq, item, source });
     }
 
     fn reason(why: Finish, missing_from: u64, resumed_at: u64) -> ResetReason {

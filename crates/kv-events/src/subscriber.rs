@@ -4,7 +4,7 @@
 //!
 //! # How it is put together
 //!
-//! The decisions live in [`Sequencer`](crate::Sequencer); this module only
+//! The decisions live in [`Sequencer`](crate::sequencer::Sequencer); this module only
 //! moves bytes. The task waits on four things at once: the next live
 //! message, the SUB socket's disconnect notice, answers of the replay in
 //! flight, and the sequencer's replay deadline. Each replay uses a fresh
@@ -33,7 +33,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::decode::decode_batch_with;
-use crate::sequencer::{Action, ReplayId, ResetReason, Sequencer, SequencerConfig, Source, StreamState};
+use crate::sequencer::{
+    Action, ReplayId, ResetReason, Sequencer, SequencerConfig, Source, StreamState,
+};
 use crate::wire::{DecodeLimits, EventBatch};
 
 /// What the subscriber hands to its sink.
@@ -555,7 +557,8 @@ async fn replay_once(
         .await
         .map_err(|_| "connect timed out".to_owned())?
         .map_err(|e| e.to_string())?;
-    let request = crate::publisher::frames([Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())]);
+    let request =
+        crate::publisher::frames([Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())]);
     dealer.send(request).await.map_err(|e| e.to_string())?;
     loop {
         let mut frames = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
@@ -577,21 +580,19 @@ async fn replay_once(
 }
 
 impl LiveStream for ZmqLive {
-    fn next(&mut self) -> impl Future<Output = LiveMsg> + Send {
-        async move {
-            use futures_util::StreamExt;
-            use zeromq::SocketRecv;
-            loop {
-                tokio::select! {
-                    msg = self.socket.recv() => return match msg {
-                        Ok(msg) => LiveMsg::Frames(msg.into_vec()),
-                        Err(_) => LiveMsg::Closed,
-                    },
-                    event = self.monitor.next() => match event {
-                        Some(zeromq::SocketEvent::Disconnected(_)) | None => return LiveMsg::Closed,
-                        Some(_) => {}
-                    },
-                }
+    async fn next(&mut self) -> LiveMsg {
+        use futures_util::StreamExt;
+        use zeromq::SocketRecv;
+        loop {
+            tokio::select! {
+                msg = self.socket.recv() => return match msg {
+                    Ok(msg) => LiveMsg::Frames(msg.into_vec()),
+                    Err(_) => LiveMsg::Closed,
+                },
+                event = self.monitor.next() => match event {
+                    Some(zeromq::SocketEvent::Disconnected(_)) | None => return LiveMsg::Closed,
+                    Some(_) => {}
+                },
             }
         }
     }
@@ -615,8 +616,8 @@ mod tests {
     struct FakeLive(mpsc::UnboundedReceiver<LiveMsg>);
 
     impl LiveStream for FakeLive {
-        fn next(&mut self) -> impl Future<Output = LiveMsg> + Send {
-            async move { self.0.recv().await.unwrap_or(LiveMsg::Closed) }
+        async fn next(&mut self) -> LiveMsg {
+            self.0.recv().await.unwrap_or(LiveMsg::Closed)
         }
     }
 
@@ -629,7 +630,10 @@ mod tests {
             let result = if attempts.len() <= self.fail_first {
                 Err("refused".to_owned())
             } else {
-                self.live.take().map(FakeLive).ok_or_else(|| "gone".to_owned())
+                self.live
+                    .take()
+                    .map(FakeLive)
+                    .ok_or_else(|| "gone".to_owned())
             };
             std::future::ready(result)
         }
@@ -706,7 +710,10 @@ mod tests {
         // The fifth attempt connects; a live batch then comes through.
         rig.live.send(frames(0)).unwrap();
         let event = rig.events.recv().await.unwrap();
-        assert!(matches!(event, StreamEvent::Batch { seq: 0, .. }), "{event:?}");
+        assert!(
+            matches!(event, StreamEvent::Batch { seq: 0, .. }),
+            "{event:?}"
+        );
         let attempts = rig.attempts.lock().unwrap().clone();
         let gaps: Vec<_> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
         let ms = Duration::from_millis;
@@ -731,7 +738,10 @@ mod tests {
         let t0 = Instant::now();
         rig.live.send(frames(2)).unwrap();
         let (_, from) = rig.replays.recv().await.unwrap();
-        assert_eq!(from, 0, "the replay starts at the anchor, the last delivered batch");
+        assert_eq!(
+            from, 0,
+            "the replay starts at the anchor, the last delivered batch"
+        );
         let event = rig.events.recv().await.unwrap();
         assert_eq!(Instant::now() - t0, Duration::from_millis(750));
         assert!(
@@ -745,10 +755,17 @@ mod tests {
         );
         assert!(matches!(
             rig.events.recv().await.unwrap(),
-            StreamEvent::Batch { seq: 2, source: Source::Live, .. }
+            StreamEvent::Batch {
+                seq: 2,
+                source: Source::Live,
+                ..
+            }
         ));
         let counters = rig.status.lock().unwrap().counters;
-        assert_eq!((counters.gaps, counters.replay_timeouts, counters.resets), (1, 1, 1));
+        assert_eq!(
+            (counters.gaps, counters.replay_timeouts, counters.resets),
+            (1, 1, 1)
+        );
         rig.task.abort();
     }
 

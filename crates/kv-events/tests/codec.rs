@@ -23,7 +23,11 @@ use proptest::prelude::*;
 /// Bytes from hex chunks (spaces ignored), so each chunk can carry its
 /// comment.
 fn hex(chunks: &[&str]) -> Vec<u8> {
-    let digits: String = chunks.concat().chars().filter(|c| !c.is_whitespace()).collect();
+    let digits: String = chunks
+        .concat()
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
     (0..digits.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).unwrap())
@@ -35,31 +39,31 @@ fn hex(chunks: &[&str]) -> Vec<u8> {
 /// tagged map with the fields of the current `BlockStored`.
 fn vllm_map_event_bytes() -> Vec<u8> {
     hex(&[
-        "93",                         // EventBatch, array_like: [ts, events, rank]
-        "cb 41daa8dbe0359fe7",        // ts = 1789095808.8378847 as float 64
-        "91",                         // events: one
-        "8b",                         // map of 11: the tag and 10 fields
-        "a4 74797065",                // "type"
-        "ab 426c6f636b53746f726564",  // "BlockStored"
-        "ac 626c6f636b5f686173686573", // "block_hashes"
-        "91 cf dab89baa7b5857c0",     // [15760518052499183552] (uint 64)
+        "93",                                    // EventBatch, array_like: [ts, events, rank]
+        "cb 41daa8dbe0359fe7",                   // ts = 1789095808.8378847 as float 64
+        "91",                                    // events: one
+        "8b",                                    // map of 11: the tag and 10 fields
+        "a4 74797065",                           // "type"
+        "ab 426c6f636b53746f726564",             // "BlockStored"
+        "ac 626c6f636b5f686173686573",           // "block_hashes"
+        "91 cf dab89baa7b5857c0",                // [15760518052499183552] (uint 64)
         "b1 706172656e745f626c6f636b5f68617368", // "parent_block_hash"
-        "c0",                         // None
-        "a9 746f6b656e5f696473",      // "token_ids"
-        "dc 0010",                    // array 16 (more than a fixarray holds)
+        "c0",                                    // None
+        "a9 746f6b656e5f696473",                 // "token_ids"
+        "dc 0010",                               // array 16 (more than a fixarray holds)
         "ce 0002505c cd 0368 cc c6 cd 2368 cd 0176 cd 0117 cd 1a42 cd 013b",
         "cd 15f0 1e ce 0002505d cc c6 ce 0002505c ce 00012d23 cc c6 ce 00025073",
-        "aa 626c6f636b5f73697a65",    // "block_size"
-        "10",                         // 16
-        "a7 6c6f72615f6964 c0",       // "lora_id": None (no default: written)
-        "a6 6d656469756d a3 475055",  // "medium": "GPU"
-        "a9 6c6f72615f6e616d65 c0",   // "lora_name": None
-        "aa 65787472615f6b657973 91 c0", // "extra_keys": [None] (not the default)
-        "a9 67726f75705f696478 00",   // "group_idx": 0
+        "aa 626c6f636b5f73697a65",                 // "block_size"
+        "10",                                      // 16
+        "a7 6c6f72615f6964 c0",                    // "lora_id": None (no default: written)
+        "a6 6d656469756d a3 475055",               // "medium": "GPU"
+        "a9 6c6f72615f6e616d65 c0",                // "lora_name": None
+        "aa 65787472615f6b657973 91 c0",           // "extra_keys": [None] (not the default)
+        "a9 67726f75705f696478 00",                // "group_idx": 0
         "b2 6b765f63616368655f737065635f6b696e64", // "kv_cache_spec_kind"
-        "ae 66756c6c5f617474656e74696f6e", // "full_attention"
+        "ae 66756c6c5f617474656e74696f6e",         // "full_attention"
         // kv_cache_spec_sliding_window is None = its default: omitted.
-        "00",                         // data_parallel_rank = 0
+        "00", // data_parallel_rank = 0
     ])
 }
 
@@ -98,15 +102,18 @@ fn encodes_the_same_bytes_as_msgspec_for_map_events() {
         vllm_map_event_bytes()
     );
     // NAMED_EVENTS is the default.
-    assert_eq!(encode_batch(&vllm_map_event_batch()), vllm_map_event_bytes());
+    assert_eq!(
+        encode_batch(&vllm_map_event_batch()),
+        vllm_map_event_bytes()
+    );
 }
 
 /// The positional shape (vLLM before #42892, `array_like=True` events).
 fn vllm_positional_bytes() -> Vec<u8> {
     hex(&[
-        "93",                        // [ts, events, rank]
-        "cb 3ff8000000000000",       // 1.5
-        "93",                        // three events
+        "93",                  // [ts, events, rank]
+        "cb 3ff8000000000000", // 1.5
+        "93",                  // three events
         // BlockStored: tag + the seven fields without default; the four
         // fields with a None default are all None, so all omitted.
         "98",
@@ -121,12 +128,12 @@ fn vllm_positional_bytes() -> Vec<u8> {
         // BlockRemoved: [tag, block_hashes, medium]; group_idx omitted.
         "93",
         "ac 426c6f636b52656d6f766564", // "BlockRemoved"
-        "91 07",                     // [7]
-        "a3 475055",                 // "GPU"
+        "91 07",                       // [7]
+        "a3 475055",                   // "GPU"
         // AllBlocksCleared: just the tag.
         "91",
         "b0 416c6c426c6f636b73436c6561726564", // "AllBlocksCleared"
-        "02",                        // data_parallel_rank 2
+        "02",                                  // data_parallel_rank 2
     ])
 }
 
@@ -157,7 +164,10 @@ fn positional_shape_decodes_and_encodes_byte_for_byte() {
     let bytes = vllm_positional_bytes();
     let decoded = decode_batch(&bytes).unwrap();
     assert_eq!(decoded.batch, positional_batch());
-    assert_eq!(encode_batch_as(&positional_batch(), WireFormat::POSITIONAL), bytes);
+    assert_eq!(
+        encode_batch_as(&positional_batch(), WireFormat::POSITIONAL),
+        bytes
+    );
 }
 
 #[test]
@@ -233,7 +243,10 @@ fn bytes_and_negative_hashes() {
         panic!("expected BlockStored, got {:?}", decoded.batch.events);
     };
     assert_eq!(stored.block_hashes, vec![BlockHash::Bytes(digest.into())]);
-    assert_eq!(stored.parent_block_hash, Some(BlockHash::Int((-5i64) as u64)));
+    assert_eq!(
+        stored.parent_block_hash,
+        Some(BlockHash::Int((-5i64) as u64))
+    );
     assert!(stored.token_ids.is_empty());
     assert_eq!(stored.block_size, 16);
 }
@@ -247,49 +260,107 @@ fn named_batch_shape_decodes() {
     assert_eq!(decode_batch(&bytes).unwrap().batch, batch);
 }
 
+/// What an expected error must look like.
+type Check = fn(&DecodeError) -> bool;
+
 #[test]
 fn malformed_payloads_are_typed_errors() {
-    let cases: Vec<(Vec<u8>, fn(&DecodeError) -> bool)> = vec![
-        (vec![], |e| matches!(e, DecodeError::Truncated { offset: 0 })),
-        (hex(&["92 cb 3ff0"]), |e| matches!(e, DecodeError::Truncated { .. })),
-        (hex(&["c1"]), |e| matches!(e, DecodeError::UnsupportedMarker { marker: 0xc1, .. })),
-        (hex(&["2a"]), |e| matches!(e, DecodeError::UnexpectedType { field: "batch", .. })),
+    let cases: Vec<(Vec<u8>, Check)> = vec![
+        (vec![], |e| {
+            matches!(e, DecodeError::Truncated { offset: 0 })
+        }),
+        (hex(&["92 cb 3ff0"]), |e| {
+            matches!(e, DecodeError::Truncated { .. })
+        }),
+        (hex(&["c1"]), |e| {
+            matches!(e, DecodeError::UnsupportedMarker { marker: 0xc1, .. })
+        }),
+        (hex(&["2a"]), |e| {
+            matches!(e, DecodeError::UnexpectedType { field: "batch", .. })
+        }),
         (hex(&["91 cb 3ff0000000000000"]), |e| {
-            matches!(e, DecodeError::MissingField { field: "events", .. })
+            matches!(
+                e,
+                DecodeError::MissingField {
+                    field: "events",
+                    ..
+                }
+            )
         }),
         // An array declaring 4 billion events in 5 bytes: refused before
         // any allocation.
-        (hex(&["92 00 dd ffffffff"]), |e| matches!(e, DecodeError::Truncated { .. })),
+        (hex(&["92 00 dd ffffffff"]), |e| {
+            matches!(e, DecodeError::Truncated { .. })
+        }),
         // A negative token id.
         (
             hex(&["92 00 91 95 ab 426c6f636b53746f726564 90 c0 91 ff 01"]),
-            |e| matches!(e, DecodeError::OutOfRange { field: "token_ids", .. }),
+            |e| {
+                matches!(
+                    e,
+                    DecodeError::OutOfRange {
+                        field: "token_ids",
+                        ..
+                    }
+                )
+            },
         ),
         // block_size above u32.
         (
             hex(&["92 00 91 95 ab 426c6f636b53746f726564 90 c0 90 cf 0000000100000000"]),
-            |e| matches!(e, DecodeError::OutOfRange { field: "block_size", .. }),
+            |e| {
+                matches!(
+                    e,
+                    DecodeError::OutOfRange {
+                        field: "block_size",
+                        ..
+                    }
+                )
+            },
         ),
         // A BlockStored without token_ids.
-        (
-            hex(&["92 00 91 93 ab 426c6f636b53746f726564 90 c0"]),
-            |e| matches!(e, DecodeError::MissingField { field: "token_ids", .. }),
-        ),
+        (hex(&["92 00 91 93 ab 426c6f636b53746f726564 90 c0"]), |e| {
+            matches!(
+                e,
+                DecodeError::MissingField {
+                    field: "token_ids",
+                    ..
+                }
+            )
+        }),
         // A string hash.
         (
             hex(&["92 00 91 92 ac 426c6f636b52656d6f766564 91 a1 78"]),
-            |e| matches!(e, DecodeError::UnexpectedType { field: "block_hashes", .. }),
+            |e| {
+                matches!(
+                    e,
+                    DecodeError::UnexpectedType {
+                        field: "block_hashes",
+                        ..
+                    }
+                )
+            },
         ),
         // Invalid UTF-8 in medium.
         (
             hex(&["92 00 91 93 ac 426c6f636b52656d6f766564 90 a1 ff"]),
-            |e| matches!(e, DecodeError::InvalidUtf8 { field: "medium", .. }),
+            |e| {
+                matches!(
+                    e,
+                    DecodeError::InvalidUtf8 {
+                        field: "medium",
+                        ..
+                    }
+                )
+            },
         ),
         // A map event without a tag.
         (hex(&["92 00 91 81 a1 78 00"]), |e| {
             matches!(e, DecodeError::MissingField { field: "type", .. })
         }),
-        (hex(&["92 00 90 00"]), |e| matches!(e, DecodeError::TrailingBytes { count: 1 })),
+        (hex(&["92 00 90 00"]), |e| {
+            matches!(e, DecodeError::TrailingBytes { count: 1 })
+        }),
     ];
     for (i, (bytes, check)) in cases.iter().enumerate() {
         let err = decode_batch(bytes).expect_err(&format!("case {i} should fail"));
@@ -315,7 +386,10 @@ fn limits_are_enforced() {
     limits.max_payload_bytes = 4;
     assert!(matches!(
         decode_batch_with(&bytes, &limits),
-        Err(DecodeError::LimitExceeded { what: "payload bytes", .. })
+        Err(DecodeError::LimitExceeded {
+            what: "payload bytes",
+            ..
+        })
     ));
     // Deeply nested extra keys stop at the depth limit.
     let mut deep = hex(&[
@@ -326,7 +400,13 @@ fn limits_are_enforced() {
     deep.push(0xc0);
     let err = decode_batch(&deep).unwrap_err();
     assert!(
-        matches!(err, DecodeError::LimitExceeded { what: "extra key nesting", .. }),
+        matches!(
+            err,
+            DecodeError::LimitExceeded {
+                what: "extra key nesting",
+                ..
+            }
+        ),
         "{err:?}"
     );
 }
@@ -382,19 +462,33 @@ fn event_strategy() -> impl Strategy<Value = KvEvent> {
             prop::option::of(prop::collection::vec(value_strategy(), 0..3).prop_map(Value::Array)),
             0..3,
         )),
-        (prop::option::of(any::<u32>()), opt_string(), prop::option::of(any::<u64>())),
+        (
+            prop::option::of(any::<u32>()),
+            opt_string(),
+            prop::option::of(any::<u64>()),
+        ),
     )
-        .prop_map(|(hashes, parent, tokens, size, (lora_id, medium, lora_name), extra, (group, kind, window))| {
-            let mut ev = BlockStored::new(hashes, parent, tokens, size);
-            ev.lora_id = lora_id;
-            ev.medium = medium;
-            ev.lora_name = lora_name;
-            ev.extra_keys = extra;
-            ev.group_idx = group;
-            ev.kv_cache_spec_kind = kind;
-            ev.kv_cache_spec_sliding_window = window;
-            KvEvent::BlockStored(ev)
-        });
+        .prop_map(
+            |(
+                hashes,
+                parent,
+                tokens,
+                size,
+                (lora_id, medium, lora_name),
+                extra,
+                (group, kind, window),
+            )| {
+                let mut ev = BlockStored::new(hashes, parent, tokens, size);
+                ev.lora_id = lora_id;
+                ev.medium = medium;
+                ev.lora_name = lora_name;
+                ev.extra_keys = extra;
+                ev.group_idx = group;
+                ev.kv_cache_spec_kind = kind;
+                ev.kv_cache_spec_sliding_window = window;
+                KvEvent::BlockStored(ev)
+            },
+        );
     let removed = (
         prop::collection::vec(hash_strategy(), 0..5),
         opt_string(),

@@ -41,7 +41,10 @@ async fn publisher(topic: &str, port: u16, replay_port: u16) -> Publisher {
     Publisher::bind(config).await.expect("bind on 127.0.0.1")
 }
 
-fn subscriber(publisher: &Publisher, topic: &str) -> (Subscriber, mpsc::UnboundedReceiver<StreamEvent>) {
+fn subscriber(
+    publisher: &Publisher,
+    topic: &str,
+) -> (Subscriber, mpsc::UnboundedReceiver<StreamEvent>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let mut config = SubscriberConfig::new(publisher.endpoint())
         .with_replay(publisher.replay_endpoint().unwrap())
@@ -93,7 +96,13 @@ async fn live_batches_arrive_in_order_with_their_content() {
     }
     for expect in n - 20..n {
         let event = next(&mut rx).await;
-        let StreamEvent::Batch { seq, batch: got, source, .. } = &event else {
+        let StreamEvent::Batch {
+            seq,
+            batch: got,
+            source,
+            ..
+        } = &event
+        else {
             panic!("expected a batch, got {event:?}");
         };
         assert_eq!(*seq, expect);
@@ -125,7 +134,9 @@ async fn a_gap_is_recovered_by_replay() {
     for i in 0..4 {
         let event = next(&mut rx).await;
         assert_eq!(hash_of(&event), Some(n + i), "{event:?}");
-        let StreamEvent::Batch { source, .. } = event else { unreachable!() };
+        let StreamEvent::Batch { source, .. } = event else {
+            unreachable!()
+        };
         // The missing ones come from the replay; the live one may too.
         if i < 3 {
             assert_eq!(source, Source::Replay);

@@ -16,7 +16,12 @@ fn seed_corpus_runs_clean() {
     let mut decoded = 0;
     for entry in std::fs::read_dir(corpus_dir()).expect("fuzz/corpus/kv_events_decode exists") {
         let path = entry.unwrap().path();
-        if path.file_name().unwrap().to_string_lossy().starts_with("seed-") {
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("seed-")
+        {
             let data = std::fs::read(&path).unwrap();
             match decode_batch(&data) {
                 Ok(_) => decoded += 1,

@@ -50,7 +50,10 @@ fn concurrent_pushes_and_a_replay_stay_consistent() {
         assert_eq!(buffer.next_seq(), 4);
         // The newest three are kept, each under the number it was given.
         let kept = buffer.since(0);
-        assert_eq!(kept.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!(
+            kept.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
         for (seq, (t, k)) in &kept {
             let given = numbers[usize::from(*t)];
             let expected = if *k == 0 { given.0 } else { given.1 };

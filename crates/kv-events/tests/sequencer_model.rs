@@ -91,7 +91,8 @@ impl Harness {
 
     fn live(&mut self, seq: u64, item: Item) {
         self.received_live.insert(item);
-        self.machine.on_live(seq, Self::fingerprint(item), item, self.now);
+        self.machine
+            .on_live(seq, Self::fingerprint(item), item, self.now);
         self.drain();
     }
 
@@ -111,7 +112,12 @@ impl Harness {
         if !answer {
             return;
         }
-        let items: Vec<_> = self.buffer.iter().filter(|(s, _)| *s >= from).copied().collect();
+        let items: Vec<_> = self
+            .buffer
+            .iter()
+            .filter(|(s, _)| *s >= from)
+            .copied()
+            .collect();
         for (seq, item) in items {
             self.machine
                 .on_replay(id, seq, Self::fingerprint(item), item, self.now);
@@ -214,12 +220,7 @@ fn fate(drops: bool, dups: bool, delays: bool) -> impl Strategy<Value = Fate> {
     ]
 }
 
-fn ops(
-    drops: bool,
-    dups: bool,
-    delays: bool,
-    restarts: bool,
-) -> impl Strategy<Value = Vec<Op>> {
+fn ops(drops: bool, dups: bool, delays: bool, restarts: bool) -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(
         prop_oneof![
             20 => fate(drops, dups, delays).prop_map(Op::Publish),
@@ -320,14 +321,17 @@ fn the_replay_deadline_is_exact() {
     m.on_timeout(t0 + Duration::from_millis(500));
     assert_eq!(m.state(), StreamState::Live);
     let actions: Vec<_> = std::iter::from_fn(|| m.poll_action()).collect();
-    assert!(matches!(
-        actions.as_slice(),
-        [
-            Action::Deliver { seq: 0, .. },
-            // From the anchor: the last delivered batch.
-            Action::RequestReplay { from: 0, .. },
-            Action::Reset(kv_events::ResetReason::ReplayTimedOut { missing_from: 1 }),
-            Action::Deliver { seq: 3, .. },
-        ]
-    ), "{actions:?}");
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [
+                Action::Deliver { seq: 0, .. },
+                // From the anchor: the last delivered batch.
+                Action::RequestReplay { from: 0, .. },
+                Action::Reset(kv_events::ResetReason::ReplayTimedOut { missing_from: 1 }),
+                Action::Deliver { seq: 3, .. },
+            ]
+        ),
+        "{actions:?}"
+    );
 }
