@@ -4,7 +4,7 @@
 //!
 //! # How it is put together
 //!
-//! The decisions live in [`Sequencer`](crate::sequencer::Sequencer); this module only
+//! The decisions live in [`Sequencer`]; this module only
 //! moves bytes. The task waits on four things at once: the next live
 //! message, the SUB socket's disconnect notice, answers of the replay in
 //! flight, and the sequencer's replay deadline. Each replay uses a fresh
