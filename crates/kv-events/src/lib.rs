@@ -66,7 +66,8 @@
 //! # Integration
 //!
 //! The router's block index builds one [`Subscriber`] per worker (endpoint
-//! from the worker's registration) with a sink that calls the index; on
+//! from the worker's registration; one per data-parallel rank, at
+//! [`endpoint_for_rank`]) with a sink that calls the index; on
 //! [`StreamEvent::Reset`] it drops the worker's blocks. `/workers` and the
 //! metrics read [`Subscriber::status`]. The simulated engine owns a
 //! [`Publisher`] and calls [`Publisher::publish`] after every step that
@@ -120,4 +121,5 @@ pub use publisher::{PublishError, Publisher, PublisherConfig};
 #[cfg(not(loom))]
 pub use subscriber::{
     Backoff, EventSink, StreamCounters, StreamEvent, StreamStatus, Subscriber, SubscriberConfig,
+    endpoint_for_rank,
 };

@@ -207,6 +207,27 @@ pub struct StreamStatus {
     pub last_seq: Option<u64>,
 }
 
+/// The address of data-parallel rank `rank`'s socket, given the address
+/// vLLM was configured with: vLLM's `offset_endpoint_port` adds the rank to
+/// a TCP port and appends `_dp{rank}` to an `inproc` name; rank 0 keeps the
+/// address. `None` when a TCP address has no numeric port or the port would
+/// overflow, or the transport is neither (vLLM refuses those too).
+#[must_use]
+pub fn endpoint_for_rank(endpoint: &str, rank: u16) -> Option<String> {
+    if rank == 0 {
+        return Some(endpoint.to_owned());
+    }
+    if endpoint.contains("inproc") {
+        return Some(format!("{endpoint}_dp{rank}"));
+    }
+    if !endpoint.contains("tcp") {
+        return None;
+    }
+    let (base, port) = endpoint.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?.checked_add(rank)?;
+    Some(format!("{base}:{port}"))
+}
+
 /// A running subscription to one engine's event stream.
 #[derive(Debug)]
 pub struct Subscriber {
@@ -356,7 +377,11 @@ async fn run<T: Transport, S: EventSink>(
         }
         lp.counters.disconnects += 1;
         lp.machine.on_disconnected();
-        lp.publish_status();
+        // Ending the replay may deliver what was buffered (after a reset).
+        lp.apply(&transport, &answers_tx);
+        if let Some(task) = lp.replay_task.take() {
+            task.abort();
+        }
         failures = 1;
         tokio::time::sleep(lp.config.backoff.delay(failures)).await;
     }
@@ -787,6 +812,24 @@ mod tests {
         assert_eq!(status.state, StreamState::Connecting);
         assert_eq!(status.counters.disconnects, 1);
         rig.task.abort();
+    }
+
+    #[test]
+    fn rank_endpoints_follow_vllm() {
+        assert_eq!(
+            endpoint_for_rank("tcp://*:5557", 0).unwrap(),
+            "tcp://*:5557"
+        );
+        assert_eq!(
+            endpoint_for_rank("tcp://10.0.0.5:5557", 3).unwrap(),
+            "tcp://10.0.0.5:5560"
+        );
+        assert_eq!(
+            endpoint_for_rank("inproc://cache", 2).unwrap(),
+            "inproc://cache_dp2"
+        );
+        assert_eq!(endpoint_for_rank("tcp://host:65535", 1), None);
+        assert_eq!(endpoint_for_rank("ipc:///tmp/x", 1), None);
     }
 
     #[test]
