@@ -401,8 +401,8 @@ impl<T> Sequencer<T> {
                     self.counters.gaps += 1;
                 }
                 if self.config.replay {
-                    let anchor = (n - 1, self.last_fp);
-                    self.start_run(n - 1, Some(anchor), seq, fingerprint, item, now);
+                    let anchor = (n.saturating_sub(1), self.last_fp);
+                    self.start_run(anchor.0, Some(anchor), seq, fingerprint, item, now);
                 } else {
                     self.reset(if seq > n {
                         ResetReason::Gap {
