@@ -1,0 +1,125 @@
+//! vLLM's KV-cache event stream: what an engine publishes about the blocks
+//! in its prefix cache, so that a router can route on exact cache state.
+//!
+//! vLLM started with `--kv-events-config '{"enable_kv_cache_events": true,
+//! "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint":
+//! "tcp://*:5558"}'` publishes every scheduler step's `BlockStored`,
+//! `BlockRemoved` and `AllBlocksCleared` events on a ZMQ PUB socket and
+//! answers replay requests on a ROUTER socket. This crate speaks that
+//! protocol:
+//!
+//! - [`wire`]: the event types, with the facts of the format as read in
+//!   vLLM's source; [`decode_batch`] and [`encode_batch`] for the
+//!   MessagePack payload (both the positional and the by-name shapes vLLM
+//!   has used), bounded by [`DecodeLimits`], with typed [`DecodeError`]s.
+//! - [`Sequencer`]: the sans-IO state machine of one stream: in-order
+//!   delivery, gap detection, replay, duplicate skipping, restart detection
+//!   and resets.
+//! - [`Subscriber`]: one task per engine that runs the sockets around a
+//!   `Sequencer`, reconnects with backoff and delivers [`StreamEvent`]s to
+//!   your [`EventSink`], with [`StreamStatus`] for metrics.
+//! - [`Publisher`]: the engine side (PUB + ROUTER with a [`ReplayBuffer`]),
+//!   wire-compatible with vLLM's `ZmqEventPublisher`.
+//!
+//! # Example
+//!
+//! Encoding a batch as vLLM does and reading it back:
+//!
+//! ```
+//! use kv_events::{BlockHash, BlockStored, EventBatch, KvEvent, decode_batch, encode_batch};
+//!
+//! let mut stored = BlockStored::new(
+//!     vec![BlockHash::Int(0xABCD), BlockHash::Int(0xBEEF)],
+//!     None,
+//!     (0..32).collect(),
+//!     16,
+//! );
+//! stored.medium = Some("GPU".to_owned());
+//! let batch = EventBatch::new(1_700_000_000.5, vec![KvEvent::BlockStored(stored)]);
+//!
+//! let payload = encode_batch(&batch);
+//! let decoded = decode_batch(&payload)?;
+//! assert_eq!(decoded.batch, batch);
+//! assert_eq!(decoded.unknown_events, 0);
+//! # Ok::<(), kv_events::DecodeError>(())
+//! ```
+//!
+//! Following an engine (the consumer, say a block index, applies batches
+//! per worker and clears the worker on a reset):
+//!
+//! ```no_run
+//! use kv_events::{StreamEvent, Subscriber, SubscriberConfig};
+//!
+//! # async fn demo() {
+//! let config = SubscriberConfig::new("tcp://10.0.0.5:5557")
+//!     .with_replay("tcp://10.0.0.5:5558")
+//!     .with_topic("kv-events");
+//! let subscriber = Subscriber::spawn(config, |event: StreamEvent| match event {
+//!     StreamEvent::Batch { batch, .. } => { /* index.apply(worker, &batch) */ }
+//!     StreamEvent::Reset { reason } => { /* index.clear(worker) */ }
+//!     _ => {}
+//! });
+//! println!("{:?}", subscriber.status().state);
+//! # }
+//! ```
+//!
+//! # Integration
+//!
+//! The router's block index builds one [`Subscriber`] per worker (endpoint
+//! from the worker's registration; one per data-parallel rank, at
+//! [`endpoint_for_rank`]) with a sink that calls the index; on
+//! [`StreamEvent::Reset`] it drops the worker's blocks. `/workers` and the
+//! metrics read [`Subscriber::status`]. The simulated engine owns a
+//! [`Publisher`] and calls [`Publisher::publish`] after every step that
+//! changed its cache; [`Publisher::publish_replay_only`] injects a dropped
+//! message.
+//!
+//! # Concurrency
+//!
+//! A [`Subscriber`] is one task; its sink is called from that task only, in
+//! stream order. [`Publisher::publish`] may be called from many tasks:
+//! numbers are assigned and sent in one order (checked by a loom model of
+//! the [`ReplayBuffer`]).
+//!
+//! # Stability
+//!
+//! Event structs and error enums are `non_exhaustive`: vLLM adds fields
+//! and this crate will follow.
+
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+mod decode;
+mod encode;
+pub mod replay_buffer;
+pub mod sequencer;
+mod sync;
+mod value;
+pub mod wire;
+
+#[cfg(not(loom))]
+pub mod publisher;
+#[cfg(not(loom))]
+pub mod subscriber;
+
+#[doc(hidden)]
+pub mod fuzzing;
+
+pub use decode::{DecodeError, DecodedBatch, decode_batch, decode_batch_with};
+pub use encode::{encode_batch, encode_batch_as};
+pub use replay_buffer::ReplayBuffer;
+pub use sequencer::{
+    Action, ReplayId, ResetReason, Sequencer, SequencerConfig, SequencerCounters, Source,
+    StreamState,
+};
+pub use value::Value;
+pub use wire::{
+    BlockHash, BlockRemoved, BlockStored, DecodeLimits, EventBatch, KvEvent, WireFormat,
+};
+
+#[cfg(not(loom))]
+pub use publisher::{PublishError, Publisher, PublisherConfig};
+#[cfg(not(loom))]
+pub use subscriber::{
+    Backoff, EventSink, StreamCounters, StreamEvent, StreamStatus, Subscriber, SubscriberConfig,
+    endpoint_for_rank,
+};
