@@ -578,15 +578,15 @@ impl<T> Sequencer<T> {
     fn finish(&mut self, why: Finish) {
         // An anchor never checked: what follows cannot be joined to what
         // was delivered.
-        if let Some((anchor, _)) = self.run.as_ref().and_then(|r| r.anchor) {
-            if self.next.is_some() {
-                let resumed_at = self
-                    .run
-                    .as_ref()
-                    .and_then(|r| r.pending.keys().next().copied())
-                    .unwrap_or(anchor + 1);
-                self.reset(Self::reason(why, anchor + 1, resumed_at));
-            }
+        if let Some((anchor, _)) = self.run.as_ref().and_then(|r| r.anchor)
+            && self.next.is_some()
+        {
+            let resumed_at = self
+                .run
+                .as_ref()
+                .and_then(|r| r.pending.keys().next().copied())
+                .unwrap_or(anchor + 1);
+            self.reset(Self::reason(why, anchor + 1, resumed_at));
         }
         self.drain_pending(true, why);
         self.run = None;

@@ -483,10 +483,10 @@ impl<S: EventSink> Loop<S> {
             }
         }
         // A finished or abandoned replay needs its connection no more.
-        if self.machine.poll_timeout().is_none() {
-            if let Some(task) = self.replay_task.take() {
-                task.abort();
-            }
+        if self.machine.poll_timeout().is_none()
+            && let Some(task) = self.replay_task.take()
+        {
+            task.abort();
         }
         self.publish_status();
     }
