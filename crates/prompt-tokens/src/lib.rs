@@ -76,9 +76,10 @@
 //!
 //! # Known differences from Python Jinja
 //!
-//! minijinja prints `true`/`false`/`none` where Python prints
-//! `True`/`False`/`None`, and its undefined-value rules differ in corner
-//! cases. The common template idioms (string methods, `tojson`, `loop`,
+//! Constants print as in Python (`True`, `False`, `None`), but a list or
+//! dict printed directly (not through `tojson`) uses double quotes where
+//! Python's `repr` uses single ones, and undefined-value rules differ in
+//! corner cases. The common template idioms (string methods, `tojson`, `loop`,
 //! `namespace`, slicing, `is string` / `is mapping` tests) behave alike.
 
 #![warn(missing_docs)]
