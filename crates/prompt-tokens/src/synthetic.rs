@@ -63,7 +63,8 @@ pub fn synthetic_tokenize(text: &str, chars_per_token: usize) -> Vec<u32> {
 
 /// engine-sim's chat rendering of a `messages` JSON array.
 ///
-/// Fails like engine-sim's request parsing does: `messages` not a list, a
+/// Fails like engine-sim's request parsing does: `messages` not a list or
+/// empty, a
 /// message without a string `role`, `content` neither a string, a list of
 /// part objects nor null, or a part's `text` not a string.
 pub fn synthetic_chat_text(messages: &serde_json::Value) -> Result<String> {
@@ -75,6 +76,9 @@ pub(crate) fn render_value(messages: &Value) -> Result<String> {
     let invalid = |what: &str| Error::InvalidRequest(what.to_owned());
     if messages.kind() != ValueKind::Seq {
         return Err(invalid("messages must be a list"));
+    }
+    if messages.len() == Some(0) {
+        return Err(invalid("messages must not be empty"));
     }
     let mut out = String::new();
     for message in messages

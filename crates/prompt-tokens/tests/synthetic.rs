@@ -36,11 +36,14 @@ proptest! {
     #[test]
     fn chat_ids_equal_engine_sims(messages in prop::collection::vec(message(), 0..6), cpt in 1usize..9) {
         let body = json!({"model": "m", "messages": messages});
-        let Some(Prompt::Text(engine_text)) = engine_prompt(Endpoint::Chat, &body) else {
-            panic!("engine-sim refused {body}");
-        };
         let t = PromptTokenizer::synthetic(cpt);
         let request = ChatRequest::from_value(&body).unwrap();
+        let Some(Prompt::Text(engine_text)) = engine_prompt(Endpoint::Chat, &body) else {
+            // engine-sim refuses an empty conversation; so do we.
+            prop_assert!(messages.is_empty(), "engine-sim refused {}", body);
+            prop_assert!(t.chat_tokens(&request).is_err());
+            return Ok(());
+        };
         prop_assert_eq!(t.chat_text(&request).unwrap(), engine_text.clone());
         prop_assert_eq!(t.chat_tokens(&request).unwrap(), engine_sim::tokens::tokenize(&engine_text, cpt));
     }
@@ -60,6 +63,7 @@ fn requests_engine_sim_refuses_are_refused() {
         json!({"messages": [{"role": "user", "content": 7}]}),
         json!({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}),
         json!({"messages": "not a list"}),
+        json!({"messages": []}),
     ] {
         assert!(engine_prompt(Endpoint::Chat, &body).is_none(), "engine-sim accepted {body}");
         let ours = ChatRequest::from_value(&body).and_then(|r| t.chat_tokens(&r));
