@@ -68,7 +68,9 @@ impl TokenizerConfig {
                 Some(Value::String(s)) => Ok(Some(s.clone())),
                 Some(Value::Object(o)) => match o.get("content") {
                     Some(Value::String(s)) => Ok(Some(s.clone())),
-                    _ => Err(invalid(format!("{name}: object without a string `content`"))),
+                    _ => Err(invalid(format!(
+                        "{name}: object without a string `content`"
+                    ))),
                 },
                 Some(_) => Err(invalid(format!("{name} must be a string or an object"))),
             }

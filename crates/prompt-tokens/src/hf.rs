@@ -39,10 +39,13 @@ pub enum SegmentMode {
     Whole(String),
 }
 
+/// The added-token matcher and the id of each of its patterns.
+type Splitter = (AhoCorasick, Vec<u32>);
+
 pub(crate) struct HfTokenizer {
     tokenizer: Tokenizer,
     /// Non-normalized added tokens, with the id of each pattern.
-    splitter: Option<(AhoCorasick, Vec<u32>)>,
+    splitter: Option<Splitter>,
     mode: SegmentMode,
     pub(crate) cache: SegmentCache,
     pub(crate) path: PathBuf,
@@ -152,7 +155,7 @@ impl HfTokenizer {
 fn analyse(
     tokenizer: &Tokenizer,
     path: &Path,
-) -> Result<(Option<(AhoCorasick, Vec<u32>)>, SegmentMode)> {
+) -> Result<(Option<Splitter>, SegmentMode)> {
     let mut patterns: Vec<(String, u32)> = Vec::new();
     let mut whole: Option<String> = None;
     let mut added: Vec<_> = tokenizer.get_added_tokens_decoder().into_iter().collect();

@@ -428,7 +428,9 @@ fn write_json(
             }
             out.push_str(&value.to_string());
         }
-        ValueKind::String => write_json_str(out, value.as_str().unwrap_or(""), options.ensure_ascii),
+        ValueKind::String => {
+            write_json_str(out, value.as_str().unwrap_or(""), options.ensure_ascii)
+        }
         ValueKind::Bytes => write_json_str(out, &value.to_string(), options.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();

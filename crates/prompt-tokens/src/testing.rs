@@ -14,7 +14,9 @@ use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::metaspace::Metaspace as MetaspaceDecoder;
 use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
-use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as NormalizerSequence};
+use tokenizers::normalizers::{
+    NormalizerWrapper, Prepend, Replace, Sequence as NormalizerSequence,
+};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
@@ -22,7 +24,9 @@ use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::processors::template::TemplateProcessing;
-use tokenizers::{AddedToken, ModelWrapper, SplitDelimiterBehavior, TokenizerBuilder, TokenizerImpl};
+use tokenizers::{
+    AddedToken, ModelWrapper, SplitDelimiterBehavior, TokenizerBuilder, TokenizerImpl,
+};
 
 use crate::error::{Error, Result};
 use crate::templates::TemplateFamily;
@@ -123,7 +127,9 @@ pub fn train_tokenizer_json(
         }
         TestTokenizerKind::Gpt2 => (
             None,
-            Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(true, true, true))),
+            Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
+                true, true, true,
+            ))),
             Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::default())),
         ),
         TestTokenizerKind::MetaspaceFirst => (

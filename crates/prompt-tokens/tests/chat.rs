@@ -5,9 +5,9 @@
 mod common;
 
 use common::{NOW, model_dir, options, tokenizer};
-use proptest::prelude::*;
 use prompt_tokens::testing::TestTokenizerKind;
 use prompt_tokens::{ChatRequest, PromptTokenizer, SegmentMode, TemplateFamily};
+use proptest::prelude::*;
 use serde_json::{Value, json};
 
 fn request(messages: Value) -> ChatRequest {
@@ -22,11 +22,18 @@ fn segment_mode_is_chosen_by_tokenizer_shape() {
             let mode = t.segment_mode().expect("hf").clone();
             match kind {
                 TestTokenizerKind::MetaspaceFirst => {
-                    assert!(matches!(mode, SegmentMode::Whole(ref r) if r.contains("Metaspace")), "{mode:?}")
+                    assert!(
+                        matches!(mode, SegmentMode::Whole(ref r) if r.contains("Metaspace")),
+                        "{mode:?}"
+                    )
                 }
                 _ => assert_eq!(mode, SegmentMode::Segments, "{family:?} {kind:?}"),
             }
-            assert!(t.describe().starts_with("tokens (tokenizer.json "), "{}", t.describe());
+            assert!(
+                t.describe().starts_with("tokens (tokenizer.json "),
+                "{}",
+                t.describe()
+            );
         }
     }
 }
@@ -49,7 +56,8 @@ fn llama3_renders_date_header_tools_and_generation_prompt() {
     assert!(text.contains("\"name\": \"get_weather\""), "{text}");
     assert!(text.contains("<|start_header_id|>user<|end_header_id|>\n\nWeather?<|eot_id|>"));
     assert!(text.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n"));
-    let no_prompt = request(json!([{"role": "user", "content": "x"}])).with_add_generation_prompt(false);
+    let no_prompt =
+        request(json!([{"role": "user", "content": "x"}])).with_add_generation_prompt(false);
     assert!(t.chat_text(&no_prompt).unwrap().ends_with("x<|eot_id|>"));
 }
 
@@ -61,10 +69,16 @@ fn chat_tokens_start_with_bos_once_and_special_tokens_are_single_ids() {
     let bos = raw.token_to_id("<|begin_of_text|>").unwrap();
     let eot = raw.token_to_id("<|eot_id|>").unwrap();
     let ids = t
-        .chat_tokens(&request(json!([{"role": "user", "content": "hello <|eot_id|> there"}])))
+        .chat_tokens(&request(
+            json!([{"role": "user", "content": "hello <|eot_id|> there"}]),
+        ))
         .unwrap();
     assert_eq!(ids[0], bos);
-    assert_eq!(ids.iter().filter(|&&i| i == bos).count(), 1, "chat adds no second BOS");
+    assert_eq!(
+        ids.iter().filter(|&&i| i == bos).count(),
+        1,
+        "chat adds no second BOS"
+    );
     // Text that spells a special token is that token, as in the engine.
     assert_eq!(ids.iter().filter(|&&i| i == eot).count(), 3);
     let decoded = raw.decode(&ids, false).unwrap();
@@ -80,7 +94,9 @@ fn chatml_content_parts_null_content_and_tool_calls() {
             {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
         {"role": "tool", "content": "42"},
     ]});
-    let text = t.chat_text(&ChatRequest::from_value(&body).unwrap()).unwrap();
+    let text = t
+        .chat_text(&ChatRequest::from_value(&body).unwrap())
+        .unwrap();
     assert_eq!(
         text,
         "<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
@@ -109,7 +125,9 @@ fn harmony_has_current_date_channels_and_developer_tools() {
         {"role": "user", "content": "Weather?"},
     ], "tools": [{"type": "function", "function": {"name": "w"}}],
        "chat_template_kwargs": {"reasoning_effort": "high"}});
-    let text = t.chat_text(&ChatRequest::from_value(&body).unwrap()).unwrap();
+    let text = t
+        .chat_text(&ChatRequest::from_value(&body).unwrap())
+        .unwrap();
     assert!(text.starts_with("<|start|>system<|message|>"));
     assert!(text.contains("Current date: 2024-07-26\n"));
     assert!(text.contains("Reasoning: high"));
@@ -144,9 +162,12 @@ fn continue_final_message_ends_at_the_final_text() {
     let body = json!({"messages": [
         {"role": "user", "content": "Count"}, {"role": "assistant", "content": "1, 2,"}],
         "add_generation_prompt": false, "continue_final_message": true});
-    let text = t.chat_text(&ChatRequest::from_value(&body).unwrap()).unwrap();
+    let text = t
+        .chat_text(&ChatRequest::from_value(&body).unwrap())
+        .unwrap();
     assert!(text.ends_with("<|im_start|>assistant\n1, 2,"), "{text}");
-    let both = json!({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true});
+    let both =
+        json!({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true});
     assert!(matches!(
         t.chat_text(&ChatRequest::from_value(&both).unwrap()),
         Err(prompt_tokens::Error::InvalidRequest(_))
@@ -156,7 +177,8 @@ fn continue_final_message_ends_at_the_final_text() {
 #[test]
 fn multi_turn_warm_request_hits_the_cache_and_matches_whole_text() {
     let t = tokenizer(TemplateFamily::ChatMl, TestTokenizerKind::ByteLevelRegex);
-    let mut messages = vec![json!({"role": "system", "content": "You are a helpful assistant. ".repeat(50)})];
+    let mut messages =
+        vec![json!({"role": "system", "content": "You are a helpful assistant. ".repeat(50)})];
     let mut previous = None;
     for turn in 0..6 {
         messages.push(json!({"role": "user", "content": format!("question {turn}: what is {turn} + {turn}?")}));
@@ -168,14 +190,21 @@ fn multi_turn_warm_request_hits_the_cache_and_matches_whole_text() {
         if turn > 0 {
             // Only the new segments (the new user message, the assistant
             // reply before it, the generation header) can miss.
-            assert!(after.misses - before.misses <= 4, "turn {turn}: {before:?} -> {after:?}");
+            assert!(
+                after.misses - before.misses <= 4,
+                "turn {turn}: {before:?} -> {after:?}"
+            );
             assert!(after.hits > before.hits);
         }
         if let Some(prev) = &previous {
             let prev: &Vec<u32> = prev;
             // The previous prompt minus its generation prompt is a prefix.
             let shared = prev.iter().zip(&cached).take_while(|(a, b)| a == b).count();
-            assert!(shared + 4 >= prev.len(), "turn {turn}: shared {shared} of {}", prev.len());
+            assert!(
+                shared + 4 >= prev.len(),
+                "turn {turn}: shared {shared} of {}",
+                prev.len()
+            );
         }
         messages.push(json!({"role": "assistant", "content": format!("It is {}.", turn * 2)}));
         previous = Some(cached);
@@ -190,8 +219,13 @@ fn add_special_tokens_on_a_chat_request_adds_bos_on_top() {
     let body = json!({"messages": [{"role": "user", "content": "x"}], "add_special_tokens": true});
     let req = ChatRequest::from_value(&body).unwrap();
     let ids = t.chat_tokens(&req).unwrap();
-    assert_eq!(ids[0], ids[1], "BOS from the post-processor, then the template's");
-    let plain = t.chat_tokens(&request(json!([{"role": "user", "content": "x"}]))).unwrap();
+    assert_eq!(
+        ids[0], ids[1],
+        "BOS from the post-processor, then the template's"
+    );
+    let plain = t
+        .chat_tokens(&request(json!([{"role": "user", "content": "x"}])))
+        .unwrap();
     assert_eq!(&ids[1..], &plain[..]);
     let _ = NOW;
 }

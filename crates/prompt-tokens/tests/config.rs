@@ -78,7 +78,8 @@ fn override_replaces_the_template_and_file_form_loads() {
         Err(Error::NoChatTemplate(path)) => assert_eq!(path, file),
         other => panic!("expected NoChatTemplate, got {other:?}"),
     }
-    let with_override = PromptTokenizer::from_path_with(&file, Some(over.path()), options()).unwrap();
+    let with_override =
+        PromptTokenizer::from_path_with(&file, Some(over.path()), options()).unwrap();
     assert_eq!(with_override.chat_text(&user("a")).unwrap(), "[1]");
 }
 
@@ -125,13 +126,24 @@ fn completions_text_and_token_prompts() {
     let bos = raw.token_to_id("<|begin_of_text|>").unwrap();
     let text = CompletionRequest::from_json(br#"{"prompt": "The router sends"}"#).unwrap();
     let ids = t.completion_tokens(&text).unwrap();
-    assert_eq!(ids[0], bos, "vLLM adds special tokens to text prompts by default");
-    assert_eq!(&ids[1..], &t.text_tokens("The router sends", false).unwrap()[..]);
-    let raw_ids = raw.encode("The router sends", true).unwrap().get_ids().to_vec();
+    assert_eq!(
+        ids[0], bos,
+        "vLLM adds special tokens to text prompts by default"
+    );
+    assert_eq!(
+        &ids[1..],
+        &t.text_tokens("The router sends", false).unwrap()[..]
+    );
+    let raw_ids = raw
+        .encode("The router sends", true)
+        .unwrap()
+        .get_ids()
+        .to_vec();
     assert_eq!(ids, raw_ids);
-    let no_special =
-        CompletionRequest::from_json(br#"{"prompt": "The router sends", "add_special_tokens": false}"#)
-            .unwrap();
+    let no_special = CompletionRequest::from_json(
+        br#"{"prompt": "The router sends", "add_special_tokens": false}"#,
+    )
+    .unwrap();
     assert_eq!(t.completion_tokens(&no_special).unwrap(), &ids[1..]);
     let tokens = CompletionRequest::from_json(br#"{"prompt": [[7, 8, 9]]}"#).unwrap();
     assert_eq!(t.completion_tokens(&tokens).unwrap(), vec![7, 8, 9]);
@@ -145,7 +157,9 @@ fn add_bos_token_flag_in_config_decides_completion_special_tokens() {
     let t = PromptTokenizer::from_path_with(dir.path(), None, options()).unwrap();
     let raw = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
     let bos = raw.token_to_id("<|endoftext|>").unwrap();
-    let ids = t.completion_tokens(&CompletionRequest::text("hi there")).unwrap();
+    let ids = t
+        .completion_tokens(&CompletionRequest::text("hi there"))
+        .unwrap();
     assert_eq!(ids[0], bos);
     assert_eq!(&ids[1..], &t.text_tokens("hi there", false).unwrap()[..]);
 }

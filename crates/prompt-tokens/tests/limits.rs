@@ -9,7 +9,12 @@ use prompt_tokens::{
 use serde_json::json;
 
 fn compile(source: &str, limits: RenderLimits) -> prompt_tokens::Result<ChatTemplate> {
-    ChatTemplate::new(source, SpecialTokens::default(), limits, Arc::new(FixedClock(0)))
+    ChatTemplate::new(
+        source,
+        SpecialTokens::default(),
+        limits,
+        Arc::new(FixedClock(0)),
+    )
 }
 
 fn req() -> ChatRequest {
@@ -35,7 +40,11 @@ fn endless_work_runs_out_of_fuel() {
         fuel: 10_000,
         ..RenderLimits::default()
     };
-    let t = compile("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", limits).unwrap();
+    let t = compile(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        limits,
+    )
+    .unwrap();
     assert!(matches!(t.render(&req()), Err(Error::FuelExhausted)));
 }
 
@@ -45,9 +54,20 @@ fn output_is_capped() {
         max_output_bytes: 1000,
         ..RenderLimits::default()
     };
-    let t = compile("{% for i in range(600) %}{{ messages[0].content }}{% endfor %}", limits).unwrap();
-    assert!(matches!(t.render(&req()), Err(Error::OutputTooLarge { max: 1000 })));
-    let small = compile("{% for i in range(10) %}{{ messages[0].content }}{% endfor %}", limits).unwrap();
+    let t = compile(
+        "{% for i in range(600) %}{{ messages[0].content }}{% endfor %}",
+        limits,
+    )
+    .unwrap();
+    assert!(matches!(
+        t.render(&req()),
+        Err(Error::OutputTooLarge { max: 1000 })
+    ));
+    let small = compile(
+        "{% for i in range(10) %}{{ messages[0].content }}{% endfor %}",
+        limits,
+    )
+    .unwrap();
     assert_eq!(small.render(&req()).unwrap(), "hi".repeat(10));
 }
 
@@ -85,7 +105,11 @@ fn pycompat_methods_and_python_tojson() {
 
 #[test]
 fn python_style_printing_of_constants() {
-    let t = compile("{{ true }} {{ false }} {{ none }} {{ [1, 'a'] }}", RenderLimits::default()).unwrap();
+    let t = compile(
+        "{{ true }} {{ false }} {{ none }} {{ [1, 'a'] }}",
+        RenderLimits::default(),
+    )
+    .unwrap();
     // As Python prints them; a list's repr differs (double quotes where
     // Python writes single ones), documented in the crate docs.
     assert_eq!(t.render(&req()).unwrap(), "True False None [1, \"a\"]");
@@ -131,6 +155,10 @@ fn fuzz_entry_point_on_seeds() {
         prompt_tokens::fuzzing::render(seed);
     }
     // A template past the fuzz limits' cap is refused, not rendered.
-    let big = [b"x".repeat(prompt_tokens::fuzzing::FUZZ_LIMITS.max_template_bytes + 1), b"\0[]".to_vec()].concat();
+    let big = [
+        b"x".repeat(prompt_tokens::fuzzing::FUZZ_LIMITS.max_template_bytes + 1),
+        b"\0[]".to_vec(),
+    ]
+    .concat();
     prompt_tokens::fuzzing::render(&big);
 }

@@ -3,8 +3,8 @@
 //! ids, bit for bit.
 
 use engine_sim::api::{Endpoint, Prompt, parse_request};
-use proptest::prelude::*;
 use prompt_tokens::{ChatRequest, CompletionRequest, PromptTokenizer};
+use proptest::prelude::*;
 use serde_json::{Value, json};
 
 fn engine_prompt(endpoint: Endpoint, body: &Value) -> Option<Prompt> {
@@ -65,7 +65,10 @@ fn requests_engine_sim_refuses_are_refused() {
         json!({"messages": "not a list"}),
         json!({"messages": []}),
     ] {
-        assert!(engine_prompt(Endpoint::Chat, &body).is_none(), "engine-sim accepted {body}");
+        assert!(
+            engine_prompt(Endpoint::Chat, &body).is_none(),
+            "engine-sim accepted {body}"
+        );
         let ours = ChatRequest::from_value(&body).and_then(|r| t.chat_tokens(&r));
         assert!(ours.is_err(), "accepted {body}");
     }
@@ -91,7 +94,13 @@ fn completion_prompts_match_engine_sim() {
         assert_eq!(ours, expected, "{body}");
     }
     let batched = CompletionRequest::from_json(br#"{"prompt": ["a", "b"]}"#);
-    assert!(matches!(batched, Err(prompt_tokens::Error::InvalidRequest(_))));
-    assert_eq!(t.describe(), "synthetic (3 chars per token, engine-sim chat rendering)");
+    assert!(matches!(
+        batched,
+        Err(prompt_tokens::Error::InvalidRequest(_))
+    ));
+    assert_eq!(
+        t.describe(),
+        "synthetic (3 chars per token, engine-sim chat rendering)"
+    );
     assert_eq!(t.cache_stats(), prompt_tokens::CacheStats::default());
 }
