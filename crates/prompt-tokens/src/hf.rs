@@ -152,10 +152,7 @@ impl HfTokenizer {
     }
 }
 
-fn analyse(
-    tokenizer: &Tokenizer,
-    path: &Path,
-) -> Result<(Option<Splitter>, SegmentMode)> {
+fn analyse(tokenizer: &Tokenizer, path: &Path) -> Result<(Option<Splitter>, SegmentMode)> {
     let mut patterns: Vec<(String, u32)> = Vec::new();
     let mut whole: Option<String> = None;
     let mut added: Vec<_> = tokenizer.get_added_tokens_decoder().into_iter().collect();
