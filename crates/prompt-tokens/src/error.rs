@@ -1,0 +1,83 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading a model's tokenizer, rendering a chat
+/// template or tokenizing a prompt. Input never panics: it ends here.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file the configuration needs does not exist.
+    #[error("{path}: no such file")]
+    MissingFile {
+        /// The path that was looked for.
+        path: PathBuf,
+    },
+    /// A file exists but could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `tokenizer_config.json` is not the JSON this crate understands.
+    #[error("{path}: invalid tokenizer config: {reason}")]
+    InvalidConfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `tokenizer.json` (or a tokenizer built in memory) could not be loaded.
+    #[error("{path}: invalid tokenizer: {reason}")]
+    InvalidTokenizer {
+        /// The file, or `<memory>`.
+        path: PathBuf,
+        /// The tokenizers crate's message.
+        reason: String,
+    },
+    /// Chat was asked of a model that has no chat template (none in
+    /// `tokenizer_config.json` and no override given).
+    #[error("no chat template: {0} has none and no --chat-template override was given")]
+    NoChatTemplate(PathBuf),
+    /// The chat template source is larger than [`RenderLimits::max_template_bytes`](crate::RenderLimits).
+    #[error("chat template is {len} bytes, more than the limit of {max}")]
+    TemplateTooLarge {
+        /// The template's size in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The chat template does not compile.
+    #[error("chat template syntax error: {0}")]
+    TemplateSyntax(String),
+    /// The template called `raise_exception(message)`: the request is one
+    /// the model's template refuses (for example roles that do not alternate).
+    #[error("chat template raised an exception: {0}")]
+    TemplateRaised(String),
+    /// Rendering used up its fuel (bounded work, [`RenderLimits::fuel`](crate::RenderLimits)).
+    #[error("chat template rendering exceeded its work limit (fuel)")]
+    FuelExhausted,
+    /// The rendered prompt grew past [`RenderLimits::max_output_bytes`](crate::RenderLimits).
+    #[error("rendered prompt exceeds the limit of {max} bytes")]
+    OutputTooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// Any other template rendering error (undefined function, type error,
+    /// recursion limit, ...).
+    #[error("chat template rendering failed: {0}")]
+    Render(String),
+    /// The request is not one this crate can turn into a prompt (messages
+    /// not a list, a message without a role, several prompts at once, ...).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The tokenizer failed on a text.
+    #[error("tokenization failed: {0}")]
+    Tokenize(String),
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

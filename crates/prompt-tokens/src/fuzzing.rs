@@ -1,0 +1,78 @@
+//! Fuzzing entry points. The cargo-fuzz target `prompt_tokens_render` and
+//! the crate's tests call [`render`].
+
+use std::sync::Arc;
+
+use crate::request::ChatRequest;
+use crate::template::{ChatTemplate, FixedClock, RenderLimits, SpecialTokens};
+use crate::templates::TemplateFamily;
+use crate::{Error, PromptTokenizer};
+
+/// The limits the fuzz target renders under (small, so runs stay fast).
+pub const FUZZ_LIMITS: RenderLimits = RenderLimits {
+    max_template_bytes: 8 * 1024,
+    fuel: 50_000,
+    max_output_bytes: 64 * 1024,
+};
+
+/// Decodes `data` as `template source NUL request JSON` (lossy UTF-8) and
+/// renders it under [`FUZZ_LIMITS`]; then renders the request with each of
+/// the crate's templates and the synthetic tokenizer. Panics only if a
+/// limit is not respected (an output over the cap); errors are expected.
+pub fn render(data: &[u8]) {
+    let (template, body) = match data.iter().position(|b| *b == 0) {
+        Some(at) => (&data[..at], &data[at + 1..]),
+        None => (data, &b""[..]),
+    };
+    let template = String::from_utf8_lossy(template);
+    let request = ChatRequest::from_json(body).or_else(|_| {
+        // Not a request body: try it as the messages array alone.
+        serde_json::from_slice::<serde_json::Value>(body)
+            .map_err(|e| Error::InvalidRequest(e.to_string()))
+            .and_then(|messages| ChatRequest::new(&messages))
+    });
+    let request = match request {
+        Ok(request) => request,
+        Err(_) => ChatRequest::new(&serde_json::json!([
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]},
+        ]))
+        .unwrap_or_else(|_| unreachable_request()),
+    };
+    let special = SpecialTokens {
+        bos: Some("<s>".into()),
+        eos: Some("</s>".into()),
+        ..SpecialTokens::default()
+    };
+    let clock = Arc::new(FixedClock(1_700_000_000));
+    let mut sources: Vec<&str> = vec![&template];
+    sources.extend(TemplateFamily::ALL.iter().map(|f| f.template()));
+    for source in sources {
+        match ChatTemplate::new(source, special.clone(), FUZZ_LIMITS, clock.clone()) {
+            Ok(compiled) => {
+                if let Ok(text) = compiled.render(&request) {
+                    assert!(
+                        text.len() <= FUZZ_LIMITS.max_output_bytes,
+                        "rendered {} bytes over the cap",
+                        text.len()
+                    );
+                }
+            }
+            Err(Error::TemplateTooLarge { len, max }) => assert!(len > max),
+            Err(_) => {}
+        }
+    }
+    let synthetic = PromptTokenizer::synthetic(4);
+    if let Ok(tokens) = synthetic.chat_tokens(&request) {
+        let text = synthetic.chat_text(&request).unwrap_or_default();
+        assert_eq!(tokens.len(), crate::synthetic_count(&text, 4));
+    }
+}
+
+fn unreachable_request() -> ChatRequest {
+    // `ChatRequest::new` of a literal array cannot fail; keep the fuzz
+    // harness panic-free all the same.
+    ChatRequest::from_json(br#"{"messages":[]}"#).unwrap_or_else(|_| {
+        ChatRequest::new(&serde_json::Value::Array(Vec::new())).unwrap_or_else(|_| unreachable!())
+    })
+}

@@ -1,0 +1,216 @@
+//! `tokenizer.json` tokenization, whole or by segments.
+//!
+//! # Why segments give the same ids
+//!
+//! `tokenizers` first cuts the text at every *added token* whose
+//! `normalized` flag is false (one leftmost-longest Aho-Corasick pass over
+//! their contents), then normalizes, pre-tokenizes and runs the model on
+//! each piece between them, piece by piece. Cutting the rendered prompt at
+//! the same matches ourselves (same pattern set, same match kind) and
+//! encoding each piece alone therefore gives the same ids — with three
+//! exceptions, which turn the segment path off for that tokenizer
+//! ([`SegmentMode`]):
+//!
+//! * a `Metaspace` pre-tokenizer with `prepend_scheme: "first"` adds `▁` only
+//!   to the piece at offset 0 of the whole text, so a piece encoded alone
+//!   would gain one;
+//! * an added token with `lstrip`, `rstrip` or `single_word` moves or drops
+//!   matches depending on the neighbouring text;
+//! * (with special tokens requested) the post-processor adds BOS/EOS to the
+//!   whole sequence — chat tokenizes with `add_special_tokens = false` as
+//!   vLLM does, and text prompts are encoded whole.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use tokenizers::Tokenizer;
+
+use crate::cache::SegmentCache;
+use crate::error::{Error, Result};
+
+/// How a chat rendering is tokenized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SegmentMode {
+    /// Split at added tokens, tokenize pieces through the segment cache.
+    Segments,
+    /// Tokenize the whole rendering each time; the reason is given.
+    Whole(String),
+}
+
+/// The added-token matcher and the id of each of its patterns.
+type Splitter = (AhoCorasick, Vec<u32>);
+
+pub(crate) struct HfTokenizer {
+    tokenizer: Tokenizer,
+    /// Non-normalized added tokens, with the id of each pattern.
+    splitter: Option<Splitter>,
+    mode: SegmentMode,
+    pub(crate) cache: SegmentCache,
+    pub(crate) path: PathBuf,
+}
+
+impl std::fmt::Debug for HfTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HfTokenizer")
+            .field("path", &self.path)
+            .field("mode", &self.mode)
+            .field("vocab", &self.tokenizer.get_vocab_size(true))
+            .finish_non_exhaustive()
+    }
+}
+
+impl HfTokenizer {
+    pub(crate) fn from_file(path: &Path, cache: SegmentCache) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                Error::MissingFile {
+                    path: path.to_owned(),
+                }
+            } else {
+                Error::Io {
+                    path: path.to_owned(),
+                    source,
+                }
+            }
+        })?;
+        Self::from_bytes(&bytes, path, cache)
+    }
+
+    pub(crate) fn from_bytes(bytes: &[u8], path: &Path, cache: SegmentCache) -> Result<Self> {
+        let mut tokenizer = Tokenizer::from_bytes(bytes).map_err(|e| Error::InvalidTokenizer {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        // transformers turns these off unless a call asks for them; vLLM's
+        // prompt path does not.
+        tokenizer.with_truncation(None).ok();
+        tokenizer.with_padding(None);
+        let (splitter, mode) = analyse(&tokenizer, path)?;
+        Ok(Self {
+            tokenizer,
+            splitter,
+            mode,
+            cache,
+            path: path.to_owned(),
+        })
+    }
+
+    pub(crate) fn mode(&self) -> &SegmentMode {
+        &self.mode
+    }
+
+    pub(crate) fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    pub(crate) fn token_id(&self, token: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(token)
+    }
+
+    /// The whole text in one `encode` call.
+    pub(crate) fn encode_whole(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let encoding = self
+            .tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| Error::Tokenize(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The ids of a chat rendering (no special tokens added), through the
+    /// segment cache when the tokenizer allows it.
+    pub(crate) fn encode_chat(&self, text: &str) -> Result<Vec<u32>> {
+        if self.mode != SegmentMode::Segments {
+            return self.encode_whole(text, false);
+        }
+        let mut out = Vec::with_capacity(text.len() / 3 + 8);
+        let mut at = 0;
+        if let Some((matcher, ids)) = &self.splitter {
+            for m in matcher.find_iter(text) {
+                self.encode_segment(&text[at..m.start()], &mut out)?;
+                out.push(ids[m.pattern().as_usize()]);
+                at = m.end();
+            }
+        }
+        self.encode_segment(&text[at..], &mut out)?;
+        Ok(out)
+    }
+
+    fn encode_segment(&self, segment: &str, out: &mut Vec<u32>) -> Result<()> {
+        if segment.is_empty() {
+            return Ok(());
+        }
+        if let Some(ids) = self.cache.get(segment) {
+            out.extend_from_slice(&ids);
+            return Ok(());
+        }
+        let ids: Arc<[u32]> = self.encode_whole(segment, false)?.into();
+        out.extend_from_slice(&ids);
+        self.cache.insert(segment, ids);
+        Ok(())
+    }
+}
+
+fn analyse(tokenizer: &Tokenizer, path: &Path) -> Result<(Option<Splitter>, SegmentMode)> {
+    let mut patterns: Vec<(String, u32)> = Vec::new();
+    let mut whole: Option<String> = None;
+    let mut added: Vec<_> = tokenizer.get_added_tokens_decoder().into_iter().collect();
+    added.sort_by_key(|(id, _)| *id);
+    for (id, token) in added {
+        if token.normalized {
+            continue;
+        }
+        if token.lstrip || token.rstrip || token.single_word {
+            whole.get_or_insert_with(|| {
+                format!(
+                    "added token {:?} has lstrip/rstrip/single_word",
+                    token.content
+                )
+            });
+        }
+        if !token.content.is_empty() {
+            patterns.push((token.content, id));
+        }
+    }
+    if let Some(pre) = tokenizer.get_pre_tokenizer() {
+        let json = serde_json::to_value(pre).unwrap_or_default();
+        if mentions_first_prepend(&json) {
+            whole.get_or_insert_with(|| {
+                "Metaspace pre-tokenizer with prepend_scheme \"first\"".to_owned()
+            });
+        }
+    }
+    let splitter = if patterns.is_empty() {
+        None
+    } else {
+        let matcher = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(patterns.iter().map(|(p, _)| p.as_str()))
+            .map_err(|e| Error::InvalidTokenizer {
+                path: path.to_owned(),
+                reason: format!("added tokens: {e}"),
+            })?;
+        Some((matcher, patterns.into_iter().map(|(_, id)| id).collect()))
+    };
+    let mode = match whole {
+        Some(reason) => SegmentMode::Whole(reason),
+        None => SegmentMode::Segments,
+    };
+    Ok((splitter, mode))
+}
+
+fn mentions_first_prepend(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Object(map) => {
+            let metaspace_first = map.get("type").and_then(|t| t.as_str()) == Some("Metaspace")
+                && map
+                    .get("prepend_scheme")
+                    .and_then(|p| p.as_str())
+                    .is_none_or(|p| p == "first");
+            metaspace_first || map.values().any(mentions_first_prepend)
+        }
+        serde_json::Value::Array(items) => items.iter().any(mentions_first_prepend),
+        _ => false,
+    }
+}

@@ -1,0 +1,122 @@
+//! # prompt-tokens
+//!
+//! Turns an OpenAI-style request into the prompt token ids an inference
+//! engine (vLLM and alike) computes for it, cheaply enough to route on:
+//! cache-aware routing can then match the *token blocks* an engine caches
+//! instead of characters of the message texts.
+//!
+//! * **Chat templates** ([`ChatTemplate`]): the model's Hugging Face Jinja
+//!   `chat_template` on minijinja, with transformers' globals
+//!   (`raise_exception`, `strftime_now`, Python-style `tojson`, Python
+//!   string/dict methods) and hard limits (template size, fuel, output
+//!   size). Four templates written for this crate ship in [`templates`].
+//! * **Tokenization** with the `tokenizers` crate from a `tokenizer.json`
+//!   (pure Rust: `fancy-regex`, no oniguruma), or engine-sim's
+//!   [`synthetic`] rule (`chars_per_token` characters per token).
+//! * **A segment cache** ([`SegmentCache`]): a rendered chat is cut at the
+//!   tokenizer's added tokens and each piece's ids are cached, so a
+//!   multi-turn request tokenizes only its new messages — with exactly the
+//!   ids of tokenizing the whole rendering (tokenizers where that would
+//!   not hold are detected and tokenized whole; see [`SegmentMode`]).
+//!
+//! # vLLM's rules, and where they come from
+//!
+//! Checked in vLLM's source (`vllm/entrypoints/openai/chat_completion/protocol.py`,
+//! `ChatCompletionRequest`; `vllm/entrypoints/openai/completion/protocol.py`,
+//! `CompletionRequest`):
+//!
+//! * chat: the template is rendered with `add_generation_prompt` (default
+//!   `true`), `continue_final_message` (default `false`), `tools`,
+//!   `documents` and `chat_template_kwargs`, then tokenized with
+//!   `add_special_tokens` **false** by default ("the chat template takes
+//!   care of adding the special tokens");
+//! * completions: a text prompt is tokenized with `add_special_tokens`
+//!   **true** by default; a prompt of token ids is used as given.
+//!
+//! [`PromptTokenizer::chat_tokens`] and
+//! [`PromptTokenizer::completion_tokens`] follow these defaults and honour
+//! the request's own `add_special_tokens`.
+//!
+//! # Example
+//!
+//! ```
+//! use prompt_tokens::{ChatRequest, CompletionRequest, PromptTokenizer};
+//!
+//! // engine-sim's synthetic tokenizer: 4 characters per token.
+//! let tokenizer = PromptTokenizer::synthetic(4);
+//! let body = br#"{"model": "m", "messages": [
+//!     {"role": "system", "content": "You are terse."},
+//!     {"role": "user", "content": "Hi!"}
+//! ]}"#;
+//! let request = ChatRequest::from_json(body)?;
+//! let text = tokenizer.chat_text(&request)?;
+//! assert_eq!(text, "<|system|>\nYou are terse.\n<|user|>\nHi!\n<|assistant|>\n");
+//! let ids = tokenizer.chat_tokens(&request)?;
+//! assert_eq!(ids.len(), text.chars().count().div_ceil(4)); // 53 chars
+//! assert_eq!(ids, prompt_tokens::synthetic_tokenize(&text, 4));
+//!
+//! // Token-id prompts are used as given.
+//! let completion = CompletionRequest::from_json(br#"{"prompt": [1, 2, 3]}"#)?;
+//! assert_eq!(tokenizer.completion_tokens(&completion)?, vec![1, 2, 3]);
+//! # Ok::<(), prompt_tokens::Error>(())
+//! ```
+//!
+//! A real model: `PromptTokenizer::from_path(Path::new("/models/qwen"), None)`
+//! reads `tokenizer.json` and `tokenizer_config.json` (template, BOS/EOS)
+//! from the directory; [`testing::write_model_dir`] builds such a
+//! directory for tests.
+//!
+//! # Concurrency
+//!
+//! [`PromptTokenizer`] is `Send + Sync`; share one per model in an `Arc`.
+//! Rendering holds no lock; the segment cache is sharded, each shard a
+//! `parking_lot::Mutex` held only for one map operation, never while
+//! tokenizing.
+//!
+//! # Known differences from Python Jinja
+//!
+//! Constants print as in Python (`True`, `False`, `None`), but a list or
+//! dict printed directly (not through `tojson`) uses double quotes where
+//! Python's `repr` uses single ones, and undefined-value rules differ in
+//! corner cases. The common template idioms (string methods, `tojson`, `loop`,
+//! `namespace`, slicing, `is string` / `is mapping` tests) behave alike.
+
+#![warn(missing_docs)]
+
+mod cache;
+mod config;
+mod error;
+pub mod fuzzing;
+mod hf;
+mod request;
+pub mod synthetic;
+mod template;
+pub mod templates;
+pub mod testing;
+mod tokenizer;
+
+pub use cache::{CacheStats, ENTRY_OVERHEAD_BYTES, SegmentCache};
+pub use config::TokenizerConfig;
+pub use error::{Error, Result};
+pub use hf::SegmentMode;
+pub use request::{ChatRequest, CompletionPrompt, CompletionRequest};
+pub use synthetic::{
+    synthetic_chat_text, synthetic_count, synthetic_tokenize, synthetic_tokenize_into,
+};
+pub use template::{
+    ChatTemplate, Clock, FixedClock, RenderLimits, SpecialTokens, SystemClock, strftime,
+};
+pub use templates::TemplateFamily;
+pub use tokenizer::{PromptTokenizer, TokenizerOptions};
+
+#[cfg(test)]
+mod send_sync {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn shared_types_are_send_and_sync() {
+        assert_send_sync::<super::PromptTokenizer>();
+        assert_send_sync::<super::SegmentCache>();
+        assert_send_sync::<super::ChatTemplate>();
+    }
+}

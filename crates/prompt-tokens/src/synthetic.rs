@@ -1,0 +1,132 @@
+//! The synthetic tokenizer and chat rendering of `engine-sim`.
+//!
+//! A token is `chars_per_token` consecutive Unicode scalar values of the
+//! whole prompt (the last may be shorter); its id is a stable 64-bit hash of
+//! those characters folded to 32 bits, equal on every run and machine. The
+//! chat rendering is `<|{role}|>\n{content}\n` per message (a list of
+//! content parts contributes the `text` of each part that has one, joined
+//! by `\n`), then `<|assistant|>\n`. This module is the one definition of
+//! that rule: engine-sim's tests check they agree bit for bit.
+
+use minijinja::value::{Value, ValueKind};
+
+use crate::error::{Error, Result};
+
+/// splitmix64's finaliser: cheap, stable and well mixed.
+#[inline]
+fn mix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+const TOKEN_SEED: u64 = 0x5EED_0F70_CE4E_0001;
+
+#[inline]
+fn fold(hash: u64) -> u32 {
+    // Truncation is the point: a 32-bit id from a 64-bit hash.
+    (hash ^ (hash >> 32)) as u32
+}
+
+/// The number of synthetic tokens in `text`: `ceil(chars / chars_per_token)`
+/// (a `chars_per_token` of 0 counts as 1).
+pub fn synthetic_count(text: &str, chars_per_token: usize) -> usize {
+    text.chars().count().div_ceil(chars_per_token.max(1))
+}
+
+/// Appends the synthetic token ids of `text` to `out`.
+pub fn synthetic_tokenize_into(text: &str, chars_per_token: usize, out: &mut Vec<u32>) {
+    let per = chars_per_token.max(1);
+    let mut hash = TOKEN_SEED;
+    let mut filled = 0;
+    for ch in text.chars() {
+        hash = mix64(hash ^ u64::from(ch));
+        filled += 1;
+        if filled == per {
+            out.push(fold(hash));
+            hash = TOKEN_SEED;
+            filled = 0;
+        }
+    }
+    if filled > 0 {
+        out.push(fold(hash));
+    }
+}
+
+/// The synthetic token ids of `text`.
+pub fn synthetic_tokenize(text: &str, chars_per_token: usize) -> Vec<u32> {
+    let mut out = Vec::with_capacity(synthetic_count(text, chars_per_token));
+    synthetic_tokenize_into(text, chars_per_token, &mut out);
+    out
+}
+
+/// engine-sim's chat rendering of a `messages` JSON array.
+///
+/// Fails like engine-sim's request parsing does: `messages` not a list or
+/// empty, a
+/// message without a string `role`, `content` neither a string, a list of
+/// part objects nor null, or a part's `text` not a string.
+pub fn synthetic_chat_text(messages: &serde_json::Value) -> Result<String> {
+    let value = Value::from_serialize(messages);
+    render_value(&value)
+}
+
+pub(crate) fn render_value(messages: &Value) -> Result<String> {
+    let invalid = |what: &str| Error::InvalidRequest(what.to_owned());
+    if messages.kind() != ValueKind::Seq {
+        return Err(invalid("messages must be a list"));
+    }
+    if messages.len() == Some(0) {
+        return Err(invalid("messages must not be empty"));
+    }
+    let mut out = String::new();
+    for message in messages
+        .try_iter()
+        .map_err(|_| invalid("messages must be a list"))?
+    {
+        if message.kind() != ValueKind::Map {
+            return Err(invalid("each message must be an object"));
+        }
+        let role = message
+            .get_attr("role")
+            .ok()
+            .filter(|r| r.kind() == ValueKind::String)
+            .ok_or_else(|| invalid("each message needs a string role"))?;
+        out.push_str("<|");
+        out.push_str(role.as_str().unwrap_or(""));
+        out.push_str("|>\n");
+        let content = message.get_attr("content").unwrap_or_default();
+        match content.kind() {
+            ValueKind::Undefined | ValueKind::None => {}
+            ValueKind::String => out.push_str(content.as_str().unwrap_or("")),
+            ValueKind::Seq => {
+                let mut first = true;
+                for part in content
+                    .try_iter()
+                    .map_err(|_| invalid("content parts must be a list"))?
+                {
+                    if part.kind() != ValueKind::Map {
+                        return Err(invalid("each content part must be an object"));
+                    }
+                    let text = part.get_attr("text").unwrap_or_default();
+                    match text.kind() {
+                        ValueKind::Undefined | ValueKind::None => {}
+                        ValueKind::String => {
+                            if !first {
+                                out.push('\n');
+                            }
+                            out.push_str(text.as_str().unwrap_or(""));
+                            first = false;
+                        }
+                        _ => return Err(invalid("a content part's text must be a string")),
+                    }
+                }
+            }
+            _ => return Err(invalid("content must be a string, a list of parts or null")),
+        }
+        out.push('\n');
+    }
+    out.push_str("<|assistant|>\n");
+    Ok(out)
+}

@@ -1,0 +1,676 @@
+//! Chat-template rendering: Hugging Face `chat_template` Jinja on minijinja.
+//!
+//! The environment mirrors what `transformers` gives a chat template:
+//! `trim_blocks` and `lstrip_blocks` on, loop controls, Python string and
+//! dict methods (minijinja-contrib's `pycompat`), a `tojson` filter that
+//! writes what Python's `json.dumps(..., ensure_ascii=False)` writes (`", "`
+//! and `": "` separators, `indent`, `sort_keys`), `raise_exception(msg)`
+//! (becomes [`Error::TemplateRaised`]) and `strftime_now(fmt)` (the date
+//! from an injectable [`Clock`]).
+//!
+//! Hostile templates and inputs are bounded three ways ([`RenderLimits`]):
+//! the template's size, minijinja's fuel (every instruction costs one unit,
+//! so loops end), and the rendered output's size (a writer that refuses
+//! to grow past the cap).
+
+use std::fmt;
+use std::sync::Arc;
+
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{Environment, ErrorKind, State};
+
+use crate::error::{Error, Result};
+use crate::request::ChatRequest;
+
+/// Bounds on a chat template and on one rendering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenderLimits {
+    /// Largest template source accepted, in bytes. Default 256 KiB (real
+    /// templates are under 30 KiB).
+    pub max_template_bytes: usize,
+    /// minijinja fuel per rendering (roughly one unit per instruction).
+    /// Default 20 million: a 1,000-message conversation with tools uses a
+    /// small fraction of it.
+    pub fuel: u64,
+    /// Largest rendered prompt, in bytes. Default 16 MiB.
+    pub max_output_bytes: usize,
+}
+
+impl Default for RenderLimits {
+    fn default() -> Self {
+        Self {
+            max_template_bytes: 256 * 1024,
+            fuel: 20_000_000,
+            max_output_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// Where `strftime_now` gets the time. Inject a [`FixedClock`] for
+/// deterministic tests; [`SystemClock`] is the default.
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// Seconds since the Unix epoch, UTC.
+    fn now_unix_seconds(&self) -> i64;
+}
+
+/// The machine's clock (UTC).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_unix_seconds(&self) -> i64 {
+        match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+/// A clock that always says the same instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedClock(pub i64);
+
+impl Clock for FixedClock {
+    fn now_unix_seconds(&self) -> i64 {
+        self.0
+    }
+}
+
+/// Special-token strings a template may print (`bos_token`, `eos_token`, ...).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecialTokens {
+    /// `bos_token`, when the model has one.
+    pub bos: Option<String>,
+    /// `eos_token`, when the model has one.
+    pub eos: Option<String>,
+    /// `unk_token`, when the model has one.
+    pub unk: Option<String>,
+    /// `pad_token`, when the model has one.
+    pub pad: Option<String>,
+}
+
+/// Marker carried as the source of the error `raise_exception` returns.
+#[derive(Debug)]
+struct Raised(String);
+
+impl fmt::Display for Raised {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Raised {}
+
+const NAME: &str = "chat";
+
+/// A compiled chat template with its limits, clock and special tokens.
+/// `Send + Sync`; rendering takes `&self`.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source_len: usize,
+    limits: RenderLimits,
+    special: SpecialTokens,
+}
+
+impl fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source_len", &self.source_len)
+            .field("limits", &self.limits)
+            .field("special", &self.special)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`. Fails with [`Error::TemplateTooLarge`] or
+    /// [`Error::TemplateSyntax`].
+    pub fn new(
+        source: &str,
+        special: SpecialTokens,
+        limits: RenderLimits,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self> {
+        if source.len() > limits.max_template_bytes {
+            return Err(Error::TemplateTooLarge {
+                len: source.len(),
+                max: limits.max_template_bytes,
+            });
+        }
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_fuel(Some(limits.fuel));
+        // The default (500) lets a recursive macro grow the native stack
+        // deep enough to matter on small thread stacks.
+        env.set_recursion_limit(100);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", move |format: &str| -> String {
+            strftime(format, clock.now_unix_seconds())
+        });
+        env.add_template_owned(NAME, source.to_owned())
+            .map_err(|e| Error::TemplateSyntax(describe(&e)))?;
+        Ok(Self {
+            env,
+            source_len: source.len(),
+            limits,
+            special,
+        })
+    }
+
+    /// The limits this template renders under.
+    pub fn limits(&self) -> RenderLimits {
+        self.limits
+    }
+
+    /// Renders `request` to the prompt text.
+    pub fn render(&self, request: &ChatRequest) -> Result<String> {
+        if request.add_generation_prompt && request.continue_final_message {
+            return Err(Error::InvalidRequest(
+                "add_generation_prompt and continue_final_message cannot both be true".into(),
+            ));
+        }
+        let template = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| Error::Render(describe(&e)))?;
+        let mut vars: Vec<(&str, Value)> = vec![
+            ("messages", request.messages.0.clone()),
+            (
+                "add_generation_prompt",
+                Value::from(request.add_generation_prompt),
+            ),
+        ];
+        if let Some(tools) = &request.tools {
+            if !tools.0.is_none() {
+                vars.push(("tools", tools.0.clone()));
+            }
+        }
+        if let Some(documents) = &request.documents {
+            if !documents.0.is_none() {
+                vars.push(("documents", documents.0.clone()));
+            }
+        }
+        for (name, value) in [
+            ("bos_token", &self.special.bos),
+            ("eos_token", &self.special.eos),
+            ("unk_token", &self.special.unk),
+            ("pad_token", &self.special.pad),
+        ] {
+            if let Some(value) = value {
+                vars.push((name, Value::from(value.as_str())));
+            }
+        }
+        // chat_template_kwargs come last and win, as in vLLM's renderer.
+        let mut ctx: Vec<(String, Value)> =
+            vars.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        if let Some(kwargs) = &request.chat_template_kwargs {
+            if kwargs.0.kind() == ValueKind::Map {
+                if let Ok(keys) = kwargs.0.try_iter() {
+                    for key in keys {
+                        let Some(name) = key.as_str() else { continue };
+                        if let Ok(value) = kwargs.0.get_item(&key) {
+                            ctx.retain(|(k, _)| k != name);
+                            ctx.push((name.to_owned(), value));
+                        }
+                    }
+                }
+            }
+        }
+        let ctx = Value::from_iter(ctx);
+        let mut out = CappedWriter {
+            buf: Vec::new(),
+            max: self.limits.max_output_bytes,
+            overflow: false,
+        };
+        if let Err(e) = template.render_captured_to(ctx, &mut out) {
+            return Err(if out.overflow {
+                Error::OutputTooLarge {
+                    max: self.limits.max_output_bytes,
+                }
+            } else {
+                classify(&e)
+            });
+        }
+        let mut text = String::from_utf8(out.buf)
+            .map_err(|_| Error::Render("rendered output is not UTF-8".into()))?;
+        if request.continue_final_message {
+            cut_after_final_message(&mut text, &request.messages.0);
+        }
+        Ok(text)
+    }
+}
+
+/// `continue_final_message`: as transformers does, keep the rendering up to
+/// the end of the final message's (stripped) text, so the model continues it.
+fn cut_after_final_message(text: &mut String, messages: &Value) {
+    let Some(n) = messages.len() else { return };
+    let Ok(last) = messages.get_item(&Value::from(n.saturating_sub(1))) else {
+        return;
+    };
+    let Ok(content) = last.get_attr("content") else {
+        return;
+    };
+    let final_text = if let Some(s) = content.as_str() {
+        s.to_owned()
+    } else if let Ok(parts) = content.try_iter() {
+        parts
+            .filter_map(|p| {
+                p.get_attr("text")
+                    .ok()
+                    .and_then(|t| t.as_str().map(str::to_owned))
+            })
+            .last()
+            .unwrap_or_default()
+    } else {
+        return;
+    };
+    let needle = final_text.trim();
+    if needle.is_empty() {
+        return;
+    }
+    if let Some(at) = text.rfind(needle) {
+        text.truncate(at + needle.len());
+    }
+}
+
+struct CappedWriter {
+    buf: Vec<u8>,
+    max: usize,
+    overflow: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(data.len()) > self.max {
+            self.overflow = true;
+            return Err(std::io::Error::other("rendered output too large"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn describe(e: &minijinja::Error) -> String {
+    let mut s = e.to_string();
+    // The "referenced from" detail (template source around the error)
+    // can be long; the first line is the message.
+    if let Some(line) = s.lines().next() {
+        s = line.to_owned();
+    }
+    s
+}
+
+fn classify(e: &minijinja::Error) -> Error {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(raised) = err.downcast_ref::<Raised>() {
+            return Error::TemplateRaised(raised.0.clone());
+        }
+        source = err.source();
+    }
+    if e.kind() == ErrorKind::OutOfFuel {
+        return Error::FuelExhausted;
+    }
+    Error::Render(describe(e))
+}
+
+fn raise_exception(message: Value) -> Result<Value, minijinja::Error> {
+    let message = message
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| message.to_string());
+    Err(
+        minijinja::Error::new(ErrorKind::InvalidOperation, "raise_exception called")
+            .with_source(Raised(message)),
+    )
+}
+
+/// `tojson(value, indent=None, sort_keys=False, ensure_ascii=False, separators=None)`
+/// writing Python's `json.dumps` text.
+fn tojson(state: &State<'_, '_>, value: &Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    let _ = state;
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let separators: Option<Value> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => match v.as_usize() {
+            Some(n) => Some(" ".repeat(n.min(64))),
+            None => match v.as_str() {
+                Some(s) => Some(s.to_owned()),
+                None => {
+                    return Err(minijinja::Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: indent must be an integer or a string",
+                    ));
+                }
+            },
+        },
+    };
+    let (item_sep, key_sep) = match separators {
+        Some(v) if !v.is_none() => {
+            let a = v.get_item(&Value::from(0))?;
+            let b = v.get_item(&Value::from(1))?;
+            match (a.as_str(), b.as_str()) {
+                (Some(a), Some(b)) => (a.to_owned(), b.to_owned()),
+                _ => {
+                    return Err(minijinja::Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be two strings",
+                    ));
+                }
+            }
+        }
+        _ if indent.is_some() => (",".to_owned(), ": ".to_owned()),
+        _ => (", ".to_owned(), ": ".to_owned()),
+    };
+    let options = JsonOptions {
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys: sort_keys.unwrap_or(false),
+        ensure_ascii: ensure_ascii.unwrap_or(false),
+    };
+    let mut out = String::new();
+    write_json(&mut out, value, &options, 0)?;
+    Ok(Value::from_safe_string(out))
+}
+
+struct JsonOptions {
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    sort_keys: bool,
+    ensure_ascii: bool,
+}
+
+const MAX_JSON_DEPTH: usize = 128;
+
+fn write_json(
+    out: &mut String,
+    value: &Value,
+    options: &JsonOptions,
+    depth: usize,
+) -> Result<(), minijinja::Error> {
+    if depth > MAX_JSON_DEPTH {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson: value nested too deeply",
+        ));
+    }
+    let newline = |out: &mut String, level: usize| {
+        if let Some(indent) = &options.indent {
+            out.push('\n');
+            for _ in 0..level {
+                out.push_str(indent);
+            }
+        }
+    };
+    match value.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number => {
+            if let Ok(f) = f64::try_from(value.clone()) {
+                if value.as_i64().is_none() && !is_integer_repr(value) {
+                    out.push_str(&python_float(f));
+                    return Ok(());
+                }
+            }
+            out.push_str(&value.to_string());
+        }
+        ValueKind::String => {
+            write_json_str(out, value.as_str().unwrap_or(""), options.ensure_ascii)
+        }
+        ValueKind::Bytes => write_json_str(out, &value.to_string(), options.ensure_ascii),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = value.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&options.item_sep);
+                }
+                newline(out, depth + 1);
+                write_json(out, item, options, depth + 1)?;
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let mut keys: Vec<Value> = value.try_iter()?.collect();
+            if options.sort_keys {
+                keys.sort();
+            }
+            if keys.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            out.push('{');
+            for (i, key) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&options.item_sep);
+                }
+                newline(out, depth + 1);
+                match key.as_str() {
+                    Some(s) => write_json_str(out, s, options.ensure_ascii),
+                    None => write_json_str(out, &key.to_string(), options.ensure_ascii),
+                }
+                out.push_str(&options.key_sep);
+                let item = value.get_item(key)?;
+                write_json(out, &item, options, depth + 1)?;
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        _ => write_json_str(out, &value.to_string(), options.ensure_ascii),
+    }
+    Ok(())
+}
+
+fn is_integer_repr(value: &Value) -> bool {
+    // u64 and i128 values above i64 are integers too.
+    let s = value.to_string();
+    s.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+}
+
+/// Python's `repr(float)` as `json.dumps` writes it.
+fn python_float(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    // Rust's `{:?}` is the shortest round-trip form, like Python's repr,
+    // but Python switches to exponent notation at 1e16 and below 1e-4.
+    let abs = f.abs();
+    if abs != 0.0 && !(1e-4..1e16).contains(&abs) {
+        let s = format!("{f:e}");
+        // Rust: "1e16", "1.5e-5"; Python: "1e+16", "1.5e-05".
+        let (mantissa, exp) = s.split_once('e').unwrap_or((&s, "0"));
+        let (sign, digits) = match exp.strip_prefix('-') {
+            Some(d) => ('-', d),
+            None => ('+', exp),
+        };
+        let digits = if digits.len() < 2 {
+            format!("0{digits}")
+        } else {
+            digits.to_owned()
+        };
+        return format!("{mantissa}e{sign}{digits}");
+    }
+    format!("{f:?}")
+}
+
+fn write_json_str(out: &mut String, s: &str, ensure_ascii: bool) {
+    out.push('"');
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 || (ensure_ascii && !c.is_ascii()) => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Formats a Unix time (UTC) with the C `strftime` directives chat templates
+/// use: `%d %m %Y %y %b %B %a %A %H %M %S %j %p %I %e %%` and the `%-d`/`%-m`
+/// (no padding) forms. Unknown directives are copied as written.
+pub fn strftime(format: &str, unix_seconds: i64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let days = unix_seconds.div_euclid(86_400);
+    let secs = unix_seconds.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    // 1970-01-01 was a Thursday (index 3 from Monday).
+    let weekday = (days + 3).rem_euclid(7) as usize;
+    let yday = days - days_from_civil(year, 1, 1) + 1;
+    let (hour, minute, second) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let month_name = MONTHS[(month - 1) as usize];
+    let day_name = DAYS[weekday];
+    let mut out = String::with_capacity(format.len() + 16);
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut spec = chars.next();
+        let unpadded = spec == Some('-');
+        if unpadded {
+            spec = chars.next();
+        }
+        let num = |n: i64, width: usize| {
+            if unpadded {
+                n.to_string()
+            } else {
+                format!("{n:0width$}")
+            }
+        };
+        match spec {
+            Some('d') => out.push_str(&num(day, 2)),
+            Some('e') => out.push_str(&format!("{day:>2}")),
+            Some('m') => out.push_str(&num(month, 2)),
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&num(year.rem_euclid(100), 2)),
+            Some('b') | Some('h') => out.push_str(&month_name[..3]),
+            Some('B') => out.push_str(month_name),
+            Some('a') => out.push_str(&day_name[..3]),
+            Some('A') => out.push_str(day_name),
+            Some('H') => out.push_str(&num(hour, 2)),
+            Some('I') => out.push_str(&num((hour + 11) % 12 + 1, 2)),
+            Some('p') => out.push_str(if hour < 12 { "AM" } else { "PM" }),
+            Some('M') => out.push_str(&num(minute, 2)),
+            Some('S') => out.push_str(&num(second, 2)),
+            Some('j') => out.push_str(&num(yday, 3)),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                if unpadded {
+                    out.push('-');
+                }
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
+/// (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strftime_formats_known_dates() {
+        // 2024-07-26 12:34:56 UTC was a Friday.
+        let t = 1_721_997_296;
+        assert_eq!(strftime("%d %b %Y", t), "26 Jul 2024");
+        assert_eq!(strftime("%Y-%m-%d %H:%M:%S", t), "2024-07-26 12:34:56");
+        assert_eq!(strftime("%A %B %-d, %j %%", t), "Friday July 26, 208 %");
+        assert_eq!(strftime("%d %b %Y", 0), "01 Jan 1970");
+        assert_eq!(strftime("%Y-%m-%d", 951_782_400), "2000-02-29");
+        assert_eq!(strftime("%Y-%m-%d", -86_400), "1969-12-31");
+        assert_eq!(strftime("%q", t), "%q");
+    }
+
+    #[test]
+    fn python_floats() {
+        assert_eq!(python_float(1.0), "1.0");
+        assert_eq!(python_float(0.5), "0.5");
+        assert_eq!(python_float(1e16), "1e+16");
+        assert_eq!(python_float(1.5e-5), "1.5e-05");
+        assert_eq!(python_float(123456.25), "123456.25");
+    }
+}

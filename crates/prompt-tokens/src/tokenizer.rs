@@ -1,0 +1,266 @@
+//! [`PromptTokenizer`]: one model's requests to prompt token ids.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::cache::{CacheStats, SegmentCache};
+use crate::config::{self, TokenizerConfig};
+use crate::error::{Error, Result};
+use crate::hf::{HfTokenizer, SegmentMode};
+use crate::request::{ChatRequest, CompletionPrompt, CompletionRequest};
+use crate::synthetic;
+use crate::template::{ChatTemplate, Clock, RenderLimits, SystemClock};
+
+/// How a [`PromptTokenizer`] is built: cache size, render limits, clock.
+#[derive(Debug, Clone)]
+pub struct TokenizerOptions {
+    /// Segment cache budget in bytes (text + ids + overhead). Default 64 MiB.
+    pub cache_bytes: usize,
+    /// Segment cache shards (lock stripes). Default 16.
+    pub cache_shards: usize,
+    /// Bounds on the chat template and each rendering.
+    pub limits: RenderLimits,
+    /// The clock behind `strftime_now`. Default [`SystemClock`].
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for TokenizerOptions {
+    fn default() -> Self {
+        Self {
+            cache_bytes: 64 * 1024 * 1024,
+            cache_shards: 16,
+            limits: RenderLimits::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Backend {
+    Hf {
+        tokenizer: Box<HfTokenizer>,
+        add_bos: Option<u32>,
+        add_eos: Option<u32>,
+        explicit_flags: bool,
+    },
+    Synthetic {
+        chars_per_token: usize,
+    },
+}
+
+/// Turns one model's chat and completion requests into the token ids its
+/// engine will compute.
+///
+/// One per model; `Send + Sync`, share it in an `Arc`. All methods take
+/// `&self` and may be called from many threads at once.
+#[derive(Debug)]
+pub struct PromptTokenizer {
+    backend: Backend,
+    template: Option<ChatTemplate>,
+    template_origin: Option<PathBuf>,
+}
+
+impl PromptTokenizer {
+    /// Loads a model from `path` — a directory holding `tokenizer.json` and
+    /// (optionally) `tokenizer_config.json` / `chat_template.jinja`, or a
+    /// `tokenizer.json` file — with `chat_template_override` (a Jinja file)
+    /// replacing the model's template when given. Default options.
+    pub fn from_path(path: &Path, chat_template_override: Option<&Path>) -> Result<Self> {
+        Self::from_path_with(path, chat_template_override, TokenizerOptions::default())
+    }
+
+    /// [`from_path`](Self::from_path) with explicit options.
+    pub fn from_path_with(
+        path: &Path,
+        chat_template_override: Option<&Path>,
+        options: TokenizerOptions,
+    ) -> Result<Self> {
+        let files = config::locate(path, chat_template_override)?;
+        let cache = SegmentCache::new(options.cache_bytes, options.cache_shards);
+        let tokenizer = HfTokenizer::from_file(&files.tokenizer_json, cache)?;
+        Self::assemble(tokenizer, files.config, files.template_origin, options)
+    }
+
+    /// Builds a model from `tokenizer.json` bytes and a parsed
+    /// `tokenizer_config.json` (whose `chat_template`, if any, is used).
+    pub fn from_parts(
+        tokenizer_json: &[u8],
+        config: TokenizerConfig,
+        options: TokenizerOptions,
+    ) -> Result<Self> {
+        let cache = SegmentCache::new(options.cache_bytes, options.cache_shards);
+        let tokenizer = HfTokenizer::from_bytes(tokenizer_json, Path::new("<memory>"), cache)?;
+        Self::assemble(tokenizer, config, None, options)
+    }
+
+    fn assemble(
+        tokenizer: HfTokenizer,
+        config: TokenizerConfig,
+        template_origin: Option<PathBuf>,
+        options: TokenizerOptions,
+    ) -> Result<Self> {
+        let template = match &config.chat_template {
+            Some(source) => Some(ChatTemplate::new(
+                source,
+                config.special.clone(),
+                options.limits,
+                Arc::clone(&options.clock),
+            )?),
+            None => None,
+        };
+        let id_of = |token: &Option<String>| token.as_deref().and_then(|t| tokenizer.token_id(t));
+        let add_bos = if config.add_bos_token == Some(true) {
+            id_of(&config.special.bos)
+        } else {
+            None
+        };
+        let add_eos = if config.add_eos_token == Some(true) {
+            id_of(&config.special.eos)
+        } else {
+            None
+        };
+        let explicit_flags = config.add_bos_token.is_some() || config.add_eos_token.is_some();
+        Ok(Self {
+            backend: Backend::Hf {
+                tokenizer: Box::new(tokenizer),
+                add_bos,
+                add_eos,
+                explicit_flags,
+            },
+            template,
+            template_origin,
+        })
+    }
+
+    /// engine-sim's synthetic tokenizer and chat rendering
+    /// (see [`synthetic`](crate::synthetic)); ids equal engine-sim's bit for bit.
+    pub fn synthetic(chars_per_token: usize) -> Self {
+        Self {
+            backend: Backend::Synthetic {
+                chars_per_token: chars_per_token.max(1),
+            },
+            template: None,
+            template_origin: None,
+        }
+    }
+
+    /// One line for `/workers`-style output: the mode and its source.
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Synthetic { chars_per_token } => {
+                format!("synthetic ({chars_per_token} chars per token, engine-sim chat rendering)")
+            }
+            Backend::Hf { tokenizer, .. } => {
+                let template = match (&self.template, &self.template_origin) {
+                    (None, _) => "no chat template".to_owned(),
+                    (Some(_), Some(origin)) => format!("chat template {}", origin.display()),
+                    (Some(_), None) => "chat template from config".to_owned(),
+                };
+                let mode = match tokenizer.mode() {
+                    SegmentMode::Segments => "segment cache".to_owned(),
+                    SegmentMode::Whole(reason) => format!("whole-text ({reason})"),
+                };
+                format!(
+                    "tokens (tokenizer.json {}, vocab {}, {template}, {mode})",
+                    tokenizer.path.display(),
+                    tokenizer.vocab_size()
+                )
+            }
+        }
+    }
+
+    /// Whether this is the synthetic tokenizer.
+    pub fn is_synthetic(&self) -> bool {
+        matches!(self.backend, Backend::Synthetic { .. })
+    }
+
+    /// How chat renderings are tokenized (`None` for the synthetic tokenizer).
+    pub fn segment_mode(&self) -> Option<&SegmentMode> {
+        match &self.backend {
+            Backend::Hf { tokenizer, .. } => Some(tokenizer.mode()),
+            Backend::Synthetic { .. } => None,
+        }
+    }
+
+    /// The segment cache's counters (all zero for the synthetic tokenizer).
+    pub fn cache_stats(&self) -> CacheStats {
+        match &self.backend {
+            Backend::Hf { tokenizer, .. } => tokenizer.cache.stats(),
+            Backend::Synthetic { .. } => CacheStats::default(),
+        }
+    }
+
+    /// The prompt text the engine renders for `request`.
+    pub fn chat_text(&self, request: &ChatRequest) -> Result<String> {
+        match &self.backend {
+            Backend::Synthetic { .. } => synthetic::render_value(&request.messages.0),
+            Backend::Hf { tokenizer, .. } => match &self.template {
+                Some(template) => template.render(request),
+                None => Err(Error::NoChatTemplate(tokenizer.path.clone())),
+            },
+        }
+    }
+
+    /// The prompt token ids of a chat request: the rendering tokenized
+    /// without added special tokens (the template writes BOS itself), as
+    /// vLLM does unless the request sets `add_special_tokens: true`.
+    /// Uses the segment cache where the tokenizer allows (see
+    /// [`SegmentMode`]); the ids are those of tokenizing the whole rendering.
+    pub fn chat_tokens(&self, request: &ChatRequest) -> Result<Vec<u32>> {
+        let text = self.chat_text(request)?;
+        match &self.backend {
+            Backend::Synthetic { chars_per_token } => {
+                Ok(synthetic::synthetic_tokenize(&text, *chars_per_token))
+            }
+            Backend::Hf { .. } if request.add_special_tokens => self.text_tokens(&text, true),
+            Backend::Hf { tokenizer, .. } => tokenizer.encode_chat(&text),
+        }
+    }
+
+    /// [`chat_tokens`](Self::chat_tokens) without the segment cache: the
+    /// whole rendering in one tokenizer call. The reference the cached path
+    /// is tested against.
+    pub fn chat_tokens_uncached(&self, request: &ChatRequest) -> Result<Vec<u32>> {
+        let text = self.chat_text(request)?;
+        self.text_tokens(&text, request.add_special_tokens)
+    }
+
+    /// The prompt token ids of a completion request: token-id prompts as
+    /// given, text prompts tokenized with special tokens unless the request
+    /// says `add_special_tokens: false`.
+    pub fn completion_tokens(&self, request: &CompletionRequest) -> Result<Vec<u32>> {
+        match &request.prompt {
+            CompletionPrompt::Tokens(ids) => Ok(ids.clone()),
+            CompletionPrompt::Text(text) => self.text_tokens(text, request.add_special_tokens),
+        }
+    }
+
+    /// Tokenizes `text` whole. With `add_special_tokens`, the special tokens
+    /// are those of `tokenizer_config.json`'s `add_bos_token` /
+    /// `add_eos_token` when it gives either (as transformers rebuilds the
+    /// post-processor from them), else the `tokenizer.json` post-processor's.
+    /// The synthetic tokenizer has no special tokens.
+    pub fn text_tokens(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        match &self.backend {
+            Backend::Synthetic { chars_per_token } => {
+                Ok(synthetic::synthetic_tokenize(text, *chars_per_token))
+            }
+            Backend::Hf {
+                tokenizer,
+                add_bos,
+                add_eos,
+                explicit_flags,
+            } => {
+                if !add_special_tokens || !*explicit_flags {
+                    return tokenizer.encode_whole(text, add_special_tokens);
+                }
+                let body = tokenizer.encode_whole(text, false)?;
+                let mut ids = Vec::with_capacity(body.len() + 2);
+                ids.extend(*add_bos);
+                ids.extend(body);
+                ids.extend(*add_eos);
+                Ok(ids)
+            }
+        }
+    }
+}
