@@ -90,11 +90,11 @@ impl Shard {
             let Some((key, stamp)) = self.recency.pop_front() else {
                 break;
             };
-            if self.map.get(&key).is_some_and(|e| e.stamp == stamp) {
-                if let Some(entry) = self.map.remove(&key) {
-                    self.bytes -= entry.cost();
-                    self.evictions += 1;
-                }
+            if self.map.get(&key).is_some_and(|e| e.stamp == stamp)
+                && let Some(entry) = self.map.remove(&key)
+            {
+                self.bytes -= entry.cost();
+                self.evictions += 1;
             }
         }
     }

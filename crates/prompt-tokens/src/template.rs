@@ -183,15 +183,15 @@ impl ChatTemplate {
                 Value::from(request.add_generation_prompt),
             ),
         ];
-        if let Some(tools) = &request.tools {
-            if !tools.0.is_none() {
-                vars.push(("tools", tools.0.clone()));
-            }
+        if let Some(tools) = &request.tools
+            && !tools.0.is_none()
+        {
+            vars.push(("tools", tools.0.clone()));
         }
-        if let Some(documents) = &request.documents {
-            if !documents.0.is_none() {
-                vars.push(("documents", documents.0.clone()));
-            }
+        if let Some(documents) = &request.documents
+            && !documents.0.is_none()
+        {
+            vars.push(("documents", documents.0.clone()));
         }
         for (name, value) in [
             ("bos_token", &self.special.bos),
@@ -206,16 +206,15 @@ impl ChatTemplate {
         // chat_template_kwargs come last and win, as in vLLM's renderer.
         let mut ctx: Vec<(String, Value)> =
             vars.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-        if let Some(kwargs) = &request.chat_template_kwargs {
-            if kwargs.0.kind() == ValueKind::Map {
-                if let Ok(keys) = kwargs.0.try_iter() {
-                    for key in keys {
-                        let Some(name) = key.as_str() else { continue };
-                        if let Ok(value) = kwargs.0.get_item(&key) {
-                            ctx.retain(|(k, _)| k != name);
-                            ctx.push((name.to_owned(), value));
-                        }
-                    }
+        if let Some(kwargs) = &request.chat_template_kwargs
+            && kwargs.0.kind() == ValueKind::Map
+            && let Ok(keys) = kwargs.0.try_iter()
+        {
+            for key in keys {
+                let Some(name) = key.as_str() else { continue };
+                if let Ok(value) = kwargs.0.get_item(&key) {
+                    ctx.retain(|(k, _)| k != name);
+                    ctx.push((name.to_owned(), value));
                 }
             }
         }
@@ -420,11 +419,12 @@ fn write_json(
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => {
-            if let Ok(f) = f64::try_from(value.clone()) {
-                if value.as_i64().is_none() && !is_integer_repr(value) {
-                    out.push_str(&python_float(f));
-                    return Ok(());
-                }
+            if let Ok(f) = f64::try_from(value.clone())
+                && value.as_i64().is_none()
+                && !is_integer_repr(value)
+            {
+                out.push_str(&python_float(f));
+                return Ok(());
             }
             out.push_str(&value.to_string());
         }

@@ -195,16 +195,16 @@ pub fn train_tokenizer_json(
     tokenizer
         .train(&mut trainer, CORPUS.lines().map(str::to_owned))
         .map_err(tokenizer_error)?;
-    if let Some(bos) = bos {
-        if let Some(id) = tokenizer.token_to_id(bos) {
-            let template = TemplateProcessing::builder()
-                .try_single(format!("{bos} $A"))
-                .map_err(tokenizer_error)?
-                .special_tokens(vec![(bos.to_owned(), id)])
-                .build()
-                .map_err(tokenizer_error)?;
-            tokenizer.with_post_processor(Some(PostProcessorWrapper::Template(template)));
-        }
+    if let Some(bos) = bos
+        && let Some(id) = tokenizer.token_to_id(bos)
+    {
+        let template = TemplateProcessing::builder()
+            .try_single(format!("{bos} $A"))
+            .map_err(tokenizer_error)?
+            .special_tokens(vec![(bos.to_owned(), id)])
+            .build()
+            .map_err(tokenizer_error)?;
+        tokenizer.with_post_processor(Some(PostProcessorWrapper::Template(template)));
     }
     tokenizer.to_string(false).map_err(tokenizer_error)
 }
