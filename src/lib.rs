@@ -10,6 +10,7 @@
 //! | [`workers`] | `worker-lifecycle` | workers, load guards, breakers, health, discovery |
 //! | [`pd`] | `pd-orchestrator` | prefill/decode pairing and KV connectors |
 //! | [`http`] | `router-http` | the hyper 1.x proxy path, admin and metrics |
+//! | [`tokens`] | `prompt-tokens` | a request's prompt token ids: chat templates, tokenizers |
 //! | [`sim`] | `engine-sim` | a simulated vLLM-style engine |
 //! | `discovery` | `worker-discovery` | vLLM registration discovery (feature `discovery`) |
 //!
@@ -45,6 +46,7 @@ pub use worker_discovery as discovery;
 pub use engine_sim as sim;
 pub use lb_policies as policies;
 pub use pd_orchestrator as pd;
+pub use prompt_tokens as tokens;
 pub use radix_affinity as radix;
 pub use router_http as http;
 pub use worker_lifecycle as workers;

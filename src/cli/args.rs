@@ -375,6 +375,19 @@ pub struct Args {
     #[arg(long, default_value = "/health", help_heading = "Health checks")]
     pub health_check_endpoint: String,
 
+    // ----- Token routing -----
+    /// Route on the engine's token ids: a model directory (tokenizer.json
+    /// and tokenizer_config.json with its chat template) or a tokenizer.json
+    /// file, for every model. Per model: [models."ID"] tables in the
+    /// --config file. Unset: routing on the messages' text (simulated
+    /// engines: their synthetic tokenizer).
+    #[arg(long, value_name = "DIR|FILE", help_heading = "Token routing")]
+    pub tokenizer_path: Option<String>,
+    /// A Jinja chat template file that replaces the model's own (needs
+    /// --tokenizer-path).
+    #[arg(long, value_name = "FILE", help_heading = "Token routing")]
+    pub chat_template: Option<String>,
+
     // ----- Observability -----
     /// Address of the extra Prometheus listener (metrics are also at
     /// /metrics on the main port).

@@ -14,9 +14,13 @@ use super::args::{Args, BackendName, PolicyName, long_flag};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use pd_orchestrator::PdConnector;
+use prompt_tokens::PromptTokenizer;
+use router_http::tokens::Tokenizers;
 use router_http::{ConcurrencyConfig, RouterConfig};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 use worker_lifecycle::{FailureRateWindow, FleetGuard, HealthCheckConfig, RetryPolicy};
 
@@ -73,6 +77,21 @@ pub struct Parsed {
     pub args: Args,
     /// Ids (field names) of the settings given explicitly.
     pub explicit: BTreeSet<String>,
+    /// The config file's `[models."ID"]` tables: a tokenizer per model.
+    pub models: BTreeMap<String, ModelTokenizer>,
+}
+
+/// One `[models."ID"]` table of a `--config` file: the tokenizer requests
+/// naming that model route with.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelTokenizer {
+    /// As `--tokenizer-path`: a model directory or a tokenizer.json file.
+    #[serde(alias = "tokenizer-path")]
+    pub tokenizer_path: String,
+    /// As `--chat-template`.
+    #[serde(default, alias = "chat-template")]
+    pub chat_template: Option<String>,
 }
 
 impl Parsed {
@@ -100,7 +119,11 @@ where
         })
         .map(|id| id.as_str().to_owned())
         .collect();
-    let mut parsed = Parsed { args, explicit };
+    let mut parsed = Parsed {
+        args,
+        explicit,
+        models: BTreeMap::new(),
+    };
     if let Some(path) = parsed.args.config.clone() {
         let text = std::fs::read_to_string(&path)
             .map_err(|err| CliError::invalid("config", format!("cannot read {path}: {err}")))?;
@@ -121,6 +144,12 @@ fn merge_file(parsed: &mut Parsed, text: &str) -> Result<(), String> {
     let mut merged = toml::Table::try_from(&parsed.args).map_err(|err| err.to_string())?;
     for (key, value) in file {
         let id = key.replace('-', "_");
+        if id == "models" {
+            parsed.models = value
+                .try_into()
+                .map_err(|err: toml::de::Error| format!("[models]: {}", err.message()))?;
+            continue;
+        }
         if id == "config" || !known.contains(&id) {
             return Err(format!("unknown setting `{key}`"));
         }
@@ -293,7 +322,8 @@ impl Settings {
         refuse_unsupported(&parsed)?;
         check_ranges(args)?;
         let mode = mode(&parsed)?;
-        let router = router_config(args)?;
+        let mut router = router_config(args)?;
+        router.tokenizers = tokenizers(&parsed, &mode)?;
         let mut ignored: Vec<String> = IGNORED_FLAGS
             .iter()
             .filter(|id| parsed.is_explicit(id))
@@ -369,6 +399,77 @@ impl Settings {
             a.shutdown_grace_period_secs,
         )
     }
+}
+
+/// The tokenizers of `--tokenizer-path` / `--chat-template` and the config
+/// file's `[models."ID"]` tables, loaded now so that a bad path stops the
+/// start with a message naming it. Simulated engines without a
+/// `--tokenizer-path` get their own synthetic tokenizer, so the demo routes
+/// on the same token ids its engines compute.
+fn tokenizers(parsed: &Parsed, mode: &Mode) -> Result<Tokenizers, CliError> {
+    let a = &parsed.args;
+    let load = |flag: &str, path: &str, template: Option<&str>| {
+        PromptTokenizer::from_path(Path::new(path), template.map(Path::new))
+            .map(Arc::new)
+            .map_err(|err| {
+                // Name the file at fault: the template's problems are
+                // --chat-template's.
+                let template_at_fault = match (&err, template) {
+                    (
+                        prompt_tokens::Error::TemplateSyntax(_)
+                        | prompt_tokens::Error::TemplateTooLarge { .. },
+                        Some(_),
+                    ) => true,
+                    (
+                        prompt_tokens::Error::MissingFile { path }
+                        | prompt_tokens::Error::Io { path, .. },
+                        Some(template),
+                    ) => path == Path::new(template),
+                    _ => false,
+                };
+                let flag = if template_at_fault && flag != "config" {
+                    "chat_template"
+                } else {
+                    flag
+                };
+                CliError::invalid(flag, err.to_string())
+            })
+    };
+    let mut tokenizers = Tokenizers::default();
+    for (model, files) in &parsed.models {
+        let tokenizer = load(
+            "config",
+            &files.tokenizer_path,
+            files.chat_template.as_deref(),
+        )
+        .map_err(|err| match err {
+            CliError::Invalid { flag, message } => CliError::Invalid {
+                flag,
+                message: format!("[models.{model:?}]: {message}"),
+            },
+            other => other,
+        })?;
+        tokenizers = tokenizers.with_model(model.clone(), tokenizer);
+    }
+    match (&a.tokenizer_path, &a.chat_template) {
+        (Some(path), template) => {
+            let tokenizer = load("tokenizer_path", path, template.as_deref())?;
+            tokenizers = tokenizers.with_default(tokenizer);
+        }
+        (None, Some(_)) => {
+            return Err(CliError::invalid(
+                "chat_template",
+                "needs --tokenizer-path (the tokenizer the rendering is tokenized with)",
+            ));
+        }
+        (None, None) if matches!(mode, Mode::Simulated { .. } | Mode::SimulatedPd { .. }) => {
+            let chars_per_token = engine_sim::ModelConfig::default().chars_per_token;
+            tokenizers =
+                tokenizers.with_default(Arc::new(PromptTokenizer::synthetic(chars_per_token)));
+        }
+        (None, None) => {}
+    }
+    Ok(tokenizers)
 }
 
 /// `host:port`, with brackets around an IPv6 host.

@@ -72,7 +72,13 @@ where
             let workers: Vec<_> = router
                 .all_workers()
                 .iter()
-                .map(|w| worker_json(w))
+                .map(|w| {
+                    let mut json = worker_json(w);
+                    // What cache-aware matches for the worker's model:
+                    // the engine's token ids, or the messages' text.
+                    json["routing"] = routing_mode(router, w.model_id().unwrap_or("")).into();
+                    json
+                })
                 .collect();
             Ok(json(StatusCode::OK, &serde_json::Value::Array(workers)))
         }
@@ -140,6 +146,18 @@ fn readiness(router: &Router) -> Response<BoxBody> {
         StatusCode::SERVICE_UNAVAILABLE
     };
     json(status, &body)
+}
+
+/// `"tokens"` when requests for `model` route on the engine's token ids,
+/// else `"text"`.
+fn routing_mode(router: &Router, model: &str) -> &'static str {
+    #[cfg(feature = "tokens")]
+    return router.config().tokenizers.mode(model);
+    #[cfg(not(feature = "tokens"))]
+    {
+        let _ = (router, model);
+        "text"
+    }
 }
 
 /// One worker as `/workers` shows it.
@@ -392,6 +410,8 @@ fn metrics(router: &Router) -> Response<BoxBody> {
         .sample(&[], router.in_flight());
     render_server(&router.config().server.stats, &mut exposition);
     render_fleet_guard(router, &mut exposition);
+    #[cfg(feature = "tokens")]
+    router.config().tokenizers.render(&mut exposition);
     for source in &router.config().metrics_sources {
         source.render(&mut exposition);
     }

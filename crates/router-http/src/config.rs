@@ -105,6 +105,10 @@ pub struct RouterConfig {
     /// Series rendered on `/metrics` after the router's own, at scrape time
     /// (default none). See [`crate::metrics::MetricsSource`].
     pub metrics_sources: Vec<std::sync::Arc<dyn crate::metrics::MetricsSource>>,
+    /// Models whose requests route on the engine's token ids (default
+    /// none: every model routes on text). See [`crate::tokens`].
+    #[cfg(feature = "tokens")]
+    pub tokenizers: crate::tokens::Tokenizers,
 }
 
 impl Default for RouterConfig {
@@ -139,6 +143,8 @@ impl Default for RouterConfig {
             server: ServerConfig::default(),
             register_hook: None,
             metrics_sources: Vec::new(),
+            #[cfg(feature = "tokens")]
+            tokenizers: crate::tokens::Tokenizers::default(),
         }
     }
 }

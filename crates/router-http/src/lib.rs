@@ -74,6 +74,8 @@ pub mod routes;
 pub mod server;
 mod service;
 pub mod startup;
+#[cfg(feature = "tokens")]
+pub mod tokens;
 
 pub use allow::{CidrBlock, CidrError};
 pub use body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout, IdleTimeoutError};

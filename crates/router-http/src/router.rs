@@ -391,6 +391,14 @@ impl Router {
         .await
         .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
         let info = extract(kind, &bytes)?;
+        let model = info.model.unwrap_or_default();
+        #[cfg(feature = "tokens")]
+        let routing = shared
+            .config
+            .tokenizers
+            .route(kind, &bytes, &model, info.routing);
+        #[cfg(not(feature = "tokens"))]
+        let routing = info.routing;
         let request_id = shared.ids.resolve(&parts.headers);
 
         let session = parts
@@ -399,8 +407,8 @@ impl Router {
             .and_then(|value| value.to_str().ok())
             .map(str::to_owned);
         let request = OwnedContext {
-            model: info.model.unwrap_or_default(),
-            routing: info.routing,
+            model,
+            routing,
             session,
             user: info.user,
             header: None,

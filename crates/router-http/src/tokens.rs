@@ -1,0 +1,306 @@
+//! Routing on the engine's token ids (feature `tokens`, on by default).
+//!
+//! An engine caches *token blocks* of the chat template's rendering, not
+//! the characters of the message texts: the template adds role markers,
+//! dates and tool definitions, and only whole blocks are reused. With a
+//! [`PromptTokenizer`] for a model, the router computes the ids the engine
+//! will compute (the model's chat template and `tokenizer.json`, through
+//! [`prompt_tokens`]) and routes on [`Routing::Tokens`]; cache-aware then
+//! counts matches in whole blocks of the engine's block size
+//! (`CacheAwareConfig::block_size`).
+//!
+//! A model without a tokenizer routes on text, as before. A request whose
+//! rendering or tokenization fails (a template that raises on the
+//! conversation, a batch of completion prompts) routes on text too and is
+//! counted: the engine answers such a request with its own error, and a
+//! router whose template drifted from the engine's keeps serving.
+//!
+//! ```
+//! use router_http::RouterConfig;
+//! use router_http::tokens::Tokenizers;
+//! use prompt_tokens::PromptTokenizer;
+//! use std::sync::Arc;
+//!
+//! // engine-sim's synthetic tokenizer for every model; a real deployment
+//! // loads the model directory: PromptTokenizer::from_path(dir, None).
+//! let tokenizers = Tokenizers::default().with_default(Arc::new(PromptTokenizer::synthetic(4)));
+//! let config = RouterConfig { tokenizers, ..RouterConfig::default() };
+//! assert!(config.tokenizers.for_model("any-model").is_some());
+//! ```
+
+use crate::extract::{RouteKind, Routing};
+use crate::metrics::Counter;
+use prom_text::{Exposition, MetricType};
+use prompt_tokens::{ChatRequest, CompletionRequest, PromptTokenizer};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// The label under which the tokenizer for every other model is reported.
+pub const DEFAULT_MODEL_LABEL: &str = "*";
+
+/// A model's tokenizer and what it did.
+#[derive(Debug)]
+pub struct ModelTokens {
+    tokenizer: Arc<PromptTokenizer>,
+    routed: Counter,
+    failed: Counter,
+}
+
+impl ModelTokens {
+    fn new(tokenizer: Arc<PromptTokenizer>) -> Arc<Self> {
+        Arc::new(Self {
+            tokenizer,
+            routed: Counter::default(),
+            failed: Counter::default(),
+        })
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<PromptTokenizer> {
+        &self.tokenizer
+    }
+
+    /// Requests routed on token ids.
+    pub fn routed(&self) -> u64 {
+        self.routed.get()
+    }
+
+    /// Requests that fell back to text because rendering or tokenizing
+    /// failed.
+    pub fn failed(&self) -> u64 {
+        self.failed.get()
+    }
+}
+
+/// Which models route on token ids, and with which tokenizer: per model id,
+/// and optionally one for every other model. Cheap to clone (shared
+/// entries, shared counters).
+#[derive(Clone, Default)]
+pub struct Tokenizers {
+    by_model: BTreeMap<String, Arc<ModelTokens>>,
+    default: Option<Arc<ModelTokens>>,
+}
+
+impl fmt::Debug for Tokenizers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut map = f.debug_map();
+        for (model, entry) in self.entries() {
+            map.entry(&model, &entry.tokenizer.describe());
+        }
+        map.finish()
+    }
+}
+
+impl Tokenizers {
+    /// `tokenizer` for requests naming `model`.
+    pub fn with_model(mut self, model: impl Into<String>, tokenizer: Arc<PromptTokenizer>) -> Self {
+        self.by_model
+            .insert(model.into(), ModelTokens::new(tokenizer));
+        self
+    }
+
+    /// `tokenizer` for every model without one of its own (also requests
+    /// that name no model).
+    pub fn with_default(mut self, tokenizer: Arc<PromptTokenizer>) -> Self {
+        self.default = Some(ModelTokens::new(tokenizer));
+        self
+    }
+
+    /// Whether no model routes on tokens.
+    pub fn is_empty(&self) -> bool {
+        self.by_model.is_empty() && self.default.is_none()
+    }
+
+    /// The entry requests for `model` use, if any.
+    pub fn for_model(&self, model: &str) -> Option<&Arc<ModelTokens>> {
+        self.by_model.get(model).or(self.default.as_ref())
+    }
+
+    /// Every entry with its model label ([`DEFAULT_MODEL_LABEL`] for the
+    /// default), models in order, the default last.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &Arc<ModelTokens>)> {
+        self.by_model
+            .iter()
+            .map(|(model, entry)| (model.as_str(), entry))
+            .chain(
+                self.default
+                    .iter()
+                    .map(|entry| (DEFAULT_MODEL_LABEL, entry)),
+            )
+    }
+
+    /// How requests for `model` are routed: `"tokens"` or `"text"`.
+    pub fn mode(&self, model: &str) -> &'static str {
+        if self.for_model(model).is_some() {
+            "tokens"
+        } else {
+            "text"
+        }
+    }
+
+    /// The routing input of a request: its engine token ids when `model`
+    /// has a tokenizer and the route is a chat or text completion, else
+    /// `routing` (what [`extract`](crate::extract()) found) unchanged.
+    pub fn route(&self, kind: RouteKind, body: &[u8], model: &str, routing: Routing) -> Routing {
+        let Some(entry) = self.for_model(model) else {
+            return routing;
+        };
+        let tokenizer = &entry.tokenizer;
+        let ids = match kind {
+            RouteKind::ChatCompletions => {
+                ChatRequest::from_json(body).and_then(|request| tokenizer.chat_tokens(&request))
+            }
+            // Ids as given are already what the engine sees.
+            RouteKind::Completions if matches!(routing, Routing::Tokens(_)) => return routing,
+            RouteKind::Completions => CompletionRequest::from_json(body)
+                .and_then(|request| tokenizer.completion_tokens(&request)),
+            _ => return routing,
+        };
+        match ids {
+            Ok(ids) => {
+                entry.routed.inc();
+                Routing::Tokens(ids)
+            }
+            Err(error) => {
+                entry.failed.inc();
+                tracing::debug!(%model, %error, "cannot compute the prompt's token ids; routing on text");
+                routing
+            }
+        }
+    }
+
+    /// Writes the `router_tokens_*` families.
+    pub(crate) fn render(&self, exposition: &mut Exposition<'_>) {
+        if self.is_empty() {
+            return;
+        }
+        type Read = fn(&ModelTokens) -> u64;
+        let families: [(&str, MetricType, &str, Read); 7] = [
+            (
+                "router_tokens_routed_total",
+                MetricType::Counter,
+                "Requests routed on the engine's token ids, by model (* = every other model).",
+                ModelTokens::routed,
+            ),
+            (
+                "router_tokens_fallbacks_total",
+                MetricType::Counter,
+                "Requests routed on text because rendering or tokenizing failed.",
+                ModelTokens::failed,
+            ),
+            (
+                "router_tokens_cache_hits_total",
+                MetricType::Counter,
+                "Segment cache hits (a segment's ids reused).",
+                |m| m.tokenizer.cache_stats().hits,
+            ),
+            (
+                "router_tokens_cache_misses_total",
+                MetricType::Counter,
+                "Segment cache misses (a segment tokenized).",
+                |m| m.tokenizer.cache_stats().misses,
+            ),
+            (
+                "router_tokens_cache_evictions_total",
+                MetricType::Counter,
+                "Segments evicted to stay within the cache's byte budget.",
+                |m| m.tokenizer.cache_stats().evictions,
+            ),
+            (
+                "router_tokens_cache_bytes",
+                MetricType::Gauge,
+                "Bytes the segment cache holds (text, ids and overhead).",
+                |m| m.tokenizer.cache_stats().bytes,
+            ),
+            (
+                "router_tokens_cache_entries",
+                MetricType::Gauge,
+                "Segments the cache holds.",
+                |m| m.tokenizer.cache_stats().entries,
+            ),
+        ];
+        for (name, kind, help, read) in families {
+            let mut family = exposition.family(name, kind, help);
+            for (model, entry) in self.entries() {
+                family.sample(&[("model", &model)], read(entry));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synthetic() -> Tokenizers {
+        Tokenizers::default().with_model("m", Arc::new(PromptTokenizer::synthetic(4)))
+    }
+
+    const CHAT: &[u8] =
+        br#"{"model": "m", "messages": [{"role": "user", "content": "Hello there"}]}"#;
+
+    #[test]
+    fn a_model_with_a_tokenizer_routes_on_the_engines_ids() {
+        let tokenizers = synthetic();
+        let text = Routing::Text("user: Hello there\n".into());
+        let routed = tokenizers.route(RouteKind::ChatCompletions, CHAT, "m", text.clone());
+        let expected =
+            prompt_tokens::synthetic_tokenize("<|user|>\nHello there\n<|assistant|>\n", 4);
+        assert_eq!(routed, Routing::Tokens(expected));
+        assert_eq!(tokenizers.for_model("m").unwrap().routed(), 1);
+        // Another model has none: text, unchanged.
+        assert_eq!(
+            tokenizers.route(RouteKind::ChatCompletions, CHAT, "other", text.clone()),
+            text
+        );
+        assert_eq!(
+            (tokenizers.mode("m"), tokenizers.mode("other")),
+            ("tokens", "text")
+        );
+    }
+
+    #[test]
+    fn failures_fall_back_to_text_and_are_counted() {
+        let tokenizers = synthetic();
+        let text = Routing::Text("x".into());
+        // A batch of completion prompts has no single prompt to route on.
+        let batch = br#"{"model": "m", "prompt": ["a", "b"]}"#;
+        assert_eq!(
+            tokenizers.route(RouteKind::Completions, batch, "m", text.clone()),
+            text
+        );
+        let entry = tokenizers.for_model("m").unwrap();
+        assert_eq!((entry.routed(), entry.failed()), (0, 1));
+        // Token ids given by the client are kept as they are.
+        let ids = Routing::Tokens(vec![7, 8, 9]);
+        let body = br#"{"model": "m", "prompt": [7, 8, 9]}"#;
+        assert_eq!(
+            tokenizers.route(RouteKind::Completions, body, "m", ids.clone()),
+            ids
+        );
+        // Other routes are left alone.
+        assert_eq!(
+            tokenizers.route(RouteKind::Embeddings, CHAT, "m", text.clone()),
+            text
+        );
+    }
+
+    #[test]
+    fn the_default_serves_every_other_model_and_is_listed_last() {
+        let tokenizers = synthetic().with_default(Arc::new(PromptTokenizer::synthetic(2)));
+        assert!(tokenizers.for_model("anything").is_some());
+        let labels: Vec<&str> = tokenizers.entries().map(|(model, _)| model).collect();
+        assert_eq!(labels, ["m", DEFAULT_MODEL_LABEL]);
+        let mut out = String::new();
+        tokenizers.render(&mut Exposition::new(&mut out));
+        assert!(
+            out.contains("router_tokens_routed_total{model=\"*\"} 0"),
+            "{out}"
+        );
+        assert!(
+            out.contains("router_tokens_cache_bytes{model=\"m\"} 0"),
+            "{out}"
+        );
+    }
+}

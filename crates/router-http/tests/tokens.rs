@@ -1,0 +1,106 @@
+//! Routing on the engine's token ids (feature `tokens`): the router
+//! computes the ids engine-sim computes (its synthetic tokenizer), routes a
+//! conversation's next turn to the engine that caches it, and reports the
+//! mode and counters.
+#![cfg(feature = "tokens")]
+
+mod common;
+
+use common::{Fixture, call, json};
+use engine_sim::EngineConfig;
+use http::StatusCode;
+use prompt_tokens::PromptTokenizer;
+use router_http::RouterConfig;
+use router_http::tokens::Tokenizers;
+use std::sync::Arc;
+
+fn config() -> RouterConfig {
+    let chars_per_token = engine_sim::ModelConfig::default().chars_per_token;
+    RouterConfig {
+        tokenizers: Tokenizers::default()
+            .with_default(Arc::new(PromptTokenizer::synthetic(chars_per_token))),
+        ..RouterConfig::default()
+    }
+}
+
+fn conversation(turns: usize) -> serde_json::Value {
+    let mut messages = vec![serde_json::json!({
+        "role": "system",
+        "content": "You answer questions about the tides of the North Sea. ".repeat(20),
+    })];
+    for turn in 0..turns {
+        messages.push(serde_json::json!({"role": "user", "content": format!("Question {turn}?")}));
+        messages
+            .push(serde_json::json!({"role": "assistant", "content": format!("Answer {turn}.")}));
+    }
+    messages.push(serde_json::json!({"role": "user", "content": "And next?"}));
+    serde_json::json!({"model": "sim-model", "messages": messages, "max_tokens": 4})
+}
+
+#[tokio::test]
+async fn a_conversation_follows_the_engine_that_caches_its_tokens() {
+    let fixture = Fixture::start(config(), vec![EngineConfig::default(); 3]).await;
+    let tokenizer = PromptTokenizer::synthetic(engine_sim::ModelConfig::default().chars_per_token);
+    for turns in 0..4 {
+        let body = conversation(turns);
+        let (status, _, bytes) = call(
+            fixture.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.to_string(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let response = json(&bytes);
+        // The router's ids are the engine's: same count.
+        let request = prompt_tokens::ChatRequest::from_value(&body).unwrap();
+        let ids = tokenizer.chat_tokens(&request).unwrap();
+        assert_eq!(response["usage"]["prompt_tokens"], ids.len(), "{response}");
+        if turns > 0 {
+            // Every later turn finds the conversation's prefix cached.
+            let cached = &response["usage"]["prompt_tokens_details"]["cached_tokens"];
+            assert!(
+                cached.as_u64().is_some_and(|n| n > 0),
+                "turn {turns}: {response}"
+            );
+        }
+    }
+    let served: Vec<u64> = fixture
+        .engines
+        .iter()
+        .map(|engine| engine.stats().requests_finished)
+        .collect();
+    assert!(
+        served.contains(&4),
+        "every turn went to the engine holding the conversation: {served:?}"
+    );
+
+    let (_, _, workers) = call(fixture.addr, "GET", "/workers", &[], "").await;
+    let workers = json(&workers);
+    for worker in workers.as_array().unwrap() {
+        assert_eq!(worker["routing"], "tokens", "{worker}");
+    }
+    let (_, _, metrics) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let metrics = String::from_utf8(metrics.to_vec()).unwrap();
+    assert!(
+        metrics.contains("router_tokens_routed_total{model=\"*\"} 4"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("router_tokens_fallbacks_total{model=\"*\"} 0"),
+        "{metrics}"
+    );
+    fixture.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_tokenizers_workers_say_text() {
+    let fixture = Fixture::start(RouterConfig::default(), vec![EngineConfig::default()]).await;
+    let (_, _, workers) = call(fixture.addr, "GET", "/workers", &[], "").await;
+    assert_eq!(json(&workers)[0]["routing"], "text");
+    let (_, _, metrics) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let metrics = String::from_utf8(metrics.to_vec()).unwrap();
+    assert!(!metrics.contains("router_tokens_"), "{metrics}");
+    fixture.shutdown().await;
+}
