@@ -1,5 +1,7 @@
 //! Router overhead: the same closed-loop load sent directly to a minimal
-//! upstream and through the router, with round_robin and cache_aware.
+//! upstream and through the router, with round_robin, cache_aware, and
+//! cache_aware on token ids (`tokenized`: the Llama 3 chat template and a
+//! BPE tokenizer.json, the path `--tokenizer-path` takes).
 //!
 //! ```sh
 //! cargo run --release -p router-http --example overhead -- --json
@@ -142,7 +144,7 @@ fn main() {
         entry.insert("direct_rps".into(), round(direct.rps).into());
         entry.insert("direct_p50_ms".into(), round3(direct.p50_ms).into());
         entry.insert("direct_p99_ms".into(), round3(direct.p99_ms).into());
-        for policy in ["round_robin", "cache_aware"] {
+        for policy in ["round_robin", "cache_aware", TOKENIZED] {
             let routed = measure(case, upstream, Some(policy), duration);
             entry.insert(
                 policy.into(),
@@ -334,6 +336,29 @@ async fn start_upstream() -> SocketAddr {
     addr
 }
 
+/// The `tokenized` group: cache_aware routing on token ids, each request's
+/// chat rendered with the Llama 3 template and tokenized with a BPE
+/// `tokenizer.json` (trained at startup: no model download). The bodies
+/// share their system prompt, so this is the warm path: the segment cache
+/// holds the system prompt's ids and each request tokenizes its new user
+/// message.
+const TOKENIZED: &str = "tokenized";
+
+fn tokenizers() -> router_http::tokens::Tokenizers {
+    use prompt_tokens::testing::{TestTokenizerKind, write_model_dir};
+    let dir = std::env::temp_dir().join(format!("overhead-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    write_model_dir(
+        &dir,
+        prompt_tokens::TemplateFamily::Llama3,
+        TestTokenizerKind::ByteLevelRegex,
+    )
+    .expect("model dir");
+    let tokenizer = prompt_tokens::PromptTokenizer::from_path(&dir, None).expect("tokenizer");
+    let _ = std::fs::remove_dir_all(&dir);
+    router_http::tokens::Tokenizers::default().with_default(Arc::new(tokenizer))
+}
+
 /// Whether a request body asks for a stream (a cheap scan, no JSON parse:
 /// the upstream must cost as little as possible).
 fn memchr_stream(body: &[u8]) -> bool {
@@ -352,9 +377,16 @@ fn measure(
         spawn_runtime(&name, move |rt| {
             rt.block_on(async move {
                 let mut config = RouterConfig {
-                    policy: lb_policies::PolicyConfig::named(policy),
+                    policy: lb_policies::PolicyConfig::named(if policy == TOKENIZED {
+                        "cache_aware"
+                    } else {
+                        policy
+                    }),
                     ..RouterConfig::default()
                 };
+                if policy == TOKENIZED {
+                    config.tokenizers = tokenizers();
+                }
                 config.client.pool_max_idle_per_host = 1024;
                 let router = Router::new(config).expect("config");
                 router
