@@ -78,8 +78,9 @@ use std::sync::atomic::AtomicU64 as StatU64;
 
 use crate::hash::{BlockHash, BlockHasher, EngineHash};
 use crate::rcu::Rcu;
+use crate::chain::{self, ChainState, Edit, HashBuf, Set};
 use crate::sync::{Arc, AtomicPtr, AtomicU64, AtomicUsize, Mutex, Ordering};
-use crate::table::{self, HeapSet, Holders, Table};
+use crate::table::{self, Table};
 
 /// A worker as the index knows it: a small integer handed out by
 /// [`KvIndex::register_worker`]. Ids are not reused within one index.
@@ -269,7 +270,6 @@ pub struct PrefixMatches {
 #[derive(Clone, Debug, Default)]
 struct Scratch {
     alive: Vec<u32>,
-    next: Vec<u32>,
     in_alive: Vec<u64>,
     keep: Vec<u64>,
     drops: Vec<(u32, u32)>,
@@ -349,7 +349,9 @@ struct Garbage(Vec<GarbageItem>);
 
 enum GarbageItem {
     Table(*mut Table),
-    Set(*mut HeapSet),
+    Dir(*mut Dir),
+    State(*mut ChainState),
+    Buf(*mut HashBuf),
 }
 
 // SAFETY: the pointers are uniquely owned by the garbage list once unlinked
@@ -362,44 +364,112 @@ impl Garbage {
     /// the items were unlinked.
     fn free(&mut self) {
         for item in self.0.drain(..) {
+            // SAFETY (every arm): each pointer came from Box::into_raw, was
+            // unlinked (no table, directory or published state leads to it
+            // any more), and no reader can still hold it.
             match item {
-                // SAFETY: each pointer came from Box::into_raw, was unlinked
-                // from every table, and no reader can still hold it.
                 GarbageItem::Table(t) => drop(unsafe { Box::from_raw(t) }),
-                // SAFETY: as above.
-                GarbageItem::Set(s) => drop(unsafe { Box::from_raw(s) }),
+                GarbageItem::Dir(d) => drop(unsafe { Box::from_raw(d) }),
+                GarbageItem::State(s) => drop(unsafe { Box::from_raw(s) }),
+                GarbageItem::Buf(b) => drop(unsafe { Box::from_raw(b) }),
             }
         }
     }
 }
 
-/// How many blocks ahead of the walk a lookup prefetches table slots.
-const PREFETCH_AHEAD: usize = 24;
+/// Chain id -> the chain's current state (null: no chain with this id).
+/// Replaced by a larger copy when ids run out.
+struct Dir {
+    slots: Box<[AtomicPtr<ChainState>]>,
+}
 
-/// Replaced holder arrays gathered before a writer waits for a grace period.
+impl Dir {
+    fn with_capacity(capacity: usize) -> Self {
+        Self {
+            slots: (0..capacity)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+        }
+    }
+}
+
+/// Replaced states, buffers and holder sets gathered before a writer waits
+/// for a grace period.
 const GARBAGE_BATCH: usize = 64;
 
+#[cfg(not(loom))]
+const INITIAL_HEADS: usize = 64;
+#[cfg(loom)]
+const INITIAL_HEADS: usize = 4;
+
+#[cfg(not(loom))]
+const INITIAL_CHAINS: usize = 64;
+#[cfg(loom)]
+const INITIAL_CHAINS: usize = 1;
+
+/// Where a block lives: a chain and a position in it. Stable while any
+/// stream holds the block (chains are cut back or freed only past their
+/// last held block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Loc {
+    chain: u32,
+    off: u32,
+}
+
+impl Loc {
+    fn pack(self) -> u64 {
+        (u64::from(self.chain) << 32) | u64::from(self.off)
+    }
+
+    fn unpack(word: u64) -> Self {
+        Self {
+            chain: (word >> 32) as u32,
+            off: word as u32,
+        }
+    }
+}
+
 struct Writer {
-    /// Per shard: keys in the table (live and tombstones).
-    used: Vec<usize>,
-    /// Per shard: keys with at least one holder.
-    live: Vec<usize>,
-    heap_bytes: usize,
+    /// Keys in the head table (live and tombstones).
+    heads_used: usize,
+    /// Chains: heads with a chain.
+    heads_live: usize,
+    next_chain: u32,
+    free_chains: Vec<u32>,
+    /// Per chain id: (block, holder) pairs it holds.
+    chain_pairs: Vec<u64>,
     pairs: usize,
+    blocks: usize,
+    /// The chain being edited (published before another one is opened and
+    /// at the end of every event).
+    edit: Option<Edit>,
+    /// Blocks waiting to get the current stream as holder: a chain and a
+    /// range of positions (consecutive blocks are added as one range).
+    pending: Option<(u32, u32, u32)>,
+    /// Chains edited by the current event (cut back or freed at its end).
+    touched: Vec<u32>,
+    /// The shared empty holder set.
+    empty: Set,
+    scratch: Vec<u32>,
     garbage: Garbage,
-    /// Set when a table was retired: free it soon.
+    /// Set when a table or directory was retired: free it soon.
     urgent: bool,
 }
+
+// SAFETY: the raw pointers of an open edit (its hash buffer) are owned by
+// the writer, which is only used under the writer lock.
+unsafe impl Send for Writer {}
 
 struct Stream {
     holder: Holder,
     slot: u32,
     dead: bool,
-    /// Engine hash -> our hash.
+    /// Engine hash -> where our block lives (a packed `Loc`).
     map: IdMap<u64>,
-    /// Our hashes mapped by more than one engine hash: the extra count.
+    /// Blocks mapped by more than one engine hash: the extra count.
     extra: IdMap<u32>,
     scratch: Vec<BlockHash>,
+    locs: Vec<Loc>,
 }
 
 impl Stream {
@@ -408,6 +478,21 @@ impl Stream {
             + self.map.capacity() * (16 + 1)
             + self.extra.capacity() * (12 + 1)
             + self.scratch.capacity() * 8
+            + self.locs.capacity() * 8
+    }
+
+    /// Drops one engine hash's reference to a block: `true` when it was the
+    /// last one, so the stream no longer holds the block.
+    fn release(&mut self, loc: Loc) -> bool {
+        let key = loc.pack();
+        if let Some(extra) = self.extra.get_mut(&key) {
+            *extra -= 1;
+            if *extra == 0 {
+                self.extra.remove(&key);
+            }
+            return false;
+        }
+        true
     }
 }
 
@@ -422,8 +507,10 @@ struct Registry {
 struct Inner {
     hasher: BlockHasher,
     max_holders: u32,
-    shard_shift: u32,
-    shards: Box<[AtomicPtr<Table>]>,
+    /// First block hash of each chain -> chain id + 1.
+    heads: AtomicPtr<Table>,
+    /// Chain id -> state.
+    dir: AtomicPtr<Dir>,
     rcu: Rcu,
     writer: Mutex<Writer>,
     /// Holder slot -> packed (worker << 32 | rank); `VACANT` when free.
@@ -443,37 +530,28 @@ const C_UNKNOWN_REMOVED: usize = 4;
 const C_MALFORMED: usize = 5;
 const C_CLEARS: usize = 6;
 
-#[cfg(not(loom))]
-const SHARD_BITS: u32 = 6;
-#[cfg(loom)]
-const SHARD_BITS: u32 = 1;
-
-#[cfg(not(loom))]
-const INITIAL_CAPACITY: usize = 64;
-#[cfg(loom)]
-const INITIAL_CAPACITY: usize = 4;
-
 impl Inner {
     fn new(config: IndexConfig) -> Self {
-        let shards = (0..1usize << SHARD_BITS)
-            .map(|_| {
-                AtomicPtr::new(Box::into_raw(Box::new(Table::with_capacity(
-                    INITIAL_CAPACITY,
-                ))))
-            })
-            .collect();
         let max_holders = config.max_holders.clamp(1, 0x7fff_fffe);
         Self {
             hasher: BlockHasher::new(config.block_size),
             max_holders,
-            shard_shift: 64 - SHARD_BITS,
-            shards,
+            heads: AtomicPtr::new(Box::into_raw(Box::new(Table::with_capacity(INITIAL_HEADS)))),
+            dir: AtomicPtr::new(Box::into_raw(Box::new(Dir::with_capacity(INITIAL_CHAINS)))),
             rcu: Rcu::new(),
             writer: Mutex::new(Writer {
-                used: vec![0; 1 << SHARD_BITS],
-                live: vec![0; 1 << SHARD_BITS],
-                heap_bytes: 0,
+                heads_used: 0,
+                heads_live: 0,
+                next_chain: 0,
+                free_chains: Vec::new(),
+                chain_pairs: Vec::new(),
                 pairs: 0,
+                blocks: 0,
+                edit: None,
+                pending: None,
+                touched: Vec::new(),
+                empty: Set::from(Vec::new()),
+                scratch: Vec::new(),
                 garbage: Garbage(Vec::new()),
                 urgent: false,
             }),
@@ -497,117 +575,142 @@ impl Inner {
         }
     }
 
+    /// The head table. Writers hold the writer lock; readers a read guard.
     #[inline]
-    fn shard_of(&self, key: u64) -> usize {
-        (key >> self.shard_shift) as usize
+    fn heads(&self) -> &Table {
+        // SAFETY: always a live table: a replaced one is freed only after a
+        // grace period, and callers are the writer or inside a read guard.
+        unsafe { &*self.heads.load(Ordering::Acquire) }
     }
 
-    /// The table of a shard. Writers hold the writer lock; readers hold a
-    /// read guard.
+    /// The chain directory (same rules as [`Inner::heads`]).
     #[inline]
-    fn table(&self, shard: usize) -> &Table {
-        // SAFETY: shard pointers always point to a live table: a replaced
-        // table is freed only after a grace period, and the callers are
-        // either the writer (which does the replacing) or inside a read
-        // guard.
-        unsafe { &*self.shards[shard].load(Ordering::Acquire) }
+    fn dir(&self) -> &Dir {
+        // SAFETY: as in `heads`.
+        unsafe { &*self.dir.load(Ordering::Acquire) }
     }
 
-    /// Adds `slot` to the holders of `key`; `false` if it already held it.
-    fn add(&self, w: &mut Writer, key: u64, slot: u32) -> bool {
-        let shard = self.shard_of(key);
-        let mut table = self.table(shard);
+    /// The published state of chain `id`. Writer, or inside a read guard.
+    #[inline]
+    fn state(&self, id: u32) -> Option<&ChainState> {
+        let ptr = self.dir().slots.get(id as usize)?.load(Ordering::Acquire);
+        // SAFETY: a published state is freed only after it was replaced and
+        // a grace period passed; callers are the writer or inside a guard.
+        (!ptr.is_null()).then(|| unsafe { &*ptr })
+    }
+
+    /// The length of chain `id` and its hash at `off` (if `off < len`), as
+    /// the writer sees it (its open edit first).
+    fn peek(&self, w: &Writer, id: u32, off: u32) -> (u32, Option<u64>) {
+        if let Some(edit) = w.edit.as_ref().filter(|e| e.id == id) {
+            return (edit.len, (off < edit.len).then(|| edit.hash(off)));
+        }
+        match self.state(id) {
+            // SAFETY: the writer reads a current state.
+            Some(s) => (s.len, (off < s.len).then(|| unsafe { s.buf() }.get(off as usize))),
+            None => (0, None),
+        }
+    }
+
+    /// Opens chain `id` for editing, publishing the chain edited before.
+    fn open(&self, w: &mut Writer, id: u32) {
+        if w.edit.as_ref().is_some_and(|e| e.id == id) {
+            return;
+        }
+        self.publish(w);
+        let state = self
+            .state(id)
+            .expect("a block a stream holds lives in a published chain");
+        // SAFETY: the current state, opened by the writer.
+        w.edit = Some(unsafe { Edit::open(id, state) });
+        if !w.touched.contains(&id) {
+            w.touched.push(id);
+        }
+    }
+
+    /// Publishes the open edit, if any, and retires the state it replaces.
+    fn publish(&self, w: &mut Writer) {
+        let Some(edit) = w.edit.take() else { return };
+        let id = edit.id as usize;
+        let state = Box::into_raw(Box::new(edit.finish(&w.empty, &mut w.scratch)));
+        let old = self.dir().slots[id].swap(state, Ordering::AcqRel);
+        if !old.is_null() {
+            w.garbage.0.push(GarbageItem::State(old));
+        }
+    }
+
+    /// Starts a new chain whose first block is `head`, nobody holding it.
+    fn new_chain(&self, w: &mut Writer, head: u64) -> Loc {
+        self.publish(w);
+        let id = w.free_chains.pop().unwrap_or_else(|| {
+            w.next_chain += 1;
+            w.next_chain - 1
+        });
+        if id as usize >= self.dir().slots.len() {
+            self.grow_dir(w, id as usize + 1);
+        }
+        if w.chain_pairs.len() <= id as usize {
+            w.chain_pairs.resize(id as usize + 1, 0);
+        }
+        w.chain_pairs[id as usize] = 0;
+        let mut edit = Edit {
+            id,
+            len: 0,
+            buf: Box::into_raw(Box::new(HashBuf::with_capacity(chain::MIN_BUF))),
+            segs: Vec::new(),
+        };
+        edit.append(head, &w.empty);
+        w.edit = Some(edit);
+        w.touched.push(id);
+        self.heads_insert(w, head, id);
+        Loc { chain: id, off: 0 }
+    }
+
+    fn grow_dir(&self, w: &mut Writer, need: usize) {
+        let old = self.dir();
+        let new = Dir::with_capacity(need.max(old.slots.len() * 2));
+        for (to, from) in new.slots.iter().zip(old.slots.iter()) {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        let old = self.dir.swap(Box::into_raw(Box::new(new)), Ordering::AcqRel);
+        w.garbage.0.push(GarbageItem::Dir(old));
+        w.urgent = true;
+    }
+
+    fn heads_insert(&self, w: &mut Writer, key: u64, id: u32) {
+        let word = u64::from(id) + 1;
+        let mut table = self.heads();
         let (mut index, found) = table.find(key);
         if found {
-            let word = table.slots[index].word.load(Ordering::Relaxed);
-            if word == 0 {
-                w.live[shard] += 1;
-                w.pairs += 1;
-                table.slots[index]
-                    .word
-                    .store(table::inline_word(&[slot]), Ordering::Release);
-                return true;
-            }
-            // SAFETY: the writer decodes words of the current table, whose
-            // heap sets it alone frees (after unlinking).
-            let holders = unsafe { Holders::decode(word) };
-            let current = holders.as_slice();
-            let Err(at) = current.binary_search(&slot) else {
-                return false;
-            };
-            let mut next = Vec::with_capacity(current.len() + 1);
-            next.extend_from_slice(&current[..at]);
-            next.push(slot);
-            next.extend_from_slice(&current[at..]);
-            self.replace_word(w, table, index, word, &next);
-            w.pairs += 1;
-            return true;
+            // A tombstone of a freed chain with the same head.
+            table.slots[index].word.store(word, Ordering::Release);
+            w.heads_live += 1;
+            return;
         }
-        if !table.fits(w.used[shard] + 1) {
-            self.grow(w, shard);
-            table = self.table(shard);
+        if !table.fits(w.heads_used + 1) {
+            self.grow_heads(w);
+            table = self.heads();
             index = table.find(key).0;
         }
-        table.publish_new(index, key, table::inline_word(&[slot]));
-        w.used[shard] += 1;
-        w.live[shard] += 1;
-        w.pairs += 1;
-        true
+        table.publish_new(index, key, word);
+        w.heads_used += 1;
+        w.heads_live += 1;
     }
 
-    /// Removes `slot` from the holders of `key`; `false` if it did not hold it.
-    fn remove(&self, w: &mut Writer, key: u64, slot: u32) -> bool {
-        let shard = self.shard_of(key);
-        let table = self.table(shard);
+    fn heads_remove(&self, w: &mut Writer, key: u64) {
+        let table = self.heads();
         let (index, found) = table.find(key);
-        if !found {
-            return false;
-        }
-        let word = table.slots[index].word.load(Ordering::Relaxed);
-        if word == 0 {
-            return false;
-        }
-        // SAFETY: as in `add`.
-        let holders = unsafe { Holders::decode(word) };
-        let current = holders.as_slice();
-        let Ok(at) = current.binary_search(&slot) else {
-            return false;
-        };
-        let mut next = Vec::with_capacity(current.len());
-        next.extend_from_slice(&current[..at]);
-        next.extend_from_slice(&current[at + 1..]);
-        if next.is_empty() {
-            w.live[shard] -= 1;
-        }
-        self.replace_word(w, table, index, word, &next);
-        w.pairs -= 1;
-        true
-    }
-
-    fn replace_word(&self, w: &mut Writer, table: &Table, index: usize, old: u64, slots: &[u32]) {
-        let word = table::encode(slots);
-        if table::is_heap(word) {
-            // SAFETY: just built by `encode`, not yet shared.
-            w.heap_bytes += unsafe { &*(word as *const HeapSet) }.bytes();
-        }
-        table.slots[index].word.store(word, Ordering::Release);
-        if table::is_heap(old) {
-            let set = old as *mut HeapSet;
-            // SAFETY: the old set is still alive (freed only after a grace
-            // period that starts after this unlink).
-            w.heap_bytes -= unsafe { &*set }.bytes();
-            w.garbage.0.push(GarbageItem::Set(set));
+        if found && table.slots[index].word.load(Ordering::Relaxed) != 0 {
+            table.slots[index].word.store(0, Ordering::Release);
+            w.heads_live -= 1;
         }
     }
 
-    /// Rebuilds a shard's table without tombstones, at twice the live size
-    /// or more, and retires the old one.
-    fn grow(&self, w: &mut Writer, shard: usize) {
-        let old = self.table(shard);
-        let live = w.live[shard];
-        // At most 5/8 full after the rebuild, so the next one is a while
-        // off; the power of two leaves it between 5/16 and 5/8 full.
-        let new = Table::with_capacity((((live + 1) * 8).div_ceil(5)).max(INITIAL_CAPACITY));
+    /// Rebuilds the head table without tombstones, at least twice the live
+    /// size, and retires the old one.
+    fn grow_heads(&self, w: &mut Writer) {
+        let old = self.heads();
+        let new = Table::with_capacity((((w.heads_live + 1) * 8).div_ceil(5)).max(INITIAL_HEADS));
         for slot in old.slots.iter() {
             let word = slot.word.load(Ordering::Relaxed);
             if word != 0 {
@@ -616,11 +719,157 @@ impl Inner {
                 new.publish_new(i, key, word);
             }
         }
-        let new = Box::into_raw(Box::new(new));
-        let old = self.shards[shard].swap(new, Ordering::AcqRel);
-        w.used[shard] = live;
+        let old = self.heads.swap(Box::into_raw(Box::new(new)), Ordering::AcqRel);
+        w.heads_used = w.heads_live;
         w.garbage.0.push(GarbageItem::Table(old));
         w.urgent = true;
+    }
+
+    /// The chain whose first block is `hash`.
+    fn head_chain(&self, w: &Writer, hash: u64) -> Option<u32> {
+        let word = self.heads().get(hash);
+        let id = word.checked_sub(1)? as u32;
+        (self.peek(w, id, 0).1 == Some(hash)).then_some(id)
+    }
+
+    /// Where block `hash`, the child of the block at `prev` (`None`: of the
+    /// root), lives; a block no chain has yet is appended to its parent's
+    /// chain when the parent is that chain's last block, and starts a new
+    /// chain otherwise.
+    ///
+    /// Every block is either the next block of its parent's chain or the
+    /// first block of a chain (in the head table), so these two places are
+    /// the only ones to look: no table of every block is needed.
+    fn locate(&self, w: &mut Writer, prev: Option<Loc>, hash: u64) -> Loc {
+        let mut parent_is_last = false;
+        if let Some(p) = prev {
+            let (len, next) = self.peek(w, p.chain, p.off + 1);
+            if next == Some(hash) {
+                return Loc {
+                    chain: p.chain,
+                    off: p.off + 1,
+                };
+            }
+            parent_is_last = p.off + 1 == len;
+        }
+        if let Some(id) = self.head_chain(w, hash) {
+            return Loc { chain: id, off: 0 };
+        }
+        match prev {
+            Some(p) if parent_is_last => {
+                self.open(w, p.chain);
+                let Writer { edit, empty, .. } = w;
+                let edit = edit.as_mut().expect("just opened");
+                let (off, retired) = edit.append(hash, empty);
+                if let Some(buf) = retired {
+                    w.garbage.0.push(GarbageItem::Buf(buf));
+                }
+                Loc { chain: p.chain, off }
+            }
+            _ => self.new_chain(w, hash),
+        }
+    }
+
+    /// Queues `loc` to be held by the stream (ranges of consecutive blocks
+    /// are changed at once).
+    fn add_later(&self, w: &mut Writer, stream: &mut Stream, loc: Loc, outcome: &mut ApplyOutcome) {
+        if let Some((chain, _, end)) = &mut w.pending
+            && *chain == loc.chain
+            && *end == loc.off
+        {
+            *end += 1;
+            return;
+        }
+        self.add_pending(w, stream, outcome);
+        w.pending = Some((loc.chain, loc.off, loc.off + 1));
+    }
+
+    /// Adds the stream to the queued range's holders; blocks it already
+    /// held get one more engine-hash reference instead.
+    fn add_pending(&self, w: &mut Writer, stream: &mut Stream, outcome: &mut ApplyOutcome) {
+        let Some((chain, a, b)) = w.pending.take() else {
+            return;
+        };
+        self.open(w, chain);
+        let Writer { edit, empty, .. } = w;
+        let edit = edit.as_mut().expect("just opened");
+        let extra = &mut stream.extra;
+        let delta = edit.change(a, b, stream.slot, true, empty, |x, y| {
+            for off in x..y {
+                *extra.entry(Loc { chain, off }.pack()).or_insert(0) += 1;
+            }
+        });
+        outcome.stored += delta.pairs;
+        w.pairs += delta.pairs as usize;
+        w.blocks += delta.blocks as usize;
+        w.chain_pairs[chain as usize] += delta.pairs;
+    }
+
+    /// Removes `slot` from the holders of `locs` (sorted and deduplicated
+    /// here); returns the pairs removed.
+    fn remove_locs(&self, w: &mut Writer, slot: u32, locs: &mut Vec<Loc>) -> u64 {
+        locs.sort_unstable();
+        locs.dedup();
+        let mut removed = 0;
+        let mut i = 0;
+        while i < locs.len() {
+            let first = locs[i];
+            let mut end = first.off + 1;
+            i += 1;
+            while i < locs.len() && locs[i].chain == first.chain && locs[i].off == end {
+                end += 1;
+                i += 1;
+            }
+            self.open(w, first.chain);
+            let Writer { edit, empty, .. } = w;
+            let edit = edit.as_mut().expect("just opened");
+            let delta = edit.change(first.off, end, slot, false, empty, |_, _| {});
+            removed += delta.pairs;
+            w.pairs -= delta.pairs as usize;
+            w.blocks -= delta.blocks as usize;
+            w.chain_pairs[first.chain as usize] -= delta.pairs;
+        }
+        locs.clear();
+        removed
+    }
+
+    /// Ends an event: publishes the open edit, then frees chains nobody
+    /// holds any more and cuts back chains whose unheld tail is at least
+    /// half of them (so cutting, which copies the kept hashes, costs O(1)
+    /// per removed block over time).
+    fn end_event(&self, w: &mut Writer) {
+        self.publish(w);
+        let mut touched = std::mem::take(&mut w.touched);
+        for &id in &touched {
+            let Some(state) = self.state(id) else {
+                continue;
+            };
+            if w.chain_pairs[id as usize] == 0 {
+                let old = self.dir().slots[id as usize].swap(std::ptr::null_mut(), Ordering::AcqRel);
+                // SAFETY: the writer reads the state it just unlinked; it is
+                // freed only after a grace period.
+                let head = unsafe { state.buf() }.get(0);
+                w.garbage.0.push(GarbageItem::State(old));
+                w.garbage.0.push(GarbageItem::Buf(state.buf.cast_mut()));
+                self.heads_remove(w, head);
+                w.free_chains.push(id);
+                continue;
+            }
+            let held_end = state
+                .segs
+                .iter()
+                .rposition(|s| !s.holders.is_empty())
+                .map_or(0, |i| state.seg_end(i));
+            if held_end * 2 <= state.len {
+                self.open(w, id);
+                let edit = w.edit.as_mut().expect("just opened");
+                let old = edit.cut(held_end);
+                w.garbage.0.push(GarbageItem::Buf(old));
+                self.publish(w);
+            }
+        }
+        touched.clear();
+        w.touched = touched;
     }
 
     /// Takes the garbage out when it is worth a grace period.
@@ -642,16 +891,14 @@ impl Inner {
         }
     }
 
-    /// Drops one engine hash's reference to our block.
-    fn release(&self, w: &mut Writer, stream: &mut Stream, ours: u64) -> bool {
-        if let Some(extra) = stream.extra.get_mut(&ours) {
-            *extra -= 1;
-            if *extra == 0 {
-                stream.extra.remove(&ours);
-            }
-            return false;
-        }
-        self.remove(w, ours, stream.slot)
+    /// Our hash of the block at `loc` (held by the calling stream, so its
+    /// chain is alive).
+    fn hash_at(&self, loc: Loc) -> Option<BlockHash> {
+        let _guard = self.rcu.read();
+        let state = self.state(loc.chain)?;
+        // SAFETY: loaded under the read guard.
+        let buf = unsafe { state.buf() };
+        (loc.off < state.len).then(|| BlockHash(buf.get(loc.off as usize)))
     }
 
     fn apply(&self, stream: &mut Stream, event: &KvEvent) -> Result<ApplyOutcome, KvIndexError> {
@@ -676,36 +923,44 @@ impl Inner {
                     outcome.malformed = n as u64;
                 } else {
                     let parent = match parent_block_hash {
-                        None => Some(hasher.root()),
-                        Some(engine) => stream.map.get(&engine.0).map(|&h| BlockHash(h)),
+                        None => Some((hasher.root(), None)),
+                        Some(engine) => stream.map.get(&engine.0).and_then(|&p| {
+                            let loc = Loc::unpack(p);
+                            self.hash_at(loc).map(|h| (h, Some(loc)))
+                        }),
                     };
                     match parent {
                         None => outcome.unknown_parent = n as u64,
-                        Some(parent) => {
+                        Some((parent, parent_loc)) => {
                             let mut ours = std::mem::take(&mut stream.scratch);
                             ours.clear();
                             hasher.chain_into(parent, token_ids, &mut ours);
-                            for our in &ours {
-                                self.table(self.shard_of(our.0)).prefetch(our.0);
-                            }
                             let garbage = {
                                 let mut w = self.writer.lock();
+                                let w = &mut *w;
+                                let mut prev = parent_loc;
                                 for (engine, our) in block_hashes.iter().zip(&ours) {
-                                    if let Some(old) = stream.map.insert(engine.0, our.0) {
-                                        if old == our.0 {
+                                    let loc = self.locate(w, prev, our.0);
+                                    prev = Some(loc);
+                                    if let Some(old) = stream.map.insert(engine.0, loc.pack()) {
+                                        if old == loc.pack() {
                                             continue;
                                         }
-                                        if self.release(&mut w, stream, old) {
-                                            outcome.removed += 1;
+                                        // The engine hash moves to another
+                                        // block: let go of the old one.
+                                        self.add_pending(w, stream, &mut outcome);
+                                        let old = Loc::unpack(old);
+                                        if stream.release(old) {
+                                            let mut one = vec![old];
+                                            outcome.removed +=
+                                                self.remove_locs(w, stream.slot, &mut one);
                                         }
                                     }
-                                    if self.add(&mut w, our.0, stream.slot) {
-                                        outcome.stored += 1;
-                                    } else {
-                                        *stream.extra.entry(our.0).or_insert(0) += 1;
-                                    }
+                                    self.add_later(w, stream, loc, &mut outcome);
                                 }
-                                Self::take_garbage(&mut w)
+                                self.add_pending(w, stream, &mut outcome);
+                                self.end_event(w);
+                                Self::take_garbage(w)
                             };
                             stream.scratch = ours;
                             self.reclaim(garbage);
@@ -714,20 +969,26 @@ impl Inner {
                 }
             }
             KvEvent::BlockRemoved { block_hashes } => {
+                let mut locs = std::mem::take(&mut stream.locs);
+                for engine in block_hashes {
+                    match stream.map.remove(&engine.0) {
+                        Some(p) => {
+                            let loc = Loc::unpack(p);
+                            if stream.release(loc) {
+                                locs.push(loc);
+                            }
+                        }
+                        None => outcome.unknown_removed += 1,
+                    }
+                }
                 let garbage = {
                     let mut w = self.writer.lock();
-                    for engine in block_hashes {
-                        match stream.map.remove(&engine.0) {
-                            Some(ours) => {
-                                if self.release(&mut w, stream, ours) {
-                                    outcome.removed += 1;
-                                }
-                            }
-                            None => outcome.unknown_removed += 1,
-                        }
-                    }
-                    Self::take_garbage(&mut w)
+                    let w = &mut *w;
+                    outcome.removed = self.remove_locs(w, stream.slot, &mut locs);
+                    self.end_event(w);
+                    Self::take_garbage(w)
                 };
+                stream.locs = locs;
                 self.reclaim(garbage);
             }
             KvEvent::AllBlocksCleared => {
@@ -745,20 +1006,21 @@ impl Inner {
 
     /// Drops everything a stream holds; returns the blocks no longer held.
     fn clear_stream(&self, stream: &mut Stream) -> u64 {
-        let mut removed = 0;
-        let garbage = {
+        stream.extra.clear();
+        let mut locs = std::mem::take(&mut stream.locs);
+        locs.extend(stream.map.drain().map(|(_, p)| Loc::unpack(p)));
+        let (removed, garbage) = {
             let mut w = self.writer.lock();
-            stream.extra.clear();
-            for (_, ours) in stream.map.drain() {
-                if self.remove(&mut w, ours, stream.slot) {
-                    removed += 1;
-                }
-            }
-            Self::take_garbage(&mut w)
+            let w = &mut *w;
+            let removed = self.remove_locs(w, stream.slot, &mut locs);
+            self.end_event(w);
+            (removed, Self::take_garbage(w))
         };
+        stream.locs = locs;
         self.reclaim(garbage);
         removed
     }
+
 
     fn stream(&self, holder: Holder) -> Result<Arc<Mutex<Stream>>, KvIndexError> {
         let mut reg = self.registry.lock();
@@ -795,6 +1057,7 @@ impl Inner {
             map: IdMap::default(),
             extra: IdMap::default(),
             scratch: Vec::new(),
+            locs: Vec::new(),
         }));
         streams.insert(holder.rank, Arc::clone(&stream));
         Ok(stream)
@@ -837,86 +1100,103 @@ impl Inner {
         })
     }
 
+
     fn lookup_into(&self, hashes: &[BlockHash], out: &mut PrefixMatches) {
         out.matches.clear();
         out.request_blocks = hashes.len();
         let s = &mut out.scratch;
         s.alive.clear();
         s.drops.clear();
-        let Some(first) = hashes.first() else {
+        if hashes.is_empty() {
             return;
-        };
+        }
         let _guard = self.rcu.read();
-        let word = self.table(self.shard_of(first.0)).get(first.0);
-        if word == 0 {
-            return;
-        }
-        // SAFETY: loaded under the read guard, which keeps heap sets alive.
-        let holders = unsafe { Holders::decode(word) };
-        s.alive.extend_from_slice(holders.as_slice());
-        let mut alive_fp = holders.fingerprint();
-        for &slot in &s.alive {
-            bit_set(&mut s.in_alive, slot);
-        }
-        for hash in hashes.iter().take(PREFETCH_AHEAD).skip(1) {
-            self.table(self.shard_of(hash.0)).prefetch(hash.0);
-        }
-        let mut end = hashes.len();
-        for (i, hash) in hashes.iter().enumerate().skip(1) {
-            if let Some(ahead) = hashes.get(i + PREFETCH_AHEAD) {
-                self.table(self.shard_of(ahead.0)).prefetch(ahead.0);
-            }
-            let word = self.table(self.shard_of(hash.0)).get(hash.0);
-            if word == 0 {
-                end = i;
-                break;
-            }
-            // SAFETY: as above.
-            let holders = unsafe { Holders::decode(word) };
-            let slots = holders.as_slice();
-            if slots.len() == s.alive.len() && holders.fingerprint() == alive_fp {
-                continue;
-            }
-            s.next.clear();
-            if slots.len() < s.alive.len() {
-                for &slot in slots {
-                    if bit_get(&s.in_alive, slot) {
-                        s.next.push(slot);
-                        bit_set(&mut s.keep, slot);
-                    }
+        let dir = self.dir();
+        let heads = self.heads();
+        let mut live = 0usize;
+        let mut pos = 0usize;
+        'chains: while pos < hashes.len() {
+            // The block at `pos` is not the next block of the chain walked
+            // so far, so it can only be a chain's first block -- unless it
+            // is the first block looked up and the caller passed a part of
+            // a request that starts inside a chain: then scan.
+            let found = match self.chain_of_head(heads, dir, hashes[pos].0) {
+                Some(state) => Some((state, 0)),
+                None if pos == 0 => self.scan(dir, hashes[0].0),
+                None => None,
+            };
+            let Some((state, start)) = found else { break };
+            // SAFETY: loaded under the read guard, which keeps published
+            // states (and their buffers and sets) alive.
+            let buf = unsafe { state.buf() };
+            let mut si = state.seg_of(start);
+            let first = &state.segs[si].holders;
+            if pos == 0 {
+                s.alive.extend_from_slice(first);
+                for &slot in first.iter() {
+                    bit_set(&mut s.in_alive, slot);
+                }
+                live = first.len();
+            } else {
+                // Entering a chain: keep the live holders it has.
+                for &slot in first.iter() {
+                    bit_set(&mut s.keep, slot);
                 }
                 for &slot in &s.alive {
-                    if !bit_get(&s.keep, slot) {
-                        s.drops.push((slot, i as u32));
+                    if bit_get(&s.in_alive, slot) && !bit_get(&s.keep, slot) {
                         bit_clear(&mut s.in_alive, slot);
+                        s.drops.push((slot, pos as u32));
+                        live -= 1;
                     }
                 }
-                for &slot in &s.next {
+                for &slot in first.iter() {
                     bit_clear(&mut s.keep, slot);
                 }
-            } else {
-                for &slot in &s.alive {
-                    if holders.contains(slot) {
-                        s.next.push(slot);
-                    } else {
-                        s.drops.push((slot, i as u32));
-                        bit_clear(&mut s.in_alive, slot);
+            }
+            let mut off = start;
+            let mut entered = true;
+            loop {
+                let seg = &state.segs[si];
+                if !entered {
+                    if buf.get(off as usize) != hashes[pos].0 {
+                        // The request leaves the chain here.
+                        continue 'chains;
+                    }
+                    // Live holders held the previous segment: only those
+                    // it lost can leave.
+                    for &slot in seg.gone.iter() {
+                        if bit_get(&s.in_alive, slot) {
+                            bit_clear(&mut s.in_alive, slot);
+                            s.drops.push((slot, pos as u32));
+                            live -= 1;
+                        }
                     }
                 }
+                entered = false;
+                if live == 0 {
+                    break 'chains;
+                }
+                let end = state.seg_end(si);
+                let room = ((end - off) as usize).min(hashes.len() - pos);
+                let matched = (0..room)
+                    .take_while(|&k| buf.get(off as usize + k) == hashes[pos + k].0)
+                    .count();
+                pos += matched;
+                off += matched as u32;
+                if off < end || pos == hashes.len() {
+                    continue 'chains;
+                }
+                si += 1;
+                if si == state.segs.len() {
+                    continue 'chains;
+                }
             }
-            std::mem::swap(&mut s.alive, &mut s.next);
-            if s.alive.is_empty() {
-                end = i;
-                break;
-            }
-            alive_fp = s
-                .alive
-                .iter()
-                .fold(0u64, |acc, &slot| acc.wrapping_add(table::slot_term(slot)));
         }
         for &slot in &s.alive {
-            s.drops.push((slot, end as u32));
-            bit_clear(&mut s.in_alive, slot);
+            if bit_get(&s.in_alive, slot) {
+                bit_clear(&mut s.in_alive, slot);
+                s.drops.push((slot, pos as u32));
+            }
         }
         s.alive.clear();
         for &(slot, blocks) in s.drops.iter().rev() {
@@ -929,16 +1209,54 @@ impl Inner {
         }
     }
 
+    /// The chain whose first block is `hash`. Inside a read guard (`heads`
+    /// and `dir` loaded under it).
+    #[inline]
+    fn chain_of_head<'a>(&'a self, heads: &Table, dir: &'a Dir, hash: u64) -> Option<&'a ChainState> {
+        let id = heads.get(hash).checked_sub(1)?;
+        let ptr = dir.slots.get(id as usize)?.load(Ordering::Acquire);
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: loaded under the caller's read guard, which keeps
+        // published states (and their buffers and sets) alive.
+        let state = unsafe { &*ptr };
+        // SAFETY: as above.
+        let buf = unsafe { state.buf() };
+        // A stale head entry (the chain was freed and its id reused) names
+        // a chain with another first block.
+        (state.len > 0 && buf.get(0) == hash).then_some(state)
+    }
+
+    /// Finds `hash` anywhere, by scanning every chain (no table maps every
+    /// block: only chains' first blocks). Inside a read guard.
+    fn scan<'a>(&'a self, dir: &'a Dir, hash: u64) -> Option<(&'a ChainState, u32)> {
+        dir.slots.iter().find_map(|slot| {
+            let ptr = slot.load(Ordering::Acquire);
+            if ptr.is_null() {
+                return None;
+            }
+            // SAFETY: as in `chain_of_head`.
+            let state = unsafe { &*ptr };
+            // SAFETY: as above.
+            let buf = unsafe { state.buf() };
+            (0..state.len)
+                .find(|&i| buf.get(i as usize) == hash)
+                .map(|off| (state, off))
+        })
+    }
+
     fn holders_of(&self, hash: BlockHash) -> Vec<Holder> {
         let _guard = self.rcu.read();
-        let word = self.table(self.shard_of(hash.0)).get(hash.0);
-        if word == 0 {
+        let found = self
+            .chain_of_head(self.heads(), self.dir(), hash.0)
+            .map(|state| (state, 0))
+            .or_else(|| self.scan(self.dir(), hash.0));
+        let Some((state, off)) = found else {
             return Vec::new();
-        }
-        // SAFETY: loaded under the read guard.
-        let holders = unsafe { Holders::decode(word) };
-        let mut out: Vec<Holder> = holders
-            .as_slice()
+        };
+        let mut out: Vec<Holder> = state.segs[state.seg_of(off)]
+            .holders
             .iter()
             .filter_map(|&slot| self.holder_of_slot(slot))
             .collect();
@@ -980,38 +1298,54 @@ impl Inner {
             .collect();
         holders.sort_unstable_by_key(|h| h.holder);
         let w = self.writer.lock();
-        let tables: usize = (0..self.shards.len())
-            .map(|s| self.table(s).capacity() * std::mem::size_of::<table::Slot>())
+        let dir = self.dir();
+        let chains: usize = dir
+            .slots
+            .iter()
+            .filter_map(|slot| self.state_at(slot))
+            // SAFETY: the writer lock keeps current states alive.
+            .map(|state| state.bytes() + unsafe { state.buf() }.bytes())
             .sum();
         IndexStats {
-            blocks: w.live.iter().sum(),
+            blocks: w.blocks,
             pairs: w.pairs,
-            index_bytes: tables + w.heap_bytes + self.slot_holder.len() * 8,
+            index_bytes: chains
+                + self.heads().capacity() * std::mem::size_of::<table::Slot>()
+                + dir.slots.len() * 8
+                + w.chain_pairs.capacity() * 8
+                + self.slot_holder.len() * 8,
             translation_bytes: holders.iter().map(|h| h.bytes).sum(),
             holders,
             counters: self.counters(),
         }
+    }
+
+    /// The state a directory slot points to (writer only).
+    fn state_at<'a>(&'a self, slot: &'a AtomicPtr<ChainState>) -> Option<&'a ChainState> {
+        let ptr = slot.load(Ordering::Acquire);
+        // SAFETY: the caller holds the writer lock: current states live.
+        (!ptr.is_null()).then(|| unsafe { &*ptr })
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.writer.lock().garbage.free();
-        for shard in self.shards.iter() {
-            let table = shard.load(Ordering::Acquire);
-            // SAFETY: dropping the index: no reader or writer is left, and
-            // every heap set is owned by exactly one current-table word.
-            let table = unsafe { Box::from_raw(table) };
-            for slot in table.slots.iter() {
-                let word = slot.word.load(Ordering::Relaxed);
-                if table::is_heap(word) {
-                    // SAFETY: as above.
-                    drop(unsafe { Box::from_raw(word as *mut HeapSet) });
-                }
+        // SAFETY (all frees below): dropping the index: no reader or writer
+        // is left; the directory, the head table and every current state
+        // and its buffer are owned by the index alone.
+        let dir = unsafe { Box::from_raw(self.dir.load(Ordering::Acquire)) };
+        for slot in dir.slots.iter() {
+            let ptr = slot.load(Ordering::Acquire);
+            if !ptr.is_null() {
+                let state = unsafe { Box::from_raw(ptr) };
+                drop(unsafe { Box::from_raw(state.buf.cast_mut()) });
             }
         }
+        drop(unsafe { Box::from_raw(self.heads.load(Ordering::Acquire)) });
     }
 }
+
 
 /// A block index of the KV caches a fleet of engine workers holds, built
 /// from their KV events. See the [module docs](self) for the layout and the

@@ -88,6 +88,7 @@
 pub mod fuzzing;
 pub mod hash;
 pub mod index;
+mod chain;
 mod rcu;
 mod sync;
 mod table;

@@ -1,0 +1,429 @@
+//! Chains: runs of consecutive blocks stored once, with holder sets per
+//! segment, published copy-on-write.
+//!
+//! A chain is a sequence of our block hashes in which every block is the
+//! child of the one before (so the sequence is a path of the prefix tree).
+//! Its published [`ChainState`] is immutable: the chain's length, a pointer
+//! to its hash buffer and its segments. A segment is a range of the chain
+//! whose blocks all have the same holder set; it also keeps the holders of
+//! the segment before it that it lacks (`gone`), so a lookup that walked the
+//! previous segment updates its live holders in time linear in that
+//! difference, not in the sets.
+//!
+//! The writer edits a private copy ([`Edit`]) and publishes a new state with
+//! one pointer store; unchanged holder sets are shared between the old and
+//! the new state (`Arc<[u32]>`), and the old state is freed after a grace
+//! period (module `rcu`). The hash buffer is shared by successive states:
+//! appends write positions beyond every published length, and a buffer is
+//! replaced (and the old one retired) when it is full or the chain is cut
+//! back, so a position below a published length never changes.
+
+use std::sync::Arc as SetArc;
+
+use crate::sync::{AtomicU64, Ordering};
+
+/// A chain's hash storage: a fixed capacity, written only beyond the
+/// lengths of the states that were published with it.
+#[derive(Debug)]
+pub(crate) struct HashBuf {
+    pub(crate) hashes: Box<[AtomicU64]>,
+}
+
+impl HashBuf {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        Self {
+            hashes: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> u64 {
+        self.hashes[i].load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + 8 * self.hashes.len()
+    }
+}
+
+/// A holder set: sorted holder slots.
+pub(crate) type Set = SetArc<[u32]>;
+
+/// A range of a chain with one holder set.
+#[derive(Clone, Debug)]
+pub(crate) struct Seg {
+    /// First position of the segment (it ends where the next one starts, or
+    /// at the chain's length).
+    pub(crate) start: u32,
+    /// Who holds every block of the segment.
+    pub(crate) holders: Set,
+    /// Holders of the previous segment that this one lacks (empty for the
+    /// first segment).
+    pub(crate) gone: Set,
+}
+
+/// An immutable, published state of one chain.
+#[derive(Debug)]
+pub(crate) struct ChainState {
+    pub(crate) len: u32,
+    pub(crate) buf: *const HashBuf,
+    pub(crate) segs: Box<[Seg]>,
+}
+
+impl ChainState {
+    /// The hash buffer.
+    ///
+    /// # Safety
+    /// The caller holds a read guard under which it loaded this state (or is
+    /// the writer): the buffer is retired no earlier than the state.
+    #[inline]
+    pub(crate) unsafe fn buf(&self) -> &HashBuf {
+        // SAFETY: see above.
+        unsafe { &*self.buf }
+    }
+
+    /// The end of segment `i`.
+    #[inline]
+    pub(crate) fn seg_end(&self, i: usize) -> u32 {
+        self.segs.get(i + 1).map_or(self.len, |s| s.start)
+    }
+
+    /// The segment holding position `off` (`off < len`).
+    pub(crate) fn seg_of(&self, off: u32) -> usize {
+        self.segs.partition_point(|s| s.start <= off) - 1
+    }
+
+    /// Bytes of the state (not of its buffer), counting every non-empty set
+    /// at each segment that names it.
+    pub(crate) fn bytes(&self) -> usize {
+        let set = |s: &Set| if s.is_empty() { 0 } else { 16 + 4 * s.len() };
+        std::mem::size_of::<Self>()
+            + self
+                .segs
+                .iter()
+                .map(|s| std::mem::size_of::<Seg>() + set(&s.holders) + set(&s.gone))
+                .sum::<usize>()
+    }
+}
+
+/// `a \ b` of two sorted sets.
+pub(crate) fn difference(a: &[u32], b: &[u32], out: &mut Vec<u32>) {
+    out.clear();
+    let mut j = 0;
+    for &x in a {
+        while j < b.len() && b[j] < x {
+            j += 1;
+        }
+        if j == b.len() || b[j] != x {
+            out.push(x);
+        }
+    }
+}
+
+/// A segment being edited.
+#[derive(Debug)]
+pub(crate) struct EditSeg {
+    pub(crate) start: u32,
+    pub(crate) holders: Set,
+    pub(crate) gone: Set,
+    /// Its holders changed (or it is new): its `gone` and the next one's
+    /// are recomputed on publication.
+    pub(crate) changed: bool,
+}
+
+/// The writer's private copy of one chain.
+#[derive(Debug)]
+pub(crate) struct Edit {
+    pub(crate) id: u32,
+    pub(crate) len: u32,
+    pub(crate) buf: *mut HashBuf,
+    pub(crate) segs: Vec<EditSeg>,
+}
+
+/// What a holder change did, block by block.
+#[derive(Debug, Default)]
+pub(crate) struct Delta {
+    /// (block, holder) pairs added (or removed).
+    pub(crate) pairs: u64,
+    /// Blocks that went from no holder to one (or back).
+    pub(crate) blocks: u64,
+}
+
+impl Edit {
+    /// An editable copy of a published state.
+    ///
+    /// # Safety
+    /// `state` is the chain's current state and the caller is the writer.
+    pub(crate) unsafe fn open(id: u32, state: &ChainState) -> Self {
+        Self {
+            id,
+            len: state.len,
+            buf: state.buf.cast_mut(),
+            segs: state
+                .segs
+                .iter()
+                .map(|s| EditSeg {
+                    start: s.start,
+                    holders: SetArc::clone(&s.holders),
+                    gone: SetArc::clone(&s.gone),
+                    changed: false,
+                })
+                .collect(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn buf(&self) -> &HashBuf {
+        // SAFETY: the writer owns the edit's buffer until it is retired,
+        // which happens only through this edit.
+        unsafe { &*self.buf }
+    }
+
+    #[inline]
+    pub(crate) fn hash(&self, off: u32) -> u64 {
+        self.buf().get(off as usize)
+    }
+
+    fn seg_end(&self, i: usize) -> u32 {
+        self.segs.get(i + 1).map_or(self.len, |s| s.start)
+    }
+
+    /// Makes a segment start at `p` (`p < len`) and returns its index.
+    fn split_at(&mut self, p: u32, empty: &Set) -> usize {
+        let i = self.segs.partition_point(|s| s.start <= p) - 1;
+        if self.segs[i].start == p {
+            return i;
+        }
+        let holders = SetArc::clone(&self.segs[i].holders);
+        self.segs.insert(
+            i + 1,
+            EditSeg {
+                start: p,
+                holders,
+                gone: SetArc::clone(empty),
+                changed: true,
+            },
+        );
+        i + 1
+    }
+
+    /// Appends one block nobody holds yet; returns its position. The
+    /// returned buffer, if any, was replaced and must be retired.
+    pub(crate) fn append(&mut self, hash: u64, empty: &Set) -> (u32, Option<*mut HashBuf>) {
+        let mut retired = None;
+        let cap = self.buf().hashes.len();
+        if self.len as usize == cap {
+            let grown = HashBuf::with_capacity((cap * 2).max(MIN_BUF));
+            for i in 0..self.len as usize {
+                grown.hashes[i].store(self.buf().get(i), Ordering::Relaxed);
+            }
+            retired = Some(std::mem::replace(
+                &mut self.buf,
+                Box::into_raw(Box::new(grown)),
+            ));
+        }
+        let at = self.len;
+        self.buf().hashes[at as usize].store(hash, Ordering::Relaxed);
+        if self.segs.last().is_none_or(|s| !s.holders.is_empty()) {
+            self.segs.push(EditSeg {
+                start: at,
+                holders: SetArc::clone(empty),
+                gone: SetArc::clone(empty),
+                changed: true,
+            });
+        }
+        self.len += 1;
+        (at, retired)
+    }
+
+    /// Adds (`add`) or removes `slot` at positions `a..b`. Calls `unchanged`
+    /// with each sub-range where `slot` already had (or lacked) that state.
+    pub(crate) fn change(
+        &mut self,
+        a: u32,
+        b: u32,
+        slot: u32,
+        add: bool,
+        empty: &Set,
+        mut unchanged: impl FnMut(u32, u32),
+    ) -> Delta {
+        let mut delta = Delta::default();
+        if a >= b {
+            return delta;
+        }
+        let i = self.split_at(a, empty);
+        let j = if b < self.len {
+            self.split_at(b, empty)
+        } else {
+            self.segs.len()
+        };
+        for k in i..j {
+            let (start, end) = (self.segs[k].start, self.seg_end(k));
+            let n = u64::from(end - start);
+            let seg = &mut self.segs[k];
+            let found = seg.holders.binary_search(&slot);
+            match (add, found) {
+                (true, Err(at)) => {
+                    let mut next = Vec::with_capacity(seg.holders.len() + 1);
+                    next.extend_from_slice(&seg.holders[..at]);
+                    next.push(slot);
+                    next.extend_from_slice(&seg.holders[at..]);
+                    if seg.holders.is_empty() {
+                        delta.blocks += n;
+                    }
+                    seg.holders = next.into();
+                }
+                (false, Ok(at)) => {
+                    let mut next = Vec::with_capacity(seg.holders.len());
+                    next.extend_from_slice(&seg.holders[..at]);
+                    next.extend_from_slice(&seg.holders[at + 1..]);
+                    if next.is_empty() {
+                        delta.blocks += n;
+                        seg.holders = SetArc::clone(empty);
+                    } else {
+                        seg.holders = next.into();
+                    }
+                }
+                _ => {
+                    unchanged(start, end);
+                    continue;
+                }
+            }
+            seg.changed = true;
+            delta.pairs += n;
+        }
+        delta
+    }
+
+    /// Cuts the chain back to `len` blocks, into a new buffer; returns the
+    /// old buffer (to retire).
+    pub(crate) fn cut(&mut self, len: u32) -> *mut HashBuf {
+        let fresh = HashBuf::with_capacity((len as usize).max(MIN_BUF));
+        for i in 0..len as usize {
+            fresh.hashes[i].store(self.buf().get(i), Ordering::Relaxed);
+        }
+        self.len = len;
+        self.segs.retain(|s| s.start < len);
+        std::mem::replace(&mut self.buf, Box::into_raw(Box::new(fresh)))
+    }
+
+    /// The state to publish: neighbours with equal holder sets merged, the
+    /// `gone` sets of changed segments recomputed.
+    pub(crate) fn finish(self, empty: &Set, scratch: &mut Vec<u32>) -> ChainState {
+        let mut segs: Vec<EditSeg> = Vec::with_capacity(self.segs.len());
+        for seg in self.segs {
+            if let Some(last) = segs.last_mut()
+                && (SetArc::ptr_eq(&last.holders, &seg.holders) || *last.holders == *seg.holders)
+            {
+                last.changed |= seg.changed;
+                continue;
+            }
+            segs.push(seg);
+        }
+        let mut out = Vec::with_capacity(segs.len());
+        let mut prev: Option<(Set, bool)> = None;
+        for seg in segs {
+            let gone = match &prev {
+                None => SetArc::clone(empty),
+                Some((holders, prev_changed)) if *prev_changed || seg.changed => {
+                    difference(holders, &seg.holders, scratch);
+                    if scratch.is_empty() {
+                        SetArc::clone(empty)
+                    } else {
+                        scratch.as_slice().into()
+                    }
+                }
+                Some(_) => seg.gone,
+            };
+            prev = Some((SetArc::clone(&seg.holders), seg.changed));
+            out.push(Seg {
+                start: seg.start,
+                holders: seg.holders,
+                gone,
+            });
+        }
+        ChainState {
+            len: self.len,
+            buf: self.buf,
+            segs: out.into_boxed_slice(),
+        }
+    }
+}
+
+/// The smallest hash buffer.
+#[cfg(not(loom))]
+pub(crate) const MIN_BUF: usize = 8;
+#[cfg(loom)]
+pub(crate) const MIN_BUF: usize = 2;
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn edit(empty: &Set) -> Edit {
+        Edit {
+            id: 0,
+            len: 0,
+            buf: Box::into_raw(Box::new(HashBuf::with_capacity(MIN_BUF))),
+            segs: Vec::new(),
+        }
+        .tap(|e| {
+            for h in 1..=20 {
+                let (_, old) = e.append(h, empty);
+                if let Some(old) = old {
+                    // SAFETY: replaced by the edit, never shared.
+                    drop(unsafe { Box::from_raw(old) });
+                }
+            }
+        })
+    }
+
+    trait Tap: Sized {
+        fn tap(mut self, f: impl FnOnce(&mut Self)) -> Self {
+            f(&mut self);
+            self
+        }
+    }
+    impl Tap for Edit {}
+
+    #[test]
+    fn segments_split_merge_and_record_what_is_gone() {
+        let empty: Set = SetArc::from(Vec::new());
+        let mut e = edit(&empty);
+        assert_eq!(e.len, 20);
+        assert_eq!((1..=20).map(|i| e.hash(i - 1)).collect::<Vec<_>>(), (1..=20).collect::<Vec<u64>>());
+        let d = e.change(0, 20, 3, true, &empty, |_, _| panic!("all new"));
+        assert_eq!((d.pairs, d.blocks), (20, 20));
+        let d = e.change(0, 10, 5, true, &empty, |_, _| panic!("all new"));
+        assert_eq!((d.pairs, d.blocks), (10, 0));
+        let mut same = Vec::new();
+        let d = e.change(5, 15, 5, true, &empty, |a, b| same.push((a, b)));
+        assert_eq!((d.pairs, same), (5, vec![(5, 10)]));
+        let d = e.change(15, 20, 3, false, &empty, |_, _| panic!("held"));
+        assert_eq!((d.pairs, d.blocks), (5, 5));
+        let mut scratch = Vec::new();
+        let state = e.finish(&empty, &mut scratch);
+        let shape: Vec<(u32, Vec<u32>, Vec<u32>)> = state
+            .segs
+            .iter()
+            .map(|s| (s.start, s.holders.to_vec(), s.gone.to_vec()))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![(0, vec![3, 5], vec![]), (15, vec![], vec![3, 5])]
+        );
+        assert_eq!(state.seg_of(14), 0);
+        assert_eq!(state.seg_of(15), 1);
+        // SAFETY: the buffer was never shared.
+        drop(unsafe { Box::from_raw(state.buf.cast_mut()) });
+    }
+
+    #[test]
+    fn difference_of_sorted_sets() {
+        let mut out = Vec::new();
+        difference(&[1, 3, 5, 7], &[2, 3, 7, 9], &mut out);
+        assert_eq!(out, vec![1, 5]);
+        difference(&[], &[1], &mut out);
+        assert!(out.is_empty());
+    }
+}
