@@ -20,6 +20,7 @@
 
 use std::sync::Arc as SetArc;
 
+use crate::hash::BlockHash;
 use crate::sync::{AtomicU64, Ordering};
 
 /// A chain's hash storage: a fixed capacity, written only beyond the
@@ -43,6 +44,37 @@ impl HashBuf {
 
     pub(crate) fn bytes(&self) -> usize {
         std::mem::size_of::<Self>() + 8 * self.hashes.len()
+    }
+
+    /// How many leading hashes of `other` equal this buffer's from `off`,
+    /// for hashes that chain (each one names the whole prefix before it):
+    /// then the matching positions are a prefix of the range, and equal
+    /// hashes at one position stand for equal hashes at all before it. So
+    /// the range's last position is compared first (a request that follows
+    /// a whole segment costs one compare) and a mismatch is found by binary
+    /// search, O(log n) reads instead of n.
+    ///
+    /// # Safety
+    /// `off + other.len()` is at most the length of a state published with
+    /// this buffer and loaded by the caller.
+    #[inline]
+    pub(crate) unsafe fn matching(&self, off: usize, other: &[BlockHash]) -> usize {
+        let same = |k: usize| self.get(off + k) == other[k].0;
+        let n = other.len();
+        if n == 0 || same(n - 1) {
+            return n;
+        }
+        // Invariant: positions below `lo` match, position `hi` does not.
+        let (mut lo, mut hi) = (0, n - 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if same(mid) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
     }
 }
 
@@ -154,21 +186,19 @@ impl Edit {
     ///
     /// # Safety
     /// `state` is the chain's current state and the caller is the writer.
-    pub(crate) unsafe fn open(id: u32, state: &ChainState) -> Self {
+    pub(crate) unsafe fn open(id: u32, state: &ChainState, mut segs: Vec<EditSeg>) -> Self {
+        segs.clear();
+        segs.extend(state.segs.iter().map(|s| EditSeg {
+            start: s.start,
+            holders: SetArc::clone(&s.holders),
+            gone: SetArc::clone(&s.gone),
+            changed: false,
+        }));
         Self {
             id,
             len: state.len,
             buf: state.buf.cast_mut(),
-            segs: state
-                .segs
-                .iter()
-                .map(|s| EditSeg {
-                    start: s.start,
-                    holders: SetArc::clone(&s.holders),
-                    gone: SetArc::clone(&s.gone),
-                    changed: false,
-                })
-                .collect(),
+            segs,
         }
     }
 
@@ -264,24 +294,25 @@ impl Edit {
             let found = seg.holders.binary_search(&slot);
             match (add, found) {
                 (true, Err(at)) => {
-                    let mut next = Vec::with_capacity(seg.holders.len() + 1);
-                    next.extend_from_slice(&seg.holders[..at]);
-                    next.push(slot);
-                    next.extend_from_slice(&seg.holders[at..]);
                     if seg.holders.is_empty() {
                         delta.blocks += n;
                     }
-                    seg.holders = next.into();
+                    // Exact-size iterators: one allocation, no Vec.
+                    let (head, tail) = seg.holders.split_at(at);
+                    seg.holders = head
+                        .iter()
+                        .copied()
+                        .chain(std::iter::once(slot))
+                        .chain(tail.iter().copied())
+                        .collect();
                 }
                 (false, Ok(at)) => {
-                    let mut next = Vec::with_capacity(seg.holders.len());
-                    next.extend_from_slice(&seg.holders[..at]);
-                    next.extend_from_slice(&seg.holders[at + 1..]);
-                    if next.is_empty() {
+                    if seg.holders.len() == 1 {
                         delta.blocks += n;
                         seg.holders = SetArc::clone(empty);
                     } else {
-                        seg.holders = next.into();
+                        let (head, tail) = seg.holders.split_at(at);
+                        seg.holders = head.iter().chain(&tail[1..]).copied().collect();
                     }
                 }
                 _ => {
@@ -308,25 +339,24 @@ impl Edit {
     }
 
     /// The state to publish: neighbours with equal holder sets merged, the
-    /// `gone` sets of changed segments recomputed.
-    pub(crate) fn finish(self, empty: &Set, scratch: &mut Vec<u32>) -> ChainState {
-        let mut segs: Vec<EditSeg> = Vec::with_capacity(self.segs.len());
-        for seg in self.segs {
-            if let Some(last) = segs.last_mut()
-                && (SetArc::ptr_eq(&last.holders, &seg.holders) || *last.holders == *seg.holders)
-            {
-                last.changed |= seg.changed;
-                continue;
-            }
-            segs.push(seg);
-        }
-        let mut out = Vec::with_capacity(segs.len());
-        let mut prev: Option<(Set, bool)> = None;
-        for seg in segs {
-            let gone = match &prev {
+    /// `gone` sets of changed segments recomputed. Leaves the edit's
+    /// segment list empty (for reuse).
+    pub(crate) fn finish(&mut self, empty: &Set, scratch: &mut Vec<u32>) -> ChainState {
+        let mut out: Vec<Seg> = Vec::with_capacity(self.segs.len());
+        // Whether the last segment pushed changed (or absorbed a change).
+        let mut last_changed = false;
+        for seg in self.segs.drain(..) {
+            let gone = match out.last() {
                 None => SetArc::clone(empty),
-                Some((holders, prev_changed)) if *prev_changed || seg.changed => {
-                    difference(holders, &seg.holders, scratch);
+                Some(last)
+                    if SetArc::ptr_eq(&last.holders, &seg.holders)
+                        || *last.holders == *seg.holders =>
+                {
+                    last_changed |= seg.changed;
+                    continue;
+                }
+                Some(last) if last_changed || seg.changed => {
+                    difference(&last.holders, &seg.holders, scratch);
                     if scratch.is_empty() {
                         SetArc::clone(empty)
                     } else {
@@ -335,7 +365,7 @@ impl Edit {
                 }
                 Some(_) => seg.gone,
             };
-            prev = Some((SetArc::clone(&seg.holders), seg.changed));
+            last_changed = seg.changed;
             out.push(Seg {
                 start: seg.start,
                 holders: seg.holders,
@@ -403,6 +433,7 @@ mod tests {
         assert_eq!((d.pairs, d.blocks), (5, 5));
         let mut scratch = Vec::new();
         let state = e.finish(&empty, &mut scratch);
+        assert!(e.segs.is_empty());
         let shape: Vec<(u32, Vec<u32>, Vec<u32>)> = state
             .segs
             .iter()

@@ -269,7 +269,7 @@ pub struct PrefixMatches {
 
 #[derive(Clone, Debug, Default)]
 struct Scratch {
-    alive: Vec<u32>,
+    /// Live holders (a bitset by slot; all zero between lookups).
     in_alive: Vec<u64>,
     keep: Vec<u64>,
     drops: Vec<(u32, u32)>,
@@ -450,6 +450,8 @@ struct Writer {
     touched: Vec<u32>,
     /// The shared empty holder set.
     empty: Set,
+    /// The last edit's segment list, kept for its capacity.
+    spare: Vec<chain::EditSeg>,
     scratch: Vec<u32>,
     garbage: Garbage,
     /// Set when a table or directory was retired: free it soon.
@@ -551,6 +553,7 @@ impl Inner {
                 pending: None,
                 touched: Vec::new(),
                 empty: Set::from(Vec::new()),
+                spare: Vec::new(),
                 scratch: Vec::new(),
                 garbage: Garbage(Vec::new()),
                 urgent: false,
@@ -622,7 +625,8 @@ impl Inner {
             .state(id)
             .expect("a block a stream holds lives in a published chain");
         // SAFETY: the current state, opened by the writer.
-        w.edit = Some(unsafe { Edit::open(id, state) });
+        let spare = std::mem::take(&mut w.spare);
+        w.edit = Some(unsafe { Edit::open(id, state, spare) });
         if !w.touched.contains(&id) {
             w.touched.push(id);
         }
@@ -630,9 +634,10 @@ impl Inner {
 
     /// Publishes the open edit, if any, and retires the state it replaces.
     fn publish(&self, w: &mut Writer) {
-        let Some(edit) = w.edit.take() else { return };
+        let Some(mut edit) = w.edit.take() else { return };
         let id = edit.id as usize;
         let state = Box::into_raw(Box::new(edit.finish(&w.empty, &mut w.scratch)));
+        w.spare = edit.segs;
         let old = self.dir().slots[id].swap(state, Ordering::AcqRel);
         if !old.is_null() {
             w.garbage.0.push(GarbageItem::State(old));
@@ -653,11 +658,13 @@ impl Inner {
             w.chain_pairs.resize(id as usize + 1, 0);
         }
         w.chain_pairs[id as usize] = 0;
+        let mut segs = std::mem::take(&mut w.spare);
+        segs.clear();
         let mut edit = Edit {
             id,
             len: 0,
             buf: Box::into_raw(Box::new(HashBuf::with_capacity(chain::MIN_BUF))),
-            segs: Vec::new(),
+            segs,
         };
         edit.append(head, &w.empty);
         w.edit = Some(edit);
@@ -1105,7 +1112,6 @@ impl Inner {
         out.matches.clear();
         out.request_blocks = hashes.len();
         let s = &mut out.scratch;
-        s.alive.clear();
         s.drops.clear();
         if hashes.is_empty() {
             return;
@@ -1132,26 +1138,31 @@ impl Inner {
             let mut si = state.seg_of(start);
             let first = &state.segs[si].holders;
             if pos == 0 {
-                s.alive.extend_from_slice(first);
                 for &slot in first.iter() {
                     bit_set(&mut s.in_alive, slot);
                 }
                 live = first.len();
             } else {
-                // Entering a chain: keep the live holders it has.
+                // Entering a chain: live holders it lacks leave here. A
+                // word at a time, so the cost is the bitset's length plus
+                // the chain's first holder set, not the live holders.
                 for &slot in first.iter() {
                     bit_set(&mut s.keep, slot);
                 }
-                for &slot in &s.alive {
-                    if bit_get(&s.in_alive, slot) && !bit_get(&s.keep, slot) {
-                        bit_clear(&mut s.in_alive, slot);
-                        s.drops.push((slot, pos as u32));
-                        live -= 1;
+                for (w, word) in s.in_alive.iter_mut().enumerate() {
+                    let keep = s.keep.get(w).copied().unwrap_or(0);
+                    let mut gone = *word & !keep;
+                    if gone != 0 {
+                        *word &= keep;
+                        live -= gone.count_ones() as usize;
+                        while gone != 0 {
+                            let bit = gone.trailing_zeros();
+                            s.drops.push(((w as u32) * 64 + bit, pos as u32));
+                            gone &= gone - 1;
+                        }
                     }
                 }
-                for &slot in first.iter() {
-                    bit_clear(&mut s.keep, slot);
-                }
+                s.keep.fill(0);
             }
             let mut off = start;
             let mut entered = true;
@@ -1178,9 +1189,8 @@ impl Inner {
                 }
                 let end = state.seg_end(si);
                 let room = ((end - off) as usize).min(hashes.len() - pos);
-                let matched = (0..room)
-                    .take_while(|&k| buf.get(off as usize + k) == hashes[pos + k].0)
-                    .count();
+                // SAFETY: `off + room` is at most the state's length.
+                let matched = unsafe { buf.matching(off as usize, &hashes[pos..pos + room]) };
                 pos += matched;
                 off += matched as u32;
                 if off < end || pos == hashes.len() {
@@ -1192,13 +1202,15 @@ impl Inner {
                 }
             }
         }
-        for &slot in &s.alive {
-            if bit_get(&s.in_alive, slot) {
-                bit_clear(&mut s.in_alive, slot);
-                s.drops.push((slot, pos as u32));
+        for (w, word) in s.in_alive.iter_mut().enumerate() {
+            let mut left = std::mem::take(word);
+            while left != 0 {
+                let bit = left.trailing_zeros();
+                s.drops.push(((w as u32) * 64 + bit, pos as u32));
+                left &= left - 1;
             }
         }
-        s.alive.clear();
+        out.matches.reserve(s.drops.len());
         for &(slot, blocks) in s.drops.iter().rev() {
             if let Some(holder) = self.holder_of_slot(slot) {
                 out.matches.push(HolderMatch {
