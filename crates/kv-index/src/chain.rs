@@ -421,7 +421,10 @@ mod tests {
         let empty: Set = SetArc::from(Vec::new());
         let mut e = edit(&empty);
         assert_eq!(e.len, 20);
-        assert_eq!((1..=20).map(|i| e.hash(i - 1)).collect::<Vec<_>>(), (1..=20).collect::<Vec<u64>>());
+        assert_eq!(
+            (1..=20).map(|i| e.hash(i - 1)).collect::<Vec<_>>(),
+            (1..=20).collect::<Vec<u64>>()
+        );
         let d = e.change(0, 20, 3, true, &empty, |_, _| panic!("all new"));
         assert_eq!((d.pairs, d.blocks), (20, 20));
         let d = e.change(0, 10, 5, true, &empty, |_, _| panic!("all new"));

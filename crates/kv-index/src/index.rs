@@ -3,54 +3,82 @@
 //!
 //! # Layout and why
 //!
-//! Our block hashes are already uniformly mixed 64-bit values, so the index
-//! is a set of open-addressing tables (one per shard, chosen by the hash's
-//! top bits) probed with the hash itself: no hashing on lookup, one or two
-//! cache lines per block. A slot is 16 bytes (the key and a holder word); a
-//! holder word keeps one or two holders inline, the common case, and points
-//! to a shared sorted array only for blocks three or more workers hold
-//! (module `table`). A (block, worker) pair therefore costs a table
-//! slot (16 bytes at 50–75 % load) plus the worker's translation entry
-//! (engine hash -> our hash, 16 bytes at up to 87 % load) when the block is
-//! private, and 4 bytes plus the translation entry when it is shared.
+//! Our block hashes chain (`hash_i` depends on `hash_{i-1}`), so the blocks
+//! every worker holds form a prefix tree, and a request's hashes are a path
+//! from its root. The index stores that tree as **chains**: runs of
+//! consecutive blocks, each the child of the one before, kept once in a
+//! contiguous hash buffer, split into **segments** of blocks with the same
+//! holder set (module `chain`). A **head table** maps the first block of
+//! each chain to the chain (module `table`); nothing maps every block.
 //!
-//! We considered storing runs of consecutive blocks with the same holder
-//! set, which saves lookups on long shared prefixes; lookups instead skip
-//! unchanged holder sets in constant time (see below), which gives most of
-//! that benefit without splitting and merging runs on every event.
+//! That is enough to find any block, because a block is either the next
+//! block of its parent's chain or the first block of a chain: a new block
+//! is appended to its parent's chain when the parent is that chain's last
+//! block, and starts a new chain otherwise (a branch, or no parent). So a
+//! writer placing a child of a known block looks at one position of one
+//! chain and then, at most, at the head table; and a lookup walking a
+//! request probes the head table only where the request leaves a chain.
+//!
+//! Why not a map of every block (the previous layout: open addressing,
+//! holders per block)? A 1,000-block lookup then costs about a thousand
+//! random probes, one cache miss each, and an event one random write per
+//! block; at 1,000 workers and two million blocks that measured 85 µs at
+//! the 99th percentile and 4 M blocks/s. A radix tree with a child map per
+//! node would make the probes follow the tree but still allocate per node.
+//! Chains cost a probe per chain (a handful per request) and a write per
+//! event per chain, and memory per block is one 8-byte hash plus, per
+//! segment, its holder sets.
+//!
+//! Streams translate engine hashes to a block's *place* (chain id and
+//! position), not to our hash: a stream only ever names blocks it holds,
+//! and a held block never moves (a chain is only cut back past its last
+//! held block, and freed when nobody holds any of it). Removal therefore
+//! needs no search at all.
 //!
 //! # Lookup
 //!
-//! [`KvIndex::lookup`] walks the request's block hashes in order, keeping
-//! the set of holders that held every block so far ("alive"). When block
-//! `i`'s holder set has the alive set's size and fingerprint (a wrapping sum
-//! of a 64-bit mix of each holder), nothing changes and the step costs one
-//! probe; otherwise the two sets are intersected in time linear in the
-//! smaller one (plus the dropped holders), and dropped holders record `i`
-//! as their prefix length. The walk stops at the first block no alive
-//! holder holds. Equal size and fingerprint stand for set equality: a false
-//! match has a probability of about 2^-64 per step.
+//! [`KvIndex::lookup`] walks the request's block hashes, keeping the set of
+//! holders that held every block so far ("live", a bitset by holder slot).
+//! Within a chain the walk goes segment by segment. Since equal hashes mean
+//! equal prefixes, a request follows a whole segment exactly when its hash
+//! at the segment's last position is the chain's: one compare per segment,
+//! and a binary search where the request leaves the chain. At a segment
+//! boundary the live holders can only lose those of the previous segment's
+//! holders the next one lacks, which each segment keeps (`gone`), so the
+//! step costs that difference, not the sets. Entering a chain at its head
+//! intersects the live set with the chain's first holder set, a word of the
+//! bitset at a time. Dropped holders record the position as their prefix
+//! length; the walk stops when no holder is live or a block is unknown.
+//!
+//! The hashes must chain as [`KvIndex::block_hashes`] returns them: a whole
+//! request, or a contiguous part of one. A part that starts inside a chain
+//! (not at a request's first block) is found by scanning every chain, a
+//! slow path meant for diagnostics, as is [`KvIndex::holders_of`].
 //!
 //! # Concurrency: what is guaranteed
 //!
 //! - **Readers never block and never wait for writers.** A lookup announces
 //!   itself to a two-counter grace-period scheme (module `rcu`), then does
-//!   only atomic loads. Tables and holder arrays are replaced
-//!   copy-on-write and freed only after every reader that could see them
-//!   has left.
-//! - **Writers are serialized** by one short lock per event (the table
-//!   update); hashing the event's tokens and the translation of engine
+//!   only atomic loads and reads of immutable memory. A chain's state (its
+//!   length, buffer and segments) is immutable once published and replaced
+//!   as a whole by one pointer store; hash buffers are written only past
+//!   every published length. Replaced states, buffers, the head table and
+//!   the chain directory are freed only after every reader that could see
+//!   them has left.
+//! - **Writers are serialized** by one lock held while an event changes
+//!   chains; hashing the event's tokens and the translation of engine
 //!   hashes happen under the stream's own lock, so streams of different
 //!   workers prepare their events in parallel. A writer may wait for
 //!   readers to leave before it frees replaced memory (about once per 64
-//!   replaced holder arrays or per grown table).
-//! - **Per-block atomicity, not snapshots.** Each block's holder set is
-//!   read atomically, and a holder added or removed is visible to lookups
-//!   that start after the event was applied. A lookup that runs while an
-//!   event is applied may see some of that event's blocks and not others.
-//!   For a prefix walk this means a concurrent store is seen as a shorter
-//!   prefix, and a concurrent removal as a longer one, never anything that
-//!   neither the state before nor the state after contains block by block.
+//!   replaced states or buffers, or per grown table or directory).
+//! - **Per-chain atomicity, not snapshots.** Each chain's state is read
+//!   atomically, and a holder added or removed is visible to lookups that
+//!   start after the event was applied. An event that changes several
+//!   chains publishes them one at a time, so a lookup that runs meanwhile
+//!   may see some of its blocks and not others. For a prefix walk this
+//!   means a concurrent store is seen as a shorter prefix, and a
+//!   concurrent removal as a longer one, never anything that neither the
+//!   state before nor the state after contains block by block.
 //!
 //! # Events and their edge cases
 //!
@@ -76,11 +104,11 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::AtomicU64 as StatU64;
 
+use crate::chain::{self, ChainState, Edit, HashBuf, Set};
 use crate::hash::{BlockHash, BlockHasher, EngineHash};
 use crate::rcu::Rcu;
-use crate::chain::{self, ChainState, Edit, HashBuf, Set};
 use crate::sync::{Arc, AtomicPtr, AtomicU64, AtomicUsize, Mutex, Ordering};
-use crate::table::{self, Table};
+use crate::table::{self, Shadow, Table};
 
 /// A worker as the index knows it: a small integer handed out by
 /// [`KvIndex::register_worker`]. Ids are not reused within one index.
@@ -364,13 +392,17 @@ impl Garbage {
     /// the items were unlinked.
     fn free(&mut self) {
         for item in self.0.drain(..) {
-            // SAFETY (every arm): each pointer came from Box::into_raw, was
-            // unlinked (no table, directory or published state leads to it
-            // any more), and no reader can still hold it.
+            // Each pointer came from Box::into_raw, was unlinked (no table,
+            // directory or published state leads to it any more), and no
+            // reader can still hold it.
             match item {
+                // SAFETY: see above.
                 GarbageItem::Table(t) => drop(unsafe { Box::from_raw(t) }),
+                // SAFETY: see above.
                 GarbageItem::Dir(d) => drop(unsafe { Box::from_raw(d) }),
+                // SAFETY: see above (a state does not own its buffer).
                 GarbageItem::State(s) => drop(unsafe { Box::from_raw(s) }),
+                // SAFETY: see above.
                 GarbageItem::Buf(b) => drop(unsafe { Box::from_raw(b) }),
             }
         }
@@ -429,7 +461,16 @@ impl Loc {
     }
 }
 
+/// The writer's own view of the shared structures: it reads these and only
+/// stores to the shared ones (see [`table::Shadow`]).
 struct Writer {
+    /// The current head table and its plain copy.
+    heads: *mut Table,
+    heads_shadow: Shadow,
+    /// The current chain directory and, per chain id, its current state
+    /// (null: none).
+    dir: *mut Dir,
+    states: Vec<*mut ChainState>,
     /// Keys in the head table (live and tombstones).
     heads_used: usize,
     /// Chains: heads with a chain.
@@ -458,8 +499,9 @@ struct Writer {
     urgent: bool,
 }
 
-// SAFETY: the raw pointers of an open edit (its hash buffer) are owned by
-// the writer, which is only used under the writer lock.
+// SAFETY: the raw pointers (the current table, directory and states, an
+// open edit's hash buffer) point to memory the index owns and the writer
+// only uses under the writer lock.
 unsafe impl Send for Writer {}
 
 struct Stream {
@@ -535,13 +577,21 @@ const C_CLEARS: usize = 6;
 impl Inner {
     fn new(config: IndexConfig) -> Self {
         let max_holders = config.max_holders.clamp(1, 0x7fff_fffe);
+        let heads = Box::into_raw(Box::new(Table::with_capacity(INITIAL_HEADS)));
+        // SAFETY: just allocated.
+        let heads_capacity = unsafe { &*heads }.capacity();
+        let dir = Box::into_raw(Box::new(Dir::with_capacity(INITIAL_CHAINS)));
         Self {
             hasher: BlockHasher::new(config.block_size),
             max_holders,
-            heads: AtomicPtr::new(Box::into_raw(Box::new(Table::with_capacity(INITIAL_HEADS)))),
-            dir: AtomicPtr::new(Box::into_raw(Box::new(Dir::with_capacity(INITIAL_CHAINS)))),
+            heads: AtomicPtr::new(heads),
+            dir: AtomicPtr::new(dir),
             rcu: Rcu::new(),
             writer: Mutex::new(Writer {
+                heads,
+                heads_shadow: Shadow::new(heads_capacity),
+                dir,
+                states: Vec::new(),
                 heads_used: 0,
                 heads_live: 0,
                 next_chain: 0,
@@ -578,7 +628,7 @@ impl Inner {
         }
     }
 
-    /// The head table. Writers hold the writer lock; readers a read guard.
+    /// The head table. Readers only (inside a read guard).
     #[inline]
     fn heads(&self) -> &Table {
         // SAFETY: always a live table: a replaced one is freed only after a
@@ -586,20 +636,43 @@ impl Inner {
         unsafe { &*self.heads.load(Ordering::Acquire) }
     }
 
-    /// The chain directory (same rules as [`Inner::heads`]).
+    /// The chain directory. Readers only (inside a read guard).
     #[inline]
     fn dir(&self) -> &Dir {
         // SAFETY: as in `heads`.
         unsafe { &*self.dir.load(Ordering::Acquire) }
     }
 
-    /// The published state of chain `id`. Writer, or inside a read guard.
+    /// The published state of chain `id`. Readers only (inside a guard).
     #[inline]
     fn state(&self, id: u32) -> Option<&ChainState> {
         let ptr = self.dir().slots.get(id as usize)?.load(Ordering::Acquire);
         // SAFETY: a published state is freed only after it was replaced and
-        // a grace period passed; callers are the writer or inside a guard.
+        // a grace period passed; the caller is inside a read guard.
         (!ptr.is_null()).then(|| unsafe { &*ptr })
+    }
+
+    /// The current state of chain `id`, as the writer knows it.
+    #[inline]
+    fn current(w: &Writer, id: u32) -> Option<&ChainState> {
+        let ptr = *w.states.get(id as usize)?;
+        // SAFETY: the writer's current states are alive while it holds the
+        // writer lock (they are retired only by the writer).
+        (!ptr.is_null()).then(|| unsafe { &*ptr })
+    }
+
+    /// The current chain directory, as the writer knows it.
+    #[inline]
+    fn wdir(w: &Writer) -> &Dir {
+        // SAFETY: retired only by the writer.
+        unsafe { &*w.dir }
+    }
+
+    /// The current head table, as the writer knows it.
+    #[inline]
+    fn wheads(w: &Writer) -> &Table {
+        // SAFETY: retired only by the writer.
+        unsafe { &*w.heads }
     }
 
     /// The length of chain `id` and its hash at `off` (if `off < len`), as
@@ -608,9 +681,12 @@ impl Inner {
         if let Some(edit) = w.edit.as_ref().filter(|e| e.id == id) {
             return (edit.len, (off < edit.len).then(|| edit.hash(off)));
         }
-        match self.state(id) {
+        match Self::current(w, id) {
             // SAFETY: the writer reads a current state.
-            Some(s) => (s.len, (off < s.len).then(|| unsafe { s.buf() }.get(off as usize))),
+            Some(s) => (
+                s.len,
+                (off < s.len).then(|| unsafe { s.buf() }.get(off as usize)),
+            ),
             None => (0, None),
         }
     }
@@ -621,11 +697,10 @@ impl Inner {
             return;
         }
         self.publish(w);
-        let state = self
-            .state(id)
-            .expect("a block a stream holds lives in a published chain");
-        // SAFETY: the current state, opened by the writer.
         let spare = std::mem::take(&mut w.spare);
+        let state =
+            Self::current(w, id).expect("a block a stream holds lives in a published chain");
+        // SAFETY: the chain's current state, opened by the writer.
         w.edit = Some(unsafe { Edit::open(id, state, spare) });
         if !w.touched.contains(&id) {
             w.touched.push(id);
@@ -634,11 +709,14 @@ impl Inner {
 
     /// Publishes the open edit, if any, and retires the state it replaces.
     fn publish(&self, w: &mut Writer) {
-        let Some(mut edit) = w.edit.take() else { return };
+        let Some(mut edit) = w.edit.take() else {
+            return;
+        };
         let id = edit.id as usize;
         let state = Box::into_raw(Box::new(edit.finish(&w.empty, &mut w.scratch)));
         w.spare = edit.segs;
-        let old = self.dir().slots[id].swap(state, Ordering::AcqRel);
+        Self::wdir(w).slots[id].store(state, Ordering::Release);
+        let old = std::mem::replace(&mut w.states[id], state);
         if !old.is_null() {
             w.garbage.0.push(GarbageItem::State(old));
         }
@@ -651,11 +729,12 @@ impl Inner {
             w.next_chain += 1;
             w.next_chain - 1
         });
-        if id as usize >= self.dir().slots.len() {
-            self.grow_dir(w, id as usize + 1);
-        }
         if w.chain_pairs.len() <= id as usize {
             w.chain_pairs.resize(id as usize + 1, 0);
+            w.states.resize(id as usize + 1, std::ptr::null_mut());
+        }
+        if id as usize >= Self::wdir(w).slots.len() {
+            self.grow_dir(w, id as usize + 1);
         }
         w.chain_pairs[id as usize] = 0;
         let mut segs = std::mem::take(&mut w.spare);
@@ -674,41 +753,47 @@ impl Inner {
     }
 
     fn grow_dir(&self, w: &mut Writer, need: usize) {
-        let old = self.dir();
-        let new = Dir::with_capacity(need.max(old.slots.len() * 2));
-        for (to, from) in new.slots.iter().zip(old.slots.iter()) {
-            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        let new = Dir::with_capacity(need.max(Self::wdir(w).slots.len() * 2));
+        for (to, &from) in new.slots.iter().zip(&w.states) {
+            to.store(from, Ordering::Relaxed);
         }
-        let old = self.dir.swap(Box::into_raw(Box::new(new)), Ordering::AcqRel);
+        let new = Box::into_raw(Box::new(new));
+        self.dir.store(new, Ordering::Release);
+        let old = std::mem::replace(&mut w.dir, new);
         w.garbage.0.push(GarbageItem::Dir(old));
         w.urgent = true;
     }
 
     fn heads_insert(&self, w: &mut Writer, key: u64, id: u32) {
         let word = u64::from(id) + 1;
-        let mut table = self.heads();
-        let (mut index, found) = table.find(key);
+        let (mut index, found) = w.heads_shadow.find(key);
         if found {
             // A tombstone of a freed chain with the same head.
-            table.slots[index].word.store(word, Ordering::Release);
+            Self::wheads(w).slots[index]
+                .word
+                .store(word, Ordering::Release);
+            w.heads_shadow.words[index] = word;
             w.heads_live += 1;
             return;
         }
-        if !table.fits(w.heads_used + 1) {
+        if !Self::wheads(w).fits(w.heads_used + 1) {
             self.grow_heads(w);
-            table = self.heads();
-            index = table.find(key).0;
+            index = w.heads_shadow.find(key).0;
         }
-        table.publish_new(index, key, word);
+        Self::wheads(w).publish_new(index, key, word);
+        w.heads_shadow.keys[index] = key;
+        w.heads_shadow.words[index] = word;
         w.heads_used += 1;
         w.heads_live += 1;
     }
 
     fn heads_remove(&self, w: &mut Writer, key: u64) {
-        let table = self.heads();
-        let (index, found) = table.find(key);
-        if found && table.slots[index].word.load(Ordering::Relaxed) != 0 {
-            table.slots[index].word.store(0, Ordering::Release);
+        let (index, found) = w.heads_shadow.find(key);
+        if found && w.heads_shadow.words[index] != 0 {
+            Self::wheads(w).slots[index]
+                .word
+                .store(0, Ordering::Release);
+            w.heads_shadow.words[index] = 0;
             w.heads_live -= 1;
         }
     }
@@ -716,17 +801,20 @@ impl Inner {
     /// Rebuilds the head table without tombstones, at least twice the live
     /// size, and retires the old one.
     fn grow_heads(&self, w: &mut Writer) {
-        let old = self.heads();
         let new = Table::with_capacity((((w.heads_live + 1) * 8).div_ceil(5)).max(INITIAL_HEADS));
-        for slot in old.slots.iter() {
-            let word = slot.word.load(Ordering::Relaxed);
+        let mut shadow = Shadow::new(new.capacity());
+        for (&key, &word) in w.heads_shadow.keys.iter().zip(&w.heads_shadow.words) {
             if word != 0 {
-                let key = slot.key.load(Ordering::Relaxed);
-                let (i, _) = new.find(key);
+                let (i, _) = shadow.find(key);
                 new.publish_new(i, key, word);
+                shadow.keys[i] = key;
+                shadow.words[i] = word;
             }
         }
-        let old = self.heads.swap(Box::into_raw(Box::new(new)), Ordering::AcqRel);
+        let new = Box::into_raw(Box::new(new));
+        self.heads.store(new, Ordering::Release);
+        let old = std::mem::replace(&mut w.heads, new);
+        w.heads_shadow = shadow;
         w.heads_used = w.heads_live;
         w.garbage.0.push(GarbageItem::Table(old));
         w.urgent = true;
@@ -734,8 +822,7 @@ impl Inner {
 
     /// The chain whose first block is `hash`.
     fn head_chain(&self, w: &Writer, hash: u64) -> Option<u32> {
-        let word = self.heads().get(hash);
-        let id = word.checked_sub(1)? as u32;
+        let id = w.heads_shadow.get(hash).checked_sub(1)? as u32;
         (self.peek(w, id, 0).1 == Some(hash)).then_some(id)
     }
 
@@ -771,7 +858,10 @@ impl Inner {
                 if let Some(buf) = retired {
                     w.garbage.0.push(GarbageItem::Buf(buf));
                 }
-                Loc { chain: p.chain, off }
+                Loc {
+                    chain: p.chain,
+                    off,
+                }
             }
             _ => self.new_chain(w, hash),
         }
@@ -848,11 +938,20 @@ impl Inner {
         self.publish(w);
         let mut touched = std::mem::take(&mut w.touched);
         for &id in &touched {
-            let Some(state) = self.state(id) else {
+            let ptr = w
+                .states
+                .get(id as usize)
+                .copied()
+                .unwrap_or(std::ptr::null_mut());
+            if ptr.is_null() {
                 continue;
-            };
+            }
+            // SAFETY: the writer's current state of a chain; it is retired
+            // only below, and freed only after a grace period.
+            let state = unsafe { &*ptr };
             if w.chain_pairs[id as usize] == 0 {
-                let old = self.dir().slots[id as usize].swap(std::ptr::null_mut(), Ordering::AcqRel);
+                Self::wdir(w).slots[id as usize].store(std::ptr::null_mut(), Ordering::Release);
+                let old = std::mem::replace(&mut w.states[id as usize], std::ptr::null_mut());
                 // SAFETY: the writer reads the state it just unlinked; it is
                 // freed only after a grace period.
                 let head = unsafe { state.buf() }.get(0);
@@ -1028,7 +1127,6 @@ impl Inner {
         removed
     }
 
-
     fn stream(&self, holder: Holder) -> Result<Arc<Mutex<Stream>>, KvIndexError> {
         let mut reg = self.registry.lock();
         let reg = &mut *reg;
@@ -1106,7 +1204,6 @@ impl Inner {
             rank: packed as u32,
         })
     }
-
 
     fn lookup_into(&self, hashes: &[BlockHash], out: &mut PrefixMatches) {
         out.matches.clear();
@@ -1224,7 +1321,12 @@ impl Inner {
     /// The chain whose first block is `hash`. Inside a read guard (`heads`
     /// and `dir` loaded under it).
     #[inline]
-    fn chain_of_head<'a>(&'a self, heads: &Table, dir: &'a Dir, hash: u64) -> Option<&'a ChainState> {
+    fn chain_of_head<'a>(
+        &'a self,
+        heads: &Table,
+        dir: &'a Dir,
+        hash: u64,
+    ) -> Option<&'a ChainState> {
         let id = heads.get(hash).checked_sub(1)?;
         let ptr = dir.slots.get(id as usize)?.load(Ordering::Acquire);
         if ptr.is_null() {
@@ -1310,20 +1412,21 @@ impl Inner {
             .collect();
         holders.sort_unstable_by_key(|h| h.holder);
         let w = self.writer.lock();
-        let dir = self.dir();
-        let chains: usize = dir
-            .slots
-            .iter()
-            .filter_map(|slot| self.state_at(slot))
+        let chains: usize = (0..w.states.len() as u32)
+            .filter_map(|id| Self::current(&w, id))
             // SAFETY: the writer lock keeps current states alive.
             .map(|state| state.bytes() + unsafe { state.buf() }.bytes())
             .sum();
+        let heads = Self::wheads(&w).capacity();
         IndexStats {
             blocks: w.blocks,
             pairs: w.pairs,
+            // Chains; the head table and the writer's copy of it; the chain
+            // directory and the writer's per-chain arrays; holder slots.
             index_bytes: chains
-                + self.heads().capacity() * std::mem::size_of::<table::Slot>()
-                + dir.slots.len() * 8
+                + heads * (std::mem::size_of::<table::Slot>() + 16)
+                + Self::wdir(&w).slots.len() * 8
+                + w.states.capacity() * 8
                 + w.chain_pairs.capacity() * 8
                 + self.slot_holder.len() * 8,
             translation_bytes: holders.iter().map(|h| h.bytes).sum(),
@@ -1331,33 +1434,29 @@ impl Inner {
             counters: self.counters(),
         }
     }
-
-    /// The state a directory slot points to (writer only).
-    fn state_at<'a>(&'a self, slot: &'a AtomicPtr<ChainState>) -> Option<&'a ChainState> {
-        let ptr = slot.load(Ordering::Acquire);
-        // SAFETY: the caller holds the writer lock: current states live.
-        (!ptr.is_null()).then(|| unsafe { &*ptr })
-    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.writer.lock().garbage.free();
-        // SAFETY (all frees below): dropping the index: no reader or writer
-        // is left; the directory, the head table and every current state
-        // and its buffer are owned by the index alone.
+        // Dropping the index: no reader or writer is left; the directory,
+        // the head table and every current state and its buffer are owned
+        // by the index alone.
+        // SAFETY: see above.
         let dir = unsafe { Box::from_raw(self.dir.load(Ordering::Acquire)) };
         for slot in dir.slots.iter() {
             let ptr = slot.load(Ordering::Acquire);
             if !ptr.is_null() {
+                // SAFETY: see above.
                 let state = unsafe { Box::from_raw(ptr) };
+                // SAFETY: see above; no other state names this buffer.
                 drop(unsafe { Box::from_raw(state.buf.cast_mut()) });
             }
         }
+        // SAFETY: see above.
         drop(unsafe { Box::from_raw(self.heads.load(Ordering::Acquire)) });
     }
 }
-
 
 /// A block index of the KV caches a fleet of engine workers holds, built
 /// from their KV events. See the [module docs](self) for the layout and the
@@ -1481,7 +1580,11 @@ impl<K: Hash + Eq + Clone> KvIndex<K> {
     }
 
     /// Every holder's longest held prefix of a request, given its block
-    /// hashes in order ([`KvIndex::block_hashes`]). Never blocks.
+    /// hashes in order ([`KvIndex::block_hashes`]). Never blocks. The cost
+    /// grows with the chains and holder changes along the request, not with
+    /// its length; a sequence that starts inside a chain (a part of a
+    /// request) is first found by a scan of the whole index (see the
+    /// [module docs](self)).
     pub fn lookup(&self, hashes: &[BlockHash]) -> PrefixMatches {
         let mut out = PrefixMatches::default();
         self.inner.lookup_into(hashes, &mut out);
@@ -1494,7 +1597,8 @@ impl<K: Hash + Eq + Clone> KvIndex<K> {
         self.inner.lookup_into(hashes, out);
     }
 
-    /// The holders of one block, sorted.
+    /// The holders of one block, sorted. A diagnostic: a block that does
+    /// not start a chain is found by scanning the whole index.
     pub fn holders_of(&self, hash: BlockHash) -> Vec<Holder> {
         self.inner.holders_of(hash)
     }

@@ -67,28 +67,57 @@ impl Table {
         }
     }
 
+    /// Publishes a new key with its value at an empty slot found by
+    /// [`Shadow::find`]: the word first, then the key, both release, so a
+    /// reader that sees the key sees the word (and the set it points to).
+    pub(crate) fn publish_new(&self, index: usize, key: u64, word: u64) {
+        let slot = &self.slots[index];
+        slot.word.store(word, Ordering::Release);
+        slot.key.store(key, Ordering::Release);
+    }
+}
+
+/// The writer's plain copy of the current table's keys and values. The
+/// writer finds slots here and only ever stores to the shared table, never
+/// loads from it: cheaper, and it leaves every reader load paired with the
+/// writer store it races (which is what loom's models must see).
+#[derive(Debug)]
+pub(crate) struct Shadow {
+    pub(crate) keys: Vec<u64>,
+    pub(crate) words: Vec<u64>,
+}
+
+impl Shadow {
+    /// The shadow of a new, empty table of `capacity` slots.
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            keys: vec![0; capacity],
+            words: vec![0; capacity],
+        }
+    }
+
     /// The slot index of `key`, or of the empty slot where it would go
-    /// (`false`). Writer only.
+    /// (`false`).
     pub(crate) fn find(&self, key: u64) -> (usize, bool) {
-        let mut i = (key as usize) & self.mask;
+        let mask = self.keys.len() - 1;
+        let mut i = (key as usize) & mask;
         loop {
-            let k = self.slots[i].key.load(Ordering::Relaxed);
+            let k = self.keys[i];
             if k == key {
                 return (i, true);
             }
             if k == 0 {
                 return (i, false);
             }
-            i = (i + 1) & self.mask;
+            i = (i + 1) & mask;
         }
     }
 
-    /// Publishes a new key with its holder word at an empty slot found by
-    /// [`Table::find`]: the word first, then the key, both release, so a
-    /// reader that sees the key sees the word (and the set it points to).
-    pub(crate) fn publish_new(&self, index: usize, key: u64, word: u64) {
-        let slot = &self.slots[index];
-        slot.word.store(word, Ordering::Release);
-        slot.key.store(key, Ordering::Release);
+    /// The value of `key` (zero when absent).
+    pub(crate) fn get(&self, key: u64) -> u64 {
+        match self.find(key) {
+            (i, true) => self.words[i],
+            _ => 0,
+        }
     }
 }
