@@ -425,9 +425,13 @@ impl Dir {
     }
 }
 
-/// Replaced states, buffers and holder sets gathered before a writer waits
-/// for a grace period.
+/// Replaced states and buffers gathered before a writer waits for a grace
+/// period. Under loom every event that replaced something frees it, so the
+/// models race readers against reclamation.
+#[cfg(not(loom))]
 const GARBAGE_BATCH: usize = 64;
+#[cfg(loom)]
+const GARBAGE_BATCH: usize = 1;
 
 #[cfg(not(loom))]
 const INITIAL_HEADS: usize = 64;
