@@ -518,6 +518,9 @@ struct Stream {
     extra: IdMap<u32>,
     scratch: Vec<BlockHash>,
     locs: Vec<Loc>,
+    /// The last block this stream stored (packed place, our hash): the
+    /// parent of its next event when it decodes, read without a guard.
+    last: Option<(u64, BlockHash)>,
 }
 
 impl Stream {
@@ -1036,7 +1039,12 @@ impl Inner {
                         None => Some((hasher.root(), None)),
                         Some(engine) => stream.map.get(&engine.0).and_then(|&p| {
                             let loc = Loc::unpack(p);
-                            self.hash_at(loc).map(|h| (h, Some(loc)))
+                            // A held block never moves nor changes its hash,
+                            // so the remembered one is still right.
+                            match stream.last {
+                                Some((place, hash)) if place == p => Some((hash, Some(loc))),
+                                _ => self.hash_at(loc).map(|h| (h, Some(loc))),
+                            }
                         }),
                     };
                     match parent {
@@ -1045,10 +1053,10 @@ impl Inner {
                             let mut ours = std::mem::take(&mut stream.scratch);
                             ours.clear();
                             hasher.chain_into(parent, token_ids, &mut ours);
+                            let mut prev = parent_loc;
                             let garbage = {
                                 let mut w = self.writer.lock();
                                 let w = &mut *w;
-                                let mut prev = parent_loc;
                                 for (engine, our) in block_hashes.iter().zip(&ours) {
                                     let loc = self.locate(w, prev, our.0);
                                     prev = Some(loc);
@@ -1072,6 +1080,7 @@ impl Inner {
                                 self.end_event(w);
                                 Self::take_garbage(w)
                             };
+                            stream.last = prev.zip(ours.last()).map(|(loc, &h)| (loc.pack(), h));
                             stream.scratch = ours;
                             self.reclaim(garbage);
                         }
@@ -1167,6 +1176,7 @@ impl Inner {
             extra: IdMap::default(),
             scratch: Vec::new(),
             locs: Vec::new(),
+            last: None,
         }));
         streams.insert(holder.rank, Arc::clone(&stream));
         Ok(stream)
