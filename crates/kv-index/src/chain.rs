@@ -61,11 +61,16 @@ impl HashBuf {
     pub(crate) unsafe fn matching(&self, off: usize, other: &[BlockHash]) -> usize {
         let same = |k: usize| self.get(off + k) == other[k].0;
         let n = other.len();
-        if n == 0 || same(n - 1) {
+        if n == 0 || !same(0) {
+            return 0;
+        }
+        if same(n - 1) {
             return n;
         }
         // Invariant: positions below `lo` match, position `hi` does not.
-        let (mut lo, mut hi) = (0, n - 1);
+        // (Hashes that do not chain, which callers should not pass, still
+        // match at least the first position here, so walks always move.)
+        let (mut lo, mut hi) = (1, n - 1);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if same(mid) {
