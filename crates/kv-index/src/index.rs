@@ -29,8 +29,8 @@
 //! event per chain, and memory per block is one 8-byte hash plus, per
 //! segment, its holder sets. Measured on the acceptance bench (2-core
 //! machine, both layouts run alternately under the same load): lookups
-//! about 18 times faster, 64-block events about 3.5 times faster, and
-//! 33 instead of 46 bytes per (block, worker) pair.
+//! 17 to 20 times faster, 64-block events about 3 times faster, and 33
+//! instead of 46 bytes per (block, worker) pair (figures in the README).
 //!
 //! The price is paid by small events on shared chains: an event publishes
 //! a new state of each chain it touches, copying the chain's segment list
@@ -38,7 +38,7 @@
 //! to a conversation's chain (few segments) costs about what it did with
 //! the table; a shared system prompt arriving one block per event, on a
 //! chain split into many segments by partial evictions, costs up to about
-//! 1.5 times more. Engines store prefills in events of many blocks, so
+//! 1.7 times more. Engines store prefills in events of many blocks, so
 //! that case is rare.
 //!
 //! Streams translate engine hashes to a block's *place* (chain id and
