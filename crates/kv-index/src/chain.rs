@@ -52,13 +52,10 @@ impl HashBuf {
     /// hashes at one position stand for equal hashes at all before it. So
     /// the range's last position is compared first (a request that follows
     /// a whole segment costs one compare) and a mismatch is found by binary
-    /// search, O(log n) reads instead of n.
-    ///
-    /// # Safety
-    /// `off + other.len()` is at most the length of a state published with
-    /// this buffer and loaded by the caller.
+    /// search, O(log n) reads instead of n. The caller keeps `off +
+    /// other.len()` within the length of the state it loaded.
     #[inline]
-    pub(crate) unsafe fn matching(&self, off: usize, other: &[BlockHash]) -> usize {
+    pub(crate) fn matching(&self, off: usize, other: &[BlockHash]) -> usize {
         let same = |k: usize| self.get(off + k) == other[k].0;
         let n = other.len();
         if n == 0 || !same(0) {

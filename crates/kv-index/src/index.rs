@@ -1312,8 +1312,8 @@ impl Inner {
                 }
                 let end = state.seg_end(si);
                 let room = ((end - off) as usize).min(hashes.len() - pos);
-                // SAFETY: `off + room` is at most the state's length.
-                let matched = unsafe { buf.matching(off as usize, &hashes[pos..pos + room]) };
+                // `off + room` is at most the state's length.
+                let matched = buf.matching(off as usize, &hashes[pos..pos + room]);
                 pos += matched;
                 off += matched as u32;
                 if off < end || pos == hashes.len() {

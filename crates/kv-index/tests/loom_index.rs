@@ -290,3 +290,45 @@ fn a_lookup_races_a_removal_that_cuts_a_chain_back() {
         );
     });
 }
+
+#[test]
+fn a_lookup_races_a_head_table_that_grows() {
+    model(|| {
+        let index: Arc<KvIndex<u8>> = Arc::new(KvIndex::new(config()));
+        let a = index.register_worker(0);
+        let root = |token: u32| KvEvent::BlockStored {
+            block_hashes: vec![EngineHash::from_int(400 + i64::from(token))],
+            parent_block_hash: None,
+            token_ids: vec![token],
+            block_size: BS,
+            lora_id: None,
+        };
+        // Three chains fill the four-slot head table as far as it goes
+        // (three quarters); a fourth rebuilds it and retires the old one.
+        for token in 0..3 {
+            index.apply(a, 0, &root(token)).unwrap();
+        }
+        let first = index.block_hashes(&[0], None);
+        let fourth = index.block_hashes(&[3], None);
+        let writer = {
+            let index = Arc::clone(&index);
+            thread::spawn(move || index.apply(a, 0, &root(3)).unwrap())
+        };
+        let found = index.lookup(&first);
+        well_formed(&found);
+        assert_eq!(found.blocks_of(Holder { worker: a, rank: 0 }), 1);
+        let found = index.lookup(&fourth);
+        well_formed(&found);
+        assert!(found.blocks_of(Holder { worker: a, rank: 0 }) <= 1);
+        writer.join().unwrap();
+        for token in 0..4 {
+            let hashes = index.block_hashes(&[token], None);
+            assert_eq!(
+                index
+                    .lookup(&hashes)
+                    .blocks_of(Holder { worker: a, rank: 0 }),
+                1
+            );
+        }
+    });
+}
