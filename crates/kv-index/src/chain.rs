@@ -21,7 +21,7 @@
 use std::sync::Arc as SetArc;
 
 use crate::hash::BlockHash;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// A chain's hash storage: a fixed capacity, written only beyond the
 /// lengths of the states that were published with it.
@@ -84,11 +84,12 @@ impl HashBuf {
 pub(crate) type Set = SetArc<[u32]>;
 
 /// A range of a chain with one holder set.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct Seg {
     /// First position of the segment (it ends where the next one starts, or
-    /// at the chain's length).
-    pub(crate) start: u32,
+    /// at the chain's length). Moved in place when a holder of the segment
+    /// before extends its run into this one (see [`ChainState`]).
+    pub(crate) start: AtomicU32,
     /// Who holds every block of the segment.
     pub(crate) holders: Set,
     /// Holders of the previous segment that this one lacks (empty for the
@@ -96,10 +97,25 @@ pub(crate) struct Seg {
     pub(crate) gone: Set,
 }
 
-/// An immutable, published state of one chain.
+/// A published state of one chain.
+///
+/// Immutable but for two in-place changes, each a single atomic store that
+/// leaves a state readers may see at any moment:
+///
+/// - `len` grows when the writer appends blocks whose holders are those of
+///   the last segment (a decode step), after writing their hashes past the
+///   old length (release, so a reader that sees the length sees them);
+/// - a segment's `start` moves forward when a stream that holds the segment
+///   before it, and is the only holder that segment has more, stores blocks
+///   at the start of this one: the blocks change sides, and the `gone` set
+///   (that one stream) stays right. A segment never becomes empty this way.
+///
+/// Readers load `len` once per visit and every `start` when they use it;
+/// whatever they load, starts ascend and each block's holders are its old
+/// or its new ones.
 #[derive(Debug)]
 pub(crate) struct ChainState {
-    pub(crate) len: u32,
+    pub(crate) len: AtomicU32,
     pub(crate) buf: *const HashBuf,
     pub(crate) segs: Box<[Seg]>,
 }
@@ -116,15 +132,26 @@ impl ChainState {
         unsafe { &*self.buf }
     }
 
-    /// The end of segment `i`.
+    /// The published length (load it once per visit).
     #[inline]
-    pub(crate) fn seg_end(&self, i: usize) -> u32 {
-        self.segs.get(i + 1).map_or(self.len, |s| s.start)
+    pub(crate) fn len(&self) -> u32 {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// The end of segment `i` in a visit that loaded length `len`.
+    #[inline]
+    pub(crate) fn seg_end(&self, i: usize, len: u32) -> u32 {
+        self.segs
+            .get(i + 1)
+            .map_or(len, |s| s.start.load(Ordering::Acquire).min(len))
     }
 
     /// The segment holding position `off` (`off < len`).
     pub(crate) fn seg_of(&self, off: u32) -> usize {
-        self.segs.partition_point(|s| s.start <= off) - 1
+        self.segs
+            .partition_point(|s| s.start.load(Ordering::Acquire) <= off)
+            .max(1)
+            - 1
     }
 
     /// Bytes of the state (not of its buffer), counting every non-empty set
@@ -198,17 +225,25 @@ impl Edit {
     ///
     /// # Safety
     /// `state` is the chain's current state and the caller is the writer.
-    pub(crate) unsafe fn open(id: u32, state: &ChainState, mut segs: Vec<EditSeg>) -> Self {
+    /// `len` and `starts` are the writer's copies of the state's length and
+    /// segment starts (it does not load what readers load).
+    pub(crate) unsafe fn open(
+        id: u32,
+        state: &ChainState,
+        mut segs: Vec<EditSeg>,
+        len: u32,
+        starts: &[u32],
+    ) -> Self {
         segs.clear();
-        segs.extend(state.segs.iter().map(|s| EditSeg {
-            start: s.start,
+        segs.extend(state.segs.iter().zip(starts).map(|(s, &start)| EditSeg {
+            start,
             holders: SetArc::clone(&s.holders),
             gone: SetArc::clone(&s.gone),
             changed: false,
         }));
         Self {
             id,
-            len: state.len,
+            len,
             buf: state.buf.cast_mut(),
             segs,
         }
@@ -368,7 +403,14 @@ impl Edit {
     /// The state to publish: neighbours with equal holder sets merged, the
     /// `gone` sets of changed segments recomputed. Leaves the edit's
     /// segment list empty (for reuse).
-    pub(crate) fn finish(&mut self, empty: &Set, scratch: &mut Vec<u32>) -> ChainState {
+    /// `starts` receives the segments' starts (the writer's copy).
+    pub(crate) fn finish(
+        &mut self,
+        empty: &Set,
+        scratch: &mut Vec<u32>,
+        starts: &mut Vec<u32>,
+    ) -> ChainState {
+        starts.clear();
         let mut out: Vec<Seg> = Vec::with_capacity(self.segs.len());
         // Whether the last segment pushed changed (or absorbed a change).
         let mut last_changed = false;
@@ -395,14 +437,15 @@ impl Edit {
                 Some(_) => seg.gone,
             };
             last_changed = seg.changed;
+            starts.push(seg.start);
             out.push(Seg {
-                start: seg.start,
+                start: AtomicU32::new(seg.start),
                 holders: seg.holders,
                 gone,
             });
         }
         ChainState {
-            len: self.len,
+            len: AtomicU32::new(self.len),
             buf: self.buf,
             segs: out.into_boxed_slice(),
         }
@@ -464,12 +507,20 @@ mod tests {
         let d = e.change(15, 20, 3, false, &empty, |_, _| panic!("held"));
         assert_eq!((d.pairs, d.blocks), (5, 5));
         let mut scratch = Vec::new();
-        let state = e.finish(&empty, &mut scratch);
+        let mut starts = Vec::new();
+        let state = e.finish(&empty, &mut scratch, &mut starts);
+        assert_eq!(starts, vec![0, 15]);
         assert!(e.segs.is_empty());
         let shape: Vec<(u32, Vec<u32>, Vec<u32>)> = state
             .segs
             .iter()
-            .map(|s| (s.start, s.holders.to_vec(), s.gone.to_vec()))
+            .map(|s| {
+                (
+                    s.start.load(Ordering::Relaxed),
+                    s.holders.to_vec(),
+                    s.gone.to_vec(),
+                )
+            })
             .collect();
         assert_eq!(
             shape,

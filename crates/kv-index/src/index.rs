@@ -493,8 +493,8 @@ struct Writer {
     heads_live: usize,
     next_chain: u32,
     free_chains: Vec<u32>,
-    /// Per chain id: (block, holder) pairs it holds.
-    chain_pairs: Vec<u64>,
+    /// Per chain id: the writer's copy of its numbers.
+    meta: Vec<ChainMeta>,
     pairs: usize,
     blocks: usize,
     /// The chain being edited (published before another one is opened and
@@ -519,6 +519,18 @@ struct Writer {
 // open edit's hash buffer) point to memory the index owns and the writer
 // only uses under the writer lock.
 unsafe impl Send for Writer {}
+
+/// The writer's copy of one chain's numbers: it reads these instead of the
+/// published state's atomics.
+#[derive(Debug, Default)]
+struct ChainMeta {
+    /// (block, holder) pairs the chain holds.
+    pairs: u64,
+    /// Its length.
+    len: u32,
+    /// Its segments' starts.
+    starts: Vec<u32>,
+}
 
 struct Stream {
     holder: Holder,
@@ -615,7 +627,7 @@ impl Inner {
                 heads_live: 0,
                 next_chain: 0,
                 free_chains: Vec::new(),
-                chain_pairs: Vec::new(),
+                meta: Vec::new(),
                 pairs: 0,
                 blocks: 0,
                 edit: None,
@@ -700,11 +712,12 @@ impl Inner {
         if let Some(edit) = w.edit.as_ref().filter(|e| e.id == id) {
             return (edit.len, (off < edit.len).then(|| edit.hash(off)));
         }
+        let len = w.meta.get(id as usize).map_or(0, |m| m.len);
         match Self::current(w, id) {
             // SAFETY: the writer reads a current state.
             Some(s) => (
-                s.len,
-                (off < s.len).then(|| unsafe { s.buf() }.get(off as usize)),
+                len,
+                (off < len).then(|| unsafe { s.buf() }.get(off as usize)),
             ),
             None => (0, None),
         }
@@ -719,8 +732,9 @@ impl Inner {
         let spare = std::mem::take(&mut w.spare);
         let state =
             Self::current(w, id).expect("a block a stream holds lives in a published chain");
+        let meta = &w.meta[id as usize];
         // SAFETY: the chain's current state, opened by the writer.
-        w.edit = Some(unsafe { Edit::open(id, state, spare) });
+        w.edit = Some(unsafe { Edit::open(id, state, spare, meta.len, &meta.starts) });
         if !w.touched.contains(&id) {
             w.touched.push(id);
         }
@@ -732,7 +746,13 @@ impl Inner {
             return;
         };
         let id = edit.id as usize;
-        let state = Box::into_raw(Box::new(edit.finish(&w.empty, &mut w.scratch)));
+        let meta = &mut w.meta[id];
+        meta.len = edit.len;
+        let state = Box::into_raw(Box::new(edit.finish(
+            &w.empty,
+            &mut w.scratch,
+            &mut meta.starts,
+        )));
         w.spare = edit.segs;
         Self::wdir(w).slots[id].store(state, Ordering::Release);
         let old = std::mem::replace(&mut w.states[id], state);
@@ -748,14 +768,17 @@ impl Inner {
             w.next_chain += 1;
             w.next_chain - 1
         });
-        if w.chain_pairs.len() <= id as usize {
-            w.chain_pairs.resize(id as usize + 1, 0);
+        if w.meta.len() <= id as usize {
+            w.meta.resize_with(id as usize + 1, ChainMeta::default);
             w.states.resize(id as usize + 1, std::ptr::null_mut());
         }
         if id as usize >= Self::wdir(w).slots.len() {
             self.grow_dir(w, id as usize + 1);
         }
-        w.chain_pairs[id as usize] = 0;
+        let meta = &mut w.meta[id as usize];
+        meta.pairs = 0;
+        meta.len = 0;
+        meta.starts.clear();
         let mut segs = std::mem::take(&mut w.spare);
         segs.clear();
         let mut edit = Edit {
@@ -853,23 +876,39 @@ impl Inner {
     /// Every block is either the next block of its parent's chain or the
     /// first block of a chain (in the head table), so these two places are
     /// the only ones to look: no table of every block is needed.
-    fn locate(&self, w: &mut Writer, prev: Option<Loc>, hash: u64) -> Loc {
+    ///
+    /// With `holder`, a new block that can be appended to its parent's
+    /// chain in place (see [`Inner::append_in_place`]) is, already held by
+    /// that holder slot; the second value says so.
+    fn locate(
+        &self,
+        w: &mut Writer,
+        prev: Option<Loc>,
+        hash: u64,
+        holder: Option<u32>,
+    ) -> (Loc, bool) {
         let mut parent_is_last = false;
         if let Some(p) = prev {
             let (len, next) = self.peek(w, p.chain, p.off + 1);
             if next == Some(hash) {
-                return Loc {
+                let loc = Loc {
                     chain: p.chain,
                     off: p.off + 1,
                 };
+                return (loc, false);
             }
             parent_is_last = p.off + 1 == len;
         }
         if let Some(id) = self.head_chain(w, hash) {
-            return Loc { chain: id, off: 0 };
+            return (Loc { chain: id, off: 0 }, false);
         }
         match prev {
             Some(p) if parent_is_last => {
+                if let Some(slot) = holder
+                    && let Some(loc) = self.append_in_place(w, p.chain, hash, slot)
+                {
+                    return (loc, true);
+                }
                 self.open(w, p.chain);
                 let Writer { edit, empty, .. } = w;
                 let edit = edit.as_mut().expect("just opened");
@@ -877,13 +916,93 @@ impl Inner {
                 if let Some(buf) = retired {
                     w.garbage.0.push(GarbageItem::Buf(buf));
                 }
-                Loc {
+                let loc = Loc {
                     chain: p.chain,
                     off,
-                }
+                };
+                (loc, false)
             }
-            _ => self.new_chain(w, hash),
+            _ => (self.new_chain(w, hash), false),
         }
+    }
+
+    /// Appends a block held by `slot` alone to chain `id` without a new
+    /// state, when the chain's last segment is held by `slot` alone, its
+    /// buffer has room and no edit of it is open: the hash goes past the
+    /// published length, then the length grows (release). A decode step.
+    fn append_in_place(&self, w: &mut Writer, id: u32, hash: u64, slot: u32) -> Option<Loc> {
+        if w.edit.as_ref().is_some_and(|e| e.id == id) {
+            return None;
+        }
+        let ptr = *w.states.get(id as usize)?;
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: the writer's current state of a chain stays alive while
+        // the writer holds the lock (only the writer retires it).
+        let state = unsafe { &*ptr };
+        let meta = &mut w.meta[id as usize];
+        // SAFETY: as above, and the buffer lives as long as the state.
+        let buf = unsafe { state.buf() };
+        let last = state.segs.last()?;
+        if *last.holders != [slot] || meta.len as usize >= buf.hashes.len() {
+            return None;
+        }
+        let off = meta.len;
+        buf.hashes[off as usize].store(hash, Ordering::Relaxed);
+        state.len.store(off + 1, Ordering::Release);
+        meta.len += 1;
+        meta.pairs += 1;
+        w.pairs += 1;
+        w.blocks += 1;
+        Some(Loc { chain: id, off })
+    }
+
+    /// Adds `slot` to blocks `a..b` of chain `id` without a new state, when
+    /// they start a segment whose predecessor's holders are this segment's
+    /// plus `slot` (a stream extending the run it holds) and the segment
+    /// goes on past `b`: the segment's start moves to `b`. Returns whether
+    /// it did.
+    fn extend_in_place(&self, w: &mut Writer, id: u32, a: u32, b: u32, slot: u32) -> bool {
+        if w.edit.as_ref().is_some_and(|e| e.id == id) {
+            return false;
+        }
+        let ptr = w
+            .states
+            .get(id as usize)
+            .copied()
+            .unwrap_or(std::ptr::null_mut());
+        if ptr.is_null() {
+            return false;
+        }
+        // SAFETY: as in `append_in_place`.
+        let state = unsafe { &*ptr };
+        let meta = &mut w.meta[id as usize];
+        let i = meta.starts.partition_point(|&start| start <= a);
+        if i < 2 || meta.starts[i - 1] != a {
+            return false;
+        }
+        let i = i - 1;
+        let end = meta.starts.get(i + 1).copied().unwrap_or(meta.len);
+        let (before, seg) = (&state.segs[i - 1], &state.segs[i]);
+        // `gone` is exactly {slot} and the sets differ in size by one: the
+        // segment before holds this one's holders plus `slot`.
+        if b >= end
+            || *seg.gone != [slot]
+            || before.holders.len() != seg.holders.len() + 1
+            || seg.holders.binary_search(&slot).is_ok()
+        {
+            return false;
+        }
+        seg.start.store(b, Ordering::Release);
+        meta.starts[i] = b;
+        let n = u64::from(b - a);
+        meta.pairs += n;
+        w.pairs += n as usize;
+        if seg.holders.is_empty() {
+            w.blocks += n as usize;
+        }
+        true
     }
 
     /// Queues `loc` to be held by the stream (ranges of consecutive blocks
@@ -906,6 +1025,10 @@ impl Inner {
         let Some((chain, a, b)) = w.pending.take() else {
             return;
         };
+        if self.extend_in_place(w, chain, a, b, stream.slot) {
+            outcome.stored += u64::from(b - a);
+            return;
+        }
         self.open(w, chain);
         let Writer { edit, empty, .. } = w;
         let edit = edit.as_mut().expect("just opened");
@@ -918,7 +1041,7 @@ impl Inner {
         outcome.stored += delta.pairs;
         w.pairs += delta.pairs as usize;
         w.blocks += delta.blocks as usize;
-        w.chain_pairs[chain as usize] += delta.pairs;
+        w.meta[chain as usize].pairs += delta.pairs;
     }
 
     /// Removes `slot` from the holders of `locs` (sorted and deduplicated
@@ -943,7 +1066,7 @@ impl Inner {
             removed += delta.pairs;
             w.pairs -= delta.pairs as usize;
             w.blocks -= delta.blocks as usize;
-            w.chain_pairs[first.chain as usize] -= delta.pairs;
+            w.meta[first.chain as usize].pairs -= delta.pairs;
         }
         locs.clear();
         removed
@@ -968,7 +1091,7 @@ impl Inner {
             // SAFETY: the writer's current state of a chain; it is retired
             // only below, and freed only after a grace period.
             let state = unsafe { &*ptr };
-            if w.chain_pairs[id as usize] == 0 {
+            if w.meta[id as usize].pairs == 0 {
                 Self::wdir(w).slots[id as usize].store(std::ptr::null_mut(), Ordering::Release);
                 let old = std::mem::replace(&mut w.states[id as usize], std::ptr::null_mut());
                 // SAFETY: the writer reads the state it just unlinked; it is
@@ -980,12 +1103,13 @@ impl Inner {
                 w.free_chains.push(id);
                 continue;
             }
+            let meta = &w.meta[id as usize];
             let held_end = state
                 .segs
                 .iter()
                 .rposition(|s| !s.holders.is_empty())
-                .map_or(0, |i| state.seg_end(i));
-            if held_end * 2 <= state.len {
+                .map_or(0, |i| meta.starts.get(i + 1).copied().unwrap_or(meta.len));
+            if held_end * 2 <= meta.len {
                 self.open(w, id);
                 let edit = w.edit.as_mut().expect("just opened");
                 let old = edit.cut(held_end);
@@ -1023,7 +1147,7 @@ impl Inner {
         let state = self.state(loc.chain)?;
         // SAFETY: loaded under the read guard.
         let buf = unsafe { state.buf() };
-        (loc.off < state.len).then(|| BlockHash(buf.get(loc.off as usize)))
+        (loc.off < state.len()).then(|| BlockHash(buf.get(loc.off as usize)))
     }
 
     fn apply(&self, stream: &mut Stream, event: &KvEvent) -> Result<ApplyOutcome, KvIndexError> {
@@ -1070,8 +1194,18 @@ impl Inner {
                                 let mut w = self.writer.lock();
                                 let w = &mut *w;
                                 for (engine, our) in block_hashes.iter().zip(&ours) {
-                                    let loc = self.locate(w, prev, our.0);
+                                    // A block appended in place is held at
+                                    // once, so only for an engine hash the
+                                    // stream does not map yet.
+                                    let fresh = (!stream.map.contains_key(&engine.0))
+                                        .then_some(stream.slot);
+                                    let (loc, held) = self.locate(w, prev, our.0, fresh);
                                     prev = Some(loc);
+                                    if held {
+                                        stream.map.insert(engine.0, loc.pack());
+                                        outcome.stored += 1;
+                                        continue;
+                                    }
                                     if let Some(old) = stream.map.insert(engine.0, loc.pack()) {
                                         if old == loc.pack() {
                                             continue;
@@ -1255,6 +1389,9 @@ impl Inner {
                 None => None,
             };
             let Some((state, start)) = found else { break };
+            // One length per visit: blocks appended meanwhile are seen at
+            // the next visit, if any.
+            let len = state.len();
             // SAFETY: loaded under the read guard, which keeps published
             // states (and their buffers and sets) alive.
             let buf = unsafe { state.buf() };
@@ -1310,7 +1447,7 @@ impl Inner {
                 if live == 0 {
                     break 'chains;
                 }
-                let end = state.seg_end(si);
+                let end = state.seg_end(si, len);
                 let room = ((end - off) as usize).min(hashes.len() - pos);
                 // `off + room` is at most the state's length.
                 let matched = buf.matching(off as usize, &hashes[pos..pos + room]);
@@ -1365,7 +1502,7 @@ impl Inner {
         let buf = unsafe { state.buf() };
         // A stale head entry (the chain was freed and its id reused) names
         // a chain with another first block.
-        (state.len > 0 && buf.get(0) == hash).then_some(state)
+        (state.len() > 0 && buf.get(0) == hash).then_some(state)
     }
 
     /// Finds `hash` anywhere, by scanning every chain (no table maps every
@@ -1380,7 +1517,7 @@ impl Inner {
             let state = unsafe { &*ptr };
             // SAFETY: as above.
             let buf = unsafe { state.buf() };
-            (0..state.len)
+            (0..state.len())
                 .find(|&i| buf.get(i as usize) == hash)
                 .map(|off| (state, off))
         })
@@ -1453,7 +1590,11 @@ impl Inner {
                 + heads * (std::mem::size_of::<table::Slot>() + 16)
                 + Self::wdir(&w).slots.len() * 8
                 + w.states.capacity() * 8
-                + w.chain_pairs.capacity() * 8
+                + w.meta.capacity() * std::mem::size_of::<ChainMeta>()
+                + w.meta
+                    .iter()
+                    .map(|m| m.starts.capacity() * 4)
+                    .sum::<usize>()
                 + self.slot_holder.len() * 8,
             translation_bytes: holders.iter().map(|h| h.bytes).sum(),
             holders,

@@ -332,3 +332,60 @@ fn a_lookup_races_a_head_table_that_grows() {
         }
     });
 }
+
+#[test]
+fn a_lookup_races_decode_steps_appended_in_place() {
+    model(|| {
+        let index: Arc<KvIndex<u8>> = Arc::new(KvIndex::new(config()));
+        let a = index.register_worker(0);
+        // One block in a two-slot buffer: the next block is appended in
+        // place (hash, then length); the one after grows the buffer.
+        index.apply(a, 0, &stored(0, 1, 1)).unwrap();
+        let hashes = index.block_hashes(&[0, 1, 2], None);
+        let writer = {
+            let index = Arc::clone(&index);
+            thread::spawn(move || {
+                index.apply(a, 0, &stored(1, 1, 1)).unwrap();
+                index.apply(a, 0, &stored(2, 1, 1)).unwrap();
+            })
+        };
+        let found = index.lookup(&hashes);
+        well_formed(&found);
+        assert!((1..=3).contains(&found.blocks_of(Holder { worker: a, rank: 0 })));
+        writer.join().unwrap();
+        assert_eq!(
+            index
+                .lookup(&hashes)
+                .blocks_of(Holder { worker: a, rank: 0 }),
+            3
+        );
+        assert_eq!(index.stats().pairs, 3);
+    });
+}
+
+#[test]
+fn a_lookup_races_a_run_extended_in_place() {
+    model(|| {
+        let index: Arc<KvIndex<u8>> = Arc::new(KvIndex::new(config()));
+        let a = index.register_worker(0);
+        let b = index.register_worker(1);
+        // a holds 0, 1, 2 and b holds 0: segments [0, 1) {a, b}, [1, 3) {a}.
+        // b storing 1 moves the second segment's start to 2 in place.
+        index.apply(a, 0, &stored(0, 3, 1)).unwrap();
+        index.apply(b, 0, &stored(0, 1, 2)).unwrap();
+        let hashes = index.block_hashes(&[0, 1, 2], None);
+        let writer = {
+            let index = Arc::clone(&index);
+            thread::spawn(move || index.apply(b, 0, &stored(1, 1, 2)).unwrap())
+        };
+        let found = index.lookup(&hashes);
+        well_formed(&found);
+        assert_eq!(found.blocks_of(Holder { worker: a, rank: 0 }), 3);
+        let of_b = found.blocks_of(Holder { worker: b, rank: 0 });
+        assert!(of_b == 1 || of_b == 2, "{of_b}");
+        writer.join().unwrap();
+        let found = index.lookup(&hashes);
+        assert_eq!(found.blocks_of(Holder { worker: b, rank: 0 }), 2);
+        assert_eq!(index.stats().pairs, 5);
+    });
+}
