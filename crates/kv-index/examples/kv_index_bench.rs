@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p kv-index --example kv_index_bench            # a table
 //! cargo run --release -p kv-index --example kv_index_bench -- --json  # one JSON line
+//! cargo run --release -p kv-index --example kv_index_bench -- --ingest-only  # to profile
 //! ```
 //!
 //! The fleet: `WORKERS` workers (one rank each) with block size 16. There
@@ -167,6 +168,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn main() {
     let json = std::env::args().any(|a| a == "--json");
+    // For profiling the main ingest alone.
+    let ingest_only = std::env::args().any(|a| a == "--ingest-only");
     let mut rng = Rng(0x6b76_1d3e);
     let index: KvIndex<usize> = KvIndex::new(IndexConfig {
         block_size: BLOCK,
@@ -282,6 +285,11 @@ fn main() {
     }
     let ingest_s = start.elapsed().as_secs_f64();
     let ingest_blocks_per_s = total_blocks as f64 / ingest_s;
+
+    if ingest_only {
+        println!("ingest {ingest_blocks_per_s:.0} blocks/s");
+        return;
+    }
 
     // The same blocks with smaller events, into fresh indexes (only
     // applying is timed): conversations one block per event, as decode

@@ -3,8 +3,8 @@
 //!
 //! A chain is a sequence of our block hashes in which every block is the
 //! child of the one before (so the sequence is a path of the prefix tree).
-//! Its published [`ChainState`] is immutable: the chain's length, a pointer
-//! to its hash buffer and its segments. A segment is a range of the chain
+//! Its published [`ChainState`] holds the chain's length, a pointer to its
+//! hash buffer and its segments. A segment is a range of the chain
 //! whose blocks all have the same holder set; it also keeps the holders of
 //! the segment before it that it lacks (`gone`), so a lookup that walked the
 //! previous segment updates its live holders in time linear in that
@@ -17,6 +17,12 @@
 //! appends write positions beyond every published length, and a buffer is
 //! replaced (and the old one retired) when it is full or the chain is cut
 //! back, so a position below a published length never changes.
+//!
+//! The two most frequent small changes need no new state: a decode step
+//! (a block appended whose holders are the last segment's) and a stream
+//! extending the run it holds into the next segment. Each is one atomic
+//! store into the published state (its length, or a segment's start); see
+//! [`ChainState`] for why readers may see either value.
 
 use std::sync::Arc as SetArc;
 

@@ -32,14 +32,13 @@
 //! 17 to 20 times faster, 64-block events about 3 times faster, and 33
 //! instead of 46 bytes per (block, worker) pair (figures in the README).
 //!
-//! The price is paid by small events on shared chains: an event publishes
-//! a new state of each chain it touches, copying the chain's segment list
-//! (holder sets are shared, not copied). A decode step appending one block
-//! to a conversation's chain (few segments) costs about what it did with
-//! the table; a shared system prompt arriving one block per event, on a
-//! chain split into many segments by partial evictions, costs up to about
-//! 1.7 times more. Engines store prefills in events of many blocks, so
-//! that case is rare.
+//! An event that changes a chain publishes a new state of it, copying its
+//! segment list (holder sets are shared, not copied), which would make
+//! events of one block cost more than a table write. The two common ones
+//! avoid it: a decode step appending a block to its conversation's chain,
+//! and a stream extending the run it holds by a block, each change the
+//! published state in place with one atomic store (module `chain`). With
+//! them, events of one block are faster than with the table too (README).
 //!
 //! Streams translate engine hashes to a block's *place* (chain id and
 //! position), not to our hash: a stream only ever names blocks it holds,
@@ -71,12 +70,14 @@
 //!
 //! - **Readers never block and never wait for writers.** A lookup announces
 //!   itself to a two-counter grace-period scheme (module `rcu`), then does
-//!   only atomic loads and reads of immutable memory. A chain's state (its
-//!   length, buffer and segments) is immutable once published and replaced
-//!   as a whole by one pointer store; hash buffers are written only past
-//!   every published length. Replaced states, buffers, the head table and
-//!   the chain directory are freed only after every reader that could see
-//!   them has left.
+//!   only atomic loads and reads of memory no writer changes. A chain's
+//!   state (its length, buffer and segments) is replaced as a whole by one
+//!   pointer store, except for two single-store changes in place (a longer
+//!   length, a segment start moved forward) that leave each block with its
+//!   old or its new holders; hash buffers are written only past every
+//!   published length. Replaced states, buffers, the head table and the
+//!   chain directory are freed only after every reader that could see them
+//!   has left.
 //! - **Writers are serialized** by one lock held while an event changes
 //!   chains; hashing the event's tokens and the translation of engine
 //!   hashes happen under the stream's own lock, so streams of different
