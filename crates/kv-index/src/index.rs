@@ -263,7 +263,9 @@ pub struct IndexStats {
     pub blocks: usize,
     /// (block, holder) pairs.
     pub pairs: usize,
-    /// Bytes of the shared index: tables and holder arrays.
+    /// Bytes of the shared index: chains (hash buffers, segments, holder
+    /// sets), the head table, the chain directory and the writer's copies
+    /// of them, and the holder slot table.
     pub index_bytes: usize,
     /// Bytes of all streams' translation maps.
     pub translation_bytes: usize,

@@ -4,7 +4,8 @@
 //! grows hash buffers, the head table and the chain directory, cuts chains
 //! back and frees them (reusing their ids), which the small universe of
 //! the state machine never reaches. After every few steps every lookup and
-//! the pair and block counts must agree with the model.
+//! the pair and block counts must agree with the model. A second test runs
+//! the same kind of traffic from several threads while others look up.
 #![cfg(not(loom))]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -227,4 +228,98 @@ fn long_chains_grow_branch_cut_and_free_like_the_model() {
     check(&index, &model, &requests);
     let stats = index.stats();
     assert_eq!((stats.pairs, stats.blocks), (0, 0));
+}
+
+#[test]
+fn concurrent_writers_and_readers_end_where_the_model_does() {
+    let index: std::sync::Arc<KvIndex<u32>> = std::sync::Arc::new(KvIndex::new(IndexConfig {
+        block_size: BLOCK_SIZE,
+        max_holders: 64,
+    }));
+    let hasher = BlockHasher::new(BLOCK_SIZE);
+    let ids: Vec<_> = (0..4).map(|w| index.register_worker(w)).collect();
+    let texts: Vec<Text> = (0..PROMPTS)
+        .flat_map(|prompt| {
+            (0..=4).map(move |conversation| Text {
+                prompt,
+                conversation,
+            })
+        })
+        .collect();
+    let requests: Vec<Vec<BlockHash>> = texts
+        .iter()
+        .map(|t| hasher.hash_blocks(&t.tokens(0..t.blocks())))
+        .collect();
+    // Each writer owns one worker's stream and logs the events it applied.
+    let writers: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(w, &id)| {
+            let index = std::sync::Arc::clone(&index);
+            let texts = texts.clone();
+            std::thread::spawn(move || {
+                let stream = index.stream(id, 0).unwrap();
+                let mut rng = Rng(100 + w as u64);
+                let mut log = Vec::new();
+                for _ in 0..300 {
+                    let text = texts[rng.below(texts.len() as u32) as usize];
+                    let n = text.blocks();
+                    let event = match rng.below(4) {
+                        0 | 1 => {
+                            let end = 1 + rng.below(n);
+                            let start = if rng.below(2) == 0 { 0 } else { rng.below(end) };
+                            stored(text, w as u32, start..end)
+                        }
+                        2 => {
+                            let start = rng.below(n);
+                            removed(text, w as u32, start..n)
+                        }
+                        _ => stored(text, w as u32, 0..n),
+                    };
+                    stream.apply(&event).unwrap();
+                    log.push(event);
+                }
+                log
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let index = std::sync::Arc::clone(&index);
+            let requests = requests.clone();
+            std::thread::spawn(move || {
+                let mut lookups = 0;
+                for round in 0..400 {
+                    let request = &requests[(round * 7 + r) % requests.len()];
+                    let found = index.lookup(request);
+                    for m in found.matches() {
+                        assert!((1..=request.len()).contains(&m.blocks), "{m:?}");
+                    }
+                    assert!(
+                        found
+                            .matches()
+                            .windows(2)
+                            .all(|w| w[0].blocks >= w[1].blocks)
+                    );
+                    lookups += 1;
+                }
+                lookups
+            })
+        })
+        .collect();
+    let mut model = Model::default();
+    for id in &ids {
+        model.registered.insert(id.get());
+    }
+    for (id, writer) in ids.iter().zip(writers) {
+        for event in writer.join().unwrap() {
+            assert!(model.apply(id.get(), 0, &event));
+        }
+    }
+    for reader in readers {
+        assert_eq!(reader.join().unwrap(), 400);
+    }
+    // Streams are independent, so applying each log in turn gives the
+    // state the concurrent run must have reached.
+    check(&index, &model, &requests);
 }
