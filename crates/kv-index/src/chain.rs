@@ -291,12 +291,20 @@ impl Edit {
     }
 
     /// Appends one block nobody holds yet; returns its position. The
-    /// returned buffer, if any, was replaced and must be retired.
-    pub(crate) fn append(&mut self, hash: u64, empty: &Set) -> (u32, Option<*mut HashBuf>) {
+    /// returned buffer, if any, was replaced and must be retired. `more`:
+    /// blocks the caller is about to append after this one (room is made
+    /// for them at once).
+    pub(crate) fn append(
+        &mut self,
+        hash: u64,
+        more: usize,
+        empty: &Set,
+    ) -> (u32, Option<*mut HashBuf>) {
         let mut retired = None;
         let cap = self.buf().hashes.len();
         if self.len as usize == cap {
-            let grown = HashBuf::with_capacity((cap * 2).max(MIN_BUF));
+            let need = self.len as usize + 1 + more;
+            let grown = HashBuf::with_capacity((cap * 2).max(need).max(MIN_BUF));
             for i in 0..self.len as usize {
                 grown.hashes[i].store(self.buf().get(i), Ordering::Relaxed);
             }
@@ -477,7 +485,7 @@ mod tests {
         }
         .tap(|e| {
             for h in 1..=20 {
-                let (_, old) = e.append(h, empty);
+                let (_, old) = e.append(h, 0, empty);
                 if let Some(old) = old {
                     // SAFETY: replaced by the edit, never shared.
                     drop(unsafe { Box::from_raw(old) });

@@ -486,6 +486,11 @@ struct Writer {
     /// The current head table and its plain copy.
     heads: *mut Table,
     heads_shadow: Shadow,
+    /// A bit per possible head (one bit per key of the table, by other bits
+    /// of the hash than the table's): a clear bit means "no chain starts
+    /// with this block" without a probe. Stale bits of freed chains are
+    /// dropped when the table is rebuilt.
+    head_bits: Vec<u64>,
     /// The current chain directory and, per chain id, its current state
     /// (null: none).
     dir: *mut Dir,
@@ -600,6 +605,31 @@ struct Inner {
 
 const VACANT: u64 = u64::MAX;
 
+/// Words of the head bitset for a head table of `capacity` slots: eight
+/// bits per slot, so at most 3/32 of the bits are set.
+fn head_bits_words(capacity: usize) -> usize {
+    (capacity / 8).max(1)
+}
+
+#[inline]
+fn head_bit_index(bits: &[u64], key: u64) -> (usize, u64) {
+    // The table probes from the low bits; take the high ones here.
+    let bit = (key >> 32) as usize % (bits.len() * 64);
+    (bit / 64, 1 << (bit % 64))
+}
+
+#[inline]
+fn set_head_bit(bits: &mut [u64], key: u64) {
+    let (word, mask) = head_bit_index(bits, key);
+    bits[word] |= mask;
+}
+
+#[inline]
+fn head_bit(bits: &[u64], key: u64) -> bool {
+    let (word, mask) = head_bit_index(bits, key);
+    bits[word] & mask != 0
+}
+
 const C_EVENTS: usize = 0;
 const C_STORED: usize = 1;
 const C_REMOVED: usize = 2;
@@ -624,6 +654,7 @@ impl Inner {
             writer: Mutex::new(Writer {
                 heads,
                 heads_shadow: Shadow::new(heads_capacity),
+                head_bits: vec![0; head_bits_words(heads_capacity)],
                 dir,
                 states: Vec::new(),
                 heads_used: 0,
@@ -765,7 +796,7 @@ impl Inner {
     }
 
     /// Starts a new chain whose first block is `head`, nobody holding it.
-    fn new_chain(&self, w: &mut Writer, head: u64) -> Loc {
+    fn new_chain(&self, w: &mut Writer, head: u64, more: usize) -> Loc {
         self.publish(w);
         let id = w.free_chains.pop().unwrap_or_else(|| {
             w.next_chain += 1;
@@ -787,10 +818,12 @@ impl Inner {
         let mut edit = Edit {
             id,
             len: 0,
-            buf: Box::into_raw(Box::new(HashBuf::with_capacity(chain::MIN_BUF))),
+            buf: Box::into_raw(Box::new(HashBuf::with_capacity(
+                (more + 1).max(chain::MIN_BUF),
+            ))),
             segs,
         };
-        edit.append(head, &w.empty);
+        edit.append(head, more, &w.empty);
         w.edit = Some(edit);
         w.touched.push(id);
         self.heads_insert(w, head, id);
@@ -811,6 +844,7 @@ impl Inner {
 
     fn heads_insert(&self, w: &mut Writer, key: u64, id: u32) {
         let word = u64::from(id) + 1;
+        set_head_bit(&mut w.head_bits, key);
         let (mut index, found) = w.heads_shadow.find(key);
         if found {
             // A tombstone of a freed chain with the same head.
@@ -848,8 +882,10 @@ impl Inner {
     fn grow_heads(&self, w: &mut Writer) {
         let new = Table::with_capacity((((w.heads_live + 1) * 8).div_ceil(5)).max(INITIAL_HEADS));
         let mut shadow = Shadow::new(new.capacity());
+        let mut bits = vec![0; head_bits_words(new.capacity())];
         for (&key, &word) in w.heads_shadow.keys.iter().zip(&w.heads_shadow.words) {
             if word != 0 {
+                set_head_bit(&mut bits, key);
                 let (i, _) = shadow.find(key);
                 new.publish_new(i, key, word);
                 shadow.keys[i] = key;
@@ -860,6 +896,7 @@ impl Inner {
         self.heads.store(new, Ordering::Release);
         let old = std::mem::replace(&mut w.heads, new);
         w.heads_shadow = shadow;
+        w.head_bits = bits;
         w.heads_used = w.heads_live;
         w.garbage.0.push(GarbageItem::Table(old));
         w.urgent = true;
@@ -867,6 +904,9 @@ impl Inner {
 
     /// The chain whose first block is `hash`.
     fn head_chain(&self, w: &Writer, hash: u64) -> Option<u32> {
+        if !head_bit(&w.head_bits, hash) {
+            return None;
+        }
         let id = w.heads_shadow.get(hash).checked_sub(1)? as u32;
         (self.peek(w, id, 0).1 == Some(hash)).then_some(id)
     }
@@ -880,7 +920,9 @@ impl Inner {
     /// first block of a chain (in the head table), so these two places are
     /// the only ones to look: no table of every block is needed.
     ///
-    /// With `holder`, a new block that can be appended to its parent's
+    /// `more`: blocks of the event after this one (a new or growing hash
+    /// buffer makes room for them). With `holder`, a new block that can be
+    /// appended to its parent's
     /// chain in place (see [`Inner::append_in_place`]) is, already held by
     /// that holder slot; the second value says so.
     fn locate(
@@ -889,6 +931,7 @@ impl Inner {
         prev: Option<Loc>,
         hash: u64,
         holder: Option<u32>,
+        more: usize,
     ) -> (Loc, bool) {
         let mut parent_is_last = false;
         if let Some(p) = prev {
@@ -915,7 +958,7 @@ impl Inner {
                 self.open(w, p.chain);
                 let Writer { edit, empty, .. } = w;
                 let edit = edit.as_mut().expect("just opened");
-                let (off, retired) = edit.append(hash, empty);
+                let (off, retired) = edit.append(hash, more, empty);
                 if let Some(buf) = retired {
                     w.garbage.0.push(GarbageItem::Buf(buf));
                 }
@@ -925,7 +968,7 @@ impl Inner {
                 };
                 (loc, false)
             }
-            _ => (self.new_chain(w, hash), false),
+            _ => (self.new_chain(w, hash, more), false),
         }
     }
 
@@ -1196,13 +1239,15 @@ impl Inner {
                             let garbage = {
                                 let mut w = self.writer.lock();
                                 let w = &mut *w;
-                                for (engine, our) in block_hashes.iter().zip(&ours) {
+                                for (i, (engine, our)) in block_hashes.iter().zip(&ours).enumerate()
+                                {
                                     // A block appended in place is held at
                                     // once, so only for an engine hash the
                                     // stream does not map yet.
                                     let fresh = (!stream.map.contains_key(&engine.0))
                                         .then_some(stream.slot);
-                                    let (loc, held) = self.locate(w, prev, our.0, fresh);
+                                    let more = n - 1 - i;
+                                    let (loc, held) = self.locate(w, prev, our.0, fresh, more);
                                     prev = Some(loc);
                                     if held {
                                         stream.map.insert(engine.0, loc.pack());
@@ -1591,6 +1636,7 @@ impl Inner {
             // directory and the writer's per-chain arrays; holder slots.
             index_bytes: chains
                 + heads * (std::mem::size_of::<table::Slot>() + 16)
+                + w.head_bits.len() * 8
                 + Self::wdir(&w).slots.len() * 8
                 + w.states.capacity() * 8
                 + w.meta.capacity() * std::mem::size_of::<ChainMeta>()
