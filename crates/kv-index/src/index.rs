@@ -29,8 +29,8 @@
 //! event per chain, and memory per block is one 8-byte hash plus, per
 //! segment, its holder sets. Measured on the acceptance bench (2-core
 //! machine, both layouts run alternately under the same load): lookups
-//! 17 to 20 times faster, 64-block events about 3 times faster, and 33
-//! instead of 46 bytes per (block, worker) pair (figures in the README).
+//! about 15 times faster, events about 3 times faster, and 33 instead of
+//! 46 bytes per (block, worker) pair (figures in the README).
 //!
 //! An event that changes a chain publishes a new state of it, copying its
 //! segment list (holder sets are shared, not copied), which would make
