@@ -29,10 +29,10 @@
 //! prefix, a table of chains' first blocks finds the next node directly.
 //! Chains cost a probe per chain (a handful per request) and a write per
 //! event per chain, and memory per block is one 8-byte hash plus, per
-//! segment, its holder sets. A chain keeps blocks nobody holds any more
-//! until they are half of it (then it is cut back to its last held block)
-//! or until nobody holds any of it (then it is freed); [`IndexStats`]
-//! counts them. Measured on the acceptance bench (2-core
+//! segment, its holder sets. A chain keeps blocks nobody holds any more:
+//! an unheld tail until it is half the chain (then the chain is cut back to
+//! its last held block), other unheld blocks until nobody holds any block
+//! of the chain (then it is freed); [`IndexStats`] counts their bytes. Measured on the acceptance bench (2-core
 //! machine, both layouts run alternately under the same load): lookups
 //! about 15 times faster, events about 3 times faster, and 33 instead of
 //! 46 bytes per (block, worker) pair (figures in the README).
