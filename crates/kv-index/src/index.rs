@@ -926,16 +926,17 @@ impl Inner {
     /// the only ones to look: no table of every block is needed.
     ///
     /// `more`: blocks of the event after this one (a new or growing hash
-    /// buffer makes room for them). With `holder`, a new block that can be
-    /// appended to its parent's
-    /// chain in place (see [`Inner::append_in_place`]) is, already held by
-    /// that holder slot; the second value says so.
+    /// buffer makes room for them). `holder`: the stream's slot, and
+    /// whether the event's engine hash for this block is new to the stream;
+    /// if so, a new block that can be appended to its parent's chain in
+    /// place (see [`Inner::append_in_place`]) is, already held by that
+    /// slot, and the second value says so.
     fn locate(
         &self,
         w: &mut Writer,
         prev: Option<Loc>,
         hash: u64,
-        holder: Option<u32>,
+        holder: (u32, &dyn Fn() -> bool),
         more: usize,
     ) -> (Loc, bool) {
         let mut parent_is_last = false;
@@ -955,7 +956,8 @@ impl Inner {
         }
         match prev {
             Some(p) if parent_is_last => {
-                if let Some(slot) = holder
+                let (slot, fresh) = holder;
+                if fresh()
                     && let Some(loc) = self.append_in_place(w, p.chain, hash, slot)
                 {
                     return (loc, true);
@@ -1248,11 +1250,13 @@ impl Inner {
                                 {
                                     // A block appended in place is held at
                                     // once, so only for an engine hash the
-                                    // stream does not map yet.
-                                    let fresh = (!stream.map.contains_key(&engine.0))
-                                        .then_some(stream.slot);
+                                    // stream does not map yet (asked only
+                                    // then: most blocks never need it).
+                                    let map = &stream.map;
+                                    let fresh = || !map.contains_key(&engine.0);
                                     let more = n - 1 - i;
-                                    let (loc, held) = self.locate(w, prev, our.0, fresh, more);
+                                    let (loc, held) =
+                                        self.locate(w, prev, our.0, (stream.slot, &fresh), more);
                                     prev = Some(loc);
                                     if held {
                                         stream.map.insert(engine.0, loc.pack());
