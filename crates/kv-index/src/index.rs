@@ -34,7 +34,7 @@
 //! its last held block), other unheld blocks until nobody holds any block
 //! of the chain (then it is freed); [`IndexStats`] counts their bytes. Measured on the acceptance bench (2-core
 //! machine, both layouts run alternately under the same load): lookups
-//! about 15 times faster, events about 3 times faster, and 33 instead of
+//! about 15 times faster, events 2 to 4 times faster, and 33 instead of
 //! 46 bytes per (block, worker) pair (figures in the README).
 //!
 //! An event that changes a chain publishes a new state of it, copying its
