@@ -4,7 +4,9 @@
 //! copied buffer, the old one is retired), a second chain grows the
 //! directory, and a holder change replaces a chain's state copy-on-write
 //! (splitting or merging segments). Freed chains give their id to the next
-//! chain, and cut-back chains move to a shorter buffer. Readers must only
+//! chain, and cut-back chains move to a shorter buffer; decode steps and
+//! runs extended by a block change a published state in place (its length,
+//! a segment's start). Readers must only
 //! ever see states some order of the events produces, block by block, and
 //! never freed memory (loom tracks its atomics' allocations and reports use
 //! after free and leaks).
