@@ -6,10 +6,11 @@
 //! (splitting or merging segments). Freed chains give their id to the next
 //! chain, and cut-back chains move to a shorter buffer; decode steps and
 //! runs extended by a block change a published state in place (its length,
-//! a segment's start). Readers must only
-//! ever see states some order of the events produces, block by block, and
-//! never freed memory (loom tracks its atomics' allocations and reports use
-//! after free and leaks).
+//! a segment's start). Readers must only ever see states some order of the
+//! events produces, block by block, every reported holder must hold at
+//! least the first block, and no reader may touch freed memory (under loom
+//! every replaced state is reclaimed at once; freeing without the grace
+//! period crashes these models).
 //!
 //! Bound: 2 threads, `LOOM_MAX_PREEMPTIONS=2`.
 #![cfg(loom)]
