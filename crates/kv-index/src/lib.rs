@@ -66,11 +66,13 @@
 //! - [`hash`]: our own chained block hash, stable across processes,
 //!   machines and versions; how engine hashes (ints or bytes) are made
 //!   opaque.
-//! - [`index`]: the layout (open addressing keyed by our hash, one or two
-//!   holders inline), the lookup, the event edge cases (unknown parents are
-//!   counted and skipped) and the concurrency guarantee: **lookups never
-//!   block and never wait for writers**; writers are serialized per event
-//!   by one short lock and may wait for readers before freeing memory.
+//! - [`index`]: the layout (chains of consecutive blocks stored once,
+//!   split into segments with one holder set each, found through a table of
+//!   chains' first blocks), the lookup (a step per chain and holder change,
+//!   not per block), the event edge cases (unknown parents are counted and
+//!   skipped) and the concurrency guarantee: **lookups never block and
+//!   never wait for writers**; writers are serialized per event by one
+//!   lock and may wait for readers before freeing memory.
 //!
 //! # Feature flags and testing
 //!
@@ -85,6 +87,7 @@
 //! and LoRA id hash the same in every version of the same major release.
 #![warn(missing_docs)]
 
+mod chain;
 pub mod fuzzing;
 pub mod hash;
 pub mod index;

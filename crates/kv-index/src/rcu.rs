@@ -2,8 +2,8 @@
 //!
 //! Readers announce themselves in one of two counters (chosen by the current
 //! parity) and re-check the parity after announcing; a reader never waits.
-//! A writer that unlinked something (a grown shard's old table, a replaced
-//! holder set) calls [`Rcu::synchronize`]: it flips the parity and waits
+//! A writer that unlinked something (a replaced chain state or hash buffer,
+//! a grown table) calls [`Rcu::synchronize`]: it flips the parity and waits
 //! until the old parity's counter drains. Every reader that could still see
 //! the unlinked object announced under the old parity before the flip, so
 //! once that counter is zero the object can be freed. Readers that announced

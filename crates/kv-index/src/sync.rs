@@ -5,12 +5,12 @@
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(not(loom))]
 pub(crate) use parking_lot::Mutex;

@@ -289,3 +289,27 @@ fn the_block_hash_is_stable() {
 }
 
 const STABLE: [u64; 2] = [0xf1a4_e6b8_ed62_8039, 0xe764_ed41_4976_1076];
+
+#[test]
+fn hashes_that_do_not_chain_still_get_an_answer() {
+    let index = index();
+    let a = index.register_worker("a".into());
+    index.apply(a, 0, &stored(0..12, 1, 1)).unwrap();
+    let request = index.block_hashes(&tokens(0..12, 1), None);
+    // Not a request's hashes: reversed, shuffled, repeated. The lookup must
+    // end and report every holder with at least one and at most all blocks.
+    let mut reversed = request.clone();
+    reversed.reverse();
+    let mut swapped = request.clone();
+    swapped.swap(3, 7);
+    let repeated: Vec<_> = request.iter().chain(&request).copied().collect();
+    for hashes in [reversed, swapped, repeated] {
+        let found = index.lookup(&hashes);
+        for m in found.matches() {
+            assert!((1..=hashes.len()).contains(&m.blocks), "{m:?}");
+        }
+    }
+    // A request and a contiguous part of it are answered exactly.
+    assert_eq!(index.lookup(&request).blocks_of(h(a, 0)), 12);
+    assert_eq!(index.lookup(&request[5..]).blocks_of(h(a, 0)), 7);
+}

@@ -12,7 +12,7 @@ mod loom_support;
 use kv_index::{EngineHash, Holder, IndexConfig, KvEvent, KvIndex};
 use loom::sync::Arc;
 use loom::thread;
-use loom_support::model;
+use loom_support::{model, well_formed};
 
 fn stored(n: u32, tag: i64) -> KvEvent {
     KvEvent::BlockStored {
@@ -41,11 +41,13 @@ fn two_streams_store_the_same_prefix_while_a_lookup_runs() {
         let ta = thread::spawn(move || sa.apply(&stored(2, 1)).unwrap());
         let tb = thread::spawn(move || sb.apply(&stored(1, 2)).unwrap());
         let found = index.lookup(&hashes);
+        well_formed(&found);
         assert!(found.blocks_of(Holder { worker: a, rank: 0 }) <= 2);
         assert!(found.blocks_of(Holder { worker: b, rank: 0 }) <= 1);
         ta.join().unwrap();
         tb.join().unwrap();
         let found = index.lookup(&hashes);
+        well_formed(&found);
         assert_eq!(found.blocks_of(Holder { worker: a, rank: 0 }), 2);
         assert_eq!(found.blocks_of(Holder { worker: b, rank: 0 }), 1);
         assert_eq!(index.stats().pairs, 3);

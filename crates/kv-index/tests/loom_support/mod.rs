@@ -6,3 +6,12 @@ pub(crate) fn model(f: impl Fn() + Sync + Send + 'static) {
     builder.max_branches = 100_000;
     builder.check(f);
 }
+
+/// What every lookup result must satisfy, whatever it raced: each reported
+/// holder holds at least the first block and at most the whole request.
+pub(crate) fn well_formed(found: &kv_index::PrefixMatches) {
+    let n = found.request_blocks();
+    for m in found.matches() {
+        assert!((1..=n).contains(&m.blocks), "{m:?} of {n} blocks");
+    }
+}
