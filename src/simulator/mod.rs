@@ -78,8 +78,8 @@ pub mod trace;
 pub mod workload;
 
 pub use metrics::{LoadTimeline, PolicyMetrics, percentile};
-pub use run::{PdSplit, RunReport, SimConfig, SimError, simulate};
-pub use trace::{PreparedTrace, Trace, TraceError, TraceRequest};
+pub use run::{PdSplit, RoutingSource, RunReport, SimConfig, SimError, simulate, split_policy};
+pub use trace::{ArrivalClock, PreparedTrace, Trace, TraceError, TraceRequest};
 
 /// The policies the simulator compares by default, named as on the
 /// router's command line.

@@ -154,6 +154,11 @@ pub mod transfer;
 #[doc(hidden)]
 pub mod fuzzing;
 
+/// The crate engine-sim builds prompts with, re-exported so a host (the
+/// routing simulator, a test) uses the very same version: its
+/// `PromptTokenizer` is what [`ServeOptions::tokenizer`] takes.
+pub use prompt_tokens;
+
 pub use config::{EngineConfig, FaultConfig, KvConnector, ModelConfig, MoriioMode, Role};
 #[cfg(feature = "pd-orchestrator")]
 pub use deployment::for_deployment;
