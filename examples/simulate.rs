@@ -16,8 +16,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use affinity_router::simulator::{
-    DEFAULT_POLICIES, PdSplit, PreparedTrace, RunReport, SimConfig, Trace, report, simulate, trace,
-    workload,
+    DEFAULT_POLICIES, PdSplit, PreparedTrace, RunReport, SimConfig, Trace, report, simulate,
+    split_policy, trace, workload,
 };
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -27,15 +27,19 @@ use plotters::prelude::*;
 #[derive(Parser, Debug)]
 #[command(name = "simulate")]
 struct Args {
-    /// Workloads to run: multi_turn, radix, multi_turn_pd (comma-separated),
-    /// all, or none (with --trace).
+    /// Workloads to run: multi_turn, radix, multi_turn_pd, templated
+    /// (comma-separated), all (the first three), or none (with --trace).
     #[arg(long, default_value = "all")]
     workload: String,
     /// Replay a JSONL trace file as well (see the simulator's trace module
     /// docs for the format).
     #[arg(long)]
     trace: Option<PathBuf>,
-    /// Policies, comma-separated, named as on the router's command line.
+    /// Policies, comma-separated, named as on the router's command line;
+    /// `:tokens` routes a cache-aware policy on the engines' token ids
+    /// instead of the request text (`cache_aware:tokens`). Default: the
+    /// seven built-in comparisons; for templated, round_robin, cache_aware
+    /// and cache_aware:tokens.
     #[arg(long, value_delimiter = ',')]
     policies: Option<Vec<String>>,
     /// Engines in the regular workloads.
@@ -121,7 +125,12 @@ struct Scenario {
     description: String,
     trace: PreparedTrace,
     config: SimConfig,
+    /// Its own default policies (when --policies is not given).
+    policies: Option<Vec<String>>,
 }
+
+/// The comparison the templated workload exists for.
+const TEMPLATED_POLICIES: [&str; 3] = ["round_robin", "cache_aware", "cache_aware:tokens"];
 
 /// Requests per workload under `--quick`.
 const QUICK_REQUESTS: usize = 1_500;
@@ -129,7 +138,9 @@ const QUICK_REQUESTS: usize = 1_500;
 /// decode engines sustain under round robin.
 const PD_RATE: f64 = 230.0;
 
-const KNOWN_WORKLOADS: [&str; 3] = ["multi_turn", "radix", "multi_turn_pd"];
+const KNOWN_WORKLOADS: [&str; 4] = ["multi_turn", "radix", "multi_turn_pd", "templated"];
+/// What `--workload all` runs.
+const ALL_WORKLOADS: [&str; 3] = ["multi_turn", "radix", "multi_turn_pd"];
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -164,7 +175,7 @@ fn run(args: &Args) -> Result<(), String> {
         return Err(format!("--rate must be a positive number, got {rate}"));
     }
     let selected: Vec<&str> = if args.workload == "all" {
-        KNOWN_WORKLOADS.to_vec()
+        ALL_WORKLOADS.to_vec()
     } else if args.workload == "none" {
         Vec::new()
     } else {
@@ -211,8 +222,9 @@ fn run(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-fn lb_policies_known(name: &str) -> bool {
-    affinity_router::policies::BUILTIN_POLICIES.contains(&name)
+fn lb_policies_known(label: &str) -> bool {
+    split_policy(label)
+        .is_ok_and(|(name, _)| affinity_router::policies::BUILTIN_POLICIES.contains(&name))
 }
 
 fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, String> {
@@ -290,6 +302,52 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
                     ),
                     trace: PreparedTrace::new(&trace, &sim.model),
                     config: sim,
+                    policies: None,
+                }
+            }
+            "templated" => {
+                let defaults = workload::TemplatedConfig::default();
+                let config = workload::TemplatedConfig {
+                    requests: args.requests.unwrap_or(if args.quick {
+                        QUICK_REQUESTS
+                    } else {
+                        defaults.requests
+                    }),
+                    rate: args.rate.unwrap_or(defaults.rate),
+                    seed: args.seed,
+                    active_sessions: args.sessions.unwrap_or(defaults.active_sessions),
+                    block_size: base.model.block_size,
+                    ..defaults
+                };
+                let generated = workload::templated(&config)
+                    .map_err(|e| format!("templated: building the test model: {e}"))?;
+                let mut sim = base.clone();
+                sim.model.num_blocks = workload::TEMPLATED_NUM_BLOCKS;
+                Scenario {
+                    name: name.to_owned(),
+                    description: format!(
+                        "{} chat requests at {} req/s (Poisson), {} sessions open at a time, {}-{} turns; each session has one of {} system prompts of {} words and one of {} tool sets; the engines render the Llama 3 chat template (tools in the system header, \"Today Date\" changing at {:.1} s) and tokenize with a byte-level BPE trained on a fixed corpus; user messages are k×{}−1 tokens (k {}-{}), {}-{} output tokens; {} engines of {} KV blocks; seed {}.",
+                        config.requests,
+                        config.rate,
+                        config.active_sessions,
+                        config.turns.0,
+                        config.turns.1,
+                        config.system_prompts,
+                        config.system_prompt_words,
+                        config.tool_sets,
+                        config.day_change().as_secs_f64(),
+                        config.block_size,
+                        config.user_blocks.0,
+                        config.user_blocks.1,
+                        config.output_tokens.0,
+                        config.output_tokens.1,
+                        sim.workers,
+                        sim.model.num_blocks,
+                        args.seed
+                    ),
+                    trace: generated.prepare(&sim.model),
+                    config: sim,
+                    policies: Some(TEMPLATED_POLICIES.iter().map(|p| (*p).to_owned()).collect()),
                 }
             }
             "radix" => {
@@ -321,6 +379,7 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
                     ),
                     trace: PreparedTrace::new(&trace, &base.model),
                     config: base.clone(),
+                    policies: None,
                 }
             }
             _ => unreachable!("workload names are checked"),
@@ -348,6 +407,7 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
             ),
             trace: PreparedTrace::new(&trace, &base.model),
             config: base.clone(),
+            policies: None,
         });
     }
     Ok(scenarios)
@@ -364,8 +424,16 @@ fn run_all(
     scenarios: &[Scenario],
     policies: &[String],
 ) -> Result<Vec<RunReport>, String> {
-    let jobs: Vec<(usize, &str)> = (0..scenarios.len())
-        .flat_map(|s| policies.iter().map(move |p| (s, p.as_str())))
+    let jobs: Vec<(usize, &str)> = scenarios
+        .iter()
+        .enumerate()
+        .flat_map(|(s, scenario)| {
+            let own = match (&args.policies, &scenario.policies) {
+                (None, Some(own)) => own.as_slice(),
+                _ => policies,
+            };
+            own.iter().map(move |p| (s, p.as_str()))
+        })
         .collect();
     let total: usize = jobs.iter().map(|&(s, _)| scenarios[s].trace.len()).sum();
     let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
@@ -445,6 +513,8 @@ fn headlines(workload: &str, rows: &[&RunReport]) -> String {
         ("cache_aware", "power_of_two"),
         ("cache_aware", "consistent_hash"),
         ("cache_aware", "cache_aware_fleet_gate"),
+        ("cache_aware:tokens", "round_robin"),
+        ("cache_aware:tokens", "cache_aware"),
     ];
     for &(policy, baseline) in pairs {
         if let Some(r) = report::ratios(rows, policy, baseline) {

@@ -213,6 +213,48 @@ fn drained_workers_are_seen_but_never_chosen() {
 }
 
 #[test]
+fn a_routing_input_suffix_picks_text_or_tokens() {
+    use affinity_router::simulator::{RoutingSource, SimError, split_policy};
+    assert_eq!(
+        split_policy("cache_aware:tokens").unwrap(),
+        ("cache_aware", RoutingSource::Tokens)
+    );
+    assert_eq!(
+        split_policy("cache_aware:text").unwrap(),
+        ("cache_aware", RoutingSource::Text)
+    );
+    assert_eq!(
+        split_policy("round_robin").unwrap(),
+        ("round_robin", RoutingSource::Text)
+    );
+    let config = SimConfig {
+        workers: 2,
+        ..SimConfig::default()
+    };
+    let trace = workload::multi_turn(&workload::MultiTurnConfig {
+        requests: 60,
+        ..small_multi_turn(3)
+    });
+    let prepared = PreparedTrace::new(&trace, &config.model);
+    let error = simulate(&prepared, "cache_aware:bytes", &config, &|_| {}).unwrap_err();
+    assert!(matches!(error, SimError::RoutingInput(_)), "{error}");
+    assert!(error.to_string().contains("cache_aware:bytes"), "{error}");
+    // On synthetic prompts the engine's ids follow the text, so both
+    // inputs route every request and release every guard.
+    for policy in ["cache_aware", "cache_aware:tokens"] {
+        let report = simulate(&prepared, policy, &config, &|_| {}).unwrap();
+        assert_eq!(report.policy, policy);
+        assert_eq!(report.metrics.completed, 60);
+        assert!(report.final_loads.iter().all(|&l| l == 0));
+        assert!(
+            report.metrics.hit_rate > 0.3,
+            "{policy}: {:?}",
+            report.metrics
+        );
+    }
+}
+
+#[test]
 fn unknown_policy_is_a_clear_error() {
     let trace = workload::multi_turn(&small_multi_turn(1));
     let config = SimConfig::default();

@@ -48,7 +48,21 @@
 //! - [`workload::radix`]: the requests of the radix-affinity benchmark
 //!   workload (`radix_affinity::workload`, set W) as independent requests
 //!   with Poisson arrivals.
+//! - [`workload::templated`]: chat sessions whose prompts the engines
+//!   render through a chat template (prompt-tokens' Llama 3, with tools in
+//!   the system header and a date that changes during the run) and
+//!   tokenize with a trained BPE tokenizer; [`PreparedTrace::with_tokenizer`]
+//!   computes the engines' ids.
 //! - [`trace::parse_jsonl`] / [`trace::load_jsonl`]: a user's own traffic.
+//!
+//! # Routing on text or on tokens
+//!
+//! A policy label may end in `:tokens` (see [`split_policy`]):
+//! `cache_aware:tokens` matches the engines' prompt token ids, as a router
+//! that tokenizes with the engines' tokenizer does, with
+//! `CacheAwareConfig::block_size` set to the engines' block size; plain
+//! `cache_aware` matches the request's routing text
+//! ([`TraceRequest::prompt`]), as router-http extracts it.
 //!
 //! # Example
 //!
@@ -78,8 +92,8 @@ pub mod trace;
 pub mod workload;
 
 pub use metrics::{LoadTimeline, PolicyMetrics, percentile};
-pub use run::{PdSplit, RunReport, SimConfig, SimError, simulate};
-pub use trace::{PreparedTrace, Trace, TraceError, TraceRequest};
+pub use run::{PdSplit, RoutingSource, RunReport, SimConfig, SimError, simulate, split_policy};
+pub use trace::{ArrivalClock, PreparedTrace, Trace, TraceError, TraceRequest};
 
 /// The policies the simulator compares by default, named as on the
 /// router's command line.

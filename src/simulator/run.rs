@@ -104,6 +104,39 @@ pub enum SimError {
     /// Building a worker failed (a bug in the simulator's worker names).
     #[error("building a worker failed: {0}")]
     Worker(String),
+    /// A policy label's routing-input suffix is neither `:text` nor
+    /// `:tokens`.
+    #[error("policy {0:?}: the routing input after `:` must be `text` or `tokens`")]
+    RoutingInput(String),
+}
+
+/// What the cache-aware policies match a request by, chosen per run by a
+/// suffix of the policy label: `cache_aware` or `cache_aware:text` route
+/// on the routing text ([`TraceRequest::prompt`](super::TraceRequest::prompt),
+/// what router-http extracts from the body), `cache_aware:tokens` on the
+/// engines' prompt token ids, as a router that tokenizes with the engines'
+/// tokenizer does. Policies that ignore the prefix accept either.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RoutingSource {
+    /// The routing text (the default).
+    #[default]
+    Text,
+    /// The engines' prompt token ids; the cache-aware policy's
+    /// `block_size` is the engines' block size, so only whole blocks count.
+    Tokens,
+}
+
+/// Splits a policy label into the lb-policies name and the routing
+/// input: `"cache_aware:tokens"` is `("cache_aware", Tokens)`, a label
+/// without a suffix routes on text.
+pub fn split_policy(label: &str) -> Result<(&str, RoutingSource), SimError> {
+    match label.split_once(':') {
+        None => Ok((label, RoutingSource::Text)),
+        Some((name, "text")) => Ok((name, RoutingSource::Text)),
+        Some((name, "tokens")) => Ok((name, RoutingSource::Tokens)),
+        Some(_) => Err(SimError::RoutingInput(label.to_owned())),
+    }
 }
 
 /// Everything one policy run produced.
@@ -111,7 +144,8 @@ pub enum SimError {
 pub struct RunReport {
     /// The trace's name.
     pub workload: String,
-    /// The policy, as named on the command line.
+    /// The policy label, as named on the command line (with its
+    /// `:tokens` suffix, if any; see [`split_policy`]).
     pub policy: String,
     /// The figures.
     pub metrics: PolicyMetrics,
@@ -184,6 +218,8 @@ fn worker_options() -> WorkerOptions {
 fn policy_config(policy: &str, config: &SimConfig) -> PolicyConfig {
     let mut policy_config = PolicyConfig::named(policy).with_seed(config.seed);
     policy_config.cache_aware = config.cache_aware.clone();
+    // Token matches count whole engine blocks only (text is not rounded).
+    policy_config.cache_aware.block_size = config.model.block_size.max(1);
     policy_config
 }
 
@@ -285,20 +321,25 @@ struct Sim<'a> {
     next_sample: Duration,
     config_drained: usize,
     late_decode_choice: bool,
+    routing: RoutingSource,
 }
 
 /// Replays `trace` with `policy` placing every request (the prefill leg
-/// under P/D) and returns what it measured. `progress` is called with the
-/// number of requests dispatched so far, every 64 requests and at the end.
+/// under P/D) and returns what it measured. `policy` is a policy name as on
+/// the router's command line, optionally with a routing-input suffix
+/// (`cache_aware:tokens`, see [`split_policy`]). `progress` is called with
+/// the number of requests dispatched so far, every 64 requests and at the
+/// end.
 pub fn simulate(
     trace: &PreparedTrace,
-    policy: &str,
+    label: &str,
     config: &SimConfig,
     progress: &dyn Fn(usize),
 ) -> Result<RunReport, SimError> {
     if trace.is_empty() {
         return Err(SimError::EmptyTrace);
     }
+    let (policy, routing) = split_policy(label)?;
     let (main, decode, placement) = match config.pd {
         None => {
             let registry = PolicyRegistry::<Arc<Worker>>::new(policy_config(policy, config))?;
@@ -397,6 +438,7 @@ pub fn simulate(
         next_sample: Duration::ZERO,
         config_drained: config.drained,
         late_decode_choice: config.late_decode_choice,
+        routing,
     };
     for (index, request) in trace.trace.requests.iter().enumerate() {
         sim.run_until(request.arrival);
@@ -407,7 +449,7 @@ pub fn simulate(
     }
     sim.run_until(Duration::MAX);
     progress(trace.len());
-    Ok(sim.finish(policy))
+    Ok(sim.finish(label))
 }
 
 impl Sim<'_> {
@@ -480,10 +522,15 @@ impl Sim<'_> {
         }
     }
 
-    /// The routing context of request `index`: its text and session key.
+    /// The routing context of request `index`: its text (or the engines'
+    /// token ids) and session key.
     fn context(&self, index: usize) -> RequestContext<'_> {
         let request = &self.trace.trace.requests[index];
-        let ctx = RequestContext::new(MODEL).with_text(&request.prompt);
+        let ctx = RequestContext::new(MODEL);
+        let ctx = match self.routing {
+            RoutingSource::Text => ctx.with_text(&request.prompt),
+            RoutingSource::Tokens => ctx.with_tokens(self.trace.tokens(index)),
+        };
         match &request.session {
             Some(session) => ctx.with_session(session),
             None => ctx,
@@ -496,7 +543,10 @@ impl Sim<'_> {
         let request = &self.trace.trace.requests[index];
         OwnedContext {
             model: MODEL.to_owned(),
-            routing: Routing::Text(request.prompt.to_string()),
+            routing: match self.routing {
+                RoutingSource::Text => Routing::Text(request.prompt.to_string()),
+                RoutingSource::Tokens => Routing::Tokens(self.trace.tokens(index).to_vec()),
+            },
             session: request.session.as_deref().map(str::to_owned),
             ..OwnedContext::default()
         }

@@ -28,10 +28,12 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use engine_sim::ModelConfig;
-use engine_sim::tokens::{block_hashes, tokenize};
+use engine_sim::prompt_tokens::{ChatRequest, Clock, PromptTokenizer};
+use engine_sim::tokens::block_hashes;
 use radix_affinity::workload::SplitMix64;
 use serde_json::Value;
 
@@ -42,9 +44,15 @@ pub struct TraceRequest {
     pub arrival: Duration,
     /// Session key (consistent hashing places by it), if any.
     pub session: Option<Arc<str>>,
-    /// The prompt text: what the engine computes and what cache-aware
-    /// routing matches.
+    /// The routing text: what cache-aware routing on text matches. Without
+    /// [`chat`](Self::chat) it is also the prompt the engine computes.
     pub prompt: Arc<str>,
+    /// A chat request's JSON body (`/v1/chat/completions`), when the
+    /// engine renders the prompt from messages through its chat template:
+    /// the engine's prompt ids are its tokenizer's `chat_tokens` of this
+    /// body, and [`prompt`](Self::prompt) is the text a router extracts
+    /// from the same messages.
+    pub chat: Option<Arc<str>>,
     /// Output tokens to generate (at least 1).
     pub output_tokens: u32,
 }
@@ -75,19 +83,51 @@ impl Trace {
 pub struct PreparedTrace {
     /// The trace.
     pub trace: Trace,
-    /// Token ids of each request's prompt.
+    /// Token ids of each request's prompt, as the engines compute them
+    /// (empty for a chat body the engines' tokenizer refuses: the engine
+    /// answers 400 and the run counts the request as rejected).
     pub(crate) tokens: Vec<Vec<u32>>,
     /// The prefix-cache block hashes of each prompt (for routing loss).
     pub(crate) hashes: Vec<Vec<u64>>,
 }
 
 impl PreparedTrace {
-    /// Tokenizes every prompt with the engine model's rule.
+    /// Tokenizes every prompt with the engine model's synthetic rule
+    /// (`chars_per_token`): text prompts as they are, chat bodies through
+    /// the synthetic chat rendering — what an engine without a model
+    /// tokenizer computes.
     pub fn new(trace: &Trace, model: &ModelConfig) -> Self {
+        let synthetic = PromptTokenizer::synthetic(model.chars_per_token);
+        Self::with_tokenizer(trace, model, &synthetic, None)
+    }
+
+    /// Tokenizes every prompt with `tokenizer`, the engines' model
+    /// tokenizer: chat bodies through its chat template
+    /// ([`PromptTokenizer::chat_tokens`]), text prompts as a completion
+    /// without special tokens. With `clock`, the clock is set to each
+    /// request's arrival before its prompt is rendered, so a template that
+    /// prints today's date (`strftime_now`) prints the date the request
+    /// arrives on; build `tokenizer` with the same clock.
+    pub fn with_tokenizer(
+        trace: &Trace,
+        model: &ModelConfig,
+        tokenizer: &PromptTokenizer,
+        clock: Option<&ArrivalClock>,
+    ) -> Self {
         let tokens: Vec<Vec<u32>> = trace
             .requests
             .iter()
-            .map(|r| tokenize(&r.prompt, model.chars_per_token))
+            .map(|r| {
+                if let Some(clock) = clock {
+                    clock.set_arrival(r.arrival);
+                }
+                let ids = match &r.chat {
+                    Some(body) => ChatRequest::from_json(body.as_bytes())
+                        .and_then(|request| tokenizer.chat_tokens(&request)),
+                    None => tokenizer.text_tokens(&r.prompt, false),
+                };
+                ids.unwrap_or_default()
+            })
             .collect();
         let hashes = tokens
             .iter()
@@ -98,6 +138,11 @@ impl PreparedTrace {
             tokens,
             hashes,
         }
+    }
+
+    /// The prompt token ids of request `index` (empty if out of range).
+    pub fn tokens(&self, index: usize) -> &[u32] {
+        self.tokens.get(index).map_or(&[], Vec::as_slice)
     }
 
     /// Number of requests.
@@ -113,6 +158,45 @@ impl PreparedTrace {
     /// Prompt tokens of request `index`.
     pub fn prompt_tokens(&self, index: usize) -> usize {
         self.tokens.get(index).map_or(0, Vec::len)
+    }
+}
+
+/// A [`Clock`] for chat templates that reads the simulation's model time:
+/// `epoch` (Unix seconds at model time 0) plus the arrival of the request
+/// being rendered, which [`PreparedTrace::with_tokenizer`] sets before
+/// each rendering. Deterministic: no wall clock.
+#[derive(Debug)]
+pub struct ArrivalClock {
+    epoch: i64,
+    arrival_ms: AtomicU64,
+}
+
+impl ArrivalClock {
+    /// A clock reading `epoch` (Unix seconds) at model time 0.
+    pub fn new(epoch: i64) -> Self {
+        ArrivalClock {
+            epoch,
+            arrival_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Moves the clock to model time `arrival`.
+    pub fn set_arrival(&self, arrival: Duration) {
+        let ms = u64::try_from(arrival.as_millis()).unwrap_or(u64::MAX);
+        self.arrival_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Unix seconds at model time 0.
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+}
+
+impl Clock for ArrivalClock {
+    fn now_unix_seconds(&self) -> i64 {
+        let seconds = self.arrival_ms.load(Ordering::Relaxed) / 1000;
+        self.epoch
+            .saturating_add(i64::try_from(seconds).unwrap_or(i64::MAX))
     }
 }
 
@@ -228,6 +312,7 @@ pub fn parse_jsonl(text: &str, chars_per_token: usize) -> Result<Trace, TraceErr
                 arrival: Duration::ZERO,
                 session,
                 prompt,
+                chat: None,
                 output_tokens,
             },
         ));

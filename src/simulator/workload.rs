@@ -1,7 +1,7 @@
 //! The simulator's built-in workloads, generated deterministically from a
 //! seed.
 //!
-//! Both are open-loop: arrival times are fixed by the trace (a Poisson
+//! All are open-loop: arrival times are fixed by the trace (a Poisson
 //! process at `rate` requests per second), not by how fast earlier answers
 //! come back, so a policy that serves faster shows a higher throughput once
 //! the rate exceeds what a weaker policy can serve.
@@ -12,6 +12,12 @@ use std::time::Duration;
 use radix_affinity::workload::{SplitMix64, Variant, Workload};
 
 use super::trace::{Trace, TraceRequest, char_from};
+
+mod templated;
+
+pub use templated::{
+    TEMPLATED_NUM_BLOCKS, TemplatedConfig, TemplatedWorkload, templated, templated_tokenizer,
+};
 
 /// Knobs of [`multi_turn`]. Token counts assume the engine model's default
 /// 4 characters per token.
@@ -133,6 +139,7 @@ pub fn multi_turn(config: &MultiTurnConfig) -> Trace {
             arrival: now,
             session: Some(format!("session-{}", session.id).into()),
             prompt: Arc::from(session.history.as_str()),
+            chat: None,
             output_tokens,
         });
         session.pending_answer = output_tokens;
@@ -196,6 +203,7 @@ pub fn radix(config: &RadixConfig) -> Trace {
                 arrival: now,
                 session: None,
                 prompt: Arc::from(r.text.as_str()),
+                chat: None,
                 output_tokens: uniform(&mut rng, config.output_tokens).max(1),
             }
         })

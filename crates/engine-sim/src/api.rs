@@ -1,10 +1,20 @@
-//! The OpenAI-compatible wire format: request parsing, the chat template,
+//! The OpenAI-compatible wire format: request parsing, the prompt,
 //! JSON responses, SSE chunks and vLLM-style errors.
 //!
 //! Parsing is lenient where vLLM is (unknown fields are ignored, `null`
 //! means absent) and strict where it is not (bad JSON, wrong types and
 //! missing required fields are 400 errors naming the problem).
+//!
+//! The prompt comes from [`prompt_tokens`]: without a tokenizer, a chat is
+//! rendered by the synthetic rule ([`prompt_tokens::synthetic_chat_text`],
+//! `<|role|>\ncontent\n` per message, then `<|assistant|>\n`) and tokenized
+//! later by `chars_per_token`; with a [`PromptTokenizer`]
+//! ([`parse_request_with`]), a chat's ids are
+//! [`PromptTokenizer::chat_tokens`] of the body and a completion's
+//! [`PromptTokenizer::completion_tokens`], and a template or tokenizer
+//! error is a 400 with its message, as vLLM answers.
 
+use prompt_tokens::{ChatRequest, CompletionRequest, PromptTokenizer};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -25,7 +35,9 @@ pub struct GenerationRequest {
     pub endpoint: Endpoint,
     /// The model named by the client, if any.
     pub model: Option<String>,
-    /// The prompt text (chat: after the template).
+    /// The prompt: text (chat: after the synthetic template) to tokenize
+    /// by the synthetic rule, or token ids (given by the client, or
+    /// computed by the engine's tokenizer).
     pub prompt: Prompt,
     /// `max_tokens` (or `max_completion_tokens` for chat).
     pub max_tokens: Option<u32>,
@@ -43,7 +55,7 @@ pub struct GenerationRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Prompt {
-    /// Text, tokenized by the engine's rule.
+    /// Text, tokenized by the synthetic rule (`chars_per_token`).
     Text(String),
     /// Token ids, used as given.
     Tokens(Vec<u32>),
@@ -123,7 +135,8 @@ struct StreamOptions {
 struct ChatBody {
     #[serde(default)]
     model: Option<String>,
-    messages: Vec<ChatMessage>,
+    /// Rendered by prompt-tokens, which checks its shape.
+    messages: Value,
     #[serde(default)]
     max_tokens: Option<u32>,
     #[serde(default)]
@@ -134,26 +147,6 @@ struct ChatBody {
     stream_options: Option<StreamOptions>,
     #[serde(default)]
     kv_transfer_params: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct ChatMessage {
-    role: String,
-    #[serde(default)]
-    content: Option<MessageContent>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum MessageContent {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-#[derive(Deserialize)]
-struct ContentPart {
-    #[serde(default)]
-    text: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -180,10 +173,27 @@ enum PromptField {
     TokenLists(Vec<Vec<u32>>),
 }
 
-/// Parses a request body for `endpoint`.
+/// Parses a request body for `endpoint` with the synthetic tokenizer's
+/// rendering: a chat's prompt is [`Prompt::Text`] (the synthetic
+/// template), a completion's is its text or token ids as given.
 pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
+    parse_request_with(endpoint, body, None)
+}
+
+/// Parses a request body for `endpoint`. With a `tokenizer`, the prompt is
+/// always [`Prompt::Tokens`]: [`PromptTokenizer::chat_tokens`] of a chat
+/// body (its template, `tools`, `chat_template_kwargs`, ...) or
+/// [`PromptTokenizer::completion_tokens`] of a completion's; a rendering
+/// or tokenization error is a 400 carrying prompt-tokens' message.
+/// Without one this is [`parse_request`].
+pub fn parse_request_with(
+    endpoint: Endpoint,
+    body: &[u8],
+    tokenizer: Option<&PromptTokenizer>,
+) -> Result<GenerationRequest, ApiError> {
+    let bytes = body;
     // Syntax first, so malformed JSON gets its own clear message.
-    let value: Value = serde_json::from_slice(body)
+    let value: Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
     if !value.is_object() {
         return Err(ApiError::bad_request(
@@ -194,14 +204,22 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerationReques
     match endpoint {
         Endpoint::Chat => {
             let body: ChatBody = serde_json::from_value(value).map_err(invalid)?;
-            if body.messages.is_empty() {
-                return Err(ApiError::bad_request("messages must not be empty"));
-            }
+            let prompt = match tokenizer {
+                None => Prompt::Text(
+                    prompt_tokens::synthetic_chat_text(&body.messages).map_err(prompt_error)?,
+                ),
+                // From the bytes: the template sees the client's key order.
+                Some(tokenizer) => Prompt::Tokens(
+                    ChatRequest::from_json(bytes)
+                        .and_then(|request| tokenizer.chat_tokens(&request))
+                        .map_err(prompt_error)?,
+                ),
+            };
             let options = body.stream_options;
             Ok(GenerationRequest {
                 endpoint,
                 model: body.model,
-                prompt: Prompt::Text(apply_chat_template(&body.messages)),
+                prompt,
                 max_tokens: body.max_completion_tokens.or(body.max_tokens),
                 stream: body.stream.unwrap_or(false),
                 include_usage: options.as_ref().and_then(|o| o.include_usage) == Some(true),
@@ -226,6 +244,14 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerationReques
                     ));
                 }
             };
+            let prompt = match tokenizer {
+                None => prompt,
+                Some(tokenizer) => Prompt::Tokens(
+                    CompletionRequest::from_json(bytes)
+                        .and_then(|request| tokenizer.completion_tokens(&request))
+                        .map_err(prompt_error)?,
+                ),
+            };
             let options = body.stream_options;
             Ok(GenerationRequest {
                 endpoint,
@@ -241,32 +267,11 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerationReques
     }
 }
 
-/// The chat template: `<|{role}|>\n{content}\n` per message, then
-/// `<|assistant|>\n`. Content parts are joined with a newline.
-fn apply_chat_template(messages: &[ChatMessage]) -> String {
-    let mut out = String::new();
-    for message in messages {
-        out.push_str("<|");
-        out.push_str(&message.role);
-        out.push_str("|>\n");
-        match &message.content {
-            Some(MessageContent::Text(text)) => out.push_str(text),
-            Some(MessageContent::Parts(parts)) => {
-                let mut first = true;
-                for text in parts.iter().filter_map(|p| p.text.as_deref()) {
-                    if !first {
-                        out.push('\n');
-                    }
-                    out.push_str(text);
-                    first = false;
-                }
-            }
-            None => {}
-        }
-        out.push('\n');
-    }
-    out.push_str("<|assistant|>\n");
-    out
+/// A prompt-tokens error as the 400 vLLM answers for a prompt it cannot
+/// build (the message names the problem: the template's exception, an
+/// invalid message, ...).
+fn prompt_error(error: prompt_tokens::Error) -> ApiError {
+    ApiError::bad_request(error.to_string())
 }
 
 /// Usage numbers of one response.

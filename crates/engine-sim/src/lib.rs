@@ -18,10 +18,17 @@
 //! With `C` = `chars_per_token` (default 4) and `B` = `block_size`
 //! (default 16):
 //!
-//! - **Tokens.** `prompt_tokens = ceil(chars / C)`, where `chars` counts
+//! - **Tokens.** By default the synthetic tokenizer of
+//!   [`prompt_tokens::synthetic`] (the one implementation the router
+//!   shares): `prompt_tokens = ceil(chars / C)`, where `chars` counts
 //!   Unicode scalar values of the prompt text; chat messages are first
 //!   rendered as `<|role|>\ncontent\n` each, followed by `<|assistant|>\n`.
 //!   A completions prompt may also be a list of token ids, used as given.
+//!   An HTTP engine given a model's tokenizer
+//!   ([`ServeOptions::tokenizer`], the binary's `--tokenizer-path` and
+//!   `--chat-template`) renders chats with the model's chat template and
+//!   tokenizes with its `tokenizer.json` instead, as vLLM does; everything
+//!   below then counts those ids.
 //! - **Blocks.** Block `i` holds tokens `i*B .. (i+1)*B`; each full block is
 //!   named by the hash chain `h_i = H(h_{i-1}, tokens of block i)`, so
 //!   prompts share a block exactly when they share all tokens up to its end.
@@ -146,6 +153,11 @@ pub mod transfer;
 
 #[doc(hidden)]
 pub mod fuzzing;
+
+/// The crate engine-sim builds prompts with, re-exported so a host (the
+/// routing simulator, a test) uses the very same version: its
+/// `PromptTokenizer` is what [`ServeOptions::tokenizer`] takes.
+pub use prompt_tokens;
 
 pub use config::{EngineConfig, FaultConfig, KvConnector, ModelConfig, MoriioMode, Role};
 #[cfg(feature = "pd-orchestrator")]

@@ -1,12 +1,15 @@
 //! `engine-sim`: one simulated vLLM engine on a port.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use engine_sim::fault::parse_duration;
 use engine_sim::{EngineConfig, KvConnector, MoriioMode, Role, ServeOptions};
+use prompt_tokens::PromptTokenizer;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum RoleArg {
@@ -48,9 +51,19 @@ struct Args {
     /// Served model name.
     #[arg(long, default_value = "sim-model")]
     model: String,
-    /// Characters per token.
+    /// Characters per token of the synthetic tokenizer (without
+    /// --tokenizer-path).
     #[arg(long, default_value_t = 4)]
     chars_per_token: usize,
+    /// The model's tokenizer: a directory holding tokenizer.json (and
+    /// tokenizer_config.json with the chat template, or chat_template.jinja),
+    /// or a tokenizer.json file. Prompts, the prefix cache and usage then
+    /// count that tokenizer's ids. Default: the synthetic tokenizer.
+    #[arg(long, value_name = "DIR|FILE")]
+    tokenizer_path: Option<PathBuf>,
+    /// A Jinja chat template replacing the model's (needs --tokenizer-path).
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
@@ -184,7 +197,33 @@ impl Args {
         if !(self.time_scale.is_finite() && self.time_scale >= 0.0) {
             return Err("--time-scale must be a finite number >= 0".into());
         }
+        if self.chat_template.is_some() && self.tokenizer_path.is_none() {
+            return Err(
+                "--chat-template needs --tokenizer-path (the synthetic tokenizer has its own rendering)"
+                    .into(),
+            );
+        }
         Ok(())
+    }
+
+    /// The tokenizer of --tokenizer-path / --chat-template, if given.
+    fn tokenizer(&self) -> Result<Option<Arc<PromptTokenizer>>, String> {
+        let Some(path) = &self.tokenizer_path else {
+            return Ok(None);
+        };
+        PromptTokenizer::from_path(path, self.chat_template.as_deref())
+            .map(|t| Some(Arc::new(t)))
+            .map_err(|e| {
+                let template = self
+                    .chat_template
+                    .as_ref()
+                    .map(|t| format!(" with chat template {}", t.display()))
+                    .unwrap_or_default();
+                format!(
+                    "cannot load the tokenizer from {}{template}: {e}",
+                    path.display()
+                )
+            })
     }
 }
 
@@ -194,6 +233,14 @@ fn main() -> ExitCode {
         eprintln!("engine-sim: {message}");
         return ExitCode::from(2);
     }
+    let tokenizer = match args.tokenizer() {
+        Ok(tokenizer) => tokenizer,
+        Err(message) => {
+            eprintln!("engine-sim: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let tokenizer_line = tokenizer.as_ref().map(|t| t.describe());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -208,6 +255,7 @@ fn main() -> ExitCode {
         let options = ServeOptions {
             addr: SocketAddr::new(args.host, args.port),
             bootstrap_addr: args.bootstrap_port.map(|p| SocketAddr::new(args.host, p)),
+            tokenizer,
             ..ServeOptions::default()
         };
         let engine = match engine_sim::spawn(args.config(), options).await {
@@ -233,6 +281,9 @@ fn main() -> ExitCode {
         );
         if let Some(bootstrap) = engine.bootstrap_addr() {
             println!("bootstrap GET /query on http://{bootstrap}");
+        }
+        if let Some(line) = &tokenizer_line {
+            println!("tokenizer: {line}");
         }
         let _ = tokio::signal::ctrl_c().await;
         engine.shutdown().await;

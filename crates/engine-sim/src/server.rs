@@ -32,6 +32,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use parking_lot::Mutex;
+use prompt_tokens::PromptTokenizer;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -73,6 +74,16 @@ pub struct ServeOptions {
     pub bootstrap_addr: Option<SocketAddr>,
     /// The largest request body accepted. Default 32 MiB.
     pub max_body_bytes: usize,
+    /// The model's tokenizer and chat template. `Some`: a chat's prompt ids
+    /// are [`PromptTokenizer::chat_tokens`] of the request body and a
+    /// completion's [`PromptTokenizer::completion_tokens`], and the prefix
+    /// cache, `usage.prompt_tokens`, `cached_tokens` and the latency model
+    /// all count those ids; a prompt that cannot be rendered or tokenized
+    /// is a 400 with the error's message. `None` (the default): the
+    /// synthetic rule with [`ModelConfig::chars_per_token`](crate::ModelConfig).
+    /// Here rather than in [`EngineConfig`], which stays plain serializable
+    /// data; share one tokenizer between engines of the same model.
+    pub tokenizer: Option<Arc<PromptTokenizer>>,
 }
 
 impl Default for ServeOptions {
@@ -82,6 +93,7 @@ impl Default for ServeOptions {
             registry: None,
             bootstrap_addr: None,
             max_body_bytes: 32 << 20,
+            tokenizer: None,
         }
     }
 }
@@ -105,6 +117,7 @@ struct Shared {
     generation_requests: AtomicU64,
     faults_injected: AtomicU64,
     max_body_bytes: usize,
+    tokenizer: Option<Arc<PromptTokenizer>>,
     bootstrap_port: Option<u16>,
     port: u16,
 }
@@ -288,6 +301,7 @@ pub async fn spawn(config: EngineConfig, options: ServeOptions) -> io::Result<En
         generation_requests: AtomicU64::new(0),
         faults_injected: AtomicU64::new(0),
         max_body_bytes: options.max_body_bytes,
+        tokenizer: options.tokenizer.clone(),
         bootstrap_port: bootstrap_addr.map(|a| a.port()),
         port: addr.port(),
         config,
@@ -661,7 +675,7 @@ async fn generate(
             };
         }
     };
-    let parsed = match api::parse_request(endpoint, &body) {
+    let parsed = match api::parse_request_with(endpoint, &body, shared.tokenizer.as_deref()) {
         Ok(parsed) => parsed,
         Err(e) => return error_response(&e),
     };

@@ -1,14 +1,21 @@
 //! The tokenizer rule and the block hash chain.
 //!
-//! A token is `chars_per_token` consecutive Unicode scalar values (the last
-//! token may be shorter), so `tokens(text) = ceil(chars(text) / chars_per_token)`.
-//! A token's id is a stable hash of its characters: equal text gives equal
-//! ids on every run and every machine.
+//! The synthetic tokenizer is [`prompt_tokens::synthetic`]'s, the one
+//! implementation the router shares: a token is `chars_per_token`
+//! consecutive Unicode scalar values (the last token may be shorter), so
+//! `tokens(text) = ceil(chars(text) / chars_per_token)`, and a token's id
+//! is a stable hash of its characters: equal text gives equal ids on every
+//! run and every machine. The functions here are thin wrappers kept for
+//! callers of engine-sim's API. An engine given a
+//! [`PromptTokenizer`](prompt_tokens::PromptTokenizer) (see
+//! [`ServeOptions::tokenizer`](crate::ServeOptions)) uses a model's template and
+//! tokenizer instead.
 //!
 //! Block `i` of a prompt holds tokens `i*B .. (i+1)*B` and is identified by
 //! `hash_i = H(hash_{i-1}, tokens of block i)` with `hash_{-1}` a constant,
 //! so two prompts share block `i` exactly when they share every token up to
-//! the end of block `i`. Only full blocks get a hash, as in vLLM.
+//! the end of block `i`. Only full blocks get a hash, as in vLLM. The chain
+//! works on any token ids, whichever tokenizer produced them.
 
 /// A 64-bit finaliser (splitmix64): cheap, stable and well mixed.
 #[inline]
@@ -22,42 +29,20 @@ pub(crate) fn mix64(mut x: u64) -> u64 {
 const TOKEN_SEED: u64 = 0x5EED_0F70_CE4E_0001;
 const BLOCK_SEED: u64 = 0xB10C_C4A1_0000_0001;
 
-/// Number of tokens in `text`: `ceil(chars / chars_per_token)`.
+/// Number of synthetic tokens in `text`: `ceil(chars / chars_per_token)`.
 /// A `chars_per_token` of 0 is treated as 1.
 pub fn count_tokens(text: &str, chars_per_token: usize) -> usize {
-    text.chars().count().div_ceil(chars_per_token.max(1))
+    prompt_tokens::synthetic_count(text, chars_per_token)
 }
 
-/// Appends the token ids of `text` to `out`.
+/// Appends the synthetic token ids of `text` to `out`.
 pub fn tokenize_into(text: &str, chars_per_token: usize, out: &mut Vec<u32>) {
-    let per = chars_per_token.max(1);
-    let mut hash = TOKEN_SEED;
-    let mut in_token = 0;
-    for ch in text.chars() {
-        hash = mix64(hash ^ u64::from(ch));
-        in_token += 1;
-        if in_token == per {
-            out.push(fold(hash));
-            hash = TOKEN_SEED;
-            in_token = 0;
-        }
-    }
-    if in_token > 0 {
-        out.push(fold(hash));
-    }
+    prompt_tokens::synthetic_tokenize_into(text, chars_per_token, out);
 }
 
-/// The token ids of `text`.
+/// The synthetic token ids of `text`.
 pub fn tokenize(text: &str, chars_per_token: usize) -> Vec<u32> {
-    let mut out = Vec::with_capacity(count_tokens(text, chars_per_token));
-    tokenize_into(text, chars_per_token, &mut out);
-    out
-}
-
-#[inline]
-fn fold(hash: u64) -> u32 {
-    // Truncation is the point: a 32-bit token id from a 64-bit hash.
-    (hash ^ (hash >> 32)) as u32
+    prompt_tokens::synthetic_tokenize(text, chars_per_token)
 }
 
 /// The hash chain of the full blocks of `tokens` (a trailing partial block
@@ -111,5 +96,29 @@ mod tests {
         let c = tokenize(&format!("y{}", "x".repeat(64 * 4 - 1)), 4);
         let hc = block_hashes(&c, 16);
         assert!(ha.iter().zip(&hc).all(|(x, y)| x != y));
+    }
+
+    /// The rule as engine-sim defined it before prompt-tokens took it over:
+    /// ids must not change (cached traces and tests depend on them).
+    fn reference(text: &str, per: usize) -> Vec<u32> {
+        let per = per.max(1);
+        let chars: Vec<char> = text.chars().collect();
+        chars
+            .chunks(per)
+            .map(|chunk| {
+                let hash = chunk
+                    .iter()
+                    .fold(TOKEN_SEED, |h, &c| mix64(h ^ u64::from(c)));
+                (hash ^ (hash >> 32)) as u32
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn ids_are_the_original_rule(text in "\\PC{0,64}", per in 0usize..7) {
+            proptest::prop_assert_eq!(tokenize(&text, per), reference(&text, per));
+            proptest::prop_assert_eq!(count_tokens(&text, per), reference(&text, per).len());
+        }
     }
 }

@@ -91,3 +91,105 @@ fn bad_flags_exit_non_zero_with_a_message() {
         assert!(!stderr.trim().is_empty(), "{args:?}: no message");
     }
 }
+
+#[test]
+fn a_tokenizer_that_does_not_load_is_refused_naming_the_path() {
+    let output = Command::new(BIN)
+        .args(["--port", "0", "--tokenizer-path", "/nonexistent"])
+        .output()
+        .expect("run engine-sim");
+    assert!(!output.status.success(), "a missing tokenizer was accepted");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("/nonexistent"), "{stderr}");
+
+    // A good model with a chat template that is not there.
+    let dir = tempfile::tempdir().expect("temp dir");
+    prompt_tokens::testing::write_model_dir(
+        dir.path(),
+        prompt_tokens::TemplateFamily::ChatMl,
+        prompt_tokens::testing::TestTokenizerKind::ByteLevelRegex,
+    )
+    .expect("model dir");
+    let model = dir.path().to_str().expect("utf-8 path");
+    let output = Command::new(BIN)
+        .args(["--port", "0", "--tokenizer-path", model])
+        .args(["--chat-template", "/nonexistent/chat.jinja"])
+        .output()
+        .expect("run engine-sim");
+    assert!(!output.status.success(), "a missing template was accepted");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("/nonexistent/chat.jinja"), "{stderr}");
+
+    // A template without a tokenizer has nothing to apply to.
+    let output = Command::new(BIN)
+        .args(["--port", "0", "--chat-template", "/tmp/t.jinja"])
+        .output()
+        .expect("run engine-sim");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--tokenizer-path"), "{stderr}");
+}
+
+#[test]
+fn binary_counts_prompt_tokens_with_the_given_tokenizer() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    prompt_tokens::testing::write_model_dir(
+        dir.path(),
+        prompt_tokens::TemplateFamily::ChatMl,
+        prompt_tokens::testing::TestTokenizerKind::ByteLevelRegex,
+    )
+    .expect("model dir");
+    let model = dir.path().to_str().expect("utf-8 path");
+    let mut child = Child(
+        Command::new(BIN)
+            .args([
+                "--port",
+                "0",
+                "--time-scale",
+                "0",
+                "--tokenizer-path",
+                model,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn engine-sim"),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().expect("stdout")).lines();
+    let banner = lines.next().expect("banner").expect("utf-8");
+    let addr = banner
+        .rsplit(' ')
+        .next()
+        .expect("url")
+        .trim_start_matches("http://")
+        .to_owned();
+    let described = lines.next().expect("tokenizer line").expect("utf-8");
+    assert!(
+        described.starts_with("tokenizer: tokens (tokenizer.json"),
+        "{described}"
+    );
+
+    let body = r#"{"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}], "max_tokens": 1}"#;
+    let reference = prompt_tokens::PromptTokenizer::from_path(dir.path(), None).expect("load");
+    let ids = reference
+        .chat_tokens(&prompt_tokens::ChatRequest::from_json(body.as_bytes()).expect("chat"))
+        .expect("render");
+    let mut stream = TcpStream::connect(&addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.contains(&format!("\"prompt_tokens\":{},", ids.len())),
+        "expected {} prompt tokens: {response}",
+        ids.len()
+    );
+}
