@@ -279,7 +279,11 @@ impl App {
                         time_scale: settings.args.sim_time_scale,
                         ..EngineConfig::default()
                     };
-                    let handle = engine_sim::spawn(config, ServeOptions::default())
+                    let options = ServeOptions {
+                        tokenizer: engine_tokenizer(settings),
+                        ..ServeOptions::default()
+                    };
+                    let handle = engine_sim::spawn(config, options)
                         .await
                         .map_err(StartError::Engine)?;
                     self.engines.push(SimEngine {
@@ -328,6 +332,7 @@ impl App {
                             && kv == engine_sim::KvConnector::Mooncake)
                             .then(|| SocketAddr::from(([127, 0, 0, 1], 0)));
                         let options = ServeOptions {
+                            tokenizer: engine_tokenizer(settings),
                             registry: Some(Arc::clone(&transfers)),
                             bootstrap_addr: bootstrap,
                             ..ServeOptions::default()
@@ -668,6 +673,16 @@ async fn wait_healthy(
         }
         tokio::time::sleep(interval.min(deadline - now)).await;
     }
+}
+
+/// The tokenizer simulated engines count prompts with: the router's own
+/// for their model when `--tokenizer-path` gave one (router and engines
+/// then agree on every id), else `None` (engine-sim's synthetic rule, which
+/// the router also uses by default for simulated engines).
+fn engine_tokenizer(settings: &Settings) -> Option<Arc<prompt_tokens::PromptTokenizer>> {
+    let model = engine_sim::ModelConfig::default().model_name;
+    let entry = settings.router.tokenizers.for_model(&model)?;
+    (!entry.tokenizer().is_synthetic()).then(|| Arc::clone(entry.tokenizer()))
 }
 
 /// Serves `GET /metrics` (and nothing else) on `address`.
