@@ -111,6 +111,8 @@ pub use error::PolicyError;
 pub use membership::MembershipEvent;
 pub use policies::cache_aware::{CacheAware, CacheAwareConfig, LoadGate};
 pub use policies::consistent_hash::{ConsistentHash, ConsistentHashConfig};
+#[cfg(feature = "kv-index")]
+pub use policies::kv_aware::{KvAware, KvSources, KvStreams};
 pub use policies::least_loaded::LeastLoaded;
 pub use policies::power_of_two::{LoadSource, PowerOfTwo};
 pub use policies::random::RandomPolicy;
@@ -118,5 +120,6 @@ pub use policies::rendezvous::RendezvousHash;
 pub use policies::round_robin::RoundRobin;
 pub use policy::{Counted, Policy, PolicyState};
 pub use registry::{
-    BUILTIN_POLICIES, ModelPolicy, PolicyConfig, PolicyFactory, PolicyRegistry, build_builtin,
+    BUILTIN_POLICIES, INDEX_POLICIES, ModelPolicy, PolicyConfig, PolicyFactory, PolicyRegistry,
+    build_builtin,
 };
