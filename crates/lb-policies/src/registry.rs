@@ -149,12 +149,15 @@ fn known_names() -> String {
 
 #[cfg(feature = "kv-index")]
 fn build_kv_aware<B: Backend>(config: &PolicyConfig) -> Result<Box<dyn Policy<B>>, PolicyError> {
-    let sources = config.kv.clone().ok_or_else(|| PolicyError::InvalidConfig {
-        field: "kv",
-        reason: "is missing: `kv_aware` needs the shared KV block index and stream liveness \
+    let sources = config
+        .kv
+        .clone()
+        .ok_or_else(|| PolicyError::InvalidConfig {
+            field: "kv",
+            reason: "is missing: `kv_aware` needs the shared KV block index and stream liveness \
                  handle (PolicyConfig::with_kv)"
-            .to_owned(),
-    })?;
+                .to_owned(),
+        })?;
     Ok(Box::new(crate::policies::kv_aware::KvAware::new(
         config.cache_aware.clone(),
         sources,

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use radix_affinity::{PrefixMatch, TenantId, TextTree, TokenTree};
 
-use super::{fair_least_loaded, fair_least_loaded_where, find_candidate, min_available_load};
+use super::{fair_least_loaded, find_candidate, min_available_load};
 use crate::backend::Backend;
 use crate::context::{RequestContext, RoutingInput};
 use crate::decision::{Decision, DecisionReason};
@@ -478,7 +478,8 @@ impl CacheAware {
         eligible: impl Fn(usize) -> bool,
     ) -> Option<Decision> {
         let start = self.rotation.fetch_add(1, Ordering::Relaxed);
-        fair_least_loaded_where(candidates, start, eligible).map(|(i, _)| Decision::new(i, reason))
+        super::fair_least_loaded_where(candidates, start, eligible)
+            .map(|(i, _)| Decision::new(i, reason))
     }
 
     fn decide<B: Backend>(

@@ -172,7 +172,9 @@ impl KvStreams {
 
     fn position(&self, worker: WorkerId) -> Option<(&AtomicU64, u64)> {
         let id = worker.get() as usize;
-        self.words.get(id / 64).map(|word| (word, 1u64 << (id % 64)))
+        self.words
+            .get(id / 64)
+            .map(|word| (word, 1u64 << (id % 64)))
     }
 
     /// Marks `worker`'s event stream live (its events reach the index) or
