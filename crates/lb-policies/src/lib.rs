@@ -69,8 +69,22 @@
 //!   ([`BUILTIN_POLICIES`]) or by a registered factory, counted with
 //!   [`Counted`].
 //!
+//! * `KvAware` (feature `kv-index`): cache-aware placement scored on the
+//!   blocks engines report holding through their KV events (a
+//!   `kv_index::KvIndex` the host feeds), with the approximate tree as the
+//!   fallback for workers without a live event stream (`KvStreams`).
+//!   Built by the registry as `kv_aware` once the host sets
+//!   `PolicyConfig::with_kv` ([`INDEX_POLICIES`]).
+//!
 //! `docs/policies.md` in the repository explains each policy, its knobs and
 //! when to use which.
+//!
+//! # Feature flags
+//!
+//! * `serde`: (de)serialize the configuration structs.
+//! * `kv-index` (off by default): the `kv_aware` policy, `KvStreams` and
+//!   `KvSources`; pulls in the `kv-index` crate (pure Rust, no
+//!   transport).
 //!
 //! # Concurrency
 //!
@@ -87,7 +101,9 @@
 //! Random, round robin, power of two, least loaded, consistent hash and
 //! rendezvous hash allocate nothing per decision (checked by a counting
 //! allocator in `tests/no_alloc.rs`). Cache-aware allocates only inside the
-//! tree when it records a new prefix.
+//! tree when it records a new prefix; so does kv-aware, whose block hashes
+//! and index lookup use reused thread-local buffers (a repeated exact hit
+//! allocates nothing, also checked there).
 #![warn(missing_docs)]
 
 mod backend;

@@ -34,7 +34,7 @@ pub const BUILTIN_POLICIES: [&str; 8] = [
 /// Built-in policies that read state only the host can provide, so that
 /// `PolicyConfig::named(name)` alone does not build them (unlike
 /// [`BUILTIN_POLICIES`]): `kv_aware` needs the KV block index and stream
-/// liveness handle ([`PolicyConfig::with_kv`], feature `kv-index`). Without
+/// liveness handle (`PolicyConfig::with_kv`, feature `kv-index`). Without
 /// the feature, asking for it is a configuration error that says so.
 pub const INDEX_POLICIES: [&str; 1] = ["kv_aware"];
 
