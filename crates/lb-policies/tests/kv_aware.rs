@@ -259,6 +259,27 @@ fn cold_workers_fall_back_to_the_tree() {
 }
 
 #[test]
+fn an_unavailable_tree_owner_leaves_the_next_cold_worker() {
+    let s = setup(3);
+    let p = prompt(12, 8);
+    let (a, _) = s.select(&p);
+    assert_eq!(s.select(&p), (a, DecisionReason::CacheHit));
+    // Worker b learns the first half of the prompt (offered alone).
+    let b = (a + 1) % 3;
+    let half = &p[..4 * BLOCK];
+    assert_eq!(
+        select_in(&s.policy, &s.fleet[b..=b], half).map(|(i, _)| i),
+        Some(0)
+    );
+    // The tree's best owner goes down: b's half (0.5 > 0.3) wins.
+    s.fleet[a].set_available(false);
+    assert_eq!(s.select(&p), (b, DecisionReason::CacheHit));
+    // ...and with b's stream live but empty, b has no score at all.
+    s.live(b, true);
+    assert_eq!(s.select(&p).1, DecisionReason::CacheLowMatch);
+}
+
+#[test]
 fn a_removed_worker_is_never_chosen() {
     let s = setup(3);
     for w in 0..3 {

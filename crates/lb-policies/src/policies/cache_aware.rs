@@ -280,11 +280,37 @@ impl ModelState {
     }
 
     #[cfg(feature = "kv-index")]
+    /// The token tree's best match of `tokens`: `f(owner, matched)` where
+    /// `owner` is the matched tenant's key and position hint if it is a
+    /// live member (cache-aware's choice among equally deep owners: the
+    /// most recently used).
+    pub(crate) fn best_token_match<R>(
+        &self,
+        tokens: &[u32],
+        f: impl FnOnce(Option<(&str, &HintCell)>, usize) -> R,
+    ) -> R {
+        let found = self.tokens.prefix_match_symbols(tokens);
+        let table = self.members.read();
+        let owner = found
+            .tenant
+            .and_then(|t| {
+                table
+                    .by_token_tenant
+                    .get(t.index() as usize)
+                    .copied()
+                    .flatten()
+            })
+            .map(|slot| &table.slots[slot])
+            .filter(|slot| slot.live)
+            .map(|slot| (&*slot.key, &slot.hint));
+        f(owner, found.matched)
+    }
+
+    #[cfg(feature = "kv-index")]
     /// For every live member `wanted(key)` accepts, how many leading
     /// `tokens` the token tree attributes to it; `each(key, hint, matched)`
-    /// is called for those with at least `min` matched. One tree walk for
-    /// the best match first: when no member holds `min` tokens, nothing
-    /// else is walked. Then one walk per wanted member.
+    /// is called for those with at least `min` matched: one tree walk per
+    /// wanted member.
     pub(crate) fn for_each_token_match(
         &self,
         tokens: &[u32],
@@ -293,9 +319,6 @@ impl ModelState {
         mut each: impl FnMut(&str, &HintCell, usize),
     ) {
         let min = min.max(1);
-        if tokens.len() < min || self.tokens.prefix_match_symbols(tokens).matched < min {
-            return;
-        }
         let table = self.members.read();
         for slot in table.slots.iter().filter(|slot| slot.live) {
             if !wanted(&slot.key) {

@@ -246,6 +246,10 @@ struct Resolved {
     by_worker: Vec<Option<(Arc<str>, HintCell)>>,
     /// [`KvStreams::changes`] when the map was last rebuilt.
     seen_changes: Option<u64>,
+    /// Announced workers without a live stream (unresolved or not live)
+    /// as of the last rebuild or membership event: when zero, no tree walk
+    /// per cold member is needed.
+    cold_members: usize,
 }
 
 impl Resolved {
@@ -270,13 +274,23 @@ impl Resolved {
         self.by_key.insert(Arc::clone(key), id);
     }
 
-    fn rebuild(&mut self, index: &KvIndex, changes: u64) {
+    fn rebuild(&mut self, index: &KvIndex, streams: &KvStreams, changes: u64) {
         self.by_key.clear();
         self.by_worker.clear();
         for key in self.known.clone() {
             self.resolve(index, &key);
         }
         self.seen_changes = Some(changes);
+        self.recount(streams);
+    }
+
+    fn recount(&mut self, streams: &KvStreams) {
+        let live = self
+            .by_key
+            .values()
+            .filter(|&&id| streams.is_live(id))
+            .count();
+        self.cold_members = self.known.len() - live;
     }
 }
 
@@ -365,7 +379,7 @@ impl KvAware {
         }
         let mut resolved = self.resolved.write();
         if resolved.seen_changes != Some(changes) {
-            resolved.rebuild(&self.sources.index, changes);
+            resolved.rebuild(&self.sources.index, &self.sources.streams, changes);
         }
     }
 
@@ -407,8 +421,36 @@ impl KvAware {
                 None => scores.push((i, m.blocks, true)),
             }
         }
-        // Approximate: everyone else, from the tree, in whole blocks.
+        // Approximate: cold workers, from the tree, in whole blocks. Only
+        // a cold score above the best exact one can matter (on equal blocks
+        // exact wins), and the tree's best match bounds every cold score.
         let block_size = self.block_size;
+        let best_exact = scores.iter().map(|s| s.1).max().unwrap_or(0);
+        let settled = state.best_token_match(tokens, |owner, matched| {
+            if matched / block_size <= best_exact {
+                return true; // no cold worker can beat the exact scores
+            }
+            match owner {
+                // The best owner is cold: it holds the best cold score.
+                Some((key, hint)) if !self.is_live_key(&resolved, key) => {
+                    if let Some(i) = find_candidate(key, hint, candidates)
+                        && candidates[i].is_available()
+                    {
+                        scores.push((i, matched / block_size, false));
+                        return true;
+                    }
+                    // Not a place this request can go: look at the others.
+                    resolved.cold_members == 0
+                }
+                // A live-stream worker (scored exactly) or no member owns
+                // the best match: the best cold score is elsewhere, if any
+                // announced worker is cold.
+                _ => resolved.cold_members == 0,
+            }
+        });
+        if settled {
+            return;
+        }
         state.for_each_token_match(
             tokens,
             block_size,
@@ -551,6 +593,7 @@ impl PolicyState for KvAware {
                 resolved.resolve(&self.sources.index, &key);
             }
         }
+        resolved.recount(&self.sources.streams);
     }
 
     fn maintain(&self) {
