@@ -87,12 +87,20 @@
 //! # Cost and allocation
 //!
 //! Per decision: hashing the full blocks (about 1 µs per 100 blocks), one
-//! index lookup (lock-free), a walk of the matches, and — only when the
-//! tree holds at least a block of the request — one tree walk per cold
-//! member. The hash vector and lookup result are thread-local buffers
-//! reused across decisions, so a repeated decision allocates only inside
-//! the tree when it records a new prefix. The LoRA adapter is not part of
-//! [`RequestContext`], so requests hash as the base model.
+//! index lookup (lock-free), a walk of its matches, and one walk of the
+//! fallback tree for its best match. A cold worker can only matter if the
+//! tree's best match beats every exact score; if the tree's best owner is
+//! itself cold, it is the best cold score (among equally deep owners the
+//! tree's most recently used one, as in cache-aware). Only when the tree's
+//! best owner has a live stream (its tree score is not used) and some
+//! announced worker is cold does the policy walk the tree once per cold
+//! member — the expensive case of a mixed fleet at large scale (see the
+//! crate README's figures). Ties among exact scores are broken fairly.
+//!
+//! The hash vector and lookup result are thread-local buffers reused
+//! across decisions, so a repeated decision allocates only inside the tree
+//! when it records a new prefix (`tests/no_alloc.rs`). The LoRA adapter is
+//! not part of [`RequestContext`], so requests hash as the base model.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
