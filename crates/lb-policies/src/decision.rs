@@ -46,11 +46,17 @@ pub enum DecisionReason {
     CacheFleetImbalance,
     /// A custom policy's own reason.
     Custom,
+    /// Kv-aware: the worker holding the most cached blocks of the request,
+    /// by its engine's own KV events (an exact score), took it; the match
+    /// was above the threshold and the worker not overloaded. A hit scored
+    /// from the approximate tree (a worker without a live event stream)
+    /// counts as [`CacheHit`](Self::CacheHit).
+    KvHit,
 }
 
 impl DecisionReason {
     /// Every reason, in counter order.
-    pub const ALL: [DecisionReason; 15] = [
+    pub const ALL: [DecisionReason; 16] = [
         DecisionReason::Random,
         DecisionReason::RoundRobin,
         DecisionReason::PowerOfTwo,
@@ -66,6 +72,7 @@ impl DecisionReason {
         DecisionReason::CacheOwnerUnavailable,
         DecisionReason::CacheFleetImbalance,
         DecisionReason::Custom,
+        DecisionReason::KvHit,
     ];
 
     /// A stable snake_case name, suitable as a metrics label value.
@@ -86,6 +93,7 @@ impl DecisionReason {
             DecisionReason::CacheOwnerUnavailable => "cache_owner_unavailable",
             DecisionReason::CacheFleetImbalance => "cache_fleet_imbalance",
             DecisionReason::Custom => "custom",
+            DecisionReason::KvHit => "kv_hit",
         }
     }
 
@@ -107,6 +115,7 @@ impl DecisionReason {
             DecisionReason::CacheOwnerUnavailable => 12,
             DecisionReason::CacheFleetImbalance => 13,
             DecisionReason::Custom => 14,
+            DecisionReason::KvHit => 15,
         }
     }
 }

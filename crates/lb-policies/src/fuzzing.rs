@@ -2,7 +2,7 @@
 //! part of the stable API.
 
 use crate::backend::{Backend, BasicBackend};
-use crate::context::RequestContext;
+use crate::context::{RequestContext, RoutingInput};
 use crate::membership::MembershipEvent;
 use crate::policy::Policy;
 use crate::registry::{BUILTIN_POLICIES, PolicyConfig, build_builtin};
@@ -34,6 +34,18 @@ pub fn policy_ops(data: &[u8]) {
         BUILTIN_POLICIES.len(),
         "every built-in builds"
     );
+    // kv_aware over an index the operations feed (even workers' streams
+    // live), when the feature is on.
+    #[cfg(feature = "kv-index")]
+    let kv = kv_fixture(&fleet, &mut config);
+    #[cfg(feature = "kv-index")]
+    let policies = {
+        let mut policies = policies;
+        policies.push(build_builtin(&config).expect("kv_aware builds with its sources"));
+        policies
+    };
+    // Workers a membership event removed: kv_aware never chooses them.
+    let mut removed = vec![false; workers];
     // Keys for membership events: the fleet's plus one that is never a
     // candidate.
     let key_of = |b: u8| -> String {
@@ -57,6 +69,9 @@ pub fn policy_ops(data: &[u8]) {
                     1 => MembershipEvent::Removed { key: &key },
                     _ => MembershipEvent::Replaced { key: &key },
                 };
+                if let Some(r) = removed.get_mut(usize::from(arg) % (workers + 1)) {
+                    *r = matches!(event, MembershipEvent::Removed { .. });
+                }
                 for p in &policies {
                     p.on_membership(event);
                 }
@@ -69,6 +84,8 @@ pub fn policy_ops(data: &[u8]) {
                     text.push(ALPHABET[usize::from(bytes.next().unwrap_or(0)) % ALPHABET.len()]);
                 }
                 tokens.push(u32::from(arg));
+                #[cfg(feature = "kv-index")]
+                kv.store(target, &tokens);
             }
             5 => {
                 text.clear();
@@ -91,6 +108,7 @@ pub fn policy_ops(data: &[u8]) {
                     _ => RequestContext::new(model).with_user(&session),
                 };
                 let any_available = fleet.iter().any(Backend::is_available);
+                let any_member = (0..workers).any(|i| fleet[i].is_available() && !removed[i]);
                 for p in &policies {
                     match p.select(&fleet, &ctx) {
                         Some(d) => {
@@ -100,7 +118,16 @@ pub fn policy_ops(data: &[u8]) {
                                 "{}: chose an unavailable worker",
                                 p.name()
                             );
+                            let kv_tokens = p.name() == "kv_aware"
+                                && matches!(ctx.routing, RoutingInput::Tokens(t) if !t.is_empty());
+                            assert!(
+                                !(kv_tokens && removed[d.index]),
+                                "kv_aware chose a removed worker"
+                            );
                             fleet[d.index].begin_request();
+                        }
+                        None if p.name() == "kv_aware" => {
+                            assert!(!any_member, "kv_aware: None with a member available")
                         }
                         None => {
                             assert!(!any_available, "{}: None with a worker available", p.name())
@@ -109,5 +136,61 @@ pub fn policy_ops(data: &[u8]) {
                 }
             }
         }
+    }
+}
+
+/// The index, liveness and worker ids the `kv_aware` instance reads.
+#[cfg(feature = "kv-index")]
+struct KvFixture {
+    index: std::sync::Arc<kv_index::KvIndex>,
+    ids: Vec<kv_index::WorkerId>,
+}
+
+#[cfg(feature = "kv-index")]
+fn kv_fixture(fleet: &[BasicBackend], config: &mut PolicyConfig) -> KvFixture {
+    use std::sync::Arc;
+
+    use crate::policies::kv_aware::{KvSources, KvStreams};
+
+    const BLOCK: usize = 2;
+    let index = Arc::new(kv_index::KvIndex::new(kv_index::IndexConfig {
+        block_size: BLOCK,
+        ..kv_index::IndexConfig::default()
+    }));
+    let streams = Arc::new(KvStreams::with_capacity(64));
+    let ids: Vec<_> = fleet
+        .iter()
+        .map(|b| index.register_worker(b.key().to_owned()))
+        .collect();
+    for (i, id) in ids.iter().enumerate() {
+        streams.set_live(*id, i % 2 == 0);
+    }
+    config.name = "kv_aware".to_owned();
+    config.cache_aware.block_size = BLOCK;
+    *config = config
+        .clone()
+        .with_kv(KvSources::new(Arc::clone(&index), streams));
+    KvFixture { index, ids }
+}
+
+#[cfg(feature = "kv-index")]
+impl KvFixture {
+    /// Worker `target`'s engine reports holding every full block of
+    /// `tokens` (engine hashes: our own, so a repeat is idempotent).
+    fn store(&self, target: usize, tokens: &[u32]) {
+        let hasher = self.index.hasher();
+        let hashes = hasher.hash_blocks(tokens);
+        let event = kv_index::KvEvent::BlockStored {
+            block_hashes: hashes
+                .iter()
+                .map(|h| kv_index::EngineHash::from_int(h.0 as i64))
+                .collect(),
+            parent_block_hash: None,
+            token_ids: tokens[..hashes.len() * hasher.block_size()].to_vec(),
+            block_size: hasher.block_size(),
+            lora_id: None,
+        };
+        // Registered above and never unregistered: cannot fail.
+        let _ = self.index.apply(self.ids[target], 0, &event);
     }
 }

@@ -69,8 +69,22 @@
 //!   ([`BUILTIN_POLICIES`]) or by a registered factory, counted with
 //!   [`Counted`].
 //!
+//! * `KvAware` (feature `kv-index`): cache-aware placement scored on the
+//!   blocks engines report holding through their KV events (a
+//!   `kv_index::KvIndex` the host feeds), with the approximate tree as the
+//!   fallback for workers without a live event stream (`KvStreams`).
+//!   Built by the registry as `kv_aware` once the host sets
+//!   `PolicyConfig::with_kv` ([`INDEX_POLICIES`]).
+//!
 //! `docs/policies.md` in the repository explains each policy, its knobs and
 //! when to use which.
+//!
+//! # Feature flags
+//!
+//! * `serde`: (de)serialize the configuration structs.
+//! * `kv-index` (off by default): the `kv_aware` policy, `KvStreams` and
+//!   `KvSources`; pulls in the `kv-index` crate (pure Rust, no
+//!   transport).
 //!
 //! # Concurrency
 //!
@@ -87,7 +101,9 @@
 //! Random, round robin, power of two, least loaded, consistent hash and
 //! rendezvous hash allocate nothing per decision (checked by a counting
 //! allocator in `tests/no_alloc.rs`). Cache-aware allocates only inside the
-//! tree when it records a new prefix.
+//! tree when it records a new prefix; so does kv-aware, whose block hashes
+//! and index lookup use reused thread-local buffers (a repeated exact hit
+//! allocates nothing, also checked there).
 #![warn(missing_docs)]
 
 mod backend;
@@ -111,6 +127,8 @@ pub use error::PolicyError;
 pub use membership::MembershipEvent;
 pub use policies::cache_aware::{CacheAware, CacheAwareConfig, LoadGate};
 pub use policies::consistent_hash::{ConsistentHash, ConsistentHashConfig};
+#[cfg(feature = "kv-index")]
+pub use policies::kv_aware::{KvAware, KvSources, KvStreams};
 pub use policies::least_loaded::LeastLoaded;
 pub use policies::power_of_two::{LoadSource, PowerOfTwo};
 pub use policies::random::RandomPolicy;
@@ -118,5 +136,6 @@ pub use policies::rendezvous::RendezvousHash;
 pub use policies::round_robin::RoundRobin;
 pub use policy::{Counted, Policy, PolicyState};
 pub use registry::{
-    BUILTIN_POLICIES, ModelPolicy, PolicyConfig, PolicyFactory, PolicyRegistry, build_builtin,
+    BUILTIN_POLICIES, INDEX_POLICIES, ModelPolicy, PolicyConfig, PolicyFactory, PolicyRegistry,
+    build_builtin,
 };

@@ -31,6 +31,13 @@ pub const BUILTIN_POLICIES: [&str; 8] = [
     "cache_aware_fleet_gate",
 ];
 
+/// Built-in policies that read state only the host can provide, so that
+/// `PolicyConfig::named(name)` alone does not build them (unlike
+/// [`BUILTIN_POLICIES`]): `kv_aware` needs the KV block index and stream
+/// liveness handle (`PolicyConfig::with_kv`, feature `kv-index`). Without
+/// the feature, asking for it is a configuration error that says so.
+pub const INDEX_POLICIES: [&str; 1] = ["kv_aware"];
+
 /// Which policy to build and its knobs.
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(
@@ -51,6 +58,15 @@ pub struct PolicyConfig {
     pub cache_aware: CacheAwareConfig,
     /// Knobs of `consistent_hash`.
     pub consistent_hash: ConsistentHashConfig,
+    /// What `kv_aware` reads from the host: the shared KV block index and
+    /// the stream liveness handle (its threshold, load gate and fallback
+    /// tree use [`cache_aware`](Self::cache_aware)'s knobs). `None` by
+    /// default; building `kv_aware` without it is an
+    /// [`InvalidConfig`](PolicyError::InvalidConfig) error naming `kv`. Not
+    /// serialized: the host sets it after reading the rest.
+    #[cfg(feature = "kv-index")]
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub kv: Option<crate::policies::kv_aware::KvSources>,
 }
 
 impl Default for PolicyConfig {
@@ -67,7 +83,17 @@ impl PolicyConfig {
             seed: None,
             cache_aware: CacheAwareConfig::default(),
             consistent_hash: ConsistentHashConfig::default(),
+            #[cfg(feature = "kv-index")]
+            kv: None,
         }
+    }
+
+    /// Sets the KV block index and liveness handle `kv_aware` reads.
+    #[cfg(feature = "kv-index")]
+    #[must_use]
+    pub fn with_kv(mut self, sources: crate::policies::kv_aware::KvSources) -> Self {
+        self.kv = Some(sources);
+        self
     }
 
     /// Sets the seed of the random policies.
@@ -104,12 +130,45 @@ pub fn build_builtin<B: Backend>(config: &PolicyConfig) -> Result<Box<dyn Policy
             knobs.gate = LoadGate::FleetWide;
             Box::new(CacheAware::new(knobs)?)
         }
+        "kv_aware" => build_kv_aware(config)?,
         other => {
             return Err(PolicyError::UnknownPolicy {
                 name: other.to_owned(),
-                known: BUILTIN_POLICIES.join(", "),
+                known: known_names(),
             });
         }
+    })
+}
+
+/// Every built-in name, for error messages.
+fn known_names() -> String {
+    let mut names: Vec<&str> = BUILTIN_POLICIES.to_vec();
+    names.extend(INDEX_POLICIES);
+    names.join(", ")
+}
+
+#[cfg(feature = "kv-index")]
+fn build_kv_aware<B: Backend>(config: &PolicyConfig) -> Result<Box<dyn Policy<B>>, PolicyError> {
+    let sources = config
+        .kv
+        .clone()
+        .ok_or_else(|| PolicyError::InvalidConfig {
+            field: "kv",
+            reason: "is missing: `kv_aware` needs the shared KV block index and stream liveness \
+                 handle (PolicyConfig::with_kv)"
+                .to_owned(),
+        })?;
+    Ok(Box::new(crate::policies::kv_aware::KvAware::new(
+        config.cache_aware.clone(),
+        sources,
+    )?))
+}
+
+#[cfg(not(feature = "kv-index"))]
+fn build_kv_aware<B: Backend>(_: &PolicyConfig) -> Result<Box<dyn Policy<B>>, PolicyError> {
+    Err(PolicyError::InvalidConfig {
+        field: "name",
+        reason: "is `kv_aware`, which needs lb-policies' `kv-index` feature".to_owned(),
     })
 }
 

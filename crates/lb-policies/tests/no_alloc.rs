@@ -120,3 +120,59 @@ fn counter_and_hash_policies_do_not_allocate_per_decision() {
     });
     eprintln!("cache_aware: {n} allocations in 1000 repeated-hit decisions");
 }
+
+/// Kv-aware reuses thread-local buffers for the block hashes and the index
+/// lookup, so a repeated exact hit (all streams live, the prefix already in
+/// the fallback tree) allocates nothing in the policy.
+#[cfg(feature = "kv-index")]
+#[test]
+fn kv_aware_repeated_hits_do_not_allocate() {
+    use std::sync::Arc;
+
+    use kv_index::{EngineHash, IndexConfig, KvEvent, KvIndex};
+    use lb_policies::{Backend, DecisionReason, KvAware, KvSources, KvStreams};
+
+    let fleet: Vec<BasicBackend> = (0..64)
+        .map(|i| BasicBackend::new(format!("http://worker-{i}:8000")).with_load(i % 7))
+        .collect();
+    let index = Arc::new(KvIndex::new(IndexConfig::default()));
+    let streams = Arc::new(KvStreams::new());
+    let policy = KvAware::new(
+        CacheAwareConfig::default(),
+        KvSources::new(Arc::clone(&index), Arc::clone(&streams)),
+    )
+    .expect("valid");
+    let prompt: Vec<u32> = (0..2_000).collect();
+    for (i, b) in fleet.iter().enumerate() {
+        let id = index.register_worker(b.key().to_owned());
+        streams.set_live(id, true);
+        policy.on_membership(MembershipEvent::Added { key: b.key() });
+        if i % 8 == 3 {
+            let blocks = 60 + i;
+            index
+                .apply(
+                    id,
+                    0,
+                    &KvEvent::BlockStored {
+                        block_hashes: (0..blocks as i64).map(EngineHash::from_int).collect(),
+                        parent_block_hash: None,
+                        token_ids: prompt[..blocks * 16].to_vec(),
+                        block_size: 16,
+                        lora_id: None,
+                    },
+                )
+                .expect("registered");
+        }
+    }
+    let ctx = RequestContext::new("m").with_tokens(&prompt);
+    for _ in 0..16 {
+        policy.select(&fleet[..], &ctx);
+    }
+    let n = allocations_during(|| {
+        for _ in 0..1000 {
+            let d = policy.select(&fleet[..], &ctx).expect("available");
+            assert_eq!(d.reason, DecisionReason::KvHit);
+        }
+    });
+    assert_eq!(n, 0, "kv_aware allocated {n} times in 1000 repeated hits");
+}

@@ -219,3 +219,26 @@ fn counters_track_reasons_per_model() {
     assert_eq!(c.get(DecisionReason::NoHashKey), 2);
     registry.maintain(); // stateless policies: a no-op that must not fail
 }
+
+/// `kv_aware` is named in the unknown-policy message, and without the
+/// `kv-index` feature asking for it says which feature is missing.
+#[test]
+fn kv_aware_is_known_and_its_feature_is_named() {
+    let err = PolicyRegistry::<BasicBackend>::new(PolicyConfig::named("no_such_policy"))
+        .expect_err("unknown");
+    assert!(err.to_string().contains("kv_aware"), "{err}");
+    let kv = PolicyRegistry::<BasicBackend>::new(PolicyConfig::named("kv_aware"));
+    let err = kv.expect_err("needs the host's index");
+    if cfg!(feature = "kv-index") {
+        assert!(
+            matches!(err, PolicyError::InvalidConfig { field: "kv", .. }),
+            "{err}"
+        );
+    } else {
+        assert!(
+            matches!(err, PolicyError::InvalidConfig { field: "name", .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("kv-index"), "{err}");
+    }
+}

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use radix_affinity::{PrefixMatch, TenantId, TextTree, TokenTree};
 
-use super::{fair_least_loaded, find_candidate};
+use super::{fair_least_loaded, find_candidate, min_available_load};
 use crate::backend::Backend;
 use crate::context::{RequestContext, RoutingInput};
 use crate::decision::{Decision, DecisionReason};
@@ -200,7 +200,7 @@ fn set_tenant_slot(table: &mut Vec<Option<usize>>, tenant: TenantId, slot: usize
 }
 
 /// One model's trees and member table.
-struct ModelState {
+pub(crate) struct ModelState {
     text: TextTree,
     tokens: TokenTree,
     members: RwLock<Members>,
@@ -268,6 +268,69 @@ impl ModelState {
         }
     }
 
+    #[cfg(feature = "kv-index")]
+    /// Whether a membership event removed `key` (and no later one added it
+    /// back). A key no event named is not removed.
+    pub(crate) fn is_removed(&self, key: &str) -> bool {
+        let table = self.members.read();
+        table
+            .by_key
+            .get(key)
+            .is_some_and(|&slot| !table.slots[slot].live)
+    }
+
+    #[cfg(feature = "kv-index")]
+    /// The token tree's best match of `tokens`: `f(owner, matched)` where
+    /// `owner` is the matched tenant's key and position hint if it is a
+    /// live member (cache-aware's choice among equally deep owners: the
+    /// most recently used).
+    pub(crate) fn best_token_match<R>(
+        &self,
+        tokens: &[u32],
+        f: impl FnOnce(Option<(&str, &HintCell)>, usize) -> R,
+    ) -> R {
+        let found = self.tokens.prefix_match_symbols(tokens);
+        let table = self.members.read();
+        let owner = found
+            .tenant
+            .and_then(|t| {
+                table
+                    .by_token_tenant
+                    .get(t.index() as usize)
+                    .copied()
+                    .flatten()
+            })
+            .map(|slot| &table.slots[slot])
+            .filter(|slot| slot.live)
+            .map(|slot| (&*slot.key, &slot.hint));
+        f(owner, found.matched)
+    }
+
+    #[cfg(feature = "kv-index")]
+    /// For every live member `wanted(key)` accepts, how many leading
+    /// `tokens` the token tree attributes to it; `each(key, hint, matched)`
+    /// is called for those with at least `min` matched: one tree walk per
+    /// wanted member.
+    pub(crate) fn for_each_token_match(
+        &self,
+        tokens: &[u32],
+        min: usize,
+        mut wanted: impl FnMut(&str) -> bool,
+        mut each: impl FnMut(&str, &HintCell, usize),
+    ) {
+        let min = min.max(1);
+        let table = self.members.read();
+        for slot in table.slots.iter().filter(|slot| slot.live) {
+            if !wanted(&slot.key) {
+                continue;
+            }
+            let matched = self.tokens.prefix_match_tenant_symbols(tokens, slot.tokens);
+            if matched >= min {
+                each(&slot.key, &slot.hint, matched);
+            }
+        }
+    }
+
     fn prefix_match(&self, input: RoutingInput<'_>) -> Option<(PrefixMatch, bool)> {
         match input {
             RoutingInput::None => None,
@@ -287,7 +350,7 @@ impl ModelState {
     /// Inserts the routing input for the chosen worker if it is a member
     /// (admitting a worker never announced by an event, refusing a removed
     /// one).
-    fn record_choice(&self, input: RoutingInput<'_>, key: &str) {
+    pub(crate) fn record_choice(&self, input: RoutingInput<'_>, key: &str) {
         let empty = match input {
             RoutingInput::None => true,
             RoutingInput::Text(text) => text.is_empty(),
@@ -392,7 +455,7 @@ impl CacheAware {
         self.models.read().contains_key(model)
     }
 
-    fn model(&self, model: &str) -> Arc<ModelState> {
+    pub(crate) fn model(&self, model: &str) -> Arc<ModelState> {
         if let Some(state) = self.models.read().get(model) {
             return Arc::clone(state);
         }
@@ -419,13 +482,27 @@ impl CacheAware {
 
     /// The fair least-loaded fallback. The rotation advances only here, so
     /// cold traffic interleaved with affinity hits still rotates evenly.
-    fn least_loaded<B: Backend>(
+    pub(crate) fn least_loaded<B: Backend>(
         &self,
         candidates: &[B],
         reason: DecisionReason,
     ) -> Option<Decision> {
         let start = self.rotation.fetch_add(1, Ordering::Relaxed);
         fair_least_loaded(candidates, start).map(|(i, _)| Decision::new(i, reason))
+    }
+
+    #[cfg(feature = "kv-index")]
+    /// [`least_loaded`](Self::least_loaded) over the candidates
+    /// `eligible(index)` accepts, on the same rotation.
+    pub(crate) fn least_loaded_where<B: Backend>(
+        &self,
+        candidates: &[B],
+        reason: DecisionReason,
+        eligible: impl Fn(usize) -> bool,
+    ) -> Option<Decision> {
+        let start = self.rotation.fetch_add(1, Ordering::Relaxed);
+        super::fair_least_loaded_where(candidates, start, eligible)
+            .map(|(i, _)| Decision::new(i, reason))
     }
 
     fn decide<B: Backend>(
@@ -482,14 +559,7 @@ impl CacheAware {
                 .map(|d| d.with_match_rate(rate));
         };
         if self.config.gate == LoadGate::PerRequest {
-            // Statistics over available candidates only: an idle worker that
-            // is down or draining is not a place the request could go.
-            let min_load = candidates
-                .iter()
-                .filter(|c| c.is_available())
-                .map(|c| c.load())
-                .min()
-                .unwrap_or(0);
+            let min_load = min_available_load(candidates);
             if self
                 .config
                 .preferred_yields(candidates[preferred].load(), min_load)

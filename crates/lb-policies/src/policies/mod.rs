@@ -2,6 +2,8 @@
 
 pub mod cache_aware;
 pub mod consistent_hash;
+#[cfg(feature = "kv-index")]
+pub mod kv_aware;
 pub mod least_loaded;
 pub mod power_of_two;
 pub mod random;
@@ -39,6 +41,29 @@ pub(crate) fn fair_least_loaded<B: Backend>(
     candidates: &[B],
     start: usize,
 ) -> Option<(usize, usize)> {
+    fair_least_loaded_where(candidates, start, |_| true)
+}
+
+/// The least loaded available candidate over all `candidates` (0 when none
+/// is available): the reference point of the per-request load gate
+/// (invariant 11). A candidate that is down or draining is not a place the
+/// request could go, so it never lowers the minimum.
+pub(crate) fn min_available_load<B: Backend>(candidates: &[B]) -> usize {
+    candidates
+        .iter()
+        .filter(|c| c.is_available())
+        .map(|c| c.load())
+        .min()
+        .unwrap_or(0)
+}
+
+/// [`fair_least_loaded`] over the candidates for which `eligible(index)`
+/// also holds (kv-aware leaves out workers a membership event removed).
+pub(crate) fn fair_least_loaded_where<B: Backend>(
+    candidates: &[B],
+    start: usize,
+    eligible: impl Fn(usize) -> bool,
+) -> Option<(usize, usize)> {
     let n = candidates.len();
     if n == 0 {
         return None;
@@ -49,7 +74,7 @@ pub(crate) fn fair_least_loaded<B: Backend>(
     let mut best: Option<(usize, usize, u64)> = None;
     let mut consider = |i: usize| {
         let c = &candidates[i];
-        if !c.is_available() {
+        if !c.is_available() || !eligible(i) {
             return;
         }
         let load = c.load();

@@ -1,0 +1,614 @@
+//! Kv-aware routing: cache-aware placement scored on the blocks the engines
+//! really hold, by their own KV-cache events (feature `kv-index`).
+//!
+//! # Why
+//!
+//! Cache-aware's radix tree records where the router *sent* prompts. The
+//! engines evict, restart and fill their caches from other routers behind
+//! its back, so the tree can name a worker that no longer holds the prefix
+//! and miss one that does. vLLM publishes what each worker holds
+//! (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`); a host that
+//! subscribes to those events keeps a [`KvIndex`] and hands it to this
+//! policy, which scores workers on exact cached blocks. The name is
+//! vllm-router's.
+//!
+//! # The decision (token input)
+//!
+//! 1. Hash the request's full blocks with the index's hasher and look them
+//!    up: every (worker, rank) with its longest held prefix in blocks.
+//! 2. Score every available candidate in blocks:
+//!    * a worker whose event stream is **live** ([`KvStreams`]) scores its
+//!      exact prefix from the index — the longest over its data-parallel
+//!      ranks, because the [`Backend`] trait names a worker, not a rank;
+//!    * any other worker (**cold**: no stream, stream lost, or not yet
+//!      known to the index) scores from the approximate token tree of an
+//!      embedded [`CacheAware`]: its matched tokens rounded down to whole
+//!      blocks. Both scores count blocks the engine would reuse, so they
+//!      compare directly; on equal blocks an exact score beats an
+//!      approximate one.
+//! 3. The best score's worker is *preferred* when
+//!    `blocks × block_size / input_tokens > cache_threshold`; among equal
+//!    best scores the choice is fair (load, processed count, then a
+//!    rotating start: invariant 12).
+//! 4. The same per-request load gate as cache-aware (invariant 11): the
+//!    preferred worker yields when its load exceeds the least loaded
+//!    available candidate's by more than `balance_abs_threshold` **and**
+//!    `balance_rel_threshold` times
+//!    ([`CacheAwareConfig::preferred_yields`]).
+//! 5. Otherwise the fair least-loaded candidate takes the request.
+//! 6. The tokens are recorded in the embedded tree for the chosen worker,
+//!    so the fallback stays warm for the moment a stream is lost.
+//!
+//! Reasons: [`DecisionReason::KvHit`] for an exact-score hit,
+//! [`DecisionReason::CacheHit`] for a hit scored from the tree, and
+//! cache-aware's `CacheLowMatch` / `CacheOverloaded` otherwise; every
+//! decision carries the match rate.
+//!
+//! **Text input** (no tokenizer for the model) and requests without
+//! routing input are decided by the embedded [`CacheAware`], exactly as
+//! the `cache_aware` policy decides them.
+//!
+//! # Liveness: [`KvStreams`]
+//!
+//! The host marks a worker live when its subscriber receives events for
+//! all of the worker's ranks, and not live when a stream is lost. The
+//! handle is a fixed-capacity bitset of atomics indexed by [`WorkerId`]:
+//! reading it is one relaxed atomic load, no lock. A counter bumped on every
+//! change tells the policy when to re-resolve its map from worker keys to
+//! index ids (one atomic load per request; the re-resolution, under a write
+//! lock, happens only after a change).
+//!
+//! # Who does what on membership changes
+//!
+//! * The **host** owns the index: it registers a worker
+//!   ([`KvIndex::register_worker`], keyed by the worker's
+//!   [`Backend::key`]) before announcing it, clears or unregisters it when
+//!   the worker leaves or a new lifetime replaces it (the subscriber does
+//!   this when it sees a new generation), and updates [`KvStreams`].
+//! * The **policy** forwards every event to its embedded [`CacheAware`]
+//!   (which forgets a removed or replaced worker's tree affinity), forgets
+//!   a removed worker's index id, and re-resolves a replaced one's. A
+//!   removed worker is never chosen for token input — neither preferred
+//!   (even if the index still lists its blocks) nor picked by the
+//!   least-loaded fallback, should a stale candidate slice still hold it.
+//!   A replaced worker starts cold: no tree affinity, and its exact score
+//!   is whatever the host's index holds for its new lifetime.
+//!
+//! Only announced workers (membership events, which the registry replays
+//! to every new instance) are scored exactly; a worker never announced is
+//! scored from the tree.
+//!
+//! # Disaggregated serving
+//!
+//! Under prefill/decode disaggregation the prefix cache that matters is the
+//! prefill worker's: the host uses `kv_aware` for the prefill pool (and any
+//! policy for the decode pool).
+//!
+//! # Cost and allocation
+//!
+//! Per decision: hashing the full blocks (about 1 µs per 100 blocks), one
+//! index lookup (lock-free), a walk of its matches, and one walk of the
+//! fallback tree for its best match. A cold worker can only matter if the
+//! tree's best match beats every exact score; if the tree's best owner is
+//! itself cold, it is the best cold score (among equally deep owners the
+//! tree's most recently used one, as in cache-aware). Only when the tree's
+//! best owner has a live stream (its tree score is not used) and some
+//! announced worker is cold does the policy walk the tree once per cold
+//! member — the expensive case of a mixed fleet at large scale (see the
+//! crate README's figures). Ties among exact scores are broken fairly.
+//!
+//! The hash vector and lookup result are thread-local buffers reused
+//! across decisions, so a repeated decision allocates only inside the tree
+//! when it records a new prefix (`tests/no_alloc.rs`). The LoRA adapter is
+//! not part of [`RequestContext`], so requests hash as the base model.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kv_index::{BlockHash, KvIndex, PrefixMatches, WorkerId};
+
+use super::cache_aware::{CacheAware, CacheAwareConfig, LoadGate, ModelState};
+use super::{find_candidate, min_available_load};
+use crate::backend::Backend;
+use crate::context::{RequestContext, RoutingInput};
+use crate::decision::{Decision, DecisionReason};
+use crate::error::PolicyError;
+use crate::membership::MembershipEvent;
+use crate::policy::{Policy, PolicyState};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering, RwLock};
+
+use std::sync::atomic::AtomicUsize as HintCell;
+
+/// Which workers have a live KV event stream: a bitset by [`WorkerId`] the
+/// host updates and [`KvAware`] reads on every decision without a lock.
+///
+/// The capacity is fixed at construction. The index never reuses worker
+/// ids, so a host with heavy churn sizes it for every registration it
+/// expects over the process's life; a worker whose id is beyond the
+/// capacity cannot be marked live ([`set_live`](Self::set_live) returns
+/// `false`) and is scored from the approximate tree, as if its stream were
+/// down.
+///
+/// ```
+/// use kv_index::{IndexConfig, KvIndex};
+/// use lb_policies::KvStreams;
+///
+/// let index: KvIndex = KvIndex::new(IndexConfig::default());
+/// let streams = KvStreams::new();
+/// let w = index.register_worker("http://engine-a:8000".to_owned());
+/// assert!(!streams.is_live(w));
+/// assert!(streams.set_live(w, true)); // the subscriber connected
+/// assert!(streams.is_live(w));
+/// ```
+#[derive(Debug)]
+pub struct KvStreams {
+    words: Box<[AtomicU64]>,
+    changes: AtomicU64,
+}
+
+impl Default for KvStreams {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KvStreams {
+    /// Worker ids a [`KvStreams::new`] handle covers: 65,536 (8 KiB).
+    pub const DEFAULT_CAPACITY: usize = 1 << 16;
+
+    /// A handle for [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) worker
+    /// ids, none live.
+    pub fn new() -> Self {
+        Self::with_capacity(Self::DEFAULT_CAPACITY)
+    }
+
+    /// A handle for worker ids `0..workers` (rounded up to a multiple of
+    /// 64), none live.
+    pub fn with_capacity(workers: usize) -> Self {
+        let words = workers.div_ceil(64);
+        KvStreams {
+            words: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            changes: AtomicU64::new(0),
+        }
+    }
+
+    /// How many worker ids the handle covers.
+    pub fn capacity(&self) -> usize {
+        self.words.len() * 64
+    }
+
+    fn position(&self, worker: WorkerId) -> Option<(&AtomicU64, u64)> {
+        let id = worker.get() as usize;
+        self.words
+            .get(id / 64)
+            .map(|word| (word, 1u64 << (id % 64)))
+    }
+
+    /// Marks `worker`'s event stream live (its events reach the index) or
+    /// not. Returns `false`, changing nothing, when the id is beyond the
+    /// [`capacity`](Self::capacity).
+    pub fn set_live(&self, worker: WorkerId, live: bool) -> bool {
+        let Some((word, bit)) = self.position(worker) else {
+            return false;
+        };
+        if live {
+            word.fetch_or(bit, Ordering::Release);
+        } else {
+            word.fetch_and(!bit, Ordering::Release);
+        }
+        // After the bit: a reader that sees the new count also sees the bit.
+        self.changes.fetch_add(1, Ordering::Release);
+        true
+    }
+
+    /// Whether `worker`'s stream is live (`false` beyond the capacity).
+    pub fn is_live(&self, worker: WorkerId) -> bool {
+        self.position(worker)
+            .is_some_and(|(word, bit)| word.load(Ordering::Acquire) & bit != 0)
+    }
+
+    /// How many times [`set_live`](Self::set_live) changed anything (or
+    /// was called in range): the policy re-resolves worker keys when this
+    /// moves.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+}
+
+/// What a [`KvAware`] policy reads from the host: the shared block index
+/// (fed by the host's event subscribers) and the stream liveness handle.
+///
+/// Set it on a [`PolicyConfig`](crate::PolicyConfig) with
+/// [`with_kv`](crate::PolicyConfig::with_kv); clones share the same index
+/// and handle. Two sources are equal when they share both.
+#[derive(Clone, Debug)]
+pub struct KvSources {
+    /// The block index, keyed by the workers' [`Backend::key`].
+    pub index: Arc<KvIndex>,
+    /// Which workers' event streams are live.
+    pub streams: Arc<KvStreams>,
+}
+
+impl KvSources {
+    /// Sources from a shared index and liveness handle.
+    pub fn new(index: Arc<KvIndex>, streams: Arc<KvStreams>) -> Self {
+        KvSources { index, streams }
+    }
+}
+
+impl PartialEq for KvSources {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.index, &other.index) && Arc::ptr_eq(&self.streams, &other.streams)
+    }
+}
+
+/// The policy's map between announced worker keys and index ids.
+#[derive(Debug, Default)]
+struct Resolved {
+    /// Announced (not removed) keys, in arrival order.
+    known: Vec<Arc<str>>,
+    by_key: HashMap<Arc<str>, WorkerId>,
+    /// Key and candidate-position hint of each resolved id, by its dense
+    /// [`WorkerId::get`].
+    by_worker: Vec<Option<(Arc<str>, HintCell)>>,
+    /// [`KvStreams::changes`] when the map was last rebuilt.
+    seen_changes: Option<u64>,
+    /// Announced workers without a live stream (unresolved or not live)
+    /// as of the last rebuild or membership event: when zero, no tree walk
+    /// per cold member is needed.
+    cold_members: usize,
+}
+
+impl Resolved {
+    fn forget(&mut self, key: &str) {
+        if let Some(id) = self.by_key.remove(key)
+            && let Some(entry) = self.by_worker.get_mut(id.get() as usize)
+        {
+            *entry = None;
+        }
+    }
+
+    fn resolve(&mut self, index: &KvIndex, key: &Arc<str>) {
+        self.forget(key);
+        let Some(id) = index.worker_id(&key.to_string()) else {
+            return;
+        };
+        let slot = id.get() as usize;
+        if self.by_worker.len() <= slot {
+            self.by_worker.resize_with(slot + 1, || None);
+        }
+        self.by_worker[slot] = Some((Arc::clone(key), HintCell::new(0)));
+        self.by_key.insert(Arc::clone(key), id);
+    }
+
+    fn rebuild(&mut self, index: &KvIndex, streams: &KvStreams, changes: u64) {
+        self.by_key.clear();
+        self.by_worker.clear();
+        for key in self.known.clone() {
+            self.resolve(index, &key);
+        }
+        self.seen_changes = Some(changes);
+        self.recount(streams);
+    }
+
+    fn recount(&mut self, streams: &KvStreams) {
+        let live = self
+            .by_key
+            .values()
+            .filter(|&&id| streams.is_live(id))
+            .count();
+        self.cold_members = self.known.len() - live;
+    }
+}
+
+/// A candidate's score: (candidate index, cached blocks, exact).
+type Score = (usize, usize, bool);
+
+/// Per-thread buffers reused across decisions.
+#[derive(Default)]
+struct Scratch {
+    hashes: Vec<BlockHash>,
+    matches: PrefixMatches,
+    scores: Vec<Score>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// The kv-aware policy. See the [module docs](self) for the decision, the
+/// fallback and who keeps what in step.
+pub struct KvAware {
+    fallback: CacheAware,
+    sources: KvSources,
+    block_size: usize,
+    resolved: RwLock<Resolved>,
+    /// Start of the fair scan among equally scored candidates.
+    tie_rotation: AtomicUsize,
+}
+
+impl std::fmt::Debug for KvAware {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvAware")
+            .field("config", self.fallback.config())
+            .field("index", &self.sources.index)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KvAware {
+    /// A kv-aware policy over the host's index and liveness handle, with
+    /// cache-aware's knobs for the threshold, the load gate and the
+    /// fallback tree. The gate is always per request
+    /// ([`LoadGate::PerRequest`]), whatever `config.gate` says.
+    ///
+    /// Fails if a knob is out of range, or if `config.block_size` differs
+    /// from the index's block size (scores would be counted in different
+    /// blocks).
+    pub fn new(config: CacheAwareConfig, sources: KvSources) -> Result<Self, PolicyError> {
+        let block_size = sources.index.hasher().block_size();
+        if config.block_size != block_size {
+            return Err(PolicyError::InvalidConfig {
+                field: "cache_aware.block_size",
+                reason: format!(
+                    "is {} but the KV index hashes blocks of {block_size} tokens; they must match",
+                    config.block_size
+                ),
+            });
+        }
+        let mut config = config;
+        config.gate = LoadGate::PerRequest;
+        Ok(KvAware {
+            fallback: CacheAware::new(config)?,
+            sources,
+            block_size,
+            resolved: RwLock::new(Resolved::default()),
+            tie_rotation: AtomicUsize::new(0),
+        })
+    }
+
+    /// The embedded cache-aware policy that decides text input and scores
+    /// cold workers.
+    pub fn fallback(&self) -> &CacheAware {
+        &self.fallback
+    }
+
+    /// The index and liveness handle in use.
+    pub fn sources(&self) -> &KvSources {
+        &self.sources
+    }
+
+    /// Rebuilds the key-to-id map if the liveness handle changed since.
+    fn refresh(&self) {
+        let changes = self.sources.streams.changes();
+        if self.resolved.read().seen_changes == Some(changes) {
+            return;
+        }
+        let mut resolved = self.resolved.write();
+        if resolved.seen_changes != Some(changes) {
+            resolved.rebuild(&self.sources.index, &self.sources.streams, changes);
+        }
+    }
+
+    fn is_live_key(&self, resolved: &Resolved, key: &str) -> bool {
+        resolved
+            .by_key
+            .get(key)
+            .is_some_and(|&id| self.sources.streams.is_live(id))
+    }
+
+    /// Every available candidate's score, into `scores`.
+    fn score<B: Backend>(
+        &self,
+        state: &ModelState,
+        candidates: &[B],
+        tokens: &[u32],
+        matches: &PrefixMatches,
+        scores: &mut Vec<Score>,
+    ) {
+        scores.clear();
+        let resolved = self.resolved.read();
+        // Exact: live workers, longest prefix over their ranks.
+        for m in matches.matches() {
+            let worker = m.holder.worker;
+            if !self.sources.streams.is_live(worker) {
+                continue;
+            }
+            let Some(Some((key, hint))) = resolved.by_worker.get(worker.get() as usize) else {
+                continue;
+            };
+            let Some(i) = find_candidate(key, hint, candidates) else {
+                continue;
+            };
+            if !candidates[i].is_available() {
+                continue;
+            }
+            match scores.iter_mut().find(|s| s.0 == i) {
+                Some(s) => s.1 = s.1.max(m.blocks),
+                None => scores.push((i, m.blocks, true)),
+            }
+        }
+        // Approximate: cold workers, from the tree, in whole blocks. Only
+        // a cold score above the best exact one can matter (on equal blocks
+        // exact wins), and the tree's best match bounds every cold score.
+        let block_size = self.block_size;
+        let best_exact = scores.iter().map(|s| s.1).max().unwrap_or(0);
+        let settled = state.best_token_match(tokens, |owner, matched| {
+            if matched / block_size <= best_exact {
+                return true; // no cold worker can beat the exact scores
+            }
+            match owner {
+                // The best owner is cold: it holds the best cold score.
+                Some((key, hint)) if !self.is_live_key(&resolved, key) => {
+                    if let Some(i) = find_candidate(key, hint, candidates)
+                        && candidates[i].is_available()
+                    {
+                        scores.push((i, matched / block_size, false));
+                        return true;
+                    }
+                    // Not a place this request can go: look at the others.
+                    resolved.cold_members == 0
+                }
+                // A live-stream worker (scored exactly) or no member owns
+                // the best match: the best cold score is elsewhere, if any
+                // announced worker is cold.
+                _ => resolved.cold_members == 0,
+            }
+        });
+        if settled {
+            return;
+        }
+        state.for_each_token_match(
+            tokens,
+            block_size,
+            |key| !self.is_live_key(&resolved, key),
+            |key, hint, matched| {
+                if let Some(i) = find_candidate(key, hint, candidates)
+                    && candidates[i].is_available()
+                    && !scores.iter().any(|s| s.0 == i)
+                {
+                    scores.push((i, matched / block_size, false));
+                }
+            },
+        );
+    }
+
+    /// The preferred candidate among the best scores: most blocks, exact
+    /// before approximate, then fair (load, processed, rotating start).
+    fn best<B: Backend>(&self, candidates: &[B], scores: &[Score]) -> Option<Score> {
+        let top = scores.iter().map(|s| (s.1, s.2)).max()?;
+        let is_top = |s: &&Score| (s.1, s.2) == top;
+        if scores.iter().filter(is_top).count() == 1 {
+            return scores.iter().find(is_top).copied();
+        }
+        let n = candidates.len();
+        let start = self.tie_rotation.fetch_add(1, Ordering::Relaxed) % n;
+        scores
+            .iter()
+            .filter(is_top)
+            .min_by_key(|s| {
+                let c = &candidates[s.0];
+                (c.load(), c.processed(), (s.0 + n - start) % n)
+            })
+            .copied()
+    }
+
+    /// The fair least-loaded candidate, never a removed worker.
+    fn least_loaded<B: Backend>(
+        &self,
+        state: &ModelState,
+        candidates: &[B],
+        reason: DecisionReason,
+        rate: f64,
+    ) -> Option<Decision> {
+        let mut decision = self.fallback.least_loaded(candidates, reason)?;
+        if state.is_removed(candidates[decision.index].key()) {
+            // A stale slice still lists a removed worker: choose again
+            // without any removed one.
+            decision = self.fallback.least_loaded_where(candidates, reason, |i| {
+                !state.is_removed(candidates[i].key())
+            })?;
+        }
+        Some(decision.with_match_rate(rate))
+    }
+
+    fn decide_tokens<B: Backend>(
+        &self,
+        state: &ModelState,
+        candidates: &[B],
+        tokens: &[u32],
+        scratch: &mut Scratch,
+    ) -> Option<Decision> {
+        let hasher = self.sources.index.hasher();
+        hasher.hash_blocks_into(tokens, &mut scratch.hashes);
+        self.sources
+            .index
+            .lookup_into(&scratch.hashes, &mut scratch.matches);
+        self.score(
+            state,
+            candidates,
+            tokens,
+            &scratch.matches,
+            &mut scratch.scores,
+        );
+        let best = self.best(candidates, &scratch.scores);
+        let blocks = best.map_or(0, |s| s.1);
+        let rate = (blocks * self.block_size) as f64 / tokens.len() as f64;
+        let config = self.fallback.config();
+        let Some((preferred, _, exact)) =
+            best.filter(|_| blocks > 0 && rate > config.cache_threshold)
+        else {
+            return self.least_loaded(state, candidates, DecisionReason::CacheLowMatch, rate);
+        };
+        if config.preferred_yields(candidates[preferred].load(), min_available_load(candidates)) {
+            return self.least_loaded(state, candidates, DecisionReason::CacheOverloaded, rate);
+        }
+        let reason = if exact {
+            DecisionReason::KvHit
+        } else {
+            DecisionReason::CacheHit
+        };
+        Some(Decision::new(preferred, reason).with_match_rate(rate))
+    }
+}
+
+impl<B: Backend> Policy<B> for KvAware {
+    fn select(&self, candidates: &[B], ctx: &RequestContext<'_>) -> Option<Decision> {
+        let tokens = match ctx.routing {
+            RoutingInput::Tokens(tokens) if !tokens.is_empty() => tokens,
+            _ => return self.fallback.select(candidates, ctx),
+        };
+        if candidates.is_empty() {
+            return None;
+        }
+        self.refresh();
+        let state = self.fallback.model(ctx.model);
+        let decision = SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => self.decide_tokens(&state, candidates, tokens, &mut scratch),
+            // Re-entered on this thread (a host's backend calling back):
+            // fresh buffers rather than a panic.
+            Err(_) => self.decide_tokens(&state, candidates, tokens, &mut Scratch::default()),
+        })?;
+        state.record_choice(ctx.routing, candidates[decision.index].key());
+        Some(decision)
+    }
+}
+
+impl PolicyState for KvAware {
+    fn name(&self) -> &str {
+        "kv_aware"
+    }
+
+    fn on_membership(&self, event: MembershipEvent<'_>) {
+        self.fallback.on_membership(event);
+        let mut resolved = self.resolved.write();
+        let key = event.key();
+        match event {
+            MembershipEvent::Removed { .. } => {
+                resolved.forget(key);
+                resolved.known.retain(|k| &**k != key);
+            }
+            MembershipEvent::Added { .. } | MembershipEvent::Replaced { .. } => {
+                let key: Arc<str> = match resolved.known.iter().find(|k| &***k == key) {
+                    Some(k) => Arc::clone(k),
+                    None => {
+                        let k: Arc<str> = key.into();
+                        resolved.known.push(Arc::clone(&k));
+                        k
+                    }
+                };
+                resolved.resolve(&self.sources.index, &key);
+            }
+        }
+        resolved.recount(&self.sources.streams);
+    }
+
+    fn maintain(&self) {
+        self.fallback.maintain();
+    }
+
+    fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
+        self.fallback.affinity_sizes()
+    }
+}
