@@ -124,31 +124,59 @@ impl HfTokenizer {
         if self.mode != SegmentMode::Segments {
             return self.encode_whole(text, false);
         }
-        let mut out = Vec::with_capacity(text.len() / 3 + 8);
+        // Two passes: find each piece's ids (shared with the cache, not
+        // copied), then copy them once into an output of the exact size.
+        let mut pieces: Vec<Piece> = Vec::with_capacity(64);
         let mut at = 0;
         if let Some((matcher, ids)) = &self.splitter {
             for m in matcher.find_iter(text) {
-                self.encode_segment(&text[at..m.start()], &mut out)?;
-                out.push(ids[m.pattern().as_usize()]);
+                self.push_segment(&text[at..m.start()], &mut pieces)?;
+                pieces.push(Piece::Added(ids[m.pattern().as_usize()]));
                 at = m.end();
             }
         }
-        self.encode_segment(&text[at..], &mut out)?;
+        self.push_segment(&text[at..], &mut pieces)?;
+        let len = pieces.iter().map(Piece::len).sum();
+        let mut out = Vec::with_capacity(len);
+        for piece in &pieces {
+            match piece {
+                Piece::Added(id) => out.push(*id),
+                Piece::Segment(ids) => out.extend_from_slice(ids),
+            }
+        }
         Ok(out)
     }
 
-    fn encode_segment(&self, segment: &str, out: &mut Vec<u32>) -> Result<()> {
+    fn push_segment(&self, segment: &str, pieces: &mut Vec<Piece>) -> Result<()> {
         if segment.is_empty() {
             return Ok(());
         }
-        if let Some(ids) = self.cache.get(segment) {
-            out.extend_from_slice(&ids);
-            return Ok(());
-        }
-        let ids: Arc<[u32]> = self.encode_whole(segment, false)?.into();
-        out.extend_from_slice(&ids);
-        self.cache.insert(segment, ids);
+        let ids = match self.cache.get(segment) {
+            Some(ids) => ids,
+            None => {
+                let ids: Arc<[u32]> = self.encode_whole(segment, false)?.into();
+                self.cache.insert(segment, Arc::clone(&ids));
+                ids
+            }
+        };
+        pieces.push(Piece::Segment(ids));
         Ok(())
+    }
+}
+
+/// One piece of a chat rendering: an added token or the ids of the text
+/// between two of them.
+enum Piece {
+    Added(u32),
+    Segment(Arc<[u32]>),
+}
+
+impl Piece {
+    fn len(&self) -> usize {
+        match self {
+            Piece::Added(_) => 1,
+            Piece::Segment(ids) => ids.len(),
+        }
     }
 }
 

@@ -38,18 +38,37 @@ pub fn synthetic_count(text: &str, chars_per_token: usize) -> usize {
 /// Appends the synthetic token ids of `text` to `out`.
 pub fn synthetic_tokenize_into(text: &str, chars_per_token: usize, out: &mut Vec<u32>) {
     let per = chars_per_token.max(1);
-    let mut hash = TOKEN_SEED;
-    let mut filled = 0;
-    for ch in text.chars() {
-        hash = mix64(hash ^ u64::from(ch));
-        filled += 1;
-        if filled == per {
-            out.push(fold(hash));
-            hash = TOKEN_SEED;
-            filled = 0;
-        }
+    out.reserve(synthetic_count(text, per));
+    if text.is_ascii() {
+        tokenize_units(text.as_bytes(), per, out);
+    } else {
+        let chars: Vec<char> = text.chars().collect();
+        tokenize_units(&chars, per, out);
     }
-    if filled > 0 {
+}
+
+/// Tokens of `units` (bytes of ASCII text, or chars), `per` units each.
+///
+/// Each token's hash is a chain of dependent multiplications; the tokens
+/// are independent, so four of them are hashed side by side (the processor
+/// overlaps the four chains). The ids are those of the one-token-at-a-time
+/// rule in the module docs.
+fn tokenize_units<T: Copy + Into<u32>>(units: &[T], per: usize, out: &mut Vec<u32>) {
+    const LANES: usize = 4;
+    let mut groups = units.chunks_exact(LANES * per);
+    for group in &mut groups {
+        let mut hashes = [TOKEN_SEED; LANES];
+        for i in 0..per {
+            for (lane, hash) in hashes.iter_mut().enumerate() {
+                *hash = mix64(*hash ^ u64::from(group[lane * per + i].into()));
+            }
+        }
+        out.extend(hashes.map(fold));
+    }
+    for token in groups.remainder().chunks(per) {
+        let hash = token
+            .iter()
+            .fold(TOKEN_SEED, |hash, &unit| mix64(hash ^ u64::from(unit.into())));
         out.push(fold(hash));
     }
 }

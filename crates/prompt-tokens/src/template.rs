@@ -20,7 +20,7 @@ use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, ErrorKind, State};
 
 use crate::error::{Error, Result};
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, object_from_pairs};
 
 /// Bounds on a chat template and on one rendering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,24 +203,33 @@ impl ChatTemplate {
                 vars.push((name, Value::from(value.as_str())));
             }
         }
-        // chat_template_kwargs come last and win, as in vLLM's renderer.
-        let mut ctx: Vec<(String, Value)> =
-            vars.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        // chat_template_kwargs come last and win, as in vLLM's renderer
+        // (`object_from_pairs` keeps a repeated name's first position and
+        // its last value).
+        let mut ctx: Vec<(Value, Value)> = vars
+            .into_iter()
+            .map(|(k, v)| (Value::from(k), v))
+            .collect();
         if let Some(kwargs) = &request.chat_template_kwargs
             && kwargs.0.kind() == ValueKind::Map
             && let Ok(keys) = kwargs.0.try_iter()
         {
             for key in keys {
-                let Some(name) = key.as_str() else { continue };
+                if key.as_str().is_none() {
+                    continue;
+                }
                 if let Ok(value) = kwargs.0.get_item(&key) {
-                    ctx.retain(|(k, _)| k != name);
-                    ctx.push((name.to_owned(), value));
+                    ctx.retain(|(k, _)| *k != key);
+                    ctx.push((key, value));
                 }
             }
         }
-        let ctx = Value::from_iter(ctx);
+        let ctx = object_from_pairs(ctx);
+        // The rendering is mostly the messages' text: start with room for
+        // the body, so the buffer does not grow by doubling and copying.
+        let hint = request.body_len.saturating_add(request.body_len / 4) + 256;
         let mut out = CappedWriter {
-            buf: Vec::new(),
+            buf: Vec::with_capacity(hint.min(self.limits.max_output_bytes)),
             max: self.limits.max_output_bytes,
             overflow: false,
         };
