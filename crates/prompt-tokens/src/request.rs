@@ -339,3 +339,57 @@ impl CompletionRequest {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use minijinja::Environment;
+    use proptest::prelude::*;
+
+    use super::TemplateValue;
+
+    /// Everything a template can ask of a mapping, printed.
+    const PROBE: &str = "{{ m | length }}|{{ m is mapping }}|{{ 'a' in m }}|{{ m.a }}|\
+        {{ m['b'] }}|{{ m.get('c', 'none') }}|{% for k in m %}{{ k }},{% endfor %}|\
+        {% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}|{{ m.keys() | list }}|\
+        {{ m.values() | list }}|{{ m | dictsort }}|{{ m }}|{{ m | tojson }}|{{ m == m }}|\
+        {% if m %}true{% else %}false{% endif %}";
+
+    fn render(m: minijinja::Value) -> String {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.render_str(PROBE, minijinja::context! { m => m })
+            .unwrap_or_else(|e| format!("error: {e}"))
+    }
+
+    /// A JSON object text with these (possibly repeated) keys, in order.
+    fn object_text(pairs: &[(String, i64)]) -> String {
+        let body: Vec<String> = pairs.iter().map(|(k, v)| format!("{k:?}: {v}")).collect();
+        format!("{{{}}}", body.join(", "))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Objects of up to 24 keys (both sides of the small-map bound),
+        /// repeated keys included, look the same to a template as through
+        /// minijinja's own deserializer.
+        #[test]
+        fn objects_render_as_minijinjas_own_maps(
+            pairs in prop::collection::vec(("[a-e]{1,2}", -5i64..5), 0..24)
+        ) {
+            let text = object_text(&pairs);
+            let ours: TemplateValue = serde_json::from_str(&text).unwrap();
+            let theirs: minijinja::Value = serde_json::from_str(&text).unwrap();
+            prop_assert_eq!(render(ours.0), render(theirs));
+        }
+    }
+
+    #[test]
+    fn repeated_keys_keep_first_position_and_last_value() {
+        let ours: TemplateValue = serde_json::from_str(r#"{"b": 1, "a": 2, "b": 3}"#).unwrap();
+        let keys: Vec<String> = ours.0.try_iter().unwrap().map(|k| k.to_string()).collect();
+        assert_eq!(keys, ["b", "a"]);
+        assert_eq!(ours.0.get_attr("b").unwrap(), minijinja::Value::from(3));
+        assert_eq!(ours.0.len(), Some(2));
+    }
+}
