@@ -49,6 +49,14 @@ pub(crate) struct HfTokenizer {
     mode: SegmentMode,
     pub(crate) cache: SegmentCache,
     pub(crate) path: PathBuf,
+    format: Format,
+}
+
+/// The file a tokenizer was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    TokenizerJson,
+    Tiktoken,
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -62,6 +70,8 @@ impl std::fmt::Debug for HfTokenizer {
 }
 
 impl HfTokenizer {
+    /// Loads `tokenizer.json`, or a tiktoken vocabulary when the file name
+    /// ends in `.tiktoken` (see [`crate::tiktoken`]).
     pub(crate) fn from_file(path: &Path, cache: SegmentCache) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|source| {
             if source.kind() == std::io::ErrorKind::NotFound {
@@ -75,14 +85,33 @@ impl HfTokenizer {
                 }
             }
         })?;
+        if crate::tiktoken::is_tiktoken_path(path) {
+            let invalid = |reason: String| Error::InvalidTokenizer {
+                path: path.to_owned(),
+                reason,
+            };
+            let text = std::str::from_utf8(&bytes)
+                .map_err(|_| invalid("a .tiktoken file is ASCII text".to_owned()))?;
+            let tokenizer = crate::tiktoken::load(text).map_err(invalid)?;
+            return Self::from_tokenizer(tokenizer, path, cache, Format::Tiktoken);
+        }
         Self::from_bytes(&bytes, path, cache)
     }
 
     pub(crate) fn from_bytes(bytes: &[u8], path: &Path, cache: SegmentCache) -> Result<Self> {
-        let mut tokenizer = Tokenizer::from_bytes(bytes).map_err(|e| Error::InvalidTokenizer {
+        let tokenizer = Tokenizer::from_bytes(bytes).map_err(|e| Error::InvalidTokenizer {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
+        Self::from_tokenizer(tokenizer, path, cache, Format::TokenizerJson)
+    }
+
+    fn from_tokenizer(
+        mut tokenizer: Tokenizer,
+        path: &Path,
+        cache: SegmentCache,
+        format: Format,
+    ) -> Result<Self> {
         // transformers turns these off unless a call asks for them; vLLM's
         // prompt path does not.
         tokenizer.with_truncation(None).ok();
@@ -94,7 +123,16 @@ impl HfTokenizer {
             mode,
             cache,
             path: path.to_owned(),
+            format,
         })
+    }
+
+    /// `"tokenizer.json"` or `"tiktoken"`, for `describe`.
+    pub(crate) fn format_name(&self) -> &'static str {
+        match self.format {
+            Format::TokenizerJson => "tokenizer.json",
+            Format::Tiktoken => "tiktoken",
+        }
     }
 
     pub(crate) fn mode(&self) -> &SegmentMode {

@@ -93,6 +93,7 @@ pub mod synthetic;
 mod template;
 pub mod templates;
 pub mod testing;
+pub mod tiktoken;
 mod tokenizer;
 
 pub use cache::{CacheStats, ENTRY_OVERHEAD_BYTES, SegmentCache};
