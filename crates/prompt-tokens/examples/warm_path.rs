@@ -29,7 +29,11 @@ fn conversation(turns: usize) -> Vec<Value> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let iterations: u32 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(20_000);
+    let iterations: u32 = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(20_000);
     let mode = args.next().unwrap_or_else(|| "bpe".to_owned());
     let dir = tempfile::tempdir()?;
     let tokenizer = if mode == "synthetic" {

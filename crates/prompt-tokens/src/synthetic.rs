@@ -66,9 +66,9 @@ fn tokenize_units<T: Copy + Into<u32>>(units: &[T], per: usize, out: &mut Vec<u3
         out.extend(hashes.map(fold));
     }
     for token in groups.remainder().chunks(per) {
-        let hash = token
-            .iter()
-            .fold(TOKEN_SEED, |hash, &unit| mix64(hash ^ u64::from(unit.into())));
+        let hash = token.iter().fold(TOKEN_SEED, |hash, &unit| {
+            mix64(hash ^ u64::from(unit.into()))
+        });
         out.push(fold(hash));
     }
 }

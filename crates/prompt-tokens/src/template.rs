@@ -206,10 +206,8 @@ impl ChatTemplate {
         // chat_template_kwargs come last and win, as in vLLM's renderer
         // (`object_from_pairs` keeps a repeated name's first position and
         // its last value).
-        let mut ctx: Vec<(Value, Value)> = vars
-            .into_iter()
-            .map(|(k, v)| (Value::from(k), v))
-            .collect();
+        let mut ctx: Vec<(Value, Value)> =
+            vars.into_iter().map(|(k, v)| (Value::from(k), v)).collect();
         if let Some(kwargs) = &request.chat_template_kwargs
             && kwargs.0.kind() == ValueKind::Map
             && let Ok(keys) = kwargs.0.try_iter()

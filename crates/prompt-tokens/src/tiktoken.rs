@@ -45,7 +45,8 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{
-    AddedToken, ModelWrapper, SplitDelimiterBehavior, Tokenizer, TokenizerBuilder, TokenizerImpl,
+    AddedToken, Model, ModelWrapper, SplitDelimiterBehavior, Tokenizer, TokenizerBuilder,
+    TokenizerImpl,
 };
 
 /// The o200k pre-tokenization pattern (`o200k_base` in tiktoken's
@@ -114,7 +115,8 @@ fn byte_chars() -> [char; 256] {
 
 /// Whether `path` names a tiktoken vocabulary (`*.tiktoken`).
 pub(crate) fn is_tiktoken_path(path: &std::path::Path) -> bool {
-    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("tiktoken"))
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("tiktoken"))
 }
 
 /// Parses the ranks of a `.tiktoken` file: token bytes by rank.
@@ -177,9 +179,8 @@ type Impl = TokenizerImpl<
 pub(crate) fn load(text: &str) -> Result<Tokenizer, String> {
     let ranks = parse_ranks(text)?;
     let table = byte_chars();
-    let to_chars = |bytes: &[u8]| -> String {
-        bytes.iter().map(|&b| table[usize::from(b)]).collect()
-    };
+    let to_chars =
+        |bytes: &[u8]| -> String { bytes.iter().map(|&b| table[usize::from(b)]).collect() };
     let n = ranks.values().max().map_or(0, |max| max + 1);
     let mut vocab: AHashMap<String, u32> = AHashMap::with_capacity(n as usize);
     for (bytes, &rank) in &ranks {
@@ -193,7 +194,9 @@ pub(crate) fn load(text: &str) -> Result<Tokenizer, String> {
         }
     }
     // Every split of every token into two tokens, in tiktoken's priority.
-    let mut merges: Vec<(u32, u32, u32, &[u8], &[u8])> = Vec::new();
+    /// (merged rank, left rank, right rank, left bytes, right bytes)
+    type Candidate<'a> = (u32, u32, u32, &'a [u8], &'a [u8]);
+    let mut merges: Vec<Candidate<'_>> = Vec::new();
     for (bytes, &rank) in &ranks {
         for at in 1..bytes.len() {
             let (left, right) = bytes.split_at(at);
@@ -230,18 +233,31 @@ pub(crate) fn load(text: &str) -> Result<Tokenizer, String> {
         .with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::default())))
         .build()
         .map_err(|e| e.to_string())?;
-    // Added one by one in id order, each takes the next id after the ranks.
+    // Added in id order, each takes the next id after the ranks; one that
+    // is also a rank would keep the rank's id instead, so refuse that.
     let specials: Vec<AddedToken> = (O200K_FIRST_SPECIAL_ID..=HARMONY_LAST_SPECIAL_ID)
         .map(|id| AddedToken::from(harmony_token(id), true))
         .collect();
+    if let Some(clash) = specials.iter().find(|t| {
+        tokenizer
+            .get_model()
+            .token_to_id(&to_chars(t.content.as_bytes()))
+            .is_some()
+    }) {
+        return Err(format!("special token {} is also a rank", clash.content));
+    }
     tokenizer.add_special_tokens(&specials);
     Ok(Tokenizer::from(tokenizer))
 }
 
 /// The id the loaded tokenizer gives the harmony special token whose
-/// published id is `published` (for a vocabulary of `ranks` ranks).
-pub fn harmony_special_id(published: u32, ranks: u32) -> u32 {
-    published - O200K_FIRST_SPECIAL_ID + ranks
+/// published id is `published`, for a vocabulary whose highest rank is
+/// `ranks - 1`; `None` outside the harmony range.
+pub fn harmony_special_id(published: u32, ranks: u32) -> Option<u32> {
+    if !(O200K_FIRST_SPECIAL_ID..=HARMONY_LAST_SPECIAL_ID).contains(&published) {
+        return None;
+    }
+    (published - O200K_FIRST_SPECIAL_ID).checked_add(ranks)
 }
 
 #[cfg(test)]
@@ -266,8 +282,20 @@ mod tests {
         assert!(parse_ranks("!!!! 0\n").unwrap_err().contains("base64"));
         assert!(parse_ranks("YQ== x\n").unwrap_err().contains("integer"));
         assert!(parse_ranks("YQ== 0\n").unwrap_err().contains("byte 0x00"));
-        assert!(parse_ranks("YQ== 0\nYQ== 1\n").unwrap_err().contains("twice"));
-        assert!(parse_ranks("YQ== 0\nYg== 0\n").unwrap_err().contains("rank 0 given twice"));
-        assert!(parse_ranks("YQ== 199998\n").unwrap_err().contains("not below"));
+        assert!(
+            parse_ranks("YQ== 0\nYQ== 1\n")
+                .unwrap_err()
+                .contains("twice")
+        );
+        assert!(
+            parse_ranks("YQ== 0\nYg== 0\n")
+                .unwrap_err()
+                .contains("rank 0 given twice")
+        );
+        assert!(
+            parse_ranks("YQ== 199998\n")
+                .unwrap_err()
+                .contains("not below")
+        );
     }
 }

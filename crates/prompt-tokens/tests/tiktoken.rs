@@ -84,7 +84,9 @@ fn train(merges: usize) -> HashMap<Vec<u8>, u32> {
         let mut counts: HashMap<(Vec<u8>, Vec<u8>), usize> = HashMap::new();
         for word in &words {
             for pair in word.windows(2) {
-                *counts.entry((pair[0].clone(), pair[1].clone())).or_default() += 1;
+                *counts
+                    .entry((pair[0].clone(), pair[1].clone()))
+                    .or_default() += 1;
             }
         }
         let Some(((left, right), _)) = counts
@@ -155,7 +157,7 @@ fn reference(text: &str, fx: &Fixture) -> Vec<u32> {
                 .iter()
                 .find(|(_, i)| *i == id)
                 .map_or_else(|| format!("<|reserved_{id}|>"), |(s, _)| (*s).to_owned());
-            (name, harmony_special_id(id, fx.n))
+            (name, harmony_special_id(id, fx.n).expect("harmony id"))
         })
         .collect();
     let mut ids = Vec::new();
@@ -241,12 +243,20 @@ fn the_special_ids_follow_the_ranks_at_their_published_offsets() {
     let fx = fixture();
     let tokenizer = PromptTokenizer::from_path(&fx.file, None).unwrap();
     let ids = tokenizer
-        .text_tokens("<|startoftext|><|start|><|message|><|end|><|call|><|reserved_201087|>", false)
+        .text_tokens(
+            "<|startoftext|><|start|><|message|><|end|><|call|><|reserved_201087|>",
+            false,
+        )
         .unwrap();
     let n = fx.n;
     assert_eq!(ids, [n, n + 8, n + 10, n + 9, n + 14, n + 1089]);
-    assert_eq!(harmony_special_id(200_006, 199_998), 200_006);
-    assert!(tokenizer.describe().contains("tiktoken"), "{}", tokenizer.describe());
+    assert_eq!(harmony_special_id(200_006, 199_998), Some(200_006));
+    assert_eq!(harmony_special_id(100, 199_998), None);
+    assert!(
+        tokenizer.describe().contains("tiktoken"),
+        "{}",
+        tokenizer.describe()
+    );
 }
 
 #[test]
@@ -265,7 +275,7 @@ fn harmony_chats_on_a_tiktoken_file_use_the_segment_cache_exactly() {
     let cached = tokenizer.chat_tokens(&request).unwrap();
     assert_eq!(cached, tokenizer.chat_tokens_uncached(&request).unwrap());
     assert_eq!(cached, reference(&text, fx));
-    let start = harmony_special_id(200_006, fx.n);
+    let start = harmony_special_id(200_006, fx.n).expect("harmony id");
     let starts = cached.iter().filter(|&&id| id == start).count();
     assert_eq!(starts, text.matches("<|start|>").count());
     // Warm: the same ids again, now from the cache.
@@ -276,10 +286,16 @@ fn harmony_chats_on_a_tiktoken_file_use_the_segment_cache_exactly() {
 #[test]
 fn malformed_tiktoken_files_are_typed_errors_naming_the_path() {
     let dir = tempfile::tempdir().unwrap();
+    // All 256 bytes, then a rank whose bytes are a special token's text.
+    let mut clashing: String = (0..=255u8)
+        .map(|b| format!("{} {b}\n", STANDARD.encode([b])))
+        .collect();
+    clashing.push_str(&format!("{} 256\n", STANDARD.encode("<|start|>")));
     for (name, text) in [
         ("empty.tiktoken", ""),
         ("nobytes.tiktoken", "YQ== 0\n"),
         ("garbage.tiktoken", "not base64 at all\n"),
+        ("clash.tiktoken", &clashing),
     ] {
         let path = dir.path().join(name);
         std::fs::write(&path, text).unwrap();
@@ -296,4 +312,21 @@ fn malformed_tiktoken_files_are_typed_errors_naming_the_path() {
         PromptTokenizer::from_path(missing, None),
         Err(Error::MissingFile { .. })
     ));
+}
+
+#[test]
+fn the_fuzz_entry_point_survives_its_seeds() {
+    let fx = fixture();
+    let good = std::fs::read(&fx.file).unwrap();
+    for seed in [
+        &good[..],
+        &good[..good.len() / 2],
+        b"",
+        b"YQ== 0\n",
+        b"\xff\xfe 1\n",
+        b"AA== 199997\n",
+        b"AA== 4294967295\n",
+    ] {
+        prompt_tokens::fuzzing::tiktoken(seed);
+    }
 }
