@@ -203,8 +203,14 @@ pub struct ChatRequest {
 impl ChatRequest {
     /// Parses a request body (the whole `/v1/chat/completions` JSON).
     pub fn from_json(body: &[u8]) -> Result<Self> {
-        let mut request: Self =
-            serde_json::from_slice(body).map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        // One UTF-8 check of the whole body is cheaper than serde_json's
+        // check of each string; invalid UTF-8 takes the byte path, whose
+        // error names the position.
+        let parsed = match std::str::from_utf8(body) {
+            Ok(text) => serde_json::from_str(text),
+            Err(_) => serde_json::from_slice(body),
+        };
+        let mut request: Self = parsed.map_err(|e| Error::InvalidRequest(e.to_string()))?;
         request.body_len = body.len();
         Ok(request)
     }
