@@ -17,7 +17,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use minijinja::value::{Kwargs, Value, ValueKind};
-use minijinja::{Environment, ErrorKind, State};
+use minijinja::{AutoEscape, Environment, ErrorKind, State};
 
 use crate::error::{Error, Result};
 use crate::request::{ChatRequest, object_from_pairs};
@@ -145,6 +145,17 @@ impl ChatTemplate {
         // deep enough to matter on small thread stacks.
         env.set_recursion_limit(100);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // Strings (nearly everything a chat template prints) go straight to
+        // the output; the default formatter sends them through `fmt`.
+        // Anything else, or any auto-escaping, takes the default path.
+        env.set_formatter(|out, state, value| {
+            if state.auto_escape() == AutoEscape::None
+                && let Some(text) = value.as_str()
+            {
+                return out.write_str(text).map_err(minijinja::Error::from);
+            }
+            minijinja::escape_formatter(out, state, value)
+        });
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", move |format: &str| -> String {
