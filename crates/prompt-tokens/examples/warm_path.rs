@@ -2,7 +2,9 @@
 //! prints one JSON line: a loop small enough to profile under
 //! `valgrind --tool=callgrind`, and a quick timing without criterion.
 //!
-//! `cargo run -p prompt-tokens --release --example warm_path -- [ITERATIONS] [bpe|synthetic]`
+//! `cargo run -p prompt-tokens --release --example warm_path -- [ITERATIONS] [bpe|synthetic|render]`
+//!
+//! `render` times the chat template alone (the request parsed once).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -54,8 +56,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tokens = tokenizer
         .chat_tokens(&ChatRequest::from_json(next.as_bytes())?)?
         .len();
+    let parsed = ChatRequest::from_json(next.as_bytes())?;
     let start = Instant::now();
     for _ in 0..iterations {
+        if mode == "render" {
+            black_box(tokenizer.chat_text(black_box(&parsed))?);
+            continue;
+        }
         let request = ChatRequest::from_json(black_box(next.as_bytes()))?;
         black_box(tokenizer.chat_tokens(&request)?);
     }
