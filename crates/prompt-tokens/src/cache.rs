@@ -27,6 +27,7 @@
 //! queue is compacted when stale records outnumber live entries.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -62,9 +63,31 @@ impl Entry {
     }
 }
 
+/// The shard maps' hasher: their keys already are seeded 64-bit hashes of
+/// the text, so hashing them again (SipHash, by default) would be wasted work.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed; fold anything else in all the same.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
+}
+
 #[derive(Default)]
 struct Shard {
-    map: HashMap<u64, Entry>,
+    map: HashMap<u64, Entry, BuildHasherDefault<KeyHasher>>,
     recency: VecDeque<(u64, u64)>,
     clock: u64,
     bytes: usize,
@@ -139,25 +162,23 @@ impl SegmentCache {
     /// The ids of `text`, if cached.
     pub fn get(&self, text: &str) -> Option<Arc<[u32]>> {
         let (key, shard) = self.locate(text);
-        let mut shard = shard.lock();
-        let found = match shard.map.get(&key) {
-            Some(entry) if *entry.text == *text => Some(Arc::clone(&entry.ids)),
+        let mut guard = shard.lock();
+        let shard = &mut *guard;
+        let stamp = shard.clock + 1;
+        let found = match shard.map.get_mut(&key) {
+            Some(entry) if *entry.text == *text => {
+                entry.stamp = stamp;
+                Some(Arc::clone(&entry.ids))
+            }
             _ => None,
         };
-        match found {
-            Some(ids) => {
-                shard.hits += 1;
-                let stamp = shard.touch(key);
-                if let Some(entry) = shard.map.get_mut(&key) {
-                    entry.stamp = stamp;
-                }
-                Some(ids)
-            }
-            None => {
-                shard.misses += 1;
-                None
-            }
+        if found.is_some() {
+            shard.hits += 1;
+            shard.touch(key);
+        } else {
+            shard.misses += 1;
         }
+        found
     }
 
     /// Remembers `ids` as the tokens of `text`, evicting least recently

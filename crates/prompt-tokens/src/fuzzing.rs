@@ -1,5 +1,6 @@
 //! Fuzzing entry points. The cargo-fuzz target `prompt_tokens_render` and
-//! the crate's tests call [`render`].
+//! the crate's tests call [`render`]; [`tiktoken`] is the entry point for
+//! `.tiktoken` files (its tests run it on seeds).
 
 use std::sync::Arc;
 
@@ -66,6 +67,28 @@ pub fn render(data: &[u8]) {
     if let Ok(tokens) = synthetic.chat_tokens(&request) {
         let text = synthetic.chat_text(&request).unwrap_or_default();
         assert_eq!(tokens.len(), crate::synthetic_count(&text, 4));
+    }
+}
+
+/// Loads `data` (lossy UTF-8) as a `.tiktoken` file and, when it loads,
+/// tokenizes a text with special tokens in it. Panics only if a loaded
+/// tokenizer gives an id outside its vocabulary; errors are expected.
+pub fn tiktoken(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let Ok(tokenizer) = crate::tiktoken::load(&text) else {
+        return;
+    };
+    let vocab = tokenizer.get_vocab_size(true);
+    for sample in [
+        &text[..text.len().min(256)],
+        "<|start|>user<|message|>Hi 42!<|end|>",
+    ] {
+        if let Ok(encoding) = tokenizer.encode_fast(sample, false) {
+            assert!(
+                encoding.get_ids().iter().all(|&id| (id as usize) < vocab),
+                "an id outside the vocabulary"
+            );
+        }
     }
 }
 

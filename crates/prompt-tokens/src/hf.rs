@@ -49,6 +49,14 @@ pub(crate) struct HfTokenizer {
     mode: SegmentMode,
     pub(crate) cache: SegmentCache,
     pub(crate) path: PathBuf,
+    format: Format,
+}
+
+/// The file a tokenizer was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    TokenizerJson,
+    Tiktoken,
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -62,6 +70,8 @@ impl std::fmt::Debug for HfTokenizer {
 }
 
 impl HfTokenizer {
+    /// Loads `tokenizer.json`, or a tiktoken vocabulary when the file name
+    /// ends in `.tiktoken` (see [`crate::tiktoken`]).
     pub(crate) fn from_file(path: &Path, cache: SegmentCache) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|source| {
             if source.kind() == std::io::ErrorKind::NotFound {
@@ -75,14 +85,33 @@ impl HfTokenizer {
                 }
             }
         })?;
+        if crate::tiktoken::is_tiktoken_path(path) {
+            let invalid = |reason: String| Error::InvalidTokenizer {
+                path: path.to_owned(),
+                reason,
+            };
+            let text = std::str::from_utf8(&bytes)
+                .map_err(|_| invalid("a .tiktoken file is ASCII text".to_owned()))?;
+            let tokenizer = crate::tiktoken::load(text).map_err(invalid)?;
+            return Self::from_tokenizer(tokenizer, path, cache, Format::Tiktoken);
+        }
         Self::from_bytes(&bytes, path, cache)
     }
 
     pub(crate) fn from_bytes(bytes: &[u8], path: &Path, cache: SegmentCache) -> Result<Self> {
-        let mut tokenizer = Tokenizer::from_bytes(bytes).map_err(|e| Error::InvalidTokenizer {
+        let tokenizer = Tokenizer::from_bytes(bytes).map_err(|e| Error::InvalidTokenizer {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
+        Self::from_tokenizer(tokenizer, path, cache, Format::TokenizerJson)
+    }
+
+    fn from_tokenizer(
+        mut tokenizer: Tokenizer,
+        path: &Path,
+        cache: SegmentCache,
+        format: Format,
+    ) -> Result<Self> {
         // transformers turns these off unless a call asks for them; vLLM's
         // prompt path does not.
         tokenizer.with_truncation(None).ok();
@@ -94,7 +123,16 @@ impl HfTokenizer {
             mode,
             cache,
             path: path.to_owned(),
+            format,
         })
+    }
+
+    /// `"tokenizer.json"` or `"tiktoken"`, for `describe`.
+    pub(crate) fn format_name(&self) -> &'static str {
+        match self.format {
+            Format::TokenizerJson => "tokenizer.json",
+            Format::Tiktoken => "tiktoken",
+        }
     }
 
     pub(crate) fn mode(&self) -> &SegmentMode {
@@ -124,31 +162,59 @@ impl HfTokenizer {
         if self.mode != SegmentMode::Segments {
             return self.encode_whole(text, false);
         }
-        let mut out = Vec::with_capacity(text.len() / 3 + 8);
+        // Two passes: find each piece's ids (shared with the cache, not
+        // copied), then copy them once into an output of the exact size.
+        let mut pieces: Vec<Piece> = Vec::with_capacity(64);
         let mut at = 0;
         if let Some((matcher, ids)) = &self.splitter {
             for m in matcher.find_iter(text) {
-                self.encode_segment(&text[at..m.start()], &mut out)?;
-                out.push(ids[m.pattern().as_usize()]);
+                self.push_segment(&text[at..m.start()], &mut pieces)?;
+                pieces.push(Piece::Added(ids[m.pattern().as_usize()]));
                 at = m.end();
             }
         }
-        self.encode_segment(&text[at..], &mut out)?;
+        self.push_segment(&text[at..], &mut pieces)?;
+        let len = pieces.iter().map(Piece::len).sum();
+        let mut out = Vec::with_capacity(len);
+        for piece in &pieces {
+            match piece {
+                Piece::Added(id) => out.push(*id),
+                Piece::Segment(ids) => out.extend_from_slice(ids),
+            }
+        }
         Ok(out)
     }
 
-    fn encode_segment(&self, segment: &str, out: &mut Vec<u32>) -> Result<()> {
+    fn push_segment(&self, segment: &str, pieces: &mut Vec<Piece>) -> Result<()> {
         if segment.is_empty() {
             return Ok(());
         }
-        if let Some(ids) = self.cache.get(segment) {
-            out.extend_from_slice(&ids);
-            return Ok(());
-        }
-        let ids: Arc<[u32]> = self.encode_whole(segment, false)?.into();
-        out.extend_from_slice(&ids);
-        self.cache.insert(segment, ids);
+        let ids = match self.cache.get(segment) {
+            Some(ids) => ids,
+            None => {
+                let ids: Arc<[u32]> = self.encode_whole(segment, false)?.into();
+                self.cache.insert(segment, Arc::clone(&ids));
+                ids
+            }
+        };
+        pieces.push(Piece::Segment(ids));
         Ok(())
+    }
+}
+
+/// One piece of a chat rendering: an added token or the ids of the text
+/// between two of them.
+enum Piece {
+    Added(u32),
+    Segment(Arc<[u32]>),
+}
+
+impl Piece {
+    fn len(&self) -> usize {
+        match self {
+            Piece::Added(_) => 1,
+            Piece::Segment(ids) => ids.len(),
+        }
     }
 }
 

@@ -11,7 +11,12 @@
 //! `preserve_order` feature is on), which matters only for templates that
 //! print whole objects.
 
+use std::fmt;
+use std::sync::Arc;
+
 use minijinja::Value;
+use minijinja::value::{Enumerator, Object, ObjectExt};
+use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::error::{Error, Result};
@@ -22,7 +27,145 @@ pub(crate) struct TemplateValue(pub(crate) Value);
 
 impl<'de> Deserialize<'de> for TemplateValue {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Value::deserialize(deserializer).map(TemplateValue)
+        JsonSeed.deserialize(deserializer).map(TemplateValue)
+    }
+}
+
+/// Objects with at most this many keys become a [`SmallMap`]; larger ones
+/// minijinja's own (hashed, insertion-ordered) map.
+const SMALL_MAP_KEYS: usize = 16;
+
+/// A JSON object of a few keys, in the client's order: a vector searched
+/// linearly. Chat messages and content parts are such objects; building
+/// one costs one allocation, where minijinja's map (an `IndexMap` with a
+/// freshly seeded SipHash) hashes every key on insert. Lookups compare
+/// strings, as minijinja's map itself does for maps of up to 12 keys.
+/// Behaves as that map in templates: a mapping whose iteration yields the
+/// keys, `items()` the pairs, in order.
+#[derive(Debug)]
+struct SmallMap {
+    entries: Vec<(Value, Value)>,
+}
+
+impl Object for SmallMap {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str() {
+            Some(name) => self.get_value_by_str(name),
+            None => self
+                .entries
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone()),
+        }
+    }
+
+    fn get_value_by_str(self: &Arc<Self>, key: &str) -> Option<Value> {
+        self.entries
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(key))
+            .map(|(_, v)| v.clone())
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        self.mapped_rev_key_value_enumerator(|this| {
+            Box::new(this.entries.iter().map(|(k, v)| (k.clone(), v.clone())))
+        })
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(self.entries.len())
+    }
+}
+
+/// An object from its key/value pairs in order; a repeated key keeps its
+/// first position and takes the last value (as a Python dict does, and as
+/// minijinja's own map does).
+pub(crate) fn object_from_pairs(mut pairs: Vec<(Value, Value)>) -> Value {
+    if pairs.len() > SMALL_MAP_KEYS {
+        return Value::from_iter(pairs);
+    }
+    let mut at = 1;
+    while at < pairs.len() {
+        if let Some(first) = pairs[..at].iter().position(|(k, _)| *k == pairs[at].0) {
+            let (_, value) = pairs.remove(at);
+            pairs[first].1 = value;
+        } else {
+            at += 1;
+        }
+    }
+    Value::from_object(SmallMap { entries: pairs })
+}
+
+/// Deserializes any self-describing input (JSON) straight into template
+/// values: strings, numbers, booleans and `null` as minijinja's own
+/// deserializer makes them, arrays as value vectors, objects through
+/// [`object_from_pairs`].
+struct JsonSeed;
+
+impl<'de> DeserializeSeed<'de> for JsonSeed {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(JsonVisitor)
+    }
+}
+
+struct JsonVisitor;
+
+macro_rules! visit_primitive {
+    ($($name:ident: $ty:ty),* $(,)?) => {
+        $(fn $name<E: serde::de::Error>(self, v: $ty) -> Result<Value, E> {
+            Ok(Value::from(v))
+        })*
+    };
+}
+
+impl<'de> Visitor<'de> for JsonVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    visit_primitive!(
+        visit_bool: bool,
+        visit_i64: i64,
+        visit_i128: i128,
+        visit_u64: u64,
+        visit_u128: u128,
+        visit_f64: f64,
+        visit_str: &str,
+        visit_string: String,
+        visit_bytes: &[u8],
+    );
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<Value, E> {
+        Ok(Value::from(()))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Value, E> {
+        Ok(Value::from(()))
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        JsonSeed.deserialize(deserializer)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        while let Some(item) = seq.next_element_seed(JsonSeed)? {
+            items.push(item);
+        }
+        Ok(Value::from(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(4).min(SMALL_MAP_KEYS));
+        while let Some(key) = map.next_key_seed(JsonSeed)? {
+            let value = map.next_value_seed(JsonSeed)?;
+            pairs.push((key, value));
+        }
+        Ok(object_from_pairs(pairs))
     }
 }
 
@@ -51,12 +194,25 @@ pub struct ChatRequest {
     pub(crate) continue_final_message: bool,
     #[serde(default)]
     pub(crate) add_special_tokens: bool,
+    /// The body's length when parsed from bytes: a size hint for the
+    /// rendering (which is mostly the messages' text).
+    #[serde(skip)]
+    pub(crate) body_len: usize,
 }
 
 impl ChatRequest {
     /// Parses a request body (the whole `/v1/chat/completions` JSON).
     pub fn from_json(body: &[u8]) -> Result<Self> {
-        serde_json::from_slice(body).map_err(|e| Error::InvalidRequest(e.to_string()))
+        // One UTF-8 check of the whole body is cheaper than serde_json's
+        // check of each string; invalid UTF-8 takes the byte path, whose
+        // error names the position.
+        let parsed = match std::str::from_utf8(body) {
+            Ok(text) => serde_json::from_str(text),
+            Err(_) => serde_json::from_slice(body),
+        };
+        let mut request: Self = parsed.map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        request.body_len = body.len();
+        Ok(request)
     }
 
     /// Reads a request body that is already parsed. Object keys come in
@@ -78,6 +234,7 @@ impl ChatRequest {
             add_generation_prompt: true,
             continue_final_message: false,
             add_special_tokens: false,
+            body_len: 0,
         })
     }
 
@@ -186,5 +343,59 @@ impl CompletionRequest {
             prompt: CompletionPrompt::Tokens(ids),
             add_special_tokens: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use minijinja::Environment;
+    use proptest::prelude::*;
+
+    use super::TemplateValue;
+
+    /// Everything a template can ask of a mapping, printed.
+    const PROBE: &str = "{{ m | length }}|{{ m is mapping }}|{{ 'a' in m }}|{{ m.a }}|\
+        {{ m['b'] }}|{{ m.get('c', 'none') }}|{% for k in m %}{{ k }},{% endfor %}|\
+        {% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}|{{ m.keys() | list }}|\
+        {{ m.values() | list }}|{{ m | dictsort }}|{{ m }}|{{ m | tojson }}|{{ m == m }}|\
+        {% if m %}true{% else %}false{% endif %}";
+
+    fn render(m: minijinja::Value) -> String {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.render_str(PROBE, minijinja::context! { m => m })
+            .unwrap_or_else(|e| format!("error: {e}"))
+    }
+
+    /// A JSON object text with these (possibly repeated) keys, in order.
+    fn object_text(pairs: &[(String, i64)]) -> String {
+        let body: Vec<String> = pairs.iter().map(|(k, v)| format!("{k:?}: {v}")).collect();
+        format!("{{{}}}", body.join(", "))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Objects of up to 24 keys (both sides of the small-map bound),
+        /// repeated keys included, look the same to a template as through
+        /// minijinja's own deserializer.
+        #[test]
+        fn objects_render_as_minijinjas_own_maps(
+            pairs in prop::collection::vec(("[a-e]{1,2}", -5i64..5), 0..24)
+        ) {
+            let text = object_text(&pairs);
+            let ours: TemplateValue = serde_json::from_str(&text).unwrap();
+            let theirs: minijinja::Value = serde_json::from_str(&text).unwrap();
+            prop_assert_eq!(render(ours.0), render(theirs));
+        }
+    }
+
+    #[test]
+    fn repeated_keys_keep_first_position_and_last_value() {
+        let ours: TemplateValue = serde_json::from_str(r#"{"b": 1, "a": 2, "b": 3}"#).unwrap();
+        let keys: Vec<String> = ours.0.try_iter().unwrap().map(|k| k.to_string()).collect();
+        assert_eq!(keys, ["b", "a"]);
+        assert_eq!(ours.0.get_attr("b").unwrap(), minijinja::Value::from(3));
+        assert_eq!(ours.0.len(), Some(2));
     }
 }

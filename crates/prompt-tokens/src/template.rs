@@ -17,10 +17,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use minijinja::value::{Kwargs, Value, ValueKind};
-use minijinja::{Environment, ErrorKind, State};
+use minijinja::{AutoEscape, Environment, ErrorKind, State};
 
 use crate::error::{Error, Result};
-use crate::request::ChatRequest;
+use crate::request::{ChatRequest, object_from_pairs};
 
 /// Bounds on a chat template and on one rendering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +145,17 @@ impl ChatTemplate {
         // deep enough to matter on small thread stacks.
         env.set_recursion_limit(100);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // Strings (nearly everything a chat template prints) go straight to
+        // the output; the default formatter sends them through `fmt`.
+        // Anything else, or any auto-escaping, takes the default path.
+        env.set_formatter(|out, state, value| {
+            if state.auto_escape() == AutoEscape::None
+                && let Some(text) = value.as_str()
+            {
+                return out.write_str(text).map_err(minijinja::Error::from);
+            }
+            minijinja::escape_formatter(out, state, value)
+        });
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", move |format: &str| -> String {
@@ -203,24 +214,31 @@ impl ChatTemplate {
                 vars.push((name, Value::from(value.as_str())));
             }
         }
-        // chat_template_kwargs come last and win, as in vLLM's renderer.
-        let mut ctx: Vec<(String, Value)> =
-            vars.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        // chat_template_kwargs come last and win, as in vLLM's renderer
+        // (`object_from_pairs` keeps a repeated name's first position and
+        // its last value).
+        let mut ctx: Vec<(Value, Value)> =
+            vars.into_iter().map(|(k, v)| (Value::from(k), v)).collect();
         if let Some(kwargs) = &request.chat_template_kwargs
             && kwargs.0.kind() == ValueKind::Map
             && let Ok(keys) = kwargs.0.try_iter()
         {
             for key in keys {
-                let Some(name) = key.as_str() else { continue };
+                if key.as_str().is_none() {
+                    continue;
+                }
                 if let Ok(value) = kwargs.0.get_item(&key) {
-                    ctx.retain(|(k, _)| k != name);
-                    ctx.push((name.to_owned(), value));
+                    ctx.retain(|(k, _)| *k != key);
+                    ctx.push((key, value));
                 }
             }
         }
-        let ctx = Value::from_iter(ctx);
+        let ctx = object_from_pairs(ctx);
+        // The rendering is mostly the messages' text: start with room for
+        // the body, so the buffer does not grow by doubling and copying.
+        let hint = request.body_len.saturating_add(request.body_len / 4) + 256;
         let mut out = CappedWriter {
-            buf: Vec::new(),
+            buf: Vec::with_capacity(hint.min(self.limits.max_output_bytes)),
             max: self.limits.max_output_bytes,
             overflow: false,
         };

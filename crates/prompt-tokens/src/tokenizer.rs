@@ -62,9 +62,12 @@ pub struct PromptTokenizer {
 
 impl PromptTokenizer {
     /// Loads a model from `path` — a directory holding `tokenizer.json` and
-    /// (optionally) `tokenizer_config.json` / `chat_template.jinja`, or a
-    /// `tokenizer.json` file — with `chat_template_override` (a Jinja file)
-    /// replacing the model's template when given. Default options.
+    /// (optionally) `tokenizer_config.json` / `chat_template.jinja`, a
+    /// `tokenizer.json` file, or a tiktoken vocabulary file `*.tiktoken`
+    /// (gpt-oss's `o200k_base.tiktoken`: o200k pre-tokenization and the
+    /// harmony special tokens, see [`tiktoken`](crate::tiktoken)) — with
+    /// `chat_template_override` (a Jinja file) replacing the model's
+    /// template when given. Default options.
     pub fn from_path(path: &Path, chat_template_override: Option<&Path>) -> Result<Self> {
         Self::from_path_with(path, chat_template_override, TokenizerOptions::default())
     }
@@ -161,7 +164,8 @@ impl PromptTokenizer {
                     SegmentMode::Whole(reason) => format!("whole-text ({reason})"),
                 };
                 format!(
-                    "tokens (tokenizer.json {}, vocab {}, {template}, {mode})",
+                    "tokens ({} {}, vocab {}, {template}, {mode})",
+                    tokenizer.format_name(),
                     tokenizer.path.display(),
                     tokenizer.vocab_size()
                 )

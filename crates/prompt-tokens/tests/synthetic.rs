@@ -104,3 +104,23 @@ fn completion_prompts_match_engine_sim() {
     );
     assert_eq!(t.cache_stats(), prompt_tokens::CacheStats::default());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Long texts, ASCII (the byte path) and any Unicode (the char path),
+    /// so several four-token groups and every remainder length are hit.
+    #[test]
+    fn long_ascii_and_unicode_texts_equal_engine_sims(
+        text in prop_oneof!["[ -~\n]{0,300}", "\\PC{0,300}"],
+        cpt in 1usize..12,
+    ) {
+        let ids = prompt_tokens::synthetic_tokenize(&text, cpt);
+        prop_assert_eq!(ids.len(), prompt_tokens::synthetic_count(&text, cpt));
+        prop_assert_eq!(ids, engine_sim::tokens::tokenize(&text, cpt));
+        let mut appended = vec![7];
+        prompt_tokens::synthetic_tokenize_into(&text, cpt, &mut appended);
+        prop_assert_eq!(appended[0], 7);
+        prop_assert_eq!(&appended[1..], &engine_sim::tokens::tokenize(&text, cpt)[..]);
+    }
+}
