@@ -144,19 +144,32 @@ fn main() {
         entry.insert("direct_rps".into(), round(direct.rps).into());
         entry.insert("direct_p50_ms".into(), round3(direct.p50_ms).into());
         entry.insert("direct_p99_ms".into(), round3(direct.p99_ms).into());
-        for policy in ["round_robin", "cache_aware", TOKENIZED] {
-            let routed = measure(case, upstream, Some(policy), duration);
-            entry.insert(
-                policy.into(),
-                serde_json::json!({
-                    "router_rps": round(routed.rps),
-                    "p50_ms": round3(routed.p50_ms),
-                    "p99_ms": round3(routed.p99_ms),
-                    "router_cpu_us_per_req": routed.router_cpu_us_per_req.map(round3),
-                    "ratio_to_direct": round3(routed.rps / direct.rps),
-                }),
-            );
+        let figures = |routed: Measured| {
+            serde_json::json!({
+                "router_rps": round(routed.rps),
+                "p50_ms": round3(routed.p50_ms),
+                "p99_ms": round3(routed.p99_ms),
+                "router_cpu_us_per_req": routed.router_cpu_us_per_req.map(round3),
+                "ratio_to_direct": round3(routed.rps / direct.rps),
+            })
+        };
+        for policy in ["round_robin", "cache_aware"] {
+            let routed = measure(case, upstream, Some((policy, Tokens::Off)), duration);
+            entry.insert(policy.into(), figures(routed));
         }
+        // The same with tokenization on: warm (the segment cache holds the
+        // shared system prompt) for both policies, and cold (no cache: the
+        // whole rendering tokenized on every request) for cache_aware.
+        let mut tokenized = serde_json::Map::new();
+        for (key, policy, tokens) in [
+            ("round_robin", "round_robin", Tokens::Warm),
+            ("cache_aware", "cache_aware", Tokens::Warm),
+            ("cache_aware_cold", "cache_aware", Tokens::Cold),
+        ] {
+            let routed = measure(case, upstream, Some((policy, tokens)), duration);
+            tokenized.insert(key.into(), figures(routed));
+        }
+        entry.insert(TOKENIZED.into(), serde_json::Value::Object(tokenized));
         if !json {
             eprintln!("{name}: {}", serde_json::Value::Object(entry.clone()));
         }
@@ -336,15 +349,28 @@ async fn start_upstream() -> SocketAddr {
     addr
 }
 
-/// The `tokenized` group: cache_aware routing on token ids, each request's
-/// chat rendered with the Llama 3 template and tokenized with a BPE
-/// `tokenizer.json` (trained at startup: no model download). The bodies
-/// share their system prompt, so this is the warm path: the segment cache
-/// holds the system prompt's ids and each request tokenizes its new user
-/// message.
+/// The `tokenized` group: round_robin and cache_aware with the router
+/// computing each request's token ids, the chat rendered with the Llama 3
+/// template and tokenized with a BPE `tokenizer.json` (trained at startup:
+/// no model download). The bodies share their system prompt, so with the
+/// segment cache this is the warm path (the system prompt's ids cached,
+/// each request's new question tokenized); `cache_aware_cold` has no cache,
+/// so every request tokenizes its whole rendering.
 const TOKENIZED: &str = "tokenized";
 
-fn tokenizers() -> router_http::tokens::Tokenizers {
+/// Whether and how the router tokenizes.
+#[derive(Clone, Copy, PartialEq)]
+enum Tokens {
+    /// Routing on text.
+    Off,
+    /// On token ids, with the segment cache.
+    Warm,
+    /// On token ids, without a segment cache: every request tokenizes its
+    /// whole rendering.
+    Cold,
+}
+
+fn tokenizers(tokens: Tokens) -> router_http::tokens::Tokenizers {
     use prompt_tokens::testing::{TestTokenizerKind, write_model_dir};
     let dir = std::env::temp_dir().join(format!("overhead-model-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -354,7 +380,16 @@ fn tokenizers() -> router_http::tokens::Tokenizers {
         TestTokenizerKind::ByteLevelRegex,
     )
     .expect("model dir");
-    let tokenizer = prompt_tokens::PromptTokenizer::from_path(&dir, None).expect("tokenizer");
+    let options = prompt_tokens::TokenizerOptions {
+        cache_bytes: if tokens == Tokens::Cold {
+            0
+        } else {
+            prompt_tokens::TokenizerOptions::default().cache_bytes
+        },
+        ..prompt_tokens::TokenizerOptions::default()
+    };
+    let tokenizer =
+        prompt_tokens::PromptTokenizer::from_path_with(&dir, None, options).expect("tokenizer");
     let _ = std::fs::remove_dir_all(&dir);
     router_http::tokens::Tokenizers::default().with_default(Arc::new(tokenizer))
 }
@@ -368,24 +403,20 @@ fn memchr_stream(body: &[u8]) -> bool {
 fn measure(
     case: Case,
     upstream: SocketAddr,
-    policy: Option<&'static str>,
+    policy: Option<(&'static str, Tokens)>,
     duration: Duration,
 ) -> Measured {
     // A router of its own per measurement, on its own thread.
-    let router_thread = policy.map(|policy| {
+    let router_thread = policy.map(|(policy, tokens)| {
         let name = format!("router-{policy}");
         spawn_runtime(&name, move |rt| {
             rt.block_on(async move {
                 let mut config = RouterConfig {
-                    policy: lb_policies::PolicyConfig::named(if policy == TOKENIZED {
-                        "cache_aware"
-                    } else {
-                        policy
-                    }),
+                    policy: lb_policies::PolicyConfig::named(policy),
                     ..RouterConfig::default()
                 };
-                if policy == TOKENIZED {
-                    config.tokenizers = tokenizers();
+                if tokens != Tokens::Off {
+                    config.tokenizers = tokenizers(tokens);
                 }
                 config.client.pool_max_idle_per_host = 1024;
                 let router = Router::new(config).expect("config");
