@@ -144,6 +144,7 @@ pub mod config;
 mod deployment;
 pub mod engine;
 pub mod fault;
+pub mod kv;
 pub mod metrics;
 #[cfg(not(loom))]
 pub mod server;
@@ -166,6 +167,9 @@ pub use engine::{
     Engine, EngineEvent, EngineStats, EventKind, PdSettings, RequestId, RequestSummary, SimRequest,
     SubmitError, TransferOutcome,
 };
+#[cfg(all(feature = "kv-events", not(loom)))]
+pub use server::KvEventsOptions;
 #[cfg(not(loom))]
 pub use server::{EngineHandle, ServeOptions, WORKER_ID_HEADER, spawn};
+pub use kv::{KvBatch, KvChange};
 pub use transfer::{KvTransferParams, TransferRegistry};
