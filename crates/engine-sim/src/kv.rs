@@ -145,8 +145,9 @@ impl KvBatch {
                     KvEvent::BlockStored(stored)
                 }
                 KvChange::Removed { block_hashes } => {
-                    let mut removed =
-                        BlockRemoved::new(block_hashes.iter().map(|&h| BlockHash::Int(h)).collect());
+                    let mut removed = BlockRemoved::new(
+                        block_hashes.iter().map(|&h| BlockHash::Int(h)).collect(),
+                    );
                     removed.medium = Some("GPU".to_owned());
                     KvEvent::BlockRemoved(removed)
                 }

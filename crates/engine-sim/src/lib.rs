@@ -167,9 +167,9 @@ pub use engine::{
     Engine, EngineEvent, EngineStats, EventKind, PdSettings, RequestId, RequestSummary, SimRequest,
     SubmitError, TransferOutcome,
 };
+pub use kv::{KvBatch, KvChange};
 #[cfg(all(feature = "kv-events", not(loom)))]
 pub use server::KvEventsOptions;
 #[cfg(not(loom))]
 pub use server::{EngineHandle, ServeOptions, WORKER_ID_HEADER, spawn};
-pub use kv::{KvBatch, KvChange};
 pub use transfer::{KvTransferParams, TransferRegistry};

@@ -286,7 +286,13 @@ impl EngineHandle {
     /// no particular order: the set a consumer of the KV events holds once
     /// it has applied every batch published so far.
     pub fn cached_block_hashes(&self) -> Vec<u64> {
-        self.shared.core.lock().engine.cache().cached_hashes().collect()
+        self.shared
+            .core
+            .lock()
+            .engine
+            .cache()
+            .cached_hashes()
+            .collect()
     }
 
     /// The engine id (also sent as `x-worker-id`).
