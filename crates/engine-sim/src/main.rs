@@ -53,6 +53,12 @@ struct Args {
     #[cfg(feature = "kv-events")]
     #[arg(long, value_name = "PORT", requires = "kv_events_port")]
     kv_events_replay_port: Option<u16>,
+    /// Fault injection: every N-th KV-event batch is kept for replay but
+    /// not sent live (a dropped PUB message); subscribers recover it by
+    /// replay. Needs --kv-events-port.
+    #[cfg(feature = "kv-events")]
+    #[arg(long, value_name = "N", requires = "kv_events_port")]
+    kv_events_drop_every: Option<std::num::NonZeroU64>,
     /// Engine id (default engine-PORT).
     #[arg(long)]
     engine_id: Option<String>,
@@ -273,6 +279,7 @@ fn main() -> ExitCode {
                 kv.replay = args
                     .kv_events_replay_port
                     .map(|p| SocketAddr::new(args.host, p));
+                kv.drop_live_every = args.kv_events_drop_every;
                 kv
             }),
             ..ServeOptions::default()

@@ -85,6 +85,11 @@ pub struct KvEventsOptions {
     /// The data-parallel rank written into every batch. Default 0: one
     /// engine-sim is one rank.
     pub data_parallel_rank: u32,
+    /// Fault injection: every `n`-th batch (the `n`-th, `2n`-th, ...) is
+    /// numbered and kept for replay but not sent live, as when vLLM's PUB
+    /// socket drops a message at its high-water mark; subscribers must
+    /// recover it by replay. Default `None` (every batch is sent).
+    pub drop_live_every: Option<std::num::NonZeroU64>,
 }
 
 #[cfg(feature = "kv-events")]
@@ -97,6 +102,7 @@ impl KvEventsOptions {
             topic: String::new(),
             buffer: 10_000,
             data_parallel_rank: 0,
+            drop_live_every: None,
         }
     }
 
@@ -468,7 +474,11 @@ async fn bind_kv_events(options: &KvEventsOptions) -> io::Result<KvEventsRunning
         .map(zmq_socket_addr)
         .transpose()?;
     let (queue, batches) = mpsc::unbounded_channel();
-    let task = tokio::spawn(publish_kv_events(publisher, batches));
+    let task = tokio::spawn(publish_kv_events(
+        publisher,
+        batches,
+        options.drop_live_every,
+    ));
     Ok(KvEventsRunning {
         queue,
         task,
@@ -491,13 +501,21 @@ fn zmq_socket_addr(endpoint: &str) -> io::Result<SocketAddr> {
 }
 
 /// Publishes queued batches in order until the queue closes (the server
-/// stopped), then closes the sockets.
+/// stopped), then closes the sockets. With `drop_live_every`, every n-th
+/// batch only goes to the replay buffer.
 #[cfg(feature = "kv-events")]
 async fn publish_kv_events(
     publisher: kv_events::Publisher,
     mut batches: mpsc::UnboundedReceiver<kv_events::EventBatch>,
+    drop_live_every: Option<std::num::NonZeroU64>,
 ) {
+    let mut count = 0u64;
     while let Some(batch) = batches.recv().await {
+        count += 1;
+        if drop_live_every.is_some_and(|n| count.is_multiple_of(n.get())) {
+            publisher.publish_replay_only(&batch).await;
+            continue;
+        }
         if let Err(error) = publisher.publish(&batch).await {
             // Numbered and kept all the same: subscribers recover it by
             // replay, as from a message vLLM's PUB socket dropped.

@@ -30,6 +30,10 @@ fn local() -> SocketAddr {
 }
 
 async fn engine(num_blocks: usize) -> EngineHandle {
+    engine_with(num_blocks, None).await
+}
+
+async fn engine_with(num_blocks: usize, drop_live_every: Option<u64>) -> EngineHandle {
     let config = EngineConfig {
         time_scale: 0.0,
         model: ModelConfig {
@@ -41,6 +45,7 @@ async fn engine(num_blocks: usize) -> EngineHandle {
     };
     let mut kv = KvEventsOptions::new(local()).with_replay(local());
     kv.topic = "kv-events".to_owned();
+    kv.drop_live_every = drop_live_every.and_then(std::num::NonZeroU64::new);
     let options = ServeOptions {
         kv_events: Some(kv),
         ..ServeOptions::default()
@@ -179,6 +184,35 @@ impl Follower {
         seed
     }
 
+    /// Sends fresh one-block prompts until the subscriber has applied the
+    /// last batch the engine published (`published` counts them; every
+    /// probe is one). A probe that is not delivered (the subscription not
+    /// yet there, or a batch dropped live) is followed by another, whose
+    /// arrival makes the subscriber replay what it missed.
+    async fn settle(&mut self, engine: &EngineHandle, seed: &mut u32, published: &mut u64) {
+        timeout(WAIT, async {
+            loop {
+                complete(engine, &prompt(*seed, 1)).await;
+                *seed += 1;
+                *published += 1;
+                let target = *published - 1;
+                // Not a synchronisation: the next probe is the retry.
+                let retry = tokio::time::Instant::now() + Duration::from_millis(100);
+                while self.seqs.last() != Some(&target) {
+                    match tokio::time::timeout_at(retry, self.rx.recv()).await {
+                        Ok(event) => self.apply(event.expect("subscriber running")),
+                        Err(_) => break,
+                    }
+                }
+                if self.seqs.last() == Some(&target) {
+                    return;
+                }
+            }
+        })
+        .await
+        .expect("the subscriber catches up with the engine");
+    }
+
     fn assert_matches(&self, engine: &EngineHandle) {
         let actual: HashSet<u64> = engine.cached_block_hashes().into_iter().collect();
         assert_eq!(self.held, actual, "the events rebuild the engine's cache");
@@ -287,6 +321,41 @@ async fn a_late_subscriber_gets_missed_batches_by_replay() {
     assert!(follower.sources[..3].iter().all(|s| *s == Source::Replay));
     let status = follower.sub.status();
     assert!(status.counters.replays >= 1, "{status:?}");
+    assert_eq!(status.counters.resets, 0);
+    follower.assert_matches(&engine);
+    follower.sub.shutdown().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn batches_dropped_live_are_recovered_by_replay() {
+    // Every third batch is not sent live: the subscriber sees a gap each
+    // time one is followed by a live batch and fills it from the replay
+    // socket. Every request below is a fresh prompt, so each one is
+    // exactly one batch and `published` counts them.
+    let engine = engine_with(1024, Some(3)).await;
+    let mut follower = Follower::new(&engine);
+    let mut seed = 1;
+    let mut published = 0;
+    follower.settle(&engine, &mut seed, &mut published).await;
+    let before = follower.seqs.len();
+    let prompts: Vec<Vec<u32>> = (0..9).map(|i| prompt(1_000 + i, 2)).collect();
+    for ids in &prompts {
+        complete(&engine, ids).await;
+        published += 1;
+    }
+    follower.settle(&engine, &mut seed, &mut published).await;
+    for ids in &prompts {
+        let hashes = block_hashes(ids, BLOCK);
+        assert!(hashes.iter().all(|h| follower.held.contains(h)));
+    }
+    let replayed = follower.sources[before..]
+        .iter()
+        .filter(|s| **s == Source::Replay)
+        .count();
+    assert!(replayed >= 3, "the dropped batches came by replay");
+    let status = follower.sub.status();
+    assert!(status.counters.gaps >= 3, "{status:?}");
     assert_eq!(status.counters.resets, 0);
     follower.assert_matches(&engine);
     follower.sub.shutdown().await;
