@@ -6,7 +6,7 @@
 //! on does the same, sans-IO: every step that changed the prefix index
 //! leaves one [`KvBatch`] for the owner to drain
 //! ([`Engine::drain_kv_batches`]). The HTTP server publishes each batch on
-//! a ZMQ PUB socket (feature `kv-events`, [`KvBatch::to_event_batch`]); the
+//! a ZMQ PUB socket (feature `kv-events`, `KvBatch::to_event_batch`); the
 //! routing simulator can feed them to a block index without sockets.
 //!
 //! Within one admission the cache's evictions come first, as one
