@@ -6,6 +6,12 @@
 //! sequence needs blocks and none are free, the least recently released
 //! unreferenced block is evicted. A sequence releases its blocks last to
 //! first, so the tail of a prompt is evicted before its head, as in vLLM.
+//!
+//! With [`KvCache::set_event_recording`] on, the cache also records every
+//! change to its prefix index, in the order it happens, as [`CacheEvent`]s
+//! the owner drains: a block becoming findable by its hash, and a hashed
+//! block being evicted. No I/O here; the engine groups them per scheduler
+//! step and the server publishes them as vLLM's KV events.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -15,6 +21,29 @@ struct BlockMeta {
     refs: u32,
     /// Position in the LRU order while unreferenced.
     lru_tick: u64,
+}
+
+/// One change to the prefix index, as the cache records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CacheEvent {
+    /// A full block became findable by its chain hash.
+    Stored {
+        /// The block's chain hash.
+        hash: u64,
+        /// The chain hash of the block before it, `None` for a prompt's
+        /// first block.
+        parent: Option<u64>,
+        /// The block's position in the hashes given to
+        /// [`KvCache::allocate`] (block `i` holds the sequence's tokens
+        /// `i * block_size .. (i + 1) * block_size`).
+        block_index: usize,
+    },
+    /// A hashed block was evicted and its hash left the index.
+    Removed {
+        /// The evicted block's chain hash.
+        hash: u64,
+    },
 }
 
 /// The blocks granted to one sequence.
@@ -36,6 +65,8 @@ pub struct KvCache {
     lru: BTreeMap<u64, u32>,
     next_tick: u64,
     referenced: usize,
+    record_events: bool,
+    events: Vec<CacheEvent>,
 }
 
 impl KvCache {
@@ -50,7 +81,35 @@ impl KvCache {
             lru: BTreeMap::new(),
             next_tick: 0,
             referenced: 0,
+            record_events: false,
+            events: Vec::new(),
         }
+    }
+
+    /// Turns the recording of [`CacheEvent`]s on or off (off by default, so
+    /// a simulator that does not read them pays nothing). Turning it off
+    /// drops what was recorded and not drained.
+    pub fn set_event_recording(&mut self, on: bool) {
+        self.record_events = on;
+        if !on {
+            self.events.clear();
+        }
+    }
+
+    /// Whether [`CacheEvent`]s are recorded.
+    pub fn records_events(&self) -> bool {
+        self.record_events
+    }
+
+    /// Takes the recorded changes, oldest first.
+    pub fn drain_events(&mut self) -> std::vec::Drain<'_, CacheEvent> {
+        self.events.drain(..)
+    }
+
+    /// The chain hashes of every cached block (referenced or not), in no
+    /// particular order: the set a consumer of the events should hold.
+    pub fn cached_hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_hash.keys().copied()
     }
 
     /// Total blocks.
@@ -117,13 +176,20 @@ impl KvCache {
             self.acquire(id);
             block_ids.push(id);
         }
-        for &hash in &hashes[hits..] {
+        for (index, &hash) in hashes.iter().enumerate().skip(hits) {
             let id = self.take_block()?;
             // A block past the hit limit may already be cached (the whole
             // prompt was a hit): the cached copy stays, this one is private.
             if let std::collections::hash_map::Entry::Vacant(slot) = self.by_hash.entry(hash) {
                 slot.insert(id);
                 self.blocks[id as usize].hash = Some(hash);
+                if self.record_events {
+                    self.events.push(CacheEvent::Stored {
+                        hash,
+                        parent: index.checked_sub(1).map(|p| hashes[p]),
+                        block_index: index,
+                    });
+                }
             }
             block_ids.push(id);
         }
@@ -180,6 +246,9 @@ impl KvCache {
                 let (_, id) = self.lru.pop_first()?;
                 if let Some(hash) = self.blocks[id as usize].hash.take() {
                     self.by_hash.remove(&hash);
+                    if self.record_events {
+                        self.events.push(CacheEvent::Removed { hash });
+                    }
                 }
                 id
             }
@@ -214,5 +283,45 @@ mod tests {
         cache.release(&c.block_ids);
         assert!(cache.allocate(&[], 0, 5).is_none());
         assert_eq!(cache.referenced_blocks(), 0);
+    }
+
+    #[test]
+    fn records_stores_and_evictions_in_order() {
+        let mut cache = KvCache::new(3);
+        let a = cache.allocate(&[1, 2], 2, 0).expect("fits");
+        assert_eq!(cache.drain_events().count(), 0, "recording is off");
+        cache.release(&a.block_ids);
+        cache.set_event_recording(true);
+        // Block 1 is a hit (no event); 5 is new; 6 needs an eviction of the
+        // least recently released block, 2 (the prompt's tail).
+        let b = cache.allocate(&[1, 5, 6], 3, 0).expect("fits");
+        let events: Vec<_> = cache.drain_events().collect();
+        assert_eq!(
+            events,
+            vec![
+                CacheEvent::Stored {
+                    hash: 5,
+                    parent: Some(1),
+                    block_index: 1
+                },
+                CacheEvent::Removed { hash: 2 },
+                CacheEvent::Stored {
+                    hash: 6,
+                    parent: Some(5),
+                    block_index: 2
+                },
+            ]
+        );
+        let mut held: Vec<u64> = cache.cached_hashes().collect();
+        held.sort_unstable();
+        assert_eq!(held, vec![1, 5, 6]);
+        cache.release(&b.block_ids);
+        // A private block takes the least recently released one: 6.
+        let c = cache.allocate(&[], 0, 1).expect("fits");
+        assert_eq!(
+            cache.drain_events().collect::<Vec<_>>(),
+            vec![CacheEvent::Removed { hash: 6 }]
+        );
+        cache.release(&c.block_ids);
     }
 }

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::cache::KvCache;
 use crate::config::{KvConnector, ModelConfig, MoriioMode, Role};
+use crate::kv::{KvBatch, group_admission};
 use crate::tokens::{block_hashes, sequence_hash};
 use crate::transfer::{
     Claim, InvalidTransfer, KvTransferParams, ProducedTransfer, ProducerAddress, TransferRegistry,
@@ -220,6 +221,9 @@ struct Seq {
     prompt_len: usize,
     prompt_hash: u64,
     hashes: Vec<u64>,
+    /// The prompt's ids, kept until admission only while KV events are
+    /// recorded (a `BlockStored` carries its blocks' tokens).
+    prompt: Vec<u32>,
     max_tokens: u32,
     arrival: Duration,
     generated: u32,
@@ -251,6 +255,7 @@ pub struct Engine {
     held: Vec<Held>,
     events: VecDeque<EngineEvent>,
     token_events: bool,
+    kv_batches: VecDeque<KvBatch>,
     stats: EngineStats,
 }
 
@@ -277,6 +282,7 @@ impl Engine {
             held: Vec::new(),
             events: VecDeque::new(),
             token_events: true,
+            kv_batches: VecDeque::new(),
             stats: EngineStats::default(),
         }
     }
@@ -296,6 +302,23 @@ impl Engine {
     /// [`EventKind::Token`] with index 0 is still emitted when off.
     pub fn set_token_events(&mut self, on: bool) {
         self.token_events = on;
+    }
+
+    /// Turns the recording of the prefix cache's changes on or off (off by
+    /// default). On, every scheduler step that stores or evicts cached
+    /// blocks leaves one [`KvBatch`] for [`drain_kv_batches`](Self::drain_kv_batches):
+    /// what vLLM publishes as one batch of KV-cache events. Turning it off
+    /// drops undrained batches.
+    pub fn set_kv_events(&mut self, on: bool) {
+        self.cache.set_event_recording(on);
+        if !on {
+            self.kv_batches.clear();
+        }
+    }
+
+    /// Takes the recorded per-step cache changes, oldest first.
+    pub fn drain_kv_batches(&mut self) -> std::collections::vec_deque::Drain<'_, KvBatch> {
+        self.kv_batches.drain(..)
     }
 
     /// The current model time.
@@ -395,6 +418,12 @@ impl Engine {
             return Err(SubmitError::DuplicateId(request.id));
         }
         let prompt_hash = sequence_hash(&request.prompt);
+        let hashes = block_hashes(&request.prompt, self.config.block_size);
+        let prompt = if self.cache.records_events() {
+            request.prompt
+        } else {
+            Vec::new()
+        };
         let transfer = (self.pd.role == Role::Decode)
             .then(|| self.check_transfer(request.kv_transfer_params.as_ref(), prompt_hash));
         match transfer {
@@ -418,7 +447,8 @@ impl Engine {
             id: request.id,
             prompt_len,
             prompt_hash,
-            hashes: block_hashes(&request.prompt, self.config.block_size),
+            hashes,
+            prompt,
             max_tokens,
             arrival: self.now,
             generated: 0,
@@ -557,6 +587,7 @@ impl Engine {
         let mut admitted = 0usize;
         let mut uncached_tokens = 0usize;
         let mut transferred_tokens = 0usize;
+        let mut kv_changes = Vec::new();
         while self.running.len() < self.config.max_num_seqs.max(1) {
             let Some(seq) = self.waiting.front() else {
                 break;
@@ -570,6 +601,15 @@ impl Engine {
                 break;
             };
             let mut seq = self.waiting.pop_front().expect("front exists");
+            if self.cache.records_events() {
+                group_admission(
+                    self.cache.drain_events(),
+                    &seq.prompt,
+                    block,
+                    &mut kv_changes,
+                );
+            }
+            seq.prompt = Vec::new();
             let hit_tokens = allocation.hit_blocks * block;
             seq.blocks = allocation.block_ids;
             self.stats.prefix_cache_queries += seq.prompt_len as u64;
@@ -590,6 +630,12 @@ impl Engine {
             }
             admitted += 1;
             self.running.push(seq);
+        }
+        if !kv_changes.is_empty() {
+            self.kv_batches.push_back(KvBatch {
+                at: self.now,
+                changes: kv_changes,
+            });
         }
         let mut duration = Duration::ZERO;
         if admitted > 0 {

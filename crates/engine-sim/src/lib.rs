@@ -125,6 +125,55 @@
 //! # }
 //! ```
 //!
+//! # KV-cache events
+//!
+//! vLLM started with `--kv-events-config` publishes every scheduler step's
+//! changes to its prefix cache (`BlockStored`, `BlockRemoved`) on a ZMQ PUB
+//! socket, with a replay socket, so that a router can keep an exact index of
+//! which engine holds which blocks. engine-sim does the same in two layers:
+//!
+//! - the model records them sans-IO: with [`Engine::set_kv_events`] on,
+//!   every step that stored or evicted blocks leaves one [`KvBatch`] (see
+//!   [`kv`]) to drain, whose `Stored` runs carry their blocks' hashes (the
+//!   [`tokens::block_hashes`] chain), the parent hash and the token ids;
+//! - the server (feature `kv-events`, on by default) publishes each batch in
+//!   vLLM's wire format through the `kv-events` crate when
+//!   `ServeOptions::kv_events` is set (the binary's `--kv-events-port`
+//!   and `--kv-events-replay-port`), block hashes as integers, rank 0.
+//!
+//! ```
+//! use std::time::Duration;
+//! use engine_sim::{Engine, KvChange, ModelConfig, SimRequest, tokens::block_hashes};
+//!
+//! let mut engine = Engine::new(ModelConfig::default());
+//! engine.set_kv_events(true);
+//! let prompt: Vec<u32> = (0..40).collect(); // two full blocks of 16, and 8 more
+//! engine.submit(Duration::ZERO, SimRequest::new(1, prompt.clone(), 4)).unwrap();
+//!
+//! let batches: Vec<_> = engine.drain_kv_batches().collect();
+//! assert_eq!(batches.len(), 1, "the admitting step stored the full blocks");
+//! assert_eq!(
+//!     batches[0].changes,
+//!     vec![KvChange::Stored {
+//!         block_hashes: block_hashes(&prompt, 16),
+//!         parent: None,
+//!         token_ids: prompt[..32].to_vec(),
+//!     }]
+//! );
+//! ```
+//!
+//! # Feature flags
+//!
+//! - `cli` (default): the `engine-sim` binary's command line (clap).
+//! - `kv-events` (default): publishing KV-cache events over ZMQ
+//!   (`ServeOptions::kv_events`, pulls the `kv-events` crate and the
+//!   pure-Rust `zeromq`). On by default because the demo and the router's
+//!   exact block index follow engines through it; an embedder of the
+//!   sans-IO model alone can turn it off. [`Engine::drain_kv_batches`]
+//!   needs no feature.
+//! - `pd-orchestrator`: `for_deployment`, the engine settings a router's
+//!   connector needs.
+//!
 //! # Faults
 //!
 //! See [`fault`]: per engine through [`FaultConfig`], per request through
@@ -144,6 +193,7 @@ pub mod config;
 mod deployment;
 pub mod engine;
 pub mod fault;
+pub mod kv;
 pub mod metrics;
 #[cfg(not(loom))]
 pub mod server;
@@ -166,6 +216,9 @@ pub use engine::{
     Engine, EngineEvent, EngineStats, EventKind, PdSettings, RequestId, RequestSummary, SimRequest,
     SubmitError, TransferOutcome,
 };
+pub use kv::{KvBatch, KvChange};
+#[cfg(all(feature = "kv-events", not(loom)))]
+pub use server::KvEventsOptions;
 #[cfg(not(loom))]
 pub use server::{EngineHandle, ServeOptions, WORKER_ID_HEADER, spawn};
 pub use transfer::{KvTransferParams, TransferRegistry};

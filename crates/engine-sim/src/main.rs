@@ -42,6 +42,23 @@ struct Args {
     /// Mooncake bootstrap port serving GET /query (prefill role).
     #[arg(long)]
     bootstrap_port: Option<u16>,
+    /// Publish the prefix cache's changes as vLLM's KV-cache events on a
+    /// ZMQ PUB socket on this port of --host (vLLM's example uses 5557).
+    /// Off unless given.
+    #[cfg(feature = "kv-events")]
+    #[arg(long, value_name = "PORT")]
+    kv_events_port: Option<u16>,
+    /// Answer KV-event replay requests on a ZMQ ROUTER socket on this port
+    /// (vLLM's example uses 5558). Needs --kv-events-port.
+    #[cfg(feature = "kv-events")]
+    #[arg(long, value_name = "PORT", requires = "kv_events_port")]
+    kv_events_replay_port: Option<u16>,
+    /// Fault injection: every N-th KV-event batch is kept for replay but
+    /// not sent live (a dropped PUB message); subscribers recover it by
+    /// replay. Needs --kv-events-port.
+    #[cfg(feature = "kv-events")]
+    #[arg(long, value_name = "N", requires = "kv_events_port")]
+    kv_events_drop_every: Option<std::num::NonZeroU64>,
     /// Engine id (default engine-PORT).
     #[arg(long)]
     engine_id: Option<String>,
@@ -256,6 +273,15 @@ fn main() -> ExitCode {
             addr: SocketAddr::new(args.host, args.port),
             bootstrap_addr: args.bootstrap_port.map(|p| SocketAddr::new(args.host, p)),
             tokenizer,
+            #[cfg(feature = "kv-events")]
+            kv_events: args.kv_events_port.map(|port| {
+                let mut kv = engine_sim::KvEventsOptions::new(SocketAddr::new(args.host, port));
+                kv.replay = args
+                    .kv_events_replay_port
+                    .map(|p| SocketAddr::new(args.host, p));
+                kv.drop_live_every = args.kv_events_drop_every;
+                kv
+            }),
             ..ServeOptions::default()
         };
         let engine = match engine_sim::spawn(args.config(), options).await {
@@ -281,6 +307,15 @@ fn main() -> ExitCode {
         );
         if let Some(bootstrap) = engine.bootstrap_addr() {
             println!("bootstrap GET /query on http://{bootstrap}");
+        }
+        #[cfg(feature = "kv-events")]
+        if let Some(kv) = engine.kv_events_addr() {
+            match engine.kv_events_replay_addr() {
+                Some(replay) => {
+                    println!("kv events: PUB on tcp://{kv}, replay on tcp://{replay}")
+                }
+                None => println!("kv events: PUB on tcp://{kv}"),
+            }
         }
         if let Some(line) = &tokenizer_line {
             println!("tokenizer: {line}");

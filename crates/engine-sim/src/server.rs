@@ -61,6 +61,59 @@ const RESET_DELAY: Duration = Duration::from_millis(50);
 /// How long a graceful shutdown waits for in-flight responses.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// Where an engine publishes its KV-cache events (feature `kv-events`):
+/// vLLM's `--kv-events-config` with the ZMQ publisher.
+///
+/// Every scheduler step that stores or evicts prefix-cache blocks is one
+/// batch on the PUB socket at `endpoint` (`[topic, seq, msgpack]`); with
+/// `replay` set, a ROUTER socket there answers replay requests from the last
+/// `buffer` batches. Block hashes are engine-sim's 64-bit chain hashes as
+/// integers (see [`crate::kv`]).
+#[cfg(feature = "kv-events")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvEventsOptions {
+    /// The PUB socket's address (vLLM's example uses port 5557); port 0
+    /// picks a free port, see [`EngineHandle::kv_events_addr`].
+    pub endpoint: SocketAddr,
+    /// The replay (ROUTER) socket's address (vLLM's example: 5558); `None`
+    /// serves no replays.
+    pub replay: Option<SocketAddr>,
+    /// The topic frame. Default empty, as vLLM's.
+    pub topic: String,
+    /// Batches kept for replay. Default 10 000 (vLLM's `buffer_steps`).
+    pub buffer: usize,
+    /// The data-parallel rank written into every batch. Default 0: one
+    /// engine-sim is one rank.
+    pub data_parallel_rank: u32,
+    /// Fault injection: every `n`-th batch (the `n`-th, `2n`-th, ...) is
+    /// numbered and kept for replay but not sent live, as when vLLM's PUB
+    /// socket drops a message at its high-water mark; subscribers must
+    /// recover it by replay. Default `None` (every batch is sent).
+    pub drop_live_every: Option<std::num::NonZeroU64>,
+}
+
+#[cfg(feature = "kv-events")]
+impl KvEventsOptions {
+    /// Publishing on `endpoint`, no replay, vLLM's defaults otherwise.
+    pub fn new(endpoint: SocketAddr) -> Self {
+        KvEventsOptions {
+            endpoint,
+            replay: None,
+            topic: String::new(),
+            buffer: 10_000,
+            data_parallel_rank: 0,
+            drop_live_every: None,
+        }
+    }
+
+    /// Also serving replays on `replay`.
+    #[must_use]
+    pub fn with_replay(mut self, replay: SocketAddr) -> Self {
+        self.replay = Some(replay);
+        self
+    }
+}
+
 /// Where and with whom an engine serves.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -84,6 +137,10 @@ pub struct ServeOptions {
     /// Here rather than in [`EngineConfig`], which stays plain serializable
     /// data; share one tokenizer between engines of the same model.
     pub tokenizer: Option<Arc<PromptTokenizer>>,
+    /// Publish the prefix cache's changes as vLLM's KV-cache events.
+    /// Default `None` (no sockets, no recording).
+    #[cfg(feature = "kv-events")]
+    pub kv_events: Option<KvEventsOptions>,
 }
 
 impl Default for ServeOptions {
@@ -94,6 +151,8 @@ impl Default for ServeOptions {
             bootstrap_addr: None,
             max_body_bytes: 32 << 20,
             tokenizer: None,
+            #[cfg(feature = "kv-events")]
+            kv_events: None,
         }
     }
 }
@@ -101,6 +160,10 @@ impl Default for ServeOptions {
 struct Core {
     engine: Engine,
     sinks: HashMap<RequestId, mpsc::UnboundedSender<EngineEvent>>,
+    /// The publisher task's queue: batches are queued under the core lock,
+    /// so they are numbered in step order. `None` when not publishing.
+    #[cfg(feature = "kv-events")]
+    kv_events: Option<mpsc::UnboundedSender<kv_events::EventBatch>>,
 }
 
 struct Shared {
@@ -179,6 +242,10 @@ pub struct EngineHandle {
     shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
+    #[cfg(feature = "kv-events")]
+    kv_events_addr: Option<SocketAddr>,
+    #[cfg(feature = "kv-events")]
+    kv_events_replay_addr: Option<SocketAddr>,
 }
 
 impl std::fmt::Debug for EngineHandle {
@@ -204,6 +271,34 @@ impl EngineHandle {
     /// The bootstrap address, when one was requested.
     pub fn bootstrap_addr(&self) -> Option<SocketAddr> {
         self.bootstrap_addr
+    }
+
+    /// The KV-events PUB address as bound (the port chosen for port 0),
+    /// when [`ServeOptions::kv_events`] was set. Subscribe at
+    /// `tcp://{addr}`.
+    #[cfg(feature = "kv-events")]
+    pub fn kv_events_addr(&self) -> Option<SocketAddr> {
+        self.kv_events_addr
+    }
+
+    /// The KV-events replay (ROUTER) address as bound, when replays are
+    /// served.
+    #[cfg(feature = "kv-events")]
+    pub fn kv_events_replay_addr(&self) -> Option<SocketAddr> {
+        self.kv_events_replay_addr
+    }
+
+    /// The chain hashes of every block in the engine's prefix cache now, in
+    /// no particular order: the set a consumer of the KV events holds once
+    /// it has applied every batch published so far.
+    pub fn cached_block_hashes(&self) -> Vec<u64> {
+        self.shared
+            .core
+            .lock()
+            .engine
+            .cache()
+            .cached_hashes()
+            .collect()
     }
 
     /// The engine id (also sent as `x-worker-id`).
@@ -284,13 +379,24 @@ pub async fn spawn(config: EngineConfig, options: ServeOptions) -> io::Result<En
         },
         registry: options.registry.clone(),
     };
-    let engine = Engine::with_pd(config.model.clone(), pd);
+    #[allow(unused_mut)] // only changed with the `kv-events` feature
+    let mut engine = Engine::with_pd(config.model.clone(), pd);
+    #[cfg(feature = "kv-events")]
+    let kv = match &options.kv_events {
+        Some(kv_options) => {
+            engine.set_kv_events(true);
+            Some(bind_kv_events(kv_options).await?)
+        }
+        None => None,
+    };
     let shared = Arc::new(Shared {
         engine_id,
         worker_header,
         core: Mutex::new(Core {
             engine,
             sinks: HashMap::new(),
+            #[cfg(feature = "kv-events")]
+            kv_events: kv.as_ref().map(|kv| kv.queue.clone()),
         }),
         wake: Notify::new(),
         registry_changed: Notify::new(),
@@ -316,14 +422,107 @@ pub async fn spawn(config: EngineConfig, options: ServeOptions) -> io::Result<En
         }));
     }
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let task = tokio::spawn(serve(listener, bootstrap, shared.clone(), shutdown_rx));
+    #[cfg(feature = "kv-events")]
+    let (kv_events_addr, kv_events_replay_addr, kv_task) = match kv {
+        Some(kv) => (Some(kv.addr), kv.replay_addr, Some(kv.task)),
+        None => (None, None, None),
+    };
+    #[cfg(not(feature = "kv-events"))]
+    let kv_task = None;
+    let task = tokio::spawn(serve(
+        listener,
+        bootstrap,
+        shared.clone(),
+        shutdown_rx,
+        kv_task,
+    ));
     Ok(EngineHandle {
         addr,
         bootstrap_addr,
         shared,
         shutdown,
         task: Some(task),
+        #[cfg(feature = "kv-events")]
+        kv_events_addr,
+        #[cfg(feature = "kv-events")]
+        kv_events_replay_addr,
     })
+}
+
+/// A bound publisher: its queue, its task and the addresses it bound.
+#[cfg(feature = "kv-events")]
+struct KvEventsRunning {
+    queue: mpsc::UnboundedSender<kv_events::EventBatch>,
+    task: tokio::task::JoinHandle<()>,
+    addr: SocketAddr,
+    replay_addr: Option<SocketAddr>,
+}
+
+#[cfg(feature = "kv-events")]
+async fn bind_kv_events(options: &KvEventsOptions) -> io::Result<KvEventsRunning> {
+    let mut config = kv_events::PublisherConfig::new(format!("tcp://{}", options.endpoint));
+    config.replay_endpoint = options.replay.map(|a| format!("tcp://{a}"));
+    config.topic = options.topic.clone();
+    config.buffer_steps = options.buffer.max(1);
+    config.data_parallel_rank = Some(options.data_parallel_rank);
+    let publisher = kv_events::Publisher::bind(config)
+        .await
+        .map_err(|e| io::Error::new(io::ErrorKind::AddrNotAvailable, e.to_string()))?;
+    let addr = zmq_socket_addr(publisher.endpoint())?;
+    let replay_addr = publisher
+        .replay_endpoint()
+        .map(zmq_socket_addr)
+        .transpose()?;
+    let (queue, batches) = mpsc::unbounded_channel();
+    let task = tokio::spawn(publish_kv_events(
+        publisher,
+        batches,
+        options.drop_live_every,
+    ));
+    Ok(KvEventsRunning {
+        queue,
+        task,
+        addr,
+        replay_addr,
+    })
+}
+
+/// `tcp://ip:port` as zeromq reports a bound endpoint.
+#[cfg(feature = "kv-events")]
+fn zmq_socket_addr(endpoint: &str) -> io::Result<SocketAddr> {
+    endpoint
+        .strip_prefix("tcp://")
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "the KV-events publisher bound an unexpected endpoint {endpoint}"
+            ))
+        })
+}
+
+/// Publishes queued batches in order until the queue closes (the server
+/// stopped), then closes the sockets. With `drop_live_every`, every n-th
+/// batch only goes to the replay buffer.
+#[cfg(feature = "kv-events")]
+async fn publish_kv_events(
+    publisher: kv_events::Publisher,
+    mut batches: mpsc::UnboundedReceiver<kv_events::EventBatch>,
+    drop_live_every: Option<std::num::NonZeroU64>,
+) {
+    let mut count = 0u64;
+    while let Some(batch) = batches.recv().await {
+        count += 1;
+        if drop_live_every.is_some_and(|n| count.is_multiple_of(n.get())) {
+            publisher.publish_replay_only(&batch).await;
+            continue;
+        }
+        if let Err(error) = publisher.publish(&batch).await {
+            // Numbered and kept all the same: subscribers recover it by
+            // replay, as from a message vLLM's PUB socket dropped.
+            tracing::warn!(%error, "KV-events batch not sent live");
+        }
+    }
+    publisher.shutdown().await;
 }
 
 async fn serve(
@@ -331,6 +530,7 @@ async fn serve(
     bootstrap: Option<TcpListener>,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
+    kv_task: Option<tokio::task::JoinHandle<()>>,
 ) {
     // The driver outlives the accept loop so in-flight responses can finish
     // during the graceful shutdown; it is stopped after it.
@@ -376,8 +576,20 @@ async fn serve(
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await;
     driver.abort();
     // Bodies still waiting for the engine end with an error now.
-    shared.core.lock().sinks.clear();
+    {
+        let mut core = shared.core.lock();
+        core.sinks.clear();
+        // Closing the queue lets the publisher send what is queued, then
+        // close its sockets.
+        #[cfg(feature = "kv-events")]
+        {
+            core.kv_events = None;
+        }
+    }
     conns.shutdown().await;
+    if let Some(kv_task) = kv_task {
+        let _ = kv_task.await;
+    }
 }
 
 async fn accept_optional(listener: Option<&TcpListener>) -> io::Result<(TcpStream, SocketAddr)> {
@@ -416,7 +628,9 @@ async fn drive(shared: Arc<Shared>) {
 }
 
 fn dispatch(core: &mut Core) {
-    let Core { engine, sinks } = core;
+    #[cfg(feature = "kv-events")]
+    queue_kv_events(core);
+    let Core { engine, sinks, .. } = core;
     for event in engine.drain_events() {
         let id = event.id;
         let finished = matches!(event.kind, EventKind::Finished(_));
@@ -426,6 +640,21 @@ fn dispatch(core: &mut Core) {
         if finished {
             sinks.remove(&id);
         }
+    }
+}
+
+/// Hands the engine's per-step cache changes to the publisher, in order.
+#[cfg(feature = "kv-events")]
+fn queue_kv_events(core: &mut Core) {
+    let Some(queue) = &core.kv_events else {
+        return;
+    };
+    let block_size = core.engine.config().block_size;
+    let ts = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    for batch in core.engine.drain_kv_batches() {
+        let _ = queue.send(batch.to_event_batch(ts, block_size));
     }
 }
 

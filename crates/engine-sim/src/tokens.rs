@@ -48,9 +48,17 @@ pub fn tokenize(text: &str, chars_per_token: usize) -> Vec<u32> {
 /// The hash chain of the full blocks of `tokens` (a trailing partial block
 /// gets no hash). A `block_size` of 0 is treated as 1.
 pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    block_hashes_after(None, tokens, block_size)
+}
+
+/// The hash chain of the full blocks of `tokens` continuing after the block
+/// hashed `parent` (`None`: the start of a prompt, as [`block_hashes`]).
+/// What a KV-event consumer checks a `BlockStored` against: its hashes are
+/// `block_hashes_after(parent_block_hash, token_ids, block_size)`.
+pub fn block_hashes_after(parent: Option<u64>, tokens: &[u32], block_size: usize) -> Vec<u64> {
     let size = block_size.max(1);
     let mut out = Vec::with_capacity(tokens.len() / size);
-    let mut prev = BLOCK_SEED;
+    let mut prev = parent.unwrap_or(BLOCK_SEED);
     for block in tokens.chunks_exact(size) {
         let mut hash = mix64(prev);
         for &token in block {

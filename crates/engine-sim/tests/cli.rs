@@ -193,3 +193,45 @@ fn binary_counts_prompt_tokens_with_the_given_tokenizer() {
         ids.len()
     );
 }
+
+#[cfg(feature = "kv-events")]
+#[test]
+fn kv_events_flags_bind_and_print_both_sockets() {
+    let mut child = Child(
+        Command::new(BIN)
+            .args(["--port", "0", "--time-scale", "0"])
+            .args(["--kv-events-port", "0", "--kv-events-replay-port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn engine-sim"),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().expect("stdout")).lines();
+    let _banner = lines.next().expect("banner").expect("utf-8");
+    let kv = lines.next().expect("kv events line").expect("utf-8");
+    assert!(kv.starts_with("kv events: PUB on tcp://"), "{kv}");
+    let addrs: Vec<&str> = kv
+        .split("tcp://")
+        .skip(1)
+        .map(|s| s.split(',').next().expect("address").trim())
+        .collect();
+    assert_eq!(addrs.len(), 2, "PUB and replay: {kv}");
+    for addr in addrs {
+        let port: u16 = addr.rsplit(':').next().unwrap().parse().expect("port");
+        assert_ne!(port, 0, "the bound port is printed: {kv}");
+        // Something listens there (the ZMQ sockets speak ZMTP over TCP).
+        TcpStream::connect(addr).expect("the KV-events socket accepts");
+    }
+}
+
+#[cfg(feature = "kv-events")]
+#[test]
+fn a_replay_port_without_an_events_port_is_refused() {
+    let output = Command::new(BIN)
+        .args(["--port", "0", "--kv-events-replay-port", "0"])
+        .output()
+        .expect("run engine-sim");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--kv-events-port"), "{stderr}");
+}
