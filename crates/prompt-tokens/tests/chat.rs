@@ -314,13 +314,4 @@ proptest! {
             }
         }
     }
-
-    #[test]
-    fn synthetic_chat_tokens_are_engine_sims(conversation in conversation_strategy(), cpt in 1usize..9) {
-        let t = PromptTokenizer::synthetic(cpt);
-        let messages = Value::Array(conversation);
-        let text = prompt_tokens::synthetic_chat_text(&messages).unwrap();
-        let ids = t.chat_tokens(&request(messages)).unwrap();
-        prop_assert_eq!(&ids, &engine_sim::tokens::tokenize(&text, cpt));
-    }
 }

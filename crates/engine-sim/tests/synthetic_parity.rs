@@ -1,6 +1,10 @@
-//! The synthetic tokenizer against engine-sim's own functions: the chat
-//! rendering (through engine-sim's public request parsing) and the token
-//! ids, bit for bit.
+//! prompt-tokens' synthetic tokenizer (what the router computes) against
+//! engine-sim's request path (what the engine computes): the chat rendering
+//! through engine-sim's public request parsing and the token ids, bit for
+//! bit. engine-sim's rule is prompt-tokens' own; this checks that the two
+//! request paths (the router's `PromptTokenizer::chat_tokens`, the engine's
+//! `parse_request`) agree. (Moved here from prompt-tokens: a dev-dependency
+//! on engine-sim there would be a packaging cycle.)
 
 use engine_sim::api::{Endpoint, Prompt, parse_request};
 use prompt_tokens::{ChatRequest, CompletionRequest, PromptTokenizer};
