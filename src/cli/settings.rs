@@ -289,8 +289,8 @@ const REFUSED_FLAGS: [(&str, &str); 2] = [
     (
         "enable_trace",
         "OpenTelemetry trace export is not built into affinity-router; remove the flag. \
-         Every request is logged with its request id (add --log-json for a collector), and \
-         /metrics carries the latency histograms (docs/operations.md, \"Tracing\")",
+         Request ids are forwarded to the worker and returned to the client, and /metrics \
+         carries the latency histograms (docs/operations.md, \"Tracing\")",
     ),
     (
         "otlp_traces_endpoint",
