@@ -356,6 +356,24 @@ impl<T> Sequencer<T> {
         self.connected = true;
     }
 
+    /// Starts the catch-up replay from 0 at once, without waiting for a
+    /// live batch: a subscriber that joins an idle engine still learns what
+    /// it holds (and one whose first live batches were lost to the PUB
+    /// socket's slow-joiner window gets them back). Does nothing unless
+    /// connected, replay and catch-up are on, nothing was delivered since
+    /// the start or the last reset, and no replay runs. Live batches that
+    /// arrive meanwhile wait for the replay, as in any run.
+    pub fn catch_up_now(&mut self, now: Instant) {
+        if self.connected
+            && self.config.replay
+            && self.config.catch_up
+            && self.next.is_none()
+            && self.run.is_none()
+        {
+            self.start_run_with(0, None, BTreeMap::new(), now);
+        }
+    }
+
     /// The connection to the publisher is down. The stream's position is
     /// kept: a reconnect that continues the sequence loses nothing.
     pub fn on_disconnected(&mut self) {

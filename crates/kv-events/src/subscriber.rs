@@ -362,7 +362,9 @@ async fn run<T: Transport, S: EventSink>(
         };
         lp.counters.connects += 1;
         lp.machine.on_connected();
-        lp.publish_status();
+        // Learn what the engine already holds, even if it is idle now.
+        lp.machine.catch_up_now(Instant::now().into_std());
+        lp.apply(&transport, &answers_tx);
         loop {
             let deadline = lp.machine.poll_timeout().map(Instant::from_std);
             tokio::select! {
@@ -751,9 +753,25 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_connection_catches_up_at_once_without_waiting_for_a_live_batch() {
+        let config = SubscriberConfig::new("tcp://fake:1").with_replay("tcp://fake:2");
+        let mut rig = rig(0, config);
+        let t0 = Instant::now();
+        let (_, from) = rig.replays.recv().await.unwrap();
+        assert_eq!(from, 0, "the whole buffer is asked for");
+        assert_eq!(Instant::now(), t0, "at connection time, before any batch");
+        let status = rig.status.lock().unwrap().clone();
+        assert_eq!(status.state, StreamState::Replaying { from: 0 });
+        assert_eq!(status.counters.replays, 1);
+        rig.task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_unanswered_replay_resets_exactly_at_its_deadline() {
         let mut config = SubscriberConfig::new("tcp://fake:1").with_replay("tcp://fake:2");
         config.sequencer.replay_timeout = Duration::from_millis(750);
+        // Only the gap's replay is under test, not the catch-up on connect.
+        config.sequencer.catch_up = false;
         let mut rig = rig(0, config);
         rig.live.send(frames(0)).unwrap();
         assert!(matches!(

@@ -68,7 +68,7 @@ impl Harness {
     fn new(config: SequencerConfig, capacity: usize, mode: ReplayMode) -> Self {
         let mut machine = Sequencer::new(config);
         machine.on_connected();
-        Self {
+        let mut harness = Self {
             machine,
             now: Instant::now(),
             epoch: 0,
@@ -82,7 +82,15 @@ impl Harness {
             delivered: Vec::new(),
             resets: 0,
             received_live: BTreeSet::new(),
-        }
+        };
+        harness.connected();
+        harness
+    }
+
+    /// What the subscriber does on every connection: catch up at once.
+    fn connected(&mut self) {
+        self.machine.catch_up_now(self.now);
+        self.drain();
     }
 
     fn fingerprint(item: Item) -> u64 {
@@ -154,6 +162,7 @@ impl Harness {
         self.machine.on_disconnected();
         self.drain();
         self.machine.on_connected();
+        self.connected();
     }
 
     fn run(&mut self, ops: &[Op]) {
@@ -301,7 +310,8 @@ fn a_replay_that_never_answers_times_out_into_a_reset() {
     assert_eq!(h.resets, 1);
     assert_eq!(h.delivered, vec![(0, 0), (0, 2)]);
     let c = h.machine.counters();
-    assert_eq!((c.gaps, c.replays, c.replay_timeouts), (1, 1, 1));
+    // Two unanswered replays: the connection's catch-up, then the gap's.
+    assert_eq!((c.gaps, c.replays, c.replay_timeouts), (1, 2, 2));
 }
 
 #[test]

@@ -731,6 +731,16 @@ impl Inner {
         (!ptr.is_null()).then(|| unsafe { &*ptr })
     }
 
+    /// The writer's pointer to chain `id`'s current state (null: no such
+    /// chain). Dereferencing it is the caller's business.
+    #[inline]
+    fn state_ptr(w: &Writer, id: u32) -> *mut ChainState {
+        w.states
+            .get(id as usize)
+            .copied()
+            .unwrap_or(std::ptr::null_mut())
+    }
+
     /// The current chain directory, as the writer knows it.
     #[inline]
     fn wdir(w: &Writer) -> &Dir {
@@ -1020,11 +1030,7 @@ impl Inner {
         if w.edit.as_ref().is_some_and(|e| e.id == id) {
             return false;
         }
-        let ptr = w
-            .states
-            .get(id as usize)
-            .copied()
-            .unwrap_or(std::ptr::null_mut());
+        let ptr = Self::state_ptr(w, id);
         if ptr.is_null() {
             return false;
         }
@@ -1133,11 +1139,7 @@ impl Inner {
         self.publish(w);
         let mut touched = std::mem::take(&mut w.touched);
         for &id in &touched {
-            let ptr = w
-                .states
-                .get(id as usize)
-                .copied()
-                .unwrap_or(std::ptr::null_mut());
+            let ptr = Self::state_ptr(w, id);
             if ptr.is_null() {
                 continue;
             }
