@@ -71,22 +71,37 @@ pub fn render(data: &[u8]) {
 }
 
 /// Loads `data` (lossy UTF-8) as a `.tiktoken` file and, when it loads,
-/// tokenizes a text with special tokens in it. Panics only if a loaded
+/// tokenizes a text with special tokens in it, through both the `tokenizers`
+/// pipeline and the direct encoder the crate uses. Panics only if a loaded
 /// tokenizer gives an id outside its vocabulary; errors are expected.
 pub fn tiktoken(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let Ok(tokenizer) = crate::tiktoken::load(&text) else {
+    let Ok((tokenizer, _)) = crate::tiktoken::load(&text, true) else {
         return;
     };
     let vocab = tokenizer.get_vocab_size(true);
-    for sample in [
-        &text[..text.len().min(256)],
-        "<|start|>user<|message|>Hi 42!<|end|>",
-    ] {
+    let Ok(direct) = PromptTokenizer::from_tiktoken(
+        &text,
+        crate::TokenizerConfig::default(),
+        crate::TokenizerOptions::default(),
+    ) else {
+        return;
+    };
+    let mut cut = text.len().min(256);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    for sample in [&text[..cut], "<|start|>user<|message|>Hi 42!<|end|>"] {
         if let Ok(encoding) = tokenizer.encode_fast(sample, false) {
             assert!(
                 encoding.get_ids().iter().all(|&id| (id as usize) < vocab),
                 "an id outside the vocabulary"
+            );
+        }
+        if let Ok(ids) = direct.text_tokens(sample, false) {
+            assert!(
+                ids.iter().all(|&id| (id as usize) < vocab),
+                "an id outside the vocabulary (direct encoder)"
             );
         }
     }

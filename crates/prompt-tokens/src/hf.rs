@@ -50,6 +50,10 @@ pub(crate) struct HfTokenizer {
     pub(crate) cache: SegmentCache,
     pub(crate) path: PathBuf,
     format: Format,
+    /// For a tiktoken vocabulary: tiktoken's encoding done directly on the
+    /// ranks. Always used instead of `tokenizer`, whose BPE model then has
+    /// the vocabulary but no merges (see `tiktoken::load`).
+    direct: Option<crate::tiktoken::Encoder>,
 }
 
 /// The file a tokenizer was read from.
@@ -86,16 +90,26 @@ impl HfTokenizer {
             }
         })?;
         if crate::tiktoken::is_tiktoken_path(path) {
-            let invalid = |reason: String| Error::InvalidTokenizer {
+            let text = std::str::from_utf8(&bytes).map_err(|_| Error::InvalidTokenizer {
                 path: path.to_owned(),
-                reason,
-            };
-            let text = std::str::from_utf8(&bytes)
-                .map_err(|_| invalid("a .tiktoken file is ASCII text".to_owned()))?;
-            let tokenizer = crate::tiktoken::load(text).map_err(invalid)?;
-            return Self::from_tokenizer(tokenizer, path, cache, Format::Tiktoken);
+                reason: "a .tiktoken file is ASCII text".to_owned(),
+            })?;
+            return Self::from_tiktoken(text, path, cache);
         }
         Self::from_bytes(&bytes, path, cache)
+    }
+
+    /// A tiktoken vocabulary's text (see [`crate::tiktoken`]); `path` names
+    /// it in errors and `describe`.
+    pub(crate) fn from_tiktoken(text: &str, path: &Path, cache: SegmentCache) -> Result<Self> {
+        let (tokenizer, direct) =
+            crate::tiktoken::load(text, false).map_err(|reason| Error::InvalidTokenizer {
+                path: path.to_owned(),
+                reason,
+            })?;
+        let mut loaded = Self::from_tokenizer(tokenizer, path, cache, Format::Tiktoken)?;
+        loaded.direct = Some(direct);
+        Ok(loaded)
     }
 
     pub(crate) fn from_bytes(bytes: &[u8], path: &Path, cache: SegmentCache) -> Result<Self> {
@@ -124,6 +138,7 @@ impl HfTokenizer {
             cache,
             path: path.to_owned(),
             format,
+            direct: None,
         })
     }
 
@@ -149,6 +164,22 @@ impl HfTokenizer {
 
     /// The whole text in one `encode` call.
     pub(crate) fn encode_whole(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        if let Some(direct) = &self.direct {
+            // Cut at the special tokens as `tokenizers` does, encode the
+            // text between them. A tiktoken vocabulary has no
+            // post-processor: `add_special_tokens` adds nothing.
+            let mut out = Vec::with_capacity(text.len() / 3);
+            let mut at = 0;
+            if let Some((matcher, ids)) = &self.splitter {
+                for m in matcher.find_iter(text) {
+                    direct.encode(&text[at..m.start()], &mut out);
+                    out.push(ids[m.pattern().as_usize()]);
+                    at = m.end();
+                }
+            }
+            direct.encode(&text[at..], &mut out);
+            return Ok(out);
+        }
         let encoding = self
             .tokenizer
             .encode_fast(text, add_special_tokens)

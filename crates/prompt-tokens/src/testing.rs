@@ -24,9 +24,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::processors::template::TemplateProcessing;
-use tokenizers::{
-    AddedToken, ModelWrapper, SplitDelimiterBehavior, TokenizerBuilder, TokenizerImpl,
-};
+use tokenizers::{AddedToken, ModelWrapper, SplitDelimiterBehavior, TokenizerBuilder};
 
 use crate::error::{Error, Result};
 use crate::templates::TemplateFamily;
@@ -86,13 +84,7 @@ fn tokenizer_error(e: impl std::fmt::Display) -> Error {
     }
 }
 
-type Impl = TokenizerImpl<
-    ModelWrapper,
-    NormalizerWrapper,
-    PreTokenizerWrapper,
-    PostProcessorWrapper,
-    DecoderWrapper,
->;
+use crate::tiktoken::Impl;
 
 /// Trains a BPE tokenizer of `kind` on [`CORPUS`] with `special_tokens`
 /// added as special tokens, and returns its `tokenizer.json` text. When

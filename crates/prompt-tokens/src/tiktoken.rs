@@ -1,6 +1,11 @@
 //! tiktoken-format vocabularies (`*.tiktoken`), as OpenAI's `o200k_base`
-//! ships for gpt-oss, loaded into a `tokenizers` byte-level BPE so that the
-//! rest of the crate (segment cache, special-token splitting) applies.
+//! ships for gpt-oss. Text is encoded with tiktoken's own algorithm run
+//! directly on the ranks (the o200k split, then lowest-rank merges); the
+//! vocabulary and its special tokens are also loaded into a `tokenizers`
+//! byte-level BPE, so that the rest of the crate (segment cache,
+//! special-token splitting, id look-ups) applies as for `tokenizer.json`.
+//! [`tokenizer_json`] writes the complete equivalent `tokenizers` pipeline
+//! described below, merges included, for other tools.
 //!
 //! # The format
 //!
@@ -8,7 +13,7 @@
 //! rank. Ranks are the ids, and a lower rank merges first. Blank lines are
 //! skipped.
 //!
-//! # How it becomes a `tokenizers` pipeline
+//! # The equivalent `tokenizers` pipeline
 //!
 //! * **Pre-tokenization**: the o200k split pattern ([`O200K_PATTERN`],
 //!   `tiktoken_ext/openai_public.py`, `o200k_base`), then byte-level
@@ -167,7 +172,9 @@ pub(crate) fn parse_ranks(text: &str) -> Result<HashMap<Vec<u8>, u32>, String> {
     Ok(ranks)
 }
 
-type Impl = TokenizerImpl<
+/// The `tokenizers` pipeline type with every stage wrapped (what a
+/// `tokenizer.json` describes).
+pub(crate) type Impl = TokenizerImpl<
     ModelWrapper,
     NormalizerWrapper,
     PreTokenizerWrapper,
@@ -175,15 +182,55 @@ type Impl = TokenizerImpl<
     DecoderWrapper,
 >;
 
-/// Builds the tokenizer of a `.tiktoken` file's text (see the module docs).
-pub(crate) fn load(text: &str) -> Result<Tokenizer, String> {
+/// The tiktoken-format text of a vocabulary given as (token bytes, rank)
+/// pairs: one `base64(token) rank` line each, in the order given. What
+/// [`PromptTokenizer::from_tiktoken`](crate::PromptTokenizer::from_tiktoken)
+/// and `*.tiktoken` files take; for vocabularies held in memory, such as
+/// the ranks another crate embeds.
+pub fn format_ranks<B: AsRef<[u8]>>(ranks: impl IntoIterator<Item = (B, u32)>) -> String {
+    let mut text = String::new();
+    for (token, rank) in ranks {
+        STANDARD.encode_string(token.as_ref(), &mut text);
+        text.push(' ');
+        text.push_str(&rank.to_string());
+        text.push('\n');
+    }
+    text
+}
+
+/// Builds the tokenizer of a `.tiktoken` file's text (see the module docs)
+/// and the direct [`Encoder`] over the same ranks, which encodes its text.
+///
+/// The `tokenizers` model is built without its merges unless `with_merges`:
+/// the crate encodes with the [`Encoder`] and asks the `tokenizers` object
+/// only for its vocabulary and added tokens; the merges (about a million
+/// for `o200k_base`) are most of the load time.
+pub(crate) fn load(text: &str, with_merges: bool) -> Result<(Tokenizer, Encoder), String> {
     let ranks = parse_ranks(text)?;
+    let tokenizer = build_tokenizer(&ranks, with_merges)?;
+    Ok((tokenizer, Encoder::new(ranks)?))
+}
+
+/// The `tokenizer.json` text of a tiktoken vocabulary: the `tokenizers`
+/// pipeline described in the module docs (o200k split, byte-level BPE
+/// with merges derived from the ranks, the harmony special tokens),
+/// readable by the `tokenizers` crate and Hugging Face `transformers`.
+/// Large: `o200k_base` gives about a million merges. The error says why
+/// the text is not a tiktoken vocabulary (the line, for a malformed one).
+pub fn tokenizer_json(tiktoken_text: &str) -> Result<String, String> {
+    let ranks = parse_ranks(tiktoken_text)?;
+    build_tokenizer(&ranks, true)?
+        .to_string(false)
+        .map_err(|e| format!("serializing: {e}"))
+}
+
+fn build_tokenizer(ranks: &HashMap<Vec<u8>, u32>, with_merges: bool) -> Result<Tokenizer, String> {
     let table = byte_chars();
     let to_chars =
         |bytes: &[u8]| -> String { bytes.iter().map(|&b| table[usize::from(b)]).collect() };
     let n = ranks.values().max().map_or(0, |max| max + 1);
     let mut vocab: AHashMap<String, u32> = AHashMap::with_capacity(n as usize);
-    for (bytes, &rank) in &ranks {
+    for (bytes, &rank) in ranks {
         vocab.insert(to_chars(bytes), rank);
     }
     if vocab.len() < n as usize {
@@ -197,7 +244,7 @@ pub(crate) fn load(text: &str) -> Result<Tokenizer, String> {
     /// (merged rank, left rank, right rank, left bytes, right bytes)
     type Candidate<'a> = (u32, u32, u32, &'a [u8], &'a [u8]);
     let mut merges: Vec<Candidate<'_>> = Vec::new();
-    for (bytes, &rank) in &ranks {
+    for (bytes, &rank) in ranks.iter().filter(|_| with_merges) {
         for at in 1..bytes.len() {
             let (left, right) = bytes.split_at(at);
             if let (Some(&l), Some(&r)) = (ranks.get(left), ranks.get(right)) {
@@ -248,6 +295,227 @@ pub(crate) fn load(text: &str) -> Result<Tokenizer, String> {
     }
     tokenizer.add_special_tokens(&specials);
     Ok(Tokenizer::from(tokenizer))
+}
+
+/// Pieces longer than this (in bytes) are merged with a heap, in
+/// `O(n log n)`; shorter ones with tiktoken's scan for the lowest pair,
+/// `O(n^2)` but faster at these sizes.
+const SHORT_PIECE: usize = 128;
+
+/// tiktoken's encoding, done directly on the ranks: the o200k split, then
+/// for each piece its rank if it is a token, else byte-pair merges — the
+/// adjacent pair whose concatenation has the lowest rank first, the
+/// leftmost on ties — until no adjacent pair is a token.
+///
+/// The same ids as the `tokenizers` pipeline [`load`] builds (the tests
+/// check both against tiktoken's own encoder on `o200k_base`), without its
+/// per-piece offset bookkeeping and byte-to-character mapping: several
+/// times faster.
+pub(crate) struct Encoder {
+    ranks: AHashMap<Vec<u8>, u32>,
+    /// The rank of each single byte (every byte is a token).
+    byte_ranks: [u32; 256],
+    /// [`O200K_PATTERN`] without its one look-ahead branch, `\s+(?!\S)`,
+    /// which [`Encoder::encode`] applies itself: a finite automaton
+    /// (`regex`) instead of a backtracking one, several times faster.
+    split: regex::Regex,
+}
+
+/// The branch of [`O200K_PATTERN`] that `regex` cannot run.
+const LOOKAHEAD_BRANCH: &str = r"|\s+(?!\S)";
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoder")
+            .field("ranks", &self.ranks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Encoder {
+    /// `ranks` as [`parse_ranks`] returns them (all 256 bytes present).
+    fn new(ranks: HashMap<Vec<u8>, u32>) -> Result<Self, String> {
+        let mut byte_ranks = [0u32; 256];
+        for (b, slot) in byte_ranks.iter_mut().enumerate() {
+            *slot = ranks
+                .get(&[b as u8][..])
+                .copied()
+                .ok_or_else(|| format!("byte {b:#04x} has no token"))?;
+        }
+        let pattern = O200K_PATTERN.replacen(LOOKAHEAD_BRANCH, "", 1);
+        if pattern.len() == O200K_PATTERN.len() {
+            return Err("o200k pattern: no look-ahead branch to take out".to_owned());
+        }
+        // Anchored, and searched from each piece's start on the rest of
+        // the text: one forward scan per piece, no reverse scan to find
+        // where a match starts (there is no text between pieces).
+        let split = regex::Regex::new(&format!("^(?:{pattern})"))
+            .map_err(|e| format!("o200k pattern: {e}"))?;
+        Ok(Self {
+            ranks: ranks.into_iter().collect(),
+            byte_ranks,
+            split,
+        })
+    }
+
+    /// Appends the ids of `text` (no special tokens: the caller cuts them
+    /// out first) to `out`.
+    ///
+    /// The split is the o200k pattern's: without `\s+(?!\S)` a run of
+    /// whitespace that no earlier branch takes is matched whole by the last
+    /// branch, `\s+`; with it, such a run of two or more characters that is
+    /// followed by more text stops one character short (that last space
+    /// then starts the next piece, as in `" word"`). Such a match is the
+    /// only one that ends in whitespace other than `\r` / `\n` (the
+    /// newline branch ends in a newline, the others in non-space), so it is
+    /// recognised by its last character and shortened here.
+    pub(crate) fn encode(&self, text: &str, out: &mut Vec<u32>) {
+        let bytes = text.as_bytes();
+        let mut at = 0;
+        while at < text.len() {
+            // Every character starts a match of some branch, so a piece
+            // starts where the previous one ended.
+            let mut end = at + self.split.find(&text[at..]).map_or(0, |m| m.end());
+            if end < text.len()
+                && let Some(last) = text[at..end].chars().next_back()
+                && last.is_whitespace()
+                && last != '\r'
+                && last != '\n'
+                && end - at > last.len_utf8()
+            {
+                end -= last.len_utf8();
+            }
+            if end <= at {
+                // Unreachable (no branch matches empty text, and every
+                // character starts a match); one character then, rather
+                // than a loop.
+                end = at + text[at..].chars().next().map_or(1, char::len_utf8);
+            }
+            self.encode_piece(&bytes[at..end], out);
+            at = end;
+        }
+    }
+
+    fn encode_piece(&self, piece: &[u8], out: &mut Vec<u32>) {
+        if let Some(&rank) = self.ranks.get(piece) {
+            out.push(rank);
+        } else if piece.len() <= SHORT_PIECE {
+            self.merge_short(piece, out);
+        } else {
+            self.merge_long(piece, out);
+        }
+    }
+
+    fn rank(&self, bytes: &[u8]) -> u32 {
+        self.ranks.get(bytes).copied().unwrap_or(u32::MAX)
+    }
+
+    /// The final part `bytes`: a token by construction (a byte, or a merge
+    /// of two tokens into a token); its bytes one by one otherwise.
+    fn push_part(&self, bytes: &[u8], out: &mut Vec<u32>) {
+        match self.ranks.get(bytes) {
+            Some(&rank) => out.push(rank),
+            None => out.extend(bytes.iter().map(|&b| self.byte_ranks[usize::from(b)])),
+        }
+    }
+
+    /// tiktoken's loop: `parts[i]` is where part `i` starts and the rank of
+    /// part `i` joined with part `i + 1`; each round merges the lowest.
+    /// On the stack: pieces here are at most [`SHORT_PIECE`] bytes.
+    fn merge_short(&self, piece: &[u8], out: &mut Vec<u32>) {
+        let n = piece.len();
+        if !(2..=SHORT_PIECE).contains(&n) {
+            out.extend(piece.iter().map(|&b| self.byte_ranks[usize::from(b)]));
+            return;
+        }
+        let mut storage = [(0usize, u32::MAX); SHORT_PIECE + 1];
+        for (i, part) in storage[..n - 1].iter_mut().enumerate() {
+            *part = (i, self.rank(&piece[i..i + 2]));
+        }
+        storage[n - 1] = (n - 1, u32::MAX);
+        storage[n] = (n, u32::MAX);
+        let mut len = n + 1;
+        // The rank of parts i and i + 1 joined, given the part boundaries.
+        let joined = |parts: &[(usize, u32)], i: usize| -> u32 {
+            if i + 3 < parts.len() {
+                self.rank(&piece[parts[i].0..parts[i + 3].0])
+            } else {
+                u32::MAX
+            }
+        };
+        loop {
+            let parts = &mut storage[..len];
+            let mut best = (u32::MAX, 0);
+            for (i, &(_, rank)) in parts[..len - 1].iter().enumerate() {
+                if rank < best.0 {
+                    best = (rank, i);
+                }
+            }
+            let (rank, i) = best;
+            if rank == u32::MAX {
+                break;
+            }
+            // Part i absorbs part i + 1: the pairs of i - 1 and i change.
+            if i > 0 {
+                parts[i - 1].1 = joined(parts, i - 1);
+            }
+            parts[i].1 = joined(parts, i);
+            parts.copy_within(i + 2.., i + 1);
+            len -= 1;
+        }
+        for pair in storage[..len].windows(2) {
+            self.push_part(&piece[pair[0].0..pair[1].0], out);
+        }
+    }
+
+    /// The same merges with a heap of candidate pairs, for long pieces.
+    /// A part is named by its first byte; `end[i]` is where part `i` ends
+    /// (the next part's start) and `prev[i]` the previous part's start.
+    fn merge_long(&self, piece: &[u8], out: &mut Vec<u32>) {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        let n = piece.len();
+        let mut end: Vec<usize> = (1..=n).collect();
+        let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
+        let mut alive = vec![true; n];
+        // (rank of the pair, left part's start, right part's end): the
+        // heap's order is tiktoken's (lowest rank, then leftmost).
+        let mut heap: BinaryHeap<Reverse<(u32, usize, usize)>> = BinaryHeap::with_capacity(n);
+        for i in 0..n - 1 {
+            let rank = self.rank(&piece[i..i + 2]);
+            if rank != u32::MAX {
+                heap.push(Reverse((rank, i, i + 2)));
+            }
+        }
+        while let Some(Reverse((_, left, right_end))) = heap.pop() {
+            // Stale unless both parts are as they were when it was pushed.
+            let right = end[left];
+            if !alive[left] || right >= n || end[right] != right_end {
+                continue;
+            }
+            alive[right] = false;
+            end[left] = right_end;
+            if right_end < n {
+                prev[right_end] = left;
+                let rank = self.rank(&piece[left..end[right_end]]);
+                if rank != u32::MAX {
+                    heap.push(Reverse((rank, left, end[right_end])));
+                }
+            }
+            if left > 0 {
+                let before = prev[left];
+                let rank = self.rank(&piece[before..right_end]);
+                if rank != u32::MAX {
+                    heap.push(Reverse((rank, before, right_end)));
+                }
+            }
+        }
+        let mut i = 0;
+        while i < n {
+            self.push_part(&piece[i..end[i]], out);
+            i = end[i];
+        }
+    }
 }
 
 /// The id the loaded tokenizer gives the harmony special token whose

@@ -96,6 +96,23 @@ impl PromptTokenizer {
         Self::assemble(tokenizer, config, None, options)
     }
 
+    /// Builds a model from the text of a tiktoken vocabulary (the content
+    /// of an `o200k_base.tiktoken` file, see [`tiktoken`](crate::tiktoken))
+    /// and a `tokenizer_config.json`'s settings — typically
+    /// `chat_template` set to [`templates::HARMONY`](crate::templates::HARMONY)
+    /// or the model's own. For vocabularies that are embedded or built in
+    /// memory rather than read from a file.
+    pub fn from_tiktoken(
+        tiktoken_text: &str,
+        config: TokenizerConfig,
+        options: TokenizerOptions,
+    ) -> Result<Self> {
+        let cache = SegmentCache::new(options.cache_bytes, options.cache_shards);
+        let tokenizer =
+            HfTokenizer::from_tiktoken(tiktoken_text, Path::new("<memory>.tiktoken"), cache)?;
+        Self::assemble(tokenizer, config, None, options)
+    }
+
     fn assemble(
         tokenizer: HfTokenizer,
         config: TokenizerConfig,
