@@ -1,7 +1,11 @@
 //! Router overhead: the same closed-loop load sent directly to a minimal
 //! upstream and through the router, with round_robin, cache_aware, and
-//! cache_aware on token ids (`tokenized`: the Llama 3 chat template and a
-//! BPE tokenizer.json, the path `--tokenizer-path` takes).
+//! both on token ids (`tokenized`: gpt-oss's harmony chat template and the
+//! real `o200k_base` vocabulary, as `--tokenizer-path o200k_base.tiktoken`
+//! loads it; `--vocab o200k-tokenizers`: the same vocabulary as a
+//! `tokenizer.json` through the `tokenizers` crate's pipeline; `--vocab
+//! trained`: a small BPE tokenizer.json trained at startup and the Llama 3
+//! template).
 //!
 //! ```sh
 //! cargo run --release -p router-http --example overhead -- --json
@@ -9,6 +13,7 @@
 //! cargo run --release -p router-http --example overhead -- --sustain 600
 //! cargo run --release -p router-http --example overhead -- --only 1KB_stream16_32c
 //! cargo run --release -p router-http --example overhead -- --json --upstream engine-sim
+//! cargo run --release -p router-http --example overhead -- --only 1KB_nonstream_1c --vocab trained
 //! ```
 //!
 //! `--sustain SECS` instead runs cache_aware at 32 connections with a unique
@@ -38,7 +43,7 @@ use router_http::{Router, RouterConfig};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -57,11 +62,28 @@ struct Measured {
     p50_ms: f64,
     p99_ms: f64,
     router_cpu_us_per_req: Option<f64>,
+    /// With tokenization on: the segment cache's hits over its lookups
+    /// during the measurement.
+    segment_hit_rate: Option<f64>,
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let json = args.iter().any(|a| a == "--json");
+    let vocab = match args
+        .iter()
+        .position(|a| a == "--vocab")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+    {
+        None | Some("o200k") => Vocab::O200k,
+        Some("o200k-tokenizers") => Vocab::O200kTokenizers,
+        Some("trained") => Vocab::Trained,
+        Some(other) => {
+            eprintln!("--vocab {other}: expected o200k, o200k-tokenizers or trained");
+            std::process::exit(2);
+        }
+    };
     let quick = args.iter().any(|a| a == "--quick");
     let duration = if quick {
         Duration::from_millis(400)
@@ -140,34 +162,54 @@ fn main() {
             continue;
         }
         let direct = measure(case, upstream, None, duration);
+        let chat_direct = measure_with(case, upstream, None, duration, vocab);
         let mut entry = serde_json::Map::new();
         entry.insert("direct_rps".into(), round(direct.rps).into());
         entry.insert("direct_p50_ms".into(), round3(direct.p50_ms).into());
         entry.insert("direct_p99_ms".into(), round3(direct.p99_ms).into());
-        let figures = |routed: Measured| {
-            serde_json::json!({
+        let figures = |routed: Measured, direct: &Measured| {
+            let mut figures = serde_json::json!({
                 "router_rps": round(routed.rps),
                 "p50_ms": round3(routed.p50_ms),
                 "p99_ms": round3(routed.p99_ms),
                 "router_cpu_us_per_req": routed.router_cpu_us_per_req.map(round3),
                 "ratio_to_direct": round3(routed.rps / direct.rps),
-            })
+            });
+            if let Some(rate) = routed.segment_hit_rate {
+                figures["segment_cache_hit_rate"] = round3(rate).into();
+            }
+            figures
         };
         for policy in ["round_robin", "cache_aware"] {
             let routed = measure(case, upstream, Some((policy, Tokens::Off)), duration);
-            entry.insert(policy.into(), figures(routed));
+            entry.insert(policy.into(), figures(routed, &direct));
         }
-        // The same with tokenization on: warm (the segment cache holds the
-        // shared system prompt) for both policies, and cold (no cache: the
-        // whole rendering tokenized on every request) for cache_aware.
+        // The same with tokenization on, on multi-turn chats (see
+        // `make_chat_bodies`: every request ends in a message never seen
+        // before): warm (the segment cache holds the earlier messages) for
+        // both policies, and cold (no cache: the whole rendering tokenized
+        // on every request) for cache_aware; `*_text` route these bodies on
+        // text, the baseline of what tokenizing adds. `direct_rps` is these
+        // bodies sent straight to the upstream.
         let mut tokenized = serde_json::Map::new();
+        tokenized.insert("vocab".into(), vocab.describe().into());
+        let sample = make_chat_bodies(case, 1);
+        let sample: serde_json::Value = serde_json::from_slice(&sample[0]).expect("body");
+        tokenized.insert("body_bytes".into(), sample.to_string().len().into());
+        tokenized.insert(
+            "messages".into(),
+            sample["messages"].as_array().map_or(0, Vec::len).into(),
+        );
+        tokenized.insert("direct_rps".into(), round(chat_direct.rps).into());
         for (key, policy, tokens) in [
+            ("round_robin_text", "round_robin", Tokens::Off),
+            ("cache_aware_text", "cache_aware", Tokens::Off),
             ("round_robin", "round_robin", Tokens::Warm),
             ("cache_aware", "cache_aware", Tokens::Warm),
             ("cache_aware_cold", "cache_aware", Tokens::Cold),
         ] {
-            let routed = measure(case, upstream, Some((policy, tokens)), duration);
-            tokenized.insert(key.into(), figures(routed));
+            let routed = measure_with(case, upstream, Some((policy, tokens)), duration, vocab);
+            tokenized.insert(key.into(), figures(routed, &chat_direct));
         }
         entry.insert(TOKENIZED.into(), serde_json::Value::Object(tokenized));
         if !json {
@@ -230,7 +272,7 @@ fn sustain(upstream: SocketAddr, duration: Duration) {
                 round += 1;
                 let window =
                     Duration::from_secs(30).min(duration.saturating_sub(started.elapsed()));
-                served += run_load(addr, case, bodies, window).await.len();
+                served += run_load(addr, case, bodies, window, false).await.len();
                 println!(
                     "{}",
                     serde_json::json!({
@@ -350,12 +392,15 @@ async fn start_upstream() -> SocketAddr {
 }
 
 /// The `tokenized` group: round_robin and cache_aware with the router
-/// computing each request's token ids, the chat rendered with the Llama 3
-/// template and tokenized with a BPE `tokenizer.json` (trained at startup:
-/// no model download). The bodies share their system prompt, so with the
-/// segment cache this is the warm path (the system prompt's ids cached,
-/// each request's new question tokenized); `cache_aware_cold` has no cache,
-/// so every request tokenizes its whole rendering.
+/// computing each request's token ids. By default the chat is rendered with
+/// gpt-oss's harmony template and tokenized with the real `o200k_base`
+/// vocabulary (the ranks the `tiktoken-rs` crate embeds: no download);
+/// `--vocab trained` uses the Llama 3 template and a BPE `tokenizer.json`
+/// trained at startup. The bodies are multi-turn chats
+/// ([`make_chat_bodies`]) whose last message is new on every request, so
+/// with the segment cache this is the warm path (the earlier messages'
+/// ids cached, the new message tokenized); `cache_aware_cold` has no
+/// cache, so every request tokenizes its whole rendering.
 const TOKENIZED: &str = "tokenized";
 
 /// Whether and how the router tokenizes.
@@ -370,16 +415,46 @@ enum Tokens {
     Cold,
 }
 
-fn tokenizers(tokens: Tokens) -> router_http::tokens::Tokenizers {
+/// The `tokenized` group's vocabulary and chat template.
+#[derive(Clone, Copy, PartialEq)]
+enum Vocab {
+    /// `o200k_base` and the harmony template.
+    O200k,
+    /// The same vocabulary as a `tokenizer.json`, encoded by the
+    /// `tokenizers` crate's pipeline (how prompt-tokens encoded `.tiktoken`
+    /// files before its direct encoder).
+    O200kTokenizers,
+    /// A small BPE trained at startup and the Llama 3 template.
+    Trained,
+}
+
+impl Vocab {
+    fn describe(self) -> &'static str {
+        match self {
+            Vocab::O200k => "o200k_base (tiktoken-rs assets), harmony template",
+            Vocab::O200kTokenizers => {
+                "o200k_base as tokenizer.json (tokenizers pipeline), harmony template"
+            }
+            Vocab::Trained => "trained 600-token byte-level BPE, Llama 3 template",
+        }
+    }
+}
+
+/// `o200k_base` in the tiktoken format, built once from the ranks
+/// `tiktoken-rs` embeds.
+fn o200k_text() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let bpe = tiktoken_rs::o200k_base().expect("tiktoken-rs o200k_base");
+        prompt_tokens::tiktoken::format_ranks(
+            (0..prompt_tokens::tiktoken::O200K_FIRST_SPECIAL_ID)
+                .map(|rank| (bpe.decode_bytes(&[rank]).expect("rank"), rank)),
+        )
+    })
+}
+
+fn tokenizer(tokens: Tokens, vocab: Vocab) -> Arc<prompt_tokens::PromptTokenizer> {
     use prompt_tokens::testing::{TestTokenizerKind, write_model_dir};
-    let dir = std::env::temp_dir().join(format!("overhead-model-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    write_model_dir(
-        &dir,
-        prompt_tokens::TemplateFamily::Llama3,
-        TestTokenizerKind::ByteLevelRegex,
-    )
-    .expect("model dir");
     let options = prompt_tokens::TokenizerOptions {
         cache_bytes: if tokens == Tokens::Cold {
             0
@@ -388,10 +463,117 @@ fn tokenizers(tokens: Tokens) -> router_http::tokens::Tokenizers {
         },
         ..prompt_tokens::TokenizerOptions::default()
     };
-    let tokenizer =
-        prompt_tokens::PromptTokenizer::from_path_with(&dir, None, options).expect("tokenizer");
-    let _ = std::fs::remove_dir_all(&dir);
-    router_http::tokens::Tokenizers::default().with_default(Arc::new(tokenizer))
+    let tokenizer = match vocab {
+        Vocab::O200k => {
+            let config = prompt_tokens::TokenizerConfig {
+                chat_template: Some(prompt_tokens::templates::HARMONY.to_owned()),
+                ..prompt_tokens::TokenizerConfig::default()
+            };
+            prompt_tokens::PromptTokenizer::from_tiktoken(o200k_text(), config, options)
+                .expect("o200k tokenizer")
+        }
+        Vocab::O200kTokenizers => {
+            static JSON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+            let json = JSON.get_or_init(|| {
+                prompt_tokens::tiktoken::tokenizer_json(o200k_text()).expect("tokenizer.json")
+            });
+            let config = prompt_tokens::TokenizerConfig {
+                chat_template: Some(prompt_tokens::templates::HARMONY.to_owned()),
+                ..prompt_tokens::TokenizerConfig::default()
+            };
+            prompt_tokens::PromptTokenizer::from_parts(json.as_bytes(), config, options)
+                .expect("o200k tokenizer.json")
+        }
+        Vocab::Trained => {
+            let dir = std::env::temp_dir().join(format!("overhead-model-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            write_model_dir(
+                &dir,
+                prompt_tokens::TemplateFamily::Llama3,
+                TestTokenizerKind::ByteLevelRegex,
+            )
+            .expect("model dir");
+            let tokenizer = prompt_tokens::PromptTokenizer::from_path_with(&dir, None, options)
+                .expect("tokenizer");
+            let _ = std::fs::remove_dir_all(&dir);
+            tokenizer
+        }
+    };
+    Arc::new(tokenizer)
+}
+
+/// Where the request number goes in a [`make_chat_bodies`] body: the load
+/// generator writes each request's own number over it, so that the last
+/// message is new every time.
+const SERIAL: &[u8] = b"#000000000";
+
+/// Multi-turn chats of `case.body_bytes` bytes: a system prompt, earlier
+/// turns (the same in every body, as a conversation's history is from one
+/// request to the next), and a new user message of about 200 bytes whose
+/// [`SERIAL`] the load generator replaces with the request's number.
+fn make_chat_bodies(case: Case, count: usize) -> Vec<Bytes> {
+    let body_of = |system: &str, history: &[serde_json::Value], question: &str| {
+        let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+        messages.extend(history.iter().cloned());
+        messages.push(serde_json::json!({"role": "user", "content": question}));
+        serde_json::json!({
+            "model": "m",
+            "messages": messages,
+            "max_tokens": 16,
+            "stream": case.stream,
+        })
+        .to_string()
+    };
+    let question = |i: usize| {
+        format!(
+            "Question {} from pool {}: which engine served the request with the longest \
+             shared prefix, how many tokens matched, and would the answer change under \
+             twice the load?",
+            String::from_utf8_lossy(SERIAL),
+            i % 10
+        )
+    };
+    // Earlier turns while a whole one (about 250 bytes) still fits, then
+    // the system prompt padded to the exact size.
+    let mut system = "You are a helpful assistant for an operations team. You answer \
+                      questions about request routing, caches and engines."
+        .to_owned();
+    let mut history = Vec::new();
+    let mut turn = 0;
+    while body_of(&system, &history, &question(0)).len() + 300 < case.body_bytes {
+        history.push(serde_json::json!({"role": "user", "content": format!(
+            "Turn {turn}: the p99 latency of engine {} rose to {} ms after the deploy; \
+             is its cache cold?", turn % 4, 180 + turn * 7)}));
+        history.push(serde_json::json!({"role": "assistant", "content": format!(
+            "Probably: engine {} restarted at 10:{:02} and has served few repeated \
+             prefixes since.", turn % 4, turn % 60)}));
+        turn += 1;
+    }
+    let pad = " Be terse and precise.";
+    loop {
+        let len = body_of(&system, &history, &question(0)).len();
+        let Some(need) = case.body_bytes.checked_sub(len).filter(|n| *n > 0) else {
+            break;
+        };
+        system.push_str(&pad[..need.min(pad.len())]);
+    }
+    (0..count)
+        .map(|i| Bytes::from(body_of(&system, &history, &question(i))))
+        .collect()
+}
+
+/// Request numbers for [`SERIAL`], unique in the whole run.
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(0);
+
+/// `body` with its [`SERIAL`] (at `at`) replaced by the next request number.
+fn with_serial(body: &Bytes, at: usize) -> Bytes {
+    let serial = format!(
+        "#{:09}",
+        NEXT_SERIAL.fetch_add(1, Ordering::Relaxed) % 1_000_000_000
+    );
+    let mut bytes = body.to_vec();
+    bytes[at..at + SERIAL.len()].copy_from_slice(serial.as_bytes());
+    Bytes::from(bytes)
 }
 
 /// Whether a request body asks for a stream (a cheap scan, no JSON parse:
@@ -406,8 +588,48 @@ fn measure(
     policy: Option<(&'static str, Tokens)>,
     duration: Duration,
 ) -> Measured {
+    measure_bodies(case, upstream, policy, duration, None)
+}
+
+/// [`measure`] with the `tokenized` group's multi-turn bodies, and its
+/// tokenizer when `policy` turns tokens on.
+fn measure_with(
+    case: Case,
+    upstream: SocketAddr,
+    policy: Option<(&'static str, Tokens)>,
+    duration: Duration,
+    vocab: Vocab,
+) -> Measured {
+    measure_bodies(case, upstream, policy, duration, Some(vocab))
+}
+
+fn measure_bodies(
+    case: Case,
+    upstream: SocketAddr,
+    policy: Option<(&'static str, Tokens)>,
+    duration: Duration,
+    chats: Option<Vocab>,
+) -> Measured {
+    let bodies = Arc::new(match chats {
+        Some(_) => make_chat_bodies(case, 512),
+        None => make_bodies(case, 512),
+    });
+    let tokenizer = match (policy, chats) {
+        (Some((_, tokens)), Some(vocab)) if tokens != Tokens::Off => {
+            let tokenizer = tokenizer(tokens, vocab);
+            // A body that failed to tokenize would be routed on text: make
+            // sure this one is not.
+            let request = prompt_tokens::ChatRequest::from_json(&bodies[0]).expect("request");
+            tokenizer
+                .chat_tokens(&request)
+                .expect("the bodies tokenize");
+            Some(tokenizer)
+        }
+        _ => None,
+    };
     // A router of its own per measurement, on its own thread.
-    let router_thread = policy.map(|(policy, tokens)| {
+    let router_tokenizer = tokenizer.clone();
+    let router_thread = policy.map(|(policy, _)| {
         let name = format!("router-{policy}");
         spawn_runtime(&name, move |rt| {
             rt.block_on(async move {
@@ -415,8 +637,9 @@ fn measure(
                     policy: lb_policies::PolicyConfig::named(policy),
                     ..RouterConfig::default()
                 };
-                if tokens != Tokens::Off {
-                    config.tokenizers = tokenizers(tokens);
+                if let Some(tokenizer) = router_tokenizer {
+                    config.tokenizers =
+                        router_http::tokens::Tokenizers::default().with_default(tokenizer);
                 }
                 config.client.pool_max_idle_per_host = 1024;
                 let router = Router::new(config).expect("config");
@@ -435,21 +658,35 @@ fn measure(
     let target = router_thread.map_or(upstream, |(addr, _)| addr);
     let router_tid = router_thread.map(|(_, tid)| tid);
 
-    let bodies = Arc::new(make_bodies(case, 512));
-    let (latencies, requests, elapsed, cpu_ns) = spawn_runtime("loadgen", move |rt| {
+    let unique = chats.is_some();
+    let stats_tokenizer = tokenizer.clone();
+    let (latencies, requests, elapsed, cpu_ns, lookups) = spawn_runtime("loadgen", move |rt| {
         rt.block_on(async move {
-            // Warm-up: connections open, pools filled.
-            run_load(target, case, bodies.clone(), Duration::from_millis(200)).await;
+            // Warm-up: connections open, pools filled, the segment cache
+            // holding the bodies' shared messages.
+            run_load(
+                target,
+                case,
+                bodies.clone(),
+                Duration::from_millis(200),
+                unique,
+            )
+            .await;
+            let stats = || stats_tokenizer.as_ref().map(|t| t.cache_stats());
+            let stats_before = stats();
             let cpu_before = router_tid.map(thread_cpu_ns);
             let started = Instant::now();
-            let latencies = run_load(target, case, bodies, duration).await;
+            let latencies = run_load(target, case, bodies, duration, unique).await;
             let elapsed = started.elapsed();
             let cpu = router_tid
                 .map(thread_cpu_ns)
                 .zip(cpu_before)
                 .map(|(a, b)| a - b);
+            let lookups = stats()
+                .zip(stats_before)
+                .map(|(after, before)| (after.hits - before.hits, after.misses - before.misses));
             let requests = latencies.len();
-            (latencies, requests, elapsed, cpu)
+            (latencies, requests, elapsed, cpu, lookups)
         })
     });
     let mut sorted = latencies;
@@ -464,6 +701,9 @@ fn measure(
         p50_ms: pick(0.50),
         p99_ms: pick(0.99),
         router_cpu_us_per_req: cpu_ns.map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),
+        segment_hit_rate: lookups
+            .filter(|(hits, misses)| hits + misses > 0)
+            .map(|(hits, misses)| hits as f64 / (hits + misses) as f64),
     }
 }
 
@@ -506,16 +746,28 @@ fn make_bodies(case: Case, count: usize) -> Vec<Bytes> {
         .collect()
 }
 
+/// `unique`: each request's body gets its own number over its [`SERIAL`].
 async fn run_load(
     target: SocketAddr,
     case: Case,
     bodies: Arc<Vec<Bytes>>,
     duration: Duration,
+    unique: bool,
 ) -> Vec<Duration> {
+    let serial_at: Arc<Vec<Option<usize>>> = Arc::new(
+        bodies
+            .iter()
+            .map(|body| {
+                body.windows(SERIAL.len())
+                    .position(|w| w == SERIAL)
+                    .filter(|_| unique)
+            })
+            .collect(),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::with_capacity(case.connections);
     for connection in 0..case.connections {
-        let (stop, bodies) = (stop.clone(), bodies.clone());
+        let (stop, bodies, serial_at) = (stop.clone(), bodies.clone(), serial_at.clone());
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let Ok(stream) = TcpStream::connect(target).await else {
@@ -530,7 +782,10 @@ async fn run_load(
             tokio::spawn(conn);
             let mut i = connection;
             while !stop.load(Ordering::Relaxed) {
-                let body = bodies[i % bodies.len()].clone();
+                let body = match serial_at[i % bodies.len()] {
+                    Some(at) => with_serial(&bodies[i % bodies.len()], at),
+                    None => bodies[i % bodies.len()].clone(),
+                };
                 i += case.connections;
                 let request = Request::post("/v1/chat/completions")
                     .header("host", "bench")

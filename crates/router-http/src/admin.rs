@@ -69,6 +69,11 @@ where
                 pd.prefill().pool().refresh()?;
                 pd.decode().pool().refresh()?;
             }
+            #[cfg(feature = "kv-events")]
+            let mut kv = router
+                .kv_events()
+                .map(|hub| hub.statuses())
+                .unwrap_or_default();
             let workers: Vec<_> = router
                 .all_workers()
                 .iter()
@@ -77,6 +82,12 @@ where
                     // What cache-aware matches for the worker's model:
                     // the engine's token ids, or the messages' text.
                     json["routing"] = routing_mode(router, w.model_id().unwrap_or("")).into();
+                    // Where kv_aware's view of the worker's cache comes
+                    // from: its event streams, live or cold.
+                    #[cfg(feature = "kv-events")]
+                    if let Some(status) = kv.remove(w.key()) {
+                        json["kv_events"] = serde_json::to_value(status).unwrap_or_default();
+                    }
                     json
                 })
                 .collect();
@@ -412,6 +423,10 @@ fn metrics(router: &Router) -> Response<BoxBody> {
     render_fleet_guard(router, &mut exposition);
     #[cfg(feature = "tokens")]
     router.config().tokenizers.render(&mut exposition);
+    #[cfg(feature = "kv-events")]
+    if let Some(hub) = router.kv_events() {
+        hub.render(&mut exposition);
+    }
     for source in &router.config().metrics_sources {
         source.render(&mut exposition);
     }

@@ -109,6 +109,11 @@ pub struct RouterConfig {
     /// none: every model routes on text). See [`crate::tokens`].
     #[cfg(feature = "tokens")]
     pub tokenizers: crate::tokens::Tokenizers,
+    /// Where the engines publish their KV-cache events, followed when a
+    /// pool's policy is `kv_aware` (default: vLLM's example ports on each
+    /// worker's host). See [`crate::kv_events`].
+    #[cfg(feature = "kv-events")]
+    pub kv_events: crate::kv_events::KvEventsConfig,
 }
 
 impl Default for RouterConfig {
@@ -145,6 +150,8 @@ impl Default for RouterConfig {
             metrics_sources: Vec::new(),
             #[cfg(feature = "tokens")]
             tokenizers: crate::tokens::Tokenizers::default(),
+            #[cfg(feature = "kv-events")]
+            kv_events: crate::kv_events::KvEventsConfig::default(),
         }
     }
 }

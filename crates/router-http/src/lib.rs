@@ -63,6 +63,8 @@ pub mod extract;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod headers;
+#[cfg(feature = "kv-events")]
+pub mod kv_events;
 pub mod limits;
 pub mod metrics;
 mod payload;

@@ -325,6 +325,15 @@ impl RouterMetrics {
     }
 }
 
+/// One unlabelled counter family per `(name, help, value)`.
+pub(crate) fn render_counters(exposition: &mut Exposition<'_>, series: &[(&str, &str, u64)]) {
+    for &(name, help, value) in series {
+        exposition
+            .family(name, MetricType::Counter, help)
+            .sample(&[], value);
+    }
+}
+
 /// Writes the P/D series: leg outcomes per phase, refusals per role, the
 /// flow's counters and both roles' policy decisions.
 pub(crate) fn render_pd(
@@ -382,11 +391,7 @@ pub(crate) fn render_pd(
             flow.prefill_failures_during_decode,
         ),
     ];
-    for (name, help, value) in flow_series {
-        exposition
-            .family(name, MetricType::Counter, help)
-            .sample(&[], value);
-    }
+    render_counters(exposition, &flow_series);
     let mut family = exposition.family(
         "router_pd_policy_decisions_total",
         MetricType::Counter,

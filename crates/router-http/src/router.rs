@@ -82,20 +82,49 @@ struct Shared {
     startup: crate::startup::StartupGate,
     /// Prefill/decode pools and flow, in P/D mode.
     pd: Option<crate::pd::PdState>,
+    /// KV event subscriptions, when a pool's policy is `kv_aware`.
+    #[cfg(feature = "kv-events")]
+    kv: Option<Arc<crate::kv_events::KvEvents>>,
 }
 
 impl Router {
     /// Builds a router from `config`, with no workers yet.
+    ///
+    /// When a pool's policy is `kv_aware` (feature `kv-events`), the router
+    /// also builds the KV event subscriptions that feed it
+    /// ([`Router::kv_events`]); [`Router::spawn_background`] starts them.
     pub fn new(config: RouterConfig) -> Result<Self, ConfigError> {
+        #[cfg(feature = "kv-events")]
+        let (config, kv) = {
+            let mut config = config;
+            let kv = attach_kv_events(&mut config);
+            (config, kv)
+        };
         let policies = PolicyRegistry::new(config.policy.clone())?;
-        Self::with_policies(config, policies)
+        #[cfg(feature = "kv-events")]
+        return Self::build(config, policies, kv);
+        #[cfg(not(feature = "kv-events"))]
+        Self::build(config, policies)
     }
 
     /// Builds a router that selects with `policies` (for instance a registry
-    /// with custom policy factories registered); `config.policy` is ignored.
+    /// with custom policy factories registered); `config.policy` is ignored,
+    /// and no KV event subscriptions are made (a host that builds its own
+    /// `kv_aware` policy feeds its index itself).
     pub fn with_policies(
         config: RouterConfig,
         policies: PolicyRegistry<Arc<Worker>>,
+    ) -> Result<Self, ConfigError> {
+        #[cfg(feature = "kv-events")]
+        return Self::build(config, policies, None);
+        #[cfg(not(feature = "kv-events"))]
+        Self::build(config, policies)
+    }
+
+    fn build(
+        config: RouterConfig,
+        policies: PolicyRegistry<Arc<Worker>>,
+        #[cfg(feature = "kv-events")] kv: Option<Arc<crate::kv_events::KvEvents>>,
     ) -> Result<Self, ConfigError> {
         let ids = RequestIds::new(&config.request_id_headers)
             .map_err(|err| ConfigError::RequestIdHeader(err.to_string()))?;
@@ -149,6 +178,8 @@ impl Router {
             metrics: RouterMetrics::default(),
             accepting: AtomicBool::new(true),
             startup: crate::startup::StartupGate::new(),
+            #[cfg(feature = "kv-events")]
+            kv,
             config,
         };
         Ok(Self {
@@ -294,6 +325,13 @@ impl Router {
     /// The regular workers' policies, one per model.
     pub fn policies(&self) -> &PolicyRegistry<Arc<Worker>> {
         self.shared.pool.policies()
+    }
+
+    /// The KV event subscriptions and block index, when a pool's policy is
+    /// `kv_aware`.
+    #[cfg(feature = "kv-events")]
+    pub fn kv_events(&self) -> Option<&Arc<crate::kv_events::KvEvents>> {
+        self.shared.kv.as_ref()
     }
 
     /// The router's own counters.
@@ -833,9 +871,41 @@ impl Router {
                 }
             }
         });
-        BackgroundTasks {
-            tasks: vec![health, eviction],
+        #[allow(unused_mut)]
+        let mut tasks = vec![health, eviction];
+        #[cfg(feature = "kv-events")]
+        if let Some(hub) = shared.kv.clone() {
+            let router = self.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut ticker = tokio::time::interval(hub.config().sync_interval);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    ticker.tick().await;
+                    router.sync_kv_events(&hub);
+                }
+            }));
         }
+        BackgroundTasks { tasks }
+    }
+
+    /// One membership pass of the KV event hub over the followed roles,
+    /// reconciled first so discovered workers are current.
+    #[cfg(feature = "kv-events")]
+    fn sync_kv_events(&self, hub: &crate::kv_events::KvEvents) {
+        let mut workers: Vec<Arc<Worker>> = Vec::new();
+        for &role in hub.roles() {
+            let pool = match (role, self.pd()) {
+                (RoleKind::Regular, _) => self.pool(),
+                (_, Some(pd)) => pd.role(role).pool(),
+                (_, None) => continue,
+            };
+            match pool.refresh() {
+                Ok(list) => workers.extend(list.iter().cloned()),
+                // Keep following the last known set rather than drop it.
+                Err(_) => return,
+            }
+        }
+        hub.sync(&workers);
     }
 
     /// Status of the whole fleet for readiness: whether the startup gate is
@@ -865,6 +935,69 @@ impl Router {
             pd.render(exposition);
         }
     }
+}
+
+#[cfg(feature = "kv-events")]
+/// Builds the hub when a pool's policy is `kv_aware`: every `kv_aware`
+/// policy configuration of `config` gets the same [`KvSources`] (the
+/// host's, if one already carries them; else a new index with the
+/// policy's block size).
+fn attach_kv_events(config: &mut RouterConfig) -> Option<Arc<crate::kv_events::KvEvents>> {
+    use crate::kv_events::KvEvents;
+    use kv_index::KvIndex;
+    use lb_policies::{KvSources, KvStreams, PolicyConfig};
+    const NAME: &str = "kv_aware";
+    let mut roles = Vec::new();
+    let mut found: Option<(Option<KvSources>, usize)> = None;
+    let mut note = |policy: &PolicyConfig| {
+        if found.is_none() {
+            found = Some((policy.kv.clone(), policy.cache_aware.block_size));
+        }
+    };
+    match &config.pd {
+        Some(pd) => {
+            let prefill = pd.prefill_policy.as_ref().unwrap_or(&config.policy);
+            let decode = pd.decode_policy.as_ref().unwrap_or(&config.policy);
+            for (role, policy) in [(RoleKind::Prefill, prefill), (RoleKind::Decode, decode)] {
+                if policy.name == NAME {
+                    roles.push(role);
+                    note(policy);
+                }
+            }
+        }
+        None if config.policy.name == NAME => {
+            roles.push(RoleKind::Regular);
+            note(&config.policy);
+        }
+        None => {}
+    }
+    let (sources, block_size) = found?;
+    let sources = sources.unwrap_or_else(|| {
+        let index = KvIndex::new(kv_index::IndexConfig {
+            block_size: block_size.max(1),
+            ..kv_index::IndexConfig::default()
+        });
+        KvSources::new(Arc::new(index), Arc::new(KvStreams::new()))
+    });
+    let give = |policy: &mut PolicyConfig| {
+        if policy.name == NAME && policy.kv.is_none() {
+            policy.kv = Some(sources.clone());
+        }
+    };
+    give(&mut config.policy);
+    if let Some(pd) = &mut config.pd {
+        for policy in [&mut pd.prefill_policy, &mut pd.decode_policy]
+            .into_iter()
+            .flatten()
+        {
+            give(policy);
+        }
+    }
+    Some(Arc::new(KvEvents::new(
+        config.kv_events.clone(),
+        sources,
+        roles,
+    )))
 }
 
 #[cfg(test)]

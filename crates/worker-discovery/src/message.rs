@@ -55,6 +55,12 @@ pub struct EngineRegistration {
     pub transfer_mode: Option<String>,
     /// MoRI-IO side-channel facts, from the MoRI-IO registration form.
     pub moriio: Option<MoriIoPorts>,
+    /// Where it publishes its KV-cache events (`tcp://host:port`), when it
+    /// sent `kv_events_endpoint` (an addition of ours to vLLM's form).
+    pub kv_events_endpoint: Option<String>,
+    /// Its KV event replay socket, when it sent
+    /// `kv_events_replay_endpoint`.
+    pub kv_events_replay_endpoint: Option<String>,
 }
 
 impl EngineRegistration {
@@ -78,6 +84,14 @@ pub enum MessageError {
     /// `http://host:port/...` URL.
     #[error("invalid http_address {0:?} (expected host:port)")]
     HttpAddress(String),
+    /// A KV events address is not `tcp://HOST:PORT`.
+    #[error("{field} {value:?} is not a tcp://HOST:PORT address")]
+    KvEventsEndpoint {
+        /// The field.
+        field: &'static str,
+        /// What was sent.
+        value: String,
+    },
     /// `transfer_mode` is neither `READ` nor `WRITE`.
     #[error("unknown transfer_mode {0:?} (expected \"READ\" or \"WRITE\")")]
     TransferMode(String),
@@ -110,6 +124,10 @@ struct Wire {
     dp_size: Option<u32>,
     #[serde(default)]
     tp_size: Option<u32>,
+    #[serde(default)]
+    kv_events_endpoint: Option<String>,
+    #[serde(default)]
+    kv_events_replay_endpoint: Option<String>,
 }
 
 /// Decodes one registration payload (a MessagePack map). Never panics.
@@ -188,6 +206,12 @@ fn validate(wire: Wire) -> Result<EngineRegistration, MessageError> {
         }),
         _ => None,
     };
+    let kv_events = |field: &'static str, value: Option<String>| match value {
+        Some(text) if !is_tcp_endpoint(&text) => {
+            Err(MessageError::KvEventsEndpoint { field, value: text })
+        }
+        other => Ok(other),
+    };
     Ok(EngineRegistration {
         role,
         http_address: address,
@@ -195,7 +219,19 @@ fn validate(wire: Wire) -> Result<EngineRegistration, MessageError> {
         zmq_address: wire.zmq_address,
         transfer_mode,
         moriio,
+        kv_events_endpoint: kv_events("kv_events_endpoint", wire.kv_events_endpoint)?,
+        kv_events_replay_endpoint: kv_events(
+            "kv_events_replay_endpoint",
+            wire.kv_events_replay_endpoint,
+        )?,
     })
+}
+
+/// `tcp://HOST:PORT` with a non-empty host and a numeric port.
+fn is_tcp_endpoint(text: &str) -> bool {
+    text.strip_prefix("tcp://")
+        .and_then(|rest| rest.rsplit_once(':'))
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
 /// The plain-HTTP URL of a `host:port` address: a host, an explicit port,
@@ -239,6 +275,37 @@ mod tests {
         assert_eq!(registration.url(), "http://10.0.0.1:8100");
         assert_eq!(registration.zmq_address.as_deref(), Some("10.0.0.1:21001"));
         assert_eq!(registration.transfer_mode.as_deref(), Some("WRITE"));
+    }
+
+    #[test]
+    fn kv_event_addresses_are_read_and_checked() {
+        let payload = pack(&serde_json::json!({
+            "type": "P", "http_address": "10.0.0.1:8100",
+            "kv_events_endpoint": "tcp://10.0.0.1:5557",
+            "kv_events_replay_endpoint": "tcp://10.0.0.1:5558"
+        }));
+        let registration = decode_registration(&payload).unwrap();
+        assert_eq!(
+            registration.kv_events_endpoint.as_deref(),
+            Some("tcp://10.0.0.1:5557")
+        );
+        assert_eq!(
+            registration.kv_events_replay_endpoint.as_deref(),
+            Some("tcp://10.0.0.1:5558")
+        );
+        for (field, value) in [
+            ("kv_events_endpoint", "10.0.0.1:5557"),
+            ("kv_events_replay_endpoint", "tcp://10.0.0.1:port"),
+        ] {
+            let mut body = serde_json::json!({"type": "D", "http_address": "h:1"});
+            body[field] = value.into();
+            let err = decode_json_registration(body.to_string().as_bytes()).unwrap_err();
+            assert!(
+                matches!(&err, MessageError::KvEventsEndpoint { field: f, .. } if *f == field),
+                "{err}"
+            );
+            assert!(err.to_string().contains(value), "{err}");
+        }
     }
 
     #[test]

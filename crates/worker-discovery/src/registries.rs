@@ -101,6 +101,17 @@ impl Registries {
         if let Some(zmq) = &registration.zmq_address {
             entries.insert(labels::KV_ADDR.to_owned(), zmq.clone());
         }
+        for (label, value) in [
+            (labels::KV_EVENTS_ENDPOINT, &registration.kv_events_endpoint),
+            (
+                labels::KV_EVENTS_REPLAY_ENDPOINT,
+                &registration.kv_events_replay_endpoint,
+            ),
+        ] {
+            if let Some(value) = value {
+                entries.insert(label.to_owned(), value.clone());
+            }
+        }
         if let Some(mode) = &registration.transfer_mode {
             entries.insert(labels::MORIIO_MODE.to_owned(), mode.to_ascii_lowercase());
         }
@@ -189,7 +200,7 @@ mod tests {
             "type": "register", "role": "P",
             "request_address": "http://10.0.0.3:8100/v1/completions",
             "handshake_port": 7001, "notify_port": 7002, "dp_size": 2,
-            "transfer_mode": "WRITE"
+            "transfer_mode": "WRITE", "kv_events_endpoint": "tcp://10.0.0.3:5557"
         });
         let (registration, generation) = registries
             .apply_json(body.to_string().as_bytes(), now)
@@ -209,6 +220,7 @@ mod tests {
             got,
             [
                 (labels::DP_SIZE, "2"),
+                (labels::KV_EVENTS_ENDPOINT, "tcp://10.0.0.3:5557"),
                 (labels::MORIIO_HANDSHAKE_PORT, "7001"),
                 (labels::MORIIO_MODE, "write"),
                 (labels::MORIIO_NOTIFY_PORT, "7002"),

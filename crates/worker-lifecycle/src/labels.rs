@@ -20,3 +20,9 @@ pub const TP_SIZE: &str = "tp_size";
 /// Mooncake engine id of DP rank 0 (`mooncake_engine_id`) or of rank N
 /// (`mooncake_engine_id.N`), when the listener already knows them.
 pub const MOONCAKE_ENGINE_ID: &str = "mooncake_engine_id";
+/// Where the engine publishes its KV-cache events (`tcp://host:port`, rank
+/// 0's socket with data parallelism), when it announced it.
+pub const KV_EVENTS_ENDPOINT: &str = "kv_events_endpoint";
+/// The engine's KV event replay socket (`tcp://host:port`), when it
+/// announced it.
+pub const KV_EVENTS_REPLAY_ENDPOINT: &str = "kv_events_replay_endpoint";

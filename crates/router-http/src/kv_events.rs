@@ -1,0 +1,772 @@
+//! Exact cache state from the engines (feature `kv-events`, on by
+//! default): one KV event subscription per worker and data-parallel rank,
+//! feeding the block index that the `kv_aware` policy scores on.
+//!
+//! A router's radix tree records where it *sent* prompts; vLLM publishes
+//! what each engine *holds* (`--kv-events-config` with the zmq publisher).
+//! When a pool's policy is `kv_aware`, [`Router`](crate::Router) builds a
+//! [`KvEvents`] hub: its background task follows the pools' membership and
+//! keeps one [`kv_events::Subscriber`] per (worker, rank), whose batches
+//! are applied to a shared [`KvIndex`]. Several router replicas subscribed
+//! to the same engines hold the same view without sharing anything.
+//!
+//! # Endpoints
+//!
+//! A worker's publisher is at `tcp://{worker host}:{port}` with the replay
+//! socket at `{replay_port}` (vLLM's example ports 5557 and 5558), unless
+//! [`KvEventsConfig::endpoints`] names the worker's URL. Data-parallel
+//! ranks publish at `port + rank` (vLLM's `offset_endpoint_port`): a worker
+//! registered with a rank follows that rank's socket; a worker without one
+//! follows [`KvEventsConfig::data_parallel_size`] sockets, one per rank.
+//!
+//! # When a worker is scored exactly
+//!
+//! A worker is *live* (its exact cached blocks count, see
+//! `lb_policies::KvStreams`) when every one of its streams is connected and
+//! has delivered a batch since its last reset. A stream that loses its
+//! connection makes the worker cold until events flow again; a reset (the
+//! engine restarted: sequence numbers went back; a gap no replay could
+//! fill) clears the stream's blocks first. A worker that leaves, or is
+//! replaced by a new registration generation (a new key), is unregistered:
+//! its blocks go with it and the new lifetime starts cold. Cold workers are
+//! scored from the policy's approximate tree.
+//!
+//! # What is applied
+//!
+//! Events for the GPU cache (medium `"GPU"` or none) of KV-cache group 0
+//! (or none): an offloading connector's events for another medium, or a
+//! hybrid model's other groups, describe other caches and are skipped and
+//! counted. Engine block hashes are opaque: the index re-hashes each
+//! block's token ids with its own chained hash.
+//!
+//! # Floods and bad input
+//!
+//! Each subscriber applies a batch to the index as it arrives (millions of
+//! blocks per second): a publisher faster than that fills its socket
+//! buffers, ZMQ's PUB socket drops what a slow subscriber cannot take, the
+//! next message shows the gap, and the stream replays or resets. Payloads
+//! are decoded within [`kv_events::DecodeLimits`]; undecodable messages,
+//! unknown event tags, blocks whose size or token count is wrong and
+//! parents the stream never stored are counted and skipped, never applied.
+//!
+//! ```
+//! use router_http::{Router, RouterConfig};
+//! use lb_policies::PolicyConfig;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let config = RouterConfig {
+//!     policy: PolicyConfig::named("kv_aware"),
+//!     ..RouterConfig::default()
+//! };
+//! let router = Router::new(config).unwrap();
+//! let hub = router.kv_events().expect("kv_aware builds the hub");
+//! assert_eq!(hub.config().port, 5557);
+//! // router.spawn_background() starts the subscriptions.
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use kv_events::{
+    BlockHash as WireHash, KvEvent as WireEvent, StreamEvent, StreamState, Subscriber,
+    SubscriberConfig,
+};
+use kv_index::{EngineHash, KvEvent, KvIndex, StreamWriter, WorkerId};
+use lb_policies::{KvSources, KvStreams};
+use parking_lot::Mutex;
+use prom_text::{Exposition, MetricType};
+use worker_lifecycle::{RoleKind, Worker};
+
+/// vLLM's example publisher port.
+pub const DEFAULT_PORT: u16 = 5557;
+/// vLLM's example replay port.
+pub const DEFAULT_REPLAY_PORT: u16 = 5558;
+
+/// Where one worker publishes, when it is not at the default ports of its
+/// host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvEndpoints {
+    /// The PUB socket, e.g. `tcp://10.0.0.5:5557` (rank 0's, with data
+    /// parallelism: rank `r` is at the port plus `r`).
+    pub endpoint: String,
+    /// The replay (ROUTER) socket, or `None` for no replay (gaps then
+    /// reset the stream).
+    pub replay_endpoint: Option<String>,
+}
+
+/// How the router follows the engines' KV events.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct KvEventsConfig {
+    /// The publisher's port on each worker's host. Default 5557.
+    pub port: u16,
+    /// The replay port on each worker's host; `None` turns replay off.
+    /// Default 5558.
+    pub replay_port: Option<u16>,
+    /// The topic prefix to subscribe to (vLLM's `topic`; empty, the
+    /// default, takes every topic).
+    pub topic: String,
+    /// Ranks behind a worker registered without a data-parallel rank:
+    /// ranks `0..n` publish at `port + r`. Default 1.
+    pub data_parallel_size: u16,
+    /// Per worker URL (as the worker was added, e.g.
+    /// `http://10.0.0.5:8000`): its own endpoints, instead of the defaults.
+    pub endpoints: HashMap<String, KvEndpoints>,
+    /// How often membership and stream liveness are re-read. Default
+    /// 200 ms.
+    pub sync_interval: Duration,
+}
+
+impl Default for KvEventsConfig {
+    fn default() -> Self {
+        Self {
+            port: DEFAULT_PORT,
+            replay_port: Some(DEFAULT_REPLAY_PORT),
+            topic: String::new(),
+            data_parallel_size: 1,
+            endpoints: HashMap::new(),
+            sync_interval: Duration::from_millis(200),
+        }
+    }
+}
+
+impl KvEventsConfig {
+    /// Sets one worker's endpoints.
+    #[must_use]
+    pub fn with_endpoints(mut self, worker_url: impl Into<String>, endpoints: KvEndpoints) -> Self {
+        self.endpoints.insert(worker_url.into(), endpoints);
+        self
+    }
+
+    /// The (rank, publisher, replay) sockets to follow for `worker`.
+    /// Empty when an address cannot be formed (a rank whose port would
+    /// overflow).
+    ///
+    /// Where a worker publishes, first found: its URL in
+    /// [`endpoints`](Self::endpoints); the addresses its registration
+    /// announced (worker-lifecycle's `labels::KV_EVENTS_ENDPOINT` and
+    /// `labels::KV_EVENTS_REPLAY_ENDPOINT`); the configured ports on its
+    /// host.
+    pub fn streams_of(&self, worker: &Worker) -> Vec<(u32, String, Option<String>)> {
+        self.streams_with(worker, self.endpoints.get(worker.endpoint().url()))
+    }
+
+    /// The endpoints a worker's registration announced, if any.
+    fn announced(worker: &Worker) -> Option<KvEndpoints> {
+        let labels = worker.labels();
+        Some(KvEndpoints {
+            endpoint: labels
+                .get(worker_lifecycle::labels::KV_EVENTS_ENDPOINT)?
+                .clone(),
+            replay_endpoint: labels
+                .get(worker_lifecycle::labels::KV_EVENTS_REPLAY_ENDPOINT)
+                .cloned(),
+        })
+    }
+
+    /// As [`streams_of`](Self::streams_of), with `own` endpoints instead of
+    /// the configured ones.
+    fn streams_with(
+        &self,
+        worker: &Worker,
+        own: Option<&KvEndpoints>,
+    ) -> Vec<(u32, String, Option<String>)> {
+        let endpoint = worker.endpoint();
+        let announced = Self::announced(worker);
+        let (base, replay) = match own.or(announced.as_ref()) {
+            Some(own) => (own.endpoint.clone(), own.replay_endpoint.clone()),
+            None => {
+                let url = endpoint.worker_url();
+                let at = |port: u16| format!("tcp://{}", url.with_port(port).host_port());
+                (at(self.port), self.replay_port.map(at))
+            }
+        };
+        let ranks: Vec<u32> = match endpoint.dp_rank() {
+            Some(rank) => vec![rank],
+            None => (0..u32::from(self.data_parallel_size.max(1))).collect(),
+        };
+        let mut streams = Vec::with_capacity(ranks.len());
+        for rank in ranks {
+            let Ok(offset) = u16::try_from(rank) else {
+                return Vec::new();
+            };
+            let Some(pub_at) = kv_events::endpoint_for_rank(&base, offset) else {
+                return Vec::new();
+            };
+            let replay_at = match &replay {
+                Some(r) => match kv_events::endpoint_for_rank(r, offset) {
+                    Some(at) => Some(at),
+                    None => return Vec::new(),
+                },
+                None => None,
+            };
+            streams.push((rank, pub_at, replay_at));
+        }
+        streams
+    }
+}
+
+/// Events the hub did not apply to the index.
+#[derive(Debug, Default)]
+struct HubCounters {
+    /// Events for another medium (CPU offload, a connector's store).
+    other_medium: AtomicU64,
+    /// Events of another KV-cache group (hybrid models).
+    other_group: AtomicU64,
+    /// Events that arrived after their worker left the index.
+    late: AtomicU64,
+}
+
+/// One (worker, rank) stream's state shared with its subscriber's sink.
+#[derive(Debug)]
+struct RankStream {
+    rank: u32,
+    endpoint: String,
+    /// A batch was delivered since the last reset.
+    warm: AtomicBool,
+}
+
+/// One tracked worker.
+#[derive(Debug)]
+struct Tracked {
+    worker: Arc<Worker>,
+    id: WorkerId,
+    streams: Vec<(Arc<RankStream>, Subscriber)>,
+    /// Whether the worker is marked live in [`KvStreams`]; changed under
+    /// this lock so the sink and the sync task agree.
+    live: Arc<Mutex<bool>>,
+}
+
+/// The router's KV event subscriptions and the index they feed; see the
+/// [module docs](self).
+#[derive(Debug)]
+pub struct KvEvents {
+    config: KvEventsConfig,
+    sources: KvSources,
+    roles: Vec<RoleKind>,
+    tracked: Mutex<HashMap<Arc<str>, Tracked>>,
+    /// Endpoints set after construction ([`KvEvents::set_endpoints`]),
+    /// before the configuration's own.
+    endpoints: Mutex<HashMap<String, KvEndpoints>>,
+    counters: Arc<HubCounters>,
+    /// Stream counters of workers no longer tracked, so totals only grow.
+    retired: Mutex<kv_events::subscriber::StreamCounters>,
+}
+
+/// One worker's event state, as `/workers` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct WorkerKvStatus {
+    /// `"live"` (scored on exact blocks) or `"cold"` (scored from the
+    /// approximate tree).
+    pub state: &'static str,
+    /// Engine blocks the worker's streams hold in the index.
+    pub blocks: usize,
+    /// Each rank's stream.
+    pub streams: Vec<RankKvStatus>,
+}
+
+/// One rank's stream, as `/workers` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RankKvStatus {
+    /// The data-parallel rank.
+    pub rank: u32,
+    /// The publisher's address.
+    pub endpoint: String,
+    /// `connecting`, `live`, `replaying` or `cold`.
+    pub state: &'static str,
+    /// Why the stream was last reset, while it is cold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reset_reason: Option<String>,
+    /// The last delivered sequence number.
+    pub last_seq: Option<u64>,
+    /// Batches delivered.
+    pub batches: u64,
+    /// Gaps seen.
+    pub gaps: u64,
+    /// Resets (the stream's blocks dropped).
+    pub resets: u64,
+}
+
+fn state_name(state: &StreamState) -> &'static str {
+    match state {
+        StreamState::Connecting => "connecting",
+        StreamState::Live => "live",
+        StreamState::Replaying { .. } => "replaying",
+        StreamState::Cold { .. } => "cold",
+    }
+}
+
+impl KvEvents {
+    /// A hub over `sources` (the index and liveness handle the `kv_aware`
+    /// policies read), following the workers of `roles`.
+    pub fn new(config: KvEventsConfig, sources: KvSources, roles: Vec<RoleKind>) -> Self {
+        Self {
+            config,
+            sources,
+            roles,
+            tracked: Mutex::new(HashMap::new()),
+            endpoints: Mutex::new(HashMap::new()),
+            counters: Arc::default(),
+            retired: Mutex::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &KvEventsConfig {
+        &self.config
+    }
+
+    /// The index and liveness handle.
+    pub fn sources(&self) -> &KvSources {
+        &self.sources
+    }
+
+    /// The index.
+    pub fn index(&self) -> &Arc<KvIndex> {
+        &self.sources.index
+    }
+
+    /// Sets where the worker at `worker_url` publishes, for workers that
+    /// join from now on (a worker already followed keeps its streams until
+    /// it leaves). For hosts that learn endpoints at run time: a
+    /// registration that names them, engines started in-process.
+    pub fn set_endpoints(&self, worker_url: impl Into<String>, endpoints: KvEndpoints) {
+        self.endpoints.lock().insert(worker_url.into(), endpoints);
+    }
+
+    /// The (rank, publisher, replay) sockets the hub follows for `worker`:
+    /// [`KvEvents::set_endpoints`] first, then the configuration's
+    /// ([`KvEventsConfig::streams_of`]).
+    pub fn streams_of(&self, worker: &Worker) -> Vec<(u32, String, Option<String>)> {
+        match self.endpoints.lock().get(worker.endpoint().url()) {
+            Some(own) => self.config.streams_with(worker, Some(own)),
+            None => self.config.streams_of(worker),
+        }
+    }
+
+    /// The roles whose workers are followed.
+    pub fn roles(&self) -> &[RoleKind] {
+        &self.roles
+    }
+
+    /// Follows exactly the workers of `workers` whose role is followed:
+    /// new ones are registered in the index and subscribed, departed ones
+    /// unsubscribed and unregistered; then every worker's liveness is
+    /// re-read from its streams. Needs a tokio runtime (subscribers are
+    /// tasks). The router's background task calls this periodically.
+    pub fn sync(&self, workers: &[Arc<Worker>]) {
+        let wanted: Vec<&Arc<Worker>> = workers
+            .iter()
+            .filter(|w| self.roles.contains(&w.role().kind()))
+            .collect();
+        let wanted_keys: std::collections::HashSet<&str> = wanted.iter().map(|w| w.key()).collect();
+        let mut tracked = self.tracked.lock();
+        let gone: Vec<Arc<str>> = tracked
+            .keys()
+            .filter(|key| !wanted_keys.contains(&***key))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(old) = tracked.remove(&key) {
+                self.retire(old);
+            }
+        }
+        for worker in wanted {
+            if !tracked.contains_key(worker.key()) {
+                let entry = self.follow(worker);
+                tracked.insert(Arc::from(worker.key()), entry);
+            }
+        }
+        for entry in tracked.values() {
+            self.refresh_liveness(entry);
+        }
+    }
+
+    /// Stops every subscription and forgets every worker.
+    pub fn clear(&self) {
+        let drained: Vec<Tracked> = self.tracked.lock().drain().map(|(_, t)| t).collect();
+        for old in drained {
+            self.retire(old);
+        }
+    }
+
+    fn retire(&self, old: Tracked) {
+        {
+            let mut retired = self.retired.lock();
+            for (_, subscriber) in &old.streams {
+                add_counters(&mut retired, &subscriber.status().counters);
+            }
+        }
+        // Dropping the subscribers aborts their tasks.
+        drop(old.streams);
+        self.sources.streams.set_live(old.id, false);
+        self.sources.index.unregister_worker(old.id);
+        tracing::debug!(worker = %old.worker.key(), "KV events: worker no longer followed");
+    }
+
+    fn follow(&self, worker: &Arc<Worker>) -> Tracked {
+        let index = &self.sources.index;
+        let id = index.register_worker(worker.key().to_owned());
+        // A change the kv_aware policies notice: they resolve the new id.
+        self.sources.streams.set_live(id, false);
+        let live = Arc::new(Mutex::new(false));
+        let mut streams = Vec::new();
+        let sockets = self.streams_of(worker);
+        if sockets.is_empty() {
+            tracing::warn!(worker = %worker.key(), "KV events: no event endpoint can be formed; the worker stays cold");
+        }
+        let ranks: Vec<Arc<RankStream>> = sockets
+            .iter()
+            .map(|(rank, endpoint, _)| {
+                Arc::new(RankStream {
+                    rank: *rank,
+                    endpoint: endpoint.clone(),
+                    warm: AtomicBool::new(false),
+                })
+            })
+            .collect();
+        for ((rank, endpoint, replay), state) in sockets.into_iter().zip(&ranks) {
+            let writer = match index.stream(id, rank) {
+                Ok(writer) => writer,
+                Err(err) => {
+                    tracing::warn!(worker = %worker.key(), rank, error = %err, "KV events: no index slot; the worker stays cold");
+                    continue;
+                }
+            };
+            let mut config = SubscriberConfig::new(endpoint).with_topic(self.config.topic.clone());
+            if let Some(replay) = replay {
+                config = config.with_replay(replay);
+            }
+            let sink = Sink {
+                writer,
+                id,
+                rank: Arc::clone(state),
+                all_ranks: ranks.clone(),
+                live: Arc::clone(&live),
+                streams: Arc::clone(&self.sources.streams),
+                counters: Arc::clone(&self.counters),
+            };
+            let subscriber = Subscriber::spawn(config, move |event| sink.on_event(event));
+            streams.push((Arc::clone(state), subscriber));
+        }
+        tracing::debug!(worker = %worker.key(), streams = streams.len(), "KV events: following worker");
+        Tracked {
+            worker: Arc::clone(worker),
+            id,
+            streams,
+            live,
+        }
+    }
+
+    /// Live iff every rank is connected and warm; marks the change.
+    fn refresh_liveness(&self, entry: &Tracked) {
+        // Decided under the lock: a sink's reset in between cannot be
+        // overwritten by a verdict read before it.
+        let mut live = entry.live.lock();
+        let now_live = !entry.streams.is_empty()
+            && entry.streams.iter().all(|(rank, subscriber)| {
+                rank.warm.load(Ordering::Acquire)
+                    && matches!(
+                        subscriber.status().state,
+                        StreamState::Live | StreamState::Replaying { .. }
+                    )
+            });
+        if *live != now_live {
+            *live = now_live;
+            self.sources.streams.set_live(entry.id, now_live);
+        }
+    }
+
+    /// The event state of the worker with policy key `key`, if followed.
+    pub fn worker_status(&self, key: &str) -> Option<WorkerKvStatus> {
+        self.statuses().remove(key)
+    }
+
+    /// The event state of every followed worker, by policy key (one walk
+    /// of the index's statistics for all of them).
+    pub fn statuses(&self) -> HashMap<String, WorkerKvStatus> {
+        let stats = self.sources.index.stats();
+        let mut blocks: HashMap<WorkerId, usize> = HashMap::new();
+        for holder in &stats.holders {
+            *blocks.entry(holder.holder.worker).or_default() += holder.blocks;
+        }
+        self.tracked
+            .lock()
+            .iter()
+            .map(|(key, entry)| {
+                let held = blocks.get(&entry.id).copied().unwrap_or(0);
+                (key.to_string(), Self::status_of(entry, held))
+            })
+            .collect()
+    }
+
+    fn status_of(entry: &Tracked, blocks: usize) -> WorkerKvStatus {
+        let streams = entry
+            .streams
+            .iter()
+            .map(|(rank, subscriber)| {
+                let status = subscriber.status();
+                RankKvStatus {
+                    rank: rank.rank,
+                    endpoint: rank.endpoint.clone(),
+                    state: state_name(&status.state),
+                    reset_reason: match &status.state {
+                        StreamState::Cold { reason } => Some(reason.to_string()),
+                        _ => None,
+                    },
+                    last_seq: status.last_seq,
+                    batches: status.counters.batches,
+                    gaps: status.counters.gaps,
+                    resets: status.counters.resets,
+                }
+            })
+            .collect();
+        WorkerKvStatus {
+            state: if *entry.live.lock() { "live" } else { "cold" },
+            blocks,
+            streams,
+        }
+    }
+
+    /// Writes the `router_kv_*` families.
+    pub fn render(&self, exposition: &mut Exposition<'_>) {
+        let mut totals = *self.retired.lock();
+        let mut by_state: [(&str, u64); 4] = [
+            ("connecting", 0),
+            ("live", 0),
+            ("replaying", 0),
+            ("cold", 0),
+        ];
+        let mut workers = [("live", 0u64), ("cold", 0u64)];
+        {
+            let tracked = self.tracked.lock();
+            for entry in tracked.values() {
+                let live = *entry.live.lock();
+                workers[usize::from(!live)].1 += 1;
+                for (_, subscriber) in &entry.streams {
+                    let status = subscriber.status();
+                    add_counters(&mut totals, &status.counters);
+                    let name = state_name(&status.state);
+                    if let Some(slot) = by_state.iter_mut().find(|(s, _)| *s == name) {
+                        slot.1 += 1;
+                    }
+                }
+            }
+        }
+        let mut family = exposition.family(
+            "router_kv_workers",
+            MetricType::Gauge,
+            "Workers followed through KV events, by whether they are scored on exact blocks (live) or from the approximate tree (cold).",
+        );
+        for (state, n) in workers {
+            family.sample(&[("state", &state)], n);
+        }
+        let mut family = exposition.family(
+            "router_kv_streams",
+            MetricType::Gauge,
+            "KV event streams (one per worker and data-parallel rank), by state.",
+        );
+        for (state, n) in by_state {
+            family.sample(&[("state", &state)], n);
+        }
+        let stream_counters: [(&str, &str, u64); 8] = [
+            (
+                "router_kv_batches_total",
+                "Event batches delivered in order.",
+                totals.batches,
+            ),
+            (
+                "router_kv_events_total",
+                "Events in the delivered batches.",
+                totals.events,
+            ),
+            (
+                "router_kv_unknown_events_total",
+                "Events of an unknown type, skipped.",
+                totals.unknown_events,
+            ),
+            (
+                "router_kv_gaps_total",
+                "Sequence gaps seen in live streams.",
+                totals.gaps,
+            ),
+            (
+                "router_kv_replays_total",
+                "Replays requested from the engines.",
+                totals.replays,
+            ),
+            (
+                "router_kv_resets_total",
+                "Stream resets: the stream's blocks were dropped (engine restart, unrecoverable gap).",
+                totals.resets,
+            ),
+            (
+                "router_kv_decode_errors_total",
+                "Messages that could not be decoded.",
+                totals.decode_errors,
+            ),
+            (
+                "router_kv_disconnects_total",
+                "Connections to publishers lost.",
+                totals.disconnects,
+            ),
+        ];
+        crate::metrics::render_counters(exposition, &stream_counters);
+        let index = self.sources.index.counters();
+        let mut family = exposition.family(
+            "router_kv_skipped_events_total",
+            MetricType::Counter,
+            "Events not applied to the index, by reason.",
+        );
+        let c = &self.counters;
+        family.sample(
+            &[("reason", &"other_medium")],
+            c.other_medium.load(Ordering::Relaxed),
+        );
+        family.sample(
+            &[("reason", &"other_group")],
+            c.other_group.load(Ordering::Relaxed),
+        );
+        family.sample(
+            &[("reason", &"worker_gone")],
+            c.late.load(Ordering::Relaxed),
+        );
+        let mut family = exposition.family(
+            "router_kv_index_blocks_total",
+            MetricType::Counter,
+            "Blocks the index applied, by outcome.",
+        );
+        family.sample(&[("outcome", &"stored")], index.stored_blocks);
+        family.sample(&[("outcome", &"removed")], index.removed_blocks);
+        family.sample(
+            &[("outcome", &"unknown_parent")],
+            index.unknown_parent_blocks,
+        );
+        family.sample(
+            &[("outcome", &"unknown_removed")],
+            index.unknown_removed_blocks,
+        );
+        family.sample(&[("outcome", &"malformed")], index.malformed_blocks);
+        let stats = self.sources.index.stats();
+        exposition
+            .family(
+                "router_kv_index_entries",
+                MetricType::Gauge,
+                "(block, worker rank) pairs the index holds.",
+            )
+            .sample(&[], stats.pairs as u64);
+        exposition
+            .family(
+                "router_kv_index_bytes",
+                MetricType::Gauge,
+                "Bytes of the block index and its per-stream hash maps.",
+            )
+            .sample(&[], stats.total_bytes() as u64);
+    }
+}
+
+fn add_counters(
+    into: &mut kv_events::subscriber::StreamCounters,
+    from: &kv_events::subscriber::StreamCounters,
+) {
+    into.batches += from.batches;
+    into.events += from.events;
+    into.unknown_events += from.unknown_events;
+    into.gaps += from.gaps;
+    into.replays += from.replays;
+    into.resets += from.resets;
+    into.decode_errors += from.decode_errors;
+    into.disconnects += from.disconnects;
+}
+
+/// A subscriber's sink: applies batches to the index in stream order.
+struct Sink {
+    writer: StreamWriter,
+    id: WorkerId,
+    rank: Arc<RankStream>,
+    all_ranks: Vec<Arc<RankStream>>,
+    live: Arc<Mutex<bool>>,
+    streams: Arc<KvStreams>,
+    counters: Arc<HubCounters>,
+}
+
+impl Sink {
+    fn on_event(&self, event: StreamEvent) {
+        match event {
+            StreamEvent::Batch { batch, .. } => {
+                for event in batch.events {
+                    let Some(event) = self.convert(event) else {
+                        continue;
+                    };
+                    if self.writer.apply(&event).is_err() {
+                        // Unregistered while the batch was on its way.
+                        self.counters.late.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                }
+                if !self.rank.warm.swap(true, Ordering::AcqRel) {
+                    self.set_live(
+                        self.all_ranks
+                            .iter()
+                            .all(|r| r.warm.load(Ordering::Acquire)),
+                    );
+                }
+            }
+            StreamEvent::Reset { .. } => {
+                self.rank.warm.store(false, Ordering::Release);
+                self.set_live(false);
+                let _ = self.writer.clear();
+            }
+            _ => {}
+        }
+    }
+
+    fn set_live(&self, now_live: bool) {
+        let mut live = self.live.lock();
+        if *live != now_live {
+            *live = now_live;
+            self.streams.set_live(self.id, now_live);
+        }
+    }
+
+    /// The index's form of a wire event, or `None` (counted) for events
+    /// about another cache.
+    fn convert(&self, event: WireEvent) -> Option<KvEvent> {
+        let (medium, group) = match &event {
+            WireEvent::BlockStored(e) => (e.medium.as_deref(), e.group_idx),
+            WireEvent::BlockRemoved(e) => (e.medium.as_deref(), e.group_idx),
+            WireEvent::AllBlocksCleared => (None, None),
+        };
+        if medium.is_some_and(|m| !m.eq_ignore_ascii_case("GPU")) {
+            self.counters.other_medium.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        if group.is_some_and(|g| g != 0) {
+            self.counters.other_group.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(match event {
+            WireEvent::BlockStored(e) => KvEvent::BlockStored {
+                block_hashes: e.block_hashes.iter().map(engine_hash).collect(),
+                parent_block_hash: e.parent_block_hash.as_ref().map(engine_hash),
+                token_ids: e.token_ids,
+                block_size: e.block_size as usize,
+                lora_id: e.lora_id,
+            },
+            WireEvent::BlockRemoved(e) => KvEvent::BlockRemoved {
+                block_hashes: e.block_hashes.iter().map(engine_hash).collect(),
+            },
+            WireEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
+        })
+    }
+}
+
+fn engine_hash(hash: &WireHash) -> EngineHash {
+    match hash {
+        WireHash::Int(value) => EngineHash::from_int(*value as i64),
+        WireHash::Bytes(bytes) => EngineHash::from_bytes(bytes),
+    }
+}
