@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release --example simulate -- [--workload NAME] [--policies a,b]
 //!     [--workers N] [--pd P:D] [--out DIR] [--json] [--quick] [--seed S] [--rate R]
+//!     [--replicas R] [--kv-blocks N] [--kv-event-delay-ms MS]
 //! ```
 //!
 //! Runs every (workload, policy) pair on the simulator of
@@ -37,9 +38,10 @@ struct Args {
     trace: Option<PathBuf>,
     /// Policies, comma-separated, named as on the router's command line;
     /// `:tokens` routes a cache-aware policy on the engines' token ids
-    /// instead of the request text (`cache_aware:tokens`). Default: the
-    /// seven built-in comparisons; for templated, round_robin, cache_aware
-    /// and cache_aware:tokens.
+    /// instead of the request text (`cache_aware:tokens`). `kv_aware`
+    /// routes on tokens and scores the blocks the engines hold, from their
+    /// KV events. Default: the seven built-in comparisons; for templated,
+    /// round_robin, cache_aware and cache_aware:tokens.
     #[arg(long, value_delimiter = ',')]
     policies: Option<Vec<String>>,
     /// Engines in the regular workloads.
@@ -96,6 +98,20 @@ struct Args {
     /// default: the router's (1.5).
     #[arg(long)]
     balance_rel: Option<f64>,
+    /// Router replicas (regular workloads only): requests are dealt to them
+    /// round robin; each has its own policy state (and, for kv_aware, its
+    /// own block index fed by the same engine events) and knows only its
+    /// own in-flight counts.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// KV-cache blocks (of 16 tokens) per engine, overriding the model's
+    /// 4,096 (and templated's own size): a smaller cache evicts more.
+    #[arg(long)]
+    kv_blocks: Option<usize>,
+    /// kv_aware: milliseconds after the end of the scheduler step that
+    /// changed an engine's cache before the routers see the change.
+    #[arg(long, default_value_t = 5.0)]
+    kv_event_delay_ms: f64,
     /// Simulations run in parallel (each run is single-threaded; results
     /// do not depend on this). Default: available cores.
     #[arg(long)]
@@ -161,13 +177,26 @@ fn run(args: &Args) -> Result<(), String> {
     for policy in policies.iter().chain([&args.decode_policy]) {
         if !lb_policies_known(policy) {
             return Err(format!(
-                "unknown policy {policy:?}; known: {}",
-                affinity_router::policies::BUILTIN_POLICIES.join(", ")
+                "unknown policy {policy:?}; known: {}, {}",
+                affinity_router::policies::BUILTIN_POLICIES.join(", "),
+                affinity_router::policies::INDEX_POLICIES.join(", ")
             ));
         }
     }
     if args.workers == 0 {
         return Err("--workers must be at least 1".to_owned());
+    }
+    if args.replicas == 0 {
+        return Err("--replicas must be at least 1".to_owned());
+    }
+    if args.kv_blocks == Some(0) {
+        return Err("--kv-blocks must be at least 1".to_owned());
+    }
+    if !(args.kv_event_delay_ms.is_finite() && args.kv_event_delay_ms >= 0.0) {
+        return Err(format!(
+            "--kv-event-delay-ms must be a non-negative number, got {}",
+            args.kv_event_delay_ms
+        ));
     }
     if let Some(rate) = args.rate
         && !(rate.is_finite() && rate > 0.0)
@@ -223,8 +252,9 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn lb_policies_known(label: &str) -> bool {
+    use affinity_router::policies::{BUILTIN_POLICIES, INDEX_POLICIES};
     split_policy(label)
-        .is_ok_and(|(name, _)| affinity_router::policies::BUILTIN_POLICIES.contains(&name))
+        .is_ok_and(|(name, _)| BUILTIN_POLICIES.contains(&name) || INDEX_POLICIES.contains(&name))
 }
 
 fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, String> {
@@ -234,8 +264,13 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
         seed: args.seed,
         drained: args.drain,
         late_decode_choice: !args.arrival_decode_choice,
+        replicas: args.replicas,
+        kv_event_delay: std::time::Duration::from_secs_f64(args.kv_event_delay_ms / 1e3),
         ..SimConfig::default()
     };
+    if let Some(blocks) = args.kv_blocks {
+        base.model.num_blocks = blocks;
+    }
     if let Some(abs) = args.balance_abs {
         base.cache_aware.balance_abs_threshold = abs;
     }
@@ -322,7 +357,7 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
                 let generated = workload::templated(&config)
                     .map_err(|e| format!("templated: building the test model: {e}"))?;
                 let mut sim = base.clone();
-                sim.model.num_blocks = workload::TEMPLATED_NUM_BLOCKS;
+                sim.model.num_blocks = args.kv_blocks.unwrap_or(workload::TEMPLATED_NUM_BLOCKS);
                 Scenario {
                     name: name.to_owned(),
                     description: format!(
@@ -391,6 +426,31 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
             scenario.description.push_str(&format!(
                 " {} of the policy's engines drained before the run (members with load 0 that take no request).",
                 args.drain
+            ));
+        }
+    }
+    let kv_aware = args
+        .policies
+        .iter()
+        .flatten()
+        .any(|p| split_policy(p.trim()).is_ok_and(|(name, _)| name == "kv_aware"));
+    for scenario in &mut scenarios {
+        if args.replicas > 1 {
+            scenario.description.push_str(&format!(
+                " Requests dealt round robin to {} router replicas, each with its own policy state and in-flight counts.",
+                args.replicas
+            ));
+        }
+        if let Some(blocks) = args.kv_blocks {
+            scenario.description.push_str(&format!(
+                " {blocks} KV blocks of {} tokens per engine.",
+                base.model.block_size
+            ));
+        }
+        if kv_aware {
+            scenario.description.push_str(&format!(
+                " kv_aware sees an engine's KV events {} ms after the scheduler step that produced them ends.",
+                args.kv_event_delay_ms
             ));
         }
     }
@@ -495,7 +555,10 @@ fn run_all(
 /// The ratios the docs quote, for the policies present.
 fn headlines(workload: &str, rows: &[&RunReport]) -> String {
     let mut out = String::new();
-    for row in rows.iter().filter(|r| r.policy.starts_with("cache_aware")) {
+    for row in rows
+        .iter()
+        .filter(|r| r.policy.starts_with("cache_aware") || r.policy.starts_with("kv_aware"))
+    {
         let reasons: Vec<String> = row
             .decisions
             .iter()
@@ -515,6 +578,8 @@ fn headlines(workload: &str, rows: &[&RunReport]) -> String {
         ("cache_aware", "cache_aware_fleet_gate"),
         ("cache_aware:tokens", "round_robin"),
         ("cache_aware:tokens", "cache_aware"),
+        ("kv_aware", "round_robin"),
+        ("kv_aware", "cache_aware:tokens"),
     ];
     for &(policy, baseline) in pairs {
         if let Some(r) = report::ratios(rows, policy, baseline) {

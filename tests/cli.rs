@@ -962,3 +962,64 @@ fn block_size_reaches_cache_aware_and_zero_is_refused() {
         "{message}"
     );
 }
+
+#[test]
+fn kv_events_flags_and_worker_tables_say_where_engines_publish() {
+    // Defaults: vLLM's example ports on each worker's host, replay on.
+    let s = settings(&[
+        "--worker-urls",
+        "http://10.0.0.5:8000",
+        "--policy",
+        "kv_aware",
+    ])
+    .unwrap();
+    assert_eq!(s.router.policy.name, "kv_aware");
+    assert_eq!(s.router.kv_events.port, 5557);
+    assert_eq!(s.router.kv_events.replay_port, Some(5558));
+    assert!(s.router.kv_events.endpoints.is_empty());
+
+    let path = temp_file(
+        "kv.toml",
+        "kv-events-port = 6000\nkv_events_replay_port = 0\nkv_events_topic = \"kv\"\n\
+         [workers.\"http://10.0.0.5:8000\"]\nkv_events_endpoint = \"tcp://10.0.0.9:7000\"\n\
+         kv-events-replay-endpoint = \"tcp://10.0.0.9:7001\"\n",
+    );
+    let s = settings(&[
+        "--worker-urls",
+        "http://10.0.0.5:8000",
+        "--config",
+        path.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(&path).unwrap();
+    let kv = s.unwrap().router.kv_events;
+    assert_eq!(
+        (kv.port, kv.replay_port, kv.topic.as_str()),
+        (6000, None, "kv")
+    );
+    let own = &kv.endpoints["http://10.0.0.5:8000"];
+    assert_eq!(own.endpoint, "tcp://10.0.0.9:7000");
+    assert_eq!(own.replay_endpoint.as_deref(), Some("tcp://10.0.0.9:7001"));
+
+    // A bad table stops the start naming it.
+    for (table, expected) in [
+        (
+            "[workers.\"ftp://x\"]\nkv_events_endpoint = \"tcp://a:1\"\n",
+            "ftp://x",
+        ),
+        (
+            "[workers.\"http://a:1\"]\nkv_events_endpoint = \"a:1\"\n",
+            "`a:1` is not a tcp://HOST:PORT",
+        ),
+        (
+            "[workers.\"http://a:1\"]\nkv_events_endpoint = \"tcp://a:1\"\nweight = 2\n",
+            "unknown field `weight`",
+        ),
+    ] {
+        let path = temp_file("bad-kv.toml", table);
+        let err = settings(&["--config", path.to_str().unwrap()]).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        let message = err.to_string();
+        assert!(message.contains(expected), "{message}");
+        assert!(message.contains("workers"), "{message}");
+    }
+}

@@ -568,3 +568,68 @@ async fn static_prefill_and_decode_urls_with_a_mooncake_bootstrap_port() {
     prefill.shutdown().await;
     decode.shutdown().await;
 }
+
+/// `--policy kv_aware` with simulated engines: the engines publish their KV
+/// events, the router follows them, and a conversation's next turn is a
+/// `kv_hit` on the engine that holds it; in P/D the prefill pool is scored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_routes_on_the_engines_kv_events() {
+    let long_chat = |turns: usize| {
+        let mut messages = vec![serde_json::json!({
+            "role": "system",
+            "content": "You keep the harbour's tide tables. ".repeat(16),
+        })];
+        for t in 0..turns {
+            messages.push(serde_json::json!({"role": "user", "content": format!("Tide {t}?")}));
+            messages.push(serde_json::json!({"role": "assistant", "content": "High at noon."}));
+        }
+        messages.push(serde_json::json!({"role": "user", "content": "And tomorrow?"}));
+        serde_json::json!({"model": "sim-model", "messages": messages, "max_tokens": 2}).to_string()
+    };
+    for args in [
+        &["--sim-workers", "2", "--policy", "kv_aware"][..],
+        &["--sim-pd", "2:1", "--prefill-policy", "kv_aware"],
+    ] {
+        let app = App::start(&with_quick(args)).await.unwrap();
+        let hub = app
+            .router()
+            .kv_events()
+            .expect("kv_aware follows events")
+            .clone();
+        let client = client();
+        let addr = app.addr();
+        let url = format!("http://{addr}/v1/chat/completions");
+        let (status, _, text) = send(&client, "POST", url.clone(), &long_chat(0), &[]).await;
+        assert_eq!(status, StatusCode::OK, "{args:?}: {text}");
+        // The first turn's blocks reach the index (asynchronously).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while hub.index().stats().pairs == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{args:?}: no events arrived"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (status, _, text) = send(&client, "POST", url, &long_chat(1), &[]).await;
+        assert_eq!(status, StatusCode::OK, "{args:?}: {text}");
+        let (_, metrics) = get(&client, addr, "/metrics").await;
+        assert!(
+            metrics.contains("reason=\"kv_hit\""),
+            "{args:?}: the second turn is an exact hit\n{metrics}"
+        );
+        let (_, workers) = get(&client, addr, "/workers").await;
+        let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
+        let followed: Vec<&serde_json::Value> = workers
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w.get("kv_events").is_some())
+            .collect();
+        assert_eq!(
+            followed.len(),
+            2,
+            "{args:?}: the kv_aware pool's workers: {workers}"
+        );
+        assert_eq!(app.stop().await, StopOutcome::Drained);
+    }
+}

@@ -419,3 +419,175 @@ fn worker_urls_front_separately_started_engines() {
         }
     });
 }
+
+/// Two router processes over the same two engines, as two replicas behind
+/// a plain load balancer: each session's turns alternate between them (the
+/// second replica takes the sessions in reverse order, so that its fair
+/// tie-breaking cannot line up with the first one's by chance). Returns
+/// the engine id of every turn, per session.
+fn replicas_alternate(policy: &str, sessions: usize, turns: usize) -> Vec<Vec<String>> {
+    use affinity_router::sim::{EngineConfig, KvEventsOptions, ServeOptions};
+    use affinity_router::tokens::testing::{TestTokenizerKind, write_model_dir};
+    use affinity_router::tokens::{PromptTokenizer, TemplateFamily};
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The engines and the routers tokenize with the same model directory.
+    let model = tempfile::tempdir().unwrap();
+    write_model_dir(
+        model.path(),
+        TemplateFamily::ChatMl,
+        TestTokenizerKind::ByteLevelRegex,
+    )
+    .unwrap();
+    let tokenizer = std::sync::Arc::new(PromptTokenizer::from_path(model.path(), None).unwrap());
+    let engines: Vec<_> = runtime.block_on(async {
+        let mut engines = Vec::new();
+        for _ in 0..2 {
+            let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            let options = ServeOptions {
+                tokenizer: Some(std::sync::Arc::clone(&tokenizer)),
+                kv_events: Some(KvEventsOptions::new(any).with_replay(any)),
+                ..ServeOptions::default()
+            };
+            engines.push(
+                affinity_router::sim::spawn(EngineConfig::instant(), options)
+                    .await
+                    .unwrap(),
+            );
+        }
+        engines
+    });
+    // Each engine's publisher, in the config file's [workers."URL"] tables.
+    let mut config = String::new();
+    for engine in &engines {
+        config.push_str(&format!(
+            "[workers.\"{}\"]\nkv_events_endpoint = \"tcp://{}\"\nkv_events_replay_endpoint = \"tcp://{}\"\n",
+            engine.url(),
+            engine.kv_events_addr().unwrap(),
+            engine.kv_events_replay_addr().unwrap(),
+        ));
+    }
+    let config_path = model.path().join("router.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let mut args = os(&["--port", "0", "--prometheus-port", "0", "--policy", policy]);
+    args.extend(os(&["--tokenizer-path", model.path().to_str().unwrap()]));
+    args.extend(os(&["--config", config_path.to_str().unwrap()]));
+    args.push("--worker-urls".into());
+    args.extend(engines.iter().map(|e| std::ffi::OsString::from(e.url())));
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let replicas = [start_router(&args), start_router(&args)];
+
+    let placed = runtime.block_on(async {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let get = |url: String| {
+            let client = client.clone();
+            async move {
+                let request = Request::get(url).body(Full::new(Bytes::new())).unwrap();
+                let response = client.request(request).await.unwrap();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                serde_json::from_slice::<serde_json::Value>(&body).unwrap()
+            }
+        };
+        let mut placed = vec![Vec::new(); sessions];
+        for t in 0..turns {
+            if policy == "kv_aware" {
+                // Events are asynchronous: wait (bounded) until both
+                // replicas' views match what each engine holds.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                loop {
+                    let mut in_sync = true;
+                    for replica in &replicas {
+                        let workers = get(format!("{}/workers", replica.base)).await;
+                        for (engine, worker) in engines.iter().zip(workers.as_array().unwrap()) {
+                            let held = engine.cached_block_hashes().len() as u64;
+                            in_sync &= worker["kv_events"]["blocks"].as_u64() == Some(held);
+                        }
+                    }
+                    if in_sync {
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "the replicas' views never matched the engines'"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            let (replica, order): (&Started, Vec<usize>) = if t % 2 == 0 {
+                (&replicas[0], (0..sessions).collect())
+            } else {
+                (&replicas[1], (0..sessions).rev().collect())
+            };
+            for s in order {
+                let mut messages = vec![serde_json::json!({
+                    "role": "system",
+                    "content": format!("Session {s} keeps the logbook of ship {s}. ").repeat(10),
+                })];
+                for earlier in 0..t {
+                    messages.push(
+                        serde_json::json!({"role": "user", "content": format!("Entry {earlier}?")}),
+                    );
+                    messages.push(serde_json::json!({"role": "assistant", "content": "Logged."}));
+                }
+                messages.push(serde_json::json!({"role": "user", "content": "Next entry?"}));
+                let body = serde_json::json!({"model": "sim-model", "messages": messages, "max_tokens": 2});
+                let request = Request::post(format!("{}/v1/chat/completions", replica.base))
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body.to_string())))
+                    .unwrap();
+                let response =
+                    tokio::time::timeout(Duration::from_secs(10), client.request(request))
+                        .await
+                        .unwrap()
+                        .unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                let engine = response.headers()["x-worker-id"]
+                    .to_str()
+                    .unwrap()
+                    .to_owned();
+                let _ = response.into_body().collect().await;
+                placed[s].push(engine);
+            }
+        }
+        placed
+    });
+    for replica in replicas {
+        sigterm(replica.pid);
+        let mut child = replica.child;
+        let status = wait_exit(&mut child.0, Duration::from_secs(15)).expect("the router exits");
+        assert_eq!(status.code(), Some(0));
+    }
+    runtime.block_on(async {
+        for engine in engines {
+            engine.shutdown().await;
+        }
+    });
+    placed
+}
+
+#[test]
+fn two_router_processes_on_kv_events_keep_every_session_on_its_engine() {
+    let placed = replicas_alternate("kv_aware", 6, 4);
+    for (s, engines) in placed.iter().enumerate() {
+        assert!(
+            engines.iter().all(|e| e == &engines[0]),
+            "kv_aware: session {s} moved between engines: {engines:?}"
+        );
+    }
+    let first: std::collections::BTreeSet<&String> = placed.iter().map(|e| &e[0]).collect();
+    assert_eq!(first.len(), 2, "both engines took sessions: {placed:?}");
+}
+
+#[test]
+fn two_router_processes_on_cache_aware_alone_lose_sessions() {
+    let placed = replicas_alternate("cache_aware", 6, 2);
+    let moved = placed.iter().filter(|e| e[1] != e[0]).count();
+    assert!(
+        moved > 0,
+        "the replicas' trees are private, so some second turns leave their engine: {placed:?}"
+    );
+}

@@ -270,6 +270,32 @@ impl App {
         Ok(app)
     }
 
+    /// What a simulated engine publishes: KV events on free loopback ports
+    /// when a pool's policy is kv_aware, nothing otherwise.
+    fn engine_kv_events(&self) -> Option<engine_sim::KvEventsOptions> {
+        self.router.kv_events()?;
+        let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
+        Some(engine_sim::KvEventsOptions::new(any_port).with_replay(any_port))
+    }
+
+    /// Tells the router where a simulated engine publishes (its ports are
+    /// chosen at bind time), before the engine joins as a worker.
+    fn follow_kv_events(&self, engine: &EngineHandle) {
+        let (Some(hub), Some(publisher)) = (self.router.kv_events(), engine.kv_events_addr())
+        else {
+            return;
+        };
+        hub.set_endpoints(
+            engine.url(),
+            router_http::kv_events::KvEndpoints {
+                endpoint: format!("tcp://{publisher}"),
+                replay_endpoint: engine
+                    .kv_events_replay_addr()
+                    .map(|replay| format!("tcp://{replay}")),
+            },
+        );
+    }
+
     /// Starts simulated engines or waits for the configured ones, per mode.
     async fn start_workers(&mut self, settings: &Settings) -> Result<(), StartError> {
         match &settings.mode {
@@ -281,11 +307,13 @@ impl App {
                     };
                     let options = ServeOptions {
                         tokenizer: engine_tokenizer(settings),
+                        kv_events: self.engine_kv_events(),
                         ..ServeOptions::default()
                     };
                     let handle = engine_sim::spawn(config, options)
                         .await
                         .map_err(StartError::Engine)?;
+                    self.follow_kv_events(&handle);
                     self.engines.push(SimEngine {
                         role: "regular",
                         handle,
@@ -335,11 +363,13 @@ impl App {
                             tokenizer: engine_tokenizer(settings),
                             registry: Some(Arc::clone(&transfers)),
                             bootstrap_addr: bootstrap,
+                            kv_events: self.engine_kv_events(),
                             ..ServeOptions::default()
                         };
                         let handle = engine_sim::spawn(config, options)
                             .await
                             .map_err(StartError::Engine)?;
+                        self.follow_kv_events(&handle);
                         let mut worker = PdWorkerConfig::new(handle.url());
                         if let Some(bootstrap) = handle.bootstrap_addr() {
                             worker = worker.with_bootstrap_port(bootstrap.port());

@@ -33,6 +33,10 @@ pub enum PolicyName {
     RendezvousHash,
     /// The least loaded worker, fair among ties.
     LeastLoaded,
+    /// Prefix affinity scored on the blocks the engines hold, from their
+    /// KV-cache events (--kv-events-port); workers without a live event
+    /// stream are scored from the radix tree.
+    KvAware,
 }
 
 impl PolicyName {
@@ -46,6 +50,7 @@ impl PolicyName {
             Self::ConsistentHash => "consistent_hash",
             Self::RendezvousHash => "rendezvous_hash",
             Self::LeastLoaded => "least_loaded",
+            Self::KvAware => "kv_aware",
         }
     }
 }
@@ -387,6 +392,38 @@ pub struct Args {
     /// --tokenizer-path).
     #[arg(long, value_name = "FILE", help_heading = "Token routing")]
     pub chat_template: Option<String>,
+
+    // ----- KV events -----
+    /// kv_aware: the port of each engine's KV event publisher, on the
+    /// worker's host (vLLM's --kv-events-config endpoint; data-parallel
+    /// rank r at this port + r). Per worker: [workers."URL"] tables in the
+    /// --config file.
+    #[arg(
+        long,
+        default_value_t = 5557,
+        value_name = "PORT",
+        help_heading = "KV events"
+    )]
+    pub kv_events_port: u16,
+    /// kv_aware: the port of each engine's replay socket (vLLM's
+    /// replay_endpoint); 0 turns replay off (a gap then resets the
+    /// worker's view until events flow again).
+    #[arg(
+        long,
+        default_value_t = 5558,
+        value_name = "PORT",
+        help_heading = "KV events"
+    )]
+    pub kv_events_replay_port: u16,
+    /// kv_aware: the topic the engines publish under (vLLM's `topic`;
+    /// empty takes every topic).
+    #[arg(
+        long,
+        default_value = "",
+        value_name = "TOPIC",
+        help_heading = "KV events"
+    )]
+    pub kv_events_topic: String,
 
     // ----- Observability -----
     /// Address of the extra Prometheus listener (metrics are also at

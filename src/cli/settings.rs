@@ -15,6 +15,7 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use pd_orchestrator::PdConnector;
 use prompt_tokens::PromptTokenizer;
+use router_http::kv_events::{KvEndpoints, KvEventsConfig};
 use router_http::tokens::Tokenizers;
 use router_http::{ConcurrencyConfig, RouterConfig};
 use std::collections::{BTreeMap, BTreeSet};
@@ -79,6 +80,22 @@ pub struct Parsed {
     pub explicit: BTreeSet<String>,
     /// The config file's `[models."ID"]` tables: a tokenizer per model.
     pub models: BTreeMap<String, ModelTokenizer>,
+    /// The config file's `[workers."URL"]` tables: per-worker settings.
+    pub workers: BTreeMap<String, WorkerSettings>,
+}
+
+/// One `[workers."URL"]` table of a `--config` file: where that worker
+/// publishes its KV events, when not at `--kv-events-port` /
+/// `--kv-events-replay-port` of its host.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// The publisher, e.g. `tcp://10.0.0.5:6000`.
+    #[serde(alias = "kv-events-endpoint")]
+    pub kv_events_endpoint: String,
+    /// The replay socket (none: no replay).
+    #[serde(default, alias = "kv-events-replay-endpoint")]
+    pub kv_events_replay_endpoint: Option<String>,
 }
 
 /// One `[models."ID"]` table of a `--config` file: the tokenizer requests
@@ -123,6 +140,7 @@ where
         args,
         explicit,
         models: BTreeMap::new(),
+        workers: BTreeMap::new(),
     };
     if let Some(path) = parsed.args.config.clone() {
         let text = std::fs::read_to_string(&path)
@@ -148,6 +166,12 @@ fn merge_file(parsed: &mut Parsed, text: &str) -> Result<(), String> {
             parsed.models = value
                 .try_into()
                 .map_err(|err: toml::de::Error| format!("[models]: {}", err.message()))?;
+            continue;
+        }
+        if id == "workers" {
+            parsed.workers = value
+                .try_into()
+                .map_err(|err: toml::de::Error| format!("[workers]: {}", err.message()))?;
             continue;
         }
         if id == "config" || !known.contains(&id) {
@@ -324,6 +348,7 @@ impl Settings {
         let mode = mode(&parsed)?;
         let mut router = router_config(args)?;
         router.tokenizers = tokenizers(&parsed, &mode)?;
+        router.kv_events = kv_events(&parsed)?;
         let mut ignored: Vec<String> = IGNORED_FLAGS
             .iter()
             .filter(|id| parsed.is_explicit(id))
@@ -399,6 +424,46 @@ impl Settings {
             a.shutdown_grace_period_secs,
         )
     }
+}
+
+/// Where the engines publish their KV events: `--kv-events-*` and the
+/// config file's `[workers."URL"]` tables (checked now: a URL that is not a
+/// worker URL, or an endpoint that is not `tcp://HOST:PORT`, stops the
+/// start naming it).
+fn kv_events(parsed: &Parsed) -> Result<KvEventsConfig, CliError> {
+    let a = &parsed.args;
+    let mut config = KvEventsConfig::default();
+    config.port = a.kv_events_port;
+    config.replay_port = (a.kv_events_replay_port != 0).then_some(a.kv_events_replay_port);
+    config.topic = a.kv_events_topic.clone();
+    for (url, worker) in &parsed.workers {
+        let bad = |message: String| {
+            CliError::invalid("config", format!("[workers.\"{url}\"]: {message}"))
+        };
+        let canonical =
+            worker_lifecycle::WorkerUrl::parse_http(url).map_err(|err| bad(err.to_string()))?;
+        let endpoint = |text: &str| -> Result<String, CliError> {
+            let valid = text
+                .strip_prefix("tcp://")
+                .and_then(|rest| rest.rsplit_once(':'))
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if valid {
+                Ok(text.to_owned())
+            } else {
+                Err(bad(format!("`{text}` is not a tcp://HOST:PORT address")))
+            }
+        };
+        let endpoints = KvEndpoints {
+            endpoint: endpoint(&worker.kv_events_endpoint)?,
+            replay_endpoint: worker
+                .kv_events_replay_endpoint
+                .as_deref()
+                .map(endpoint)
+                .transpose()?,
+        };
+        config = config.with_endpoints(canonical.as_str(), endpoints);
+    }
+    Ok(config)
 }
 
 /// The tokenizers of `--tokenizer-path` / `--chat-template` and the config

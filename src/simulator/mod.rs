@@ -30,15 +30,51 @@
 //!   engine model's KV-transfer cost.
 //!
 //! The simulator reads no wall clock and no unseeded random source: for
-//! `round_robin`, `random`, `least_loaded`, `power_of_two` and
-//! `consistent_hash` the same trace and [`SimConfig`] give the same
-//! [`RunReport`], bit for bit. The cache-aware policies are not yet
+//! `round_robin`, `random`, `least_loaded`, `power_of_two`,
+//! `consistent_hash` and `kv_aware` the same trace and [`SimConfig`] give
+//! the same [`RunReport`], bit for bit. The cache-aware policies are not yet
 //! bit-exact: their radix trees stamp last use with radix-affinity's
 //! default coarse clock (about 1 ms of wall time), which decides which of
 //! several owners of a shared prefix a lookup returns, and lb-policies has
 //! no knob for the logical clock. Their figures vary slightly between runs
 //! (hit rate by about 0.1 point, median TTFT by a few percent, more for the
 //! fleet-wide gate near saturation).
+//!
+//! # Engine KV events and router replicas
+//!
+//! `kv_aware` (lb-policies' policy of that name, routing on the engines'
+//! token ids) scores workers on the blocks the engines really hold. The
+//! simulator turns on every main-pool engine's KV-event recording
+//! ([`engine_sim::Engine::set_kv_events`]), converts each step's
+//! [`KvBatch`](engine_sim::KvBatch) to `kv_index::KvEvent`s (engine-sim's
+//! chain hashes as the engine's opaque hashes) and applies them, in
+//! virtual-time order, to a `kv_index::KvIndex` the policy reads. Every
+//! stream is live from the start (the engines publish from t = 0).
+//!
+//! **When events become visible**: at the end of the scheduler step that
+//! produced them plus [`SimConfig::kv_event_delay`] (default
+//! [`DEFAULT_KV_EVENT_DELAY`], 5 ms). vLLM allocates and evicts blocks when
+//! it schedules a step but publishes the step's events after the step's
+//! forward pass; the ZMQ hop and the router's subscriber add a few
+//! milliseconds on one network. A routing decision at time `t` sees every
+//! batch visible at or before `t`, and none after. Until then the policy
+//! does not know the new blocks (nor that evicted ones are gone).
+//!
+//! **Replicas** ([`SimConfig::replicas`], regular mode only): R routers
+//! behind a plain load balancer that deals requests to them round robin,
+//! so consecutive turns of a session land on different replicas. Each
+//! replica is a [`RolePool`](worker_lifecycle::RolePool) with its own
+//! [`PolicyRegistry`](lb_policies::PolicyRegistry) (its own radix tree)
+//! and its own [`Worker`](worker_lifecycle::Worker) objects for the same
+//! engines: a replica's load counters count only the requests it sent, as
+//! a real replica knows only its own in-flight requests (the load
+//! timeline and `final_loads` report the engines' true load, the sum). For
+//! `kv_aware` each replica has its own block index, fed the same events
+//! at the same times, as independent subscribers would be. The replicas
+//! share nothing. A consequence worth knowing: cache-aware's absolute load
+//! margin (`balance_abs_threshold`, 64 requests) is compared with a
+//! replica's own counts, about 1/R of the engines' load, so behind R
+//! replicas the gate fires R times later unless the margin is scaled down.
 //!
 //! # Workloads
 //!
@@ -57,7 +93,8 @@
 //!
 //! # Routing on text or on tokens
 //!
-//! A policy label may end in `:tokens` (see [`split_policy`]):
+//! A policy label may end in `:tokens` (see [`split_policy`]; `kv_aware`
+//! routes on tokens without the suffix):
 //! `cache_aware:tokens` matches the engines' prompt token ids, as a router
 //! that tokenizes with the engines' tokenizer does, with
 //! `CacheAwareConfig::block_size` set to the engines' block size; plain
@@ -85,6 +122,7 @@
 //! The command-line front end is `cargo run --release --example simulate`;
 //! `docs/benchmarks.md` holds its tables and charts.
 
+mod kv;
 mod metrics;
 pub mod report;
 mod run;
@@ -92,7 +130,10 @@ pub mod trace;
 pub mod workload;
 
 pub use metrics::{LoadTimeline, PolicyMetrics, percentile};
-pub use run::{PdSplit, RoutingSource, RunReport, SimConfig, SimError, simulate, split_policy};
+pub use run::{
+    DEFAULT_KV_EVENT_DELAY, PdSplit, RoutingSource, RunReport, SimConfig, SimError, simulate,
+    split_policy,
+};
 pub use trace::{ArrivalClock, PreparedTrace, Trace, TraceError, TraceRequest};
 
 /// The policies the simulator compares by default, named as on the

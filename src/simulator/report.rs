@@ -8,7 +8,8 @@ use super::run::RunReport;
 
 /// The `--json` summary: `{"<workload>": {"<policy>": {"throughput_rps",
 /// "output_tps", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms", "hit_rate",
-/// "imbalance", "routing_loss"}}}`. Keys are sorted, numbers rounded to
+/// "imbalance", "routing_loss", "replicas"}}}` (`replicas`: the router
+/// replicas of the run, an integer). Keys are sorted, numbers rounded to
 /// six significant decimals, so equal runs print equal lines.
 pub fn json_summary(reports: &[RunReport]) -> Value {
     let mut workloads = Map::new();
@@ -29,6 +30,7 @@ pub fn json_summary(reports: &[RunReport]) -> Value {
                     "hit_rate": round(m.hit_rate),
                     "imbalance": round(m.imbalance),
                     "routing_loss": round(m.routing_loss),
+                    "replicas": report.replicas,
                 }),
             );
         }

@@ -1,7 +1,7 @@
 //! The discrete-event loop: engines on one virtual clock, requests placed
 //! by the production policies and load-guarded by production workers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use worker_lifecycle::{
     WorkerSpec,
 };
 
+use super::kv::KvFeed;
 use super::metrics::{Completion, LoadTimeline, PolicyMetrics, Tally};
 use super::trace::PreparedTrace;
 
@@ -65,9 +66,24 @@ pub struct SimConfig {
     /// is. They take no request and are left out of `imbalance`. Default 0.
     pub drained: usize,
     /// Knobs of `cache_aware` and `cache_aware_fleet_gate` (the latter
-    /// forces the fleet-wide gate). Default: lb-policies' defaults, as the
+    /// forces the fleet-wide gate), and of `kv_aware` (threshold, load
+    /// margins, fallback tree). Default: lb-policies' defaults, as the
     /// router uses them (threshold 0.3, load margins 64 and 1.5×).
     pub cache_aware: CacheAwareConfig,
+    /// Router replicas (regular mode only). Default 1. Requests are dealt
+    /// to them round robin, as a plain load balancer in front of the
+    /// routers would (consecutive turns of a session land on different
+    /// replicas). Each replica has its own policy state (its own
+    /// [`PolicyRegistry`], radix tree and, for `kv_aware`, its own block
+    /// index fed by the same engine events) and its own
+    /// [`Worker`](worker_lifecycle::Worker) objects for the same engines,
+    /// so it knows only its own in-flight count per engine, as a real
+    /// replica does. The replicas share no state.
+    pub replicas: usize,
+    /// `kv_aware`: how long after the end of the scheduler step that
+    /// changed an engine's cache the routers see the change. Default 5 ms
+    /// (see the [module docs](super#engine-kv-events-and-router-replicas)).
+    pub kv_event_delay: Duration,
 }
 
 impl Default for SimConfig {
@@ -82,9 +98,16 @@ impl Default for SimConfig {
             load_samples: 200,
             drained: 0,
             cache_aware: CacheAwareConfig::default(),
+            replicas: 1,
+            kv_event_delay: DEFAULT_KV_EVENT_DELAY,
         }
     }
 }
+
+/// The default [`SimConfig::kv_event_delay`]: a few milliseconds, what
+/// an engine's ZMQ publisher, the network and a router's subscriber add
+/// after vLLM publishes a step's events in a deployment on one network.
+pub const DEFAULT_KV_EVENT_DELAY: Duration = Duration::from_millis(5);
 
 /// Why a run could not start.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +131,10 @@ pub enum SimError {
     /// `:tokens`.
     #[error("policy {0:?}: the routing input after `:` must be `text` or `tokens`")]
     RoutingInput(String),
+    /// [`SimConfig::replicas`] is 0, or above 1 in prefill/decode mode
+    /// (several replicas are simulated for regular engines only).
+    #[error("replicas must be at least 1, and 1 under prefill/decode disaggregation")]
+    Replicas,
 }
 
 /// What the cache-aware policies match a request by, chosen per run by a
@@ -129,9 +156,12 @@ pub enum RoutingSource {
 
 /// Splits a policy label into the lb-policies name and the routing
 /// input: `"cache_aware:tokens"` is `("cache_aware", Tokens)`, a label
-/// without a suffix routes on text.
+/// without a suffix routes on text, except `kv_aware`, which routes on the
+/// engines' tokens (its block index is keyed by token blocks; on text it
+/// is cache-aware, so `kv_aware:text` is only that fallback).
 pub fn split_policy(label: &str) -> Result<(&str, RoutingSource), SimError> {
     match label.split_once(':') {
+        None if label == KV_AWARE => Ok((label, RoutingSource::Tokens)),
         None => Ok((label, RoutingSource::Text)),
         Some((name, "text")) => Ok((name, RoutingSource::Text)),
         Some((name, "tokens")) => Ok((name, RoutingSource::Tokens)),
@@ -160,10 +190,16 @@ pub struct RunReport {
     /// the producing prefill engine through the shared registry) and
     /// refused. Both 0 in regular mode.
     pub kv_transfers: (u64, u64),
+    /// Router replicas the requests were dealt to
+    /// ([`SimConfig::replicas`]).
+    pub replicas: usize,
 }
 
 /// The model id every simulated request names.
 const MODEL: &str = "sim-model";
+
+/// The policy scored on the engines' KV events.
+const KV_AWARE: &str = "kv_aware";
 
 /// The connector of a P/D run: NIXL, the sequential pull path whose
 /// decode worker may be chosen when the prefill completes.
@@ -172,8 +208,11 @@ const CONNECTOR: PdConnector = PdConnector::Nixl;
 /// One role's engines, in the order of its workers.
 struct Pool {
     engines: Vec<Engine>,
-    /// The role's workers, engine `i` behind worker `i`.
+    /// The role's workers (of the first router replica), engine `i`
+    /// behind worker `i`.
     candidates: Arc<[Arc<Worker>]>,
+    /// The other replicas' workers for the same engines, in engine order.
+    others: Vec<Vec<Arc<Worker>>>,
     /// Worker key to engine index.
     index: HashMap<Box<str>, usize>,
     /// The scheduler step each engine is running: (start, end).
@@ -185,7 +224,8 @@ struct Pool {
 /// How requests are placed: the router's own selection code, a role pool
 /// in regular mode and pd-orchestrator's pair selection under P/D.
 enum Placement {
-    Regular(Box<RolePool>),
+    /// One pool per router replica.
+    Regular(Vec<RolePool>),
     Pd(Box<PdPools>),
 }
 
@@ -223,6 +263,20 @@ fn policy_config(policy: &str, config: &SimConfig) -> PolicyConfig {
     policy_config
 }
 
+/// [`policy_config`] of one replica, with its block index for `kv_aware`.
+fn replica_config(
+    policy: &str,
+    config: &SimConfig,
+    feed: Option<&KvFeed>,
+    replica: usize,
+) -> PolicyConfig {
+    let policy_config = policy_config(policy, config);
+    match feed.and_then(|f| f.sources(replica)) {
+        Some(sources) if policy == KV_AWARE => policy_config.with_kv(sources),
+        _ => policy_config,
+    }
+}
+
 fn worker_url(role: RoleKind, i: usize) -> String {
     format!("http://{}-{i}:8000", role.as_str())
 }
@@ -230,8 +284,11 @@ fn worker_url(role: RoleKind, i: usize) -> String {
 impl Pool {
     /// Engines behind `workers` (in their order), the last `drained` of
     /// them drained before the run.
+    /// `replicas` holds the other router replicas' workers for the same
+    /// engines (the same keys, in any order).
     fn new(
         workers: Arc<[Arc<Worker>]>,
+        replicas: &[Arc<[Arc<Worker>]>],
         drained: usize,
         config: &SimConfig,
         pd: impl Fn(usize) -> PdSettings,
@@ -246,14 +303,35 @@ impl Pool {
             let mut engine = Engine::with_pd(config.model.clone(), pd(i));
             engine.set_token_events(false);
             engines.push(engine);
-            if i >= count - drained {
-                worker.start_drain();
-            }
             index.insert(worker.key().into(), i);
+        }
+        let mut others = Vec::with_capacity(replicas.len());
+        for replica in replicas {
+            let mut by_engine: Vec<Option<Arc<Worker>>> = vec![None; count];
+            for worker in replica.iter() {
+                let i = index.get(worker.key()).copied().ok_or_else(|| {
+                    SimError::Worker(format!("replica worker {} has no engine", worker.key()))
+                })?;
+                by_engine[i] = Some(Arc::clone(worker));
+            }
+            let by_engine = by_engine
+                .into_iter()
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    SimError::Worker("a replica lacks a worker for some engine".to_owned())
+                })?;
+            others.push(by_engine);
+        }
+        for i in count - drained..count {
+            workers[i].start_drain();
+            for replica in &others {
+                replica[i].start_drain();
+            }
         }
         Ok(Pool {
             engines,
             candidates: workers,
+            others,
             index,
             steps: vec![None; count],
             busy: vec![Duration::ZERO; count],
@@ -263,6 +341,12 @@ impl Pool {
     /// The engine behind `worker`.
     fn engine_of(&self, worker: &Worker) -> Option<usize> {
         self.index.get(worker.key()).copied()
+    }
+
+    /// Engine `i`'s true in-flight load: the sum over the router
+    /// replicas' workers (each replica counts only its own requests).
+    fn load(&self, i: usize) -> usize {
+        self.candidates[i].load() + self.others.iter().map(|r| r[i].load()).sum::<usize>()
     }
 
     /// Accounts engine `i`'s busy time after an operation at `now`: a step
@@ -322,6 +406,10 @@ struct Sim<'a> {
     config_drained: usize,
     late_decode_choice: bool,
     routing: RoutingSource,
+    /// `kv_aware`: the main pool's KV events on their way to the replicas'
+    /// block indexes.
+    kv: Option<KvFeed>,
+    replicas: usize,
 }
 
 /// Replays `trace` with `policy` placing every request (the prefill leg
@@ -340,27 +428,51 @@ pub fn simulate(
         return Err(SimError::EmptyTrace);
     }
     let (policy, routing) = split_policy(label)?;
-    let (main, decode, placement) = match config.pd {
+    if config.replicas == 0 || (config.replicas > 1 && config.pd.is_some()) {
+        return Err(SimError::Replicas);
+    }
+    let mut kv = (policy == KV_AWARE).then(|| {
+        KvFeed::new(
+            config.replicas,
+            config.model.block_size.max(1),
+            config.kv_event_delay,
+        )
+    });
+    let (mut main, decode, placement) = match config.pd {
         None => {
-            let registry = PolicyRegistry::<Arc<Worker>>::new(policy_config(policy, config))?;
-            // Instantiate the model's policy first so it sees every Added event.
-            registry.policy(MODEL)?;
-            let pool = RolePool::fixed(RoleKind::Regular, worker_options(), registry)
-                .map_err(|e| SimError::Worker(e.to_string()))?;
-            for i in 0..config.workers {
-                let endpoint = Endpoint::new(&worker_url(RoleKind::Regular, i), None)
+            let mut pools = Vec::with_capacity(config.replicas);
+            for replica in 0..config.replicas {
+                let registry = PolicyRegistry::<Arc<Worker>>::new(replica_config(
+                    policy,
+                    config,
+                    kv.as_ref(),
+                    replica,
+                ))?;
+                // Instantiate the model's policy first so it sees every Added event.
+                registry.policy(MODEL)?;
+                let pool = RolePool::fixed(RoleKind::Regular, worker_options(), registry)
                     .map_err(|e| SimError::Worker(e.to_string()))?;
-                pool.add(WorkerSpec::new(WorkerRole::Regular, endpoint).with_model(MODEL))
-                    .map_err(|e| SimError::Worker(e.to_string()))?;
+                for i in 0..config.workers {
+                    let endpoint = Endpoint::new(&worker_url(RoleKind::Regular, i), None)
+                        .map_err(|e| SimError::Worker(e.to_string()))?;
+                    pool.add(WorkerSpec::new(WorkerRole::Regular, endpoint).with_model(MODEL))
+                        .map_err(|e| SimError::Worker(e.to_string()))?;
+                }
+                if let Some(feed) = kv.as_mut() {
+                    feed.attach(replica, pool.workers().iter().map(|w| w.key()))?;
+                }
+                pools.push(pool);
             }
-            let main = Pool::new(pool.workers(), config.drained, config, |_| {
+            let others: Vec<Arc<[Arc<Worker>]>> =
+                pools.iter().skip(1).map(RolePool::workers).collect();
+            let main = Pool::new(pools[0].workers(), &others, config.drained, config, |_| {
                 PdSettings::default()
             })?;
-            (main, None, Placement::Regular(Box::new(pool)))
+            (main, None, Placement::Regular(pools))
         }
         Some(split) => {
             let mut pd = PdConfig::new(CONNECTOR);
-            pd.prefill_policy = Some(policy_config(policy, config));
+            pd.prefill_policy = Some(replica_config(policy, config, kv.as_ref(), 0));
             pd.decode_policy = Some(policy_config(&config.decode_policy, config));
             let statics = |role, n| -> Vec<PdWorkerConfig> {
                 (0..n)
@@ -369,11 +481,15 @@ pub fn simulate(
             };
             pd.prefill = statics(RoleKind::Prefill, split.prefill);
             pd.decode = statics(RoleKind::Decode, split.decode);
-            let pools = PdPools::new(&pd, &policy_config(policy, config), &worker_options())
-                .map_err(|e| match e {
-                    pd_orchestrator::pools::PoolsError::Policy(e) => SimError::Policy(e),
-                    other => SimError::Worker(other.to_string()),
-                })?;
+            let pools = PdPools::new(
+                &pd,
+                &replica_config(policy, config, kv.as_ref(), 0),
+                &worker_options(),
+            )
+            .map_err(|e| match e {
+                pd_orchestrator::pools::PoolsError::Policy(e) => SimError::Policy(e),
+                other => SimError::Worker(other.to_string()),
+            })?;
             let (connector, moriio_mode) =
                 engine_sim::for_deployment(CONNECTOR).expect("engine-sim simulates NIXL");
             let transfers = TransferRegistry::new();
@@ -396,16 +512,25 @@ pub fn simulate(
                 registry: Some(Arc::clone(&transfers)),
                 ..PdSettings::default()
             };
+            if let Some(feed) = kv.as_mut() {
+                feed.attach(0, pools.prefill().workers().iter().map(|w| w.key()))?;
+            }
             let main = Pool::new(
                 pools.prefill().workers(),
+                &[],
                 config.drained,
                 config,
                 prefill_settings,
             )?;
-            let decode = Pool::new(pools.decode().workers(), 0, config, decode_settings)?;
+            let decode = Pool::new(pools.decode().workers(), &[], 0, config, decode_settings)?;
             (main, Some(decode), Placement::Pd(Box::new(pools)))
         }
     };
+    if kv.is_some() {
+        for engine in &mut main.engines {
+            engine.set_kv_events(true);
+        }
+    }
     let span = trace.trace.span();
     // `load_samples` samples over 1.25 × the arrival span; sampling goes
     // on through the drain after the last arrival, however long it is.
@@ -439,6 +564,8 @@ pub fn simulate(
         config_drained: config.drained,
         late_decode_choice: config.late_decode_choice,
         routing,
+        kv,
+        replicas: config.replicas,
     };
     for (index, request) in trace.trace.requests.iter().enumerate() {
         sim.run_until(request.arrival);
@@ -490,7 +617,7 @@ impl Sim<'_> {
         while self.next_sample <= at && self.timeline.times.len() < 100_000 {
             self.timeline.times.push(self.next_sample.as_secs_f64());
             for (w, series) in self.timeline.loads.iter_mut().enumerate() {
-                series.push(self.main.candidates[w].load());
+                series.push(self.main.load(w));
             }
             self.next_sample += self.sample_every;
         }
@@ -507,6 +634,11 @@ impl Sim<'_> {
         };
         pool.engines[engine].advance_to(at);
         pool.observe(engine, at);
+        if which == Which::Main
+            && let Some(feed) = self.kv.as_mut()
+        {
+            feed.collect(engine, &mut pool.engines[engine]);
+        }
         let finished: Vec<(u64, Box<RequestSummary>)> = pool.engines[engine]
             .drain_events()
             .filter_map(|e| match e.kind {
@@ -556,7 +688,10 @@ impl Sim<'_> {
     /// holds, and (P/D) its targets. `None`: refused.
     fn place(&self, index: usize) -> Option<(usize, Flight)> {
         match &self.placement {
-            Placement::Regular(pool) => {
+            Placement::Regular(pools) => {
+                // The load balancer in front of the replicas: round robin
+                // over requests.
+                let pool = &pools[index % pools.len()];
                 let context = self.context(index);
                 let workers = pool.workers();
                 let eligible = pool.eligible(&workers, MODEL, |_| true).ok()?;
@@ -596,6 +731,9 @@ impl Sim<'_> {
 
     fn dispatch(&mut self, index: usize) {
         let at = self.trace.trace.requests[index].arrival;
+        if let Some(feed) = self.kv.as_mut() {
+            feed.deliver(at);
+        }
         let Some((worker, flight)) = self.place(index) else {
             self.tally.rejected += 1;
             return;
@@ -635,6 +773,9 @@ impl Sim<'_> {
         match self.main.engines[worker].submit(at, sim_request) {
             Ok(()) => {
                 self.main.observe(worker, at);
+                if let Some(feed) = self.kv.as_mut() {
+                    feed.collect(worker, &mut self.main.engines[worker]);
+                }
                 self.main_flights.insert(index as u64, flight);
             }
             Err(_) => {
@@ -758,24 +899,22 @@ impl Sim<'_> {
             .metrics(self.trace.len(), first, &self.main.busy[..available]);
         let final_loads = std::iter::once(&self.main)
             .chain(self.decode.as_ref())
-            .flat_map(|p| p.candidates.iter().map(|c| c.load()))
+            .flat_map(|p| (0..p.engines.len()).map(|i| p.load(i)))
             .collect();
-        let policies = match &self.placement {
-            Placement::Regular(pool) => pool.policies(),
-            Placement::Pd(pools) => pools.prefill().policies(),
+        let registries: Vec<&PolicyRegistry<Arc<Worker>>> = match &self.placement {
+            Placement::Regular(pools) => pools.iter().map(RolePool::policies).collect(),
+            Placement::Pd(pools) => vec![pools.prefill().policies()],
         };
-        let mut decisions: Vec<(String, u64)> = policies
-            .counts()
-            .into_iter()
-            .flat_map(|(_, _, counts)| {
-                counts
-                    .iter()
-                    .filter(|(_, n)| *n > 0)
-                    .map(|(reason, n)| (reason.to_string(), n))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        decisions.sort();
+        // Summed over the replicas, by reason.
+        let mut by_reason: BTreeMap<String, u64> = BTreeMap::new();
+        for registry in registries {
+            for (_, _, counts) in registry.counts() {
+                for (reason, n) in counts.iter().filter(|(_, n)| *n > 0) {
+                    *by_reason.entry(reason.to_string()).or_default() += n;
+                }
+            }
+        }
+        let decisions: Vec<(String, u64)> = by_reason.into_iter().collect();
         let kv_transfers = self.decode.as_ref().map_or((0, 0), |pool| {
             pool.engines.iter().fold((0, 0), |(valid, invalid), e| {
                 let stats = e.stats();
@@ -793,6 +932,7 @@ impl Sim<'_> {
             final_loads,
             decisions,
             kv_transfers,
+            replicas: self.replicas,
         }
     }
 }

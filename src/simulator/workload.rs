@@ -119,13 +119,7 @@ pub fn multi_turn(config: &MultiTurnConfig) -> Trace {
     let mut requests = Vec::with_capacity(config.requests);
     for _ in 0..config.requests {
         now += exponential(&mut rng, config.rate);
-        let a = rng.below(active as u64) as usize;
-        let b = rng.below(active as u64) as usize;
-        let slot = if sessions[b].last_turn < sessions[a].last_turn {
-            b
-        } else {
-            a
-        };
+        let slot = older_of_two(&mut rng, &sessions, |s| s.last_turn);
         let session = &mut sessions[slot];
         if session.pending_answer > 0 {
             session.history.push_str("\n<|assistant|> ");
@@ -215,6 +209,24 @@ pub fn radix(config: &RadixConfig) -> Trace {
 }
 
 /// Uniform in the inclusive range (a reversed range counts as its low end).
+/// The session that takes the next turn: of two drawn at random, the one
+/// whose last turn is older (so no session waits for long, and turns still
+/// arrive in no fixed order).
+fn older_of_two<S>(
+    rng: &mut SplitMix64,
+    sessions: &[S],
+    last_turn: impl Fn(&S) -> Duration,
+) -> usize {
+    let active = sessions.len() as u64;
+    let a = rng.below(active) as usize;
+    let b = rng.below(active) as usize;
+    if last_turn(&sessions[b]) < last_turn(&sessions[a]) {
+        b
+    } else {
+        a
+    }
+}
+
 fn uniform(rng: &mut SplitMix64, (low, high): (u32, u32)) -> u32 {
     if high <= low {
         return low;

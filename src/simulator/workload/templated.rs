@@ -14,7 +14,7 @@ use engine_sim::prompt_tokens::{
 use radix_affinity::workload::SplitMix64;
 use serde_json::{Value, json};
 
-use super::{exponential, uniform};
+use super::{exponential, older_of_two, uniform};
 use crate::simulator::trace::{ArrivalClock, PreparedTrace, Trace, TraceRequest};
 
 /// Knobs of [`templated`].
@@ -298,13 +298,7 @@ pub fn templated(config: &TemplatedConfig) -> Result<TemplatedWorkload, PromptEr
     let mut requests = Vec::with_capacity(config.requests);
     for _ in 0..config.requests {
         now += exponential(&mut rng, config.rate);
-        let a = rng.below(active as u64) as usize;
-        let b = rng.below(active as u64) as usize;
-        let slot = if sessions[b].last_turn < sessions[a].last_turn {
-            b
-        } else {
-            a
-        };
+        let slot = older_of_two(&mut rng, &sessions, |s| s.last_turn);
         let session = &mut sessions[slot];
         if session.pending_answer > 0 {
             let answer = words.text(&mut rng, session.pending_answer as usize);
