@@ -36,7 +36,8 @@
 //! Events for the GPU cache (medium `"GPU"` or none) of KV-cache group 0
 //! (or none): an offloading connector's events for another medium, or a
 //! hybrid model's other groups, describe other caches and are skipped and
-//! counted. Engine block hashes are opaque: the index re-hashes each
+//! counted; so is a batch that names another data-parallel rank than its
+//! stream's. Engine block hashes are opaque: the index re-hashes each
 //! block's token ids with its own chained hash.
 //!
 //! # Floods and bad input
@@ -216,6 +217,9 @@ struct HubCounters {
     other_medium: AtomicU64,
     /// Events of another KV-cache group (hybrid models).
     other_group: AtomicU64,
+    /// Events of a batch that names another data-parallel rank than the
+    /// stream's (a publisher port shared or misconfigured).
+    other_rank: AtomicU64,
     /// Events that arrived after their worker left the index.
     late: AtomicU64,
 }
@@ -631,6 +635,10 @@ impl KvEvents {
             c.other_group.load(Ordering::Relaxed),
         );
         family.sample(
+            &[("reason", &"other_rank")],
+            c.other_rank.load(Ordering::Relaxed),
+        );
+        family.sample(
             &[("reason", &"worker_gone")],
             c.late.load(Ordering::Relaxed),
         );
@@ -697,6 +705,17 @@ impl Sink {
     fn on_event(&self, event: StreamEvent) {
         match event {
             StreamEvent::Batch { batch, .. } => {
+                // Another rank's cache is not this stream's: applying it
+                // would credit this rank with blocks it does not hold.
+                if batch
+                    .data_parallel_rank
+                    .is_some_and(|rank| rank != self.rank.rank)
+                {
+                    self.counters
+                        .other_rank
+                        .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+                    return;
+                }
                 for event in batch.events {
                     let Some(event) = self.convert(event) else {
                         continue;

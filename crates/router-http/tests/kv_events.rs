@@ -524,13 +524,38 @@ async fn a_hostile_publisher_is_counted_and_never_corrupts_the_index() {
         assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
     }
 
-    // A payload that does not decode at number 3 is a lost batch: with no
-    // replay, number 4 shows the gap and the worker's blocks are dropped
-    // (its state is unknown), then filled again from what follows.
+    // Batch 3 names data-parallel rank 5: not this rank-0 stream's cache,
+    // so none of it is applied.
+    let mut other_rank = EventBatch::new(1.0, vec![stored(4, Some(2), tokens(32, 16))]);
+    other_rank.data_parallel_rank = Some(5);
     socket
         .send(message(vec![
             Bytes::new(),
             seq(3),
+            Bytes::from(encode_batch(&other_rank)),
+        ]))
+        .await
+        .unwrap();
+    let status = wait_status(&fixture, "past batch 3", |s| {
+        s.streams[0].last_seq == Some(3)
+    })
+    .await;
+    assert_eq!(
+        status.blocks, 2,
+        "rank 5's block is not rank 0's: {status:?}"
+    );
+    let (_, _, bytes) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let metrics = String::from_utf8(bytes.to_vec()).unwrap();
+    let line = "router_kv_skipped_events_total{reason=\"other_rank\"} 1";
+    assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
+
+    // A payload that does not decode at number 4 is a lost batch: with no
+    // replay, number 5 shows the gap and the worker's blocks are dropped
+    // (its state is unknown), then filled again from what follows.
+    socket
+        .send(message(vec![
+            Bytes::new(),
+            seq(4),
             Bytes::from_static(b"\xc1 not msgpack"),
         ]))
         .await
@@ -538,13 +563,13 @@ async fn a_hostile_publisher_is_counted_and_never_corrupts_the_index() {
     socket
         .send(message(vec![
             Bytes::new(),
-            seq(4),
+            seq(5),
             batch(vec![stored(3, None, tokens(1000, 16))]),
         ]))
         .await
         .unwrap();
-    let status = wait_status(&fixture, "past batch 4", |s| {
-        s.streams[0].last_seq == Some(4)
+    let status = wait_status(&fixture, "past batch 5", |s| {
+        s.streams[0].last_seq == Some(5)
     })
     .await;
     assert_eq!(status.streams[0].resets, 1, "{status:?}");
