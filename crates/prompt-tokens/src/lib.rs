@@ -99,6 +99,7 @@ mod config;
 mod error;
 pub mod fuzzing;
 mod hf;
+mod o200k_split;
 mod request;
 pub mod synthetic;
 mod template;

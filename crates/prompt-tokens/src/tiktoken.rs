@@ -37,6 +37,7 @@
 
 use std::collections::HashMap;
 
+use crate::o200k_split::O200kSplit;
 use ahash::AHashMap;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -315,14 +316,9 @@ pub(crate) struct Encoder {
     ranks: AHashMap<Vec<u8>, u32>,
     /// The rank of each single byte (every byte is a token).
     byte_ranks: [u32; 256],
-    /// [`O200K_PATTERN`] without its one look-ahead branch, `\s+(?!\S)`,
-    /// which [`Encoder::encode`] applies itself: a finite automaton
-    /// (`regex`) instead of a backtracking one, several times faster.
-    split: regex::Regex,
+    /// The o200k split (an ASCII matcher, then the pattern's regex).
+    split: O200kSplit,
 }
-
-/// The branch of [`O200K_PATTERN`] that `regex` cannot run.
-const LOOKAHEAD_BRANCH: &str = r"|\s+(?!\S)";
 
 impl std::fmt::Debug for Encoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -342,55 +338,24 @@ impl Encoder {
                 .copied()
                 .ok_or_else(|| format!("byte {b:#04x} has no token"))?;
         }
-        let pattern = O200K_PATTERN.replacen(LOOKAHEAD_BRANCH, "", 1);
-        if pattern.len() == O200K_PATTERN.len() {
-            return Err("o200k pattern: no look-ahead branch to take out".to_owned());
-        }
-        // Anchored, and searched from each piece's start on the rest of
-        // the text: one forward scan per piece, no reverse scan to find
-        // where a match starts (there is no text between pieces).
-        let split = regex::Regex::new(&format!("^(?:{pattern})"))
-            .map_err(|e| format!("o200k pattern: {e}"))?;
         Ok(Self {
             ranks: ranks.into_iter().collect(),
             byte_ranks,
-            split,
+            split: O200kSplit::new()?,
         })
     }
 
     /// Appends the ids of `text` (no special tokens: the caller cuts them
-    /// out first) to `out`.
-    ///
-    /// The split is the o200k pattern's: without `\s+(?!\S)` a run of
-    /// whitespace that no earlier branch takes is matched whole by the last
-    /// branch, `\s+`; with it, such a run of two or more characters that is
-    /// followed by more text stops one character short (that last space
-    /// then starts the next piece, as in `" word"`). Such a match is the
-    /// only one that ends in whitespace other than `\r` / `\n` (the
-    /// newline branch ends in a newline, the others in non-space), so it is
-    /// recognised by its last character and shortened here.
+    /// out first) to `out`: each piece of the o200k split (see
+    /// [`O200kSplit::piece_end`]) its rank, or its merges.
     pub(crate) fn encode(&self, text: &str, out: &mut Vec<u32>) {
         let bytes = text.as_bytes();
+        let mut cache = self.split.cache();
         let mut at = 0;
         while at < text.len() {
             // Every character starts a match of some branch, so a piece
             // starts where the previous one ended.
-            let mut end = at + self.split.find(&text[at..]).map_or(0, |m| m.end());
-            if end < text.len()
-                && let Some(last) = text[at..end].chars().next_back()
-                && last.is_whitespace()
-                && last != '\r'
-                && last != '\n'
-                && end - at > last.len_utf8()
-            {
-                end -= last.len_utf8();
-            }
-            if end <= at {
-                // Unreachable (no branch matches empty text, and every
-                // character starts a match); one character then, rather
-                // than a loop.
-                end = at + text[at..].chars().next().map_or(1, char::len_utf8);
-            }
+            let end = self.split.piece_end(&mut cache, text, at);
             self.encode_piece(&bytes[at..end], out);
             at = end;
         }

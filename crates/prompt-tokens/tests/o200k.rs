@@ -103,6 +103,30 @@ fn o200k_ids_equal_tiktokens_on_corner_texts() {
 }
 
 #[test]
+fn o200k_ids_are_the_same_from_every_thread_at_once() {
+    // Each thread takes its own search cache of the split; the first one
+    // to use the tokenizer and the others take different paths to it.
+    let o200k = o200k();
+    let texts = corner_texts();
+    let expected: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| o200k.reference.encode_ordinary(t))
+        .collect();
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                for _ in 0..3 {
+                    for (text, want) in texts.iter().zip(&expected) {
+                        let ours = o200k.tokenizer.text_tokens(text, false).expect("tokens");
+                        assert_eq!(&ours, want, "text {text:?}");
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[test]
 fn o200k_gives_the_known_ids_of_a_few_words() {
     // Fixed points independent of any encoder: single tokens of o200k_base.
     let o200k = o200k();
