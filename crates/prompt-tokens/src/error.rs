@@ -74,6 +74,11 @@ pub enum Error {
     /// not a list, a message without a role, several prompts at once, ...).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The request is valid but its prompt is not one this crate can
+    /// compute (multimodal content: the engine's prompt holds the model
+    /// processor's placeholders).
+    #[error("unsupported request: {0}")]
+    Unsupported(String),
     /// The tokenizer failed on a text.
     #[error("tokenization failed: {0}")]
     Tokenize(String),

@@ -36,7 +36,7 @@ pub fn render(data: &[u8]) {
         Ok(request) => request,
         Err(_) => ChatRequest::new(&serde_json::json!([
             {"role": "system", "content": "sys"},
-            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, "there", {"type": "text"}]},
         ]))
         .unwrap_or_else(|_| unreachable_request()),
     };

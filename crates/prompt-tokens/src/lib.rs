@@ -99,6 +99,7 @@ mod config;
 mod error;
 pub mod fuzzing;
 mod hf;
+pub mod messages;
 mod o200k_split;
 mod request;
 pub mod synthetic;
@@ -112,6 +113,7 @@ pub use cache::{CacheStats, ENTRY_OVERHEAD_BYTES, SegmentCache};
 pub use config::TokenizerConfig;
 pub use error::{Error, Result};
 pub use hf::SegmentMode;
+pub use messages::ContentFormat;
 pub use request::{ChatRequest, CompletionPrompt, CompletionRequest};
 pub use synthetic::{
     synthetic_chat_text, synthetic_count, synthetic_tokenize, synthetic_tokenize_into,

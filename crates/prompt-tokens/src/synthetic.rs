@@ -3,14 +3,15 @@
 //! A token is `chars_per_token` consecutive Unicode scalar values of the
 //! whole prompt (the last may be shorter); its id is a stable 64-bit hash of
 //! those characters folded to 32 bits, equal on every run and machine. The
-//! chat rendering is `<|{role}|>\n{content}\n` per message (a list of
-//! content parts contributes the `text` of each part that has one, joined
-//! by `\n`), then `<|assistant|>\n`. This module is the one definition of
+//! chat rendering is `<|{role}|>\n{content}\n` per message (content as
+//! vLLM passes it to a template of the `string` format: text parts joined
+//! by `\n`, see [`messages`](crate::messages)), then `<|assistant|>\n`. This module is the one definition of
 //! that rule: engine-sim's tests check they agree bit for bit.
 
-use minijinja::value::{Value, ValueKind};
+use minijinja::value::Value;
 
 use crate::error::{Error, Result};
+use crate::messages::ContentFormat;
 
 /// splitmix64's finaliser: cheap, stable and well mixed.
 #[inline]
@@ -110,58 +111,30 @@ pub fn synthetic_chat_text(messages: &serde_json::Value) -> Result<String> {
 }
 
 pub(crate) fn render_value(messages: &Value) -> Result<String> {
-    let invalid = |what: &str| Error::InvalidRequest(what.to_owned());
-    if messages.kind() != ValueKind::Seq {
-        return Err(invalid("messages must be a list"));
-    }
     if messages.len() == Some(0) {
-        return Err(invalid("messages must not be empty"));
+        return Err(Error::InvalidRequest("messages must not be empty".into()));
     }
+    // vLLM's message preparation for a template that prints content as a
+    // string: the same part types accepted, the same ones refused.
+    let messages = crate::messages::prepare(messages, ContentFormat::String)?;
     let mut out = String::new();
-    for message in messages
-        .try_iter()
-        .map_err(|_| invalid("messages must be a list"))?
-    {
-        if message.kind() != ValueKind::Map {
-            return Err(invalid("each message must be an object"));
-        }
-        let role = message
-            .get_attr("role")
-            .ok()
-            .filter(|r| r.kind() == ValueKind::String)
-            .ok_or_else(|| invalid("each message needs a string role"))?;
+    for message in messages.try_iter().into_iter().flatten() {
         out.push_str("<|");
-        out.push_str(role.as_str().unwrap_or(""));
+        out.push_str(
+            message
+                .get_attr("role")
+                .unwrap_or_default()
+                .as_str()
+                .unwrap_or(""),
+        );
         out.push_str("|>\n");
-        let content = message.get_attr("content").unwrap_or_default();
-        match content.kind() {
-            ValueKind::Undefined | ValueKind::None => {}
-            ValueKind::String => out.push_str(content.as_str().unwrap_or("")),
-            ValueKind::Seq => {
-                let mut first = true;
-                for part in content
-                    .try_iter()
-                    .map_err(|_| invalid("content parts must be a list"))?
-                {
-                    if part.kind() != ValueKind::Map {
-                        return Err(invalid("each content part must be an object"));
-                    }
-                    let text = part.get_attr("text").unwrap_or_default();
-                    match text.kind() {
-                        ValueKind::Undefined | ValueKind::None => {}
-                        ValueKind::String => {
-                            if !first {
-                                out.push('\n');
-                            }
-                            out.push_str(text.as_str().unwrap_or(""));
-                            first = false;
-                        }
-                        _ => return Err(invalid("a content part's text must be a string")),
-                    }
-                }
-            }
-            _ => return Err(invalid("content must be a string, a list of parts or null")),
-        }
+        out.push_str(
+            message
+                .get_attr("content")
+                .unwrap_or_default()
+                .as_str()
+                .unwrap_or(""),
+        );
         out.push('\n');
     }
     out.push_str("<|assistant|>\n");

@@ -20,6 +20,7 @@ use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{AutoEscape, Environment, ErrorKind, State};
 
 use crate::error::{Error, Result};
+use crate::messages::{self, ContentFormat};
 use crate::request::{ChatRequest, object_from_pairs};
 
 /// Bounds on a chat template and on one rendering.
@@ -110,6 +111,7 @@ pub struct ChatTemplate {
     source_len: usize,
     limits: RenderLimits,
     special: SpecialTokens,
+    content_format: ContentFormat,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -118,6 +120,7 @@ impl fmt::Debug for ChatTemplate {
             .field("source_len", &self.source_len)
             .field("limits", &self.limits)
             .field("special", &self.special)
+            .field("content_format", &self.content_format)
             .finish_non_exhaustive()
     }
 }
@@ -168,7 +171,22 @@ impl ChatTemplate {
             source_len: source.len(),
             limits,
             special,
+            content_format: ContentFormat::detect(source),
         })
+    }
+
+    /// How this template expects message content: detected from the
+    /// source as vLLM does (see [`ContentFormat::detect`]) unless set with
+    /// [`with_content_format`](Self::with_content_format).
+    pub fn content_format(&self) -> ContentFormat {
+        self.content_format
+    }
+
+    /// Overrides the detected content format (vLLM's
+    /// `--chat-template-content-format string|openai`).
+    pub fn with_content_format(mut self, format: ContentFormat) -> Self {
+        self.content_format = format;
+        self
     }
 
     /// The limits this template renders under.
@@ -187,8 +205,9 @@ impl ChatTemplate {
             .env
             .get_template(NAME)
             .map_err(|e| Error::Render(describe(&e)))?;
+        let messages = messages::prepare(&request.messages.0, self.content_format)?;
         let mut vars: Vec<(&str, Value)> = vec![
-            ("messages", request.messages.0.clone()),
+            ("messages", messages.clone()),
             (
                 "add_generation_prompt",
                 Value::from(request.add_generation_prompt),
@@ -254,7 +273,7 @@ impl ChatTemplate {
         let mut text = String::from_utf8(out.buf)
             .map_err(|_| Error::Render("rendered output is not UTF-8".into()))?;
         if request.continue_final_message {
-            cut_after_final_message(&mut text, &request.messages.0);
+            cut_after_final_message(&mut text, &messages);
         }
         Ok(text)
     }

@@ -7,6 +7,7 @@ use crate::cache::{CacheStats, SegmentCache};
 use crate::config::{self, TokenizerConfig};
 use crate::error::{Error, Result};
 use crate::hf::{HfTokenizer, SegmentMode};
+use crate::messages::ContentFormat;
 use crate::request::{ChatRequest, CompletionPrompt, CompletionRequest};
 use crate::synthetic;
 use crate::template::{ChatTemplate, Clock, RenderLimits, SystemClock};
@@ -22,6 +23,11 @@ pub struct TokenizerOptions {
     pub limits: RenderLimits,
     /// The clock behind `strftime_now`. Default [`SystemClock`].
     pub clock: Arc<dyn Clock>,
+    /// How the chat template expects message content; `None` (the
+    /// default) detects it from the template as vLLM's `auto` does
+    /// ([`ContentFormat::detect`]). Set it when the engine runs with
+    /// `--chat-template-content-format string|openai`.
+    pub content_format: Option<ContentFormat>,
 }
 
 impl Default for TokenizerOptions {
@@ -31,6 +37,7 @@ impl Default for TokenizerOptions {
             cache_shards: 16,
             limits: RenderLimits::default(),
             clock: Arc::new(SystemClock),
+            content_format: None,
         }
     }
 }
@@ -128,6 +135,10 @@ impl PromptTokenizer {
             )?),
             None => None,
         };
+        let template = match (template, options.content_format) {
+            (Some(template), Some(format)) => Some(template.with_content_format(format)),
+            (template, _) => template,
+        };
         let id_of = |token: &Option<String>| token.as_deref().and_then(|t| tokenizer.token_id(t));
         let add_bos = if config.add_bos_token == Some(true) {
             id_of(&config.special.bos)
@@ -173,8 +184,15 @@ impl PromptTokenizer {
             Backend::Hf { tokenizer, .. } => {
                 let template = match (&self.template, &self.template_origin) {
                     (None, _) => "no chat template".to_owned(),
-                    (Some(_), Some(origin)) => format!("chat template {}", origin.display()),
-                    (Some(_), None) => "chat template from config".to_owned(),
+                    (Some(t), Some(origin)) => format!(
+                        "chat template {} ({} content)",
+                        origin.display(),
+                        t.content_format().as_str()
+                    ),
+                    (Some(t), None) => format!(
+                        "chat template from config ({} content)",
+                        t.content_format().as_str()
+                    ),
                 };
                 let mode = match tokenizer.mode() {
                     SegmentMode::Segments => "segment cache".to_owned(),

@@ -44,7 +44,7 @@ fn llama3_renders_date_header_tools_and_generation_prompt() {
     let body = json!({
         "messages": [
             {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": [{"type": "text", "text": "Weather?"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+            {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
         ],
         "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
     });
@@ -99,8 +99,39 @@ fn chatml_content_parts_null_content_and_tool_calls() {
         .unwrap();
     assert_eq!(
         text,
-        "<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     );
+}
+
+/// What vLLM does to content parts before the template (see
+/// `prompt_tokens::messages`): our templates print content as a string, so
+/// text parts arrive joined by newlines (the `a\nb` above); parts of an
+/// unknown type are a bad request, media parts a prompt only the engine
+/// can build.
+#[test]
+fn unknown_and_media_parts_are_refused_by_name() {
+    for family in TemplateFamily::ALL {
+        let t = tokenizer(family, TestTokenizerKind::Gpt2);
+        let bogus =
+            json!({"messages": [{"role": "user", "content": [{"type": "bogus", "text": "x"}]}]});
+        let error = t
+            .chat_tokens(&ChatRequest::from_value(&bogus).unwrap())
+            .unwrap_err();
+        assert!(
+            matches!(&error, prompt_tokens::Error::InvalidRequest(m) if m.contains("'bogus'")),
+            "{family:?}: {error}"
+        );
+        let image = json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]});
+        let error = t
+            .chat_tokens(&ChatRequest::from_value(&image).unwrap())
+            .unwrap_err();
+        assert!(
+            matches!(&error, prompt_tokens::Error::Unsupported(m) if m.contains("image_url")),
+            "{family:?}: {error}"
+        );
+    }
 }
 
 #[test]
@@ -261,7 +292,9 @@ fn content_strategy() -> impl Strategy<Value = Value> {
         2 => prop::collection::vec(
             prop_oneof![
                 3 => text_strategy().prop_map(|t| json!({"type": "text", "text": t})),
-                1 => Just(json!({"type": "image_url", "image_url": {"url": "data:x"}})),
+                1 => text_strategy().prop_map(|t| json!({"type": "refusal", "refusal": t})),
+                1 => text_strategy().prop_map(Value::from),
+                1 => Just(json!({"type": "text"})),
             ],
             0..3,
         )
@@ -314,4 +347,35 @@ proptest! {
             }
         }
     }
+}
+
+/// A template that loops over each message's content (Qwen2-VL's shape)
+/// gets content as typed parts, as vLLM's detection gives it; an explicit
+/// `string` format (vLLM's `--chat-template-content-format string`) gives
+/// it one string.
+#[test]
+fn a_template_looping_over_content_gets_parts() {
+    use prompt_tokens::{ChatTemplate, ContentFormat, FixedClock, RenderLimits, SpecialTokens};
+    let source = "{% for message in messages %}<{{ message.role }}>\
+        {% if message.content is string %}S:{{ message.content }}\
+        {% else %}{% for part in message['content'] %}P:{{ part.type }}={{ part.text }};{% endfor %}{% endif %}\
+        {% endfor %}";
+    let template = ChatTemplate::new(
+        source,
+        SpecialTokens::default(),
+        RenderLimits::default(),
+        std::sync::Arc::new(FixedClock(NOW)),
+    )
+    .unwrap();
+    assert_eq!(template.content_format(), ContentFormat::OpenAi);
+    let req = request(json!([
+        {"role": "user", "content": "hi"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, "b"]},
+    ]));
+    assert_eq!(
+        template.render(&req).unwrap(),
+        "<user>P:text=hi;<user>P:text=a;P:text=b;"
+    );
+    let template = template.with_content_format(ContentFormat::String);
+    assert_eq!(template.render(&req).unwrap(), "<user>S:hi<user>S:a\nb");
 }

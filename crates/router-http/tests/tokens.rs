@@ -104,3 +104,50 @@ async fn without_tokenizers_workers_say_text() {
     assert!(!metrics.contains("router_tokens_"), "{metrics}");
     fixture.shutdown().await;
 }
+
+/// A content part of an unknown type is the client's mistake: the router
+/// cannot compute its tokens (counted as a fallback, routed on text), and
+/// the engine answers 400 naming the type, as vLLM does. The router stays
+/// healthy: the next good request routes on tokens.
+#[tokio::test]
+async fn a_content_part_of_unknown_type_is_a_400_naming_it() {
+    let fixture = Fixture::start(config(), vec![EngineConfig::default(); 2]).await;
+    let bad = serde_json::json!({"model": "sim-model", "max_tokens": 4, "messages": [
+        {"role": "user", "content": [{"type": "bogus", "text": "x"}]}]});
+    let (status, _, bytes) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        bad.to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let body = json(&bytes);
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("'bogus'"), "{body}");
+
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        conversation(0).to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, _, metrics) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let metrics = String::from_utf8(metrics.to_vec()).unwrap();
+    assert!(
+        metrics.contains("router_tokens_fallbacks_total{model=\"*\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("router_tokens_routed_total{model=\"*\"} 1"),
+        "{metrics}"
+    );
+    for engine in &fixture.engines {
+        assert_eq!(engine.stats().running, 0, "no request left running");
+    }
+    fixture.shutdown().await;
+}
