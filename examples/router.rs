@@ -7,6 +7,13 @@
 //! flag is in `--help` and in docs/operations.md; the code is in
 //! `affinity_router::cli`.
 
+/// mimalloc (feature `mimalloc`, on by default): the request path
+/// allocates often, and glibc's malloc costs a router thread measurably more
+/// (docs/benchmarks.md).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     affinity_router::cli::main()
 }

@@ -34,6 +34,11 @@
 //! most reliable figure on a shared machine. Throughput depends on the
 //! machine's cores being shared by all three.
 
+/// The reference router's allocator (its default feature `mimalloc`), so
+/// the router measured here allocates as the shipped one does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, StreamBody};
