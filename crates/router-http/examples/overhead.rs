@@ -70,6 +70,10 @@ struct Measured {
     /// With tokenization on: the segment cache's hits over its lookups
     /// during the measurement.
     segment_hit_rate: Option<f64>,
+    /// With tokenization on: the router's time computing token ids
+    /// (`router_tokens_compute_seconds_total`) per request, part of
+    /// `router_cpu_us_per_req`.
+    tokenize_us_per_req: Option<f64>,
 }
 
 fn main() {
@@ -182,6 +186,9 @@ fn main() {
             });
             if let Some(rate) = routed.segment_hit_rate {
                 figures["segment_cache_hit_rate"] = round3(rate).into();
+            }
+            if let Some(us) = routed.tokenize_us_per_req {
+                figures["tokenize_us_per_req"] = round3(us).into();
             }
             figures
         };
@@ -632,8 +639,12 @@ fn measure_bodies(
         }
         _ => None,
     };
-    // A router of its own per measurement, on its own thread.
-    let router_tokenizer = tokenizer.clone();
+    // A router of its own per measurement, on its own thread. The
+    // tokenizers are shared with it, so their compute time can be read.
+    let tokenizers = tokenizer
+        .clone()
+        .map(|t| router_http::tokens::Tokenizers::default().with_default(t));
+    let router_tokenizers = tokenizers.clone();
     let router_thread = policy.map(|(policy, _)| {
         let name = format!("router-{policy}");
         spawn_runtime(&name, move |rt| {
@@ -642,9 +653,8 @@ fn measure_bodies(
                     policy: lb_policies::PolicyConfig::named(policy),
                     ..RouterConfig::default()
                 };
-                if let Some(tokenizer) = router_tokenizer {
-                    config.tokenizers =
-                        router_http::tokens::Tokenizers::default().with_default(tokenizer);
+                if let Some(tokenizers) = router_tokenizers {
+                    config.tokenizers = tokenizers;
                 }
                 config.client.pool_max_idle_per_host = 1024;
                 let router = Router::new(config).expect("config");
@@ -665,35 +675,46 @@ fn measure_bodies(
 
     let unique = chats.is_some();
     let stats_tokenizer = tokenizer.clone();
-    let (latencies, requests, elapsed, cpu_ns, lookups) = spawn_runtime("loadgen", move |rt| {
-        rt.block_on(async move {
-            // Warm-up: connections open, pools filled, the segment cache
-            // holding the bodies' shared messages.
-            run_load(
-                target,
-                case,
-                bodies.clone(),
-                Duration::from_millis(200),
-                unique,
-            )
-            .await;
-            let stats = || stats_tokenizer.as_ref().map(|t| t.cache_stats());
-            let stats_before = stats();
-            let cpu_before = router_tid.map(thread_cpu_ns);
-            let started = Instant::now();
-            let latencies = run_load(target, case, bodies, duration, unique).await;
-            let elapsed = started.elapsed();
-            let cpu = router_tid
-                .map(thread_cpu_ns)
-                .zip(cpu_before)
-                .map(|(a, b)| a - b);
-            let lookups = stats()
-                .zip(stats_before)
-                .map(|(after, before)| (after.hits - before.hits, after.misses - before.misses));
-            let requests = latencies.len();
-            (latencies, requests, elapsed, cpu, lookups)
-        })
-    });
+    let compute_seconds = move || {
+        tokenizers
+            .as_ref()
+            .and_then(|t| t.for_model("m"))
+            .map(|entry| entry.compute_seconds())
+    };
+    let (latencies, requests, elapsed, cpu_ns, lookups, compute) =
+        spawn_runtime("loadgen", move |rt| {
+            rt.block_on(async move {
+                // Warm-up: connections open, pools filled, the segment cache
+                // holding the bodies' shared messages.
+                run_load(
+                    target,
+                    case,
+                    bodies.clone(),
+                    Duration::from_millis(200),
+                    unique,
+                )
+                .await;
+                let stats = || stats_tokenizer.as_ref().map(|t| t.cache_stats());
+                let stats_before = stats();
+                let cpu_before = router_tid.map(thread_cpu_ns);
+                let compute_before = compute_seconds();
+                let started = Instant::now();
+                let latencies = run_load(target, case, bodies, duration, unique).await;
+                let elapsed = started.elapsed();
+                let cpu = router_tid
+                    .map(thread_cpu_ns)
+                    .zip(cpu_before)
+                    .map(|(a, b)| a - b);
+                let lookups = stats().zip(stats_before).map(|(after, before)| {
+                    (after.hits - before.hits, after.misses - before.misses)
+                });
+                let compute = compute_seconds()
+                    .zip(compute_before)
+                    .map(|(after, before)| after - before);
+                let requests = latencies.len();
+                (latencies, requests, elapsed, cpu, lookups, compute)
+            })
+        });
     let mut sorted = latencies;
     sorted.sort_unstable();
     let pick = |q: f64| {
@@ -709,6 +730,7 @@ fn measure_bodies(
         segment_hit_rate: lookups
             .filter(|(hits, misses)| hits + misses > 0)
             .map(|(hits, misses)| hits as f64 / (hits + misses) as f64),
+        tokenize_us_per_req: compute.map(|s| s * 1e6 / requests.max(1) as f64),
     }
 }
 

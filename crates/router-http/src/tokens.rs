@@ -35,6 +35,8 @@ use prompt_tokens::{ChatRequest, CompletionRequest, PromptTokenizer};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 /// The label under which the tokenizer for every other model is reported.
 pub const DEFAULT_MODEL_LABEL: &str = "*";
@@ -45,6 +47,9 @@ pub struct ModelTokens {
     tokenizer: Arc<PromptTokenizer>,
     routed: Counter,
     failed: Counter,
+    /// Nanoseconds spent computing token ids (parse, render, tokenize),
+    /// successes and failures alike.
+    compute_nanos: AtomicU64,
 }
 
 impl ModelTokens {
@@ -53,6 +58,7 @@ impl ModelTokens {
             tokenizer,
             routed: Counter::default(),
             failed: Counter::default(),
+            compute_nanos: AtomicU64::new(0),
         })
     }
 
@@ -70,6 +76,14 @@ impl ModelTokens {
     /// failed.
     pub fn failed(&self) -> u64 {
         self.failed.get()
+    }
+
+    /// Time spent computing requests' token ids (body parse, template
+    /// rendering, tokenization), in seconds: the part of the router's CPU
+    /// time that routing on tokens adds (the computation runs on the
+    /// request's task without yielding).
+    pub fn compute_seconds(&self) -> f64 {
+        self.compute_nanos.load(Ordering::Relaxed) as f64 / 1e9
     }
 }
 
@@ -147,6 +161,7 @@ impl Tokenizers {
             return routing;
         };
         let tokenizer = &entry.tokenizer;
+        let started = Instant::now();
         let ids = match kind {
             RouteKind::ChatCompletions => {
                 ChatRequest::from_json(body).and_then(|request| tokenizer.chat_tokens(&request))
@@ -157,6 +172,8 @@ impl Tokenizers {
                 .and_then(|request| tokenizer.completion_tokens(&request)),
             _ => return routing,
         };
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        entry.compute_nanos.fetch_add(nanos, Ordering::Relaxed);
         match ids {
             Ok(ids) => {
                 entry.routed.inc();
@@ -225,6 +242,14 @@ impl Tokenizers {
             for (model, entry) in self.entries() {
                 family.sample(&[("model", &model)], read(entry));
             }
+        }
+        let mut family = exposition.family(
+            "router_tokens_compute_seconds_total",
+            MetricType::Counter,
+            "Time spent computing token ids (parse, render, tokenize), by model.",
+        );
+        for (model, entry) in self.entries() {
+            family.sample(&[("model", &model)], entry.compute_seconds());
         }
     }
 }

@@ -91,6 +91,13 @@ async fn a_conversation_follows_the_engine_that_caches_its_tokens() {
         metrics.contains("router_tokens_fallbacks_total{model=\"*\"} 0"),
         "{metrics}"
     );
+    // The time spent computing the ids is counted: four requests took some.
+    let compute: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("router_tokens_compute_seconds_total{model=\"*\"} "))
+        .and_then(|v| v.parse().ok())
+        .expect("router_tokens_compute_seconds_total");
+    assert!(compute > 0.0 && compute < 60.0, "{compute}");
     fixture.shutdown().await;
 }
 
