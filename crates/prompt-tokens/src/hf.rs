@@ -4,8 +4,9 @@
 //!
 //! `tokenizers` first cuts the text at every *added token* whose
 //! `normalized` flag is false (one leftmost-longest Aho-Corasick pass over
-//! their contents), then normalizes, pre-tokenizes and runs the model on
-//! each piece between them, piece by piece. Cutting the rendered prompt at
+//! their contents; [`AddedTokens`] finds the same matches), then
+//! normalizes, pre-tokenizes and runs the model on each piece between
+//! them, piece by piece. Cutting the rendered prompt at
 //! the same matches ourselves (same pattern set, same match kind) and
 //! encoding each piece alone therefore gives the same ids — with three
 //! exceptions, which turn the segment path off for that tokenizer
@@ -23,9 +24,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use tokenizers::Tokenizer;
 
+use crate::added::AddedTokens;
 use crate::cache::SegmentCache;
 use crate::error::{Error, Result};
 
@@ -39,13 +40,11 @@ pub enum SegmentMode {
     Whole(String),
 }
 
-/// The added-token matcher and the id of each of its patterns.
-type Splitter = (AhoCorasick, Vec<u32>);
-
+/// A `tokenizer.json` (or tiktoken) vocabulary with its segment cache.
 pub(crate) struct HfTokenizer {
     tokenizer: Tokenizer,
     /// Non-normalized added tokens, with the id of each pattern.
-    splitter: Option<Splitter>,
+    splitter: Option<AddedTokens>,
     mode: SegmentMode,
     pub(crate) cache: SegmentCache,
     pub(crate) path: PathBuf,
@@ -170,11 +169,11 @@ impl HfTokenizer {
             // post-processor: `add_special_tokens` adds nothing.
             let mut out = Vec::with_capacity(text.len() / 3);
             let mut at = 0;
-            if let Some((matcher, ids)) = &self.splitter {
-                for m in matcher.find_iter(text) {
-                    direct.encode(&text[at..m.start()], &mut out);
-                    out.push(ids[m.pattern().as_usize()]);
-                    at = m.end();
+            if let Some(added) = &self.splitter {
+                for found in added.find_iter(text) {
+                    direct.encode(&text[at..found.start], &mut out);
+                    out.push(found.id);
+                    at = found.end;
                 }
             }
             direct.encode(&text[at..], &mut out);
@@ -197,11 +196,11 @@ impl HfTokenizer {
         // copied), then copy them once into an output of the exact size.
         let mut pieces: Vec<Piece> = Vec::with_capacity(64);
         let mut at = 0;
-        if let Some((matcher, ids)) = &self.splitter {
-            for m in matcher.find_iter(text) {
-                self.push_segment(&text[at..m.start()], &mut pieces)?;
-                pieces.push(Piece::Added(ids[m.pattern().as_usize()]));
-                at = m.end();
+        if let Some(added) = &self.splitter {
+            for found in added.find_iter(text) {
+                self.push_segment(&text[at..found.start], &mut pieces)?;
+                pieces.push(Piece::Added(found.id));
+                at = found.end;
             }
         }
         self.push_segment(&text[at..], &mut pieces)?;
@@ -249,7 +248,7 @@ impl Piece {
     }
 }
 
-fn analyse(tokenizer: &Tokenizer, path: &Path) -> Result<(Option<Splitter>, SegmentMode)> {
+fn analyse(tokenizer: &Tokenizer, path: &Path) -> Result<(Option<AddedTokens>, SegmentMode)> {
     let mut patterns: Vec<(String, u32)> = Vec::new();
     let mut whole: Option<String> = None;
     let mut added: Vec<_> = tokenizer.get_added_tokens_decoder().into_iter().collect();
@@ -278,18 +277,10 @@ fn analyse(tokenizer: &Tokenizer, path: &Path) -> Result<(Option<Splitter>, Segm
             });
         }
     }
-    let splitter = if patterns.is_empty() {
-        None
-    } else {
-        let matcher = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(patterns.iter().map(|(p, _)| p.as_str()))
-            .map_err(|e| Error::InvalidTokenizer {
-                path: path.to_owned(),
-                reason: format!("added tokens: {e}"),
-            })?;
-        Some((matcher, patterns.into_iter().map(|(_, id)| id).collect()))
-    };
+    let splitter = AddedTokens::new(&patterns).map_err(|e| Error::InvalidTokenizer {
+        path: path.to_owned(),
+        reason: format!("added tokens: {e}"),
+    })?;
     let mode = match whole {
         Some(reason) => SegmentMode::Whole(reason),
         None => SegmentMode::Segments,

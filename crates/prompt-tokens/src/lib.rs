@@ -94,6 +94,7 @@
 
 #![warn(missing_docs)]
 
+mod added;
 mod cache;
 mod config;
 mod error;

@@ -39,7 +39,7 @@ use minijinja::Value;
 use minijinja::value::ValueKind;
 
 use crate::error::{Error, Result};
-use crate::request::object_from_pairs;
+use crate::request::{object_from_pairs, small_map_entries};
 
 /// How a chat template expects a message's `content`: vLLM's
 /// `--chat-template-content-format`.
@@ -407,13 +407,9 @@ fn present(value: &Value) -> bool {
 /// Whether `message` is already what [`prepare`] would make of it in the
 /// `string` format: nothing to copy.
 fn is_final_string_form(message: &Value) -> bool {
-    let Ok(keys) = message.try_iter() else {
-        return false;
-    };
     let mut role_ok = false;
     let mut content_ok = false;
-    for key in keys {
-        let value = attr(message, key.as_str().unwrap_or(""));
+    let mut check = |key: &Value, value: &Value| {
         match key.as_str() {
             Some("role") => {
                 // A developer message gains `tools`.
@@ -422,6 +418,24 @@ fn is_final_string_form(message: &Value) -> bool {
             Some("content") => content_ok = value.kind() == ValueKind::String,
             Some("name") if value.kind() == ValueKind::String => {}
             _ => return false,
+        }
+        true
+    };
+    // Messages parsed from JSON are small maps: read their pairs in place
+    // (this runs on every message of every request).
+    if let Some(entries) = small_map_entries(message) {
+        if !entries.iter().all(|(key, value)| check(key, value)) {
+            return false;
+        }
+    } else {
+        let Ok(keys) = message.try_iter() else {
+            return false;
+        };
+        for key in keys {
+            let value = attr(message, key.as_str().unwrap_or(""));
+            if !check(&key, &value) {
+                return false;
+            }
         }
     }
     role_ok && content_ok

@@ -77,6 +77,15 @@ impl Object for SmallMap {
     }
 }
 
+/// The key/value pairs, in order, of an object [`JsonSeed`] built as a
+/// [`SmallMap`]; `None` for any other value. Lets hot checks read a
+/// message's fields without minijinja's boxed iteration.
+pub(crate) fn small_map_entries(value: &Value) -> Option<&[(Value, Value)]> {
+    value
+        .downcast_object_ref::<SmallMap>()
+        .map(|map| map.entries.as_slice())
+}
+
 /// An object from its key/value pairs in order; a repeated key keeps its
 /// first position and takes the last value (as a Python dict does, and as
 /// minijinja's own map does).
