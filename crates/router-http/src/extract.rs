@@ -306,9 +306,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
     }
 }
 
-/// One part of multi-part content: only its `text` is read. A part must be
-/// an object (as in the OpenAI API); a `text` that is not a string counts as
-/// no text.
+/// One part of multi-part content: only its `text` is read. A part is an
+/// object (as in the OpenAI API) or a bare string, which is text (vLLM
+/// accepts both); a `text` that is not a string counts as no text. Any
+/// other part (a list, a number) is refused, so nesting stays shallow.
 struct ContentPart<'a> {
     text: Option<Cow<'a, str>>,
 }
@@ -321,8 +322,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for ContentPart<'a> {
             type Value = ContentPart<'a>;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a content part object")
+                f.write_str("a content part object or string")
             }
+
+            visit_strings!(|text| ContentPart { text: Some(text) });
 
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut text = None;
@@ -337,7 +340,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for ContentPart<'a> {
             }
         }
 
-        deserializer.deserialize_map(PartVisitor(PhantomData))
+        deserializer.deserialize_any(PartVisitor(PhantomData))
     }
 }
 
@@ -626,6 +629,25 @@ mod tests {
         }
         let mixed = extract(RouteKind::Completions, br#"{"prompt":[[1,"x"],[2]]}"#).unwrap();
         assert_eq!(mixed.routing, Routing::None);
+    }
+
+    #[test]
+    fn bare_strings_in_a_content_list_are_text_parts() {
+        let info = chat(
+            r#"{"messages":[{"role":"user","content":["a",{"type":"text","text":"b"},"c"]}]}"#,
+        );
+        assert_eq!(info.routing.text(), Some("user: abc\n"));
+        // Other bare values are still refused, naming what a part may be.
+        let error = extract(
+            RouteKind::ChatCompletions,
+            br#"{"messages":[{"role":"user","content":["a",7]}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(error.status(), http::StatusCode::BAD_REQUEST);
+        assert!(
+            error.to_string().contains("content part object or string"),
+            "{error}"
+        );
     }
 
     #[test]
