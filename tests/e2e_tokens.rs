@@ -120,9 +120,13 @@ async fn router_and_engine_compute_the_same_ids_for_every_template_family() {
                 panic!("{family:?}: the router did not route on tokens for {body}");
             };
             // What the engine counts, from its own copy of the model.
-            let parsed =
-                parse_request_with(Endpoint::Chat, bytes.as_bytes(), Some(&engine_tokenizer))
-                    .unwrap();
+            let parsed = parse_request_with(
+                Endpoint::Chat,
+                bytes.as_bytes(),
+                Some(&engine_tokenizer),
+                None,
+            )
+            .unwrap();
             let Prompt::Tokens(engine_ids) = parsed.prompt else {
                 panic!("{family:?}: the engine did not tokenize")
             };

@@ -177,7 +177,7 @@ enum PromptField {
 /// rendering: a chat's prompt is [`Prompt::Text`] (the synthetic
 /// template), a completion's is its text or token ids as given.
 pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
-    parse_request_with(endpoint, body, None)
+    parse_request_with(endpoint, body, None, None)
 }
 
 /// Parses a request body for `endpoint`. With a `tokenizer`, the prompt is
@@ -185,12 +185,24 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerationReques
 /// body (its template, `tools`, `chat_template_kwargs`, ...) or
 /// [`PromptTokenizer::completion_tokens`] of a completion's; a rendering
 /// or tokenization error is a 400 carrying prompt-tokens' message.
-/// Without one this is [`parse_request`].
+///
+/// With a `served_model`, a request naming another model is a 404 ("The
+/// model `x` does not exist.") before its prompt is computed: vLLM checks
+/// the model before it renders, so a bad prompt for an unknown model is
+/// reported as the unknown model. Without either this is
+/// [`parse_request`].
 pub fn parse_request_with(
     endpoint: Endpoint,
     body: &[u8],
     tokenizer: Option<&PromptTokenizer>,
+    served_model: Option<&str>,
 ) -> Result<GenerationRequest, ApiError> {
+    let check_model = |model: &Option<String>| match (model, served_model) {
+        (Some(model), Some(served)) if model != served => Err(ApiError::not_found(format!(
+            "The model `{model}` does not exist."
+        ))),
+        _ => Ok(()),
+    };
     let bytes = body;
     // Syntax first, so malformed JSON gets its own clear message.
     let value: Value = serde_json::from_slice(bytes)
@@ -204,6 +216,7 @@ pub fn parse_request_with(
     match endpoint {
         Endpoint::Chat => {
             let body: ChatBody = serde_json::from_value(value).map_err(invalid)?;
+            check_model(&body.model)?;
             let prompt = match tokenizer {
                 None => Prompt::Text(
                     prompt_tokens::synthetic_chat_text(&body.messages).map_err(prompt_error)?,
@@ -229,6 +242,7 @@ pub fn parse_request_with(
         }
         Endpoint::Completions => {
             let body: CompletionBody = serde_json::from_value(value).map_err(invalid)?;
+            check_model(&body.model)?;
             let prompt = match body.prompt {
                 PromptField::Text(text) => Prompt::Text(text),
                 PromptField::Tokens(tokens) => Prompt::Tokens(tokens),
@@ -452,5 +466,36 @@ mod tests {
         let v: Value = serde_json::from_str(&e.to_json()).expect("json");
         assert_eq!(v["error"]["code"], 400);
         assert_eq!(v["error"]["type"], "BadRequestError");
+    }
+
+    #[test]
+    fn an_unknown_model_is_reported_before_a_bad_prompt() {
+        let bad_part =
+            br#"{"model":"other","messages":[{"role":"user","content":[{"type":"bogus"}]}]}"#;
+        let e = parse_request_with(Endpoint::Chat, bad_part, None, Some("served")).unwrap_err();
+        assert_eq!(e.status, 404, "{}", e.message);
+        assert!(
+            e.message.contains("`other` does not exist"),
+            "{}",
+            e.message
+        );
+        // The served model (or none named) gets to the prompt and its 400.
+        for body in [
+            br#"{"model":"served","messages":[{"role":"user","content":[{"type":"bogus"}]}]}"#
+                .as_slice(),
+            br#"{"messages":[{"role":"user","content":[{"type":"bogus"}]}]}"#,
+        ] {
+            let e = parse_request_with(Endpoint::Chat, body, None, Some("served")).unwrap_err();
+            assert_eq!(e.status, 400, "{}", e.message);
+            assert!(e.message.contains("bogus"), "{}", e.message);
+        }
+        let e = parse_request_with(
+            Endpoint::Completions,
+            br#"{"model":"other","prompt":["a","b"]}"#,
+            None,
+            Some("served"),
+        )
+        .unwrap_err();
+        assert_eq!(e.status, 404, "{}", e.message);
     }
 }

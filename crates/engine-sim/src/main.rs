@@ -81,6 +81,10 @@ struct Args {
     /// A Jinja chat template replacing the model's (needs --tokenizer-path).
     #[arg(long, value_name = "FILE")]
     chat_template: Option<PathBuf>,
+    /// How the chat template expects message content, as vLLM's flag of
+    /// this name: auto (detected from the template), string or openai.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "string", "openai"])]
+    chat_template_content_format: String,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
@@ -220,6 +224,12 @@ impl Args {
                     .into(),
             );
         }
+        if self.chat_template_content_format != "auto" && self.tokenizer_path.is_none() {
+            return Err(
+                "--chat-template-content-format needs --tokenizer-path (the synthetic tokenizer has its own rendering)"
+                    .into(),
+            );
+        }
         Ok(())
     }
 
@@ -228,7 +238,12 @@ impl Args {
         let Some(path) = &self.tokenizer_path else {
             return Ok(None);
         };
-        PromptTokenizer::from_path(path, self.chat_template.as_deref())
+        let options = prompt_tokens::TokenizerOptions {
+            // "auto" is None: detected from the template.
+            content_format: prompt_tokens::ContentFormat::parse(&self.chat_template_content_format),
+            ..prompt_tokens::TokenizerOptions::default()
+        };
+        PromptTokenizer::from_path_with(path, self.chat_template.as_deref(), options)
             .map(|t| Some(Arc::new(t)))
             .map_err(|e| {
                 let template = self

@@ -904,18 +904,15 @@ async fn generate(
             };
         }
     };
-    let parsed = match api::parse_request_with(endpoint, &body, shared.tokenizer.as_deref()) {
+    let parsed = match api::parse_request_with(
+        endpoint,
+        &body,
+        shared.tokenizer.as_deref(),
+        Some(&shared.config.model.model_name),
+    ) {
         Ok(parsed) => parsed,
         Err(e) => return error_response(&e),
     };
-    let model_name = &shared.config.model.model_name;
-    if let Some(model) = &parsed.model
-        && model != model_name
-    {
-        return error_response(&ApiError::not_found(format!(
-            "The model `{model}` does not exist."
-        )));
-    }
     let prompt = match parsed.prompt {
         Prompt::Text(text) => tokenize(&text, shared.config.model.chars_per_token),
         Prompt::Tokens(tokens) => tokens,
@@ -962,7 +959,7 @@ async fn generate(
                 mix64(id ^ prompt_hash)
             ),
             created: unix_now(),
-            model: model_name.clone(),
+            model: shared.config.model.model_name.clone(),
             endpoint,
         },
         stream: parsed.stream,

@@ -128,6 +128,32 @@ fn a_tokenizer_that_does_not_load_is_refused_naming_the_path() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--tokenizer-path"), "{stderr}");
+
+    // So does a content format, and a format vLLM does not name is refused.
+    for (args, words) in [
+        (
+            &["--chat-template-content-format", "openai"][..],
+            "--tokenizer-path",
+        ),
+        (
+            &[
+                "--tokenizer-path",
+                model,
+                "--chat-template-content-format",
+                "json",
+            ],
+            "json",
+        ),
+    ] {
+        let output = Command::new(BIN)
+            .args(["--port", "0"])
+            .args(args)
+            .output()
+            .expect("run engine-sim");
+        assert!(!output.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(words), "{args:?}: {stderr}");
+    }
 }
 
 #[test]
