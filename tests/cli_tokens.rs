@@ -152,3 +152,108 @@ fn models_tables_give_each_model_its_tokenizer() {
         assert!(message.contains(words), "{table}: {message}");
     }
 }
+
+#[test]
+fn the_content_format_flag_and_tables_reach_the_template() {
+    let dir = model_dir(TemplateFamily::ChatMl);
+    let path = dir.path().to_str().unwrap();
+    let request = prompt_tokens::ChatRequest::from_json(
+        br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
+    )
+    .unwrap();
+    let tokens_with = |argv: &[&str]| {
+        let s = settings(&with_worker(argv)).unwrap();
+        let tokenizer = s
+            .router
+            .tokenizers
+            .for_model("m")
+            .unwrap()
+            .tokenizer()
+            .clone();
+        (
+            tokenizer.describe(),
+            tokenizer.chat_tokens(&request).unwrap(),
+        )
+    };
+    // ChatML prints `message.content`: detected as string content.
+    let (auto, auto_ids) = tokens_with(&["--tokenizer-path", path]);
+    assert!(auto.contains("(string content)"), "{auto}");
+    let (string, string_ids) = tokens_with(&[
+        "--tokenizer-path",
+        path,
+        "--chat-template-content-format",
+        "string",
+    ]);
+    assert!(string.contains("(string content)"), "{string}");
+    assert_eq!(string_ids, auto_ids);
+    // Forced to openai, the template prints the parts list: other ids.
+    let (openai, openai_ids) = tokens_with(&[
+        "--tokenizer-path",
+        path,
+        "--chat-template-content-format",
+        "openai",
+    ]);
+    assert!(openai.contains("(openai content)"), "{openai}");
+    assert_ne!(openai_ids, auto_ids);
+
+    // A table's own setting wins over the flag.
+    let config = config_file(
+        dir.path(),
+        &format!(
+            "worker-urls = [\"http://127.0.0.1:9\"]\n\
+             chat-template-content-format = \"openai\"\n\
+             [models.m]\n\
+             tokenizer_path = {path:?}\n\
+             chat_template_content_format = \"string\"\n\
+             [models.n]\n\
+             tokenizer_path = {path:?}\n"
+        ),
+    );
+    let s = settings(&["--config", &config]).unwrap();
+    let describe = |model: &str| {
+        s.router
+            .tokenizers
+            .for_model(model)
+            .unwrap()
+            .tokenizer()
+            .describe()
+    };
+    assert!(
+        describe("m").contains("(string content)"),
+        "{}",
+        describe("m")
+    );
+    assert!(
+        describe("n").contains("(openai content)"),
+        "{}",
+        describe("n")
+    );
+
+    // Bad values and a flag with no template to apply to are refused by name.
+    let err = settings(&with_worker(&[
+        "--tokenizer-path",
+        path,
+        "--chat-template-content-format",
+        "json",
+    ]))
+    .unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    assert!(err.to_string().contains("json"), "{err}");
+    let err = settings(&with_worker(&["--chat-template-content-format", "openai"])).unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    assert!(
+        err.to_string()
+            .starts_with("--chat-template-content-format: needs --tokenizer-path"),
+        "{err}"
+    );
+    let config = config_file(
+        dir.path(),
+        &format!("[models.m]\ntokenizer_path = {path:?}\nchat_template_content_format = \"x\"\n"),
+    );
+    let message = settings(&["--config", &config]).unwrap_err().to_string();
+    assert!(message.starts_with("--config: "), "{message}");
+    assert!(
+        message.contains("chat_template_content_format"),
+        "{message}"
+    );
+}

@@ -101,6 +101,32 @@ pub enum BackendName {
     Anthropic,
 }
 
+/// How the chat template expects message content: vLLM's
+/// `--chat-template-content-format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[value(rename_all = "lowercase")]
+pub enum ContentFormatName {
+    /// Detected from the template, as vLLM does (the default).
+    #[default]
+    Auto,
+    /// Content is one string, text parts joined with newlines.
+    String,
+    /// Content is a list of typed parts.
+    Openai,
+}
+
+impl ContentFormatName {
+    /// The format to force, `None` for `auto`.
+    pub fn format(self) -> Option<prompt_tokens::ContentFormat> {
+        match self {
+            Self::Auto => None,
+            Self::String => Some(prompt_tokens::ContentFormat::String),
+            Self::Openai => Some(prompt_tokens::ContentFormat::OpenAi),
+        }
+    }
+}
+
 /// The reference router's command line. Defaults are vllm-router's.
 #[derive(Debug, Clone, PartialEq, Parser, Serialize, Deserialize)]
 #[command(
@@ -392,6 +418,17 @@ pub struct Args {
     /// --tokenizer-path).
     #[arg(long, value_name = "FILE", help_heading = "Token routing")]
     pub chat_template: Option<String>,
+    /// How the chat template expects message content, as the engine's own
+    /// flag of this name says: auto (detected from the template, as vLLM
+    /// does), string or openai. Must match the engines' setting, or the
+    /// router's token ids differ from theirs.
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = ContentFormatName::Auto,
+        help_heading = "Token routing"
+    )]
+    pub chat_template_content_format: ContentFormatName,
 
     // ----- KV events -----
     /// kv_aware: the port of each engine's KV event publisher, on the

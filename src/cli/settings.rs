@@ -10,7 +10,7 @@
 //! 3. [`Settings::from_parsed`] checks ranges, URLs and combinations and
 //!    names the flag at fault (exit 2).
 
-use super::args::{Args, BackendName, PolicyName, long_flag};
+use super::args::{Args, BackendName, ContentFormatName, PolicyName, long_flag};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use pd_orchestrator::PdConnector;
@@ -109,6 +109,9 @@ pub struct ModelTokenizer {
     /// As `--chat-template`.
     #[serde(default, alias = "chat-template")]
     pub chat_template: Option<String>,
+    /// As `--chat-template-content-format`; unset: the command line's.
+    #[serde(default, alias = "chat-template-content-format")]
+    pub chat_template_content_format: Option<ContentFormatName>,
 }
 
 impl Parsed {
@@ -163,15 +166,11 @@ fn merge_file(parsed: &mut Parsed, text: &str) -> Result<(), String> {
     for (key, value) in file {
         let id = key.replace('-', "_");
         if id == "models" {
-            parsed.models = value
-                .try_into()
-                .map_err(|err: toml::de::Error| format!("[models]: {}", err.message()))?;
+            parsed.models = tables_of("models", value)?;
             continue;
         }
         if id == "workers" {
-            parsed.workers = value
-                .try_into()
-                .map_err(|err: toml::de::Error| format!("[workers]: {}", err.message()))?;
+            parsed.workers = tables_of("workers", value)?;
             continue;
         }
         if id == "config" || !known.contains(&id) {
@@ -196,6 +195,44 @@ fn merge_file(parsed: &mut Parsed, text: &str) -> Result<(), String> {
     args.config = config;
     parsed.args = args;
     Ok(())
+}
+
+/// Reads a `[section."ID"]` group of tables, each on its own so that an
+/// error names the table and, where one key alone is at fault, the key.
+fn tables_of<T: serde::de::DeserializeOwned>(
+    section: &str,
+    value: toml::Value,
+) -> Result<BTreeMap<String, T>, String> {
+    let toml::Value::Table(tables) = value else {
+        return Err(format!("[{section}]: expected tables, one per ID"));
+    };
+    let mut read = BTreeMap::new();
+    for (id, table) in tables {
+        match table.clone().try_into::<T>() {
+            Ok(entry) => {
+                read.insert(id, entry);
+            }
+            Err(err) => {
+                let fault = the_faulty_key::<T>(&table).unwrap_or_else(|| err.message().to_owned());
+                return Err(format!("[{section}.{id:?}]: {fault}"));
+            }
+        }
+    }
+    Ok(read)
+}
+
+/// The first key of `table` whose value alone fails to deserialize as a
+/// `T`, with the reason; a missing required key is not such a fault.
+fn the_faulty_key<T: serde::de::DeserializeOwned>(table: &toml::Value) -> Option<String> {
+    let toml::Value::Table(table) = table else {
+        return None;
+    };
+    table.iter().find_map(|(key, value)| {
+        let single = toml::Table::from_iter([(key.clone(), value.clone())]);
+        let err = toml::Value::Table(single).try_into::<T>().err()?;
+        let message = err.message();
+        (!message.starts_with("missing field")).then(|| format!("`{key}`: {message}"))
+    })
 }
 
 /// Finds which key of a merged table fails to deserialize, for a message
@@ -473,8 +510,12 @@ fn kv_events(parsed: &Parsed) -> Result<KvEventsConfig, CliError> {
 /// on the same token ids its engines compute.
 fn tokenizers(parsed: &Parsed, mode: &Mode) -> Result<Tokenizers, CliError> {
     let a = &parsed.args;
-    let load = |flag: &str, path: &str, template: Option<&str>| {
-        PromptTokenizer::from_path(Path::new(path), template.map(Path::new))
+    let load = |flag: &str, path: &str, template: Option<&str>, format: ContentFormatName| {
+        let options = prompt_tokens::TokenizerOptions {
+            content_format: format.format(),
+            ..prompt_tokens::TokenizerOptions::default()
+        };
+        PromptTokenizer::from_path_with(Path::new(path), template.map(Path::new), options)
             .map(Arc::new)
             .map_err(|err| {
                 // Name the file at fault: the template's problems are
@@ -500,12 +541,24 @@ fn tokenizers(parsed: &Parsed, mode: &Mode) -> Result<Tokenizers, CliError> {
                 CliError::invalid(flag, err.to_string())
             })
     };
+    if a.tokenizer_path.is_none()
+        && parsed.models.is_empty()
+        && a.chat_template_content_format != ContentFormatName::Auto
+    {
+        return Err(CliError::invalid(
+            "chat_template_content_format",
+            "needs --tokenizer-path or [models.\"ID\"] tables (the chat template it applies to)",
+        ));
+    }
     let mut tokenizers = Tokenizers::default();
     for (model, files) in &parsed.models {
         let tokenizer = load(
             "config",
             &files.tokenizer_path,
             files.chat_template.as_deref(),
+            files
+                .chat_template_content_format
+                .unwrap_or(a.chat_template_content_format),
         )
         .map_err(|err| match err {
             CliError::Invalid { flag, message } => CliError::Invalid {
@@ -518,7 +571,12 @@ fn tokenizers(parsed: &Parsed, mode: &Mode) -> Result<Tokenizers, CliError> {
     }
     match (&a.tokenizer_path, &a.chat_template) {
         (Some(path), template) => {
-            let tokenizer = load("tokenizer_path", path, template.as_deref())?;
+            let tokenizer = load(
+                "tokenizer_path",
+                path,
+                template.as_deref(),
+                a.chat_template_content_format,
+            )?;
             tokenizers = tokenizers.with_default(tokenizer);
         }
         (None, Some(_)) => {
