@@ -161,8 +161,8 @@ impl ChatTemplate {
         });
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", move |format: &str| -> String {
-            strftime(format, clock.now_unix_seconds())
+        env.add_function("strftime_now", move |format: &str| -> Value {
+            strftime_cached(format, clock.now_unix_seconds())
         });
         env.add_template_owned(NAME, source.to_owned())
             .map_err(|e| Error::TemplateSyntax(describe(&e)))?;
@@ -366,6 +366,31 @@ fn raise_exception(message: Value) -> Result<Value, minijinja::Error> {
         minijinja::Error::new(ErrorKind::InvalidOperation, "raise_exception called")
             .with_source(Raised(message)),
     )
+}
+
+thread_local! {
+    /// The last `strftime_now` result of this thread: (second, format,
+    /// text). Templates call it once or twice per rendering with the same
+    /// format, and the text changes once a second at most.
+    static LAST_STRFTIME: std::cell::RefCell<Option<(i64, Box<str>, Value)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// [`strftime`] as a template value, reusing this thread's last result when
+/// the second and the format are the same (the text is a function of both
+/// alone, whatever clock gave the second).
+fn strftime_cached(format: &str, unix_seconds: i64) -> Value {
+    LAST_STRFTIME.with_borrow_mut(|last| {
+        if let Some((seconds, last_format, text)) = last
+            && *seconds == unix_seconds
+            && **last_format == *format
+        {
+            return text.clone();
+        }
+        let text = Value::from(strftime(format, unix_seconds));
+        *last = Some((unix_seconds, format.into(), text.clone()));
+        text
+    })
 }
 
 /// `tojson(value, indent=None, sort_keys=False, ensure_ascii=False, separators=None)`
@@ -700,6 +725,28 @@ mod tests {
         assert_eq!(strftime("%Y-%m-%d", 951_782_400), "2000-02-29");
         assert_eq!(strftime("%Y-%m-%d", -86_400), "1969-12-31");
         assert_eq!(strftime("%q", t), "%q");
+    }
+
+    #[test]
+    fn strftime_now_follows_the_second_and_the_format() {
+        let t = 1_721_997_296;
+        // Repeated, interleaved and changing calls on one thread: each
+        // answer is strftime's own for that second and format.
+        for (format, seconds) in [
+            ("%Y-%m-%d", t),
+            ("%Y-%m-%d", t),
+            ("%H:%M:%S", t),
+            ("%Y-%m-%d", t),
+            ("%H:%M:%S", t + 1),
+            ("%H:%M:%S", t + 1),
+            ("%d %b %Y", t + 86_400),
+        ] {
+            assert_eq!(
+                strftime_cached(format, seconds).as_str(),
+                Some(strftime(format, seconds).as_str()),
+                "{format} at {seconds}"
+            );
+        }
     }
 
     #[test]
