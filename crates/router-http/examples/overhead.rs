@@ -645,8 +645,15 @@ fn measure_bodies(
         .clone()
         .map(|t| router_http::tokens::Tokenizers::default().with_default(t));
     let router_tokenizers = tokenizers.clone();
-    let router_thread = policy.map(|(policy, _)| {
-        let name = format!("router-{policy}");
+    let router_thread = policy.map(|(policy, tokens)| {
+        // Distinct names (at most 15 bytes, the kernel's limit) so that a
+        // profile of a whole run tells the measurements apart.
+        let mode = match tokens {
+            Tokens::Off => "text",
+            Tokens::Warm => "warm",
+            Tokens::Cold => "cold",
+        };
+        let name = format!("rt-{}-{mode}", &policy[..policy.len().min(8)]);
         spawn_runtime(&name, move |rt| {
             rt.block_on(async move {
                 let mut config = RouterConfig {

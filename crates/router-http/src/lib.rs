@@ -84,7 +84,7 @@ pub use body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout, Idl
 pub use client::{ClientConfig, UpstreamBody, UpstreamClient, UpstreamError};
 pub use config::{ConfigError, RouterConfig};
 pub use error::ApiError;
-pub use extract::{RequestInfo, RouteKind, Routing, extract};
+pub use extract::{Extracted, RequestInfo, RouteKind, Routing, extract, extract_deferred};
 pub use headers::{RequestId, RequestIds};
 pub use limits::{AdmissionPermit, ConcurrencyConfig, ConcurrencyLimiter, RateLimiter};
 pub use pd::{PdConfig, PdConnector, PdPools, PdWorkerConfig};

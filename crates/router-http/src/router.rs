@@ -26,7 +26,7 @@ use crate::body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout};
 use crate::client::{UpstreamClient, UpstreamError};
 use crate::config::{ConfigError, RouterConfig};
 use crate::error::ApiError;
-use crate::extract::{RouteKind, extract};
+use crate::extract::RouteKind;
 use crate::headers::{RequestId, RequestIds, strip_hop_by_hop};
 use crate::limits::{AdmissionPermit, ConcurrencyLimiter, RateLimiter};
 use crate::metrics::RouterMetrics;
@@ -428,14 +428,11 @@ impl Router {
         )
         .await
         .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
-        let info = extract(kind, &bytes)?;
-        let model = info.model.unwrap_or_default();
         #[cfg(feature = "tokens")]
-        let routing = shared
-            .config
-            .tokenizers
-            .route(kind, &bytes, &model, info.routing);
+        let info = shared.config.tokenizers.extract(kind, &bytes)?;
         #[cfg(not(feature = "tokens"))]
+        let info = crate::extract(kind, &bytes)?;
+        let model = info.model.unwrap_or_default();
         let routing = info.routing;
         let request_id = shared.ids.resolve(&parts.headers);
 

@@ -28,7 +28,8 @@
 //! assert!(config.tokenizers.for_model("any-model").is_some());
 //! ```
 
-use crate::extract::{RouteKind, Routing};
+use crate::error::ApiError;
+use crate::extract::{RequestInfo, RouteKind, Routing};
 use crate::metrics::Counter;
 use prom_text::{Exposition, MetricType};
 use prompt_tokens::{ChatRequest, CompletionRequest, PromptTokenizer};
@@ -76,6 +77,34 @@ impl ModelTokens {
     /// failed.
     pub fn failed(&self) -> u64 {
         self.failed.get()
+    }
+
+    /// The token ids of a chat or text completion body (`None` for other
+    /// routes), timed and counted; a failure is logged and counted here.
+    fn ids(&self, kind: RouteKind, body: &[u8], model: &str) -> Option<Result<Vec<u32>, ()>> {
+        let tokenizer = &self.tokenizer;
+        let started = Instant::now();
+        let ids = match kind {
+            RouteKind::ChatCompletions => {
+                ChatRequest::from_json(body).and_then(|request| tokenizer.chat_tokens(&request))
+            }
+            RouteKind::Completions => CompletionRequest::from_json(body)
+                .and_then(|request| tokenizer.completion_tokens(&request)),
+            _ => return None,
+        };
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.compute_nanos.fetch_add(nanos, Ordering::Relaxed);
+        Some(match ids {
+            Ok(ids) => {
+                self.routed.inc();
+                Ok(ids)
+            }
+            Err(error) => {
+                self.failed.inc();
+                tracing::debug!(%model, %error, "cannot compute the prompt's token ids; routing on text");
+                Err(())
+            }
+        })
     }
 
     /// Time spent computing requests' token ids (body parse, template
@@ -160,30 +189,42 @@ impl Tokenizers {
         let Some(entry) = self.for_model(model) else {
             return routing;
         };
-        let tokenizer = &entry.tokenizer;
-        let started = Instant::now();
-        let ids = match kind {
-            RouteKind::ChatCompletions => {
-                ChatRequest::from_json(body).and_then(|request| tokenizer.chat_tokens(&request))
-            }
-            // Ids as given are already what the engine sees.
-            RouteKind::Completions if matches!(routing, Routing::Tokens(_)) => return routing,
-            RouteKind::Completions => CompletionRequest::from_json(body)
-                .and_then(|request| tokenizer.completion_tokens(&request)),
-            _ => return routing,
+        // Ids as given are already what the engine sees.
+        if kind == RouteKind::Completions && matches!(routing, Routing::Tokens(_)) {
+            return routing;
+        }
+        match entry.ids(kind, body, model) {
+            Some(Ok(ids)) => Routing::Tokens(ids),
+            Some(Err(())) | None => routing,
+        }
+    }
+
+    /// [`extract`](crate::extract()) and [`route`](Self::route) in one: a
+    /// request's [`RequestInfo`] with the engine's token ids as its routing
+    /// input where its model has a tokenizer. A chat request routed on
+    /// tokens never has its routing text built (see
+    /// [`extract_deferred`](crate::extract_deferred)); one whose ids cannot
+    /// be computed gets it, and is read exactly as `extract` reads it (the
+    /// same 400 for a malformed body).
+    pub fn extract(&self, kind: RouteKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
+        if kind != RouteKind::ChatCompletions || self.is_empty() {
+            let mut info = crate::extract(kind, body)?;
+            let text = std::mem::take(&mut info.routing);
+            let model = info.model.as_deref().unwrap_or_default();
+            info.routing = self.route(kind, body, model, text);
+            return Ok(info);
+        }
+        let extracted = crate::extract_deferred(kind, body)?;
+        let model = extracted.model().unwrap_or_default();
+        let Some(entry) = self.for_model(model) else {
+            return extracted.into_info();
         };
-        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        entry.compute_nanos.fetch_add(nanos, Ordering::Relaxed);
-        match ids {
-            Ok(ids) => {
-                entry.routed.inc();
-                Routing::Tokens(ids)
-            }
-            Err(error) => {
-                entry.failed.inc();
-                tracing::debug!(%model, %error, "cannot compute the prompt's token ids; routing on text");
-                routing
-            }
+        match entry.ids(kind, body, model) {
+            Some(Ok(ids)) => Ok(RequestInfo {
+                routing: Routing::Tokens(ids),
+                ..extracted.without_text()
+            }),
+            Some(Err(())) | None => extracted.into_info(),
         }
     }
 
@@ -308,6 +349,45 @@ mod tests {
         assert_eq!(
             tokenizers.route(RouteKind::Embeddings, CHAT, "m", text.clone()),
             text
+        );
+    }
+
+    #[test]
+    fn extract_routes_chats_on_tokens_and_builds_text_only_when_needed() {
+        let tokenizers = synthetic();
+        let chat = RouteKind::ChatCompletions;
+        let info = tokenizers.extract(chat, CHAT).unwrap();
+        assert!(matches!(info.routing, Routing::Tokens(_)), "{info:?}");
+        assert_eq!(info.model.as_deref(), Some("m"));
+        // Another model, and a chat whose ids cannot be computed: the text
+        // `extract` gives, the failure counted.
+        let other = br#"{"model": "x", "messages": [{"role": "user", "content": "Hi"}]}"#;
+        assert_eq!(
+            tokenizers.extract(chat, other).unwrap(),
+            crate::extract(chat, other).unwrap()
+        );
+        let bogus =
+            br#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "bogus"}]}]}"#;
+        let info = tokenizers.extract(chat, bogus).unwrap();
+        assert_eq!(info, crate::extract(chat, bogus).unwrap());
+        assert_eq!(info.routing.text(), Some("user: \n"));
+        assert_eq!(tokenizers.for_model("m").unwrap().failed(), 1);
+        // A malformed body is the same 400 either way.
+        let malformed = br#"{"model": "m", "messages": [{"role": "user", "content": [7]}]}"#;
+        assert_eq!(
+            tokenizers.extract(chat, malformed).unwrap_err().to_string(),
+            crate::extract(chat, malformed).unwrap_err().to_string()
+        );
+        // Completions: ids computed from text, ids as given kept.
+        let info = tokenizers
+            .extract(
+                RouteKind::Completions,
+                br#"{"model": "m", "prompt": "abcdefgh"}"#,
+            )
+            .unwrap();
+        assert_eq!(
+            info.routing,
+            Routing::Tokens(prompt_tokens::synthetic_tokenize("abcdefgh", 4))
         );
     }
 
