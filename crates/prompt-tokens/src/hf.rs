@@ -22,7 +22,6 @@
 //!   vLLM does, and text prompts are encoded whole.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
@@ -192,61 +191,52 @@ impl HfTokenizer {
         if self.mode != SegmentMode::Segments {
             return self.encode_whole(text, false);
         }
-        // Two passes: find each piece's ids (shared with the cache, not
-        // copied), then copy them once into an output of the exact size.
-        let mut pieces: Vec<Piece> = Vec::with_capacity(64);
+        // About a token per three or four bytes of prose and markup; the
+        // output grows past that only for unusual text.
+        let mut out = Vec::with_capacity(text.len() / 3 + 16);
         let mut at = 0;
         if let Some(added) = &self.splitter {
             for found in added.find_iter(text) {
-                self.push_segment(&text[at..found.start], &mut pieces)?;
-                pieces.push(Piece::Added(found.id));
+                self.push_segment(&text[at..found.start], &mut out)?;
+                out.push(found.id);
                 at = found.end;
             }
         }
-        self.push_segment(&text[at..], &mut pieces)?;
-        let len = pieces.iter().map(Piece::len).sum();
-        let mut out = Vec::with_capacity(len);
-        for piece in &pieces {
-            match piece {
-                Piece::Added(id) => out.push(*id),
-                Piece::Segment(ids) => out.extend_from_slice(ids),
-            }
-        }
+        self.push_segment(&text[at..], &mut out)?;
         Ok(out)
     }
 
-    fn push_segment(&self, segment: &str, pieces: &mut Vec<Piece>) -> Result<()> {
+    /// Appends the ids of `segment` (text between two added tokens): a
+    /// short one encoded directly when the vocabulary has the direct
+    /// encoder (cheaper than a cache lookup: role names, channel names,
+    /// separators), a longer one from the segment cache, encoded and
+    /// remembered on a miss.
+    fn push_segment(&self, segment: &str, out: &mut Vec<u32>) -> Result<()> {
         if segment.is_empty() {
             return Ok(());
         }
-        let ids = match self.cache.get(segment) {
-            Some(ids) => ids,
+        if segment.len() <= DIRECT_SEGMENT_BYTES
+            && let Some(direct) = &self.direct
+        {
+            direct.encode(segment, out);
+            return Ok(());
+        }
+        match self.cache.get(segment) {
+            Some(ids) => out.extend_from_slice(&ids),
             None => {
-                let ids: Arc<[u32]> = self.encode_whole(segment, false)?.into();
-                self.cache.insert(segment, Arc::clone(&ids));
-                ids
+                let ids = self.encode_whole(segment, false)?;
+                out.extend_from_slice(&ids);
+                self.cache.insert(segment, ids.into());
             }
-        };
-        pieces.push(Piece::Segment(ids));
+        }
         Ok(())
     }
 }
 
-/// One piece of a chat rendering: an added token or the ids of the text
-/// between two of them.
-enum Piece {
-    Added(u32),
-    Segment(Arc<[u32]>),
-}
-
-impl Piece {
-    fn len(&self) -> usize {
-        match self {
-            Piece::Added(_) => 1,
-            Piece::Segment(ids) => ids.len(),
-        }
-    }
-}
+/// Segments up to this many bytes skip the segment cache when the direct
+/// encoder serves the vocabulary: encoding a role name or a separator
+/// costs less than looking it up.
+const DIRECT_SEGMENT_BYTES: usize = 16;
 
 fn analyse(tokenizer: &Tokenizer, path: &Path) -> Result<(Option<AddedTokens>, SegmentMode)> {
     let mut patterns: Vec<(String, u32)> = Vec::new();

@@ -99,10 +99,22 @@ impl O200kSplit {
     /// other than `\r` / `\n` (the newline branch ends in a newline, the
     /// others in non-space), so it is recognised by its last character and
     /// shortened here.
-    pub(crate) fn piece_end(&self, cache: &mut meta::Cache, text: &str, at: usize) -> usize {
+    ///
+    /// The search cache is taken from the pool only when a piece needs the
+    /// regex: a text of ASCII pieces (most prompts' segments) never touches
+    /// the pool, which costs a lock for a thread other than its first user.
+    pub(crate) fn piece_end<'a>(
+        &'a self,
+        cache: &mut Option<SplitCache<'a>>,
+        text: &str,
+        at: usize,
+    ) -> usize {
         let end = match ascii_match_end(text.as_bytes(), at) {
             Some(end) => end,
-            None => self.regex_match_end(cache, text, at),
+            None => {
+                let cache = cache.get_or_insert_with(|| self.cache());
+                self.regex_match_end(cache, text, at)
+            }
         };
         shorten_whitespace_run(text, at, end)
     }
@@ -292,11 +304,12 @@ mod tests {
         static SPLIT: std::sync::OnceLock<O200kSplit> = std::sync::OnceLock::new();
         let split = SPLIT.get_or_init(|| O200kSplit::new().expect("pattern"));
         let mut cache = split.cache();
+        let mut lazy = None;
         let mut ends = Vec::new();
         let mut at = 0;
         while at < text.len() {
             let end = if ascii {
-                split.piece_end(&mut cache, text, at)
+                split.piece_end(&mut lazy, text, at)
             } else {
                 let end = split.regex_match_end(&mut cache, text, at);
                 shorten_whitespace_run(text, at, end)

@@ -350,7 +350,7 @@ impl Encoder {
     /// [`O200kSplit::piece_end`]) its rank, or its merges.
     pub(crate) fn encode(&self, text: &str, out: &mut Vec<u32>) {
         let bytes = text.as_bytes();
-        let mut cache = self.split.cache();
+        let mut cache = None;
         let mut at = 0;
         while at < text.len() {
             // Every character starts a match of some branch, so a piece

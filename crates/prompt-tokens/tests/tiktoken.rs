@@ -238,6 +238,40 @@ proptest! {
     }
 }
 
+proptest! {
+    // Each case loads the vocabulary file: fewer cases than above.
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Harmony chats of random messages (short ones included: segments of
+    /// up to 16 bytes are encoded directly, longer ones go through the
+    /// segment cache) give the ids of tokenizing the whole rendering, on
+    /// a cold and then a warm cache.
+    #[test]
+    fn harmony_chats_by_segments_equal_the_whole_rendering(
+        contents in prop::collection::vec(
+            prop_oneof![text_strategy(), "[a-z ]{0,20}", Just(String::new())],
+            1..6,
+        ),
+        system in prop::option::of("[A-Za-z .]{0,40}"),
+    ) {
+        let fx = fixture();
+        let tokenizer = PromptTokenizer::from_path(&fx.file, Some(&fx.template)).unwrap();
+        let mut messages = Vec::new();
+        if let Some(system) = system {
+            messages.push(serde_json::json!({"role": "system", "content": system}));
+        }
+        for (i, content) in contents.iter().enumerate() {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            messages.push(serde_json::json!({"role": role, "content": content}));
+        }
+        let request = ChatRequest::new(&serde_json::Value::Array(messages)).unwrap();
+        let whole = tokenizer.chat_tokens_uncached(&request).unwrap();
+        prop_assert_eq!(&whole, &reference(&tokenizer.chat_text(&request).unwrap(), fx));
+        prop_assert_eq!(&tokenizer.chat_tokens(&request).unwrap(), &whole, "cold");
+        prop_assert_eq!(&tokenizer.chat_tokens(&request).unwrap(), &whole, "warm");
+    }
+}
+
 #[test]
 fn the_special_ids_follow_the_ranks_at_their_published_offsets() {
     let fx = fixture();
