@@ -31,8 +31,13 @@
 //! Threads: the upstream, the router and the load generator each run on
 //! their own single-threaded runtime, so the router's own CPU time per
 //! request can be read from its thread's `/proc/self/task/*/schedstat` — the
-//! most reliable figure on a shared machine. Throughput depends on the
-//! machine's cores being shared by all three.
+//! most reliable figure on a shared machine. `router_user_share` is the part
+//! of it spent in user space (the router's own code), from the thread's
+//! clock ticks; the rest is the kernel's, which on loopback includes the
+//! receive side of every packet the router sends and waking the load
+//! generator's and the upstream's threads — a cost that grows when the
+//! router is the bottleneck and those threads sleep. Throughput depends on
+//! the machine's cores being shared by all three.
 
 /// The reference router's allocator (its default feature `mimalloc`), so
 /// the router measured here allocates as the shipped one does.
@@ -67,6 +72,9 @@ struct Measured {
     p50_ms: f64,
     p99_ms: f64,
     router_cpu_us_per_req: Option<f64>,
+    /// The share of the router thread's CPU time spent in user space (the
+    /// rest is the kernel's), from its clock ticks.
+    router_user_share: Option<f64>,
     /// With tokenization on: the segment cache's hits over its lookups
     /// during the measurement.
     segment_hit_rate: Option<f64>,
@@ -182,6 +190,7 @@ fn main() {
                 "p50_ms": round3(routed.p50_ms),
                 "p99_ms": round3(routed.p99_ms),
                 "router_cpu_us_per_req": routed.router_cpu_us_per_req.map(round3),
+                "router_user_share": routed.router_user_share.map(round3),
                 "ratio_to_direct": round3(routed.rps / direct.rps),
             });
             if let Some(rate) = routed.segment_hit_rate {
@@ -688,7 +697,7 @@ fn measure_bodies(
             .and_then(|t| t.for_model("m"))
             .map(|entry| entry.compute_seconds())
     };
-    let (latencies, requests, elapsed, cpu_ns, lookups, compute) =
+    let (latencies, requests, elapsed, (cpu_ns, ticks), lookups, compute) =
         spawn_runtime("loadgen", move |rt| {
             rt.block_on(async move {
                 // Warm-up: connections open, pools filled, the segment cache
@@ -704,6 +713,7 @@ fn measure_bodies(
                 let stats = || stats_tokenizer.as_ref().map(|t| t.cache_stats());
                 let stats_before = stats();
                 let cpu_before = router_tid.map(thread_cpu_ns);
+                let ticks_before = router_tid.map(thread_user_system_ticks);
                 let compute_before = compute_seconds();
                 let started = Instant::now();
                 let latencies = run_load(target, case, bodies, duration, unique).await;
@@ -712,6 +722,10 @@ fn measure_bodies(
                     .map(thread_cpu_ns)
                     .zip(cpu_before)
                     .map(|(a, b)| a - b);
+                let ticks = router_tid
+                    .map(thread_user_system_ticks)
+                    .zip(ticks_before)
+                    .map(|((user, system), (user0, system0))| (user - user0, system - system0));
                 let lookups = stats().zip(stats_before).map(|(after, before)| {
                     (after.hits - before.hits, after.misses - before.misses)
                 });
@@ -719,7 +733,7 @@ fn measure_bodies(
                     .zip(compute_before)
                     .map(|(after, before)| after - before);
                 let requests = latencies.len();
-                (latencies, requests, elapsed, cpu, lookups, compute)
+                (latencies, requests, elapsed, (cpu, ticks), lookups, compute)
             })
         });
     let mut sorted = latencies;
@@ -734,6 +748,9 @@ fn measure_bodies(
         p50_ms: pick(0.50),
         p99_ms: pick(0.99),
         router_cpu_us_per_req: cpu_ns.map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),
+        router_user_share: ticks
+            .filter(|(user, system)| user + system > 0)
+            .map(|(user, system)| user as f64 / (user + system) as f64),
         segment_hit_rate: lookups
             .filter(|(hits, misses)| hits + misses > 0)
             .map(|(hits, misses)| hits as f64 / (hits + misses) as f64),
@@ -858,6 +875,25 @@ fn thread_id() -> u32 {
         .ok()
         .and_then(|path| path.file_name()?.to_str()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// Clock ticks thread `tid` of this process spent in user space and in
+/// the kernel (`/proc/self/task/TID/stat` fields 14 and 15; 100 per
+/// second): coarse, but over a whole measurement it splits the on-CPU time
+/// into the router's own code and the kernel's (its TCP work, and on
+/// loopback the receive side of every packet it sends, including waking
+/// the load generator's and the upstream's threads).
+fn thread_user_system_ticks(tid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+    // The command name may hold spaces: fields are counted after its ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let field = |n: usize| fields.get(n).and_then(|f| f.parse().ok()).unwrap_or(0);
+    // Field 14 (utime) is the 12th after the name and state.
+    (field(11), field(12))
 }
 
 /// On-CPU nanoseconds of thread `tid` of this process.
