@@ -306,13 +306,15 @@ pub(crate) trait Transport: Send + 'static {
     type Live: LiveStream;
     fn connect(&mut self) -> impl Future<Output = Result<Self::Live, String>> + Send;
     fn has_replay(&self) -> bool;
-    fn replay(
-        &self,
-        id: ReplayId,
-        from: u64,
-        answers: mpsc::UnboundedSender<ReplayMsg>,
-    ) -> JoinHandle<()>;
+    fn replay(&self, id: ReplayId, from: u64, answers: mpsc::Sender<ReplayMsg>) -> JoinHandle<()>;
 }
+
+/// Replay answers that may wait for the stream's loop. The replay task
+/// stops reading its socket while this many wait, so a replay server that
+/// sends more than it was asked for, or faster than the loop applies
+/// batches, fills its own socket's buffers rather than the router's
+/// memory; and a replay lasts at most the sequencer's `replay_timeout`.
+const REPLAY_ANSWER_QUEUE: usize = 64;
 
 pub(crate) trait LiveStream: Send {
     fn next(&mut self) -> impl Future<Output = LiveMsg> + Send;
@@ -344,7 +346,7 @@ async fn run<T: Transport, S: EventSink>(
         status,
         replay_task: None,
     };
-    let (answers_tx, mut answers) = mpsc::unbounded_channel();
+    let (answers_tx, mut answers) = mpsc::channel(REPLAY_ANSWER_QUEUE);
     let mut failures = 0u32;
     loop {
         lp.publish_status();
@@ -457,7 +459,7 @@ impl<S: EventSink> Loop<S> {
         }
     }
 
-    fn apply<T: Transport>(&mut self, transport: &T, answers: &mpsc::UnboundedSender<ReplayMsg>) {
+    fn apply<T: Transport>(&mut self, transport: &T, answers: &mpsc::Sender<ReplayMsg>) {
         while let Some(action) = self.machine.poll_action() {
             match action {
                 Action::Deliver { seq, item, source } => {
@@ -551,19 +553,14 @@ impl Transport for ZmqTransport {
         self.replay_endpoint.is_some()
     }
 
-    fn replay(
-        &self,
-        id: ReplayId,
-        from: u64,
-        answers: mpsc::UnboundedSender<ReplayMsg>,
-    ) -> JoinHandle<()> {
+    fn replay(&self, id: ReplayId, from: u64, answers: mpsc::Sender<ReplayMsg>) -> JoinHandle<()> {
         let endpoint = self.replay_endpoint.clone().unwrap_or_default();
         let timeout = self.connect_timeout;
         tokio::spawn(async move {
             let outcome = replay_once(&endpoint, timeout, id, from, &answers).await;
             if let Err(e) = outcome {
                 tracing::debug!(%endpoint, error = %e, "KV event replay failed");
-                let _ = answers.send(ReplayMsg::Failed(id));
+                let _ = answers.send(ReplayMsg::Failed(id)).await;
             }
         })
     }
@@ -574,7 +571,7 @@ async fn replay_once(
     timeout: Duration,
     id: ReplayId,
     from: u64,
-    answers: &mpsc::UnboundedSender<ReplayMsg>,
+    answers: &mpsc::Sender<ReplayMsg>,
 ) -> Result<(), String> {
     use zeromq::{Socket, SocketRecv, SocketSend};
     let mut options = zeromq::SocketOptions::default();
@@ -597,10 +594,15 @@ async fn replay_once(
         let [seq, payload] = <[Bytes; 2]>::try_from(frames)
             .map_err(|f| format!("replay answer with {} frames", f.len()))?;
         if payload.is_empty() || seq.as_ref() == crate::publisher::END_OF_REPLAY {
-            let _ = answers.send(ReplayMsg::End(id));
+            let _ = answers.send(ReplayMsg::End(id)).await;
             return Ok(());
         }
-        if answers.send(ReplayMsg::Item(id, seq, payload)).is_err() {
+        // Waits while the loop has REPLAY_ANSWER_QUEUE answers to apply.
+        if answers
+            .send(ReplayMsg::Item(id, seq, payload))
+            .await
+            .is_err()
+        {
             return Ok(());
         }
     }
@@ -673,7 +675,7 @@ mod tests {
             &self,
             id: ReplayId,
             from: u64,
-            _answers: mpsc::UnboundedSender<ReplayMsg>,
+            _answers: mpsc::Sender<ReplayMsg>,
         ) -> JoinHandle<()> {
             // Recorded, never answered.
             let _ = self.replays.send((id, from));
@@ -688,6 +690,71 @@ mod tests {
             Bytes::copy_from_slice(&seq.to_be_bytes()),
             Bytes::from(payload),
         ])
+    }
+
+    /// A replay server that answers one request with far more batches
+    /// than were asked for and never ends: the replay task stops reading
+    /// once REPLAY_ANSWER_QUEUE answers wait, and reads on as they are
+    /// taken.
+    #[tokio::test]
+    async fn a_replay_flood_waits_for_the_loop_instead_of_queueing() {
+        use zeromq::{Socket, SocketRecv, SocketSend};
+        let mut router = zeromq::RouterSocket::new();
+        let endpoint = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let server_sent = Arc::clone(&sent);
+        let server = tokio::spawn(async move {
+            let request = router.recv().await.unwrap().into_vec();
+            let identity = request[0].clone();
+            for seq in 0u64.. {
+                let payload = encode_batch(&EventBatch::new(seq as f64, Vec::new()));
+                let message = crate::publisher::frames([
+                    identity.clone(),
+                    Bytes::new(),
+                    Bytes::copy_from_slice(&seq.to_be_bytes()),
+                    Bytes::from(payload),
+                ]);
+                if router.send(message).await.is_err() {
+                    break;
+                }
+                server_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let (answers_tx, mut answers) = mpsc::channel(REPLAY_ANSWER_QUEUE);
+        let replay = tokio::spawn(async move {
+            replay_once(
+                &endpoint,
+                Duration::from_secs(5),
+                ReplayId(1),
+                0,
+                &answers_tx,
+            )
+            .await
+        });
+        // Nobody takes answers: the queue fills and stays full.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while answers.len() < REPLAY_ANSWER_QUEUE && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(answers.len(), REPLAY_ANSWER_QUEUE);
+        assert!(
+            !replay.is_finished(),
+            "the replay task waits, it does not end"
+        );
+        // Taking answers lets more in, in order.
+        for expected in 0..(2 * REPLAY_ANSWER_QUEUE as u64) {
+            match tokio::time::timeout(Duration::from_secs(10), answers.recv()).await {
+                Ok(Some(ReplayMsg::Item(ReplayId(1), seq, _))) => {
+                    assert_eq!(seq.as_ref(), expected.to_be_bytes());
+                }
+                _ => panic!("answer {expected} missing"),
+            }
+        }
+        assert!(answers.len() <= REPLAY_ANSWER_QUEUE);
+        assert!(sent.load(std::sync::atomic::Ordering::Relaxed) >= 2 * REPLAY_ANSWER_QUEUE);
+        replay.abort();
+        server.abort();
     }
 
     struct Rig {
