@@ -64,38 +64,34 @@ pub struct RequestInfo {
 /// fields it does not read are skipped iteratively (no recursion, linear
 /// work) and reach the worker untouched.
 pub fn extract(route: RouteKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
-    extract_body::<Vec<Message<'_>>>(route, body).map(|(info, messages)| match messages {
-        Some(messages) => RequestInfo {
-            routing: Routing::Text(render_messages(&messages)),
-            ..info
-        },
-        None => info,
-    })
+    extract_deferred(route, body).map(Extracted::into_info)
 }
 
-/// [`extract`] in two steps, for a caller that may not need a chat
-/// request's routing text: a router whose model routes on the engine's
-/// token ids computes them from the body itself, and building the text
-/// (every message copied) would be wasted. A chat request's messages are
-/// checked to be JSON and present, and kept as a slice of the body until
-/// [`Extracted::into_info`] asks for the text; every other route is read
-/// as [`extract`] reads it.
+/// [`extract`] with a chat request's routing text left unbuilt until
+/// [`Extracted::into_info`] asks for it: a router whose model routes on the
+/// engine's token ids computes them from the body itself, and the text (a
+/// copy of every message) would be thrown away. The body is parsed and
+/// checked exactly as `extract` does it, in the same single pass: the same
+/// 400s, and the messages kept as views borrowed from the body.
 pub fn extract_deferred(route: RouteKind, body: &[u8]) -> Result<Extracted<'_>, ApiError> {
-    let (info, messages) = extract_body::<&serde_json::value::RawValue>(route, body)?;
-    Ok(Extracted {
-        info,
-        messages,
-        body,
-    })
+    let (info, messages) = extract_body(route, body)?;
+    Ok(Extracted { info, messages })
 }
 
 /// What [`extract_deferred`] read: a chat request's routing text is built
 /// only when asked for.
-#[derive(Debug)]
 pub struct Extracted<'a> {
     info: RequestInfo,
-    messages: Option<&'a serde_json::value::RawValue>,
-    body: &'a [u8],
+    messages: Option<Vec<Message<'a>>>,
+}
+
+impl fmt::Debug for Extracted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Extracted")
+            .field("info", &self.info)
+            .field("messages", &self.messages.as_ref().map(Vec::len))
+            .finish()
+    }
 }
 
 impl Extracted<'_> {
@@ -110,61 +106,29 @@ impl Extracted<'_> {
         self.info
     }
 
-    /// Everything, as [`extract`] gives it: a chat request's messages are
-    /// read and rendered now, and a malformed one is the same 400, naming
-    /// the same place in the body.
-    pub fn into_info(self) -> Result<RequestInfo, ApiError> {
-        let Some(raw) = self.messages else {
-            return Ok(self.info);
-        };
-        let messages: Vec<Message<'_>> = serde_json::from_str(raw.get())
-            .map_err(|err| ApiError::InvalidRequest(at_body_position(&err, self.body, raw)))?;
-        Ok(RequestInfo {
-            routing: Routing::Text(render_messages(&messages)),
-            ..self.info
-        })
+    /// Everything, as [`extract`] gives it: a chat request's routing text
+    /// is rendered now from the messages already read.
+    pub fn into_info(self) -> RequestInfo {
+        match self.messages {
+            Some(messages) => RequestInfo {
+                routing: Routing::Text(render_messages(&messages)),
+                ..self.info
+            },
+            None => self.info,
+        }
     }
 }
 
-/// `err`, raised while reading `raw` (a slice of `body`), with its line and
-/// column counted in the whole body, as a one-pass parse reports them.
-fn at_body_position(
-    err: &serde_json::Error,
-    body: &[u8],
-    raw: &serde_json::value::RawValue,
-) -> String {
-    let message = err.to_string();
-    let offset = (raw.get().as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
-    let (Some(before), 1..) = (body.get(..offset), err.line()) else {
-        return message;
-    };
-    let suffix = format!(" at line {} column {}", err.line(), err.column());
-    let Some(text) = message.strip_suffix(&suffix) else {
-        return message;
-    };
-    let lines_before = before.iter().filter(|b| **b == b'\n').count();
-    let line_start = before
-        .iter()
-        .rposition(|b| *b == b'\n')
-        .map_or(0, |at| at + 1);
-    let (line, column) = if err.line() == 1 {
-        (lines_before + 1, offset - line_start + err.column())
-    } else {
-        (lines_before + err.line(), err.column())
-    };
-    format!("{text} at line {line} column {column}")
-}
-
 /// The one parse behind [`extract`] and [`extract_deferred`]: a chat
-/// request's messages are read as `M` and returned beside the info (whose
-/// routing is then [`Routing::None`]).
-fn extract_body<'a, M: Deserialize<'a>>(
+/// request's messages are returned beside the info (whose routing is then
+/// [`Routing::None`]).
+fn extract_body(
     route: RouteKind,
-    body: &'a [u8],
-) -> Result<(RequestInfo, Option<M>), ApiError> {
+    body: &[u8],
+) -> Result<(RequestInfo, Option<Vec<Message<'_>>>), ApiError> {
     if route == RouteKind::Other {
         // Best effort: an unknown path may carry anything, or nothing.
-        let info = serde_json::from_slice::<Body<'_, IgnoredAny>>(body)
+        let info = serde_json::from_slice::<Body<'_>>(body)
             .map(|body| body.into_info(Routing::None))
             .unwrap_or_default();
         return Ok((info, None));
@@ -174,7 +138,7 @@ fn extract_body<'a, M: Deserialize<'a>>(
             "the request body is empty; a JSON object is required".into(),
         ));
     }
-    let mut parsed: Body<'_, M> = serde_json::from_slice(body).map_err(|err| {
+    let mut parsed: Body<'_> = serde_json::from_slice(body).map_err(|err| {
         if err.is_data() {
             ApiError::InvalidRequest(err.to_string())
         } else {
@@ -234,19 +198,16 @@ fn render_messages(messages: &[Message<'_>]) -> String {
 
 /// The fields of every route the router reads; everything else is skipped
 /// without being buffered. One struct for all routes keeps it to one parse.
-/// `M` is how a chat request's messages are read: parsed
-/// (`Vec<Message>`), kept as a slice of the body (`&RawValue`) or skipped.
-#[derive(Deserialize)]
-#[serde(bound(deserialize = "M: Deserialize<'de>"))]
-struct Body<'a, M> {
+#[derive(Deserialize, Default)]
+struct Body<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(borrow, default)]
     user: Option<Cow<'a, str>>,
-    #[serde(default = "none")]
-    messages: Option<M>,
+    #[serde(borrow, default)]
+    messages: Option<Vec<Message<'a>>>,
     #[serde(borrow, default)]
     prompt: Option<Prompt<'a>>,
     #[serde(borrow, default)]
@@ -259,11 +220,7 @@ struct Body<'a, M> {
     input_ids: Option<Vec<u32>>,
 }
 
-fn none<T>() -> Option<T> {
-    None
-}
-
-impl<M> Body<'_, M> {
+impl Body<'_> {
     fn into_info(self, routing: Routing) -> RequestInfo {
         RequestInfo {
             model: self.model.map(Cow::into_owned),
@@ -738,47 +695,35 @@ mod tests {
     }
 
     #[test]
-    fn deferred_extraction_gives_what_extract_gives_when_asked() {
-        let bodies: [&[u8]; 7] = [
-            br#"{"model":"m","stream":true,"user":"u","messages":[{"role":"user","content":"Hi"}]}"#,
-            br#"{"messages":[{"role":"user","content":["a",{"type":"text","text":"b"}]}],"model":"m"}"#,
-            // Malformed messages, on one line and on several: the same 400,
-            // naming the same line and column of the body.
-            br#"{"model":"m","messages":[{"role":"user","content":["a",7]}]}"#,
-            b"{\"model\": \"m\",\n  \"messages\": [\n    {\"role\": \"user\",\n     \"content\": [7]}]}",
-            b"{\"model\": \"m\", \"messages\": [{\"content\": \"no role\"}]}",
-            br#"{"model":"m"}"#,
-            br#"{"model":"m","messages":null}"#,
-        ];
-        let deep = format!("{{\"messages\":{}{}}}", "[".repeat(300), "]".repeat(300));
-        for body in bodies.into_iter().chain([deep.as_bytes()]) {
-            let eager = extract(RouteKind::ChatCompletions, body);
-            let deferred =
-                extract_deferred(RouteKind::ChatCompletions, body).and_then(Extracted::into_info);
-            let show = String::from_utf8_lossy(body);
-            match (eager, deferred) {
-                (Ok(eager), Ok(deferred)) => assert_eq!(eager, deferred, "{show}"),
-                (Err(eager), Err(deferred)) => {
-                    assert_eq!(eager.status(), deferred.status(), "{show}");
-                    assert_eq!(eager.to_string(), deferred.to_string(), "{show}");
-                }
-                (eager, deferred) => panic!("{show}: {eager:?} but deferred {deferred:?}"),
-            }
-        }
-        // Without the text: the rest is read, the routing input left empty.
-        let info = extract_deferred(RouteKind::ChatCompletions, bodies[0])
-            .unwrap()
-            .without_text();
-        assert_eq!(info.model.as_deref(), Some("m"));
-        assert!(info.stream);
-        assert_eq!(info.user.as_deref(), Some("u"));
+    fn deferred_extraction_reads_all_and_renders_the_text_when_asked() {
+        let body = br#"{"model":"m","stream":true,"user":"u","messages":[{"role":"user","content":"Hi"}]}"#;
+        let chat = RouteKind::ChatCompletions;
+        let deferred = extract_deferred(chat, body).unwrap();
+        assert_eq!(deferred.model(), Some("m"));
+        let info = deferred.without_text();
+        assert_eq!(
+            (info.model.as_deref(), info.stream, info.user.as_deref()),
+            (Some("m"), true, Some("u"))
+        );
         assert_eq!(info.routing, Routing::None);
+        assert_eq!(
+            extract_deferred(chat, body).unwrap().into_info(),
+            extract(chat, body).unwrap()
+        );
+        // Malformed messages are refused by the one parse, text or not.
+        let malformed = br#"{"model":"m","messages":[{"role":"user","content":["a",7]}]}"#;
+        assert_eq!(
+            extract_deferred(chat, malformed).unwrap_err().status(),
+            http::StatusCode::BAD_REQUEST
+        );
+        let no_role = br#"{"model":"m","messages":[{"content":"x"}]}"#;
+        assert!(extract_deferred(chat, no_role).is_err());
         // Other routes carry their routing input either way.
         let completion = br#"{"model":"m","prompt":"once upon"}"#;
-        let deferred = extract_deferred(RouteKind::Completions, completion).unwrap();
-        assert_eq!(deferred.model(), Some("m"));
         assert_eq!(
-            deferred.without_text(),
+            extract_deferred(RouteKind::Completions, completion)
+                .unwrap()
+                .without_text(),
             extract(RouteKind::Completions, completion).unwrap()
         );
     }

@@ -4,7 +4,7 @@
 //! inputs so `cargo test` exercises them too.
 
 use crate::body::{BodyEnd, Finish, GuardedBody};
-use crate::extract::{Extracted, RouteKind, extract, extract_deferred};
+use crate::extract::{RouteKind, extract};
 use crate::headers::{RequestIds, strip_hop_by_hop};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -32,16 +32,7 @@ pub fn request_body(data: &[u8]) {
         return;
     };
     let route = ROUTES[usize::from(selector) % ROUTES.len()];
-    // The deferred reading agrees: the same result, or a refusal with the
-    // same status.
-    let eager = extract(route, body);
-    let deferred = extract_deferred(route, body).and_then(Extracted::into_info);
-    match (&eager, &deferred) {
-        (Ok(eager), Ok(deferred)) => assert_eq!(eager, deferred),
-        (Err(eager), Err(deferred)) => assert_eq!(eager.status(), deferred.status()),
-        (eager, deferred) => panic!("extract gave {eager:?}, deferred {deferred:?}"),
-    }
-    match eager {
+    match extract(route, body) {
         Ok(info) => {
             // Rendering adds "role: " and "\n" per message: at most a few
             // bytes per input byte, never unbounded.

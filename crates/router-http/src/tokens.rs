@@ -201,11 +201,11 @@ impl Tokenizers {
 
     /// [`extract`](crate::extract()) and [`route`](Self::route) in one: a
     /// request's [`RequestInfo`] with the engine's token ids as its routing
-    /// input where its model has a tokenizer. A chat request routed on
-    /// tokens never has its routing text built (see
-    /// [`extract_deferred`](crate::extract_deferred)); one whose ids cannot
-    /// be computed gets it, and is read exactly as `extract` reads it (the
-    /// same 400 for a malformed body).
+    /// input where its model has a tokenizer. The body is checked as
+    /// `extract` checks it (the same 400s); a chat request routed on tokens
+    /// never has its routing text built (see
+    /// [`extract_deferred`](crate::extract_deferred)), one whose ids cannot
+    /// be computed gets it.
     pub fn extract(&self, kind: RouteKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
         if kind != RouteKind::ChatCompletions || self.is_empty() {
             let mut info = crate::extract(kind, body)?;
@@ -217,15 +217,15 @@ impl Tokenizers {
         let extracted = crate::extract_deferred(kind, body)?;
         let model = extracted.model().unwrap_or_default();
         let Some(entry) = self.for_model(model) else {
-            return extracted.into_info();
+            return Ok(extracted.into_info());
         };
-        match entry.ids(kind, body, model) {
-            Some(Ok(ids)) => Ok(RequestInfo {
+        Ok(match entry.ids(kind, body, model) {
+            Some(Ok(ids)) => RequestInfo {
                 routing: Routing::Tokens(ids),
                 ..extracted.without_text()
-            }),
+            },
             Some(Err(())) | None => extracted.into_info(),
-        }
+        })
     }
 
     /// Writes the `router_tokens_*` families.
