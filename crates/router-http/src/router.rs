@@ -8,7 +8,9 @@
 //!    and an admission permit (or wait in the bounded queue); from here the
 //!    whole-request deadline bounds every wait (504 `request_timeout`);
 //! 4. read the body once, up to the payload limit, and extract the model,
-//!    the stream flag, the hash keys and the routing text ([`extract`]);
+//!    the stream flag, the hash keys and the routing text
+//!    ([`extract`](crate::extract())), or the engine's token ids for a
+//!    model that has a tokenizer (`Tokenizers::extract`);
 //! 5. select a worker with the model's policy among the workers that serve
 //!    the model, and reserve it: an owned [`LoadGuard`];
 //! 6. forward the original bytes through the pooled client;
