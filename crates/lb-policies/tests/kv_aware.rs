@@ -33,6 +33,9 @@ struct Setup {
 fn knobs() -> CacheAwareConfig {
     let mut config = CacheAwareConfig::default();
     config.block_size = BLOCK;
+    // Exact use order: the policy under test and its reference keep
+    // separate trees, and the same holder must win in both.
+    config.tree_clock = radix_affinity::Clock::Logical;
     config
 }
 

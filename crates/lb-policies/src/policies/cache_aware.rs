@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize as HintCell;
 use std::time::Duration;
 
-use radix_affinity::{PrefixMatch, TenantId, TextTree, TokenTree};
+use radix_affinity::{Clock, PrefixMatch, TenantId, TextTree, TokenTree};
 
 use super::{fair_least_loaded, find_candidate, min_available_load};
 use crate::backend::Backend;
@@ -104,6 +104,16 @@ pub struct CacheAwareConfig {
     pub max_tree_size: usize,
     /// Which load gate to apply. Default [`LoadGate::PerRequest`].
     pub gate: LoadGate,
+    /// How the trees stamp uses, which decides the owner a match returns
+    /// when several workers hold the same prefix (the most recently used).
+    /// Default [`Clock::Coarse`], about one millisecond: uses within one
+    /// tick are unordered, so two policies fed the same requests can pick
+    /// different holders. [`Clock::Logical`] orders every use exactly, for
+    /// reproducible simulations and reference comparisons, at one shared
+    /// atomic increment per tree operation. Not part of the serialized
+    /// configuration.
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub tree_clock: Clock,
 }
 
 impl Default for CacheAwareConfig {
@@ -116,6 +126,7 @@ impl Default for CacheAwareConfig {
             eviction_interval: Duration::from_secs(120),
             max_tree_size: 1 << 26,
             gate: LoadGate::PerRequest,
+            tree_clock: Clock::Coarse,
         }
     }
 }
@@ -207,10 +218,10 @@ pub(crate) struct ModelState {
 }
 
 impl ModelState {
-    fn new<'k>(members: impl IntoIterator<Item = &'k (Arc<str>, bool)>) -> Self {
+    fn new<'k>(clock: Clock, members: impl IntoIterator<Item = &'k (Arc<str>, bool)>) -> Self {
         let state = ModelState {
-            text: TextTree::new(),
-            tokens: TokenTree::new(),
+            text: TextTree::with_clock(clock),
+            tokens: TokenTree::with_clock(clock),
             members: RwLock::new(Members::default()),
         };
         {
@@ -463,7 +474,7 @@ impl CacheAware {
         let mut models = self.models.write();
         let state = models
             .entry(model.into())
-            .or_insert_with(|| Arc::new(ModelState::new(fleet.iter())));
+            .or_insert_with(|| Arc::new(ModelState::new(self.config.tree_clock, fleet.iter())));
         Arc::clone(state)
     }
 
