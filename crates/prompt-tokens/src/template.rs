@@ -328,6 +328,12 @@ impl std::io::Write for CappedWriter {
         Ok(data.len())
     }
 
+    // minijinja writes every printed piece with `write_all`; the default
+    // loops over `write`, and a piece is always taken whole here.
+    fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.write(data).map(drop)
+    }
+
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
