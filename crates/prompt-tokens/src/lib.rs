@@ -16,12 +16,12 @@
 //!   gpt-oss harmony special tokens), or engine-sim's [`synthetic`] rule
 //!   (`chars_per_token` characters per token).
 //! * **A segment cache** ([`SegmentCache`]): a rendered chat is cut at the
-//!   tokenizer's added tokens and each piece's ids are cached (with a
-//!   tiktoken vocabulary, pieces of up to 16 bytes are encoded directly:
-//!   cheaper than a lookup), so a
+//!   tokenizer's added tokens and each piece's ids are cached, so a
 //!   multi-turn request tokenizes only its new messages — with exactly the
 //!   ids of tokenizing the whole rendering (tokenizers where that would
-//!   not hold are detected and tokenized whole; see [`SegmentMode`]).
+//!   not hold are detected and tokenized whole; see [`SegmentMode`]). With
+//!   a tiktoken vocabulary, pieces of up to 16 bytes are encoded directly:
+//!   cheaper than a lookup.
 //!
 //! # vLLM's rules, and where they come from
 //!
