@@ -16,10 +16,15 @@ pub const FUZZ_LIMITS: RenderLimits = RenderLimits {
     max_output_bytes: 64 * 1024,
 };
 
+/// The instant `strftime_now` says in fuzz renderings.
+const FUZZ_CLOCK: i64 = 1_700_000_000;
+
 /// Decodes `data` as `template source NUL request JSON` (lossy UTF-8) and
 /// renders it under [`FUZZ_LIMITS`]; then renders the request with each of
 /// the crate's templates and the synthetic tokenizer. Panics only if a
-/// limit is not respected (an output over the cap); errors are expected.
+/// limit is not respected (an output over the cap) or if the direct
+/// renderer disagrees with minijinja (its text, or `render`'s result with
+/// it on, differs from a rendering with it off); errors are expected.
 pub fn render(data: &[u8]) {
     let (template, body) = match data.iter().position(|b| *b == 0) {
         Some(at) => (&data[..at], &data[at + 1..]),
@@ -45,19 +50,21 @@ pub fn render(data: &[u8]) {
         eos: Some("</s>".into()),
         ..SpecialTokens::default()
     };
-    let clock = Arc::new(FixedClock(1_700_000_000));
+    let clock = Arc::new(FixedClock(FUZZ_CLOCK));
     let mut sources: Vec<&str> = vec![&template];
     sources.extend(TemplateFamily::ALL.iter().map(|f| f.template()));
     for source in sources {
         match ChatTemplate::new(source, special.clone(), FUZZ_LIMITS, clock.clone()) {
             Ok(compiled) => {
-                if let Ok(text) = compiled.render(&request) {
+                let rendered = compiled.render(&request);
+                if let Ok(text) = &rendered {
                     assert!(
                         text.len() <= FUZZ_LIMITS.max_output_bytes,
                         "rendered {} bytes over the cap",
                         text.len()
                     );
                 }
+                check_direct_rendering(source, &compiled, &rendered, &request, &special);
             }
             Err(Error::TemplateTooLarge { len, max }) => assert!(len > max),
             Err(_) => {}
@@ -68,6 +75,49 @@ pub fn render(data: &[u8]) {
         let text = synthetic.chat_text(&request).unwrap_or_default();
         assert_eq!(tokens.len(), crate::synthetic_count(&text, 4));
     }
+}
+
+/// Holds the direct renderer to minijinja's output: `compiled` is a
+/// template as shipped (direct renderer first) and `rendered` its
+/// rendering of `request`; the reference is the same template compiled
+/// again with the direct renderer off. Panics when `render_direct`
+/// answers with a text other than the reference's, or when `render`
+/// (direct on) differs from the reference in its text or its error.
+fn check_direct_rendering(
+    source: &str,
+    compiled: &ChatTemplate,
+    rendered: &crate::Result<String>,
+    request: &ChatRequest,
+    special: &SpecialTokens,
+) {
+    let Ok(reference) = ChatTemplate::new(
+        source,
+        special.clone(),
+        FUZZ_LIMITS,
+        Arc::new(FixedClock(FUZZ_CLOCK)),
+    ) else {
+        panic!("the template compiled once and not twice: {source:?}");
+    };
+    let reference = reference.with_direct_rendering(false);
+    let expected = reference.render(request);
+    // `render_direct` leaves the `continue_final_message` cut to `render`.
+    if !request.continue_final_message
+        && let Some(direct) = compiled.render_direct(request)
+    {
+        assert!(
+            matches!(&expected, Ok(text) if *text == direct),
+            "direct rendering differs from minijinja's\n  template: {source:?}\n  direct:    {direct:?}\n  minijinja: {expected:?}"
+        );
+    }
+    let same = match (rendered, &expected) {
+        (Ok(a), Ok(b)) => a == b,
+        (Err(a), Err(b)) => a.to_string() == b.to_string(),
+        _ => false,
+    };
+    assert!(
+        same,
+        "render() with the direct renderer differs from minijinja's\n  template: {source:?}\n  render():  {rendered:?}\n  minijinja: {expected:?}"
+    );
 }
 
 /// Loads `data` (lossy UTF-8) as a `.tiktoken` file and, when it loads,

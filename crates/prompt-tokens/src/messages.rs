@@ -451,10 +451,16 @@ pub fn prepare(messages: &Value, format: ContentFormat) -> Result<Value> {
     }
     let count = messages.len().unwrap_or(0);
     if format == ContentFormat::String {
-        let all_final = messages
-            .try_iter()
-            .map_err(|_| invalid("messages must be a list"))?
-            .all(|m| m.kind() == ValueKind::Map && is_final_string_form(&m));
+        let is_final = |m: &Value| m.kind() == ValueKind::Map && is_final_string_form(m);
+        // Messages parsed from JSON are a vector: read it in place rather
+        // than through minijinja's boxed iterator (this runs on every chat).
+        let all_final = match messages.downcast_object_ref::<Vec<Value>>() {
+            Some(list) => list.iter().all(is_final),
+            None => messages
+                .try_iter()
+                .map_err(|_| invalid("messages must be a list"))?
+                .all(|m| is_final(&m)),
+        };
         if all_final {
             return Ok(messages.clone());
         }

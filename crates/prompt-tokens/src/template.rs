@@ -19,6 +19,7 @@ use std::sync::Arc;
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{AutoEscape, Environment, ErrorKind, State};
 
+use crate::direct::DirectTemplate;
 use crate::error::{Error, Result};
 use crate::messages::{self, ContentFormat};
 use crate::request::{ChatRequest, object_from_pairs};
@@ -108,6 +109,10 @@ const NAME: &str = "chat";
 /// `Send + Sync`; rendering takes `&self`.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template compiled for direct rendering, or why it is not.
+    direct: std::result::Result<DirectTemplate, String>,
+    direct_enabled: bool,
+    clock: Arc<dyn Clock>,
     source_len: usize,
     limits: RenderLimits,
     special: SpecialTokens,
@@ -118,6 +123,7 @@ impl fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChatTemplate")
             .field("source_len", &self.source_len)
+            .field("direct", &self.direct_rendering())
             .field("limits", &self.limits)
             .field("special", &self.special)
             .field("content_format", &self.content_format)
@@ -161,13 +167,17 @@ impl ChatTemplate {
         });
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
+        let env_clock = clock.clone();
         env.add_function("strftime_now", move |format: &str| -> Value {
-            strftime_cached(format, clock.now_unix_seconds())
+            strftime_cached(format, env_clock.now_unix_seconds())
         });
         env.add_template_owned(NAME, source.to_owned())
             .map_err(|e| Error::TemplateSyntax(describe(&e)))?;
         Ok(Self {
             env,
+            direct: DirectTemplate::compile(source),
+            direct_enabled: true,
+            clock,
             source_len: source.len(),
             limits,
             special,
@@ -189,6 +199,44 @@ impl ChatTemplate {
         self
     }
 
+    /// Whether renderings go through the direct renderer first (see
+    /// [`DirectRendering`]).
+    pub fn direct_rendering(&self) -> DirectRendering<'_> {
+        match (&self.direct, self.direct_enabled) {
+            (Err(reason), _) => DirectRendering::Unsupported(reason),
+            (Ok(_), false) => DirectRendering::Disabled,
+            (Ok(_), true) => DirectRendering::On,
+        }
+    }
+
+    /// Turns the direct renderer off (`false`) or back on: off, every
+    /// rendering is minijinja's. The output is the same either way; this
+    /// is for comparisons and as a safety valve.
+    pub fn with_direct_rendering(mut self, on: bool) -> Self {
+        self.direct_enabled = on;
+        self
+    }
+
+    /// The direct renderer alone: `Some` with its text when it renders
+    /// `request` itself, `None` when the template or this request is
+    /// outside what it handles (then [`render`](Self::render) asks
+    /// minijinja). For differential tests and diagnostics; `render` is
+    /// the API. Ignores `continue_final_message`.
+    pub fn render_direct(&self, request: &ChatRequest) -> Option<String> {
+        let direct = self.direct.as_ref().ok()?;
+        let messages = messages::prepare(&request.messages.0, self.content_format).ok()?;
+        let ctx = self.context(request, messages);
+        direct
+            .render(
+                &ctx,
+                &|| self.clock.now_unix_seconds(),
+                self.limits.max_output_bytes,
+                self.limits.fuel,
+                self.output_hint(request),
+            )
+            .ok()
+    }
+
     /// The limits this template renders under.
     pub fn limits(&self) -> RenderLimits {
         self.limits
@@ -201,61 +249,29 @@ impl ChatTemplate {
                 "add_generation_prompt and continue_final_message cannot both be true".into(),
             ));
         }
+        let messages = messages::prepare(&request.messages.0, self.content_format)?;
+        let ctx = self.context(request, messages.clone());
+        let hint = self.output_hint(request);
+        if self.direct_enabled
+            && let Ok(direct) = &self.direct
+            && let Ok(mut text) = direct.render(
+                &ctx,
+                &|| self.clock.now_unix_seconds(),
+                self.limits.max_output_bytes,
+                self.limits.fuel,
+                hint,
+            )
+        {
+            if request.continue_final_message {
+                cut_after_final_message(&mut text, &messages);
+            }
+            return Ok(text);
+        }
         let template = self
             .env
             .get_template(NAME)
             .map_err(|e| Error::Render(describe(&e)))?;
-        let messages = messages::prepare(&request.messages.0, self.content_format)?;
-        let mut vars: Vec<(&str, Value)> = vec![
-            ("messages", messages.clone()),
-            (
-                "add_generation_prompt",
-                Value::from(request.add_generation_prompt),
-            ),
-        ];
-        if let Some(tools) = &request.tools
-            && !tools.0.is_none()
-        {
-            vars.push(("tools", tools.0.clone()));
-        }
-        if let Some(documents) = &request.documents
-            && !documents.0.is_none()
-        {
-            vars.push(("documents", documents.0.clone()));
-        }
-        for (name, value) in [
-            ("bos_token", &self.special.bos),
-            ("eos_token", &self.special.eos),
-            ("unk_token", &self.special.unk),
-            ("pad_token", &self.special.pad),
-        ] {
-            if let Some(value) = value {
-                vars.push((name, Value::from(value.as_str())));
-            }
-        }
-        // chat_template_kwargs come last and win, as in vLLM's renderer
-        // (`object_from_pairs` keeps a repeated name's first position and
-        // its last value).
-        let mut ctx: Vec<(Value, Value)> =
-            vars.into_iter().map(|(k, v)| (Value::from(k), v)).collect();
-        if let Some(kwargs) = &request.chat_template_kwargs
-            && kwargs.0.kind() == ValueKind::Map
-            && let Ok(keys) = kwargs.0.try_iter()
-        {
-            for key in keys {
-                if key.as_str().is_none() {
-                    continue;
-                }
-                if let Ok(value) = kwargs.0.get_item(&key) {
-                    ctx.retain(|(k, _)| *k != key);
-                    ctx.push((key, value));
-                }
-            }
-        }
         let ctx = object_from_pairs(ctx);
-        // The rendering is mostly the messages' text: start with room for
-        // the body, so the buffer does not grow by doubling and copying.
-        let hint = request.body_len.saturating_add(request.body_len / 4) + 256;
         let mut out = CappedWriter {
             buf: Vec::with_capacity(hint.min(self.limits.max_output_bytes)),
             max: self.limits.max_output_bytes,
@@ -277,6 +293,76 @@ impl ChatTemplate {
         }
         Ok(text)
     }
+    /// The rendering's context as (name, value) pairs, each name once:
+    /// what `transformers` passes a chat template.
+    fn context(&self, request: &ChatRequest, messages: Value) -> Vec<(Value, Value)> {
+        let mut ctx: Vec<(Value, Value)> = Vec::with_capacity(8);
+        ctx.push((Value::from("messages"), messages));
+        ctx.push((
+            Value::from("add_generation_prompt"),
+            Value::from(request.add_generation_prompt),
+        ));
+        for (name, value) in [("tools", &request.tools), ("documents", &request.documents)] {
+            if let Some(value) = value
+                && !value.0.is_none()
+            {
+                ctx.push((Value::from(name), value.0.clone()));
+            }
+        }
+        for (name, value) in [
+            ("bos_token", &self.special.bos),
+            ("eos_token", &self.special.eos),
+            ("unk_token", &self.special.unk),
+            ("pad_token", &self.special.pad),
+        ] {
+            if let Some(value) = value {
+                ctx.push((Value::from(name), Value::from(value.as_str())));
+            }
+        }
+        // chat_template_kwargs come last and win, as in vLLM's renderer
+        // (a repeated name keeps its first position and its last value).
+        if let Some(kwargs) = &request.chat_template_kwargs
+            && kwargs.0.kind() == ValueKind::Map
+            && let Ok(keys) = kwargs.0.try_iter()
+        {
+            for key in keys {
+                if key.as_str().is_none() {
+                    continue;
+                }
+                if let Ok(value) = kwargs.0.get_item(&key) {
+                    match ctx.iter_mut().find(|(k, _)| *k == key) {
+                        Some(slot) => slot.1 = value,
+                        None => ctx.push((key, value)),
+                    }
+                }
+            }
+        }
+        ctx
+    }
+
+    /// The rendering is mostly the messages' text: start with room for
+    /// the body, so the buffer does not grow by doubling and copying.
+    fn output_hint(&self, request: &ChatRequest) -> usize {
+        request.body_len.saturating_add(request.body_len / 4) + 256
+    }
+}
+
+/// Whether a [`ChatTemplate`] renders through the direct renderer: the
+/// template's syntax tree walked over the request's values without
+/// minijinja's virtual machine, for the constructs chat templates use.
+/// A rendering the direct renderer does not handle (a construct it
+/// declines, an error, a limit) is redone by minijinja, so the text and
+/// the errors are minijinja's either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectRendering<'a> {
+    /// Renderings try the direct renderer first.
+    On,
+    /// Turned off with [`ChatTemplate::with_direct_rendering`].
+    Disabled,
+    /// The template uses a construct the direct renderer never handles
+    /// (inheritance, includes, imports, autoescape, a macro defined in a
+    /// block or twice); named here.
+    Unsupported(&'a str),
 }
 
 /// `continue_final_message`: as transformers does, keep the rendering up to
@@ -385,7 +471,7 @@ thread_local! {
 /// [`strftime`] as a template value, reusing this thread's last result when
 /// the second and the format are the same (the text is a function of both
 /// alone, whatever clock gave the second).
-fn strftime_cached(format: &str, unix_seconds: i64) -> Value {
+pub(crate) fn strftime_cached(format: &str, unix_seconds: i64) -> Value {
     LAST_STRFTIME.with_borrow_mut(|last| {
         if let Some((seconds, last_format, text)) = last
             && *seconds == unix_seconds
@@ -424,12 +510,12 @@ fn tojson(state: &State<'_, '_>, value: &Value, kwargs: Kwargs) -> Result<Value,
             },
         },
     };
-    let (item_sep, key_sep) = match separators {
+    let separators = match separators {
         Some(v) if !v.is_none() => {
             let a = v.get_item(&Value::from(0))?;
             let b = v.get_item(&Value::from(1))?;
             match (a.as_str(), b.as_str()) {
-                (Some(a), Some(b)) => (a.to_owned(), b.to_owned()),
+                (Some(a), Some(b)) => Some((a.to_owned(), b.to_owned())),
                 _ => {
                     return Err(minijinja::Error::new(
                         ErrorKind::InvalidOperation,
@@ -438,27 +524,55 @@ fn tojson(state: &State<'_, '_>, value: &Value, kwargs: Kwargs) -> Result<Value,
                 }
             }
         }
-        _ if indent.is_some() => (",".to_owned(), ": ".to_owned()),
-        _ => (", ".to_owned(), ": ".to_owned()),
+        _ => None,
     };
-    let options = JsonOptions {
+    let options = JsonOptions::new(
         indent,
-        item_sep,
-        key_sep,
-        sort_keys: sort_keys.unwrap_or(false),
-        ensure_ascii: ensure_ascii.unwrap_or(false),
-    };
-    let mut out = String::new();
-    write_json(&mut out, value, &options, 0)?;
-    Ok(Value::from_safe_string(out))
+        separators,
+        sort_keys.unwrap_or(false),
+        ensure_ascii.unwrap_or(false),
+    );
+    json_text(value, &options).map(Value::from_safe_string)
 }
 
-struct JsonOptions {
+/// `value` as Python's `json.dumps` writes it with `options`.
+pub(crate) fn json_text(value: &Value, options: &JsonOptions) -> Result<String, minijinja::Error> {
+    let mut out = String::new();
+    write_json(&mut out, value, options, 0)?;
+    Ok(out)
+}
+
+/// `json.dumps`'s options: `indent` (the text of one level),
+/// `separators`, `sort_keys`, `ensure_ascii`.
+pub(crate) struct JsonOptions {
     indent: Option<String>,
     item_sep: String,
     key_sep: String,
     sort_keys: bool,
     ensure_ascii: bool,
+}
+
+impl JsonOptions {
+    /// Python's defaults for what is not given: `", "` between items
+    /// (`","` with an indent) and `": "` after keys.
+    pub(crate) fn new(
+        indent: Option<String>,
+        separators: Option<(String, String)>,
+        sort_keys: bool,
+        ensure_ascii: bool,
+    ) -> Self {
+        let (item_sep, key_sep) = separators.unwrap_or_else(|| {
+            let item = if indent.is_some() { "," } else { ", " };
+            (item.to_owned(), ": ".to_owned())
+        });
+        Self {
+            indent,
+            item_sep,
+            key_sep,
+            sort_keys,
+            ensure_ascii,
+        }
+    }
 }
 
 const MAX_JSON_DEPTH: usize = 128;
