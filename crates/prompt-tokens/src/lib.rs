@@ -82,9 +82,9 @@
 //! # Cost
 //!
 //! A warm multi-turn request (a 7 KB system prompt, ten turns, one new
-//! message) costs about 300k instructions from body bytes to ids: the JSON
-//! parse, the template rendering (the largest part) and cache lookups for
-//! every segment but the new one. `examples/warm_path.rs` runs it in a loop
+//! message) costs about 230k instructions from body bytes to ids: the JSON
+//! parse and the template rendering (about a third each) and cache lookups
+//! for every segment but the new one. `examples/warm_path.rs` runs it in a loop
 //! for profiling; the README has the measurements.
 //!
 //! # Concurrency

@@ -201,6 +201,28 @@ impl ChatTemplate {
 
     /// Whether renderings go through the direct renderer first (see
     /// [`DirectRendering`]).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use prompt_tokens::{
+    ///     ChatRequest, ChatTemplate, DirectRendering, FixedClock, RenderLimits, SpecialTokens,
+    ///     TemplateFamily,
+    /// };
+    ///
+    /// let template = ChatTemplate::new(
+    ///     TemplateFamily::ChatMl.template(),
+    ///     SpecialTokens::default(),
+    ///     RenderLimits::default(),
+    ///     Arc::new(FixedClock(0)),
+    /// )?;
+    /// assert_eq!(template.direct_rendering(), DirectRendering::On);
+    /// let request = ChatRequest::new(&serde_json::json!([{"role": "user", "content": "Hi"}]))?;
+    /// // The direct renderer's text is minijinja's.
+    /// let direct = template.render_direct(&request).expect("a plain chat renders directly");
+    /// let minijinja = template.with_direct_rendering(false).render(&request)?;
+    /// assert_eq!(direct, minijinja);
+    /// # Ok::<(), prompt_tokens::Error>(())
+    /// ```
     pub fn direct_rendering(&self) -> DirectRendering<'_> {
         match (&self.direct, self.direct_enabled) {
             (Err(reason), _) => DirectRendering::Unsupported(reason),
