@@ -369,6 +369,9 @@ impl<'s> Compiler<'s> {
                     if self.is_macro(v.id).is_some() || v.id == "loop" {
                         return Err(format!("`set` of `{}`", v.id));
                     }
+                    if is_builtin(v.id) {
+                        return Ok(Stmt::Decline);
+                    }
                     let value = self.expr(&s.expr)?;
                     Stmt::Set(self.name(v.id)?, value)
                 }
@@ -396,6 +399,9 @@ impl<'s> Compiler<'s> {
                     let ast::Expr::Var(v) = arg else {
                         return Err(format!("macro `{}` has an unusual parameter", m.name));
                     };
+                    if is_builtin(v.id) {
+                        return Err(format!("macro `{}` has a parameter `{}`", m.name, v.id));
+                    }
                     params.push(self.name(v.id)?);
                     locals.push(v.id.to_owned());
                 }
@@ -433,7 +439,11 @@ impl<'s> Compiler<'s> {
         let ast::Expr::Var(target) = &f.target else {
             return Ok(Stmt::Decline);
         };
-        if f.recursive || target.id == "loop" || self.is_macro(target.id).is_some() {
+        if f.recursive
+            || target.id == "loop"
+            || is_builtin(target.id)
+            || self.is_macro(target.id).is_some()
+        {
             return Ok(Stmt::Decline);
         }
         let iter = self.expr(&f.iter)?;
@@ -724,6 +734,16 @@ fn tojson_options(args: &[ast::CallArg<'_>]) -> Option<JsonOptions> {
         sort_keys,
         ensure_ascii,
     ))
+}
+
+/// Whether `id` names a function this module runs or minijinja defines:
+/// a variable of that name (a `set`, a loop target, a macro parameter)
+/// would shadow it, which is left to minijinja.
+fn is_builtin(id: &str) -> bool {
+    id == "namespace"
+        || id == "strftime_now"
+        || OTHER_GLOBALS.contains(&id)
+        || MACRO_GLOBALS.contains(&id)
 }
 
 /// Names minijinja defines inside a macro body.

@@ -650,8 +650,8 @@ fn probe_templates_render_directly_and_equal_minijinja() {
 
 /// Probes the direct renderer must decline (`range`, a map literal, block
 /// `set`, arithmetic, `loop` in a filtered loop, a macro with defaults, a
-/// method it does not know, iterating a mapping), still rendering what
-/// minijinja renders through `render`.
+/// method it does not know, iterating a mapping, a variable shadowing a
+/// function), still rendering what minijinja renders through `render`.
 const DECLINED_PROBES: &[&str] = &[
     "{% for i in range(3) %}{{ i }}{% endfor %}",
     "{{ {'a': messages | length} | tojson }}",
@@ -661,6 +661,8 @@ const DECLINED_PROBES: &[&str] = &[
     "{% macro f(a='d') %}{{ a }}{% endmacro %}{{ f() }}",
     "{{ messages[0].role.upper() }}",
     "{% for k in messages[0] %}{{ k }}{% endfor %}",
+    "{% macro f() %}{% set strftime_now = 'x' %}{{ strftime_now('%Y') }}{% endmacro %}{{ f() }}",
+    "{% for namespace in messages %}{% set ns = namespace(a=1) %}{{ ns.a }}{% endfor %}",
 ];
 
 /// Every declined probe declines on the probe requests and `render`
@@ -727,9 +729,11 @@ fn raise_exception_declines_and_render_returns_minijinjas_error() {
     assert!(reference.is_err());
 }
 
-/// Inheritance and includes are never compiled for the direct path: the
-/// template reports why, and `render` is minijinja's (an error here, as
-/// there is no other template to extend or include).
+/// Inheritance and includes are never compiled for the direct path, nor
+/// macros it cannot resolve statically (defined in a block, a parameter
+/// shadowing a function): the template reports why, and `render` is
+/// minijinja's (an error for the first four, as there is no other
+/// template to extend or include).
 #[test]
 fn extends_and_include_are_unsupported_and_render_as_minijinja() {
     for source in [
@@ -737,6 +741,8 @@ fn extends_and_include_are_unsupported_and_render_as_minijinja() {
         "{% include 'part' %}{{ messages[0].role }}",
         "{% block body %}x{% endblock %}",
         "{% import 'macros' as m %}{{ m.f() }}",
+        "{% if messages %}{% macro f() %}x{% endmacro %}{% endif %}{{ f() }}",
+        "{% macro f(namespace) %}{{ namespace }}{% endmacro %}{{ f('n') }}",
     ] {
         let pair = Pair::plain(source);
         assert!(
