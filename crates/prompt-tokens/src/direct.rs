@@ -41,7 +41,7 @@ use minijinja::machinery::{WhitespaceConfig, ast, parse};
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Value, ValueKind};
 
-use crate::request::small_map_entries;
+use crate::request::{small_map_entries, small_map_get};
 use crate::template::{JsonOptions, json_text, strftime_cached};
 
 /// Why a rendering was not done directly; minijinja redoes it.
@@ -1244,20 +1244,14 @@ impl<'a> Run<'a> {
                 .map(|(_, v)| v.clone())
                 .unwrap_or_else(V::undefined)),
             V::Ref(value) => {
-                if let Some(entries) = small_map_entries(value) {
-                    return Ok(entries
-                        .iter()
-                        .find(|(k, _)| k.as_str() == Some(name))
-                        .map_or_else(V::undefined, |(_, v)| V::Ref(v)));
+                if let Some(found) = small_map_get(value, name) {
+                    return Ok(found.map_or_else(V::undefined, V::Ref));
                 }
                 value.get_attr(name).map(V::Own).map_err(|_| Declined)
             }
             V::Own(value) => {
-                if let Some(entries) = small_map_entries(&value) {
-                    return Ok(entries
-                        .iter()
-                        .find(|(k, _)| k.as_str() == Some(name))
-                        .map_or_else(V::undefined, |(_, v)| V::Own(v.clone())));
+                if let Some(found) = small_map_get(&value, name) {
+                    return Ok(found.map_or_else(V::undefined, |v| V::Own(v.clone())));
                 }
                 value.get_attr(name).map(V::Own).map_err(|_| Declined)
             }
@@ -1280,22 +1274,11 @@ impl<'a> Run<'a> {
                 V::undefined()
             });
         }
-        if let V::Ref(value) = base {
-            if let (Some(list), Some(i)) = (items(value), int(key)) {
-                let len = list.len() as i64;
-                let at = if i < 0 { len + i } else { i };
-                return Ok(if (0..len).contains(&at) {
-                    V::Ref(&list[at as usize])
-                } else {
-                    V::undefined()
-                });
-            }
-            if let (Some(entries), Some(name)) = (small_map_entries(value), key.as_str()) {
-                return Ok(entries
-                    .iter()
-                    .find(|(k, _)| k.as_str() == Some(name))
-                    .map_or_else(V::undefined, |(_, v)| V::Ref(v)));
-            }
+        if let V::Ref(value) = base
+            && let Some(name) = key.as_str()
+            && let Some(found) = small_map_get(value, name)
+        {
+            return Ok(found.map_or_else(V::undefined, V::Ref));
         }
         match base {
             V::Ns(_) | V::Slice(_) => Err(Declined),

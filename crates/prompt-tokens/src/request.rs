@@ -47,6 +47,15 @@ struct SmallMap {
     entries: Vec<(Value, Value)>,
 }
 
+impl SmallMap {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.entries
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(key))
+            .map(|(_, v)| v)
+    }
+}
+
 impl Object for SmallMap {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         match key.as_str() {
@@ -60,10 +69,7 @@ impl Object for SmallMap {
     }
 
     fn get_value_by_str(self: &Arc<Self>, key: &str) -> Option<Value> {
-        self.entries
-            .iter()
-            .find(|(k, _)| k.as_str() == Some(key))
-            .map(|(_, v)| v.clone())
+        self.get(key).cloned()
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
@@ -84,6 +90,15 @@ pub(crate) fn small_map_entries(value: &Value) -> Option<&[(Value, Value)]> {
     value
         .downcast_object_ref::<SmallMap>()
         .map(|map| map.entries.as_slice())
+}
+
+/// The value under the string `key` in an object [`JsonSeed`] built as a
+/// [`SmallMap`], borrowed: `None` for any other value, `Some(None)` when
+/// the key is absent.
+pub(crate) fn small_map_get<'v>(value: &'v Value, key: &str) -> Option<Option<&'v Value>> {
+    value
+        .downcast_object_ref::<SmallMap>()
+        .map(|map| map.get(key))
 }
 
 /// An object from its key/value pairs in order; a repeated key keeps its

@@ -247,10 +247,20 @@ impl ChatTemplate {
     pub fn render_direct(&self, request: &ChatRequest) -> Option<String> {
         let direct = self.direct.as_ref().ok()?;
         let messages = messages::prepare(&request.messages.0, self.content_format).ok()?;
-        let ctx = self.context(request, messages);
+        self.run_direct(direct, &self.context(request, messages), request)
+    }
+
+    /// `direct`'s rendering of the context `ctx` under this template's
+    /// clock and limits; `None` when it declines.
+    fn run_direct(
+        &self,
+        direct: &DirectTemplate,
+        ctx: &[(Value, Value)],
+        request: &ChatRequest,
+    ) -> Option<String> {
         direct
             .render(
-                &ctx,
+                ctx,
                 &|| self.clock.now_unix_seconds(),
                 self.limits.max_output_bytes,
                 self.limits.fuel,
@@ -273,16 +283,9 @@ impl ChatTemplate {
         }
         let messages = messages::prepare(&request.messages.0, self.content_format)?;
         let ctx = self.context(request, messages.clone());
-        let hint = self.output_hint(request);
         if self.direct_enabled
             && let Ok(direct) = &self.direct
-            && let Ok(mut text) = direct.render(
-                &ctx,
-                &|| self.clock.now_unix_seconds(),
-                self.limits.max_output_bytes,
-                self.limits.fuel,
-                hint,
-            )
+            && let Some(mut text) = self.run_direct(direct, &ctx, request)
         {
             if request.continue_final_message {
                 cut_after_final_message(&mut text, &messages);
@@ -295,7 +298,7 @@ impl ChatTemplate {
             .map_err(|e| Error::Render(describe(&e)))?;
         let ctx = object_from_pairs(ctx);
         let mut out = CappedWriter {
-            buf: Vec::with_capacity(hint.min(self.limits.max_output_bytes)),
+            buf: Vec::with_capacity(self.output_hint(request).min(self.limits.max_output_bytes)),
             max: self.limits.max_output_bytes,
             overflow: false,
         };
@@ -315,6 +318,7 @@ impl ChatTemplate {
         }
         Ok(text)
     }
+
     /// The rendering's context as (name, value) pairs, each name once:
     /// what `transformers` passes a chat template.
     fn context(&self, request: &ChatRequest, messages: Value) -> Vec<(Value, Value)> {
