@@ -723,6 +723,15 @@ fn fleet_guard_shares_come_from_their_flags() {
         set.router.worker_options.fleet,
         worker_lifecycle::FleetGuard::off()
     );
+    let every_pool = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--pool-guard-min-workers",
+        "1",
+    ])
+    .unwrap();
+    assert_eq!(every_pool.router.worker_options.fleet.min_workers, 1);
+    assert_eq!(defaults.router.worker_options.fleet.min_workers, 3);
     for (flag, value) in [
         ("--cb-max-exclusion", "1.5"),
         ("--pool-panic-threshold", "-0.1"),

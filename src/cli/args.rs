@@ -388,6 +388,17 @@ pub struct Args {
         help_heading = "Retries and circuit breaker"
     )]
     pub pool_panic_threshold: f64,
+    /// The smallest number of live workers at which a pool applies
+    /// --cb-max-exclusion and --pool-panic-threshold; a smaller pool trusts
+    /// every open breaker, so a single failing worker gets a fast 503 as
+    /// with vllm-router.
+    #[arg(
+        long,
+        default_value_t = worker_lifecycle::DEFAULT_FLEET_GUARD_MIN_WORKERS,
+        value_name = "N",
+        help_heading = "Retries and circuit breaker"
+    )]
+    pub pool_guard_min_workers: usize,
 
     // ----- Health checks -----
     /// Consecutive failed probes that mark a worker unhealthy.

@@ -1048,6 +1048,7 @@ fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
     config.worker_options.fleet = FleetGuard {
         max_breaker_exclusion: a.cb_max_exclusion,
         panic_threshold: a.pool_panic_threshold,
+        min_workers: a.pool_guard_min_workers,
     };
     config.health = HealthCheckConfig {
         interval: Duration::from_secs(a.health_check_interval_secs),

@@ -145,3 +145,47 @@ async fn a_fleet_that_fails_entirely_answers_with_the_workers_errors() {
     );
     fixture.shutdown().await;
 }
+
+/// vllm-router's contract for a pool too small to guard: a single failing
+/// engine opens its breaker within the failure threshold, and from then on
+/// clients get the router's 503 at once instead of the engine's failures.
+#[tokio::test]
+async fn a_single_failing_worker_opens_its_breaker_and_clients_get_503() {
+    let config = RouterConfig {
+        policy: lb_policies::PolicyConfig::named("round_robin"),
+        ..RouterConfig::default()
+    };
+    let threshold = config.worker_options.breaker.failure_threshold;
+    let down = engine(FaultConfig {
+        fixed_status: Some(500),
+        ..FaultConfig::default()
+    });
+    let fixture = Fixture::start(config, vec![down]).await;
+    let mut codes = Vec::new();
+    for i in 0..threshold + 5 {
+        let body = chat_body(&format!("request {i}"), false);
+        let (status, _, bytes) =
+            call(fixture.addr, "POST", "/v1/chat/completions", &[], body).await;
+        let error = json(&bytes);
+        codes.push((status, error["error"]["code"].as_str().map(str::to_owned)));
+    }
+    let worker = &fixture.workers()[0];
+    assert_eq!(worker.breaker().state(), BreakerState::Open);
+    // Every request after the breaker opened was refused by the router
+    // without reaching the engine.
+    let refused = codes
+        .iter()
+        .filter(|(status, code)| {
+            *status == StatusCode::SERVICE_UNAVAILABLE
+                && code.as_deref() == Some("no_available_worker")
+        })
+        .count();
+    assert!(refused >= 5, "{codes:?}");
+    assert!(
+        worker.processed() <= u64::from(threshold) * 2,
+        "the engine kept being sent requests: {} for threshold {threshold}",
+        worker.processed()
+    );
+    assert_eq!(fixture.router.pool().fleet_counts().panic_steps, 0);
+    fixture.shutdown().await;
+}

@@ -159,6 +159,6 @@ struct ReadmeDoctests;
 
 pub use url::{WorkerUrl, WorkerUrlError};
 pub use worker::{
-    Endpoint, FleetGuard, HealthChange, Lifecycle, RoleKind, Unavailable, Worker, WorkerOptions,
-    WorkerRole, WorkerSpec,
+    DEFAULT_FLEET_GUARD_MIN_WORKERS, Endpoint, FleetGuard, HealthChange, Lifecycle, RoleKind,
+    Unavailable, Worker, WorkerOptions, WorkerRole, WorkerSpec,
 };

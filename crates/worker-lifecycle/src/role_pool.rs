@@ -430,7 +430,12 @@ impl RolePool {
     fn guard_fleet(&self, workers: &[Arc<Worker>]) {
         let ready = |w: &Arc<Worker>| w.lifecycle() == Lifecycle::Ready;
         let live = workers.iter().filter(|w| ready(w)).count();
-        if live == 0 {
+        if !self.fleet.acts_on(live) {
+            // A small pool trusts every exclusion; a worker let through in
+            // an earlier step (when the pool was larger) is not any more.
+            for worker in workers {
+                worker.set_pool_admitted(false);
+            }
             return;
         }
         let available = workers
@@ -646,6 +651,7 @@ mod tests {
         let fleet = FleetGuard {
             max_breaker_exclusion: 0.5,
             panic_threshold: 0.0,
+            ..FleetGuard::default()
         };
         let pool = pool(4, fleet);
         for i in 0..3 {
@@ -674,6 +680,50 @@ mod tests {
         // A draining worker is not live: panic does not bring it back.
         pool.workers()[3].start_drain();
         assert_eq!(seen(&pool), [true, true, true, false]);
+    }
+
+    #[test]
+    fn a_single_failing_worker_is_excluded_as_vllm_router_excludes_it() {
+        let pool = pool(1, FleetGuard::default());
+        fail(&pool, 0);
+        assert_eq!(seen(&pool), [false], "no panic mode in a pool of one");
+        let workers = pool.workers();
+        let eligible = pool.eligible(&workers, "", |_| true).unwrap();
+        assert!(matches!(
+            pool.require_available(&eligible),
+            Err(SelectError::Unavailable(_))
+        ));
+        assert_eq!(pool.fleet_counts(), FleetCounts::default());
+    }
+
+    #[test]
+    fn below_the_minimum_pool_size_every_exclusion_is_trusted() {
+        let pool = pool(2, FleetGuard::default());
+        fail(&pool, 0);
+        fail(&pool, 1);
+        assert_eq!(seen(&pool), [false, false]);
+        assert_eq!(pool.fleet_counts(), FleetCounts::default());
+        // From the minimum up, the panic threshold acts again.
+        let pool = pool_of_three_all_failing();
+        assert_eq!(seen(&pool), [true; 3]);
+        assert_eq!(pool.fleet_counts().panic_steps, 1);
+    }
+
+    #[test]
+    fn a_pool_that_shrinks_below_the_minimum_stops_letting_workers_through() {
+        let pool = pool_of_three_all_failing();
+        assert_eq!(seen(&pool), [true; 3]);
+        // One leaves: the two left are a small pool, their breakers trusted.
+        pool.workers()[2].start_drain();
+        assert_eq!(seen(&pool), [false, false, false]);
+    }
+
+    fn pool_of_three_all_failing() -> RolePool {
+        let pool = pool(3, FleetGuard::default());
+        for i in 0..3 {
+            fail(&pool, i);
+        }
+        pool
     }
 
     #[test]

@@ -220,10 +220,19 @@ pub struct WorkerOptions {
 ///   pool sees every live worker again, like Envoy's panic threshold:
 ///   their own answers beat a blanket 503 from the router.
 ///
-/// Defaults: cap 0.8, panic below 0.2 — a pool of 4 whose 3 workers fail
-/// keeps serving from the healthy one (Envoy's defaults, 10 % and 50 %,
-/// suit large fleets of interchangeable hosts; an LLM fleet is a handful of
-/// engines). `FleetGuard::off()` trusts every exclusion.
+/// - **Small pools.** Both act only in a pool of at least `min_workers`
+///   live workers. In a smaller pool every exclusion is trusted, as
+///   vllm-router trusts it: a single failing engine opens its breaker and
+///   clients get a fast 503 instead of every request waiting on an engine
+///   that fails it. A pool of one has no other worker to protect, and in a
+///   pool of two the cap could only ever keep one failing engine in
+///   service, which is what the breaker exists to prevent.
+///
+/// Defaults: cap 0.8, panic below 0.2, from 3 live workers up — a pool of 4
+/// whose 3 workers fail keeps serving from the healthy one, a pool of 1 or
+/// 2 whose workers all fail answers 503 fast (Envoy's defaults, 10 % and
+/// 50 %, suit large fleets of interchangeable hosts; an LLM fleet is a
+/// handful of engines). `FleetGuard::off()` trusts every exclusion.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FleetGuard {
     /// Largest share (0..=1) of live workers open breakers may exclude.
@@ -231,13 +240,20 @@ pub struct FleetGuard {
     /// Below this share (0..=1) of available live workers, every live
     /// worker is seen.
     pub panic_threshold: f64,
+    /// The smallest number of live workers at which the cap and the panic
+    /// threshold act; below it every exclusion is trusted.
+    pub min_workers: usize,
 }
+
+/// The default of [`FleetGuard::min_workers`].
+pub const DEFAULT_FLEET_GUARD_MIN_WORKERS: usize = 3;
 
 impl Default for FleetGuard {
     fn default() -> Self {
         Self {
             max_breaker_exclusion: 0.8,
             panic_threshold: 0.2,
+            min_workers: DEFAULT_FLEET_GUARD_MIN_WORKERS,
         }
     }
 }
@@ -248,7 +264,13 @@ impl FleetGuard {
         Self {
             max_breaker_exclusion: 1.0,
             panic_threshold: 0.0,
+            min_workers: DEFAULT_FLEET_GUARD_MIN_WORKERS,
         }
+    }
+
+    /// Whether the guard acts in a pool of `live` live workers.
+    pub fn acts_on(&self, live: usize) -> bool {
+        live > 0 && live >= self.min_workers
     }
 }
 
