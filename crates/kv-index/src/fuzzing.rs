@@ -611,7 +611,9 @@ pub fn check_ops(ops: &[Op]) {
     }
 }
 
-/// Decodes bytes into ops: a tag byte, then the op's fields.
+/// Decodes bytes into ops: a tag byte, then the op's fields. By `tag % 8`:
+/// 0 register, 1 unregister, 2-4 stored, 5-6 removed, 7 a stream or worker
+/// clear, or (with tag bit `0x40`) a cap of `0..=MAX_SET_CAP` blocks.
 pub fn decode_ops(data: &[u8]) -> Vec<Op> {
     let mut ops = Vec::new();
     let mut bytes = data.iter().copied();

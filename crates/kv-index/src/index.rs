@@ -148,10 +148,14 @@
 //! stale entries, each paid for by the removal that made it; when they
 //! outnumber half the live ones (plus 64) the queue is compacted, at most
 //! three entries per removal. So every event costs O(1) amortized per
-//! block on top of what it cost before, all of it under the stream's own
-//! lock except the holder removals, which take the writer lock as a
-//! removal does. A doubly linked list would avoid stale entries but cost
-//! 24 bytes a block instead of 8.
+//! block on top of what it cost before; the one removal that triggers a
+//! compaction walks the queue (at most 1.5 times the stream's blocks plus
+//! 64 entries). All of it runs under the stream's own lock, except the
+//! holder removals, which take the writer lock as a removal does; lookups
+//! never wait for any of it. Memory: 8 bytes a held block, plus, while
+//! they last, 8 bytes and a count entry (about 17 bytes) per stale entry.
+//! A doubly linked list through the translation map would need no stale
+//! entries but cost 24 bytes per held block.
 //!
 //! One index describes one storage medium: a subscriber receiving vLLM's
 //! `medium` field feeds GPU events to one index and offloaded tiers to
@@ -208,12 +212,13 @@ pub struct IndexConfig {
 }
 
 /// The default [`IndexConfig::max_blocks_per_holder`]: 2^20 = 1,048,576
-/// blocks, more than an 80 GB GPU holds of the smallest common models
-/// (Qwen2.5-0.5B: 24 layers x 2 KV heads x 64 dims x 2 (K and V) x 2
-/// bytes = 12 KiB per token, 192 KiB per 16-token block; 90% of 80 GB
-/// less 1 GB of weights and activations is about 70 GB, or 360,000
-/// blocks, 720,000 with an 8-bit KV cache; 80 GiB instead of 80 GB adds
-/// 5%). An engine whose
+/// blocks, more than an H100 (80 GB) holds of the smallest common models.
+/// Qwen2.5-0.5B: 24 layers x 2 KV heads x 64 dims x 2 (K and V) x 2 bytes
+/// = 12 KiB per token, 192 KiB per 16-token block; vLLM's default 90% of
+/// 80 GiB, less about 2 GiB of weights and activations, leaves about 70
+/// GiB: some 380,000 blocks, 760,000 with an 8-bit KV cache. Larger models
+/// hold far fewer (Llama-3.1-8B: 128 KiB per token, about 28,000 blocks).
+/// A GPU with more memory can exceed it with a tiny model: an engine whose
 /// `num_gpu_blocks` is known should get exactly that
 /// ([`KvIndex::set_worker_capacity`]).
 pub const DEFAULT_MAX_BLOCKS_PER_HOLDER: NonZeroUsize = match NonZeroUsize::new(1 << 20) {
@@ -303,7 +308,7 @@ pub struct EventCounters {
     pub events: u64,
     /// Blocks recorded as held.
     pub stored_blocks: u64,
-    /// Blocks no longer held (removed or cleared).
+    /// Blocks no longer held (removed, cleared or evicted over a cap).
     pub removed_blocks: u64,
     /// Stored blocks skipped: parent unknown to the stream.
     pub unknown_parent_blocks: u64,
