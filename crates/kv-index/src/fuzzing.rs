@@ -1,7 +1,9 @@
 //! Fuzzing and model-testing entry points.
 //!
 //! [`Model`] is the reference: per (worker, rank) stream an ordered map of
-//! engine hash -> our hash, from which the holders of every block
+//! engine hash -> our hash and the list of its engine hashes in the order
+//! the stream began to hold them (a stream over its worker's cap drops the
+//! front of the list, found naively), from which the holders of every block
 //! (`BTreeMap<our hash, BTreeSet<(worker, rank)>>`) and every prefix length
 //! are recomputed naively. [`check_ops`] applies an operation sequence to a
 //! [`KvIndex`] and the model and panics at the first disagreement (holders
@@ -15,9 +17,11 @@
 //! leading blocks (prompt 1 shares two blocks with prompt 0, prompt 2
 //! shares four), engine hashes that depend on the prompt (so two engine
 //! hashes can name one block of ours) and a salt (so a parent can be
-//! unknown).
+//! unknown). Streams hold at most [`HARNESS_CAP`] blocks unless an
+//! [`Op::SetCapacity`] sets their worker's cap, so caps are hit often.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroUsize;
 
 use crate::hash::{BlockHash, BlockHasher, EngineHash};
 use crate::index::{Holder, IndexConfig, KvEvent, KvIndex, KvIndexError, WorkerId};
@@ -30,6 +34,12 @@ pub const WORKERS: u8 = 3;
 pub const PROMPTS: u8 = 3;
 /// Blocks per prompt.
 pub const PROMPT_BLOCKS: u8 = 6;
+/// The harness's default cap per (worker, rank) stream: below the 36
+/// engine hashes a stream can hold (3 prompts x 6 blocks x 2 salts), above
+/// one prompt.
+pub const HARNESS_CAP: usize = 10;
+/// The largest cap [`Op::SetCapacity`] sets.
+pub const MAX_SET_CAP: u8 = 40;
 
 /// One operation of a model test.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,6 +92,20 @@ pub enum Op {
     },
     /// `clear_worker(worker)`.
     ClearWorker(u8),
+    /// `set_worker_capacity(worker, blocks)` (0 is raised to 1).
+    SetCapacity {
+        /// Worker index.
+        worker: u8,
+        /// The cap.
+        blocks: u8,
+    },
+}
+
+impl Op {
+    /// The cap a [`Op::SetCapacity`] of `blocks` sets.
+    pub fn cap_of(blocks: u8) -> NonZeroUsize {
+        NonZeroUsize::new(usize::from(blocks).max(1)).unwrap_or(NonZeroUsize::MIN)
+    }
 }
 
 /// The token ids of block `block` of `prompt`.
@@ -114,6 +138,7 @@ pub fn config() -> IndexConfig {
     IndexConfig {
         block_size: BLOCK_SIZE,
         max_holders: 64,
+        max_blocks_per_holder: NonZeroUsize::new(HARNESS_CAP).unwrap_or(NonZeroUsize::MIN),
     }
 }
 
@@ -163,12 +188,24 @@ pub fn event_of(op: &Op) -> Option<KvEvent> {
 }
 
 /// The reference model: plain ordered maps, recomputed on every question.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Model {
     /// Registered worker ids.
     pub registered: BTreeSet<u32>,
     /// Per (worker id, rank): engine hash -> our hash.
     pub streams: BTreeMap<(u32, u32), BTreeMap<u64, u64>>,
+    /// Per (worker id, rank): its engine hashes, in the order it began to
+    /// hold them (oldest first).
+    pub orders: BTreeMap<(u32, u32), Vec<u64>>,
+    /// The cap of a worker without its own.
+    pub default_cap: usize,
+    /// Per worker id: its own cap.
+    pub caps: BTreeMap<u32, usize>,
+    /// Per worker id: engine blocks dropped over the cap.
+    pub evicted: BTreeMap<u32, u64>,
+    /// Expected counters: engine blocks dropped over caps (all workers
+    /// ever).
+    pub evicted_total: u64,
     /// Expected counters: unknown-parent blocks.
     pub unknown_parent: u64,
     /// Expected counters: unknown removed hashes.
@@ -177,12 +214,76 @@ pub struct Model {
     pub malformed: u64,
 }
 
+impl Default for Model {
+    /// A model with [`IndexConfig::default`]'s cap (not the harness's).
+    fn default() -> Self {
+        Self::with_cap(crate::index::DEFAULT_MAX_BLOCKS_PER_HOLDER.get())
+    }
+}
+
 impl Model {
+    /// An empty model whose workers hold at most `default_cap` blocks per
+    /// stream.
+    pub fn with_cap(default_cap: usize) -> Self {
+        Self {
+            registered: BTreeSet::new(),
+            streams: BTreeMap::new(),
+            orders: BTreeMap::new(),
+            default_cap,
+            caps: BTreeMap::new(),
+            evicted: BTreeMap::new(),
+            evicted_total: 0,
+            unknown_parent: 0,
+            unknown_removed: 0,
+            malformed: 0,
+        }
+    }
+
+    /// The cap of `worker`'s streams.
+    pub fn cap(&self, worker: u32) -> usize {
+        self.caps.get(&worker).copied().unwrap_or(self.default_cap)
+    }
+
+    /// Drops the oldest blocks of stream `key` while it holds more than its
+    /// worker's cap.
+    fn evict(&mut self, key: (u32, u32)) {
+        let cap = self.cap(key.0);
+        let (Some(map), Some(order)) = (self.streams.get_mut(&key), self.orders.get_mut(&key))
+        else {
+            return;
+        };
+        while map.len() > cap && !order.is_empty() {
+            let oldest = order.remove(0);
+            map.remove(&oldest);
+            *self.evicted.entry(key.0).or_default() += 1;
+            self.evicted_total += 1;
+        }
+    }
+
+    /// `set_worker_capacity`: `false` if the worker is not registered.
+    pub fn set_capacity(&mut self, worker: u32, cap: usize) -> bool {
+        if !self.registered.contains(&worker) {
+            return false;
+        }
+        self.caps.insert(worker, cap);
+        let keys: Vec<(u32, u32)> = self
+            .streams
+            .keys()
+            .filter(|(w, _)| *w == worker)
+            .copied()
+            .collect();
+        for key in keys {
+            self.evict(key);
+        }
+        true
+    }
+
     /// Applies an event; `false` if the worker is not registered.
     pub fn apply(&mut self, worker: u32, rank: u32, event: &KvEvent) -> bool {
         if !self.registered.contains(&worker) {
             return false;
         }
+        let order = self.orders.entry((worker, rank)).or_default();
         let map = self.streams.entry((worker, rank)).or_default();
         match event {
             KvEvent::BlockStored {
@@ -209,17 +310,25 @@ impl Model {
                 };
                 for (e, tokens) in block_hashes.iter().zip(token_ids.chunks(BLOCK_SIZE)) {
                     parent = hasher.next(parent, tokens);
-                    map.insert(e.0, parent.0);
+                    if map.insert(e.0, parent.0).is_none() {
+                        order.push(e.0);
+                    }
                 }
+                self.evict((worker, rank));
             }
             KvEvent::BlockRemoved { block_hashes } => {
                 for e in block_hashes {
                     if map.remove(&e.0).is_none() {
                         self.unknown_removed += 1;
+                    } else {
+                        order.retain(|&x| x != e.0);
                     }
                 }
             }
-            KvEvent::AllBlocksCleared => map.clear(),
+            KvEvent::AllBlocksCleared => {
+                map.clear();
+                order.clear();
+            }
         }
         true
     }
@@ -234,12 +343,20 @@ impl Model {
                 map.clear();
             }
         }
+        for ((w, _), order) in self.orders.iter_mut() {
+            if *w == worker {
+                order.clear();
+            }
+        }
         true
     }
 
     /// Forgets a worker.
     pub fn unregister(&mut self, worker: u32) -> bool {
         self.streams.retain(|(w, _), _| *w != worker);
+        self.orders.retain(|(w, _), _| *w != worker);
+        self.caps.remove(&worker);
+        self.evicted.remove(&worker);
         self.registered.remove(&worker)
     }
 
@@ -298,7 +415,7 @@ impl Harness {
     pub fn new() -> Self {
         Self {
             index: KvIndex::new(config()),
-            model: Model::default(),
+            model: Model::with_cap(HARNESS_CAP),
             ids: [None; WORKERS as usize],
             retired: Vec::new(),
         }
@@ -360,6 +477,22 @@ impl Harness {
                 let Some(id) = self.id(w) else { return };
                 let ok = self.model.clear_worker(id.get());
                 assert_eq!(self.index.clear_worker(id).is_ok(), ok);
+            }
+            Op::SetCapacity { worker, blocks } => {
+                let Some(id) = self.id(worker) else { return };
+                let before = self.model.evicted_total;
+                let cap = Op::cap_of(blocks);
+                let ok = self.model.set_capacity(id.get(), cap.get());
+                match self.index.set_worker_capacity(id, cap) {
+                    Ok(dropped) => {
+                        assert!(ok, "index accepted a cap for {id:?}");
+                        assert_eq!(dropped, self.model.evicted_total - before);
+                    }
+                    Err(e) => {
+                        assert!(!ok, "index refused a cap for {id:?}: {e}");
+                        assert_eq!(e, KvIndexError::UnknownWorker(id));
+                    }
+                }
             }
         }
     }
@@ -435,10 +568,38 @@ pub fn check_index<K: std::hash::Hash + Eq + Clone>(index: &KvIndex<K>, model: &
         stats.holders.iter().map(|h| h.blocks).sum::<usize>(),
         entries
     );
+    for h in &stats.holders {
+        let (w, r) = (h.holder.worker.get(), h.holder.rank);
+        let cap = model.cap(w);
+        assert_eq!(h.capacity, cap, "cap of {w}/{r}");
+        assert!(
+            h.blocks <= cap,
+            "{w}/{r} holds {} over its cap {cap}",
+            h.blocks
+        );
+        let want = model.streams.get(&(w, r)).map_or(0, BTreeMap::len);
+        assert_eq!(h.blocks, want, "blocks of {w}/{r}");
+    }
+    for &w in &model.registered {
+        let id = stats
+            .holders
+            .iter()
+            .map(|h| h.holder.worker)
+            .find(|id| id.get() == w);
+        if let Some(id) = id {
+            assert_eq!(
+                index.evicted_over_cap(id),
+                Some(model.evicted.get(&w).copied().unwrap_or(0)),
+                "evicted over cap of worker {w}"
+            );
+            assert_eq!(index.worker_capacity(id), Some(model.cap(w)));
+        }
+    }
     let c = stats.counters;
     assert_eq!(c.unknown_parent_blocks, model.unknown_parent);
     assert_eq!(c.unknown_removed_blocks, model.unknown_removed);
     assert_eq!(c.malformed_blocks, model.malformed);
+    assert_eq!(c.evicted_blocks, model.evicted_total);
 }
 /// Runs `ops` against the index and the model, checking after every step;
 /// panics at the first disagreement.
@@ -450,7 +611,9 @@ pub fn check_ops(ops: &[Op]) {
     }
 }
 
-/// Decodes bytes into ops: a tag byte, then the op's fields.
+/// Decodes bytes into ops: a tag byte, then the op's fields. By `tag % 8`:
+/// 0 register, 1 unregister, 2-4 stored, 5-6 removed, 7 a stream or worker
+/// clear, or (with tag bit `0x40`) a cap of `0..=MAX_SET_CAP` blocks.
 pub fn decode_ops(data: &[u8]) -> Vec<Op> {
     let mut ops = Vec::new();
     let mut bytes = data.iter().copied();
@@ -483,6 +646,14 @@ pub fn decode_ops(data: &[u8]) -> Vec<Op> {
                     start: b % PROMPT_BLOCKS,
                     len: (b >> 3) % (PROMPT_BLOCKS + 1),
                     salt: u8::from(tag & 0x10 != 0),
+                }
+            }
+            _ if tag & 0x40 != 0 => {
+                let a = next();
+                let b = next();
+                Op::SetCapacity {
+                    worker: a % WORKERS,
+                    blocks: b % (MAX_SET_CAP + 1),
                 }
             }
             _ => {

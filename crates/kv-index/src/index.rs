@@ -114,13 +114,58 @@
 //! salt or multimodal hashes, that our token-only hash does not see); the
 //! stream then holds the block until both are removed.
 //!
+//! # Bounds: a cap per holder
+//!
+//! A publisher can send valid, unique blocks without end (measured: 16.8 M
+//! blocks, 634 MB in 60 s from one stream). An engine, though, never holds
+//! more blocks than its cache has (vLLM's `num_gpu_blocks`), so each
+//! (worker, rank) stream has a cap on the engine blocks (engine hashes) it
+//! holds: its worker's, set by [`KvIndex::set_worker_capacity`], or
+//! [`IndexConfig::max_blocks_per_holder`]. The cap is per rank because
+//! each data-parallel rank is an engine with its own cache; ranks are the
+//! router's configuration (a subscription each), not the publisher's
+//! choice, so a worker holds at most its ranks times the cap.
+//!
+//! When a stored event leaves a stream over its cap, the stream drops its
+//! **oldest** blocks: those it began to hold longest ago. A repeated store
+//! of an engine hash the stream holds does not make it younger: vLLM
+//! emits `BlockStored` once, when a block enters its prefix cache, and
+//! reports no cache hits, so a repeat carries no news of use. Dropping
+//! goes through the path of a `BlockRemoved` of those blocks (same
+//! translation release, same holder removal, same cut-back and freeing of
+//! chains, readers never blocked): a dropped parent whose children stay
+//! held reads as the engine having evicted that block, so prefixes stop
+//! before it. After every event a stream holds at most its cap; within a
+//! stored event it may hold the event's blocks more. Lowering a cap drops
+//! the excess at once.
+//!
+//! The order is a queue of engine hashes per stream (8 bytes a block,
+//! counted in [`HolderStats::bytes`]): a hash joins the back when the
+//! stream begins to hold it; eviction pops the front. A removal cannot
+//! take its hash out of the middle, so the entry goes stale, with a count
+//! per hash (a hash's stale entries precede its live one, so the first one
+//! met from the front is stale exactly when it has a count). Popping skips
+//! stale entries, each paid for by the removal that made it; when they
+//! outnumber half the live ones (plus 64) the queue is compacted, at most
+//! three entries per removal. So every event costs O(1) amortized per
+//! block on top of what it cost before; the one removal that triggers a
+//! compaction walks the queue (at most 1.5 times the stream's blocks plus
+//! 64 entries). All of it runs under the stream's own lock, except the
+//! holder removals, which take the writer lock as a removal does; lookups
+//! never wait for any of it. Memory: 8 bytes a held block, plus, while
+//! they last, 8 bytes and a count entry (about 17 bytes) per stale entry.
+//! A doubly linked list through the translation map would need no stale
+//! entries but cost 24 bytes per held block.
+//!
 //! One index describes one storage medium: a subscriber receiving vLLM's
 //! `medium` field feeds GPU events to one index and offloaded tiers to
 //! another (or drops them).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::sync::atomic::AtomicU64 as StatU64;
+use std::num::NonZeroUsize;
+use std::sync::Arc as StdArc;
+use std::sync::atomic::{AtomicU64 as StatU64, AtomicUsize as StatUsize};
 
 use crate::chain::{self, ChainState, Edit, HashBuf, Set};
 use crate::hash::{BlockHash, BlockHasher, EngineHash};
@@ -158,13 +203,35 @@ pub struct IndexConfig {
     /// Most (worker, rank) streams that may hold blocks at once. Default
     /// 65,536. Lookups keep a bitset of this many bits at most.
     pub max_holders: u32,
+    /// Most blocks one (worker, rank) stream may hold in the index unless
+    /// [`KvIndex::set_worker_capacity`] sets its worker's own cap; beyond
+    /// it the stream's oldest blocks are dropped (see the [module
+    /// docs](self#bounds-a-cap-per-holder)). Default
+    /// [`DEFAULT_MAX_BLOCKS_PER_HOLDER`].
+    pub max_blocks_per_holder: NonZeroUsize,
 }
+
+/// The default [`IndexConfig::max_blocks_per_holder`]: 2^20 = 1,048,576
+/// blocks, more than an H100 (80 GB) holds of the smallest common models.
+/// Qwen2.5-0.5B: 24 layers x 2 KV heads x 64 dims x 2 (K and V) x 2 bytes
+/// = 12 KiB per token, 192 KiB per 16-token block; vLLM's default 90% of
+/// 80 GiB, less about 2 GiB of weights and activations, leaves about 70
+/// GiB: some 380,000 blocks, 760,000 with an 8-bit KV cache. Larger models
+/// hold far fewer (Llama-3.1-8B: 128 KiB per token, about 28,000 blocks).
+/// A GPU with more memory can exceed it with a tiny model: an engine whose
+/// `num_gpu_blocks` is known should get exactly that
+/// ([`KvIndex::set_worker_capacity`]).
+pub const DEFAULT_MAX_BLOCKS_PER_HOLDER: NonZeroUsize = match NonZeroUsize::new(1 << 20) {
+    Some(n) => n,
+    None => unreachable!(),
+};
 
 impl Default for IndexConfig {
     fn default() -> Self {
         Self {
             block_size: 16,
             max_holders: 1 << 16,
+            max_blocks_per_holder: DEFAULT_MAX_BLOCKS_PER_HOLDER,
         }
     }
 }
@@ -228,6 +295,10 @@ pub struct ApplyOutcome {
     /// Stored blocks skipped because the block size or token count did not
     /// match.
     pub malformed: u64,
+    /// Engine blocks the stream held that were dropped because it held
+    /// more than its cap (its oldest; their (block, holder) pairs are also
+    /// in `removed`).
+    pub evicted: u64,
 }
 
 /// Cumulative event counters of an index, for metrics.
@@ -237,7 +308,7 @@ pub struct EventCounters {
     pub events: u64,
     /// Blocks recorded as held.
     pub stored_blocks: u64,
-    /// Blocks no longer held (removed or cleared).
+    /// Blocks no longer held (removed, cleared or evicted over a cap).
     pub removed_blocks: u64,
     /// Stored blocks skipped: parent unknown to the stream.
     pub unknown_parent_blocks: u64,
@@ -247,6 +318,9 @@ pub struct EventCounters {
     pub malformed_blocks: u64,
     /// `AllBlocksCleared` events and [`KvIndex::clear_worker`] calls.
     pub clears: u64,
+    /// Engine blocks dropped because their stream held more than its cap
+    /// (the stream's oldest; see [`KvIndex::set_worker_capacity`]).
+    pub evicted_blocks: u64,
 }
 
 /// Memory and entries of one (worker, rank) stream.
@@ -256,9 +330,13 @@ pub struct HolderStats {
     pub holder: Holder,
     /// Engine blocks it holds (entries of its translation map).
     pub blocks: usize,
-    /// Bytes of its translation map (the shared index is counted once, in
-    /// [`IndexStats::index_bytes`]).
+    /// Bytes of its translation map and eviction order (the shared index
+    /// is counted once, in [`IndexStats::index_bytes`]).
     pub bytes: usize,
+    /// Most engine blocks it may hold (its worker's cap).
+    pub capacity: usize,
+    /// Engine blocks dropped because it held more than its cap.
+    pub evicted: u64,
 }
 
 /// Memory accounting of an index: a plain struct for metrics.
@@ -272,7 +350,7 @@ pub struct IndexStats {
     /// sets), the head table, the chain directory and the writer's copies
     /// of them, and the holder slot table.
     pub index_bytes: usize,
-    /// Bytes of all streams' translation maps.
+    /// Bytes of all streams' translation maps and eviction orders.
     pub translation_bytes: usize,
     /// Per stream, ordered by holder.
     pub holders: Vec<HolderStats>,
@@ -545,6 +623,22 @@ struct ChainMeta {
     starts: Vec<u32>,
 }
 
+/// What the streams of one worker share: its cap and eviction count.
+/// Plain std atomics (also under loom): settings and counters, not part of
+/// the memory protocol the loom models check.
+#[derive(Debug)]
+struct Share {
+    /// Most engine blocks each of its streams may hold.
+    cap: StatUsize,
+    /// Engine blocks its streams dropped over the cap.
+    evicted: StatU64,
+}
+
+/// Stale entries of a stream's eviction order kept before it is compacted:
+/// compaction waits until they are more than half the live ones plus this,
+/// so its cost is at most three entries per removal that made one stale.
+const STALE_SLACK: usize = 64;
+
 struct Stream {
     holder: Holder,
     slot: u32,
@@ -553,6 +647,22 @@ struct Stream {
     map: IdMap<u64>,
     /// Blocks mapped by more than one engine hash: the extra count.
     extra: IdMap<u32>,
+    /// The eviction order: every engine hash of `map` once, in the order
+    /// the stream began to hold it, behind the stale entries of hashes
+    /// removed since (see [`Stream::evict`]).
+    order: VecDeque<u64>,
+    /// Engine hash -> its stale entries in `order`. A hash's stale entries
+    /// all come before its live one (an entry goes stale when the hash is
+    /// removed, and a new one is pushed only when it is stored again), so
+    /// the first entry of a hash met from the front is stale exactly when
+    /// it has any.
+    ghosts: IdMap<u32>,
+    /// Stale entries in `order` (the sum of `ghosts`).
+    stale: usize,
+    /// Engine blocks this stream dropped over the cap.
+    evicted: u64,
+    /// The worker's cap and eviction count.
+    share: StdArc<Share>,
     scratch: Vec<BlockHash>,
     locs: Vec<Loc>,
     /// The last block this stream stored (packed place, our hash): the
@@ -565,8 +675,111 @@ impl Stream {
         std::mem::size_of::<Self>()
             + self.map.capacity() * (16 + 1)
             + self.extra.capacity() * (12 + 1)
+            + self.order.capacity() * 8
+            + self.ghosts.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
             + self.scratch.capacity() * 8
             + self.locs.capacity() * 8
+    }
+
+    /// Maps `engine` to a block; a hash the stream did not hold joins the
+    /// back of the eviction order. Returns the previous place.
+    fn map_insert(&mut self, engine: u64, place: u64) -> Option<u64> {
+        let old = self.map.insert(engine, place);
+        if old.is_none() {
+            self.order.push_back(engine);
+        }
+        old
+    }
+
+    /// Unmaps `engine`; its entry in the eviction order goes stale.
+    fn map_remove(&mut self, engine: u64) -> Option<u64> {
+        let place = self.map.remove(&engine)?;
+        *self.ghosts.entry(engine).or_insert(0) += 1;
+        self.stale += 1;
+        Some(place)
+    }
+
+    /// Whether an entry of `engine` met from the front of the order is
+    /// stale; if so it is consumed (the caller drops the entry).
+    fn take_ghost(ghosts: &mut IdMap<u32>, stale: &mut usize, engine: u64) -> bool {
+        let Some(n) = ghosts.get_mut(&engine) else {
+            return false;
+        };
+        *n -= 1;
+        if *n == 0 {
+            ghosts.remove(&engine);
+        }
+        *stale -= 1;
+        true
+    }
+
+    /// Drops stale entries at the front of the order, and compacts the
+    /// order when stale entries are more than half the live ones (plus
+    /// [`STALE_SLACK`]): each removal pays for at most three entries of
+    /// compaction, so the order holds at most 1.5 times the stream's
+    /// blocks plus the slack. Stream-local work, under the stream's lock.
+    fn tidy(&mut self) {
+        while let Some(&front) = self.order.front() {
+            if !Self::take_ghost(&mut self.ghosts, &mut self.stale, front) {
+                break;
+            }
+            self.order.pop_front();
+        }
+        if self.stale > self.map.len() / 2 + STALE_SLACK {
+            let Self {
+                order,
+                ghosts,
+                stale,
+                ..
+            } = self;
+            // Met front to back, a hash's stale entries come first.
+            order.retain(|&engine| !Self::take_ghost(ghosts, stale, engine));
+            debug_assert_eq!(*stale, 0);
+            if order.capacity() > 4 * order.len() + STALE_SLACK {
+                order.shrink_to(2 * order.len() + STALE_SLACK);
+            }
+            if ghosts.capacity() > 4 * STALE_SLACK {
+                ghosts.shrink_to(STALE_SLACK);
+            }
+        }
+        debug_assert_eq!(self.order.len(), self.map.len() + self.stale);
+    }
+
+    /// Drops the stream's oldest engine blocks (the ones it began to hold
+    /// longest ago) until it holds at most `cap`; the blocks it no longer
+    /// holds at all go to `locs`. Returns the engine blocks dropped. Each
+    /// step pops the front of the order: a live entry is dropped, a stale
+    /// one skipped (it was paid for by the removal that made it stale).
+    fn evict(&mut self, cap: usize, locs: &mut Vec<Loc>) -> u64 {
+        let mut dropped = 0;
+        while self.map.len() > cap {
+            let Some(engine) = self.order.pop_front() else {
+                break;
+            };
+            if Self::take_ghost(&mut self.ghosts, &mut self.stale, engine) {
+                continue;
+            }
+            if let Some(place) = self.map.remove(&engine) {
+                let loc = Loc::unpack(place);
+                if self.release(loc) {
+                    locs.push(loc);
+                }
+                dropped += 1;
+            }
+        }
+        self.tidy();
+        self.evicted += dropped;
+        self.share
+            .evicted
+            .fetch_add(dropped, std::sync::atomic::Ordering::Relaxed);
+        dropped
+    }
+
+    /// Forgets the eviction order (the stream holds nothing).
+    fn clear_order(&mut self) {
+        self.order.clear();
+        self.ghosts.clear();
+        self.stale = 0;
     }
 
     /// Drops one engine hash's reference to a block: `true` when it was the
@@ -586,6 +799,8 @@ impl Stream {
 
 struct Registry {
     streams: HashMap<WorkerId, HashMap<u32, Arc<Mutex<Stream>>>>,
+    /// Per registered worker: its cap and eviction count.
+    shares: HashMap<WorkerId, StdArc<Share>>,
     next_worker: u32,
     free_slots: Vec<u32>,
     next_slot: u32,
@@ -605,7 +820,9 @@ struct Inner {
     slot_holder: Box<[AtomicU64]>,
     slot_high_water: AtomicUsize,
     registry: Mutex<Registry>,
-    counters: [StatU64; 7],
+    /// The cap of a worker before [`KvIndex::set_worker_capacity`].
+    default_cap: usize,
+    counters: [StatU64; 8],
 }
 
 const VACANT: u64 = u64::MAX;
@@ -642,6 +859,7 @@ const C_UNKNOWN_PARENT: usize = 3;
 const C_UNKNOWN_REMOVED: usize = 4;
 const C_MALFORMED: usize = 5;
 const C_CLEARS: usize = 6;
+const C_EVICTED: usize = 7;
 
 impl Inner {
     fn new(config: IndexConfig) -> Self {
@@ -684,10 +902,12 @@ impl Inner {
             slot_high_water: AtomicUsize::new(0),
             registry: Mutex::new(Registry {
                 streams: HashMap::new(),
+                shares: HashMap::new(),
                 next_worker: 0,
                 free_slots: Vec::new(),
                 next_slot: 0,
             }),
+            default_cap: config.max_blocks_per_holder.get(),
             counters: Default::default(),
         }
     }
@@ -1261,11 +1481,11 @@ impl Inner {
                                         self.locate(w, prev, our.0, (stream.slot, &fresh), more);
                                     prev = Some(loc);
                                     if held {
-                                        stream.map.insert(engine.0, loc.pack());
+                                        stream.map_insert(engine.0, loc.pack());
                                         outcome.stored += 1;
                                         continue;
                                     }
-                                    if let Some(old) = stream.map.insert(engine.0, loc.pack()) {
+                                    if let Some(old) = stream.map_insert(engine.0, loc.pack()) {
                                         if old == loc.pack() {
                                             continue;
                                         }
@@ -1282,6 +1502,7 @@ impl Inner {
                                     self.add_later(w, stream, loc, &mut outcome);
                                 }
                                 self.add_pending(w, stream, &mut outcome);
+                                self.evict_over_cap(w, stream, &mut outcome);
                                 self.end_event(w);
                                 Self::take_garbage(w)
                             };
@@ -1295,7 +1516,7 @@ impl Inner {
             KvEvent::BlockRemoved { block_hashes } => {
                 let mut locs = std::mem::take(&mut stream.locs);
                 for engine in block_hashes {
-                    match stream.map.remove(&engine.0) {
+                    match stream.map_remove(engine.0) {
                         Some(p) => {
                             let loc = Loc::unpack(p);
                             if stream.release(loc) {
@@ -1305,6 +1526,7 @@ impl Inner {
                         None => outcome.unknown_removed += 1,
                     }
                 }
+                stream.tidy();
                 let garbage = {
                     let mut w = self.writer.lock();
                     let w = &mut *w;
@@ -1328,9 +1550,44 @@ impl Inner {
         Ok(outcome)
     }
 
+    /// Drops the stream's oldest blocks while it holds more than its
+    /// worker's cap, through the path a `BlockRemoved` of them takes (so a
+    /// dropped parent whose children stay held reads as vLLM evicting that
+    /// block: prefixes stop before it). Under the writer lock, at the end
+    /// of a stored event.
+    fn evict_over_cap(&self, w: &mut Writer, stream: &mut Stream, outcome: &mut ApplyOutcome) {
+        let cap = stream.share.cap.load(std::sync::atomic::Ordering::Relaxed);
+        if stream.map.len() <= cap {
+            return;
+        }
+        let mut locs = std::mem::take(&mut stream.locs);
+        let evicted = stream.evict(cap, &mut locs);
+        outcome.evicted += evicted;
+        outcome.removed += self.remove_locs(w, stream.slot, &mut locs);
+        stream.locs = locs;
+        self.count(C_EVICTED, evicted);
+    }
+
+    /// Drops a stream's oldest blocks down to its worker's cap (after the
+    /// cap was lowered); returns the engine blocks dropped.
+    fn enforce_cap(&self, stream: &mut Stream) -> u64 {
+        let mut outcome = ApplyOutcome::default();
+        let garbage = {
+            let mut w = self.writer.lock();
+            let w = &mut *w;
+            self.evict_over_cap(w, stream, &mut outcome);
+            self.end_event(w);
+            Self::take_garbage(w)
+        };
+        self.reclaim(garbage);
+        self.count(C_REMOVED, outcome.removed);
+        outcome.evicted
+    }
+
     /// Drops everything a stream holds; returns the blocks no longer held.
     fn clear_stream(&self, stream: &mut Stream) -> u64 {
         stream.extra.clear();
+        stream.clear_order();
         let mut locs = std::mem::take(&mut stream.locs);
         locs.extend(stream.map.drain().map(|(_, p)| Loc::unpack(p)));
         let (removed, garbage) = {
@@ -1373,12 +1630,22 @@ impl Inner {
             (u64::from(holder.worker.0) << 32) | u64::from(holder.rank),
             Ordering::Release,
         );
+        let share = reg
+            .shares
+            .get(&holder.worker)
+            .map(StdArc::clone)
+            .ok_or(KvIndexError::UnknownWorker(holder.worker))?;
         let stream = Arc::new(Mutex::new(Stream {
             holder,
             slot,
             dead: false,
             map: IdMap::default(),
             extra: IdMap::default(),
+            order: VecDeque::new(),
+            ghosts: IdMap::default(),
+            stale: 0,
+            evicted: 0,
+            share,
             scratch: Vec::new(),
             locs: Vec::new(),
             last: None,
@@ -1395,7 +1662,11 @@ impl Inner {
     }
 
     fn unregister(&self, worker: WorkerId) -> bool {
-        let Some(streams) = self.registry.lock().streams.remove(&worker) else {
+        let Some(streams) = ({
+            let mut reg = self.registry.lock();
+            reg.shares.remove(&worker);
+            reg.streams.remove(&worker)
+        }) else {
             return false;
         };
         let mut slots = Vec::new();
@@ -1610,6 +1881,7 @@ impl Inner {
             unknown_removed_blocks: c(C_UNKNOWN_REMOVED),
             malformed_blocks: c(C_MALFORMED),
             clears: c(C_CLEARS),
+            evicted_blocks: c(C_EVICTED),
         }
     }
 
@@ -1629,6 +1901,8 @@ impl Inner {
                     holder: s.holder,
                     blocks: s.map.len(),
                     bytes: s.bytes(),
+                    capacity: s.share.cap.load(std::sync::atomic::Ordering::Relaxed),
+                    evicted: s.evicted,
                 }
             })
             .collect();
@@ -1743,6 +2017,13 @@ impl<K: Hash + Eq + Clone> KvIndex<K> {
             let id = WorkerId(reg.next_worker);
             reg.next_worker += 1;
             reg.streams.insert(id, HashMap::new());
+            reg.shares.insert(
+                id,
+                StdArc::new(Share {
+                    cap: StatUsize::new(self.inner.default_cap),
+                    evicted: StatU64::new(0),
+                }),
+            );
             id
         };
         keys.insert(key, id);
@@ -1780,6 +2061,63 @@ impl<K: Hash + Eq + Clone> KvIndex<K> {
             }
         }
         Ok(removed)
+    }
+
+    /// Sets the most engine blocks each data-parallel rank of `worker` may
+    /// hold in the index (now and for ranks it opens later): the engine's
+    /// `num_gpu_blocks` when known (vLLM exports it as the `num_gpu_blocks`
+    /// label of `vllm:cache_config_info`), since an engine never holds more.
+    /// A rank that holds more drops its oldest blocks at once, and whenever
+    /// a stored event takes it over the cap (see the [module
+    /// docs](self#bounds-a-cap-per-holder)). Returns the engine blocks
+    /// dropped now.
+    pub fn set_worker_capacity(
+        &self,
+        worker: WorkerId,
+        blocks: NonZeroUsize,
+    ) -> Result<u64, KvIndexError> {
+        let (share, streams) = {
+            let reg = self.inner.registry.lock();
+            let share = reg
+                .shares
+                .get(&worker)
+                .map(StdArc::clone)
+                .ok_or(KvIndexError::UnknownWorker(worker))?;
+            let streams: Vec<_> = reg
+                .streams
+                .get(&worker)
+                .map(|s| s.values().cloned().collect())
+                .unwrap_or_default();
+            (share, streams)
+        };
+        share
+            .cap
+            .store(blocks.get(), std::sync::atomic::Ordering::Relaxed);
+        let mut evicted = 0;
+        for stream in streams {
+            let mut stream = stream.lock();
+            if !stream.dead {
+                evicted += self.inner.enforce_cap(&mut stream);
+            }
+        }
+        Ok(evicted)
+    }
+
+    /// The most engine blocks each rank of `worker` may hold (`None`: not
+    /// registered).
+    pub fn worker_capacity(&self, worker: WorkerId) -> Option<usize> {
+        let reg = self.inner.registry.lock();
+        let share = reg.shares.get(&worker)?;
+        Some(share.cap.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Engine blocks `worker`'s ranks dropped because they held more than
+    /// its cap, since it was registered (`None`: not registered). Cheap: a
+    /// counter for metrics (per worker "evicted over cap").
+    pub fn evicted_over_cap(&self, worker: WorkerId) -> Option<u64> {
+        let reg = self.inner.registry.lock();
+        let share = reg.shares.get(&worker)?;
+        Some(share.evicted.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// A writer for the event stream of `worker`'s data-parallel `rank`,

@@ -73,6 +73,11 @@
 //!   skipped) and the concurrency guarantee: **lookups never block and
 //!   never wait for writers**; writers are serialized per event by one
 //!   lock and may wait for readers before freeing memory.
+//! - Bounds: each (worker, rank) holds at most a cap of blocks (the
+//!   engine's `num_gpu_blocks` through [`KvIndex::set_worker_capacity`], or
+//!   [`IndexConfig::max_blocks_per_holder`]); a stream over it drops its
+//!   oldest blocks, counted ([`KvIndex::evicted_over_cap`]), so a publisher
+//!   flooding valid unique blocks cannot grow the index without bound.
 //!
 //! # Feature flags and testing
 //!
@@ -97,6 +102,6 @@ mod table;
 
 pub use hash::{BlockHash, BlockHasher, EngineHash};
 pub use index::{
-    ApplyOutcome, EventCounters, Holder, HolderMatch, HolderStats, IndexConfig, IndexStats,
-    KvEvent, KvIndex, KvIndexError, PrefixMatches, StreamWriter, WorkerId,
+    ApplyOutcome, DEFAULT_MAX_BLOCKS_PER_HOLDER, EventCounters, Holder, HolderMatch, HolderStats,
+    IndexConfig, IndexStats, KvEvent, KvIndex, KvIndexError, PrefixMatches, StreamWriter, WorkerId,
 };

@@ -5,7 +5,7 @@
 use kv_index::fuzzing::{Op, check_ops, decode_ops, kv_index_ops};
 
 /// Seeds: register, store a chain in pieces, share prefixes across workers
-/// and ranks, remove, clear, unregister and re-register.
+/// and ranks, remove, clear, unregister and re-register, go over caps.
 const SEEDS: &[&[u8]] = &[
     // register 0, store prompt 0 blocks 0..3 on (0, 0), then 3..6.
     &[0, 0, 2, 0x00, 3 << 3, 2, 0x00, 3 | (3 << 3)],
@@ -100,6 +100,33 @@ const SEEDS: &[&[u8]] = &[
         0x21,
         6 << 3,
     ],
+    // past the harness's cap (18 blocks on one stream), a cap of 3, a
+    // removal among what is left, a store, a cap above everything.
+    &[
+        0,
+        0,
+        2,
+        0x00,
+        6 << 3,
+        2,
+        0x20,
+        6 << 3,
+        0x12,
+        0x40,
+        6 << 3,
+        0x47,
+        0x00,
+        3,
+        0x15,
+        0x40,
+        3 | (3 << 3),
+        2,
+        0x00,
+        6 << 3,
+        0x47,
+        0x00,
+        40,
+    ],
 ];
 
 #[test]
@@ -127,6 +154,10 @@ fn seeds_cover_the_event_kinds() {
     assert!(ops.iter().any(|o| matches!(o, Op::Cleared { .. })));
     assert!(ops.iter().any(|o| matches!(o, Op::ClearWorker(_))));
     assert!(ops.iter().any(|o| matches!(o, Op::Unregister(_))));
+    assert!(
+        ops.iter()
+            .any(|o| matches!(o, Op::SetCapacity { blocks: 3, .. }))
+    );
 }
 
 #[test]

@@ -12,6 +12,7 @@ fn index() -> KvIndex<String> {
     KvIndex::new(IndexConfig {
         block_size: BS,
         max_holders: 8,
+        ..Default::default()
     })
 }
 
@@ -186,6 +187,7 @@ fn many_holders_share_blocks_and_drop_out_in_steps() {
     let index: KvIndex<u32> = KvIndex::new(IndexConfig {
         block_size: BS,
         max_holders: 64,
+        ..Default::default()
     });
     // 40 workers hold a staircase of the same prompt: worker i holds i+1 blocks.
     let ids: Vec<WorkerId> = (0..40).map(|i| index.register_worker(i)).collect();

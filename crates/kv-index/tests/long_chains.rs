@@ -147,6 +147,7 @@ fn long_chains_grow_branch_cut_and_free_like_the_model() {
     let index: KvIndex<u32> = KvIndex::new(IndexConfig {
         block_size: BLOCK_SIZE,
         max_holders: 64,
+        ..Default::default()
     });
     let hasher = BlockHasher::new(BLOCK_SIZE);
     let mut model = Model::default();
@@ -235,6 +236,7 @@ fn concurrent_writers_and_readers_end_where_the_model_does() {
     let index: std::sync::Arc<KvIndex<u32>> = std::sync::Arc::new(KvIndex::new(IndexConfig {
         block_size: BLOCK_SIZE,
         max_holders: 64,
+        ..Default::default()
     }));
     let hasher = BlockHasher::new(BLOCK_SIZE);
     let ids: Vec<_> = (0..4).map(|w| index.register_worker(w)).collect();

@@ -8,7 +8,9 @@
 //! runs extended by a block change a published state in place (its length,
 //! a segment's start). Readers must only ever see states some order of the
 //! events produces, block by block, every reported holder must hold at
-//! least the first block, and no reader may touch freed memory (under loom
+//! least the first block, and a store that takes a stream over its cap
+//! drops the stream's oldest block (a chain's head, whose children stay)
+//! within the same event; no reader may touch freed memory (under loom
 //! every replaced state is reclaimed at once; freeing without the grace
 //! period crashes these models).
 //!
@@ -28,6 +30,7 @@ fn config() -> IndexConfig {
     IndexConfig {
         block_size: BS,
         max_holders: 4,
+        ..Default::default()
     }
 }
 
@@ -133,6 +136,7 @@ fn an_unregistered_slot_is_not_reported_for_its_next_owner() {
         let index: Arc<KvIndex<u8>> = Arc::new(KvIndex::new(IndexConfig {
             block_size: BS,
             max_holders: 1,
+            ..Default::default()
         }));
         let old = index.register_worker(0);
         let hashes = index.block_hashes(&[5], None);
@@ -390,5 +394,38 @@ fn a_lookup_races_a_run_extended_in_place() {
         let found = index.lookup(&hashes);
         assert_eq!(found.blocks_of(Holder { worker: b, rank: 0 }), 2);
         assert_eq!(index.stats().pairs, 5);
+    });
+}
+
+#[test]
+fn a_lookup_races_a_store_that_evicts_the_oldest_over_the_cap() {
+    model(|| {
+        // A cap of two blocks: storing a third drops the first, the head
+        // of the chain, while its children stay held (what vLLM's own
+        // eviction of that block would leave), through the removal path.
+        let index: Arc<KvIndex<u8>> = Arc::new(KvIndex::new(IndexConfig {
+            max_blocks_per_holder: std::num::NonZeroUsize::MIN.saturating_add(1),
+            ..config()
+        }));
+        let a = index.register_worker(0);
+        index.apply(a, 0, &stored(0, 2, 1)).unwrap();
+        let hashes = index.block_hashes(&[0, 1, 2], None);
+        let writer = {
+            let index = Arc::clone(&index);
+            thread::spawn(move || {
+                let out = index.apply(a, 0, &stored(2, 1, 1)).unwrap();
+                assert_eq!((out.stored, out.evicted), (1, 1));
+            })
+        };
+        let found = index.lookup(&hashes);
+        well_formed(&found);
+        let blocks = found.blocks_of(Holder { worker: a, rank: 0 });
+        assert!([0, 2, 3].contains(&blocks), "{blocks}");
+        writer.join().unwrap();
+        let holder = Holder { worker: a, rank: 0 };
+        assert_eq!(index.lookup(&hashes).blocks_of(holder), 0);
+        assert_eq!(index.lookup(&hashes[1..]).blocks_of(holder), 2);
+        assert_eq!(index.evicted_over_cap(a), Some(1));
+        assert_eq!(index.stats().pairs, 2);
     });
 }

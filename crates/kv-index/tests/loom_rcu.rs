@@ -32,6 +32,7 @@ fn two_streams_store_the_same_prefix_while_a_lookup_runs() {
         let index: Arc<KvIndex<u8>> = Arc::new(KvIndex::new(IndexConfig {
             block_size: 1,
             max_holders: 2,
+            ..Default::default()
         }));
         let a = index.register_worker(0);
         let b = index.register_worker(1);

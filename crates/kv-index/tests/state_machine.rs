@@ -1,26 +1,42 @@
 //! A proptest state machine: random sequences of registrations, stored and
 //! removed blocks (shared prefixes, unknown parents, malformed events, LoRA
 //! chains, duplicate engine hashes), stream and worker clears and
-//! unregistrations, applied to a `KvIndex` and to the reference model
-//! (`BTreeMap<our hash, BTreeSet<(worker, rank)>>` recomputed from
-//! per-stream engine-hash maps). After every step the holders of every
-//! block, every prompt's lookup, the pair and block counts and the skip
-//! counters must agree.
+//! unregistrations, and per-worker caps (a small default, `HARNESS_CAP`,
+//! and caps set and lowered by `SetCapacity`), applied to a `KvIndex` and
+//! to the reference model (`BTreeMap<our hash, BTreeSet<(worker, rank)>>`
+//! recomputed from per-stream engine-hash maps; a stream over its cap drops
+//! the engine hashes it began to hold first, from a plain list). After
+//! every step each stream holds at most its cap, and the holders of every
+//! block, every prompt's lookup, the pair and block counts, the eviction
+//! counts and the skip counters must agree.
 #![cfg(not(loom))]
 
-use kv_index::fuzzing::{self, Model, Op, PROMPT_BLOCKS, PROMPTS, WORKERS};
+use kv_index::fuzzing::{
+    self, HARNESS_CAP, MAX_SET_CAP, Model, Op, PROMPT_BLOCKS, PROMPTS, WORKERS,
+};
 use kv_index::{KvEvent, KvIndex, KvIndexError, WorkerId};
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
 
 /// The reference: the model plus the worker ids the index will hand out
 /// (dense, in registration order).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct Reference {
     model: Model,
     ids: [Option<u32>; WORKERS as usize],
     next_id: u32,
     last_retired: Option<u32>,
+}
+
+impl Default for Reference {
+    fn default() -> Self {
+        Self {
+            model: Model::with_cap(HARNESS_CAP),
+            ids: [None; WORKERS as usize],
+            next_id: 0,
+            last_retired: None,
+        }
+    }
 }
 
 impl Reference {
@@ -87,7 +103,11 @@ impl ReferenceStateMachine for RefMachine {
             10 => stored,
             8 => removed,
             1 => (0..WORKERS, 0..2u8).prop_map(|(worker, rank)| Op::Cleared { worker, rank }),
-            1 => w.prop_map(Op::ClearWorker),
+            1 => w.clone().prop_map(Op::ClearWorker),
+            // Mostly small caps (evictions), sometimes ones above all a
+            // stream can hold.
+            2 => (w, prop_oneof![3 => 1..=8u8, 1 => 0..=MAX_SET_CAP])
+                .prop_map(|(worker, blocks)| Op::SetCapacity { worker, blocks }),
         ]
         .boxed()
     }
@@ -125,6 +145,11 @@ impl ReferenceStateMachine for RefMachine {
             Op::ClearWorker(w) => {
                 if let Some(id) = state.id(w) {
                     state.model.clear_worker(id);
+                }
+            }
+            Op::SetCapacity { worker, blocks } => {
+                if let Some(id) = state.id(worker) {
+                    state.model.set_capacity(id, Op::cap_of(blocks).get());
                 }
             }
         }
@@ -205,6 +230,16 @@ impl StateMachineTest for IndexTest {
             Op::ClearWorker(w) => {
                 if let Some(id) = sut.id(w) {
                     refused(sut.index.clear_worker(id).map(drop), Some(id));
+                }
+            }
+            Op::SetCapacity { worker, blocks } => {
+                if let Some(id) = sut.id(worker) {
+                    refused(
+                        sut.index
+                            .set_worker_capacity(id, Op::cap_of(blocks))
+                            .map(drop),
+                        Some(id),
+                    );
                 }
             }
         }
