@@ -17,7 +17,8 @@
 //! runs the check on every address the router dials
 //! ([`EngineRegistration::dialled_addresses`]: the worker URL and the KV
 //! event endpoints), and with [`Registrar::checking_peer_addresses`] on
-//! the ZMQ address too (which peer engines dial), each host once, all
+//! the ZMQ address too (which peer engines dial; also when the check's
+//! [`AddressCheck::checks_peer_addresses`] says so), each host once, all
 //! within the one timeout; a refusal names the field whose address failed.
 //!
 //! The ZMQ address is opt-in because it changes how many times a check
@@ -74,6 +75,17 @@ pub type CheckFuture<'a> = Pin<Box<dyn Future<Output = Result<(), AddressRefused
 pub trait AddressCheck: Send + Sync + 'static {
     /// Resolves to `Ok(())` when the engine at `url` may register.
     fn check<'a>(&'a self, url: &'a WorkerUrl) -> CheckFuture<'a>;
+
+    /// Whether this check also judges the `zmq_address` a registration
+    /// announces (the address peer engines connect to), besides the
+    /// addresses the router dials, which are always checked. Default
+    /// `false`, so a check that counts or meters its calls sees one per
+    /// distinct host the router dials; an allow-list of networks should
+    /// answer `true` (or the [`Registrar`] be built with
+    /// [`Registrar::checking_peer_addresses`]).
+    fn checks_peer_addresses(&self) -> bool {
+        false
+    }
 }
 
 /// Why an [`AddressCheck`] refused an engine.
@@ -229,7 +241,8 @@ impl Registrar {
     /// Runs the address check on every address of `registration` the
     /// router dials ([`EngineRegistration::dialled_addresses`]), and on
     /// its ZMQ address when [`checking_peer_addresses`](Self::checking_peer_addresses)
-    /// is on; each host once, the worker's own first, all within the one
+    /// is on or the check [judges peer addresses](AddressCheck::checks_peer_addresses);
+    /// each host once, the worker's own first, all within the one
     /// timeout. A refusal names the field whose address failed, and is
     /// counted and logged at `warn`.
     pub async fn admit(&self, registration: &EngineRegistration) -> Result<(), AddressRefused> {
@@ -239,7 +252,7 @@ impl Registrar {
         let url = &registration.worker_url;
         let check_all = async {
             let mut checked_hosts: Vec<&str> = Vec::new();
-            let addresses = if self.check_peer_addresses {
+            let addresses = if self.check_peer_addresses || check.checks_peer_addresses() {
                 registration.announced_addresses()
             } else {
                 registration.dialled_addresses()

@@ -175,6 +175,38 @@ async fn a_zmq_address_outside_the_networks_is_refused_when_peer_addresses_are_c
     );
 }
 
+/// A check that judges peer addresses says so itself: both transports'
+/// registrars then check the ZMQ address, however they were built.
+#[tokio::test]
+async fn a_check_that_judges_peer_addresses_refuses_a_zmq_address_outside() {
+    struct Strict(AllowList);
+    impl AddressCheck for Strict {
+        fn check<'a>(&'a self, url: &'a WorkerUrl) -> CheckFuture<'a> {
+            self.0.check(url)
+        }
+        fn checks_peer_addresses(&self) -> bool {
+            true
+        }
+    }
+    let check = Strict(AllowList {
+        allowed: vec!["127.0.0.2".parse().unwrap()],
+        calls: AtomicUsize::new(0),
+    });
+    let registrar = Registrar::new(Registries::new(Duration::from_secs(60)))
+        .with_check(Arc::new(check), Duration::from_secs(5));
+    let payload = rmp_serde::to_vec_named(&serde_json::json!({
+        "type": "P", "http_address": "127.0.0.2:8100", "zmq_address": "127.0.0.1:21001"
+    }))
+    .unwrap();
+    let refused = registrar
+        .admit(&decode_registration(&payload).unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.field(), Some("zmq_address"));
+    assert!(refused.reason().starts_with("zmq_address: "), "{refused}");
+    assert_eq!(registrar.registries().refused_addresses(), 1);
+}
+
 /// The probe's hostile registrations: each refused naming its field, and
 /// an engine already registered keeps its labels and generation.
 #[tokio::test]
