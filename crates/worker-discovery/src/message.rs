@@ -420,17 +420,25 @@ struct Wire {
 /// assert_eq!(registration.url(), "http://10.0.0.7:8200");
 /// ```
 pub fn decode_registration(payload: &[u8]) -> Result<EngineRegistration, MessageError> {
-    let wire: Wire =
-        rmp_serde::from_slice(payload).map_err(|err| MessageError::Decode(err.to_string()))?;
+    let wire: Wire = rmp_serde::from_slice(payload).map_err(decode_error)?;
     validate(wire)
 }
 
 /// Decodes the same registration sent as a JSON object (`POST /register`).
 /// Never panics.
 pub fn decode_json_registration(body: &[u8]) -> Result<EngineRegistration, MessageError> {
-    let wire: Wire =
-        serde_json::from_slice(body).map_err(|err| MessageError::Decode(err.to_string()))?;
+    let wire: Wire = serde_json::from_slice(body).map_err(decode_error)?;
     validate(wire)
+}
+
+/// A decoder's error, cut short: serde quotes the offending value, which
+/// may be as large as the body.
+fn decode_error(err: impl fmt::Display) -> MessageError {
+    let text = err.to_string();
+    MessageError::Decode(match text.char_indices().nth(4 * QUOTED_CHARS) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text,
+    })
 }
 
 /// The payload of a multipart ROUTER message `[identity, ..., payload]`: the
@@ -674,6 +682,23 @@ mod tests {
             assert_eq!(err.field(), Some(field), "{value}: {err}");
             assert!(err.to_string().len() < 300, "a short message: {err}");
             assert!(!err.to_string().contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_huge_value_of_the_wrong_type_is_not_echoed() {
+        let huge = "9".repeat(60 * 1024);
+        let body = serde_json::json!({"type": "D", "http_address": "10.0.0.1:1", "dp_size": huge});
+        for err in [
+            decode_json_registration(body.to_string().as_bytes()).unwrap_err(),
+            decode_registration(&pack(&body)).unwrap_err(),
+        ] {
+            assert!(matches!(err, MessageError::Decode(_)), "{err}");
+            assert!(
+                err.to_string().len() < 400,
+                "{} bytes",
+                err.to_string().len()
+            );
         }
     }
 
