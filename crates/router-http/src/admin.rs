@@ -7,7 +7,9 @@
 //! liveness (`/liveness`) always answers 200. While the
 //! [startup gate](crate::startup) is closed, health and readiness answer
 //! 503 naming the workers still awaited. `/workers` shows each worker's
-//! live state as the router's own accounting sees it.
+//! live state as the router's own accounting sees it. `/metrics`, which
+//! lists every worker URL too, needs the admin key when one is set, unless
+//! the host opted out with `RouterConfig::metrics_open`.
 
 use crate::body::{BoxBody, BoxError};
 use crate::error::ApiError;
@@ -48,7 +50,10 @@ where
             &serde_json::json!({"status": "alive"}),
         )),
         Route::Readiness => Ok(readiness(router)),
-        Route::Metrics => Ok(metrics(router)),
+        Route::Metrics => {
+            authorize_metrics(router, request.headers())?;
+            Ok(metrics(router))
+        }
         Route::ListWorkers => {
             let urls = |workers: &[Arc<Worker>]| -> Vec<String> {
                 workers.iter().map(|w| w.endpoint().to_string()).collect()
@@ -204,7 +209,26 @@ fn lifecycle_str(lifecycle: Lifecycle) -> &'static str {
 async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<BoxBody>, ApiError> {
     let url = query_param(query, "url")
         .ok_or_else(|| ApiError::InvalidRequest("missing query parameter `url`".into()))?;
+    // Every parameter is read before anything is resolved or probed: bad
+    // input is refused at once and changes nothing.
+    let bootstrap_port = match query_param(query, "bootstrap_port") {
+        None => None,
+        Some(port) => match port.parse::<u16>() {
+            Ok(port) if port > 0 => Some(port),
+            _ => {
+                return Err(ApiError::InvalidRequest(format!(
+                    "bootstrap_port {:?} is not a port from 1 to 65535",
+                    port.chars().take(16).collect::<String>()
+                )));
+            }
+        },
+    };
     let worker_url = router.check_worker_url(&url).await?;
+    if worker_url.port() == 0 {
+        return Err(ApiError::InvalidRequest(format!(
+            "url {worker_url}: port 0 is not a port a worker listens on (1-65535)"
+        )));
+    }
     let endpoint = Endpoint::from_url(worker_url.clone(), None);
     // In P/D mode the worker joins a role's pool: `role=prefill|decode`.
     let (pool, pd_role) = role_pool(router, query)?;
@@ -248,10 +272,7 @@ async fn add_worker(router: &Router, query: Option<&str>) -> Result<Response<Box
     }
     if let Some(role) = pd_role {
         let mut spec = crate::pd::PdWorkerConfig::new(url.as_str());
-        if let Some(port) = query_param(query, "bootstrap_port") {
-            let port = port.parse::<u16>().map_err(|_| {
-                ApiError::InvalidRequest(format!("invalid bootstrap_port {port:?}"))
-            })?;
+        if let Some(port) = bootstrap_port {
             spec = spec.with_bootstrap_port(port);
         }
         let worker = router
@@ -377,6 +398,21 @@ fn role_pool_of(router: &Router, role: Option<RoleKind>) -> (&RolePool, Option<R
         (Some(role), Some(pd)) => (pd.role(role).pool(), Some(role)),
         _ => (router.pool(), None),
     }
+}
+
+/// `/metrics` names every worker (its `url` label), which `/workers`
+/// guards with the admin key: with an admin key set the scrape needs it
+/// too, unless [`RouterConfig::metrics_open`](crate::RouterConfig::metrics_open)
+/// opts out for a scraper without credentials. Checked here rather than in
+/// [`Router::authorize`], which answers by route alone and keeps `/metrics`
+/// open for probes of hosts that never set an admin key.
+fn authorize_metrics(router: &Router, headers: &http::HeaderMap) -> Result<(), ApiError> {
+    let config = router.config();
+    if config.metrics_open || config.admin_api_key.is_none() {
+        return Ok(());
+    }
+    // The admin-read rule: the admin key, and only it.
+    router.authorize(Route::Workers, headers)
 }
 
 fn metrics(router: &Router) -> Response<BoxBody> {

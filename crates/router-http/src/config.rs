@@ -105,6 +105,13 @@ pub struct RouterConfig {
     /// Series rendered on `/metrics` after the router's own, at scrape time
     /// (default none). See [`crate::metrics::MetricsSource`].
     pub metrics_sources: Vec<std::sync::Arc<dyn crate::metrics::MetricsSource>>,
+    /// Whether `/metrics` stays open when an admin key is set (default
+    /// `false`: the scrape lists every worker URL, so with
+    /// [`admin_api_key`](Self::admin_api_key) set it needs that key, like
+    /// `/workers`). Turn on for a Prometheus scraper without credentials,
+    /// on a network only it can reach. Without an admin key `/metrics` is
+    /// open either way.
+    pub metrics_open: bool,
     /// Models whose requests route on the engine's token ids (default
     /// none: every model routes on text). See [`crate::tokens`].
     #[cfg(feature = "tokens")]
@@ -148,6 +155,7 @@ impl Default for RouterConfig {
             server: ServerConfig::default(),
             register_hook: None,
             metrics_sources: Vec::new(),
+            metrics_open: false,
             #[cfg(feature = "tokens")]
             tokenizers: crate::tokens::Tokenizers::default(),
             #[cfg(feature = "kv-events")]

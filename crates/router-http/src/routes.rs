@@ -39,7 +39,9 @@ pub enum Route {
     /// `GET /readiness`: 200 only when the startup gate is open and every
     /// required role has an available worker.
     Readiness,
-    /// `GET /metrics`: Prometheus text.
+    /// `GET /metrics`: Prometheus text. It lists every worker URL: with an
+    /// admin key set it needs that key (checked by its handler, see
+    /// [`RouterConfig::metrics_open`](crate::RouterConfig::metrics_open)).
     Metrics,
     /// `POST /add_worker?url=`.
     AddWorker,
@@ -191,7 +193,9 @@ impl Route {
     }
 
     /// Whether this route needs the inference API key when one is set.
-    /// Probes and metrics stay open so orchestrators can reach them.
+    /// Probes and metrics never need the inference key, so orchestrators
+    /// can reach them (`/metrics` needs the admin key when one is set,
+    /// checked by its handler).
     pub fn needs_api_key(self) -> bool {
         matches!(self, Self::Proxy(_) | Self::Models)
     }

@@ -251,7 +251,8 @@ async fn admin_reads_need_the_admin_key_and_probes_stay_open() {
         ..RouterConfig::default()
     };
     let fixture = Fixture::start(config, vec![EngineConfig::instant()]).await;
-    for path in ["/workers", "/list_workers"] {
+    // `/metrics` lists every worker URL in its `url` labels: an admin read.
+    for path in ["/workers", "/list_workers", "/metrics"] {
         for key in [None, Some("Bearer inference")] {
             let headers: Vec<(&str, &str)> =
                 key.map(|k| ("authorization", k)).into_iter().collect();
@@ -273,10 +274,104 @@ async fn admin_reads_need_the_admin_key_and_probes_stay_open() {
         assert_eq!(status, StatusCode::OK, "{path}");
         assert!(String::from_utf8_lossy(&body).contains(&fixture.engines[0].url()));
     }
-    for path in ["/health", "/liveness", "/readiness", "/metrics"] {
+    for path in ["/health", "/liveness", "/readiness"] {
         let (status, _, _) = call(fixture.addr, "GET", path, &[], "").await;
         assert_eq!(status, StatusCode::OK, "{path} must stay open");
     }
+}
+
+/// Issue 32: `/metrics` listed every worker URL without a key while
+/// `/workers` needed the admin key. With an admin key it needs it now,
+/// unless the host opts out for a scraper without credentials; without any
+/// admin key it is open as before, an inference key alone included.
+#[tokio::test]
+async fn metrics_need_the_admin_key_unless_opened() {
+    let scrape = |addr, key: Option<&'static str>| async move {
+        let headers: Vec<(&str, &str)> = key.map(|k| ("authorization", k)).into_iter().collect();
+        let (status, _, body) = call(addr, "GET", "/metrics", &headers, "").await;
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    let guarded = RouterConfig {
+        api_key: Some("inference".into()),
+        admin_api_key: Some("admin".into()),
+        ..RouterConfig::default()
+    };
+    let fixture = Fixture::start(guarded.clone(), vec![EngineConfig::instant()]).await;
+    let worker = fixture.engines[0].url();
+    for key in [None, Some("Bearer inference"), Some("Bearer wrong")] {
+        let (status, body) = scrape(fixture.addr, key).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{key:?}");
+        assert!(!body.contains(&worker), "the refusal revealed {worker}");
+        assert_eq!(
+            json(body.as_bytes())["error"]["type"],
+            "authentication_error"
+        );
+    }
+    let (status, body) = scrape(fixture.addr, Some("Bearer admin")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains(&format!("url=\"{worker}\"")), "{body}");
+
+    let open = RouterConfig {
+        metrics_open: true,
+        ..guarded
+    };
+    let fixture = Fixture::start(open, vec![EngineConfig::instant()]).await;
+    let (status, body) = scrape(fixture.addr, None).await;
+    assert_eq!(status, StatusCode::OK, "opted out: open");
+    assert!(body.contains("router_worker_load{"), "{body}");
+
+    for unguarded in [
+        RouterConfig::default(),
+        RouterConfig {
+            api_key: Some("inference".into()),
+            ..RouterConfig::default()
+        },
+    ] {
+        let fixture = Fixture::start(unguarded, vec![EngineConfig::instant()]).await;
+        let (status, _) = scrape(fixture.addr, None).await;
+        assert_eq!(status, StatusCode::OK, "no admin key: unchanged, open");
+    }
+}
+
+/// Issue 32: port 0 is no worker's port, and a bad `bootstrap_port` is
+/// refused (outside P/D mode it used to be ignored; in P/D mode it was read
+/// only after the worker answered its first health check).
+#[tokio::test]
+async fn add_worker_refuses_port_zero_at_once() {
+    let fixture = Fixture::start(RouterConfig::default(), vec![]).await;
+    let engine = engine_sim::spawn(EngineConfig::instant(), Default::default())
+        .await
+        .unwrap();
+    for query in [
+        "url=http://127.0.0.1:0".to_owned(),
+        format!("url={}&bootstrap_port=0", engine.url()),
+        format!("url={}&bootstrap_port=65536", engine.url()),
+        format!("url={}&bootstrap_port=x", engine.url()),
+    ] {
+        let (status, _, body) = call(
+            fixture.addr,
+            "POST",
+            &format!("/add_worker?{query}"),
+            &[],
+            "",
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+        let message = json(&body)["error"]["message"].to_string();
+        assert!(message.contains("port"), "{query}: {message}");
+    }
+    assert!(fixture.workers().is_empty(), "bad input changes no state");
+    // The same worker with a good port joins.
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        &format!("/add_worker?url={}&bootstrap_port=8998", engine.url()),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(fixture.workers().len(), 1);
 }
 
 #[tokio::test]

@@ -119,8 +119,8 @@ pub mod registries;
 pub mod zmq;
 
 pub use message::{
-    EngineRegistration, MessageError, MoriIoPorts, RegisteredRole, decode_json_registration,
-    decode_registration, payload_of,
+    EngineRegistration, HostPort, MAX_ADDRESS_LEN, MAX_PARALLEL_SIZE, MessageError, MoriIoPorts,
+    RegisteredRole, TcpEndpoint, decode_json_registration, decode_registration, payload_of,
 };
 pub use registrar::{
     AddressCheck, AddressRefused, CheckFuture, DEFAULT_CHECK_TIMEOUT, RegisterError, Registered,

@@ -3,10 +3,48 @@
 //! A message is decoded and validated completely before anything else looks
 //! at it, so the rest of the crate handles only well-formed registrations
 //! and every refusal carries the reason a log line or an HTTP answer shows.
+//!
+//! # Every announced address is typed
+//!
+//! A registration announces more than its HTTP address: a ZMQ address for
+//! KV transfers (which ends up in a P2P request-id header), KV event
+//! endpoints (which the router dials), MoRI-IO side-channel ports. Each is
+//! parsed here into a [`HostPort`] (or a [`TcpEndpoint`]) with one set of
+//! rules: bounded length ([`MAX_ADDRESS_LEN`]), only the characters a host
+//! name, an IP literal and a port are made of (so no whitespace, control
+//! characters, user info, zone ids or paths), a port from 1 to 65535, and
+//! the host in the canonical spelling of [`WorkerUrl`]. What is stored and
+//! later dialled is that canonical text, the very string the address check
+//! ([`crate::AddressCheck`]) was shown, so a parser differential between
+//! the check and the dialler cannot let an address through. Sizes are
+//! bounded too ([`MAX_PARALLEL_SIZE`]).
+//!
+//! # The same address in both roles
+//!
+//! An engine may register as prefill and as decode at the same HTTP address
+//! (and so the same ZMQ or KV address): vLLM runs both roles on one engine
+//! with a `kv_both` connector. Prefill and decode are separate resources
+//! even at the same URL, so such an engine is two entries, one per role's
+//! registry, each with its own generation, load and breaker; nothing is
+//! refused for it.
 
 use bytes::Bytes;
 use serde::Deserialize;
+use std::fmt;
 use worker_lifecycle::WorkerUrl;
+
+/// The longest address accepted in any field, in bytes: a DNS name (at most
+/// 253) in brackets, a colon and a port, with the `tcp://` or `http://`
+/// scheme and a short path for `request_address`.
+pub const MAX_ADDRESS_LEN: usize = 300;
+
+/// The largest `dp_size` or `tp_size` accepted (the smallest is 1). Real
+/// deployments stay far below; the bound keeps products of the two (ranks
+/// to enumerate, ports to derive) small.
+pub const MAX_PARALLEL_SIZE: u32 = 1024;
+
+/// How much of a refused value an error message quotes.
+const QUOTED_CHARS: usize = 64;
 
 /// The role an engine registers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -27,16 +65,188 @@ impl RegisteredRole {
     }
 }
 
+/// A validated `host:port` an engine announced: the host canonical (see
+/// [`WorkerUrl`]), the port from 1 to 65535.
+///
+/// ```
+/// use worker_discovery::HostPort;
+///
+/// let address = HostPort::parse("LocalHost:21001").unwrap();
+/// assert_eq!(address.to_string(), "127.0.0.1:21001");
+/// assert_eq!(address.port(), 21001);
+/// for bad in ["10.0.0.1:0", "10.0.0.1:1\r\nx: y", "u:p@10.0.0.1:1", "[::1%eth0]:1", "h"] {
+///     assert!(HostPort::parse(bad).is_err(), "{bad}");
+/// }
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostPort {
+    /// `http://host:port`: the form an [`crate::AddressCheck`] is given.
+    url: WorkerUrl,
+}
+
+impl HostPort {
+    /// Parses `text`, `host:port` (IPv6 in brackets). The error is the
+    /// reason, for a message that names the field.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        check_address_text(text)?;
+        let (host, port) = split_host_port(text)?;
+        if host.is_empty() {
+            return Err("it has no host".into());
+        }
+        let url = WorkerUrl::parse_http(&format!("http://{host}:{port}"))
+            .map_err(|err| err.reason().to_owned())?;
+        Ok(Self { url })
+    }
+
+    /// The host, canonical, without IPv6 brackets.
+    pub fn host(&self) -> &str {
+        self.url.host()
+    }
+
+    /// The port (never 0).
+    pub fn port(&self) -> u16 {
+        self.url.port()
+    }
+
+    /// `http://host:port`, what an [`crate::AddressCheck`] checks (the
+    /// scheme is only a carrier: the check looks at the host and port).
+    pub fn as_url(&self) -> &WorkerUrl {
+        &self.url
+    }
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.url.host_port())
+    }
+}
+
+impl fmt::Debug for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HostPort({self})")
+    }
+}
+
+/// A validated `tcp://host:port` endpoint (a KV event publisher or replay
+/// socket): a [`HostPort`] behind the `tcp://` scheme.
+///
+/// ```
+/// use worker_discovery::TcpEndpoint;
+///
+/// let endpoint = TcpEndpoint::parse("tcp://10.0.0.1:5557").unwrap();
+/// assert_eq!(endpoint.to_string(), "tcp://10.0.0.1:5557");
+/// assert!(TcpEndpoint::parse("tcp://a:b@[::1]%x/y:5557").is_err());
+/// assert!(TcpEndpoint::parse("10.0.0.1:5557").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct TcpEndpoint {
+    address: HostPort,
+}
+
+impl TcpEndpoint {
+    /// Parses `tcp://host:port`. The error is the reason.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        check_address_text(text)?;
+        let rest = text
+            .strip_prefix("tcp://")
+            .ok_or("it must be tcp://HOST:PORT")?;
+        Ok(Self {
+            address: HostPort::parse(rest)?,
+        })
+    }
+
+    /// The `host:port` part.
+    pub fn address(&self) -> &HostPort {
+        &self.address
+    }
+}
+
+impl fmt::Display for TcpEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tcp://{}", self.address)
+    }
+}
+
+impl fmt::Debug for TcpEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TcpEndpoint({self})")
+    }
+}
+
+/// The rules every announced address shares, checked before any parsing:
+/// bounded length, then only the characters of a host name, an IP literal,
+/// a port and (for URLs) a scheme and a path. Refusing everything else
+/// here, rather than relying on each later parser, is what keeps CR/LF out
+/// of headers and user info or zone ids away from a dialler.
+fn check_address_text(text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Err("it is empty".into());
+    }
+    if text.len() > MAX_ADDRESS_LEN {
+        return Err(format!("it is longer than {MAX_ADDRESS_LEN} bytes"));
+    }
+    if let Some(c) = text.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "it contains whitespace or a control character ({c:?})"
+        ));
+    }
+    if text.contains('@') {
+        return Err("user info (user@) is not allowed".into());
+    }
+    if let Some(c) = text
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "-._:[]/".contains(*c)))
+    {
+        return Err(format!("it contains {c:?}, not allowed in an address"));
+    }
+    Ok(())
+}
+
+/// `host` and the port of `host:port` (IPv6 in brackets): the port must be
+/// written, numeric, 1 to 65535; nothing may follow it.
+fn split_host_port(text: &str) -> Result<(&str, u16), String> {
+    let (host, port) = if text.starts_with('[') {
+        let close = text.find(']').ok_or("an IPv6 address lacks its `]`")?;
+        let (host, after) = text.split_at(close + 1);
+        (host, after.strip_prefix(':').ok_or("it has no :PORT")?)
+    } else {
+        let (host, port) = text.rsplit_once(':').ok_or("it has no :PORT")?;
+        if host.contains(':') {
+            return Err("an IPv6 address must be written in brackets".into());
+        }
+        (host, port)
+    };
+    if host.contains('/') {
+        return Err("a path is not allowed".into());
+    }
+    match port.parse::<u16>() {
+        Ok(0) => Err("port 0 is not a port an engine listens on (1-65535)".into()),
+        Ok(port) => Ok((host, port)),
+        Err(_) => Err(format!(
+            "the port {:?} is not a number from 1 to 65535",
+            quoted(port)
+        )),
+    }
+}
+
+/// At most [`QUOTED_CHARS`] characters of `text`, for an error message.
+fn quoted(text: &str) -> String {
+    match text.char_indices().nth(QUOTED_CHARS) {
+        Some((end, _)) => format!("{}... ({} bytes)", &text[..end], text.len()),
+        None => text.to_owned(),
+    }
+}
+
 /// MoRI-IO side-channel facts an engine announces in the MoRI-IO form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoriIoPorts {
-    /// The handshake port.
+    /// The handshake port (1-65535).
     pub handshake_port: u16,
-    /// The notify port.
+    /// The notify port (1-65535).
     pub notify_port: u16,
-    /// Data-parallel size (at least 1).
+    /// Data-parallel size, 1 to [`MAX_PARALLEL_SIZE`].
     pub dp_size: u32,
-    /// Tensor-parallel size (at least 1).
+    /// Tensor-parallel size, 1 to [`MAX_PARALLEL_SIZE`].
     pub tp_size: u32,
 }
 
@@ -45,28 +255,56 @@ pub struct MoriIoPorts {
 pub struct EngineRegistration {
     /// The engine's role.
     pub role: RegisteredRole,
-    /// Its HTTP address as announced, `host:port`.
-    pub http_address: String,
+    /// Its HTTP address, `host:port` in canonical spelling.
+    pub http_address: HostPort,
     /// Its base URL, `http://` + the address in canonical spelling.
     pub worker_url: WorkerUrl,
     /// Its ZMQ address for KV transfers, when it sent one.
-    pub zmq_address: Option<String>,
+    pub zmq_address: Option<HostPort>,
     /// `READ` or `WRITE` (MoRI-IO), upper case, when it sent one.
     pub transfer_mode: Option<String>,
     /// MoRI-IO side-channel facts, from the MoRI-IO registration form.
     pub moriio: Option<MoriIoPorts>,
-    /// Where it publishes its KV-cache events (`tcp://host:port`), when it
-    /// sent `kv_events_endpoint` (an addition of ours to vLLM's form).
-    pub kv_events_endpoint: Option<String>,
+    /// Where it publishes its KV-cache events, when it sent
+    /// `kv_events_endpoint` (an addition of ours to vLLM's form).
+    pub kv_events_endpoint: Option<TcpEndpoint>,
     /// Its KV event replay socket, when it sent
     /// `kv_events_replay_endpoint`.
-    pub kv_events_replay_endpoint: Option<String>,
+    pub kv_events_replay_endpoint: Option<TcpEndpoint>,
 }
 
 impl EngineRegistration {
     /// The worker URL, `http://host:port` (canonical).
     pub fn url(&self) -> String {
         self.worker_url.to_string()
+    }
+
+    /// Every address the registration announces, with the field that
+    /// announced it: the worker's own first, then the KV event endpoints
+    /// (which the router dials), then the ZMQ address (which peer engines
+    /// dial when the router names it in a request). The MoRI-IO ports are
+    /// on the worker's host.
+    pub fn announced_addresses(&self) -> Vec<(&'static str, &HostPort)> {
+        let mut addresses = self.dialled_addresses();
+        if let Some(zmq) = &self.zmq_address {
+            addresses.push(("zmq_address", zmq));
+        }
+        addresses
+    }
+
+    /// The addresses the router itself connects to: the worker's HTTP
+    /// address and its KV event endpoints.
+    pub fn dialled_addresses(&self) -> Vec<(&'static str, &HostPort)> {
+        let mut addresses = vec![("http_address", &self.http_address)];
+        for (field, endpoint) in [
+            ("kv_events_endpoint", &self.kv_events_endpoint),
+            ("kv_events_replay_endpoint", &self.kv_events_replay_endpoint),
+        ] {
+            if let Some(endpoint) = endpoint {
+                addresses.push((field, endpoint.address()));
+            }
+        }
+        addresses
     }
 }
 
@@ -77,27 +315,62 @@ pub enum MessageError {
     /// The payload is not a map with the expected fields.
     #[error("not a registration map: {0}")]
     Decode(String),
-    /// `type` (or `role` in the MoRI-IO form) is neither `P` nor `D`.
-    #[error("unknown type {0:?} (expected \"P\" or \"D\")")]
-    UnknownType(String),
-    /// `http_address` is not `host:port`, or `request_address` is not an
-    /// `http://host:port/...` URL.
-    #[error("invalid http_address {0:?} (expected host:port)")]
-    HttpAddress(String),
-    /// A KV events address is not `tcp://HOST:PORT`.
-    #[error("{field} {value:?} is not a tcp://HOST:PORT address")]
-    KvEventsEndpoint {
-        /// The field.
+    /// A field has a value that is refused; the message names the field,
+    /// quotes (the start of) the value and says why.
+    #[error("{field} {value:?}: {reason}")]
+    Field {
+        /// The field, as the wire form spells it (`zmq_address`).
         field: &'static str,
-        /// What was sent.
+        /// What was sent, cut to its first 64 characters.
         value: String,
+        /// What is wrong with it.
+        reason: String,
     },
-    /// `transfer_mode` is neither `READ` nor `WRITE`.
-    #[error("unknown transfer_mode {0:?} (expected \"READ\" or \"WRITE\")")]
-    TransferMode(String),
     /// The multipart message has no payload frame.
     #[error("the message has no payload frame")]
     NoPayload,
+}
+
+impl MessageError {
+    /// The field the refusal is about, when it is about one.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            Self::Field { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    fn field_error(field: &'static str, value: impl fmt::Display, reason: String) -> Self {
+        Self::Field {
+            field,
+            value: quoted(&value.to_string()),
+            reason,
+        }
+    }
+}
+
+/// An integer field read wide, so that an out-of-range value is refused
+/// with a message naming its field rather than a bare decode error.
+#[derive(Debug, Clone, Copy)]
+struct WireInt(i128);
+
+impl<'de> Deserialize<'de> for WireInt {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = WireInt;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an integer")
+            }
+            fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<WireInt, E> {
+                Ok(WireInt(value.into()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<WireInt, E> {
+                Ok(WireInt(value.into()))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 /// Both wire forms in one shape; `validate` tells them apart.
@@ -117,13 +390,13 @@ struct Wire {
     #[serde(default)]
     request_address: Option<String>,
     #[serde(default)]
-    handshake_port: Option<u16>,
+    handshake_port: Option<WireInt>,
     #[serde(default)]
-    notify_port: Option<u16>,
+    notify_port: Option<WireInt>,
     #[serde(default)]
-    dp_size: Option<u32>,
+    dp_size: Option<WireInt>,
     #[serde(default)]
-    tp_size: Option<u32>,
+    tp_size: Option<WireInt>,
     #[serde(default)]
     kv_events_endpoint: Option<String>,
     #[serde(default)]
@@ -147,17 +420,25 @@ struct Wire {
 /// assert_eq!(registration.url(), "http://10.0.0.7:8200");
 /// ```
 pub fn decode_registration(payload: &[u8]) -> Result<EngineRegistration, MessageError> {
-    let wire: Wire =
-        rmp_serde::from_slice(payload).map_err(|err| MessageError::Decode(err.to_string()))?;
+    let wire: Wire = rmp_serde::from_slice(payload).map_err(decode_error)?;
     validate(wire)
 }
 
 /// Decodes the same registration sent as a JSON object (`POST /register`).
 /// Never panics.
 pub fn decode_json_registration(body: &[u8]) -> Result<EngineRegistration, MessageError> {
-    let wire: Wire =
-        serde_json::from_slice(body).map_err(|err| MessageError::Decode(err.to_string()))?;
+    let wire: Wire = serde_json::from_slice(body).map_err(decode_error)?;
     validate(wire)
+}
+
+/// A decoder's error, cut short: serde quotes the offending value, which
+/// may be as large as the body.
+fn decode_error(err: impl fmt::Display) -> MessageError {
+    let text = err.to_string();
+    MessageError::Decode(match text.char_indices().nth(4 * QUOTED_CHARS) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text,
+    })
 }
 
 /// The payload of a multipart ROUTER message `[identity, ..., payload]`: the
@@ -174,49 +455,120 @@ pub fn payload_of(frames: &[Bytes]) -> Result<&[u8], MessageError> {
 }
 
 fn validate(wire: Wire) -> Result<EngineRegistration, MessageError> {
-    let (role, address) = match (&wire.role, &wire.request_address) {
-        (Some(role), Some(url)) => (role.as_str(), authority_of(url)?),
-        (Some(_), None) => return Err(MessageError::HttpAddress(String::new())),
+    let (role_field, role, http_address) = match (&wire.role, &wire.request_address) {
+        (Some(role), Some(url)) => {
+            let address = authority_of(url)
+                .map_err(|reason| MessageError::field_error("request_address", url, reason))?;
+            ("role", role.as_str(), address)
+        }
+        (Some(_), None) => {
+            return Err(MessageError::Decode(
+                "missing field `request_address` (the MoRI-IO form names the engine by URL)".into(),
+            ));
+        }
         (None, _) => {
             let address = wire
                 .http_address
                 .as_deref()
                 .ok_or_else(|| MessageError::Decode("missing field `http_address`".into()))?;
-            (wire.kind.as_str(), address.trim().to_owned())
+            // Surrounding spaces are forgiven (some senders pad); any
+            // other whitespace is refused with the rest.
+            let address = HostPort::parse(address.trim_matches(' '))
+                .map_err(|reason| MessageError::field_error("http_address", address, reason))?;
+            ("type", wire.kind.as_str(), address)
         }
     };
     let role = match role {
         "P" | "p" => RegisteredRole::Prefill,
         "D" | "d" => RegisteredRole::Decode,
-        other => return Err(MessageError::UnknownType(other.to_owned())),
+        other => {
+            return Err(MessageError::field_error(
+                role_field,
+                other,
+                "unknown role (expected \"P\" or \"D\")".into(),
+            ));
+        }
     };
-    let worker_url = host_port_url(&address).ok_or(MessageError::HttpAddress(address.clone()))?;
+    let worker_url = http_address.as_url().clone();
     let transfer_mode = match wire.transfer_mode {
         None => None,
         Some(mode) if mode.eq_ignore_ascii_case("read") => Some("READ".to_owned()),
         Some(mode) if mode.eq_ignore_ascii_case("write") => Some("WRITE".to_owned()),
-        Some(mode) => return Err(MessageError::TransferMode(mode)),
-    };
-    let moriio = match (wire.handshake_port, wire.notify_port) {
-        (Some(handshake_port), Some(notify_port)) => Some(MoriIoPorts {
-            handshake_port,
-            notify_port,
-            dp_size: wire.dp_size.unwrap_or(1).max(1),
-            tp_size: wire.tp_size.unwrap_or(1).max(1),
-        }),
-        _ => None,
-    };
-    let kv_events = |field: &'static str, value: Option<String>| match value {
-        Some(text) if !is_tcp_endpoint(&text) => {
-            Err(MessageError::KvEventsEndpoint { field, value: text })
+        Some(mode) => {
+            return Err(MessageError::field_error(
+                "transfer_mode",
+                mode,
+                "unknown transfer mode (expected \"READ\" or \"WRITE\")".into(),
+            ));
         }
-        other => Ok(other),
+    };
+    let port = |field: &'static str, value: WireInt| match u16::try_from(value.0) {
+        Ok(port) if port > 0 => Ok(port),
+        _ => Err(MessageError::field_error(
+            field,
+            value.0,
+            "not a port from 1 to 65535".into(),
+        )),
+    };
+    let size = |field: &'static str, value: Option<WireInt>| match value {
+        None => Ok(1),
+        Some(WireInt(size)) => u32::try_from(size)
+            .ok()
+            .filter(|size| (1..=MAX_PARALLEL_SIZE).contains(size))
+            .ok_or_else(|| {
+                MessageError::field_error(
+                    field,
+                    size,
+                    format!("not a size from 1 to {MAX_PARALLEL_SIZE}"),
+                )
+            }),
+    };
+    // Sizes are checked whether or not the ports came: a refused value is
+    // refused in every form.
+    let (dp_size, tp_size) = (
+        size("dp_size", wire.dp_size)?,
+        size("tp_size", wire.tp_size)?,
+    );
+    let moriio = match (wire.handshake_port, wire.notify_port) {
+        (Some(handshake), Some(notify)) => Some(MoriIoPorts {
+            handshake_port: port("handshake_port", handshake)?,
+            notify_port: port("notify_port", notify)?,
+            dp_size,
+            tp_size,
+        }),
+        (Some(_), None) | (None, Some(_)) => {
+            let (field, value) = match wire.handshake_port {
+                Some(value) => ("handshake_port", value),
+                None => ("notify_port", wire.notify_port.unwrap_or(WireInt(0))),
+            };
+            return Err(MessageError::field_error(
+                field,
+                value.0,
+                "handshake_port and notify_port come together".into(),
+            ));
+        }
+        (None, None) => None,
+    };
+    let zmq_address = wire
+        .zmq_address
+        .map(|text| {
+            HostPort::parse(&text)
+                .map_err(|reason| MessageError::field_error("zmq_address", &text, reason))
+        })
+        .transpose()?;
+    let kv_events = |field: &'static str, value: Option<String>| {
+        value
+            .map(|text| {
+                TcpEndpoint::parse(&text)
+                    .map_err(|reason| MessageError::field_error(field, &text, reason))
+            })
+            .transpose()
     };
     Ok(EngineRegistration {
         role,
-        http_address: address,
+        http_address,
         worker_url,
-        zmq_address: wire.zmq_address,
+        zmq_address,
         transfer_mode,
         moriio,
         kv_events_endpoint: kv_events("kv_events_endpoint", wire.kv_events_endpoint)?,
@@ -227,33 +579,16 @@ fn validate(wire: Wire) -> Result<EngineRegistration, MessageError> {
     })
 }
 
-/// `tcp://HOST:PORT` with a non-empty host and a numeric port.
-fn is_tcp_endpoint(text: &str) -> bool {
-    text.strip_prefix("tcp://")
-        .and_then(|rest| rest.rsplit_once(':'))
-        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
-}
-
-/// The plain-HTTP URL of a `host:port` address: a host, an explicit port,
-/// no path.
-fn host_port_url(address: &str) -> Option<WorkerUrl> {
-    let (host, port) = address.rsplit_once(':')?;
-    if host.is_empty() || port.parse::<u16>().is_err() || address.contains('/') {
-        return None;
-    }
-    WorkerUrl::parse_http(&format!("http://{address}")).ok()
-}
-
-/// `host:port` of a URL like `http://host:port/v1/completions`.
-fn authority_of(url: &str) -> Result<String, MessageError> {
-    let refused = || MessageError::HttpAddress(url.to_owned());
-    let uri: http::Uri = url.trim().parse().map_err(|_| refused())?;
-    match (uri.scheme_str(), uri.authority()) {
-        (Some("http"), Some(authority)) if authority.port_u16().is_some() => {
-            Ok(authority.as_str().to_owned())
-        }
-        _ => Err(refused()),
-    }
+/// `host:port` of a URL like `http://host:port/v1/completions`: plain HTTP,
+/// an explicit port, the same character rules as every address.
+fn authority_of(url: &str) -> Result<HostPort, String> {
+    let url = url.trim_matches(' ');
+    check_address_text(url)?;
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or("it must be an http://HOST:PORT/... URL")?;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    HostPort::parse(authority)
 }
 
 #[cfg(test)]
@@ -262,6 +597,13 @@ mod tests {
 
     fn pack(value: &serde_json::Value) -> Vec<u8> {
         rmp_serde::to_vec_named(value).unwrap()
+    }
+
+    fn refused(body: &serde_json::Value) -> MessageError {
+        let err = decode_json_registration(body.to_string().as_bytes()).unwrap_err();
+        let packed = decode_registration(&pack(body)).unwrap_err();
+        assert_eq!(err, packed, "both wire forms refuse alike");
+        err
     }
 
     #[test]
@@ -273,7 +615,10 @@ mod tests {
         let registration = decode_registration(&payload).unwrap();
         assert_eq!(registration.role, RegisteredRole::Prefill);
         assert_eq!(registration.url(), "http://10.0.0.1:8100");
-        assert_eq!(registration.zmq_address.as_deref(), Some("10.0.0.1:21001"));
+        assert_eq!(
+            registration.zmq_address.map(|a| a.to_string()).as_deref(),
+            Some("10.0.0.1:21001")
+        );
         assert_eq!(registration.transfer_mode.as_deref(), Some("WRITE"));
     }
 
@@ -285,27 +630,143 @@ mod tests {
             "kv_events_replay_endpoint": "tcp://10.0.0.1:5558"
         }));
         let registration = decode_registration(&payload).unwrap();
+        let text = |e: &Option<TcpEndpoint>| e.as_ref().map(ToString::to_string);
         assert_eq!(
-            registration.kv_events_endpoint.as_deref(),
+            text(&registration.kv_events_endpoint).as_deref(),
             Some("tcp://10.0.0.1:5557")
         );
         assert_eq!(
-            registration.kv_events_replay_endpoint.as_deref(),
+            text(&registration.kv_events_replay_endpoint).as_deref(),
             Some("tcp://10.0.0.1:5558")
         );
         for (field, value) in [
             ("kv_events_endpoint", "10.0.0.1:5557"),
             ("kv_events_replay_endpoint", "tcp://10.0.0.1:port"),
+            ("kv_events_endpoint", "tcp://a:b@[::1]%x/y:5557"),
+            ("kv_events_endpoint", "tcp://10.0.0.1:0"),
+            ("kv_events_endpoint", "tcp://10.0.0.1:5557/x"),
+            ("kv_events_replay_endpoint", "ipc:///tmp/kv"),
         ] {
             let mut body = serde_json::json!({"type": "D", "http_address": "h:1"});
             body[field] = value.into();
-            let err = decode_json_registration(body.to_string().as_bytes()).unwrap_err();
-            assert!(
-                matches!(&err, MessageError::KvEventsEndpoint { field: f, .. } if *f == field),
-                "{err}"
-            );
-            assert!(err.to_string().contains(value), "{err}");
+            let err = refused(&body);
+            assert_eq!(err.field(), Some(field), "{err}");
+            assert!(err.to_string().starts_with(field), "{err}");
         }
+    }
+
+    /// The probe's cases: each refused, naming its field, and the message
+    /// never echoes more than a short quote of what was sent.
+    #[test]
+    fn hostile_fields_are_refused_by_name() {
+        let long = "a".repeat(60 * 1024);
+        let cases: Vec<(&str, serde_json::Value)> = vec![
+            ("zmq_address", "10.0.0.1:21001\r\nx-injected: 1".into()),
+            ("zmq_address", "10.0.0.1:21001\n".into()),
+            ("zmq_address", format!("{long}:1").into()),
+            ("zmq_address", "10.0.0.1:0".into()),
+            ("zmq_address", "10.0.0.1".into()),
+            ("zmq_address", "user:pw@10.0.0.1:1".into()),
+            ("zmq_address", "[fe80::1%eth0]:1".into()),
+            ("zmq_address", "::1:5555".into()),
+            ("http_address", "10.0.0.1:0".into()),
+            ("http_address", "10.0.0.1:8000\t".into()),
+            ("http_address", "h\u{0}:1".into()),
+            ("transfer_mode", "x".into()),
+            ("type", "X".into()),
+        ];
+        for (field, value) in cases {
+            let mut body = serde_json::json!({"type": "D", "http_address": "10.0.0.1:8000"});
+            body[field] = value.clone();
+            let err = refused(&body);
+            assert_eq!(err.field(), Some(field), "{value}: {err}");
+            assert!(err.to_string().len() < 300, "a short message: {err}");
+            assert!(!err.to_string().contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_huge_value_of_the_wrong_type_is_not_echoed() {
+        let huge = "9".repeat(60 * 1024);
+        let body = serde_json::json!({"type": "D", "http_address": "10.0.0.1:1", "dp_size": huge});
+        for err in [
+            decode_json_registration(body.to_string().as_bytes()).unwrap_err(),
+            decode_registration(&pack(&body)).unwrap_err(),
+        ] {
+            assert!(matches!(err, MessageError::Decode(_)), "{err}");
+            assert!(
+                err.to_string().len() < 400,
+                "{} bytes",
+                err.to_string().len()
+            );
+        }
+    }
+
+    #[test]
+    fn moriio_ports_and_sizes_are_bounded() {
+        let base = serde_json::json!({
+            "type": "register", "role": "D",
+            "request_address": "http://10.0.0.2:8200/v1/completions",
+            "handshake_port": 7001, "notify_port": 7002,
+        });
+        for (field, value) in [
+            ("dp_size", serde_json::json!(4_294_967_295_u64)),
+            ("tp_size", serde_json::json!(4_294_967_295_u64)),
+            ("dp_size", serde_json::json!(0)),
+            ("tp_size", serde_json::json!(1025)),
+            ("dp_size", serde_json::json!(-1)),
+            ("handshake_port", serde_json::json!(0)),
+            ("notify_port", serde_json::json!(65536)),
+        ] {
+            let mut body = base.clone();
+            body[field] = value.clone();
+            let err = refused(&body);
+            assert_eq!(err.field(), Some(field), "{value}: {err}");
+        }
+        let mut body = base.clone();
+        body["dp_size"] = MAX_PARALLEL_SIZE.into();
+        body["tp_size"] = 1.into();
+        let moriio = decode_json_registration(body.to_string().as_bytes())
+            .unwrap()
+            .moriio
+            .unwrap();
+        assert_eq!((moriio.dp_size, moriio.tp_size), (MAX_PARALLEL_SIZE, 1));
+        // Sizes are refused in the P2P form too, where they are not used.
+        let err = refused(&serde_json::json!({
+            "type": "P", "http_address": "10.0.0.1:1", "dp_size": 4_294_967_295_u64
+        }));
+        assert_eq!(err.field(), Some("dp_size"));
+        // One port without the other.
+        let err = refused(&serde_json::json!({
+            "type": "register", "role": "P", "request_address": "http://h:1/v1",
+            "handshake_port": 7001
+        }));
+        assert_eq!(err.field(), Some("handshake_port"));
+    }
+
+    #[test]
+    fn addresses_are_stored_in_canonical_spelling() {
+        let registration = decode_json_registration(
+            serde_json::json!({
+                "type": "P", "http_address": "LOCALHOST:8100", "zmq_address": "0x7f.1:21001",
+                "kv_events_endpoint": "tcp://[::ffff:10.0.0.1]:5557"
+            })
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(registration.http_address.to_string(), "127.0.0.1:8100");
+        assert_eq!(
+            registration.zmq_address.unwrap().to_string(),
+            "127.0.0.1:21001"
+        );
+        assert_eq!(
+            registration.kv_events_endpoint.unwrap().to_string(),
+            "tcp://10.0.0.1:5557"
+        );
+        let v6 = HostPort::parse("[::1]:5555").unwrap();
+        assert_eq!((v6.host(), v6.port()), ("::1", 5555));
+        assert_eq!(v6.to_string(), "[::1]:5555");
     }
 
     #[test]
@@ -323,13 +784,17 @@ mod tests {
         let moriio = registration.moriio.unwrap();
         assert_eq!((moriio.handshake_port, moriio.notify_port), (7001, 7002));
         assert_eq!((moriio.dp_size, moriio.tp_size), (2, 4));
-        let bad = pack(&serde_json::json!({
-            "type": "register", "role": "P", "request_address": "ftp://h/x"
-        }));
-        assert!(matches!(
-            decode_registration(&bad),
-            Err(MessageError::HttpAddress(_))
-        ));
+        for bad in [
+            "ftp://h/x",
+            "http://h/v1",
+            "http://u:p@h:1/v1",
+            "http://h:1/v1\r\n",
+        ] {
+            let err = refused(&serde_json::json!({
+                "type": "register", "role": "P", "request_address": bad
+            }));
+            assert_eq!(err.field(), Some("request_address"), "{bad}: {err}");
+        }
     }
 
     #[test]
@@ -337,7 +802,7 @@ mod tests {
         let cases = [
             (
                 pack(&serde_json::json!({"type": "X", "http_address": "h:1"})),
-                "unknown type",
+                "unknown role",
             ),
             (
                 pack(&serde_json::json!({"type": "D", "http_address": "nohost"})),
@@ -373,7 +838,7 @@ mod tests {
         assert_eq!(registration.role, RegisteredRole::Decode);
         assert_eq!(registration.url(), "http://127.0.0.1:8300");
         let err = decode_json_registration(br#"{"type": "D", "http_address": "h:1/x"}"#);
-        assert!(matches!(err, Err(MessageError::HttpAddress(_))));
+        assert_eq!(err.unwrap_err().field(), Some("http_address"));
     }
 
     #[test]

@@ -6,6 +6,25 @@
 //! under a timeout and never while a registry is touched. The ZMQ listener
 //! runs it off its receive loop ([`crate::zmq`]); an HTTP handler awaits it
 //! in its own request ([`Registrar::register_json`]).
+//!
+//! # Every announced address is checked
+//!
+//! A registration names more than the worker's HTTP address: a ZMQ
+//! address a peer engine will connect to, KV event endpoints the router
+//! itself dials (and redials while the engine stays registered). An
+//! allow-list that checked only the worker URL would let an engine inside
+//! the networks point the router anywhere else. So [`Registrar::admit`]
+//! runs the check on every address the router dials
+//! ([`EngineRegistration::dialled_addresses`]: the worker URL and the KV
+//! event endpoints), and with [`Registrar::checking_peer_addresses`] on
+//! the ZMQ address too (which peer engines dial; also when the check's
+//! [`AddressCheck::checks_peer_addresses`] says so), each host once, all
+//! within the one timeout; a refusal names the field whose address failed.
+//!
+//! The ZMQ address is opt-in because it changes how many times a check
+//! runs per message (hosts whose checks are metered or rate-limited see
+//! one more call when an engine announces its ZMQ address on another
+//! host); a host that enforces an allow-list should turn it on.
 
 use crate::message::{EngineRegistration, MessageError, decode_json_registration};
 use crate::registries::Registries;
@@ -25,6 +44,11 @@ pub type CheckFuture<'a> = Pin<Box<dyn Future<Output = Result<(), AddressRefused
 
 /// Decides whether an engine at `url` may register. Implemented by the
 /// host: an allow-list of networks, a DNS lookup, a lookup in an inventory.
+///
+/// The [`Registrar`] calls it for every address a registration announces
+/// (the worker's HTTP address, its ZMQ address, its KV event endpoints),
+/// each given as `http://host:port`: the scheme is only a carrier, a check
+/// judges the host and port.
 ///
 /// The check may take as long as it likes; the caller bounds it with a
 /// timeout and drops the future when that passes, so it must be cancel
@@ -51,6 +75,17 @@ pub type CheckFuture<'a> = Pin<Box<dyn Future<Output = Result<(), AddressRefused
 pub trait AddressCheck: Send + Sync + 'static {
     /// Resolves to `Ok(())` when the engine at `url` may register.
     fn check<'a>(&'a self, url: &'a WorkerUrl) -> CheckFuture<'a>;
+
+    /// Whether this check also judges the `zmq_address` a registration
+    /// announces (the address peer engines connect to), besides the
+    /// addresses the router dials, which are always checked. Default
+    /// `false`, so a check that counts or meters its calls sees one per
+    /// distinct host the router dials; an allow-list of networks should
+    /// answer `true` (or the [`Registrar`] be built with
+    /// [`Registrar::checking_peer_addresses`]).
+    fn checks_peer_addresses(&self) -> bool {
+        false
+    }
 }
 
 /// Why an [`AddressCheck`] refused an engine.
@@ -58,6 +93,7 @@ pub trait AddressCheck: Send + Sync + 'static {
 #[error("{reason}")]
 pub struct AddressRefused {
     reason: String,
+    field: Option<&'static str>,
 }
 
 impl AddressRefused {
@@ -65,12 +101,34 @@ impl AddressRefused {
     pub fn new(reason: impl Into<String>) -> Self {
         Self {
             reason: reason.into(),
+            field: None,
         }
     }
 
     /// The reason.
     pub fn reason(&self) -> &str {
         &self.reason
+    }
+
+    /// The registration field whose address was refused (`http_address`,
+    /// `zmq_address`, `kv_events_endpoint`, ...), when the [`Registrar`]
+    /// knows it.
+    pub fn field(&self) -> Option<&'static str> {
+        self.field
+    }
+
+    /// The refusal of the address announced in `field`: the reason is
+    /// prefixed with the field, unless it is the worker's own address
+    /// (whose reason already names the worker URL).
+    fn in_field(self, field: &'static str) -> Self {
+        let reason = match field {
+            "http_address" => self.reason,
+            _ => format!("{field}: {}", self.reason),
+        };
+        Self {
+            reason,
+            field: Some(field),
+        }
     }
 }
 
@@ -86,6 +144,17 @@ pub enum RegisterError {
     /// (counted in [`Registries::refused_addresses`]).
     #[error("registration refused: {0}")]
     AddressRefused(#[from] AddressRefused),
+}
+
+impl RegisterError {
+    /// The registration field the refusal is about, when it is about one:
+    /// what an HTTP answer names.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            Self::Invalid(err) => err.field(),
+            Self::AddressRefused(refused) => refused.field(),
+        }
+    }
 }
 
 /// A registration that was applied.
@@ -118,6 +187,7 @@ pub struct Registrar {
     registries: Registries,
     check: Option<Arc<dyn AddressCheck>>,
     check_timeout: Duration,
+    check_peer_addresses: bool,
 }
 
 impl fmt::Debug for Registrar {
@@ -126,6 +196,7 @@ impl fmt::Debug for Registrar {
             .field("registries", &self.registries)
             .field("has_check", &self.check.is_some())
             .field("check_timeout", &self.check_timeout)
+            .field("check_peer_addresses", &self.check_peer_addresses)
             .finish()
     }
 }
@@ -137,7 +208,17 @@ impl Registrar {
             registries,
             check: None,
             check_timeout: DEFAULT_CHECK_TIMEOUT,
+            check_peer_addresses: false,
         }
+    }
+
+    /// Whether the check also runs on the `zmq_address` a registration
+    /// announces (default off): the address peer engines connect to when
+    /// the router names it in a P/D request. The worker URL and the KV
+    /// event endpoints, which the router dials, are always checked.
+    pub fn checking_peer_addresses(mut self, on: bool) -> Self {
+        self.check_peer_addresses = on;
+        self
     }
 
     /// Runs `check` (bounded by `timeout`) before every registration.
@@ -157,14 +238,40 @@ impl Registrar {
         self.check.is_some()
     }
 
-    /// Runs the address check on `registration`, within the timeout. A
-    /// refusal is counted and logged at `warn`.
+    /// Runs the address check on every address of `registration` the
+    /// router dials ([`EngineRegistration::dialled_addresses`]), and on
+    /// its ZMQ address when [`checking_peer_addresses`](Self::checking_peer_addresses)
+    /// is on or the check [judges peer addresses](AddressCheck::checks_peer_addresses);
+    /// each host once, the worker's own first, all within the one
+    /// timeout. A refusal names the field whose address failed, and is
+    /// counted and logged at `warn`.
     pub async fn admit(&self, registration: &EngineRegistration) -> Result<(), AddressRefused> {
         let Some(check) = &self.check else {
             return Ok(());
         };
         let url = &registration.worker_url;
-        let verdict = match tokio::time::timeout(self.check_timeout, check.check(url)).await {
+        let check_all = async {
+            let mut checked_hosts: Vec<&str> = Vec::new();
+            let addresses = if self.check_peer_addresses || check.checks_peer_addresses() {
+                registration.announced_addresses()
+            } else {
+                registration.dialled_addresses()
+            };
+            for (field, address) in addresses {
+                // The allow-list judges hosts; one host announced in two
+                // fields is resolved once.
+                if checked_hosts.contains(&address.host()) {
+                    continue;
+                }
+                checked_hosts.push(address.host());
+                check
+                    .check(address.as_url())
+                    .await
+                    .map_err(|refused| refused.in_field(field))?;
+            }
+            Ok(())
+        };
+        let verdict = match tokio::time::timeout(self.check_timeout, check_all).await {
             Ok(verdict) => verdict,
             Err(_elapsed) => Err(AddressRefused::new(format!(
                 "{url}: the address check did not finish within {:?}",
@@ -176,7 +283,9 @@ impl Registrar {
             tracing::warn!(
                 role = registration.role.as_str(),
                 %url,
+                field = refused.field().unwrap_or("-"),
                 reason = %refused,
+                refused_total = self.registries.refused_addresses(),
                 "ignoring a registration the address check refused"
             );
         }

@@ -98,8 +98,10 @@ impl Registries {
     pub fn register(&self, registration: &EngineRegistration, now: Instant) -> u64 {
         let endpoint = Endpoint::from_url(registration.worker_url.clone(), None);
         let mut entries = BTreeMap::new();
+        // Labels hold the canonical spelling validated in `message`: the
+        // text the address check was shown is the text later dialled.
         if let Some(zmq) = &registration.zmq_address {
-            entries.insert(labels::KV_ADDR.to_owned(), zmq.clone());
+            entries.insert(labels::KV_ADDR.to_owned(), zmq.to_string());
         }
         for (label, value) in [
             (labels::KV_EVENTS_ENDPOINT, &registration.kv_events_endpoint),
@@ -109,7 +111,7 @@ impl Registries {
             ),
         ] {
             if let Some(value) = value {
-                entries.insert(label.to_owned(), value.clone());
+                entries.insert(label.to_owned(), value.to_string());
             }
         }
         if let Some(mode) = &registration.transfer_mode {
