@@ -180,6 +180,11 @@ pub struct Args {
     /// back to --api-key when unset).
     #[arg(long, value_name = "KEY", help_heading = "Serving")]
     pub admin_api_key: Option<String>,
+    /// Serve /metrics (and the Prometheus port) without the admin key even
+    /// when --admin-api-key is set, for a scraper without credentials on a
+    /// network only it can reach.
+    #[arg(long, help_heading = "Serving")]
+    pub metrics_open: bool,
     /// After SIGTERM or Ctrl-C, how long in-flight requests may take to
     /// finish, in seconds.
     #[arg(long, default_value_t = 30, help_heading = "Serving")]

@@ -55,6 +55,12 @@ impl AddressCheck for NetworkCheck {
             })
         })
     }
+
+    // --worker-networks bounds every address an engine announces, the
+    // ZMQ address it gives its peers included.
+    fn checks_peer_addresses(&self) -> bool {
+        true
+    }
 }
 
 /// Binds the ZMQ listener on `address`, admitting only engines inside

@@ -998,6 +998,7 @@ fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
     config.rate_limit_per_second = a.rate_limit_tokens_per_second;
     config.api_key = a.api_key.clone();
     config.admin_api_key = a.admin_api_key.clone();
+    config.metrics_open = a.metrics_open;
     config.worker_networks = a
         .worker_networks
         .iter()
