@@ -335,7 +335,7 @@ pub(crate) async fn proxy(
         serde_json::from_slice(&bytes).map_err(|err| ApiError::InvalidJson(err.to_string()))?;
     // A deadline spent in the router (tokenizing, parsing, queueing) is
     // the router's: no prefill or decode worker is selected or charged.
-    crate::router::before_dispatch(deadline, timeout)?;
+    crate::error::before_dispatch(deadline, timeout)?;
     let flow_id = flow_request_id(client_id.as_bytes());
     request.request_id = Some(flow_id.clone());
     let mut forward = ForwardHeaders::new();

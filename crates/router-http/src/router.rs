@@ -508,7 +508,7 @@ impl Router {
         loop {
             // A deadline spent in the router (tokenizing, queueing, backing
             // off) is the router's 504: no worker is reserved or charged.
-            before_dispatch(deadline, timeout)?;
+            crate::error::before_dispatch(deadline, timeout)?;
             // Workers that failed this request are left out, unless that
             // would leave none available (then a failed one may be retried).
             let rest = pool.eligible(candidates.workers(), "", |w| {
@@ -651,21 +651,6 @@ impl Shared {
         let seed = self.jitter_seed.fetch_add(1, Ordering::Relaxed);
         RequestRetries::start(&self.config.retry, &self.retry_budget, seed, now)
     }
-}
-
-/// The router's 504 when `deadline` passed before a worker got the request:
-/// the time went to the router's own work, so no worker is charged.
-pub(crate) fn before_dispatch(
-    deadline: Instant,
-    timeout: std::time::Duration,
-) -> Result<(), ApiError> {
-    if Instant::now() >= deadline {
-        return Err(ApiError::RequestTimeout {
-            phase: "in the router, before the request was sent to a worker",
-            timeout,
-        });
-    }
-    Ok(())
 }
 
 /// A choice made with `reserve` always carries its guard.
