@@ -690,6 +690,106 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn the_router_path_keeps_small_bodies_inline_and_routes_over_budget_ones_on_text() {
+        let mut tokenizers = synthetic();
+        tokenizers
+            .set_pool(&TokenizeConfig {
+                threads: 1,
+                max_bytes: 256,
+                max_time: Duration::from_secs(60),
+                inline_bytes: 64,
+            })
+            .unwrap();
+        let chat = RouteKind::ChatCompletions;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let timeout = Duration::from_secs(60);
+        let entry = Arc::clone(tokenizers.for_model("m").unwrap());
+        // Small (inline) and mid-sized (on the pool): token ids alike.
+        let mid = format!(
+            r#"{{"model": "m", "messages": [{{"role": "user", "content": "{}"}}]}}"#,
+            "x".repeat(100)
+        );
+        for body in [Bytes::from_static(CHAT), Bytes::from(mid)] {
+            let info = tokenizers
+                .extract_bounded(chat, &body, deadline, timeout)
+                .await
+                .unwrap();
+            assert!(matches!(info.routing, Routing::Tokens(_)), "{info:?}");
+        }
+        assert_eq!(tokenizers.busy_threads(), 0, "the slot is back");
+        // Over the size budget: text, as `extract` gives it, counted.
+        let big = Bytes::from(format!(
+            r#"{{"model": "m", "messages": [{{"role": "user", "content": "{}"}}]}}"#,
+            "y".repeat(300)
+        ));
+        let info = tokenizers
+            .extract_bounded(chat, &big, deadline, timeout)
+            .await
+            .unwrap();
+        assert_eq!(info, crate::extract(chat, &big).unwrap());
+        assert_eq!((entry.routed(), entry.over_budget()), (2, 1));
+        // A malformed body is the same 400 on the pool.
+        let malformed = Bytes::from(format!(
+            r#"{{"model": "m", "messages": [{{"role": "user", "content": [7]}}], "pad": "{}"}}"#,
+            "z".repeat(100)
+        ));
+        assert_eq!(
+            tokenizers
+                .extract_bounded(chat, &malformed, deadline, timeout)
+                .await
+                .unwrap_err()
+                .to_string(),
+            crate::extract(chat, &malformed).unwrap_err().to_string()
+        );
+        let mut out = String::new();
+        tokenizers.render(&mut Exposition::new(&mut out));
+        for line in [
+            "router_tokens_over_budget_total{model=\"m\"} 1",
+            "router_tokens_cancelled_total{model=\"m\"} 0",
+            "router_tokenizer_threads 1",
+            "router_tokenizer_threads_busy 0",
+        ] {
+            assert!(out.contains(line), "{line}: {out}");
+        }
+    }
+
+    #[tokio::test]
+    async fn work_past_the_time_budget_routes_on_text() {
+        let mut tokenizers = synthetic();
+        tokenizers
+            .set_pool(&TokenizeConfig {
+                max_time: Duration::ZERO,
+                inline_bytes: 0,
+                ..TokenizeConfig::default()
+            })
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let body = Bytes::from_static(CHAT);
+        let info = tokenizers
+            .extract_bounded(
+                RouteKind::ChatCompletions,
+                &body,
+                deadline,
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            info,
+            crate::extract(RouteKind::ChatCompletions, CHAT).unwrap()
+        );
+        let entry = tokenizers.for_model("m").unwrap();
+        assert_eq!((entry.routed(), entry.over_budget()), (0, 1));
+        // A pool needs a thread.
+        let mut none = synthetic();
+        let zero = TokenizeConfig {
+            threads: 0,
+            ..TokenizeConfig::default()
+        };
+        assert!(none.set_pool(&zero).is_err());
+    }
+
     #[test]
     fn the_default_serves_every_other_model_and_is_listed_last() {
         let tokenizers = synthetic().with_default(Arc::new(PromptTokenizer::synthetic(2)));
