@@ -413,3 +413,70 @@ async fn assert_worker_untouched(fixture: &Fixture) {
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_prefill_decode_mode_a_deadline_spent_tokenizing_charges_no_worker() {
+    use engine_sim::{KvConnector, Role, ServeOptions, TransferRegistry};
+    use router_http::{PdConfig, PdConnector, PdWorkerConfig};
+    let registry = TransferRegistry::new();
+    let mut engines = Vec::new();
+    for (role, id) in [(Role::Prefill, "p0"), (Role::Decode, "d0")] {
+        let config = EngineConfig {
+            role,
+            kv_connector: KvConnector::Nixl,
+            engine_id: Some(id.to_owned()),
+            ..EngineConfig::instant()
+        };
+        let options = ServeOptions {
+            registry: Some(registry.clone()),
+            ..ServeOptions::default()
+        };
+        engines.push(engine_sim::spawn(config, options).await.unwrap());
+    }
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill = vec![PdWorkerConfig::new(engines[0].url())];
+    pd.decode = vec![PdWorkerConfig::new(engines[1].url())];
+    // Inline tokenization (a host that raised `inline_bytes`) cannot be cut
+    // short: the deadline passes during it, and the P/D path notices before
+    // it selects a pair.
+    let tokenize = TokenizeConfig {
+        inline_bytes: 8 * 1024 * 1024,
+        ..TokenizeConfig::default()
+    };
+    let config = RouterConfig {
+        pd: Some(pd),
+        request_timeout: Duration::from_millis(300),
+        ..config(trained("pd"), tokenize)
+    };
+    let router = router_http::Router::start(config).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = router.clone();
+    let server = tokio::spawn(async move {
+        serving
+            .serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+
+    let body = big_chat(1024 * 1024, 300);
+    let (status, _, body) = call(addr, "POST", "/v1/chat/completions", &[], body).await;
+    assert_router_timeout(status, &body, "in the router, before the request was sent");
+    for worker in router.all_workers() {
+        assert_eq!(
+            worker.breaker().state(),
+            BreakerState::Closed,
+            "{}",
+            worker.key()
+        );
+        assert_eq!(worker.processed(), 0, "{} had the request", worker.key());
+        assert_eq!(worker.load(), 0);
+    }
+    for engine in &engines {
+        assert_eq!(engine.stats().requests_finished, 0);
+    }
+    let _ = stop.send(());
+    server.await.unwrap();
+}
