@@ -82,6 +82,14 @@ pub enum Error {
     /// The tokenizer failed on a text.
     #[error("tokenization failed: {0}")]
     Tokenize(String),
+    /// The computation was cancelled ([`Interrupt::cancel`](crate::Interrupt::cancel)):
+    /// nobody waits for its result any more.
+    #[error("computing the token ids was cancelled")]
+    Cancelled,
+    /// The request needs more work than its [`Interrupt`](crate::Interrupt)
+    /// allows (prompt size or time); the message says which.
+    #[error("over the tokenizing budget: {0}")]
+    OverBudget(String),
 }
 
 /// The crate's result type.

@@ -28,6 +28,7 @@ use tokenizers::Tokenizer;
 use crate::added::AddedTokens;
 use crate::cache::SegmentCache;
 use crate::error::{Error, Result};
+use crate::interrupt::Interrupt;
 
 /// How a chat rendering is tokenized.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,8 +187,13 @@ impl HfTokenizer {
     }
 
     /// The ids of a chat rendering (no special tokens added), through the
-    /// segment cache when the tokenizer allows it.
-    pub(crate) fn encode_chat(&self, text: &str) -> Result<Vec<u32>> {
+    /// segment cache when the tokenizer allows it; `interrupt` is checked
+    /// before each segment the cache misses.
+    pub(crate) fn encode_chat(
+        &self,
+        text: &str,
+        interrupt: Option<&Interrupt>,
+    ) -> Result<Vec<u32>> {
         if self.mode != SegmentMode::Segments {
             return self.encode_whole(text, false);
         }
@@ -197,12 +203,12 @@ impl HfTokenizer {
         let mut at = 0;
         if let Some(added) = &self.splitter {
             for found in added.find_iter(text) {
-                self.push_segment(&text[at..found.start], &mut out)?;
+                self.push_segment(&text[at..found.start], &mut out, interrupt)?;
                 out.push(found.id);
                 at = found.end;
             }
         }
-        self.push_segment(&text[at..], &mut out)?;
+        self.push_segment(&text[at..], &mut out, interrupt)?;
         Ok(out)
     }
 
@@ -210,8 +216,14 @@ impl HfTokenizer {
     /// short one encoded directly when the vocabulary has the direct
     /// encoder (cheaper than a cache lookup: role names, channel names,
     /// separators), a longer one from the segment cache, encoded and
-    /// remembered on a miss.
-    fn push_segment(&self, segment: &str, out: &mut Vec<u32>) -> Result<()> {
+    /// remembered on a miss (after `interrupt`'s checkpoint: a miss is
+    /// where the work is).
+    fn push_segment(
+        &self,
+        segment: &str,
+        out: &mut Vec<u32>,
+        interrupt: Option<&Interrupt>,
+    ) -> Result<()> {
         if segment.is_empty() {
             return Ok(());
         }
@@ -224,6 +236,7 @@ impl HfTokenizer {
         match self.cache.get(segment) {
             Some(ids) => out.extend_from_slice(&ids),
             None => {
+                crate::interrupt::check(interrupt)?;
                 let ids = self.encode_whole(segment, false)?;
                 out.extend_from_slice(&ids);
                 self.cache.insert(segment, ids.into());

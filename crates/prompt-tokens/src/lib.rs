@@ -111,6 +111,7 @@ mod direct;
 mod error;
 pub mod fuzzing;
 mod hf;
+mod interrupt;
 pub mod messages;
 mod o200k_split;
 mod request;
@@ -125,6 +126,7 @@ pub use cache::{CacheStats, ENTRY_OVERHEAD_BYTES, SegmentCache};
 pub use config::TokenizerConfig;
 pub use error::{Error, Result};
 pub use hf::SegmentMode;
+pub use interrupt::Interrupt;
 pub use messages::ContentFormat;
 pub use request::{ChatRequest, CompletionPrompt, CompletionRequest};
 pub use synthetic::{

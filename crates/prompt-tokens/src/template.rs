@@ -21,6 +21,7 @@ use minijinja::{AutoEscape, Environment, ErrorKind, State};
 
 use crate::direct::DirectTemplate;
 use crate::error::{Error, Result};
+use crate::interrupt::Interrupt;
 use crate::messages::{self, ContentFormat};
 use crate::request::{ChatRequest, object_from_pairs};
 
@@ -276,12 +277,24 @@ impl ChatTemplate {
 
     /// Renders `request` to the prompt text.
     pub fn render(&self, request: &ChatRequest) -> Result<String> {
+        self.render_until(request, None)
+    }
+
+    /// [`render`](Self::render) with `interrupt`'s checkpoints: after the
+    /// messages are prepared, and before minijinja renders what the direct
+    /// renderer declined.
+    pub(crate) fn render_until(
+        &self,
+        request: &ChatRequest,
+        interrupt: Option<&Interrupt>,
+    ) -> Result<String> {
         if request.add_generation_prompt && request.continue_final_message {
             return Err(Error::InvalidRequest(
                 "add_generation_prompt and continue_final_message cannot both be true".into(),
             ));
         }
         let messages = messages::prepare(&request.messages.0, self.content_format)?;
+        crate::interrupt::check(interrupt)?;
         let ctx = self.context(request, messages.clone());
         if self.direct_enabled
             && let Ok(direct) = &self.direct
@@ -292,6 +305,7 @@ impl ChatTemplate {
             }
             return Ok(text);
         }
+        crate::interrupt::check(interrupt)?;
         let template = self
             .env
             .get_template(NAME)

@@ -7,6 +7,7 @@ use crate::cache::{CacheStats, SegmentCache};
 use crate::config::{self, TokenizerConfig};
 use crate::error::{Error, Result};
 use crate::hf::{HfTokenizer, SegmentMode};
+use crate::interrupt::Interrupt;
 use crate::messages::ContentFormat;
 use crate::request::{ChatRequest, CompletionPrompt, CompletionRequest};
 use crate::synthetic;
@@ -231,10 +232,18 @@ impl PromptTokenizer {
 
     /// The prompt text the engine renders for `request`.
     pub fn chat_text(&self, request: &ChatRequest) -> Result<String> {
+        self.chat_text_until(request, None)
+    }
+
+    fn chat_text_until(
+        &self,
+        request: &ChatRequest,
+        interrupt: Option<&Interrupt>,
+    ) -> Result<String> {
         match &self.backend {
             Backend::Synthetic { .. } => synthetic::render_value(&request.messages.0),
             Backend::Hf { tokenizer, .. } => match &self.template {
-                Some(template) => template.render(request),
+                Some(template) => template.render_until(request, interrupt),
                 None => Err(Error::NoChatTemplate(tokenizer.path.clone())),
             },
         }
@@ -246,13 +255,34 @@ impl PromptTokenizer {
     /// Uses the segment cache where the tokenizer allows (see
     /// [`SegmentMode`]); the ids are those of tokenizing the whole rendering.
     pub fn chat_tokens(&self, request: &ChatRequest) -> Result<Vec<u32>> {
-        let text = self.chat_text(request)?;
+        self.chat_tokens_checked(request, None)
+    }
+
+    /// [`chat_tokens`](Self::chat_tokens) under `interrupt`: it stops at
+    /// the first checkpoint after a [`cancel`](Interrupt::cancel) or past
+    /// its time limit, and tokenizes nothing when the rendering is larger
+    /// than its text budget (see [`Interrupt`] for where it checks).
+    pub fn chat_tokens_until(
+        &self,
+        request: &ChatRequest,
+        interrupt: &Interrupt,
+    ) -> Result<Vec<u32>> {
+        self.chat_tokens_checked(request, Some(interrupt))
+    }
+
+    fn chat_tokens_checked(
+        &self,
+        request: &ChatRequest,
+        interrupt: Option<&Interrupt>,
+    ) -> Result<Vec<u32>> {
+        let text = self.chat_text_until(request, interrupt)?;
+        crate::interrupt::check_text(interrupt, text.len())?;
         match &self.backend {
             Backend::Synthetic { chars_per_token } => {
                 Ok(synthetic::synthetic_tokenize(&text, *chars_per_token))
             }
             Backend::Hf { .. } if request.add_special_tokens => self.text_tokens(&text, true),
-            Backend::Hf { tokenizer, .. } => tokenizer.encode_chat(&text),
+            Backend::Hf { tokenizer, .. } => tokenizer.encode_chat(&text, interrupt),
         }
     }
 
@@ -271,6 +301,23 @@ impl PromptTokenizer {
         match &request.prompt {
             CompletionPrompt::Tokens(ids) => Ok(ids.clone()),
             CompletionPrompt::Text(text) => self.text_tokens(text, request.add_special_tokens),
+        }
+    }
+
+    /// [`completion_tokens`](Self::completion_tokens) under `interrupt`: a
+    /// text prompt larger than its text budget, or one reached after a
+    /// cancel or past the time limit, is not tokenized.
+    pub fn completion_tokens_until(
+        &self,
+        request: &CompletionRequest,
+        interrupt: &Interrupt,
+    ) -> Result<Vec<u32>> {
+        match &request.prompt {
+            CompletionPrompt::Tokens(ids) => Ok(ids.clone()),
+            CompletionPrompt::Text(text) => {
+                interrupt.check_text(text.len())?;
+                self.text_tokens(text, request.add_special_tokens)
+            }
         }
     }
 

@@ -40,11 +40,12 @@ pub struct RouterConfig {
     /// Upstream client timeouts and pool.
     pub client: ClientConfig,
     /// Whole-request deadline (default 1800 s): it bounds every phase, the
-    /// wait in the admission queue, reading the client's body, connecting,
-    /// the worker's response head and the response body. Past it before the
-    /// response head the client gets 504 `request_timeout` and a worker that
-    /// had the request is charged a timeout; past it mid-stream the stream
-    /// is cut.
+    /// wait in the admission queue, reading the client's body, computing
+    /// the prompt's token ids, connecting, the worker's response head and
+    /// the response body. Past it before the response head the client gets
+    /// 504 `request_timeout` naming the phase; only a worker that had the
+    /// request is charged a timeout (a deadline spent in the router, before
+    /// dispatch, is the router's own); past it mid-stream the stream is cut.
     pub request_timeout: Duration,
     /// How long a client may take to send its whole request body (default
     /// 60 s, and never past [`request_timeout`](Self::request_timeout));
@@ -116,6 +117,11 @@ pub struct RouterConfig {
     /// none: every model routes on text). See [`crate::tokens`].
     #[cfg(feature = "tokens")]
     pub tokenizers: crate::tokens::Tokenizers,
+    /// The tokenizer pool and the budget of one computation (defaults: a
+    /// thread per core, 2 MiB, 2 s, inline up to 4 KiB). See
+    /// [`crate::tokens`].
+    #[cfg(feature = "tokens")]
+    pub tokenize: crate::tokens::TokenizeConfig,
     /// Where the engines publish their KV-cache events, followed when a
     /// pool's policy is `kv_aware` (default: vLLM's example ports on each
     /// worker's host). See [`crate::kv_events`].
@@ -158,6 +164,8 @@ impl Default for RouterConfig {
             metrics_open: false,
             #[cfg(feature = "tokens")]
             tokenizers: crate::tokens::Tokenizers::default(),
+            #[cfg(feature = "tokens")]
+            tokenize: crate::tokens::TokenizeConfig::default(),
             #[cfg(feature = "kv-events")]
             kv_events: crate::kv_events::KvEventsConfig::default(),
         }
@@ -183,6 +191,9 @@ pub enum ConfigError {
     /// The concurrency limit is zero.
     #[error("max concurrent requests must be at least 1")]
     Concurrency,
+    /// The tokenizer pool's settings are invalid (no thread).
+    #[error("invalid tokenizer settings: {0}")]
+    Tokenize(String),
     /// A worker could not be added.
     #[error("invalid worker {url}: {reason}")]
     Worker {

@@ -264,6 +264,21 @@ impl ApiError {
     }
 }
 
+/// The router's 504 when `deadline` passed before a worker got the request:
+/// the time went to the router's own work, so no worker is charged.
+pub(crate) fn before_dispatch(
+    deadline: tokio::time::Instant,
+    timeout: std::time::Duration,
+) -> Result<(), ApiError> {
+    if tokio::time::Instant::now() >= deadline {
+        return Err(ApiError::RequestTimeout {
+            phase: "in the router, before the request was sent to a worker",
+            timeout,
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,6 +294,22 @@ mod tests {
         assert_eq!(value["error"]["type"], "invalid_request_error");
         assert_eq!(value["error"]["code"], "model_not_found");
         assert_eq!(error.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_passed_before_dispatch_is_the_routers_504() {
+        let timeout = Duration::from_secs(1);
+        let deadline = tokio::time::Instant::now() + timeout;
+        assert!(before_dispatch(deadline, timeout).is_ok());
+        tokio::time::advance(timeout).await;
+        let error = before_dispatch(deadline, timeout).unwrap_err();
+        assert_eq!(error.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(error.code(), "request_timeout");
+        assert_eq!(
+            error.to_string(),
+            "the request exceeded its deadline of 1s in the router, before the request was sent \
+             to a worker"
+        );
     }
 
     #[tokio::test]

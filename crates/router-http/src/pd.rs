@@ -333,6 +333,9 @@ pub(crate) async fn proxy(
     } = arrival;
     let parsed =
         serde_json::from_slice(&bytes).map_err(|err| ApiError::InvalidJson(err.to_string()))?;
+    // A deadline spent in the router (tokenizing, parsing, queueing) is
+    // the router's: no prefill or decode worker is selected or charged.
+    crate::error::before_dispatch(deadline, timeout)?;
     let flow_id = flow_request_id(client_id.as_bytes());
     request.request_id = Some(flow_id.clone());
     let mut forward = ForwardHeaders::new();

@@ -10,9 +10,13 @@
 //! 4. read the body once, up to the payload limit, and extract the model,
 //!    the stream flag, the hash keys and the routing text
 //!    ([`extract`](crate::extract())), or the engine's token ids for a
-//!    model that has a tokenizer (`Tokenizers::extract`);
+//!    model that has a tokenizer (`Tokenizers::extract_bounded`: large
+//!    bodies on the bounded tokenizer pool, within the deadline, cancelled
+//!    with the request);
 //! 5. select a worker with the model's policy among the workers that serve
-//!    the model, and reserve it: an owned [`LoadGuard`];
+//!    the model, and reserve it: an owned [`LoadGuard`] (unless the deadline
+//!    already passed in the router: then the router's 504, no worker
+//!    charged);
 //! 6. forward the original bytes through the pooled client;
 //! 7. on a connect error or a retryable status, before any byte reached the
 //!    client: record the breaker outcome, drop that attempt (its response
@@ -124,10 +128,22 @@ impl Router {
     }
 
     fn build(
-        config: RouterConfig,
+        #[cfg_attr(
+            not(feature = "tokens"),
+            allow(unused_mut, reason = "the pool needs tokens")
+        )]
+        mut config: RouterConfig,
         policies: PolicyRegistry<Arc<Worker>>,
         #[cfg(feature = "kv-events")] kv: Option<Arc<crate::kv_events::KvEvents>>,
     ) -> Result<Self, ConfigError> {
+        #[cfg(feature = "tokens")]
+        {
+            let tokenize = config.tokenize.clone();
+            config
+                .tokenizers
+                .set_pool(&tokenize)
+                .map_err(ConfigError::Tokenize)?;
+        }
         let ids = RequestIds::new(&config.request_id_headers)
             .map_err(|err| ConfigError::RequestIdHeader(err.to_string()))?;
         let session_header = HeaderName::from_bytes(config.session_header.as_bytes())
@@ -430,8 +446,14 @@ impl Router {
         )
         .await
         .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
+        // Off the runtime for large bodies, bounded by the deadline and
+        // cancelled if this future is dropped (the client went away).
         #[cfg(feature = "tokens")]
-        let info = shared.config.tokenizers.extract(kind, &bytes)?;
+        let info = shared
+            .config
+            .tokenizers
+            .extract_bounded(kind, &bytes, deadline, timeout)
+            .await?;
         #[cfg(not(feature = "tokens"))]
         let info = crate::extract(kind, &bytes)?;
         let model = info.model.unwrap_or_default();
@@ -484,6 +506,9 @@ impl Router {
         let mut retries = retries;
         let mut failed: Vec<Arc<Worker>> = Vec::new();
         loop {
+            // A deadline spent in the router (tokenizing, queueing, backing
+            // off) is the router's 504: no worker is reserved or charged.
+            crate::error::before_dispatch(deadline, timeout)?;
             // Workers that failed this request are left out, unless that
             // would leave none available (then a failed one may be retried).
             let rest = pool.eligible(candidates.workers(), "", |w| {

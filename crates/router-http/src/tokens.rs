@@ -15,6 +15,53 @@
 //! counted: the engine answers such a request with its own error, and a
 //! router whose template drifted from the engine's keeps serving.
 //!
+//! # Off the runtime
+//!
+//! Rendering and tokenizing are CPU work without an `.await`: a 10 MiB
+//! chat costs seconds of CPU with a real tokenizer. Run on the request's
+//! task, two of them stall every other request of a 2-core router,
+//! probes included (issue 32). So the router
+//! ([`Tokenizers::extract_bounded`]) does this:
+//!
+//! * **small bodies inline**: a body of at most
+//!   [`TokenizeConfig::inline_bytes`] (default 4 KiB) is computed on the
+//!   request's task. Handing work to a blocking thread costs a semaphore
+//!   permit, a thread wake-up and a task wake-up back: measured at about
+//!   35 µs a round trip (release build, tokio 1.54, the 2-core development
+//!   machine under load), while the warm 1 KB chat costs about 12 µs of
+//!   tokenizing (43 µs of router CPU in all): the hand-off would cost
+//!   more than the work, and more than doubles the warm path's latency.
+//!   A 4 KiB cold prompt costs at most a few milliseconds with a slow BPE
+//!   tokenizer (about 0.6 µs a byte, issue 32's figure), tens of µs with
+//!   the o200k direct encoder: a stall bounded by the threshold.
+//! * **a budget per request**: a body over [`TokenizeConfig::max_bytes`]
+//!   (default 2 MiB) is not tokenized at all (it routes on text, counted
+//!   in `router_tokens_over_budget_total`), and the same bound applies to
+//!   the rendered prompt before tokenizing starts: it bounds the memory and
+//!   the CPU of one computation. [`TokenizeConfig::max_time`] (default
+//!   2 s) bounds the work time, checked between segments.
+//! * **a bounded pool**: the rest waits for one of
+//!   [`TokenizeConfig::threads`] slots (default: one per core), within
+//!   the request's deadline (504 `request_timeout` "waiting for a
+//!   tokenizer thread"), and runs on tokio's blocking threads. A slot is
+//!   held by the work, not by the waiter: cancelled work keeps its slot
+//!   until it actually stops, so the pool really bounds the CPU spent.
+//! * **cancellation**: the computation carries a
+//!   [`prompt_tokens::Interrupt`], cancelled when the request's future is
+//!   dropped (the client went away) or its deadline passes; the work
+//!   checks it between phases and before each segment it tokenizes (the
+//!   text between two of the tokenizer's added tokens, about one message),
+//!   and stops there (`router_tokens_cancelled_total`). One segment is the
+//!   unit of work that cannot be cut short; the size budget bounds it.
+//!   The check is a relaxed atomic load (and a clock read) per segment
+//!   tokenized, and the inline path passes no interrupt at all: the warm
+//!   path is unchanged.
+//!
+//! Time spent here is the router's: a deadline that passes while the
+//! request waits for a slot or is being tokenized is the router's 504,
+//! and no worker is reserved or charged (the proxy checks the deadline
+//! again before it selects a worker).
+//!
 //! ```
 //! use router_http::RouterConfig;
 //! use router_http::tokens::Tokenizers;
@@ -31,13 +78,15 @@
 use crate::error::ApiError;
 use crate::extract::{RequestInfo, RouteKind, Routing};
 use crate::metrics::Counter;
+use bytes::Bytes;
 use prom_text::{Exposition, MetricType};
-use prompt_tokens::{ChatRequest, CompletionRequest, PromptTokenizer};
+use prompt_tokens::{ChatRequest, CompletionRequest, Error, Interrupt, PromptTokenizer};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
 
 /// The label under which the tokenizer for every other model is reported.
 pub const DEFAULT_MODEL_LABEL: &str = "*";
@@ -48,6 +97,8 @@ pub struct ModelTokens {
     tokenizer: Arc<PromptTokenizer>,
     routed: Counter,
     failed: Counter,
+    over_budget: Counter,
+    cancelled: Counter,
     /// Nanoseconds spent computing token ids (parse, render, tokenize),
     /// successes and failures alike.
     compute_nanos: AtomicU64,
@@ -59,6 +110,8 @@ impl ModelTokens {
             tokenizer,
             routed: Counter::default(),
             failed: Counter::default(),
+            over_budget: Counter::default(),
+            cancelled: Counter::default(),
             compute_nanos: AtomicU64::new(0),
         })
     }
@@ -79,17 +132,41 @@ impl ModelTokens {
         self.failed.get()
     }
 
+    /// Requests routed on text because their prompt was over the
+    /// tokenizing budget (body or rendering larger than
+    /// [`TokenizeConfig::max_bytes`], or work past
+    /// [`TokenizeConfig::max_time`]).
+    pub fn over_budget(&self) -> u64 {
+        self.over_budget.get()
+    }
+
+    /// Computations stopped because nobody waited for them any more (the
+    /// client went away or the request's deadline passed).
+    pub fn cancelled(&self) -> u64 {
+        self.cancelled.get()
+    }
+
     /// The token ids of a chat or text completion body (`None` for other
     /// routes), timed and counted; a failure is logged and counted here.
-    fn ids(&self, kind: RouteKind, body: &[u8], model: &str) -> Option<Result<Vec<u32>, ()>> {
+    fn ids(
+        &self,
+        kind: RouteKind,
+        body: &[u8],
+        model: &str,
+        interrupt: Option<&Interrupt>,
+    ) -> Option<Result<Vec<u32>, NoIds>> {
         let tokenizer = &self.tokenizer;
         let started = Instant::now();
-        let ids = match kind {
-            RouteKind::ChatCompletions => {
+        let ids = match (kind, interrupt) {
+            (RouteKind::ChatCompletions, None) => {
                 ChatRequest::from_json(body).and_then(|request| tokenizer.chat_tokens(&request))
             }
-            RouteKind::Completions => CompletionRequest::from_json(body)
+            (RouteKind::ChatCompletions, Some(interrupt)) => ChatRequest::from_json(body)
+                .and_then(|request| tokenizer.chat_tokens_until(&request, interrupt)),
+            (RouteKind::Completions, None) => CompletionRequest::from_json(body)
                 .and_then(|request| tokenizer.completion_tokens(&request)),
+            (RouteKind::Completions, Some(interrupt)) => CompletionRequest::from_json(body)
+                .and_then(|request| tokenizer.completion_tokens_until(&request, interrupt)),
             _ => return None,
         };
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -99,18 +176,27 @@ impl ModelTokens {
                 self.routed.inc();
                 Ok(ids)
             }
+            Err(Error::Cancelled) => {
+                self.cancelled.inc();
+                Err(NoIds::Cancelled)
+            }
+            Err(Error::OverBudget(reason)) => {
+                self.over_budget.inc();
+                tracing::debug!(%model, %reason, "prompt over the tokenizing budget; routing on text");
+                Err(NoIds::Text)
+            }
             Err(error) => {
                 self.failed.inc();
                 tracing::debug!(%model, %error, "cannot compute the prompt's token ids; routing on text");
-                Err(())
+                Err(NoIds::Text)
             }
         })
     }
 
     /// Time spent computing requests' token ids (body parse, template
     /// rendering, tokenization), in seconds: the part of the router's CPU
-    /// time that routing on tokens adds (the computation runs on the
-    /// request's task without yielding).
+    /// time that routing on tokens adds (on the request's task for small
+    /// bodies, on the tokenizer pool for the others).
     pub fn compute_seconds(&self) -> f64 {
         self.compute_nanos.load(Ordering::Relaxed) as f64 / 1e9
     }
@@ -123,6 +209,9 @@ impl ModelTokens {
 pub struct Tokenizers {
     by_model: BTreeMap<String, Arc<ModelTokens>>,
     default: Option<Arc<ModelTokens>>,
+    /// The router's tokenizer pool; without one (a `Tokenizers` used as a
+    /// library, outside a router) everything is computed inline.
+    pool: Option<Arc<TokenPool>>,
 }
 
 impl fmt::Debug for Tokenizers {
@@ -186,6 +275,17 @@ impl Tokenizers {
     /// has a tokenizer and the route is a chat or text completion, else
     /// `routing` (what [`extract`](crate::extract()) found) unchanged.
     pub fn route(&self, kind: RouteKind, body: &[u8], model: &str, routing: Routing) -> Routing {
+        self.route_until(kind, body, model, routing, None)
+    }
+
+    fn route_until(
+        &self,
+        kind: RouteKind,
+        body: &[u8],
+        model: &str,
+        routing: Routing,
+        interrupt: Option<&Interrupt>,
+    ) -> Routing {
         let Some(entry) = self.for_model(model) else {
             return routing;
         };
@@ -193,9 +293,9 @@ impl Tokenizers {
         if kind == RouteKind::Completions && matches!(routing, Routing::Tokens(_)) {
             return routing;
         }
-        match entry.ids(kind, body, model) {
+        match entry.ids(kind, body, model, interrupt) {
             Some(Ok(ids)) => Routing::Tokens(ids),
-            Some(Err(())) | None => routing,
+            Some(Err(_)) | None => routing,
         }
     }
 
@@ -206,12 +306,25 @@ impl Tokenizers {
     /// never has its routing text built (see
     /// [`extract_deferred`](crate::extract_deferred)), one whose ids cannot
     /// be computed gets it.
+    ///
+    /// Synchronous and unbounded: the router calls
+    /// [`extract_bounded`](Self::extract_bounded), which runs this on its
+    /// tokenizer pool under the budget.
     pub fn extract(&self, kind: RouteKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
+        self.extract_until(kind, body, None)
+    }
+
+    fn extract_until(
+        &self,
+        kind: RouteKind,
+        body: &[u8],
+        interrupt: Option<&Interrupt>,
+    ) -> Result<RequestInfo, ApiError> {
         if kind != RouteKind::ChatCompletions || self.is_empty() {
             let mut info = crate::extract(kind, body)?;
             let text = std::mem::take(&mut info.routing);
             let model = info.model.as_deref().unwrap_or_default();
-            info.routing = self.route(kind, body, model, text);
+            info.routing = self.route_until(kind, body, model, text, interrupt);
             return Ok(info);
         }
         let extracted = crate::extract_deferred(kind, body)?;
@@ -219,12 +332,110 @@ impl Tokenizers {
         let Some(entry) = self.for_model(model) else {
             return Ok(extracted.into_info());
         };
-        Ok(match entry.ids(kind, body, model) {
+        Ok(match entry.ids(kind, body, model, interrupt) {
             Some(Ok(ids)) => RequestInfo {
                 routing: Routing::Tokens(ids),
                 ..extracted.without_text()
             },
-            Some(Err(())) | None => extracted.into_info(),
+            // Nobody reads a cancelled request's info: skip its text.
+            Some(Err(NoIds::Cancelled)) => extracted.without_text(),
+            Some(Err(NoIds::Text)) | None => extracted.into_info(),
+        })
+    }
+
+    /// The router's [`extract`](Self::extract): the same answer, computed
+    /// where it does not hold up the async runtime and within the budget
+    /// of [`TokenizeConfig`] (see the module docs, "Off the runtime").
+    ///
+    /// Without a pool (a `Tokenizers` not given to a router) it is
+    /// `extract`. With one: a body that routes on text anyway, or one no
+    /// larger than [`TokenizeConfig::inline_bytes`], is computed inline; a
+    /// body larger than [`TokenizeConfig::max_bytes`] routes on text
+    /// without being tokenized (counted in `router_tokens_over_budget_total`);
+    /// any other waits for a pool slot and is computed on a blocking
+    /// thread. `deadline` bounds the wait and the computation: past it,
+    /// 504 `request_timeout` naming the phase (`timeout` is the configured
+    /// deadline, for the message). Dropping the future (the client went
+    /// away) or reaching the deadline cancels the computation: it stops at
+    /// its next checkpoint, and its slot is free again.
+    pub async fn extract_bounded(
+        &self,
+        kind: RouteKind,
+        body: &Bytes,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+    ) -> Result<RequestInfo, ApiError> {
+        let Some(pool) = &self.pool else {
+            return self.extract(kind, body);
+        };
+        let tokenizes = matches!(kind, RouteKind::ChatCompletions | RouteKind::Completions);
+        if !tokenizes || self.is_empty() || body.len() <= pool.config.inline_bytes {
+            return self.extract(kind, body);
+        }
+        if body.len() > pool.config.max_bytes {
+            // Bound before you allocate: a body past the budget is not
+            // parsed for tokens at all.
+            let info = crate::extract(kind, body)?;
+            if let Some(entry) = self.for_model(info.model.as_deref().unwrap_or_default()) {
+                entry.over_budget.inc();
+            }
+            return Ok(info);
+        }
+        let timed_out = |phase| ApiError::RequestTimeout { phase, timeout };
+        let Ok(acquired) =
+            tokio::time::timeout_at(deadline, Arc::clone(&pool.slots).acquire_owned()).await
+        else {
+            return Err(timed_out("waiting for a tokenizer thread"));
+        };
+        let Ok(slot) = acquired else {
+            // The semaphore is never closed; were it, compute inline.
+            return self.extract(kind, body);
+        };
+        let interrupt = Interrupt::new()
+            .with_time_limit(pool.config.max_time)
+            .with_max_text_bytes(pool.config.max_bytes);
+        // Cancels the computation when this future ends for any reason:
+        // the deadline below, or the client's disconnect dropping it.
+        let _cancel = CancelOnDrop(interrupt.clone());
+        let this = self.clone();
+        let job_body = body.clone();
+        let job = tokio::task::spawn_blocking(move || {
+            // The slot is held for as long as the work runs, not as long
+            // as someone waits: cancelled work still counts until it stops.
+            let _slot = slot;
+            this.extract_until(kind, &job_body, Some(&interrupt))
+        });
+        match tokio::time::timeout_at(deadline, job).await {
+            Err(_elapsed) => Err(timed_out("while tokenizing the prompt")),
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => {
+                // Input never panics the tokenizer; if it did, the request
+                // still routes, on text.
+                tracing::error!(error = %join, "the tokenizer thread failed; routing on text");
+                crate::extract(kind, body)
+            }
+        }
+    }
+
+    /// Gives these tokenizers the router's pool, built from `config`.
+    pub(crate) fn set_pool(&mut self, config: &TokenizeConfig) -> Result<(), String> {
+        if config.threads == 0 {
+            return Err("the tokenizer pool needs at least 1 thread".into());
+        }
+        self.pool = Some(Arc::new(TokenPool {
+            config: config.clone(),
+            slots: Arc::new(Semaphore::new(config.threads)),
+        }));
+        Ok(())
+    }
+
+    /// Pool slots in use: computations running (a cancelled one until it
+    /// reaches its next checkpoint). 0 without a pool.
+    pub fn busy_threads(&self) -> usize {
+        self.pool.as_ref().map_or(0, |pool| {
+            pool.config
+                .threads
+                .saturating_sub(pool.slots.available_permits())
         })
     }
 
@@ -234,7 +445,7 @@ impl Tokenizers {
             return;
         }
         type Read = fn(&ModelTokens) -> u64;
-        let families: [(&str, MetricType, &str, Read); 7] = [
+        let families: [(&str, MetricType, &str, Read); 9] = [
             (
                 "router_tokens_routed_total",
                 MetricType::Counter,
@@ -246,6 +457,18 @@ impl Tokenizers {
                 MetricType::Counter,
                 "Requests routed on text because rendering or tokenizing failed.",
                 ModelTokens::failed,
+            ),
+            (
+                "router_tokens_over_budget_total",
+                MetricType::Counter,
+                "Requests routed on text because their prompt was over the tokenizing budget (size or time).",
+                ModelTokens::over_budget,
+            ),
+            (
+                "router_tokens_cancelled_total",
+                MetricType::Counter,
+                "Token computations stopped because the client went away or the deadline passed.",
+                ModelTokens::cancelled,
             ),
             (
                 "router_tokens_cache_hits_total",
@@ -292,6 +515,82 @@ impl Tokenizers {
         for (model, entry) in self.entries() {
             family.sample(&[("model", &model)], entry.compute_seconds());
         }
+        if let Some(pool) = &self.pool {
+            exposition
+                .family(
+                    "router_tokenizer_threads",
+                    MetricType::Gauge,
+                    "Size of the tokenizer pool (computations that may run at once).",
+                )
+                .sample(&[], pool.config.threads);
+            exposition
+                .family(
+                    "router_tokenizer_threads_busy",
+                    MetricType::Gauge,
+                    "Tokenizer pool slots in use.",
+                )
+                .sample(&[], self.busy_threads());
+        }
+    }
+}
+
+/// Why a request got no token ids.
+enum NoIds {
+    /// Rendering or tokenizing failed, or the prompt was over budget:
+    /// route on text.
+    Text,
+    /// Cancelled: nobody waits for the answer.
+    Cancelled,
+}
+
+/// The tokenizer pool's settings: how many computations may run at once
+/// off the async runtime, and the budget of each
+/// ([`RouterConfig::tokenize`](crate::RouterConfig::tokenize)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenizeConfig {
+    /// Computations that may run at once on blocking threads (default: the
+    /// number of cores). Requests past it wait, within their deadline.
+    pub threads: usize,
+    /// Largest body (and rendered prompt) tokenized, in bytes (default
+    /// 2 MiB, about half a million tokens and about a second of CPU);
+    /// a larger one routes on text, counted in
+    /// `router_tokens_over_budget_total`. It bounds the memory and the
+    /// CPU time of one computation.
+    pub max_bytes: usize,
+    /// Work time of one computation (default 2 s), checked between
+    /// segments: past it, the request routes on text (counted as over
+    /// budget).
+    pub max_time: Duration,
+    /// Bodies up to this size are computed inline on the request's task
+    /// (default 4 KiB): handing them to a thread costs more than the
+    /// work (see the module docs, "Off the runtime").
+    pub inline_bytes: usize,
+}
+
+impl Default for TokenizeConfig {
+    fn default() -> Self {
+        Self {
+            threads: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+            max_bytes: 2 * 1024 * 1024,
+            max_time: Duration::from_secs(2),
+            inline_bytes: 4 * 1024,
+        }
+    }
+}
+
+/// The router's tokenizer pool: a semaphore over tokio's blocking threads.
+#[derive(Debug)]
+struct TokenPool {
+    config: TokenizeConfig,
+    slots: Arc<Semaphore>,
+}
+
+/// Cancels its interrupt when dropped.
+struct CancelOnDrop(Interrupt);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
     }
 }
 
@@ -389,6 +688,106 @@ mod tests {
             info.routing,
             Routing::Tokens(prompt_tokens::synthetic_tokenize("abcdefgh", 4))
         );
+    }
+
+    #[tokio::test]
+    async fn the_router_path_keeps_small_bodies_inline_and_routes_over_budget_ones_on_text() {
+        let mut tokenizers = synthetic();
+        tokenizers
+            .set_pool(&TokenizeConfig {
+                threads: 1,
+                max_bytes: 256,
+                max_time: Duration::from_secs(60),
+                inline_bytes: 64,
+            })
+            .unwrap();
+        let chat = RouteKind::ChatCompletions;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let timeout = Duration::from_secs(60);
+        let entry = Arc::clone(tokenizers.for_model("m").unwrap());
+        // Small (inline) and mid-sized (on the pool): token ids alike.
+        let mid = format!(
+            r#"{{"model": "m", "messages": [{{"role": "user", "content": "{}"}}]}}"#,
+            "x".repeat(100)
+        );
+        for body in [Bytes::from_static(CHAT), Bytes::from(mid)] {
+            let info = tokenizers
+                .extract_bounded(chat, &body, deadline, timeout)
+                .await
+                .unwrap();
+            assert!(matches!(info.routing, Routing::Tokens(_)), "{info:?}");
+        }
+        assert_eq!(tokenizers.busy_threads(), 0, "the slot is back");
+        // Over the size budget: text, as `extract` gives it, counted.
+        let big = Bytes::from(format!(
+            r#"{{"model": "m", "messages": [{{"role": "user", "content": "{}"}}]}}"#,
+            "y".repeat(300)
+        ));
+        let info = tokenizers
+            .extract_bounded(chat, &big, deadline, timeout)
+            .await
+            .unwrap();
+        assert_eq!(info, crate::extract(chat, &big).unwrap());
+        assert_eq!((entry.routed(), entry.over_budget()), (2, 1));
+        // A malformed body is the same 400 on the pool.
+        let malformed = Bytes::from(format!(
+            r#"{{"model": "m", "messages": [{{"role": "user", "content": [7]}}], "pad": "{}"}}"#,
+            "z".repeat(100)
+        ));
+        assert_eq!(
+            tokenizers
+                .extract_bounded(chat, &malformed, deadline, timeout)
+                .await
+                .unwrap_err()
+                .to_string(),
+            crate::extract(chat, &malformed).unwrap_err().to_string()
+        );
+        let mut out = String::new();
+        tokenizers.render(&mut Exposition::new(&mut out));
+        for line in [
+            "router_tokens_over_budget_total{model=\"m\"} 1",
+            "router_tokens_cancelled_total{model=\"m\"} 0",
+            "router_tokenizer_threads 1",
+            "router_tokenizer_threads_busy 0",
+        ] {
+            assert!(out.contains(line), "{line}: {out}");
+        }
+    }
+
+    #[tokio::test]
+    async fn work_past_the_time_budget_routes_on_text() {
+        let mut tokenizers = synthetic();
+        tokenizers
+            .set_pool(&TokenizeConfig {
+                max_time: Duration::ZERO,
+                inline_bytes: 0,
+                ..TokenizeConfig::default()
+            })
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let body = Bytes::from_static(CHAT);
+        let info = tokenizers
+            .extract_bounded(
+                RouteKind::ChatCompletions,
+                &body,
+                deadline,
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            info,
+            crate::extract(RouteKind::ChatCompletions, CHAT).unwrap()
+        );
+        let entry = tokenizers.for_model("m").unwrap();
+        assert_eq!((entry.routed(), entry.over_budget()), (0, 1));
+        // A pool needs a thread.
+        let mut none = synthetic();
+        let zero = TokenizeConfig {
+            threads: 0,
+            ..TokenizeConfig::default()
+        };
+        assert!(none.set_pool(&zero).is_err());
     }
 
     #[test]
