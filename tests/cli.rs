@@ -1032,3 +1032,41 @@ fn kv_events_flags_and_worker_tables_say_where_engines_publish() {
         assert!(message.contains("workers"), "{message}");
     }
 }
+
+#[test]
+fn the_tokenizer_pool_and_budget_come_from_their_flags() {
+    let defaults = settings(&["--worker-urls", "http://127.0.0.1:9"]).unwrap();
+    assert_eq!(
+        defaults.router.tokenize,
+        router_http::tokens::TokenizeConfig::default()
+    );
+    let set = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--tokenizer-threads",
+        "3",
+        "--tokenize-max-bytes",
+        "65536",
+        "--tokenize-max-secs",
+        "0.5",
+        "--tokenize-inline-bytes",
+        "1024",
+    ])
+    .unwrap();
+    let tokenize = &set.router.tokenize;
+    assert_eq!(tokenize.threads, 3);
+    assert_eq!(tokenize.max_bytes, 65536);
+    assert_eq!(tokenize.max_time, std::time::Duration::from_millis(500));
+    assert_eq!(tokenize.inline_bytes, 1024);
+    for (flag, value) in [
+        ("--tokenizer-threads", "0"),
+        ("--tokenize-max-bytes", "0"),
+        ("--tokenize-max-secs", "0"),
+        ("--tokenize-max-secs", "NaN"),
+        ("--tokenize-max-secs", "-1"),
+    ] {
+        let err = settings(&["--worker-urls", "http://127.0.0.1:9", flag, value]).unwrap_err();
+        assert!(err.to_string().starts_with(&format!("{flag}: ")), "{err}");
+        assert_eq!(err.exit_code(), 2);
+    }
+}

@@ -445,6 +445,39 @@ pub struct Args {
         help_heading = "Token routing"
     )]
     pub chat_template_content_format: ContentFormatName,
+    /// Prompts larger than --tokenize-inline-bytes are tokenized on a pool
+    /// of this many threads, off the threads that serve requests; more
+    /// wait, within --request-timeout-secs. Default: the number of cores.
+    #[arg(long, value_name = "N", help_heading = "Token routing")]
+    pub tokenizer_threads: Option<usize>,
+    /// A body (or rendered prompt) larger than this is not tokenized: it
+    /// routes on text, counted in router_tokens_over_budget_total.
+    #[arg(
+        long,
+        default_value_t = 2 * 1024 * 1024,
+        value_name = "BYTES",
+        help_heading = "Token routing"
+    )]
+    pub tokenize_max_bytes: usize,
+    /// Work time of one prompt's tokenization, in seconds, checked between
+    /// segments; past it the request routes on text (counted as over
+    /// budget).
+    #[arg(
+        long,
+        default_value_t = 2.0,
+        value_name = "SECS",
+        help_heading = "Token routing"
+    )]
+    pub tokenize_max_secs: f64,
+    /// Bodies up to this size are tokenized inline (handing them to a
+    /// thread costs more than the work).
+    #[arg(
+        long,
+        default_value_t = 4096,
+        value_name = "BYTES",
+        help_heading = "Token routing"
+    )]
+    pub tokenize_inline_bytes: usize,
 
     // ----- KV events -----
     /// kv_aware: the port of each engine's KV event publisher, on the

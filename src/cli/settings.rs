@@ -16,7 +16,7 @@ use clap::{CommandFactory, FromArgMatches};
 use pd_orchestrator::PdConnector;
 use prompt_tokens::PromptTokenizer;
 use router_http::kv_events::{KvEndpoints, KvEventsConfig};
-use router_http::tokens::Tokenizers;
+use router_http::tokens::{TokenizeConfig, Tokenizers};
 use router_http::{ConcurrencyConfig, RouterConfig};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -385,6 +385,7 @@ impl Settings {
         let mode = mode(&parsed)?;
         let mut router = router_config(args)?;
         router.tokenizers = tokenizers(&parsed, &mode)?;
+        router.tokenize = tokenize_config(args);
         router.kv_events = kv_events(&parsed)?;
         let mut ignored: Vec<String> = IGNORED_FLAGS
             .iter()
@@ -595,6 +596,18 @@ fn tokenizers(parsed: &Parsed, mode: &Mode) -> Result<Tokenizers, CliError> {
     Ok(tokenizers)
 }
 
+/// The tokenizer pool and the budget of one prompt
+/// (`--tokenizer-threads`, `--tokenize-*`), checked in `check_ranges`.
+fn tokenize_config(a: &Args) -> TokenizeConfig {
+    let defaults = TokenizeConfig::default();
+    TokenizeConfig {
+        threads: a.tokenizer_threads.unwrap_or(defaults.threads),
+        max_bytes: a.tokenize_max_bytes,
+        max_time: Duration::from_secs_f64(a.tokenize_max_secs),
+        inline_bytes: a.tokenize_inline_bytes,
+    }
+}
+
 /// `host:port`, with brackets around an IPv6 host.
 pub fn join_host_port(host: &str, port: u16) -> String {
     if host.contains(':') && !host.starts_with('[') {
@@ -648,6 +661,22 @@ fn check_ranges(a: &Args) -> Result<(), CliError> {
     positive("queue_timeout_secs", a.queue_timeout_secs)?;
     positive("request_body_timeout_secs", a.request_body_timeout_secs)?;
     positive("max_connections", a.max_connections as u64)?;
+    if let Some(threads) = a.tokenizer_threads {
+        positive("tokenizer_threads", threads as u64)?;
+    }
+    positive("tokenize_max_bytes", a.tokenize_max_bytes as u64)?;
+    if !(a.tokenize_max_secs.is_finite()
+        && a.tokenize_max_secs > 0.0
+        && a.tokenize_max_secs <= 3600.0)
+    {
+        return Err(CliError::invalid(
+            "tokenize_max_secs",
+            format!(
+                "must be a number of seconds above 0 and at most 3600, got {}",
+                a.tokenize_max_secs
+            ),
+        ));
+    }
     if let Some(path) = a
         .passthrough_paths
         .iter()

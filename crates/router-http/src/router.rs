@@ -384,7 +384,8 @@ impl Router {
     /// Checks the credential `route` needs: the inference key for proxied
     /// routes, the admin key (or the inference key when no admin key is
     /// set) for admin routes and admin reads, nothing for probes and
-    /// metrics. Hosts that serve a route of their own next to
+    /// metrics (`/metrics` checks the admin key in its own handler, unless
+    /// [`RouterConfig::metrics_open`]). Hosts that serve a route of their own next to
     /// [`Router::handle`] call this rather than parse keys themselves.
     pub fn authorize(&self, route: Route, headers: &http::HeaderMap) -> Result<(), ApiError> {
         let config = &self.shared.config;
