@@ -100,6 +100,8 @@ pub mod wire;
 pub mod publisher;
 #[cfg(not(loom))]
 pub mod subscriber;
+#[cfg(not(loom))]
+pub mod zmq_io;
 
 #[doc(hidden)]
 pub mod fuzzing;
