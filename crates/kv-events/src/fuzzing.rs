@@ -124,7 +124,10 @@ mod sockets {
     fn next_message(thread: &mut SocketThread) -> Vec<bytes::Bytes> {
         let deadline = Instant::now() + PATIENCE;
         loop {
-            assert!(Instant::now() < deadline, "no genuine message within {PATIENCE:?}");
+            assert!(
+                Instant::now() < deadline,
+                "no genuine message within {PATIENCE:?}"
+            );
             match thread.try_recv() {
                 Some(Incoming::Message(frames)) => return frames,
                 Some(_) => {}
@@ -260,7 +263,10 @@ mod sockets {
         // input); the genuine one's arrives too.
         loop {
             let frames = next_message(&mut fixture.thread);
-            assert!(frames.iter().all(|f| f.len() <= MAX), "a frame over the bound");
+            assert!(
+                frames.iter().all(|f| f.len() <= MAX),
+                "a frame over the bound"
+            );
             if frames.last().is_some_and(|f| f.as_ref() == token) {
                 return;
             }
@@ -281,7 +287,10 @@ mod sockets {
         // reached it (ZMQ's slow joiner): publish until one does.
         let deadline = Instant::now() + PATIENCE;
         loop {
-            assert!(Instant::now() < deadline, "no genuine message within {PATIENCE:?}");
+            assert!(
+                Instant::now() < deadline,
+                "no genuine message within {PATIENCE:?}"
+            );
             peers
                 .publisher
                 .send_multipart([&b"genuine"[..], &[0u8; 8][..]], zmq::DONTWAIT)
@@ -289,7 +298,10 @@ mod sockets {
             std::thread::sleep(Duration::from_millis(1));
             match thread.try_recv() {
                 Some(Incoming::Message(frames)) => {
-                    assert!(frames.iter().all(|f| f.len() <= MAX), "a frame over the bound");
+                    assert!(
+                        frames.iter().all(|f| f.len() <= MAX),
+                        "a frame over the bound"
+                    );
                     if frames.first().is_some_and(|f| f.as_ref() == b"genuine") {
                         return;
                     }
@@ -317,7 +329,10 @@ mod sockets {
         let _ = server.join();
         loop {
             let frames = next_message(&mut thread);
-            assert!(frames.iter().all(|f| f.len() <= MAX), "a frame over the bound");
+            assert!(
+                frames.iter().all(|f| f.len() <= MAX),
+                "a frame over the bound"
+            );
             if frames.last().is_some_and(|f| f.as_ref() == b"genuine") {
                 return;
             }

@@ -20,6 +20,9 @@
 //!   your [`EventSink`], with [`StreamStatus`] for metrics.
 //! - [`Publisher`]: the engine side (PUB + ROUTER with a [`ReplayBuffer`]),
 //!   wire-compatible with vLLM's `ZmqEventPublisher`.
+//! - [`zmq_io`]: the sockets are libzmq's (the `zmq` crate), each read by
+//!   its own thread, every one with `ZMQ_MAXMSGSIZE` set so that no peer
+//!   can make it allocate more than the largest legitimate message.
 //!
 //! # Example
 //!

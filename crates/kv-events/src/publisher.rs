@@ -136,12 +136,11 @@ impl Publisher {
     ///
     /// [`PublishError::Bind`] when an address cannot be bound.
     pub async fn bind(config: PublisherConfig) -> Result<Self, PublishError> {
-        let bind_error = |endpoint: &str, source: Box<dyn std::error::Error + Send + Sync>| {
-            PublishError::Bind {
+        let bind_error =
+            |endpoint: &str, source: Box<dyn std::error::Error + Send + Sync>| PublishError::Bind {
                 endpoint: endpoint.to_owned(),
                 source,
-            }
-        };
+            };
         let bind = |kind: zmq::SocketType, address: &str, max: usize| {
             let socket = context()
                 .socket(kind)
@@ -231,7 +230,10 @@ impl Publisher {
     /// message vLLM's PUB socket dropped.
     pub async fn publish(&self, batch: &EventBatch) -> Result<u64, PublishError> {
         let payload = self.payload(batch);
-        let socket = self.pub_socket.lock().unwrap_or_else(PoisonError::into_inner);
+        let socket = self
+            .pub_socket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let seq = self.buffer.push(payload.clone());
         if let Some(socket) = socket.as_ref() {
             let message = [&self.topic[..], &seq.to_be_bytes()[..], &payload[..]];
@@ -249,7 +251,10 @@ impl Publisher {
     pub async fn publish_replay_only(&self, batch: &EventBatch) -> u64 {
         let payload = self.payload(batch);
         // Same lock as `publish`, so numbers stay in send order.
-        let _socket = self.pub_socket.lock().unwrap_or_else(PoisonError::into_inner);
+        let _socket = self
+            .pub_socket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         self.buffer.push(payload)
     }
 

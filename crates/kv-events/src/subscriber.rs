@@ -647,7 +647,11 @@ fn sub_socket(
     max_message_size: usize,
 ) -> zmq::Result<(zmq::Socket, zmq::Socket)> {
     let socket = context().socket(zmq::SUB)?;
-    harden(&socket, max_message_size, crate::zmq_io::DEFAULT_RECEIVE_HWM)?;
+    harden(
+        &socket,
+        max_message_size,
+        crate::zmq_io::DEFAULT_RECEIVE_HWM,
+    )?;
     socket.set_reconnect_ivl(-1)?;
     socket.set_subscribe(topic.as_bytes())?;
     let monitor = crate::zmq_io::monitor(&socket)?;
@@ -706,8 +710,12 @@ async fn replay_once(
     answers: &mpsc::Sender<ReplayMsg>,
 ) -> Result<(), String> {
     let dealer = context().socket(zmq::DEALER).map_err(|e| e.to_string())?;
-    harden(&dealer, max_message_size, crate::zmq_io::DEFAULT_RECEIVE_HWM)
-        .map_err(|e| e.to_string())?;
+    harden(
+        &dealer,
+        max_message_size,
+        crate::zmq_io::DEFAULT_RECEIVE_HWM,
+    )
+    .map_err(|e| e.to_string())?;
     dealer.connect(endpoint).map_err(|e| e.to_string())?;
     // Queued until the connection is made (the sequencer's replay timeout
     // bounds the wait).
@@ -869,14 +877,7 @@ mod tests {
         });
         let (answers_tx, mut answers) = mpsc::channel(REPLAY_ANSWER_QUEUE);
         let replay = tokio::spawn(async move {
-            replay_once(
-                &endpoint,
-                1 << 20,
-                ReplayId(1),
-                0,
-                &answers_tx,
-            )
-            .await
+            replay_once(&endpoint, 1 << 20, ReplayId(1), 0, &answers_tx).await
         });
         // Nobody takes answers: the queue fills and stays full.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -931,12 +932,7 @@ mod tests {
             counters: StreamCounters::default(),
             last_seq: None,
         }));
-        let task = tokio::spawn(supervise(
-            config,
-            transport,
-            events_tx,
-            Arc::clone(&status),
-        ));
+        let task = tokio::spawn(supervise(config, transport, events_tx, Arc::clone(&status)));
         Rig {
             attempts,
             live: live_tx,
@@ -1072,12 +1068,7 @@ mod tests {
             counters: StreamCounters::default(),
             last_seq: None,
         }));
-        let task = tokio::spawn(supervise(
-            config,
-            transport,
-            events_tx,
-            Arc::clone(&status),
-        ));
+        let task = tokio::spawn(supervise(config, transport, events_tx, Arc::clone(&status)));
         let snapshot = || status.lock().unwrap().clone();
         first_tx.send(frames(0)).unwrap();
         assert!(matches!(

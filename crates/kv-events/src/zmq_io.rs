@@ -65,11 +65,7 @@ pub fn context() -> &'static zmq::Context {
 /// # Errors
 ///
 /// libzmq's, when an option is refused.
-pub fn harden(
-    socket: &zmq::Socket,
-    max_message_size: usize,
-    receive_hwm: i32,
-) -> zmq::Result<()> {
+pub fn harden(socket: &zmq::Socket, max_message_size: usize, receive_hwm: i32) -> zmq::Result<()> {
     socket.set_maxmsgsize(i64::try_from(max_message_size).unwrap_or(i64::MAX))?;
     socket.set_rcvhwm(receive_hwm)?;
     socket.set_linger(0)?;
@@ -292,7 +288,10 @@ mod tests {
         // small message (sent until one arrives) is delivered.
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let frames = loop {
-            assert!(std::time::Instant::now() < deadline, "no small message in 20 s");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no small message in 20 s"
+            );
             let _ = dealer.send(&b"small"[..], zmq::DONTWAIT);
             match tokio::time::timeout(Duration::from_millis(200), thread.recv()).await {
                 Ok(Some(Incoming::Message(frames))) => break frames,
@@ -303,6 +302,9 @@ mod tests {
         assert_eq!(frames.last().unwrap().as_ref(), b"small");
         let started = std::time::Instant::now();
         drop(thread);
-        assert!(started.elapsed() < Duration::from_secs(5), "joined promptly");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "joined promptly"
+        );
     }
 }

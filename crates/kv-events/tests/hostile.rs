@@ -110,7 +110,10 @@ async fn hostile_then_genuine(claimed: u64) {
     let deadline = Instant::now() + WAIT;
     let mut n = 0;
     let event = loop {
-        assert!(Instant::now() < deadline, "no genuine batch within {WAIT:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no genuine batch within {WAIT:?}"
+        );
         publisher.publish(&batch(n, 16)).await.unwrap();
         n += 1;
         if let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(20), rx.recv()).await {
@@ -181,7 +184,11 @@ async fn a_real_frame_over_the_bound_is_refused_and_the_stream_goes_on() {
                 let KvEvent::BlockStored(stored) = &batch.events[0] else {
                     panic!("{batch:?}")
                 };
-                assert_eq!(stored.token_ids.len(), 16, "the oversized batch got through");
+                assert_eq!(
+                    stored.token_ids.len(),
+                    16,
+                    "the oversized batch got through"
+                );
                 break;
             }
             Ok(Some(_)) | Err(_) => {}

@@ -407,20 +407,23 @@ async fn wait_status(
 async fn a_hostile_publisher_is_counted_and_never_corrupts_the_index() {
     use bytes::Bytes;
     use kv_events::{BlockHash, BlockStored, EventBatch, KvEvent, encode_batch};
-    use zeromq::{Socket, SocketSend, ZmqMessage};
 
-    let mut socket = zeromq::PubSocket::new();
-    let bound = socket.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    /// A raw PUB socket (libzmq) sending whatever frames it is given.
+    struct RawPub(zmq::Socket);
+    impl RawPub {
+        async fn send(&mut self, frames: Vec<Bytes>) -> Result<(), zmq::Error> {
+            let frames: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
+            self.0.send_multipart(frames, zmq::DONTWAIT)
+        }
+    }
+    let raw = zmq::Context::new().socket(zmq::PUB).unwrap();
+    raw.set_linger(0).unwrap();
+    raw.bind("tcp://127.0.0.1:0").unwrap();
+    let bound = raw.get_last_endpoint().unwrap().unwrap();
+    let mut socket = RawPub(raw);
     let (fixture, _background) = follower(bound, None).await;
     let hub = fixture.router.kv_events().unwrap().clone();
-    let message = |frames: Vec<Bytes>| {
-        let mut frames = frames.into_iter();
-        let mut message = ZmqMessage::from(frames.next().unwrap());
-        for frame in frames {
-            message.push_back(frame);
-        }
-        message
-    };
+    let message = |frames: Vec<Bytes>| frames;
     let seq = |n: u64| Bytes::copy_from_slice(&n.to_be_bytes());
     let tokens = |first: u32, n: u32| (first..first + n).collect::<Vec<u32>>();
     let stored = |hash: u64, parent: Option<u64>, ids: Vec<u32>| {

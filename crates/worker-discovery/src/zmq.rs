@@ -50,13 +50,13 @@ use crate::message::{EngineRegistration, RegisteredRole, decode_registration, pa
 use crate::registrar::{AddressCheck, AddressRefused, DEFAULT_CHECK_TIMEOUT, Registrar};
 use crate::registries::Registries;
 use bytes::Bytes;
+use kv_events::zmq_io::{Incoming, SocketThread, context, harden, last_endpoint};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use kv_events::zmq_io::{Incoming, SocketThread, context, harden, last_endpoint};
 use tokio::task::{Id, JoinError, JoinSet};
 use worker_lifecycle::WorkerUrl;
 
@@ -85,8 +85,7 @@ const SOCKET_QUEUE: usize = 256;
 
 /// The supervisor's backoff between restarts: doubles from the first to
 /// the last.
-const RESTART_BACKOFF: (Duration, Duration) =
-    (Duration::from_millis(100), Duration::from_secs(5));
+const RESTART_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
 /// How a [`ZmqDiscovery`] listener runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,7 +182,8 @@ impl ZmqDiscovery {
             .ok_or_else(|| bind_error(format!("cannot resolve {host:?} to an address")))?;
         let port: u16 = port.parse().unwrap_or_default();
         let max_message_size = config.max_message_size;
-        let socket = open_router(SocketAddr::new(ip, port), max_message_size).map_err(bind_error)?;
+        let socket =
+            open_router(SocketAddr::new(ip, port), max_message_size).map_err(bind_error)?;
         let local_addr = socket.1;
         let mut registrar = Registrar::new(Registries::new(config.ttl));
         if let Some(check) = check {
@@ -733,7 +733,9 @@ mod tests {
         let opens = Arc::clone(&opened);
         let open = move || {
             opens.fetch_add(1, Ordering::SeqCst);
-            sources.pop_front().ok_or_else(|| "no more sources".to_owned())
+            sources
+                .pop_front()
+                .ok_or_else(|| "no more sources".to_owned())
         };
         let _supervisor = AbortOnDrop(tokio::spawn(supervise(
             registrar,

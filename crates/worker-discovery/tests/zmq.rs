@@ -149,10 +149,7 @@ async fn malformed_messages_are_counted_and_discovery_keeps_working() {
         .unwrap();
     let registries = discovery.registries().clone();
     let mut engine = engine_socket(&discovery).await;
-    engine
-        .send(vec![b"not msgpack".to_vec()])
-        .await
-        .unwrap();
+    engine.send(vec![b"not msgpack".to_vec()]).await.unwrap();
     let unknown_type = serde_json::json!({"type": "Q", "http_address": "127.0.0.1:1"});
     engine
         .send(vec![rmp_serde::to_vec_named(&unknown_type).unwrap()])
