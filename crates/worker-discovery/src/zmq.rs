@@ -272,10 +272,9 @@ impl FrameSource for SocketThread {
     // Cancel safe: a tokio channel's `recv`.
     async fn next_frames(&mut self) -> Option<Result<Vec<Bytes>, String>> {
         loop {
-            match self.recv().await? {
-                Incoming::Message(frames) => return Some(Ok(frames)),
-                // No monitor on this socket; nothing else is expected.
-                _ => {}
+            // No monitor on this socket: messages are all that comes.
+            if let Incoming::Message(frames) = self.recv().await? {
+                return Some(Ok(frames));
             }
         }
     }
