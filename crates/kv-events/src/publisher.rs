@@ -236,6 +236,11 @@ impl Publisher {
             .unwrap_or_else(PoisonError::into_inner);
         let seq = self.buffer.push(payload.clone());
         if let Some(socket) = socket.as_ref() {
+            // Reading ZMQ_EVENTS makes libzmq apply the subscriptions that
+            // reached the socket (a send does so only every millisecond or
+            // so): a subscriber whose handshake is done, and which may be
+            // catching up by replay already, is not skipped by this batch.
+            let _ = socket.get_events();
             let message = [&self.topic[..], &seq.to_be_bytes()[..], &payload[..]];
             socket
                 .send_multipart(message, zmq::DONTWAIT)
