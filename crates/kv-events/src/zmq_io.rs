@@ -311,6 +311,45 @@ pub fn last_endpoint(socket: &zmq::Socket) -> Result<String, String> {
 mod tests {
     use super::*;
 
+    /// Names of this process's threads (Linux), to see one is gone.
+    fn thread_names() -> Vec<String> {
+        std::fs::read_dir("/proc/self/task")
+            .map(|tasks| {
+                tasks
+                    .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+                    .map(|name| name.trim().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn dropping_the_owner_joins_the_thread_at_once_and_closes_the_socket() {
+        let socket = context().socket(zmq::ROUTER).unwrap();
+        harden(&socket, 1024, DEFAULT_RECEIVE_HWM).unwrap();
+        socket.bind("tcp://127.0.0.1:0").unwrap();
+        let address = last_endpoint(&socket).unwrap();
+        let thread = SocketThread::spawn("zmqio-drop", socket, None, 4).unwrap();
+        if cfg!(target_os = "linux") {
+            // The thread names itself once it runs.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !thread_names().iter().any(|name| name == "zmqio-drop") {
+                assert!(std::time::Instant::now() < deadline, "the thread never ran");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let started = std::time::Instant::now();
+        drop(thread);
+        // Woken, not waited out: well under one poll interval on an idle
+        // machine; the bound is loose for a loaded one.
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(!thread_names().iter().any(|name| name == "zmqio-drop"));
+        // The socket is closed: its port can be bound again.
+        let again = context().socket(zmq::ROUTER).unwrap();
+        again.set_linger(0).unwrap();
+        again.bind(&address).expect("the port was released");
+    }
+
     #[tokio::test]
     async fn a_frame_over_the_bound_closes_the_connection_and_a_small_one_passes() {
         let pull = context().socket(zmq::ROUTER).unwrap();
