@@ -279,7 +279,7 @@ impl Publisher {
 
 /// Answers replay requests until `stop` is set.
 fn serve_replays(router: &zmq::Socket, buffer: &ReplayBuffer<Bytes>, stop: &AtomicBool) {
-    let timeout = i64::try_from(POLL_INTERVAL.as_millis()).unwrap_or(50);
+    let timeout = i64::try_from(POLL_INTERVAL.as_millis()).unwrap_or(20);
     while !stop.load(Ordering::Acquire) {
         match router.poll(zmq::POLLIN, timeout) {
             Ok(0) => continue,

@@ -40,7 +40,7 @@
 //! # Cancel safety
 //!
 //! Dropping a [`Subscriber`] aborts its task (and with it the socket
-//! threads, woken and joined when the task's sockets are dropped);
+//! threads, joined within [`POLL_INTERVAL`](crate::zmq_io::POLL_INTERVAL));
 //! batches not yet handed to the sink are lost with it (a new subscriber
 //! starts cold).
 
