@@ -291,7 +291,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn dropping_the_owner_joins_the_thread_at_once_and_closes_the_socket() {
+    async fn dropping_the_owner_joins_the_thread_and_closes_the_socket() {
         let socket = context().socket(zmq::ROUTER).unwrap();
         harden(&socket, 1024, DEFAULT_RECEIVE_HWM).unwrap();
         socket.bind("tcp://127.0.0.1:0").unwrap();
