@@ -8,7 +8,6 @@
 use affinity_router::cli::discovery::{self, NetworkCheck, Registrar, Registries};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zeromq::SocketSend;
 
 #[path = "../crates/worker-discovery/tests/support/vllm_engine.rs"]
 mod vllm_engine;

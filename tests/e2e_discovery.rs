@@ -15,7 +15,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zeromq::{Socket, SocketSend, ZmqMessage};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -37,13 +36,22 @@ async fn chat(client: &HttpClient, base: &str) -> (StatusCode, String) {
     .expect("answered in time")
 }
 
-fn registration(kind: &str, engine: &EngineHandle) -> ZmqMessage {
+/// A test engine's DEALER (libzmq) connected to the discovery ROUTER; it
+/// queues what is sent until the connection is made.
+fn engine_dealer(address: std::net::SocketAddr) -> zmq::Socket {
+    let socket = zmq::Context::new().socket(zmq::DEALER).unwrap();
+    socket.set_linger(0).unwrap();
+    socket.connect(&format!("tcp://{address}")).unwrap();
+    socket
+}
+
+fn registration(kind: &str, engine: &EngineHandle) -> Vec<u8> {
     let map = serde_json::json!({
         "type": kind,
         "http_address": engine.addr().to_string(),
         "zmq_address": format!("127.0.0.1:{}", engine.addr().port() + 1),
     });
-    ZmqMessage::from(rmp_serde::to_vec_named(&map).unwrap())
+    rmp_serde::to_vec_named(&map).unwrap()
 }
 
 /// An engine speaking the router's default connector.
@@ -98,13 +106,9 @@ async fn registered_engines_serve_heartbeats_keep_them_and_silence_expires_them(
     let (status, body) = chat(&client, &base).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
 
-    let mut socket = zeromq::DealerSocket::new();
-    socket
-        .connect(&format!("tcp://{}", discovery.local_addr()))
-        .await
-        .unwrap();
-    socket.send(registration("P", &prefill)).await.unwrap();
-    socket.send(registration("D", &decode)).await.unwrap();
+    let socket = engine_dealer(discovery.local_addr());
+    socket.send(registration("P", &prefill), 0).unwrap();
+    socket.send(registration("D", &decode), 0).unwrap();
 
     // Requests flow once both registrations arrived.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -124,8 +128,8 @@ async fn registered_engines_serve_heartbeats_keep_them_and_silence_expires_them(
     // Heartbeats for twice the TTL: the same worker serves every request.
     let until = Instant::now() + Duration::from_secs(2 * ttl_secs);
     while Instant::now() < until {
-        socket.send(registration("P", &prefill)).await.unwrap();
-        socket.send(registration("D", &decode)).await.unwrap();
+        socket.send(registration("P", &prefill), 0).unwrap();
+        socket.send(registration("D", &decode), 0).unwrap();
         let (status, body) = chat(&client, &base).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -152,8 +156,8 @@ async fn registered_engines_serve_heartbeats_keep_them_and_silence_expires_them(
     }
 
     // Registering again at the same URL: a fresh worker with load 0.
-    socket.send(registration("P", &prefill)).await.unwrap();
-    socket.send(registration("D", &decode)).await.unwrap();
+    socket.send(registration("P", &prefill), 0).unwrap();
+    socket.send(registration("D", &decode), 0).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let (status, _) = chat(&client, &base).await;
@@ -284,11 +288,7 @@ async fn moriio_engines_register_in_their_own_form() {
         .await
         .unwrap();
     let discovery = app.discovery().unwrap();
-    let mut socket = zeromq::DealerSocket::new();
-    socket
-        .connect(&format!("tcp://{}", discovery.local_addr()))
-        .await
-        .unwrap();
+    let socket = engine_dealer(discovery.local_addr());
     for (role, engine, ports) in [("P", &prefill, (7101, 7102)), ("D", &decode, (7201, 7202))] {
         let map = serde_json::json!({
             "type": "register", "role": role,
@@ -297,8 +297,7 @@ async fn moriio_engines_register_in_their_own_form() {
             "transfer_mode": "READ",
         });
         socket
-            .send(ZmqMessage::from(rmp_serde::to_vec_named(&map).unwrap()))
-            .await
+            .send(rmp_serde::to_vec_named(&map).unwrap(), 0)
             .unwrap();
     }
     let base = format!("http://{}", app.addr());

@@ -166,8 +166,11 @@
 //!
 //! - `cli` (default): the `engine-sim` binary's command line (clap).
 //! - `kv-events` (default): publishing KV-cache events over ZMQ
-//!   (`ServeOptions::kv_events`, pulls the `kv-events` crate and the
-//!   pure-Rust `zeromq`). On by default because the demo and the router's
+//!   (`ServeOptions::kv_events`, pulls the `kv-events` crate and libzmq,
+//!   built from source through the `zmq` crate: a C++ compiler, no system
+//!   package). The PUB socket accepts at most 4 KiB frames from
+//!   subscribers and the replay ROUTER 1 KiB (`ZMQ_MAXMSGSIZE`, checked by
+//!   libzmq before it allocates). On by default because the demo and the router's
 //!   exact block index follow engines through it; an embedder of the
 //!   sans-IO model alone can turn it off. [`Engine::drain_kv_batches`]
 //!   needs no feature.

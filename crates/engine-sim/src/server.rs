@@ -487,7 +487,7 @@ async fn bind_kv_events(options: &KvEventsOptions) -> io::Result<KvEventsRunning
     })
 }
 
-/// `tcp://ip:port` as zeromq reports a bound endpoint.
+/// `tcp://ip:port` as libzmq reports a bound endpoint.
 #[cfg(feature = "kv-events")]
 fn zmq_socket_addr(endpoint: &str) -> io::Result<SocketAddr> {
     endpoint

@@ -355,7 +355,11 @@ async fn batches_dropped_live_are_recovered_by_replay() {
         .count();
     assert!(replayed >= 3, "the dropped batches came by replay");
     let status = follower.sub.status();
-    assert!(status.counters.gaps >= 3, "{status:?}");
+    // At least one gap; not necessarily three: a drop that happens while
+    // the previous gap's replay is still running (a replay takes a fresh
+    // connection, about a millisecond; three simulated requests can be
+    // faster) is filled by that replay and never seen as a gap of its own.
+    assert!(status.counters.gaps >= 1, "{status:?}");
     assert_eq!(status.counters.resets, 0);
     follower.assert_matches(&engine);
     follower.sub.shutdown().await;

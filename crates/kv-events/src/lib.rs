@@ -20,6 +20,9 @@
 //!   your [`EventSink`], with [`StreamStatus`] for metrics.
 //! - [`Publisher`]: the engine side (PUB + ROUTER with a [`ReplayBuffer`]),
 //!   wire-compatible with vLLM's `ZmqEventPublisher`.
+//! - [`zmq_io`]: the sockets are libzmq's (the `zmq` crate), each read by
+//!   its own thread, every one with `ZMQ_MAXMSGSIZE` set so that no peer
+//!   can make it allocate more than the largest legitimate message.
 //!
 //! # Example
 //!
@@ -100,6 +103,8 @@ pub mod wire;
 pub mod publisher;
 #[cfg(not(loom))]
 pub mod subscriber;
+#[cfg(not(loom))]
+pub mod zmq_io;
 
 #[doc(hidden)]
 pub mod fuzzing;

@@ -8,16 +8,30 @@
 //! endpoints are stable; routers connect) and publishes from the caller's
 //! task instead of a queue and a thread.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
 
 use bytes::Bytes;
-use tokio::sync::Mutex as AsyncMutex;
-use tokio::task::JoinHandle;
-use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::encode::encode_batch_as;
 use crate::replay_buffer::ReplayBuffer;
 use crate::wire::{EventBatch, WireFormat};
+use crate::zmq_io::{DEFAULT_RECEIVE_HWM, POLL_INTERVAL, context, harden, last_endpoint};
+
+/// The largest frame the PUB socket accepts from a subscriber: it only
+/// receives subscriptions (a flag byte and a topic prefix; vLLM's topics are
+/// a few bytes), so 4 KiB leaves room for any sane topic.
+pub const PUB_MAX_MESSAGE_SIZE: usize = 4 << 10;
+
+/// The largest frame the replay ROUTER accepts: a request is an empty
+/// delimiter and an 8-byte start, so 1 KiB is generous.
+pub const REPLAY_MAX_MESSAGE_SIZE: usize = 1 << 10;
+
+/// How long the replay server waits for a slow client to take an answer
+/// before it gives that request up (the client's sequencer times out and
+/// asks again).
+const REPLAY_SEND_TIMEOUT_MS: i32 = 1000;
 
 /// The end-of-replay marker's sequence frame: `-1` as 8 signed big-endian
 /// bytes.
@@ -66,25 +80,42 @@ pub enum PublishError {
     Bind {
         /// The address.
         endpoint: String,
-        /// The ZMQ error.
-        source: zeromq::ZmqError,
+        /// The ZMQ error (or why the bound address could not be read).
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The PUB socket refused the message.
     #[error("cannot send on the PUB socket: {0}")]
-    Send(zeromq::ZmqError),
+    Send(zmq::Error),
 }
 
 /// A running publisher. Dropping it stops the replay server; call
 /// [`shutdown`](Self::shutdown) to also wait for the sockets to close.
 pub struct Publisher {
-    pub_socket: AsyncMutex<zeromq::PubSocket>,
+    /// libzmq's PUB socket never blocks a send (it drops at the
+    /// high-water mark), so a plain mutex held for one send is enough.
+    pub_socket: Mutex<Option<zmq::Socket>>,
     buffer: Arc<ReplayBuffer<Bytes>>,
     topic: Bytes,
     rank: Option<u32>,
     format: WireFormat,
     endpoint: String,
     replay_endpoint: Option<String>,
-    replay_task: Option<JoinHandle<()>>,
+    replay_server: Option<ReplayServer>,
+}
+
+/// The replay ROUTER's thread and its stop flag.
+struct ReplayServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for ReplayServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl std::fmt::Debug for Publisher {
@@ -105,40 +136,58 @@ impl Publisher {
     ///
     /// [`PublishError::Bind`] when an address cannot be bound.
     pub async fn bind(config: PublisherConfig) -> Result<Self, PublishError> {
-        let mut pub_socket = zeromq::PubSocket::new();
-        let endpoint = pub_socket
-            .bind(&config.endpoint)
-            .await
-            .map_err(|source| PublishError::Bind {
-                endpoint: config.endpoint.clone(),
+        let bind_error =
+            |endpoint: &str, source: Box<dyn std::error::Error + Send + Sync>| PublishError::Bind {
+                endpoint: endpoint.to_owned(),
                 source,
-            })?
-            .to_string();
+            };
+        let bind = |kind: zmq::SocketType, address: &str, max: usize| {
+            let socket = context()
+                .socket(kind)
+                .map_err(|e| bind_error(address, e.into()))?;
+            harden(&socket, max, DEFAULT_RECEIVE_HWM).map_err(|e| bind_error(address, e.into()))?;
+            socket
+                .bind(address)
+                .map_err(|e| bind_error(address, e.into()))?;
+            let bound = last_endpoint(&socket).map_err(|e| bind_error(address, e.into()))?;
+            Ok::<_, PublishError>((socket, bound))
+        };
+        let (pub_socket, endpoint) = bind(zmq::PUB, &config.endpoint, PUB_MAX_MESSAGE_SIZE)?;
         let buffer = Arc::new(ReplayBuffer::new(config.buffer_steps));
-        let (replay_endpoint, replay_task) = match &config.replay_endpoint {
+        let (replay_endpoint, replay_server) = match &config.replay_endpoint {
             Some(address) => {
-                let mut router = zeromq::RouterSocket::new();
-                let bound = router
-                    .bind(address)
-                    .await
-                    .map_err(|source| PublishError::Bind {
-                        endpoint: address.clone(),
-                        source,
-                    })?;
-                let task = tokio::spawn(serve_replays(router, Arc::clone(&buffer)));
-                (Some(bound.to_string()), Some(task))
+                let (router, bound) = bind(zmq::ROUTER, address, REPLAY_MAX_MESSAGE_SIZE)?;
+                // An answer to a client that is gone fails at once instead
+                // of being dropped silently; one that is slow blocks the
+                // send for at most the timeout.
+                router
+                    .set_router_mandatory(true)
+                    .and_then(|()| router.set_sndtimeo(REPLAY_SEND_TIMEOUT_MS))
+                    .map_err(|e| bind_error(address, e.into()))?;
+                let stop = Arc::new(AtomicBool::new(false));
+                let thread_stop = Arc::clone(&stop);
+                let thread_buffer = Arc::clone(&buffer);
+                let thread = std::thread::Builder::new()
+                    .name("kv-events-replay-server".to_owned())
+                    .spawn(move || serve_replays(&router, &thread_buffer, &thread_stop))
+                    .map_err(|e| bind_error(address, e.into()))?;
+                let server = ReplayServer {
+                    stop,
+                    thread: Some(thread),
+                };
+                (Some(bound), Some(server))
             }
             None => (None, None),
         };
         Ok(Self {
-            pub_socket: AsyncMutex::new(pub_socket),
+            pub_socket: Mutex::new(Some(pub_socket)),
             buffer,
             topic: Bytes::from(config.topic.into_bytes()),
             rank: config.data_parallel_rank,
             format: config.format,
             endpoint,
             replay_endpoint,
-            replay_task,
+            replay_server,
         })
     }
 
@@ -181,14 +230,22 @@ impl Publisher {
     /// message vLLM's PUB socket dropped.
     pub async fn publish(&self, batch: &EventBatch) -> Result<u64, PublishError> {
         let payload = self.payload(batch);
-        let mut socket = self.pub_socket.lock().await;
+        let socket = self
+            .pub_socket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let seq = self.buffer.push(payload.clone());
-        let message = frames([
-            self.topic.clone(),
-            Bytes::copy_from_slice(&seq.to_be_bytes()),
-            payload,
-        ]);
-        socket.send(message).await.map_err(PublishError::Send)?;
+        if let Some(socket) = socket.as_ref() {
+            // Reading ZMQ_EVENTS makes libzmq apply the subscriptions that
+            // reached the socket (a send does so only every millisecond or
+            // so): a subscriber whose handshake is done, and which may be
+            // catching up by replay already, is not skipped by this batch.
+            let _ = socket.get_events();
+            let message = [&self.topic[..], &seq.to_be_bytes()[..], &payload[..]];
+            socket
+                .send_multipart(message, zmq::DONTWAIT)
+                .map_err(PublishError::Send)?;
+        }
         Ok(seq)
     }
 
@@ -199,39 +256,42 @@ impl Publisher {
     pub async fn publish_replay_only(&self, batch: &EventBatch) -> u64 {
         let payload = self.payload(batch);
         // Same lock as `publish`, so numbers stay in send order.
-        let _socket = self.pub_socket.lock().await;
+        let _socket = self
+            .pub_socket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         self.buffer.push(payload)
     }
 
     /// Stops the replay server and closes the sockets.
     pub async fn shutdown(mut self) {
-        if let Some(task) = self.replay_task.take() {
-            task.abort();
-            // The task owns the ROUTER socket: once it has ended, the
-            // socket is dropped and its port released.
-            let _ = task.await;
-        }
-        let socket = std::mem::replace(
-            &mut self.pub_socket,
-            AsyncMutex::new(zeromq::PubSocket::new()),
+        // Joins the replay thread, which closes the ROUTER socket and
+        // releases its port.
+        drop(self.replay_server.take());
+        drop(
+            self.pub_socket
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
         );
-        let _ = socket.into_inner().close().await;
     }
 }
 
-impl Drop for Publisher {
-    fn drop(&mut self) {
-        if let Some(task) = self.replay_task.take() {
-            task.abort();
+/// Answers replay requests until `stop` is set.
+fn serve_replays(router: &zmq::Socket, buffer: &ReplayBuffer<Bytes>, stop: &AtomicBool) {
+    let timeout = i64::try_from(POLL_INTERVAL.as_millis()).unwrap_or(20);
+    while !stop.load(Ordering::Acquire) {
+        match router.poll(zmq::POLLIN, timeout) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(zmq::Error::EINTR) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "replay socket poll failed; replays stop");
+                return;
+            }
         }
-    }
-}
-
-/// Answers replay requests until the task is aborted.
-async fn serve_replays(mut router: zeromq::RouterSocket, buffer: Arc<ReplayBuffer<Bytes>>) {
-    loop {
-        let request = match router.recv().await {
-            Ok(request) => request.into_vec(),
+        let request = match router.recv_multipart(zmq::DONTWAIT) {
+            Ok(request) => request,
             Err(e) => {
                 tracing::debug!(error = %e, "replay socket receive failed");
                 continue;
@@ -250,29 +310,22 @@ async fn serve_replays(mut router: zeromq::RouterSocket, buffer: Arc<ReplayBuffe
             continue;
         }
         let from = start.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
-        let mut replies = buffer
+        let replies = buffer
             .since(from)
             .into_iter()
-            .map(|(seq, payload)| (Bytes::copy_from_slice(&seq.to_be_bytes()), payload))
-            .collect::<Vec<_>>();
-        replies.push((Bytes::from_static(&END_OF_REPLAY), Bytes::new()));
+            .map(|(seq, payload)| (seq.to_be_bytes(), payload))
+            .chain(std::iter::once((END_OF_REPLAY, Bytes::new())));
         for (seq, payload) in replies {
-            let message = frames([identity.clone(), Bytes::new(), seq, payload]);
-            if let Err(e) = router.send(message).await {
-                // The client went away; its next request starts afresh.
+            if stop.load(Ordering::Acquire) {
+                return;
+            }
+            let message = [&identity[..], &[][..], &seq[..], &payload[..]];
+            if let Err(e) = router.send_multipart(message, 0) {
+                // The client went away or stopped reading; its next request
+                // starts afresh.
                 tracing::debug!(error = %e, "replay answer not delivered");
                 break;
             }
         }
     }
-}
-
-/// A multipart message of the given frames (`N >= 1`).
-pub(crate) fn frames<const N: usize>(frames: [Bytes; N]) -> ZmqMessage {
-    let mut frames = frames.into_iter();
-    let mut message = ZmqMessage::from(frames.next().unwrap_or_default());
-    for frame in frames {
-        message.push_back(frame);
-    }
-    message
 }

@@ -109,6 +109,9 @@ pub enum ResetReason {
     /// The connection broke and replay is off, so the stream's lineage
     /// cannot be checked.
     Reconnected,
+    /// The subscriber's receive task ended (an error, a panic) and was
+    /// restarted: what it had delivered cannot be vouched for.
+    ReaderRestarted,
     /// A gap, and replay is off.
     Gap {
         /// The number expected.
@@ -156,6 +159,7 @@ impl std::fmt::Display for ResetReason {
                 )
             }
             Self::Reconnected => write!(f, "reconnected without replay to check the stream"),
+            Self::ReaderRestarted => write!(f, "the receive task was restarted"),
             Self::Gap { expected, got } => {
                 write!(f, "gap: expected {expected}, got {got}, and replay is off")
             }

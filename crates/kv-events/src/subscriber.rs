@@ -17,13 +17,36 @@
 //! that comes back with the sequence it had loses nothing, and one that
 //! restarted (sequence back at 0) is detected and reset.
 //!
+//! # Sockets and bounds
+//!
+//! The sockets are libzmq's, each read by its own thread (see
+//! [`zmq_io`](crate::zmq_io) for why). The SUB and the replay DEALER refuse
+//! any frame larger than [`DecodeLimits::max_payload_bytes`] before it is
+//! allocated: libzmq closes such a connection, which the loop sees as a
+//! disconnect (the stream goes to `Connecting`, then reconnects with
+//! backoff). A connection counts as made when its ZMTP handshake succeeds
+//! (libzmq's own reconnection is off: the loop decides when to retry).
+//!
+//! # Supervision
+//!
+//! The loop runs under a supervisor: if it ever ends (a panic in the sink
+//! or the loop itself), the stream is marked `Connecting` at once (never
+//! `Live` while nothing reads it), [`StreamCounters::restarts`] counts it,
+//! the sink gets a [`ResetReason::ReaderRestarted`] reset (what it holds
+//! from this stream is no longer vouched for), and after a backoff step a
+//! fresh loop reconnects and catches up by replay as a new subscription
+//! does.
+//!
 //! # Cancel safety
 //!
-//! Dropping a [`Subscriber`] aborts its task; batches not yet handed to the
-//! sink are lost with it (a new subscriber starts cold).
+//! Dropping a [`Subscriber`] aborts its task (and with it the socket
+//! threads, joined within [`POLL_INTERVAL`](crate::zmq_io::POLL_INTERVAL));
+//! batches not yet handed to the sink are lost with it (a new subscriber
+//! starts cold).
 
 use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -37,6 +60,7 @@ use crate::sequencer::{
     Action, ReplayId, ResetReason, Sequencer, SequencerConfig, Source, StreamState,
 };
 use crate::wire::{DecodeLimits, EventBatch};
+use crate::zmq_io::{Incoming, SocketThread, context, harden};
 
 /// What the subscriber hands to its sink.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,7 +153,9 @@ pub struct SubscriberConfig {
     pub connect_timeout: Duration,
     /// Delays between failed connection attempts.
     pub backoff: Backoff,
-    /// Bounds on decoded payloads.
+    /// Bounds on decoded payloads. Its `max_payload_bytes` is also the
+    /// sockets' `ZMQ_MAXMSGSIZE`: no frame larger than the largest payload
+    /// accepted is ever buffered.
     pub limits: DecodeLimits,
 }
 
@@ -194,6 +220,9 @@ pub struct StreamCounters {
     pub connect_failures: u64,
     /// Connections lost.
     pub disconnects: u64,
+    /// Times the receive loop ended (an error, a panic) and was restarted
+    /// by its supervisor.
+    pub restarts: u64,
 }
 
 /// A snapshot of one stream.
@@ -248,13 +277,14 @@ impl Subscriber {
             replay_endpoint: config.replay_endpoint.clone(),
             topic: config.topic.clone(),
             connect_timeout: config.connect_timeout,
+            max_message_size: config.limits.max_payload_bytes,
         };
         let status = Arc::new(Mutex::new(StreamStatus {
             state: StreamState::Connecting,
             counters: StreamCounters::default(),
             last_seq: None,
         }));
-        let task = tokio::spawn(run(config, transport, sink, Arc::clone(&status)));
+        let task = tokio::spawn(supervise(config, transport, sink, Arc::clone(&status)));
         Self {
             status,
             task: Some(task),
@@ -320,28 +350,93 @@ pub(crate) trait LiveStream: Send {
     fn next(&mut self) -> impl Future<Output = LiveMsg> + Send;
 }
 
-struct Loop<S> {
+struct Loop<'a, S> {
     config: SubscriberConfig,
     machine: Sequencer<(EventBatch, usize)>,
     counters: StreamCounters,
-    sink: S,
+    /// The counters of the loops before this one (restarts), which the
+    /// sequencer's own counters are added to.
+    base: StreamCounters,
+    sink: &'a mut S,
     status: Arc<Mutex<StreamStatus>>,
     replay_task: Option<JoinHandle<()>>,
 }
 
+/// Runs the loop and restarts it whenever it ends; see the module docs.
+async fn supervise<T: Transport, S: EventSink>(
+    config: SubscriberConfig,
+    mut transport: T,
+    mut sink: S,
+    status: Arc<Mutex<StreamStatus>>,
+) {
+    let mut in_a_row = 0u32;
+    loop {
+        let started = Instant::now();
+        let outcome = futures_util::FutureExt::catch_unwind(AssertUnwindSafe(run(
+            config.clone(),
+            &mut transport,
+            &mut sink,
+            Arc::clone(&status),
+        )))
+        .await;
+        let why = match outcome {
+            Ok(()) => "ended".to_owned(),
+            Err(panic) => panic_message(&*panic),
+        };
+        {
+            // Cold at once: nothing reads the stream now.
+            let mut status = status.lock().unwrap_or_else(PoisonError::into_inner);
+            status.state = StreamState::Connecting;
+            status.counters.restarts += 1;
+        }
+        // A loop that ran a while is a new failure, not one in a row.
+        if started.elapsed() > config.backoff.max.saturating_mul(2) {
+            in_a_row = 0;
+        }
+        in_a_row = in_a_row.saturating_add(1);
+        let delay = config.backoff.delay(in_a_row);
+        tracing::error!(endpoint = %config.endpoint, reason = %why, ?delay, "KV event receive loop stopped; restarting it");
+        let reset = StreamEvent::Reset {
+            reason: ResetReason::ReaderRestarted,
+        };
+        // The sink may be what panicked: it must not take the supervisor.
+        if std::panic::catch_unwind(AssertUnwindSafe(|| sink.on_event(reset))).is_ok() {
+            let mut status = status.lock().unwrap_or_else(PoisonError::into_inner);
+            status.counters.resets += 1;
+        }
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// What a panic said, for the log.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        format!("panicked: {text}")
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        format!("panicked: {text}")
+    } else {
+        "panicked".to_owned()
+    }
+}
+
 async fn run<T: Transport, S: EventSink>(
     mut config: SubscriberConfig,
-    mut transport: T,
-    sink: S,
+    transport: &mut T,
+    sink: &mut S,
     status: Arc<Mutex<StreamStatus>>,
 ) {
     if !transport.has_replay() {
         config.sequencer.replay = false;
     }
+    let base = status
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .counters;
     let mut lp = Loop {
         machine: Sequencer::new(config.sequencer.clone()),
         config,
-        counters: StreamCounters::default(),
+        counters: base,
+        base,
         sink,
         status,
         replay_task: None,
@@ -366,23 +461,27 @@ async fn run<T: Transport, S: EventSink>(
         lp.machine.on_connected();
         // Learn what the engine already holds, even if it is idle now.
         lp.machine.catch_up_now(Instant::now().into_std());
-        lp.apply(&transport, &answers_tx);
+        lp.apply(&*transport, &answers_tx);
         loop {
             let deadline = lp.machine.poll_timeout().map(Instant::from_std);
             tokio::select! {
+                // Replay answers first: a replay's end marker that is
+                // already here is applied before a live batch that came
+                // after it, so the replay is judged on everything it sent.
+                biased;
+                Some(answer) = answers.recv() => lp.on_answer(answer),
                 msg = live.next() => match msg {
                     LiveMsg::Frames(frames) => lp.on_live(frames),
                     LiveMsg::Closed => break,
                 },
-                Some(answer) = answers.recv() => lp.on_answer(answer),
                 () = sleep_until(deadline) => lp.machine.on_timeout(Instant::now().into_std()),
             }
-            lp.apply(&transport, &answers_tx);
+            lp.apply(&*transport, &answers_tx);
         }
         lp.counters.disconnects += 1;
         lp.machine.on_disconnected();
         // Ending the replay may deliver what was buffered (after a reset).
-        lp.apply(&transport, &answers_tx);
+        lp.apply(&*transport, &answers_tx);
         if let Some(task) = lp.replay_task.take() {
             task.abort();
         }
@@ -407,7 +506,16 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-impl<S: EventSink> Loop<S> {
+impl<S> Drop for Loop<'_, S> {
+    fn drop(&mut self) {
+        // A loop that ends (or unwinds) takes its replay with it.
+        if let Some(task) = self.replay_task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl<S: EventSink> Loop<'_, S> {
     fn on_live(&mut self, frames: Vec<Bytes>) {
         self.counters.messages += 1;
         let [_topic, seq, payload] = frames.as_slice() else {
@@ -498,11 +606,11 @@ impl<S: EventSink> Loop<S> {
     fn publish_status(&self) {
         let m = self.machine.counters();
         let mut counters = self.counters;
-        counters.duplicates = m.duplicates;
-        counters.gaps = m.gaps;
-        counters.replays = m.replays;
-        counters.replay_timeouts = m.replay_timeouts;
-        counters.resets = m.resets;
+        counters.duplicates = self.base.duplicates + m.duplicates;
+        counters.gaps = self.base.gaps + m.gaps;
+        counters.replays = self.base.replays + m.replays;
+        counters.replay_timeouts = self.base.replay_timeouts + m.replay_timeouts;
+        counters.resets = self.base.resets + m.resets;
         let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         status.state = self.machine.state();
         status.counters = counters;
@@ -516,12 +624,39 @@ struct ZmqTransport {
     replay_endpoint: Option<String>,
     topic: String,
     connect_timeout: Duration,
+    max_message_size: usize,
 }
 
+/// Live messages a SUB socket's thread may hold for the loop; beyond them
+/// the thread stops reading and libzmq's high-water mark takes over (a PUB
+/// socket drops what a slow subscriber cannot take, as vLLM expects).
+const LIVE_QUEUE: usize = 64;
+
+/// Answers a replay socket's thread may hold for the replay task.
+const REPLAY_THREAD_QUEUE: usize = 8;
+
 struct ZmqLive {
-    socket: zeromq::SubSocket,
-    /// The socket's events; a `Disconnected` ends the connection.
-    monitor: futures_util::stream::BoxStream<'static, zeromq::SocketEvent>,
+    thread: SocketThread,
+}
+
+/// A SUB socket connected to `endpoint`, with its monitor; libzmq's own
+/// reconnection is off (the loop reconnects with its backoff).
+fn sub_socket(
+    endpoint: &str,
+    topic: &str,
+    max_message_size: usize,
+) -> zmq::Result<(zmq::Socket, zmq::Socket)> {
+    let socket = context().socket(zmq::SUB)?;
+    harden(
+        &socket,
+        max_message_size,
+        crate::zmq_io::DEFAULT_RECEIVE_HWM,
+    )?;
+    socket.set_reconnect_ivl(-1)?;
+    socket.set_subscribe(topic.as_bytes())?;
+    let monitor = crate::zmq_io::monitor(&socket)?;
+    socket.connect(endpoint)?;
+    Ok((socket, monitor))
 }
 
 impl Transport for ZmqTransport {
@@ -531,21 +666,20 @@ impl Transport for ZmqTransport {
         let endpoint = self.endpoint.clone();
         let topic = self.topic.clone();
         let timeout = self.connect_timeout;
+        let max = self.max_message_size;
         async move {
-            use zeromq::Socket;
-            let mut options = zeromq::SocketOptions::default();
-            options.connect_timeout(timeout);
-            let mut socket = zeromq::SubSocket::with_options(options);
-            let monitor = socket.monitor();
-            tokio::time::timeout(timeout, socket.connect(&endpoint))
-                .await
-                .map_err(|_| "connect timed out".to_owned())?
-                .map_err(|e| e.to_string())?;
-            socket.subscribe(&topic).await.map_err(|e| e.to_string())?;
-            Ok(ZmqLive {
-                socket,
-                monitor: futures_util::StreamExt::boxed(monitor),
-            })
+            let (socket, monitor) =
+                sub_socket(&endpoint, &topic, max).map_err(|e| e.to_string())?;
+            let mut thread =
+                SocketThread::spawn("kv-events-sub", socket, Some(monitor), LIVE_QUEUE)
+                    .map_err(|e| e.to_string())?;
+            // Connected once the ZMTP handshake succeeded: a listener that
+            // is not a ZMQ publisher never makes the stream live.
+            match tokio::time::timeout(timeout, thread.recv()).await {
+                Ok(Some(Incoming::Connected)) => Ok(ZmqLive { thread }),
+                Ok(Some(_) | None) => Err("the connection closed during the handshake".to_owned()),
+                Err(_) => Err("connect timed out".to_owned()),
+            }
         }
     }
 
@@ -555,9 +689,9 @@ impl Transport for ZmqTransport {
 
     fn replay(&self, id: ReplayId, from: u64, answers: mpsc::Sender<ReplayMsg>) -> JoinHandle<()> {
         let endpoint = self.replay_endpoint.clone().unwrap_or_default();
-        let timeout = self.connect_timeout;
+        let max = self.max_message_size;
         tokio::spawn(async move {
-            let outcome = replay_once(&endpoint, timeout, id, from, &answers).await;
+            let outcome = replay_once(&endpoint, max, id, from, &answers).await;
             if let Err(e) = outcome {
                 tracing::debug!(%endpoint, error = %e, "KV event replay failed");
                 let _ = answers.send(ReplayMsg::Failed(id)).await;
@@ -566,26 +700,36 @@ impl Transport for ZmqTransport {
     }
 }
 
+/// One replay over a fresh DEALER: the request, then answers until the
+/// end marker. Aborting the task drops the socket thread (and the socket).
 async fn replay_once(
     endpoint: &str,
-    timeout: Duration,
+    max_message_size: usize,
     id: ReplayId,
     from: u64,
     answers: &mpsc::Sender<ReplayMsg>,
 ) -> Result<(), String> {
-    use zeromq::{Socket, SocketRecv, SocketSend};
-    let mut options = zeromq::SocketOptions::default();
-    options.connect_timeout(timeout);
-    let mut dealer = zeromq::DealerSocket::with_options(options);
-    tokio::time::timeout(timeout, dealer.connect(endpoint))
-        .await
-        .map_err(|_| "connect timed out".to_owned())?
+    let dealer = context().socket(zmq::DEALER).map_err(|e| e.to_string())?;
+    harden(
+        &dealer,
+        max_message_size,
+        crate::zmq_io::DEFAULT_RECEIVE_HWM,
+    )
+    .map_err(|e| e.to_string())?;
+    dealer.connect(endpoint).map_err(|e| e.to_string())?;
+    // Queued until the connection is made (the sequencer's replay timeout
+    // bounds the wait).
+    dealer
+        .send_multipart([&[][..], &from.to_be_bytes()[..]], zmq::DONTWAIT)
         .map_err(|e| e.to_string())?;
-    let request =
-        crate::publisher::frames([Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())]);
-    dealer.send(request).await.map_err(|e| e.to_string())?;
+    let mut thread = SocketThread::spawn("kv-events-replay", dealer, None, REPLAY_THREAD_QUEUE)
+        .map_err(|e| e.to_string())?;
     loop {
-        let mut frames = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
+        let mut frames = match thread.recv().await {
+            Some(Incoming::Message(frames)) => frames,
+            Some(_) => continue,
+            None => return Err("the replay socket's thread ended".to_owned()),
+        };
         // A DEALER sees the ROUTER's empty delimiter; a REQ-style peer
         // would have stripped it.
         if frames.first().is_some_and(Bytes::is_empty) && frames.len() == 3 {
@@ -610,18 +754,13 @@ async fn replay_once(
 
 impl LiveStream for ZmqLive {
     async fn next(&mut self) -> LiveMsg {
-        use futures_util::StreamExt;
-        use zeromq::SocketRecv;
         loop {
-            tokio::select! {
-                msg = self.socket.recv() => return match msg {
-                    Ok(msg) => LiveMsg::Frames(msg.into_vec()),
-                    Err(_) => LiveMsg::Closed,
-                },
-                event = self.monitor.next() => match event {
-                    Some(zeromq::SocketEvent::Disconnected(_)) | None => return LiveMsg::Closed,
-                    Some(_) => {}
-                },
+            match self.thread.recv().await {
+                Some(Incoming::Message(frames)) => return LiveMsg::Frames(frames),
+                Some(Incoming::Connected) => {}
+                // libzmq closed the connection (the peer left, or broke the
+                // protocol or the size bound), or the thread ended.
+                Some(Incoming::Disconnected) | None => return LiveMsg::Closed,
             }
         }
     }
@@ -638,7 +777,8 @@ mod tests {
     struct FakeTransport {
         attempts: Arc<Mutex<Vec<Instant>>>,
         fail_first: usize,
-        live: Option<mpsc::UnboundedReceiver<LiveMsg>>,
+        /// The connections it makes, in order.
+        lives: std::collections::VecDeque<mpsc::UnboundedReceiver<LiveMsg>>,
         replays: mpsc::UnboundedSender<(ReplayId, u64)>,
     }
 
@@ -646,7 +786,14 @@ mod tests {
 
     impl LiveStream for FakeLive {
         async fn next(&mut self) -> LiveMsg {
-            self.0.recv().await.unwrap_or(LiveMsg::Closed)
+            match self.0.recv().await {
+                // The test's way to make the loop crash.
+                Some(LiveMsg::Frames(frames)) if frames.first().is_some_and(|f| f == "panic") => {
+                    panic!("the reader broke")
+                }
+                Some(msg) => msg,
+                None => LiveMsg::Closed,
+            }
         }
     }
 
@@ -659,8 +806,8 @@ mod tests {
             let result = if attempts.len() <= self.fail_first {
                 Err("refused".to_owned())
             } else {
-                self.live
-                    .take()
+                self.lives
+                    .pop_front()
                     .map(FakeLive)
                     .ok_or_else(|| "gone".to_owned())
             };
@@ -698,38 +845,39 @@ mod tests {
     /// taken.
     #[tokio::test]
     async fn a_replay_flood_waits_for_the_loop_instead_of_queueing() {
-        use zeromq::{Socket, SocketRecv, SocketSend};
-        let mut router = zeromq::RouterSocket::new();
-        let endpoint = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+        let router = context().socket(zmq::ROUTER).unwrap();
+        router.set_linger(0).unwrap();
+        router.set_sndtimeo(100).unwrap();
+        router.bind("tcp://127.0.0.1:0").unwrap();
+        let endpoint = crate::zmq_io::last_endpoint(&router).unwrap();
         let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let server_sent = Arc::clone(&sent);
-        let server = tokio::spawn(async move {
-            let request = router.recv().await.unwrap().into_vec();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let server_stop = Arc::clone(&stop);
+        let server = std::thread::spawn(move || {
+            router.set_rcvtimeo(10_000).unwrap();
+            let request = router.recv_multipart(0).unwrap();
             let identity = request[0].clone();
-            for seq in 0u64.. {
+            let mut seq = 0u64;
+            while !server_stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let payload = encode_batch(&EventBatch::new(seq as f64, Vec::new()));
-                let message = crate::publisher::frames([
+                let message = [
                     identity.clone(),
-                    Bytes::new(),
-                    Bytes::copy_from_slice(&seq.to_be_bytes()),
-                    Bytes::from(payload),
-                ]);
-                if router.send(message).await.is_err() {
-                    break;
+                    Vec::new(),
+                    seq.to_be_bytes().to_vec(),
+                    payload,
+                ];
+                // Blocks (up to the send timeout) while the client's
+                // buffers are full.
+                if router.send_multipart(message, 0).is_ok() {
+                    server_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    seq += 1;
                 }
-                server_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         });
         let (answers_tx, mut answers) = mpsc::channel(REPLAY_ANSWER_QUEUE);
         let replay = tokio::spawn(async move {
-            replay_once(
-                &endpoint,
-                Duration::from_secs(5),
-                ReplayId(1),
-                0,
-                &answers_tx,
-            )
-            .await
+            replay_once(&endpoint, 1 << 20, ReplayId(1), 0, &answers_tx).await
         });
         // Nobody takes answers: the queue fills and stays full.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -754,7 +902,9 @@ mod tests {
         assert!(answers.len() <= REPLAY_ANSWER_QUEUE);
         assert!(sent.load(std::sync::atomic::Ordering::Relaxed) >= 2 * REPLAY_ANSWER_QUEUE);
         replay.abort();
-        server.abort();
+        let _ = replay.await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        server.join().unwrap();
     }
 
     struct Rig {
@@ -774,7 +924,7 @@ mod tests {
         let transport = FakeTransport {
             attempts: Arc::clone(&attempts),
             fail_first,
-            live: Some(live_rx),
+            lives: [live_rx].into(),
             replays: replays_tx,
         };
         let status = Arc::new(Mutex::new(StreamStatus {
@@ -782,7 +932,7 @@ mod tests {
             counters: StreamCounters::default(),
             last_seq: None,
         }));
-        let task = tokio::spawn(run(config, transport, events_tx, Arc::clone(&status)));
+        let task = tokio::spawn(supervise(config, transport, events_tx, Arc::clone(&status)));
         Rig {
             attempts,
             live: live_tx,
@@ -897,6 +1047,64 @@ mod tests {
         assert_eq!(status.state, StreamState::Connecting);
         assert_eq!(status.counters.disconnects, 1);
         rig.task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_crashed_reader_is_restarted_counted_and_cold_until_it_reads_again() {
+        let mut config = SubscriberConfig::new("tcp://fake:1");
+        config.backoff.initial = Duration::from_millis(200);
+        let (first_tx, first_rx) = mpsc::unbounded_channel();
+        let (second_tx, second_rx) = mpsc::unbounded_channel();
+        let (replays_tx, _replays) = mpsc::unbounded_channel();
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let transport = FakeTransport {
+            attempts: Arc::new(Mutex::new(Vec::new())),
+            fail_first: 0,
+            lives: [first_rx, second_rx].into(),
+            replays: replays_tx,
+        };
+        let status = Arc::new(Mutex::new(StreamStatus {
+            state: StreamState::Connecting,
+            counters: StreamCounters::default(),
+            last_seq: None,
+        }));
+        let task = tokio::spawn(supervise(config, transport, events_tx, Arc::clone(&status)));
+        let snapshot = || status.lock().unwrap().clone();
+        first_tx.send(frames(0)).unwrap();
+        assert!(matches!(
+            events.recv().await.unwrap(),
+            StreamEvent::Batch { seq: 0, .. }
+        ));
+        assert_eq!(snapshot().state, StreamState::Live);
+        // The reader crashes: the stream is cold at once, the restart is
+        // counted, and the sink is told to forget the stream.
+        first_tx
+            .send(LiveMsg::Frames(vec![Bytes::from_static(b"panic")]))
+            .unwrap();
+        let event = events.recv().await.unwrap();
+        assert_eq!(
+            event,
+            StreamEvent::Reset {
+                reason: ResetReason::ReaderRestarted
+            }
+        );
+        let down = snapshot();
+        assert_eq!(down.state, StreamState::Connecting);
+        assert_eq!(down.counters.restarts, 1);
+        assert_eq!(down.counters.batches, 1, "counters survive the restart");
+        // After the backoff step a fresh loop connects and reads again.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        second_tx.send(frames(1)).unwrap();
+        assert!(matches!(
+            events.recv().await.unwrap(),
+            StreamEvent::Batch { seq: 1, .. }
+        ));
+        let up = snapshot();
+        assert_eq!(up.state, StreamState::Live);
+        assert_eq!(up.counters.restarts, 1);
+        assert_eq!(up.counters.batches, 2);
+        assert_eq!(up.counters.connects, 2);
+        task.abort();
     }
 
     #[test]

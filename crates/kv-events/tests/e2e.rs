@@ -62,24 +62,38 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<StreamEvent>) -> StreamEvent {
 }
 
 /// PUB drops messages until the subscription has reached it (ZMQ's slow
-/// joiner): publish probes until the first one arrives. Probes before it
-/// are caught up by replay from 0, so the subscriber sees 0, 1, 2, ...
+/// joiner): publish probes until one arrives *live* (the catch-up replay
+/// from 0 may deliver the first ones before the PUB socket has taken the
+/// subscription in). Every probe arrives, in order: 0, 1, 2, ...
 async fn warm_up(publisher: &Publisher, rx: &mut mpsc::UnboundedReceiver<StreamEvent>) -> u64 {
     let mut published = 0;
-    let first = timeout(WAIT, async {
+    let mut seen = 0;
+    timeout(WAIT, async {
         loop {
             publisher.publish(&batch(published)).await.unwrap();
             published += 1;
-            tokio::select! {
-                event = rx.recv() => return event.expect("running"),
-                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            let pause = tokio::time::sleep(Duration::from_millis(20));
+            tokio::pin!(pause);
+            let mut live = false;
+            loop {
+                tokio::select! {
+                    event = rx.recv() => {
+                        let event = event.expect("running");
+                        assert_eq!(hash_of(&event), Some(seen), "in order from 0: {event:?}");
+                        seen += 1;
+                        live |= matches!(event, StreamEvent::Batch { source: Source::Live, .. });
+                    }
+                    () = &mut pause => break,
+                }
+            }
+            if live {
+                return;
             }
         }
     })
     .await
     .expect("the subscription reaches the publisher");
-    assert_eq!(hash_of(&first), Some(0), "caught up from 0: {first:?}");
-    for expect in 1..published {
+    for expect in seen..published {
         assert_eq!(hash_of(&next(rx).await), Some(expect));
     }
     published

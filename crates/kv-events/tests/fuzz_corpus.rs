@@ -74,3 +74,38 @@ fn pseudo_random_inputs_run_clean() {
     decode_roundtrip(&[0x91; 10_000]);
     decode_roundtrip(&[0xdd, 0xff, 0xff, 0xff, 0xff]);
 }
+
+fn zmtp_corpus_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/zmtp_sockets")
+}
+
+/// The `zmtp_sockets` target's seeds (the hostile-input probe's headers
+/// against every socket type, genuine messages, garbage) and mutations of
+/// them: each ends with a genuine peer getting through.
+#[test]
+fn zmtp_seed_corpus_and_mutations_run_clean() {
+    let seeds: Vec<Vec<u8>> = std::fs::read_dir(zmtp_corpus_dir())
+        .expect("fuzz/corpus/zmtp_sockets exists")
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    assert!(seeds.len() >= 9, "expected the committed seeds");
+    for seed in &seeds {
+        kv_events::fuzzing::zmtp_sockets(seed);
+    }
+    let mut state = 0x5A4D_5450_u64;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    for _ in 0..30 {
+        let mut data = seeds[(next() % seeds.len() as u64) as usize].clone();
+        for _ in 0..(1 + next() % 3) {
+            let at = 1 + (next() % (data.len() as u64 - 1)) as usize;
+            data[at] = next() as u8;
+        }
+        kv_events::fuzzing::zmtp_sockets(&data);
+    }
+}

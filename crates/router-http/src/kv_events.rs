@@ -42,6 +42,14 @@
 //!
 //! # Floods and bad input
 //!
+//! The sockets are libzmq's: a frame larger than the subscriber's
+//! [`kv_events::DecodeLimits::max_payload_bytes`] is refused before it is
+//! buffered and its connection closed (the stream goes `connecting`, the
+//! worker cold, and it reconnects). A subscriber's receive loop that ends
+//! for any reason is restarted by its supervisor (counted in
+//! `router_kv_restarts_total` and each stream's `restarts`); it resets the
+//! stream first, so a worker is never scored on a frozen index.
+//!
 //! Each subscriber applies a batch to the index as it arrives (millions of
 //! blocks per second): a publisher faster than that fills its socket
 //! buffers, ZMQ's PUB socket drops what a slow subscriber cannot take, the
@@ -119,6 +127,14 @@ pub struct KvEventsConfig {
     /// How often membership and stream liveness are re-read. Default
     /// 200 ms.
     pub sync_interval: Duration,
+    /// The largest KV event payload (one ZMQ frame) accepted from a
+    /// publisher, in bytes; libzmq refuses a larger frame before buffering
+    /// it (`ZMQ_MAXMSGSIZE`) and the stream reconnects. Default 16 MiB
+    /// ([`kv_events::DecodeLimits`]' `max_payload_bytes`): one scheduler
+    /// step's batch is a few KB to a few hundred KB (a 128k-token prefill's
+    /// `BlockStored` carries its token ids, about 5 bytes each in
+    /// MessagePack, so ~650 KB), and 16 MiB leaves twenty times that.
+    pub max_message_size: usize,
 }
 
 impl Default for KvEventsConfig {
@@ -130,6 +146,7 @@ impl Default for KvEventsConfig {
             data_parallel_size: 1,
             endpoints: HashMap::new(),
             sync_interval: Duration::from_millis(200),
+            max_message_size: kv_events::DecodeLimits::default().max_payload_bytes,
         }
     }
 }
@@ -292,6 +309,10 @@ pub struct RankKvStatus {
     pub gaps: u64,
     /// Resets (the stream's blocks dropped).
     pub resets: u64,
+    /// Times the stream's receive loop ended (an error, a panic) and was
+    /// restarted by its supervisor; the stream is `connecting` (and the
+    /// worker cold) until it has read again.
+    pub restarts: u64,
 }
 
 fn state_name(state: &StreamState) -> &'static str {
@@ -441,6 +462,7 @@ impl KvEvents {
                 }
             };
             let mut config = SubscriberConfig::new(endpoint).with_topic(self.config.topic.clone());
+            config.limits.max_payload_bytes = self.config.max_message_size;
             if let Some(replay) = replay {
                 config = config.with_replay(replay);
             }
@@ -525,6 +547,7 @@ impl KvEvents {
                     batches: status.counters.batches,
                     gaps: status.counters.gaps,
                     resets: status.counters.resets,
+                    restarts: status.counters.restarts,
                 }
             })
             .collect();
@@ -576,7 +599,7 @@ impl KvEvents {
         for (state, n) in by_state {
             family.sample(&[("state", &state)], n);
         }
-        let stream_counters: [(&str, &str, u64); 8] = [
+        let stream_counters: [(&str, &str, u64); 9] = [
             (
                 "router_kv_batches_total",
                 "Event batches delivered in order.",
@@ -616,6 +639,11 @@ impl KvEvents {
                 "router_kv_disconnects_total",
                 "Connections to publishers lost.",
                 totals.disconnects,
+            ),
+            (
+                "router_kv_restarts_total",
+                "Subscriber receive loops that ended (an error, a panic) and were restarted; the stream was cold until it read again.",
+                totals.restarts,
             ),
         ];
         crate::metrics::render_counters(exposition, &stream_counters);
@@ -688,6 +716,7 @@ fn add_counters(
     into.resets += from.resets;
     into.decode_errors += from.decode_errors;
     into.disconnects += from.disconnects;
+    into.restarts += from.restarts;
 }
 
 /// A subscriber's sink: applies batches to the index in stream order.

@@ -407,20 +407,23 @@ async fn wait_status(
 async fn a_hostile_publisher_is_counted_and_never_corrupts_the_index() {
     use bytes::Bytes;
     use kv_events::{BlockHash, BlockStored, EventBatch, KvEvent, encode_batch};
-    use zeromq::{Socket, SocketSend, ZmqMessage};
 
-    let mut socket = zeromq::PubSocket::new();
-    let bound = socket.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    /// A raw PUB socket (libzmq) sending whatever frames it is given.
+    struct RawPub(zmq::Socket);
+    impl RawPub {
+        async fn send(&mut self, frames: Vec<Bytes>) -> Result<(), zmq::Error> {
+            let frames: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
+            self.0.send_multipart(frames, zmq::DONTWAIT)
+        }
+    }
+    let raw = zmq::Context::new().socket(zmq::PUB).unwrap();
+    raw.set_linger(0).unwrap();
+    raw.bind("tcp://127.0.0.1:0").unwrap();
+    let bound = raw.get_last_endpoint().unwrap().unwrap();
+    let mut socket = RawPub(raw);
     let (fixture, _background) = follower(bound, None).await;
     let hub = fixture.router.kv_events().unwrap().clone();
-    let message = |frames: Vec<Bytes>| {
-        let mut frames = frames.into_iter();
-        let mut message = ZmqMessage::from(frames.next().unwrap());
-        for frame in frames {
-            message.push_back(frame);
-        }
-        message
-    };
+    let message = |frames: Vec<Bytes>| frames;
     let seq = |n: u64| Bytes::copy_from_slice(&n.to_be_bytes());
     let tokens = |first: u32, n: u32| (first..first + n).collect::<Vec<u32>>();
     let stored = |hash: u64, parent: Option<u64>, ids: Vec<u32>| {
@@ -629,4 +632,81 @@ async fn dropped_live_messages_are_replayed_and_the_index_matches_the_engine() {
         counters.removed_blocks > 0,
         "the small cache evicted: {counters:?}"
     );
+}
+
+/// Issue 32: a publisher endpoint that answers the handshake and then
+/// declares a 2^63-1-byte frame panicked the old SUB reader, and the
+/// worker stayed "live" on a frozen index. Now libzmq refuses the header,
+/// the subscriber reconnects (and is refused again), the worker is cold
+/// meanwhile, and a genuine publisher that takes the endpoint over makes it
+/// live again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_frame_header_leaves_the_worker_cold_until_a_genuine_publisher_takes_over() {
+    use kv_events::fuzzing::zmtp;
+    use kv_events::{BlockHash, BlockStored, EventBatch, KvEvent, Publisher, PublisherConfig};
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let hostile = {
+        let (stop, accepted) = (Arc::clone(&stop), Arc::clone(&accepted));
+        std::thread::spawn(move || {
+            listener.set_nonblocking(true).unwrap();
+            let mut open = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok((mut stream, _)) = listener.accept() {
+                    stream.set_nonblocking(false).unwrap();
+                    let _ = stream.write_all(&zmtp::oversized_frame("PUB", (1 << 63) - 1));
+                    accepted.fetch_add(1, Ordering::Relaxed);
+                    open.push(stream);
+                } else {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        })
+    };
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let (fixture, _background) = follower(endpoint.clone(), None).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while accepted.load(Ordering::Relaxed) < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the subscriber stopped reconnecting"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = wait_status(&fixture, "cold with its connections counted", |s| {
+        s.streams[0].state != "live" && s.state == "cold"
+    })
+    .await;
+    assert_eq!(status.streams[0].batches, 0);
+    stop.store(true, Ordering::Relaxed);
+    hostile.join().unwrap();
+
+    let publisher = Publisher::bind(PublisherConfig::new(endpoint))
+        .await
+        .expect("the endpoint is free again");
+    let mut stored = BlockStored::new(vec![BlockHash::Int(1)], None, (0..16).collect(), 16);
+    stored.medium = Some("GPU".into());
+    let batch = EventBatch::new(1.0, vec![KvEvent::BlockStored(stored)]);
+    let hub = fixture.router.kv_events().unwrap().clone();
+    let key = fixture.workers()[0].key().to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while hub.worker_status(&key).map(|s| s.state) != Some("live") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never live: {:?}",
+            hub.worker_status(&key)
+        );
+        publisher.publish(&batch).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = hub.worker_status(&key).unwrap();
+    assert_eq!(status.streams[0].state, "live");
+    assert!(status.streams[0].batches >= 1);
+    assert_eq!(status.streams[0].restarts, 0, "nothing had to restart");
+    publisher.shutdown().await;
 }

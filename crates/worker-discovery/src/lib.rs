@@ -47,6 +47,14 @@
 //! so one slow lookup never delays another engine's registration; see
 //! [`zmq`] for the reasoning.
 //!
+//! # What a peer can make it allocate
+//!
+//! The ROUTER port is reachable before any check. Its socket is libzmq's,
+//! with `ZMQ_MAXMSGSIZE` at [`DiscoveryConfig::max_message_size`] (64 KiB
+//! by default): a frame that declares more is refused before it is
+//! buffered. The receive loop is supervised and restarted if it ever ends
+//! ([`ZmqDiscovery::receive_restarts`]).
+//!
 //! # Example
 //!
 //! ```
@@ -127,7 +135,9 @@ pub use registrar::{
     Registrar,
 };
 pub use registries::Registries;
-pub use zmq::{DEFAULT_TTL, DiscoveryConfig, DiscoveryError, ZmqDiscovery};
+pub use zmq::{
+    DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_TTL, DiscoveryConfig, DiscoveryError, ZmqDiscovery,
+};
 
 /// The README's example runs as a doc test.
 #[cfg(doctest)]

@@ -23,19 +23,42 @@
 //!   at once, each within [`DiscoveryConfig::check_timeout`]. When the set
 //!   is full the loop stops reading until one finishes: ZMQ queues the
 //!   messages meanwhile, and nothing grows without bound.
+//!
+//! # The socket: libzmq, bounded
+//!
+//! The ROUTER port is open to anyone who can reach it, before any check.
+//! It is libzmq's (through the `zmq` crate, read by its own thread: see
+//! [`kv_events::zmq_io`] for that design), with `ZMQ_MAXMSGSIZE` set to
+//! [`DiscoveryConfig::max_message_size`]: a frame that declares more is
+//! refused by libzmq before any byte of it is buffered, and only that
+//! peer's connection is closed. (The pure-Rust `zeromq` crate used before
+//! reserved whatever length a peer declared: 127 connections claiming
+//! 2^40 bytes each aborted the router.)
+//!
+//! # Supervision
+//!
+//! The loop runs as a task under a supervisor. If it ever ends (its socket
+//! thread failed, or it panicked), the supervisor marks the listener as not
+//! receiving ([`ZmqDiscovery::is_receiving`]), counts a restart
+//! ([`ZmqDiscovery::receive_restarts`]), logs it, waits a backoff step
+//! (100 ms doubling to 5 s) and starts a fresh loop on a fresh socket bound
+//! to the same address; engines' DEALERs reconnect by themselves. The
+//! registries are untouched: an entry lives its TTL whatever happens to the
+//! loop.
 
 use crate::message::{EngineRegistration, RegisteredRole, decode_registration, payload_of};
 use crate::registrar::{AddressCheck, AddressRefused, DEFAULT_CHECK_TIMEOUT, Registrar};
 use crate::registries::Registries;
 use bytes::Bytes;
+use kv_events::zmq_io::{Incoming, SocketThread, context, harden, last_endpoint};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::task::{Id, JoinError, JoinSet};
 use worker_lifecycle::WorkerUrl;
-use zeromq::{Socket, SocketRecv};
 
 /// How long a registration lives without a new message (vLLM engines send
 /// one every few seconds).
@@ -43,6 +66,26 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(5);
 
 /// How many address checks run at once by default.
 pub const DEFAULT_MAX_PENDING_CHECKS: usize = 64;
+
+/// The largest ZMQ frame the ROUTER accepts by default: 64 KiB.
+///
+/// A registration is a MessagePack map of a few short strings (`type`,
+/// `http_address`, `zmq_address`, optional labels such as a model name or
+/// a data-parallel rank): a few hundred bytes, a few KB with generous
+/// labels. 64 KiB leaves over ten times that, and bounds what one
+/// connection can make the router buffer (times `ZMQ_RCVHWM` messages
+/// queued per peer).
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 << 10;
+
+/// Messages queued per engine connection before libzmq stops reading it.
+const RECEIVE_HWM: i32 = 1000;
+
+/// Messages the socket thread may hold for the loop.
+const SOCKET_QUEUE: usize = 256;
+
+/// The supervisor's backoff between restarts: doubles from the first to
+/// the last.
+const RESTART_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
 /// How a [`ZmqDiscovery`] listener runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +99,10 @@ pub struct DiscoveryConfig {
     /// When that many are running, the loop reads no further message until
     /// one finishes.
     pub max_pending_checks: usize,
+    /// The largest ZMQ frame accepted, in bytes (default
+    /// [`DEFAULT_MAX_MESSAGE_SIZE`]): libzmq's `ZMQ_MAXMSGSIZE`, enforced
+    /// before the frame is buffered.
+    pub max_message_size: usize,
 }
 
 impl Default for DiscoveryConfig {
@@ -64,6 +111,7 @@ impl Default for DiscoveryConfig {
             ttl: DEFAULT_TTL,
             check_timeout: DEFAULT_CHECK_TIMEOUT,
             max_pending_checks: DEFAULT_MAX_PENDING_CHECKS,
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
         }
     }
 }
@@ -91,7 +139,15 @@ pub enum DiscoveryError {
 pub struct ZmqDiscovery {
     registrar: Registrar,
     local_addr: SocketAddr,
+    health: Arc<ReceiveHealth>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Whether the receive loop runs, and how often it was restarted.
+#[derive(Debug, Default)]
+struct ReceiveHealth {
+    receiving: AtomicBool,
+    restarts: AtomicU64,
 }
 
 impl ZmqDiscovery {
@@ -121,28 +177,30 @@ impl ZmqDiscovery {
             address: address.to_owned(),
             reason,
         };
-        let mut socket = zeromq::RouterSocket::new();
-        let bound = socket
-            .bind(&format!("tcp://{host}:{port}"))
+        let ip = resolve_bind_host(host)
             .await
-            .map_err(|err| bind_error(err.to_string()))?;
-        let local_addr = match bound {
-            zeromq::Endpoint::Tcp(host, port) => {
-                let ip = match host {
-                    zeromq::Host::Ipv4(ip) => IpAddr::V4(ip),
-                    zeromq::Host::Ipv6(ip) => IpAddr::V6(ip),
-                    zeromq::Host::Domain(_) => IpAddr::from([127, 0, 0, 1]),
-                };
-                SocketAddr::new(ip, port)
-            }
-            other => return Err(bind_error(format!("bound an unexpected endpoint {other}"))),
-        };
+            .ok_or_else(|| bind_error(format!("cannot resolve {host:?} to an address")))?;
+        let port: u16 = port.parse().unwrap_or_default();
+        let max_message_size = config.max_message_size;
+        let socket =
+            open_router(SocketAddr::new(ip, port), max_message_size).map_err(bind_error)?;
+        let local_addr = socket.1;
         let mut registrar = Registrar::new(Registries::new(config.ttl));
         if let Some(check) = check {
             registrar = registrar.with_check(check, config.check_timeout);
         }
-        let intake = Intake::new(registrar.clone(), config.max_pending_checks);
-        let task = tokio::spawn(intake.run(socket));
+        let health = Arc::new(ReceiveHealth {
+            receiving: AtomicBool::new(true),
+            restarts: AtomicU64::new(0),
+        });
+        let open = move || open_router(local_addr, max_message_size).map(|(thread, _)| thread);
+        let task = tokio::spawn(supervise(
+            registrar.clone(),
+            config.max_pending_checks,
+            Some(socket.0),
+            open,
+            Arc::clone(&health),
+        ));
         tracing::info!(
             %local_addr,
             ttl_secs = config.ttl.as_secs_f64(),
@@ -151,6 +209,7 @@ impl ZmqDiscovery {
         Ok(Self {
             registrar,
             local_addr,
+            health,
             task,
         })
     }
@@ -181,6 +240,18 @@ impl ZmqDiscovery {
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
+
+    /// Whether the receive loop is running now (false between a failure
+    /// and its restart).
+    pub fn is_receiving(&self) -> bool {
+        self.health.receiving.load(Ordering::Acquire)
+    }
+
+    /// How many times the receive loop ended (its socket failed, or it
+    /// panicked) and was restarted: a counter for `/metrics`.
+    pub fn receive_restarts(&self) -> u64 {
+        self.health.restarts.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for ZmqDiscovery {
@@ -197,16 +268,117 @@ trait FrameSource: Send + 'static {
     fn next_frames(&mut self) -> impl Future<Output = Option<Result<Vec<Bytes>, String>>> + Send;
 }
 
-impl FrameSource for zeromq::RouterSocket {
-    // Cancel safe: `recv` is a `Stream::next` on the socket's fair queue
-    // and returns as soon as that yields a message (zeromq 0.6).
+impl FrameSource for SocketThread {
+    // Cancel safe: a tokio channel's `recv`.
     async fn next_frames(&mut self) -> Option<Result<Vec<Bytes>, String>> {
-        Some(
-            self.recv()
-                .await
-                .map(|message| message.into_vec())
-                .map_err(|err| err.to_string()),
-        )
+        loop {
+            // No monitor on this socket: messages are all that comes.
+            if let Incoming::Message(frames) = self.recv().await? {
+                return Some(Ok(frames));
+            }
+        }
+    }
+}
+
+/// The address to bind for `host`: an IP (IPv6 with or without brackets),
+/// `*` for every IPv4 interface, or a name resolved once.
+async fn resolve_bind_host(host: &str) -> Option<IpAddr> {
+    if host == "*" {
+        return Some(IpAddr::from([0, 0, 0, 0]));
+    }
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse() {
+        return Some(ip);
+    }
+    let mut addresses = tokio::net::lookup_host((bare, 0)).await.ok()?;
+    addresses.next().map(|address| address.ip())
+}
+
+/// A hardened ROUTER bound on `address`, read by its own thread, with the
+/// address it bound (the port chosen for port 0).
+fn open_router(
+    address: SocketAddr,
+    max_message_size: usize,
+) -> Result<(SocketThread, SocketAddr), String> {
+    let socket = context().socket(zmq::ROUTER).map_err(|e| e.to_string())?;
+    harden(&socket, max_message_size, RECEIVE_HWM).map_err(|e| e.to_string())?;
+    socket
+        .set_ipv6(address.is_ipv6())
+        .map_err(|e| e.to_string())?;
+    socket
+        .bind(&format!("tcp://{address}"))
+        .map_err(|e| e.to_string())?;
+    let bound = last_endpoint(&socket)?;
+    let local_addr = bound
+        .strip_prefix("tcp://")
+        .and_then(|addr| addr.parse::<SocketAddr>().ok())
+        .ok_or_else(|| format!("bound an unexpected endpoint {bound}"))?;
+    let thread = SocketThread::spawn("discovery-router", socket, None, SOCKET_QUEUE)
+        .map_err(|e| e.to_string())?;
+    Ok((thread, local_addr))
+}
+
+/// Aborts a task when dropped: the supervisor's loop task goes with it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs the receive loop on `first` (or a source from `open`), and again
+/// on a fresh source whenever it ends; see the module docs.
+async fn supervise<S: FrameSource>(
+    registrar: Registrar,
+    max_pending: usize,
+    first: Option<S>,
+    mut open: impl FnMut() -> Result<S, String> + Send + 'static,
+    health: Arc<ReceiveHealth>,
+) {
+    let (initial, max) = RESTART_BACKOFF;
+    let backoff = |in_a_row: u32| {
+        initial
+            .saturating_mul(1 << in_a_row.saturating_sub(1).min(16))
+            .min(max)
+    };
+    let mut next = first;
+    let mut in_a_row = 0u32;
+    loop {
+        let source = match next.take() {
+            Some(source) => source,
+            None => match open() {
+                Ok(source) => source,
+                Err(err) => {
+                    in_a_row = in_a_row.saturating_add(1);
+                    tracing::error!(error = %err, "cannot reopen the ZMQ discovery socket");
+                    tokio::time::sleep(backoff(in_a_row)).await;
+                    continue;
+                }
+            },
+        };
+        let started = tokio::time::Instant::now();
+        health.receiving.store(true, Ordering::Release);
+        let mut task = AbortOnDrop(tokio::spawn(
+            Intake::new(registrar.clone(), max_pending).run(source),
+        ));
+        let outcome = (&mut task.0).await;
+        health.receiving.store(false, Ordering::Release);
+        health.restarts.fetch_add(1, Ordering::Relaxed);
+        if started.elapsed() > max.saturating_mul(2) {
+            in_a_row = 0;
+        }
+        in_a_row = in_a_row.saturating_add(1);
+        let delay = backoff(in_a_row);
+        match outcome {
+            Ok(()) => {
+                tracing::error!(?delay, "ZMQ discovery receive loop ended; restarting it");
+            }
+            Err(err) => {
+                tracing::error!(error = %err, ?delay, "ZMQ discovery receive loop failed; restarting it");
+            }
+        }
+        tokio::time::sleep(delay).await;
     }
 }
 
@@ -530,6 +702,88 @@ mod tests {
         assert_eq!(h.resolver.started.load(Ordering::SeqCst), 2);
         assert_eq!(h.registries.prefill.len(), 1);
         assert_eq!(h.registries.decode.len(), 1);
+    }
+
+    /// A channel that panics on a message whose first frame is `panic`.
+    struct CrashingSource(mpsc::Receiver<Vec<Bytes>>);
+
+    impl FrameSource for CrashingSource {
+        async fn next_frames(&mut self) -> Option<Result<Vec<Bytes>, String>> {
+            let frames = self.0.recv().await?;
+            assert_ne!(frames[0].as_ref(), b"panic", "the source broke");
+            Some(Ok(frames))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loop_that_ends_or_panics_is_restarted_counted_and_reported_down() {
+        let registrar = Registrar::new(Registries::new(Duration::from_secs(60)));
+        let registries = registrar.registries().clone();
+        let health = Arc::new(ReceiveHealth::default());
+        let mut senders = Vec::new();
+        let mut sources = std::collections::VecDeque::new();
+        for _ in 0..3 {
+            let (send, receive) = mpsc::channel(4);
+            senders.push(send);
+            sources.push_back(CrashingSource(receive));
+        }
+        let first = sources.pop_front();
+        let opened = Arc::new(AtomicUsize::new(0));
+        let opens = Arc::clone(&opened);
+        let open = move || {
+            opens.fetch_add(1, Ordering::SeqCst);
+            sources
+                .pop_front()
+                .ok_or_else(|| "no more sources".to_owned())
+        };
+        let _supervisor = AbortOnDrop(tokio::spawn(supervise(
+            registrar,
+            4,
+            first,
+            open,
+            Arc::clone(&health),
+        )));
+        settle().await;
+        assert!(health.receiving.load(Ordering::SeqCst));
+        senders[0]
+            .send(message("P", "10.0.0.1:8100", "10.0.0.1:1"))
+            .await
+            .unwrap();
+        settle().await;
+        assert_eq!(registries.prefill.len(), 1);
+        // The socket's thread ends: the loop stops, is counted, and is down
+        // until the backoff step has passed.
+        drop(senders.remove(0));
+        settle().await;
+        assert!(!health.receiving.load(Ordering::SeqCst));
+        assert_eq!(health.restarts.load(Ordering::SeqCst), 1);
+        assert_eq!(opened.load(Ordering::SeqCst), 0);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        settle().await;
+        assert!(health.receiving.load(Ordering::SeqCst));
+        assert_eq!(opened.load(Ordering::SeqCst), 1);
+        // A panic in the loop: the same, one backoff step longer.
+        senders[0]
+            .send(vec![Bytes::from_static(b"panic")])
+            .await
+            .unwrap();
+        settle().await;
+        assert!(!health.receiving.load(Ordering::SeqCst));
+        assert_eq!(health.restarts.load(Ordering::SeqCst), 2);
+        tokio::time::advance(Duration::from_millis(150)).await;
+        settle().await;
+        assert!(!health.receiving.load(Ordering::SeqCst), "backoff doubled");
+        tokio::time::advance(Duration::from_millis(50)).await;
+        settle().await;
+        assert!(health.receiving.load(Ordering::SeqCst));
+        // The fresh loop registers again; the registries kept the entry.
+        senders[1]
+            .send(message("D", "10.0.0.2:8200", "10.0.0.2:1"))
+            .await
+            .unwrap();
+        settle().await;
+        assert_eq!(registries.decode.len(), 1);
+        assert_eq!(registries.prefill.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

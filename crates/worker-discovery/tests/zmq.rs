@@ -4,7 +4,6 @@
 use std::time::{Duration, Instant};
 use worker_discovery::ZmqDiscovery;
 use worker_lifecycle::{DiscoveryPool, RoleKind, WorkerOptions};
-use zeromq::{SocketSend, ZmqMessage};
 
 #[path = "support/vllm_engine.rs"]
 mod vllm_engine;
@@ -150,15 +149,10 @@ async fn malformed_messages_are_counted_and_discovery_keeps_working() {
         .unwrap();
     let registries = discovery.registries().clone();
     let mut engine = engine_socket(&discovery).await;
-    engine
-        .send(ZmqMessage::from(b"not msgpack".to_vec()))
-        .await
-        .unwrap();
+    engine.send(vec![b"not msgpack".to_vec()]).await.unwrap();
     let unknown_type = serde_json::json!({"type": "Q", "http_address": "127.0.0.1:1"});
     engine
-        .send(ZmqMessage::from(
-            rmp_serde::to_vec_named(&unknown_type).unwrap(),
-        ))
+        .send(vec![rmp_serde::to_vec_named(&unknown_type).unwrap()])
         .await
         .unwrap();
     engine
@@ -183,4 +177,96 @@ async fn a_bad_address_is_refused() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("no-port"));
+}
+
+/// Opens a raw TCP connection to the ROUTER and sends what the
+/// hostile-input probe sent: a ZMTP handshake, then a long-frame header
+/// claiming `claimed` bytes. The connection is kept open by the caller.
+fn hostile_connection(discovery: &ZmqDiscovery, claimed: u64) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(discovery.local_addr()).unwrap();
+    let mut bytes = greeting().to_vec();
+    bytes.extend_from_slice(&ready("DEALER"));
+    bytes.extend_from_slice(&long_frame_header(claimed));
+    // A closed connection is fine: libzmq may have cut it already.
+    let _ = stream.write_all(&bytes);
+    stream
+}
+
+/// ZMTP 3.0's greeting with the NULL mechanism.
+fn greeting() -> [u8; 64] {
+    let mut greeting = [0u8; 64];
+    greeting[0] = 0xff;
+    greeting[9] = 0x7f;
+    greeting[10] = 3;
+    greeting[12..16].copy_from_slice(b"NULL");
+    greeting
+}
+
+/// The NULL mechanism's READY command.
+fn ready(socket_type: &str) -> Vec<u8> {
+    let mut body = b"\x05READY\x0bSocket-Type".to_vec();
+    body.extend_from_slice(&(socket_type.len() as u32).to_be_bytes());
+    body.extend_from_slice(socket_type.as_bytes());
+    let mut command = vec![0x04, body.len() as u8];
+    command.extend_from_slice(&body);
+    command
+}
+
+/// A long frame's header declaring `len` bytes.
+fn long_frame_header(len: u64) -> [u8; 9] {
+    let mut header = [0x02; 9];
+    header[1..].copy_from_slice(&len.to_be_bytes());
+    header
+}
+
+/// Issue 32: 127 connections each claiming 2^40 bytes aborted the router
+/// (the frame's length was reserved up front), and one claiming 2^63-1
+/// panicked the receive task for good. Now libzmq refuses both headers
+/// against the bound, and a genuine engine still registers and heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_frame_headers_neither_crash_nor_stop_discovery() {
+    let discovery = ZmqDiscovery::bind("127.0.0.1:0", TTL).await.unwrap();
+    let registries = discovery.registries().clone();
+    let mut hostile: Vec<_> = (0..127)
+        .map(|_| hostile_connection(&discovery, 1 << 40))
+        .collect();
+    hostile.push(hostile_connection(&discovery, (1 << 63) - 1));
+    // Let libzmq read every header before the genuine engine speaks.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut engine = engine_socket(&discovery).await;
+    engine
+        .send(registration("P", "127.0.0.1:8100", "127.0.0.1:21001"))
+        .await
+        .unwrap();
+    eventually("the genuine engine is registered", || {
+        registries.prefill.len() == 1
+    })
+    .await;
+    let generation = registries.prefill.snapshot(Instant::now()).entries[0].generation;
+    // Heartbeats are read: the entry outlives its TTL, same generation.
+    let until = Instant::now() + TTL + TTL / 2;
+    while Instant::now() < until {
+        engine
+            .send(registration("P", "127.0.0.1:8100", "127.0.0.1:21001"))
+            .await
+            .unwrap();
+        tokio::time::sleep(TTL / 5).await;
+    }
+    let snapshot = registries.prefill.snapshot(Instant::now());
+    assert_eq!(snapshot.entries.len(), 1, "heartbeats kept it alive");
+    assert_eq!(snapshot.entries[0].generation, generation);
+    // And another engine registers: the loop reads on.
+    engine
+        .send(registration("D", "127.0.0.1:8200", "127.0.0.1:22001"))
+        .await
+        .unwrap();
+    eventually("the second engine is registered", || {
+        registries.decode.len() == 1
+    })
+    .await;
+    assert!(discovery.is_receiving());
+    assert_eq!(discovery.receive_restarts(), 0, "nothing had to restart");
+    hostile.clear();
 }
