@@ -1070,3 +1070,34 @@ fn the_tokenizer_pool_and_budget_come_from_their_flags() {
         assert_eq!(err.exit_code(), 2);
     }
 }
+
+#[test]
+fn zmq_and_kv_index_bounds_come_from_their_flags() {
+    let defaults = settings(&["--worker-urls", "http://127.0.0.1:9"]).unwrap();
+    assert_eq!(defaults.args.zmq_max_message_size, 64 * 1024);
+    assert_eq!(defaults.router.kv_events.max_message_size, 16 << 20);
+    assert_eq!(
+        defaults.router.kv_events.max_blocks_per_worker,
+        kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER
+    );
+    let set = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--kv-events-max-message-size",
+        "4096",
+        "--kv-index-max-blocks-per-worker",
+        "28000",
+    ])
+    .unwrap();
+    assert_eq!(set.router.kv_events.max_message_size, 4096);
+    assert_eq!(set.router.kv_events.max_blocks_per_worker.get(), 28_000);
+    for flag in [
+        "--zmq-max-message-size",
+        "--kv-events-max-message-size",
+        "--kv-index-max-blocks-per-worker",
+    ] {
+        let err = settings(&["--worker-urls", "http://127.0.0.1:9", flag, "0"]).unwrap_err();
+        assert!(err.to_string().starts_with(&format!("{flag}: ")), "{err}");
+        assert_eq!(err.exit_code(), 2);
+    }
+}

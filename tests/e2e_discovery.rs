@@ -249,6 +249,26 @@ async fn engines_can_register_over_http_with_the_admin_key() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(decode.stats().kv_transfers_valid, 1);
     assert_eq!(app.discovery().unwrap().malformed_messages(), 1);
+    // /metrics shows the listener (with the admin key, which it needs now).
+    let request = Request::get(format!("{base}/metrics"))
+        .header("authorization", "Bearer admin-key")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let metrics = String::from_utf8_lossy(&body);
+    for line in [
+        "router_discovery_receiving 1",
+        "router_discovery_receive_restarts_total 0",
+        "router_discovery_refused_total{reason=\"malformed\"} 1",
+        "router_discovery_refused_total{reason=\"address\"} 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in {metrics}"
+        );
+    }
     assert_eq!(app.stop().await, StopOutcome::Drained);
     prefill.shutdown().await;
     decode.shutdown().await;

@@ -179,6 +179,9 @@ impl App {
         if let Some(kubernetes) = &kubernetes {
             metrics_sources.push(super::kubernetes::metrics_source(kubernetes));
         }
+        if let Some(discovery) = &discovery {
+            metrics_sources.push(super::discovery::metrics_source(discovery));
+        }
         let config = RouterConfig {
             register_hook,
             pd,
@@ -633,7 +636,8 @@ async fn bind_discovery(settings: &Settings, address: &str) -> Result<ZmqDiscove
     let ttl = Duration::from_secs(settings.args.vllm_discovery_ttl_secs);
     let networks = settings.router.worker_networks.clone();
     let resolve_timeout = settings.router.client.connect_timeout;
-    Ok(super::discovery::bind(address, ttl, networks, resolve_timeout).await?)
+    let max_message_size = settings.args.zmq_max_message_size;
+    Ok(super::discovery::bind(address, ttl, networks, resolve_timeout, max_message_size).await?)
 }
 
 /// Waits, in parallel, for every URL's first healthy probe.

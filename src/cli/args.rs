@@ -301,6 +301,16 @@ pub struct Args {
     /// Seconds a discovered engine stays registered after its last message.
     #[arg(long, default_value_t = 5, help_heading = "Prefill/decode")]
     pub vllm_discovery_ttl_secs: u64,
+    /// Largest ZMQ frame the discovery socket accepts, in bytes; libzmq
+    /// refuses a larger one before buffering it and closes that
+    /// connection (a registration is a few hundred bytes).
+    #[arg(
+        long,
+        default_value_t = worker_discovery::DEFAULT_MAX_MESSAGE_SIZE,
+        value_name = "BYTES",
+        help_heading = "Prefill/decode"
+    )]
+    pub zmq_max_message_size: usize,
 
     // ----- Retries and circuit breaker -----
     /// Retries after the first attempt, before any byte reached the client.
@@ -510,6 +520,26 @@ pub struct Args {
         help_heading = "KV events"
     )]
     pub kv_events_topic: String,
+    /// Largest KV event payload (one ZMQ frame) accepted from an engine's
+    /// publisher, in bytes; a larger frame closes the connection, which is
+    /// reopened.
+    #[arg(
+        long,
+        default_value_t = 16 * 1024 * 1024,
+        value_name = "BYTES",
+        help_heading = "KV events"
+    )]
+    pub kv_events_max_message_size: usize,
+    /// Most KV-cache blocks the KV index keeps for each data-parallel rank
+    /// of a worker; a rank that reports more loses its oldest blocks from
+    /// the index (counted as evicted over cap).
+    #[arg(
+        long,
+        default_value_t = kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER.get(),
+        value_name = "N",
+        help_heading = "KV events"
+    )]
+    pub kv_index_max_blocks_per_worker: usize,
 
     // ----- Observability -----
     /// Address of the extra Prometheus listener (metrics are also at

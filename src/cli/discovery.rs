@@ -11,8 +11,11 @@
 //!   with `POST /add_worker`;
 //! - [`register_hook`]: worker-discovery's [`Registrar`] as router-http's
 //!   [`RegisterHook`], so `POST /register` feeds the listener's registries
-//!   after router-http checked the admin key.
+//!   after router-http checked the admin key;
+//! - [`metrics_source`]: the listener's counters as `router_discovery_*`
+//!   families on the router's `/metrics`.
 
+use router_http::metrics::{Exposition, MetricType, MetricsSource};
 use router_http::{ApiError, CidrBlock, RegisterHook};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,6 +66,36 @@ impl AddressCheck for NetworkCheck {
     }
 }
 
+/// The ZMQ listener's counters on the router's `/metrics`, read at each
+/// scrape: whether its receive loop runs, how often it was restarted, and
+/// the messages it refused (malformed, or outside `--worker-networks`).
+pub fn metrics_source(discovery: &ZmqDiscovery) -> Arc<dyn MetricsSource> {
+    let counters = discovery.counters();
+    Arc::new(move |exposition: &mut Exposition<'_>| {
+        exposition
+            .family(
+                "router_discovery_receiving",
+                MetricType::Gauge,
+                "1 while the ZMQ discovery receive loop runs, 0 between a failure and its restart.",
+            )
+            .sample(&[], u64::from(counters.is_receiving()));
+        exposition
+            .family(
+                "router_discovery_receive_restarts_total",
+                MetricType::Counter,
+                "Times the ZMQ discovery receive loop ended and was restarted.",
+            )
+            .sample(&[], counters.receive_restarts());
+        let mut refused = exposition.family(
+            "router_discovery_refused_total",
+            MetricType::Counter,
+            "Registrations refused, by reason (malformed message, address outside --worker-networks).",
+        );
+        refused.sample(&[("reason", &"malformed")], counters.malformed_messages());
+        refused.sample(&[("reason", &"address")], counters.refused_addresses());
+    })
+}
+
 /// Binds the ZMQ listener on `address`, admitting only engines inside
 /// `networks` (any when empty); a host name is resolved within
 /// `resolve_timeout`, beside the receive loop.
@@ -71,10 +104,12 @@ pub async fn bind(
     ttl: Duration,
     networks: Vec<CidrBlock>,
     resolve_timeout: Duration,
+    max_message_size: usize,
 ) -> Result<ZmqDiscovery, DiscoveryError> {
     let config = DiscoveryConfig {
         ttl,
         check_timeout: resolve_timeout,
+        max_message_size,
         ..DiscoveryConfig::default()
     };
     let check = NetworkCheck::new(networks, resolve_timeout)

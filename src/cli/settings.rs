@@ -474,6 +474,9 @@ fn kv_events(parsed: &Parsed) -> Result<KvEventsConfig, CliError> {
     config.port = a.kv_events_port;
     config.replay_port = (a.kv_events_replay_port != 0).then_some(a.kv_events_replay_port);
     config.topic = a.kv_events_topic.clone();
+    config.max_message_size = a.kv_events_max_message_size;
+    config.max_blocks_per_worker = std::num::NonZeroUsize::new(a.kv_index_max_blocks_per_worker)
+        .ok_or_else(|| CliError::invalid("kv_index_max_blocks_per_worker", "must be at least 1"))?;
     for (url, worker) in &parsed.workers {
         let bad = |message: String| {
             CliError::invalid("config", format!("[workers.\"{url}\"]: {message}"))
@@ -661,6 +664,11 @@ fn check_ranges(a: &Args) -> Result<(), CliError> {
     positive("queue_timeout_secs", a.queue_timeout_secs)?;
     positive("request_body_timeout_secs", a.request_body_timeout_secs)?;
     positive("max_connections", a.max_connections as u64)?;
+    positive("zmq_max_message_size", a.zmq_max_message_size as u64)?;
+    positive(
+        "kv_events_max_message_size",
+        a.kv_events_max_message_size as u64,
+    )?;
     if let Some(threads) = a.tokenizer_threads {
         positive("tokenizer_threads", threads as u64)?;
     }

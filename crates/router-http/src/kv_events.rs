@@ -135,6 +135,14 @@ pub struct KvEventsConfig {
     /// `BlockStored` carries its token ids, about 5 bytes each in
     /// MessagePack, so ~650 KB), and 16 MiB leaves twenty times that.
     pub max_message_size: usize,
+    /// The most blocks the router's block index keeps for each
+    /// data-parallel rank of a worker (default
+    /// [`kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER`]); a rank that reports
+    /// more loses its oldest blocks from the index, counted in
+    /// `router_kv_index_blocks_total{outcome="evicted_over_cap"}`. An
+    /// engine never holds more than its cache (vLLM's `num_gpu_blocks`),
+    /// so a publisher that reports more is flooding the index.
+    pub max_blocks_per_worker: std::num::NonZeroUsize,
 }
 
 impl Default for KvEventsConfig {
@@ -147,6 +155,7 @@ impl Default for KvEventsConfig {
             endpoints: HashMap::new(),
             sync_interval: Duration::from_millis(200),
             max_message_size: kv_events::DecodeLimits::default().max_payload_bytes,
+            max_blocks_per_worker: kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER,
         }
     }
 }
@@ -686,6 +695,7 @@ impl KvEvents {
             index.unknown_removed_blocks,
         );
         family.sample(&[("outcome", &"malformed")], index.malformed_blocks);
+        family.sample(&[("outcome", &"evicted_over_cap")], index.evicted_blocks);
         let stats = self.sources.index.stats();
         exposition
             .family(

@@ -15,11 +15,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use prom_text::{Histograms, Label, MetricType};
+use prom_text::{Histograms, Label};
 
 /// The writer a [`MetricsSource`] renders into (re-exported from
 /// [`prom_text`] so that hosts need not name that crate).
 pub use prom_text::Exposition;
+/// The type of a family a [`MetricsSource`] opens (re-exported from
+/// [`prom_text`] likewise).
+pub use prom_text::MetricType;
 
 /// Series a host adds to the router's `/metrics`: discovery, a cache, a
 /// subsystem the router does not own. Rendered at scrape time, after the

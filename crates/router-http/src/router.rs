@@ -1000,6 +1000,7 @@ fn attach_kv_events(config: &mut RouterConfig) -> Option<Arc<crate::kv_events::K
     let sources = sources.unwrap_or_else(|| {
         let index = KvIndex::new(kv_index::IndexConfig {
             block_size: block_size.max(1),
+            max_blocks_per_holder: config.kv_events.max_blocks_per_worker,
             ..kv_index::IndexConfig::default()
         });
         KvSources::new(Arc::new(index), Arc::new(KvStreams::new()))

@@ -136,7 +136,8 @@ pub use registrar::{
 };
 pub use registries::Registries;
 pub use zmq::{
-    DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_TTL, DiscoveryConfig, DiscoveryError, ZmqDiscovery,
+    DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_TTL, DiscoveryConfig, DiscoveryCounters, DiscoveryError,
+    ZmqDiscovery,
 };
 
 /// The README's example runs as a doc test.

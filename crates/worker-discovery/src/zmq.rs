@@ -252,6 +252,46 @@ impl ZmqDiscovery {
     pub fn receive_restarts(&self) -> u64 {
         self.health.restarts.load(Ordering::Relaxed)
     }
+
+    /// A handle that reads this listener's counters after it was moved
+    /// elsewhere (a host's `/metrics` reads it at each scrape). It keeps
+    /// no socket or task alive.
+    pub fn counters(&self) -> DiscoveryCounters {
+        DiscoveryCounters {
+            registries: self.registrar.registries().clone(),
+            health: Arc::clone(&self.health),
+        }
+    }
+}
+
+/// What a [`ZmqDiscovery`] listener did so far, readable from any thread
+/// ([`ZmqDiscovery::counters`]).
+#[derive(Debug, Clone)]
+pub struct DiscoveryCounters {
+    registries: Registries,
+    health: Arc<ReceiveHealth>,
+}
+
+impl DiscoveryCounters {
+    /// Whether the receive loop is running now.
+    pub fn is_receiving(&self) -> bool {
+        self.health.receiving.load(Ordering::Acquire)
+    }
+
+    /// How many times the receive loop was restarted.
+    pub fn receive_restarts(&self) -> u64 {
+        self.health.restarts.load(Ordering::Relaxed)
+    }
+
+    /// Messages refused as malformed (both transports).
+    pub fn malformed_messages(&self) -> u64 {
+        self.registries.malformed_messages()
+    }
+
+    /// Registrations refused by the address check (both transports).
+    pub fn refused_addresses(&self) -> u64 {
+        self.registries.refused_addresses()
+    }
 }
 
 impl Drop for ZmqDiscovery {
