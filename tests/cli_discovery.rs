@@ -16,9 +16,15 @@ use vllm_engine::{TTL, engine_socket, eventually, registration};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrations_outside_the_allowed_networks_are_ignored() {
     let networks = vec!["127.0.0.0/8".parse().unwrap()];
-    let discovery = discovery::bind("127.0.0.1:0", TTL, networks, Duration::from_secs(5))
-        .await
-        .unwrap();
+    let discovery = discovery::bind(
+        "127.0.0.1:0",
+        TTL,
+        networks,
+        Duration::from_secs(5),
+        worker_discovery::DEFAULT_MAX_MESSAGE_SIZE,
+    )
+    .await
+    .unwrap();
     let registries = discovery.registries().clone();
     let mut engine = engine_socket(&discovery).await;
     // Outside first, then inside: once the second is registered, the first
