@@ -265,6 +265,9 @@ struct Run<T> {
     anchor: Option<(u64, u64)>,
     /// Live batches (with fingerprints) received while the replay runs.
     pending: BTreeMap<u64, (u64, T)>,
+    /// The newest live number seen when the replay was asked for: the
+    /// publisher's answer is a snapshot of its buffer at about that time.
+    seen: Option<u64>,
 }
 
 /// Why a replay run ended.
@@ -374,7 +377,7 @@ impl<T> Sequencer<T> {
             && self.next.is_none()
             && self.run.is_none()
         {
-            self.start_run_with(0, None, BTreeMap::new(), now);
+            self.start_run_with(0, None, BTreeMap::new(), now + self.config.replay_timeout);
         }
     }
 
@@ -505,7 +508,7 @@ impl<T> Sequencer<T> {
     ) {
         let mut pending = BTreeMap::new();
         pending.insert(seq, (fingerprint, item));
-        self.start_run_with(from, anchor, pending, now);
+        self.start_run_with(from, anchor, pending, now + self.config.replay_timeout);
     }
 
     fn start_run_with(
@@ -513,7 +516,7 @@ impl<T> Sequencer<T> {
         from: u64,
         anchor: Option<(u64, u64)>,
         pending: BTreeMap<u64, (u64, T)>,
-        now: Instant,
+        deadline: Instant,
     ) {
         let id = ReplayId(self.next_id);
         self.next_id += 1;
@@ -521,9 +524,10 @@ impl<T> Sequencer<T> {
         self.run = Some(Run {
             id,
             from,
-            deadline: now + self.config.replay_timeout,
+            deadline,
             anchor,
             pending,
+            seen: self.last_live.map(|(seq, _)| seq),
         });
         self.actions.push_back(Action::RequestReplay { id, from });
     }
@@ -533,7 +537,7 @@ impl<T> Sequencer<T> {
     fn replaced(&mut self, anchor: u64, now: Instant) {
         let pending = self.run.take().map(|r| r.pending).unwrap_or_default();
         self.reset(ResetReason::PublisherReplaced { anchor });
-        self.start_run_with(0, None, pending, now);
+        self.start_run_with(0, None, pending, now + self.config.replay_timeout);
     }
 
     fn reset(&mut self, reason: ResetReason) {
@@ -597,7 +601,45 @@ impl<T> Sequencer<T> {
         }
     }
 
+    /// A replay that ended normally answered from a snapshot of the
+    /// publisher's buffer taken when it was asked. A batch published after
+    /// that snapshot and dropped live (the PUB socket's high-water mark, a
+    /// second loss while the first was being repaired) leaves a gap before
+    /// the live batches held meanwhile; it is still in the buffer, so it is
+    /// asked for again (from the last delivered batch, as the anchor)
+    /// instead of resetting. Only when live batches newer than the snapshot
+    /// were seen: a batch older than it that the answer lacked is gone for
+    /// good. The new request has the old one's deadline plus one timeout.
+    fn ask_again_for_a_newer_gap(&mut self) -> bool {
+        let Some(run) = &self.run else { return false };
+        let (Some(next), None) = (self.next, run.anchor) else {
+            return false;
+        };
+        let first_pending = run.pending.keys().next().copied();
+        let newer_live = self
+            .last_live
+            .is_some_and(|(seq, _)| run.seen.is_none_or(|seen| seq > seen));
+        if !(first_pending.is_some_and(|p| p > next) && newer_live) {
+            return false;
+        }
+        let Some(run) = self.run.take() else {
+            return false;
+        };
+        self.counters.gaps += 1;
+        let anchor = next.saturating_sub(1);
+        self.start_run_with(
+            anchor,
+            Some((anchor, self.last_fp)),
+            run.pending,
+            run.deadline + self.config.replay_timeout,
+        );
+        true
+    }
+
     fn finish(&mut self, why: Finish) {
+        if matches!(why, Finish::Ended) && self.ask_again_for_a_newer_gap() {
+            return;
+        }
         // An anchor never checked: what follows cannot be joined to what
         // was delivered.
         if let Some((anchor, _)) = self.run.as_ref().and_then(|r| r.anchor)

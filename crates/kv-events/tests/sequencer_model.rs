@@ -352,3 +352,61 @@ fn the_replay_deadline_is_exact() {
         "{actions:?}"
     );
 }
+
+/// A second batch lost while the first gap's replay runs: the answer is a
+/// snapshot taken before it was published, so the machine asks again
+/// rather than reset (found by engine-sim's dropped-batch test under load).
+#[test]
+fn a_batch_lost_after_the_replay_was_asked_is_asked_for_again() {
+    let mut m: Sequencer<u64> = Sequencer::new(SequencerConfig {
+        catch_up: false,
+        ..SequencerConfig::default()
+    });
+    m.on_connected();
+    let t0 = Instant::now();
+    for seq in 0..=3 {
+        m.on_live(seq, seq, seq, t0);
+    }
+    // 4 dropped: 5 shows the gap, a replay from 3 is asked for.
+    m.on_live(5, 5, 5, t0);
+    // 6 dropped too, after the publisher answered from its buffer; 7 live.
+    m.on_live(7, 7, 7, t0);
+    let first = std::iter::from_fn(|| m.poll_action())
+        .find_map(|action| match action {
+            Action::RequestReplay { id, from } => Some((id, from)),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(first.1, 3);
+    for seq in 3..=5 {
+        m.on_replay(first.0, seq, seq, seq, t0);
+    }
+    m.on_replay_end(first.0);
+    let actions: Vec<_> = std::iter::from_fn(|| m.poll_action()).collect();
+    let again = actions.iter().find_map(|action| match action {
+        Action::RequestReplay { id, from } => Some((*id, *from)),
+        _ => None,
+    });
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::Reset(_))),
+        "{actions:?}"
+    );
+    let (id, from) = again.expect("asked again");
+    assert_eq!(from, 5, "from the last delivered batch");
+    for seq in 5..=7 {
+        m.on_replay(id, seq, seq, seq, t0);
+    }
+    m.on_replay_end(id);
+    let delivered: Vec<u64> = actions
+        .into_iter()
+        .chain(std::iter::from_fn(|| m.poll_action()))
+        .filter_map(|action| match action {
+            Action::Deliver { seq, .. } => Some(seq),
+            Action::Reset(reason) => panic!("reset: {reason:?}"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(delivered, [4, 5, 6, 7]);
+    assert_eq!(m.state(), StreamState::Live);
+    assert_eq!(m.counters().resets, 0);
+}
