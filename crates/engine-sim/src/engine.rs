@@ -168,6 +168,10 @@ pub struct EngineStats {
     pub waiting: usize,
     /// Fraction of KV blocks referenced (0..=1).
     pub kv_cache_usage: f64,
+    /// Tokens per KV block (the configured block size).
+    pub block_size: usize,
+    /// The KV capacity in blocks (vLLM's `num_gpu_blocks`).
+    pub num_gpu_blocks: usize,
     /// KV blocks holding a prefix hash.
     pub cached_blocks: usize,
     /// Prompt tokens looked up in the prefix cache.
@@ -349,6 +353,8 @@ impl Engine {
         stats.running = self.running.len();
         stats.waiting = self.waiting.len();
         stats.kv_cache_usage = self.cache.usage();
+        stats.block_size = self.config.block_size;
+        stats.num_gpu_blocks = self.config.num_blocks;
         stats.cached_blocks = self.cache.cached_blocks();
         stats.kv_transfers_held = self.held.len();
         stats

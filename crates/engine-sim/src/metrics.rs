@@ -5,7 +5,8 @@
 //! `vllm:gpu_cache_usage_perc`). Counters: `vllm:prefix_cache_queries_total`,
 //! `vllm:prefix_cache_hits_total` (in tokens, as vLLM v1),
 //! `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
-//! `vllm:request_success_total`. engine-sim's own:
+//! `vllm:request_success_total`. Info: `vllm:cache_config_info` (its
+//! `block_size` and `num_gpu_blocks` labels). engine-sim's own:
 //! `engine_sim:kv_transfers_valid_total`, `engine_sim:kv_transfers_invalid_total`
 //! (with a `reason` breakdown in `engine_sim:kv_transfers_invalid_by_reason_total`),
 //! `engine_sim:kv_transfers_produced_total`, `engine_sim:kv_transfers_held`,
@@ -140,6 +141,22 @@ pub fn render(model: &str, engine_id: &str, stats: &EngineStats, server: ServerC
     for (reason, count) in &stats.kv_transfers_invalid {
         family.sample(&[engine, model, ("reason", reason)], *count);
     }
+    // vLLM's info gauge of its cache configuration: the labels carry the
+    // values (a router reads `num_gpu_blocks` to bound its block index).
+    exposition
+        .family(
+            "vllm:cache_config_info",
+            Gauge,
+            "Information of the LLMEngine CacheConfig.",
+        )
+        .sample(
+            &[
+                ("block_size", &stats.block_size),
+                ("num_gpu_blocks", &stats.num_gpu_blocks),
+                engine,
+            ],
+            1u64,
+        );
     exposition
         .family("engine_sim:info", Gauge, "Engine identity.")
         .sample(&[engine, model, ("engine_id", &engine_id)], 1u64);
@@ -192,5 +209,12 @@ mod tests {
                 .all(|l| l.starts_with('#') || l.ends_with(['0', '1', '2']))
         );
         assert_eq!(sample(&text, "vllm:num_requests_running"), Some(2.0));
+        // The cache configuration, with its values in labels as vLLM has it.
+        assert!(
+            text.contains(
+                "vllm:cache_config_info{block_size=\"0\",num_gpu_blocks=\"0\",engine=\"0\"} 1\n"
+            ),
+            "{text}"
+        );
     }
 }

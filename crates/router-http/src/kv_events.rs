@@ -50,6 +50,14 @@
 //! `router_kv_restarts_total` and each stream's `restarts`); it resets the
 //! stream first, so a worker is never scored on a frozen index.
 //!
+//! A stream holds at most [`KvEventsConfig::max_blocks_per_worker`] blocks
+//! in the index, lowered to the engine's own cache size when the engine
+//! says it (vLLM's `num_gpu_blocks` label of `vllm:cache_config_info`,
+//! asked once from the worker's `/metrics` when it is first followed,
+//! [`num_gpu_blocks`]): an engine never holds more, so a stream that
+//! reports more loses its oldest blocks from the index. An engine can only
+//! lower its cap this way, never raise it past the configured one.
+//!
 //! Each subscriber applies a batch to the index as it arrives (millions of
 //! blocks per second): a publisher faster than that fills its socket
 //! buffers, ZMQ's PUB socket drops what a slow subscriber cannot take, the
@@ -324,6 +332,49 @@ pub struct RankKvStatus {
     pub restarts: u64,
 }
 
+/// The KV-cache size an engine reports on its `/metrics`: the
+/// `num_gpu_blocks` label of vLLM's `vllm:cache_config_info` gauge (the
+/// largest, when several engines of a data-parallel server report one
+/// each). `None` when no sample names a positive number of blocks (vLLM
+/// writes `"None"` before the cache is sized). The text comes from a
+/// network peer: every label is scanned, escapes included, and nothing is
+/// allocated.
+pub fn num_gpu_blocks(metrics: &str) -> Option<std::num::NonZeroUsize> {
+    metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("vllm:cache_config_info{"))
+        .filter_map(|labels| label_value(labels, "num_gpu_blocks"))
+        .filter_map(|value| value.parse::<usize>().ok())
+        .filter_map(std::num::NonZeroUsize::new)
+        .max()
+}
+
+/// The raw value of label `name` in `labels`, the text of a sample after
+/// its `{`; `None` when it is absent or the label set is malformed.
+fn label_value<'a>(mut labels: &'a str, name: &str) -> Option<&'a str> {
+    loop {
+        labels = labels.trim_start_matches([',', ' ']);
+        if labels.is_empty() || labels.starts_with('}') {
+            return None;
+        }
+        let (label, rest) = labels.split_once('=')?;
+        let value = rest.strip_prefix('"')?;
+        let bytes = value.as_bytes();
+        let mut at = 0;
+        let end = loop {
+            match bytes.get(at)? {
+                b'\\' => at += 2,
+                b'"' => break at,
+                _ => at += 1,
+            }
+        };
+        if label.trim() == name {
+            return Some(&value[..end]);
+        }
+        labels = &value[end + 1..];
+    }
+}
+
 fn state_name(state: &StreamState) -> &'static str {
     match state {
         StreamState::Connecting => "connecting",
@@ -391,7 +442,11 @@ impl KvEvents {
     /// unsubscribed and unregistered; then every worker's liveness is
     /// re-read from its streams. Needs a tokio runtime (subscribers are
     /// tasks). The router's background task calls this periodically.
-    pub fn sync(&self, workers: &[Arc<Worker>]) {
+    ///
+    /// Returns the workers followed for the first time in this pass, with
+    /// their index ids: the router asks each one's engine for its cache
+    /// size ([`KvEvents::bound_by_engine`]).
+    pub fn sync(&self, workers: &[Arc<Worker>]) -> Vec<(WorkerId, Arc<Worker>)> {
         let wanted: Vec<&Arc<Worker>> = workers
             .iter()
             .filter(|w| self.roles.contains(&w.role().kind()))
@@ -408,15 +463,33 @@ impl KvEvents {
                 self.retire(old);
             }
         }
+        let mut followed = Vec::new();
         for worker in wanted {
             if !tracked.contains_key(worker.key()) {
                 let entry = self.follow(worker);
+                followed.push((entry.id, Arc::clone(worker)));
                 tracked.insert(Arc::from(worker.key()), entry);
             }
         }
         for entry in tracked.values() {
             self.refresh_liveness(entry);
         }
+        followed
+    }
+
+    /// Lowers worker `id`'s block cap to the cache size its engine reports
+    /// in `metrics` (its `/metrics` text), never above
+    /// [`KvEventsConfig::max_blocks_per_worker`]. Returns the cap set, or
+    /// `None` when the text names no size (or the worker left meanwhile).
+    pub fn bound_by_engine(&self, id: WorkerId, metrics: &str) -> Option<std::num::NonZeroUsize> {
+        let cap = num_gpu_blocks(metrics)?.min(self.config.max_blocks_per_worker);
+        let evicted = self.sources.index.set_worker_capacity(id, cap).ok()?;
+        tracing::debug!(
+            cap,
+            evicted,
+            "KV events: block cap from the engine's cache size"
+        );
+        Some(cap)
     }
 
     /// Stops every subscription and forgets every worker.
@@ -826,5 +899,48 @@ fn engine_hash(hash: &WireHash) -> EngineHash {
     match hash {
         WireHash::Int(value) => EngineHash::from_int(*value as i64),
         WireHash::Bytes(bytes) => EngineHash::from_bytes(bytes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::num_gpu_blocks;
+
+    #[test]
+    fn the_cache_size_is_read_from_vllms_info_gauge() {
+        let vllm = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+            # TYPE vllm:cache_config_info gauge\n\
+            vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",\
+            gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"27042\",\
+            num_gpu_blocks_override=\"None\",swap_space_bytes=\"4294967296\"} 1.0\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0\n";
+        assert_eq!(num_gpu_blocks(vllm).map(|n| n.get()), Some(27042));
+        // Data-parallel engines report one each: the largest bounds them all.
+        let ranks = "vllm:cache_config_info{engine=\"0\",num_gpu_blocks=\"100\"} 1\n\
+            vllm:cache_config_info{engine=\"1\",num_gpu_blocks=\"120\"} 1\n";
+        assert_eq!(num_gpu_blocks(ranks).map(|n| n.get()), Some(120));
+    }
+
+    #[test]
+    fn hostile_or_unsized_texts_name_no_size() {
+        for text in [
+            "",
+            "vllm:cache_config_info{num_gpu_blocks=\"None\"} 1",
+            "vllm:cache_config_info{num_gpu_blocks=\"0\"} 1",
+            "vllm:cache_config_info{num_gpu_blocks=\"-5\"} 1",
+            "vllm:cache_config_info{num_gpu_blocks=\"99999999999999999999999\"} 1",
+            "vllm:cache_config_info{num_gpu_blocks=\"12",
+            "vllm:cache_config_info{num_gpu_blocks=12} 1",
+            "vllm:cache_config_info{a=\"\\\"num_gpu_blocks=\\\"7\"} 1",
+            "vllm:cache_config_info{a=\"x\\",
+            "vllm:cache_config_infox{num_gpu_blocks=\"7\"} 1",
+            "# vllm:cache_config_info{num_gpu_blocks=\"7\"} 1",
+            "other{num_gpu_blocks=\"7\"} 1",
+        ] {
+            assert_eq!(num_gpu_blocks(text), None, "{text:?}");
+        }
+        // An escaped quote inside another label's value is skipped whole.
+        let escaped = "vllm:cache_config_info{a=\"x\\\"y\",num_gpu_blocks=\"9\"} 1";
+        assert_eq!(num_gpu_blocks(escaped).map(|n| n.get()), Some(9));
     }
 }

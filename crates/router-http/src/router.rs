@@ -906,7 +906,10 @@ impl Router {
                 ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     ticker.tick().await;
-                    router.sync_kv_events(&hub);
+                    for (id, worker) in router.sync_kv_events(&hub) {
+                        let client = router.shared.client.clone();
+                        tokio::spawn(bound_by_engine(client, Arc::clone(&hub), id, worker));
+                    }
                 }
             }));
         }
@@ -916,7 +919,10 @@ impl Router {
     /// One membership pass of the KV event hub over the followed roles,
     /// reconciled first so discovered workers are current.
     #[cfg(feature = "kv-events")]
-    fn sync_kv_events(&self, hub: &crate::kv_events::KvEvents) {
+    fn sync_kv_events(
+        &self,
+        hub: &crate::kv_events::KvEvents,
+    ) -> Vec<(kv_index::WorkerId, Arc<Worker>)> {
         let mut workers: Vec<Arc<Worker>> = Vec::new();
         for &role in hub.roles() {
             let pool = match (role, self.pd()) {
@@ -927,10 +933,10 @@ impl Router {
             match pool.refresh() {
                 Ok(list) => workers.extend(list.iter().cloned()),
                 // Keep following the last known set rather than drop it.
-                Err(_) => return,
+                Err(_) => return Vec::new(),
             }
         }
-        hub.sync(&workers);
+        hub.sync(&workers)
     }
 
     /// Status of the whole fleet for readiness: whether the startup gate is
@@ -959,6 +965,44 @@ impl Router {
         if let Some(pd) = &self.shared.pd {
             pd.render(exposition);
         }
+    }
+}
+
+/// Asks a newly followed worker's engine for its KV-cache size (its
+/// `/metrics`, once, within 5 s and 1 MiB) and lowers the worker's block
+/// cap in the index to it. An engine that does not answer, or names no
+/// size, keeps the configured cap.
+#[cfg(feature = "kv-events")]
+async fn bound_by_engine(
+    client: UpstreamClient,
+    hub: Arc<crate::kv_events::KvEvents>,
+    id: kv_index::WorkerId,
+    worker: Arc<Worker>,
+) {
+    const LIMIT: usize = 1024 * 1024;
+    let uri = worker.endpoint().worker_url().url_for("/metrics");
+    let Ok(request) = Request::get(uri).body(Full::new(Bytes::new())) else {
+        return;
+    };
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    let fetched = tokio::time::timeout_at(deadline, async {
+        let response = client.send(request).await.ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        let body = http_body_util::Limited::new(response.into_body(), LIMIT)
+            .collect()
+            .await
+            .ok()?;
+        Some(body.to_bytes())
+    })
+    .await;
+    let Ok(Some(body)) = fetched else {
+        tracing::debug!(worker = %worker.key(), "KV events: the engine's cache size is not known; the configured cap holds");
+        return;
+    };
+    if let Some(cap) = hub.bound_by_engine(id, &String::from_utf8_lossy(&body)) {
+        tracing::info!(worker = %worker.key(), cap, "KV events: block cap from the engine's num_gpu_blocks");
     }
 }
 

@@ -710,3 +710,55 @@ async fn a_hostile_frame_header_leaves_the_worker_cold_until_a_genuine_publisher
     assert_eq!(status.streams[0].restarts, 0, "nothing had to restart");
     publisher.shutdown().await;
 }
+
+/// A followed worker's block cap comes down to its engine's own cache size
+/// (`num_gpu_blocks` on its `/metrics`), never above the configured cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_workers_block_cap_is_its_engines_cache_size() {
+    let engines = engines(2).await;
+    let (fixture, background) = replica("kv_aware", &engines).await;
+    let hub = fixture
+        .router
+        .kv_events()
+        .expect("kv_aware follows KV events");
+    let sizes = EngineConfig::default().model.num_blocks;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for engine in &engines {
+        let key = fixture
+            .workers()
+            .iter()
+            .find(|w| w.endpoint().worker_url().to_string() == engine.url())
+            .map(|w| w.key().to_owned())
+            .expect("the engine is a worker");
+        loop {
+            let capacity = hub
+                .index()
+                .worker_id(&key)
+                .and_then(|id| hub.index().worker_capacity(id));
+            if capacity == Some(sizes) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{key}: capacity {capacity:?}, engine holds {sizes} blocks"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(sizes < kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER.get());
+    // An engine cannot raise its cap above the configured one.
+    let id = hub
+        .index()
+        .worker_id(&fixture.workers()[0].key().to_owned())
+        .unwrap();
+    let text = "vllm:cache_config_info{num_gpu_blocks=\"999999999\"} 1\n";
+    assert_eq!(
+        hub.bound_by_engine(id, text).map(|n| n.get()),
+        Some(kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER.get())
+    );
+    drop(background);
+    fixture.shutdown().await;
+    for engine in engines {
+        engine.shutdown().await;
+    }
+}
