@@ -185,39 +185,11 @@ async fn a_bad_address_is_refused() {
 fn hostile_connection(discovery: &ZmqDiscovery, claimed: u64) -> std::net::TcpStream {
     use std::io::Write;
     let mut stream = std::net::TcpStream::connect(discovery.local_addr()).unwrap();
-    let mut bytes = greeting().to_vec();
-    bytes.extend_from_slice(&ready("DEALER"));
-    bytes.extend_from_slice(&long_frame_header(claimed));
+    // A greeting, a DEALER's READY, then a frame header claiming `claimed`.
+    let bytes = kv_events::fuzzing::zmtp::oversized_frame("DEALER", claimed);
     // A closed connection is fine: libzmq may have cut it already.
     let _ = stream.write_all(&bytes);
     stream
-}
-
-/// ZMTP 3.0's greeting with the NULL mechanism.
-fn greeting() -> [u8; 64] {
-    let mut greeting = [0u8; 64];
-    greeting[0] = 0xff;
-    greeting[9] = 0x7f;
-    greeting[10] = 3;
-    greeting[12..16].copy_from_slice(b"NULL");
-    greeting
-}
-
-/// The NULL mechanism's READY command.
-fn ready(socket_type: &str) -> Vec<u8> {
-    let mut body = b"\x05READY\x0bSocket-Type".to_vec();
-    body.extend_from_slice(&(socket_type.len() as u32).to_be_bytes());
-    body.extend_from_slice(socket_type.as_bytes());
-    let mut command = vec![0x04, body.len() as u8];
-    command.extend_from_slice(&body);
-    command
-}
-
-/// A long frame's header declaring `len` bytes.
-fn long_frame_header(len: u64) -> [u8; 9] {
-    let mut header = [0x02; 9];
-    header[1..].copy_from_slice(&len.to_be_bytes());
-    header
 }
 
 /// Issue 32: 127 connections each claiming 2^40 bytes aborted the router
