@@ -9,8 +9,9 @@
 //! sequence; the cargo-fuzz target `radix_ops` and the crate's tests call it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use crate::{Clock, TenantId, TextTree, TokenTree};
+use crate::{Clock, MemoryBudget, RadixTree, Symbol, TenantId, TextTree, TokenTree};
 
 /// One operation of a model test. Tenants are small indices into a fixed set
 /// of names interned up front.
@@ -274,6 +275,51 @@ impl Model {
         }
     }
 
+    /// Drops `tenant`'s hold on the node that ends at `path`, after checking
+    /// that it is a least recently used leaf hold: of `tenant` when `only`,
+    /// else of anyone. Panics (with `what`) if it is not.
+    pub fn evict_checked(&mut self, tenant: u8, path: &[char], only: bool, what: &str) {
+        let (node, depth) = self.walk(path, |_| true);
+        let ends_here = depth == path.len() && node != 0 && self.depth_of(node) == path.len();
+        assert!(
+            ends_here,
+            "{what}: evicted {path:?}, which the model has no node for"
+        );
+        let Some(&stamp) = self.nodes[node].owners.get(&tenant) else {
+            panic!("{what}: evicted {path:?} of tenant {tenant}, who does not hold it");
+        };
+        let oldest = self.oldest_leaf(only.then_some(tenant));
+        assert_eq!(
+            oldest.map(|(s, _, _)| s),
+            Some(stamp),
+            "{what}: evicted {path:?} of tenant {tenant} (stamp {stamp}), not the least recently used leaf"
+        );
+        let is_leaf = self.nodes[node]
+            .children
+            .values()
+            .all(|&c| !self.nodes[c].owners.contains_key(&tenant));
+        assert!(
+            is_leaf,
+            "{what}: evicted {path:?}, not a leaf of tenant {tenant}"
+        );
+        self.drop_hold(node, tenant);
+    }
+
+    /// Chars from the root to the end of `node`.
+    fn depth_of(&self, mut node: usize) -> usize {
+        let mut depth = 0;
+        while node != 0 {
+            depth += self.nodes[node].label.len();
+            node = self.nodes[node].parent;
+        }
+        depth
+    }
+
+    /// Whether any tenant holds anything.
+    pub fn is_empty(&self) -> bool {
+        self.oldest_leaf(None).is_none()
+    }
+
     /// Forgets `tenant`.
     pub fn remove(&mut self, tenant: u8) {
         // Leaves first, so parents are emptied after their children.
@@ -409,6 +455,109 @@ pub fn check_ops(ops: &[Op]) {
         .collect();
     let want: Vec<u8> = (0..TENANTS).filter(|&t| model.size(t) > 0).collect();
     assert_eq!(listed, want, "tenants()");
+}
+
+/// Runs `ops` against a tree of each kind whose bytes count against a budget
+/// of `limit` bytes and whose tenants are limited to `tenant_limit` symbols,
+/// beside a [`Model`] each. The trees sample every candidate (exact LRU) and
+/// record what their limits evict; each recorded eviction must be a least
+/// recently used leaf hold of the model, which then drops it too. After every
+/// operation the budget's `used` must be within `limit` (or nothing be left
+/// to evict), every tenant within `tenant_limit`, prefix matches and sizes
+/// equal the model's, and the accounted bytes equal a recount
+/// (`validate`).
+pub fn check_budget_ops(ops: &[Op], limit: u64, tenant_limit: Option<usize>) {
+    budgeted::<char>(ops, limit, tenant_limit, |c| c);
+    budgeted::<u32>(ops, limit, tenant_limit, |c| c as u32);
+}
+
+fn budgeted<S: Symbol>(
+    ops: &[Op],
+    limit: u64,
+    tenant_limit: Option<usize>,
+    symbol: impl Fn(char) -> S,
+) {
+    let budget = MemoryBudget::new(limit);
+    let tree: RadixTree<S> =
+        RadixTree::with_eviction_log(Clock::Logical, Some(Arc::clone(&budget)));
+    tree.set_tenant_limit(tenant_limit);
+    tree.set_eviction_samples(1 << 16);
+    let mut model = Model::new();
+    let ids: Vec<TenantId> = (0..TENANTS)
+        .map(|i| tree.intern(&format!("http://worker-{i}:8000")))
+        .collect();
+    let kind = std::any::type_name::<S>();
+    for (step, op) in ops.iter().enumerate() {
+        let what = format!("{kind} step {step} {op:?}");
+        let symbols = |s: &str| -> Vec<S> { s.chars().map(&symbol).collect() };
+        match op {
+            Op::Insert { text, tenant, .. } => {
+                let t = tenant % TENANTS;
+                tree.insert_symbols(&symbols(text), ids[t as usize]);
+                let chars: Vec<char> = text.chars().collect();
+                model.insert(&chars, t);
+                for record in tree.take_eviction_log() {
+                    let path: Vec<char> = record
+                        .path
+                        .iter()
+                        .map(|&u| char::from_u32(u).unwrap_or('\u{fffd}'))
+                        .collect();
+                    let evicted = record.tenant.index() as u8;
+                    model.evict_checked(evicted, &path, record.by_tenant_limit, &what);
+                }
+            }
+            Op::Match { text, .. } => {
+                let chars: Vec<char> = text.chars().collect();
+                let got = tree.prefix_match_symbols(&symbols(text));
+                let (tenant, matched) = model.prefix_match(&chars);
+                assert_eq!(
+                    (got.tenant.map(|id| id.index() as u8), got.matched),
+                    (tenant, matched),
+                    "{what}: prefix_match"
+                );
+            }
+            Op::MatchTenant { text, tenant } => {
+                let t = tenant % TENANTS;
+                let chars: Vec<char> = text.chars().collect();
+                assert_eq!(
+                    tree.prefix_match_tenant_symbols(&symbols(text), ids[t as usize]),
+                    model.prefix_match_tenant(&chars, t),
+                    "{what}: prefix_match_tenant"
+                );
+            }
+            Op::EvictTenants(max) => {
+                tree.evict_tenant_by_size(*max);
+                model.evict_tenants(*max);
+            }
+            Op::EvictTotal(total) => {
+                tree.evict_to_total(*total);
+                model.evict_total(*total);
+            }
+            Op::Remove(tenant) => {
+                let t = tenant % TENANTS;
+                tree.remove_tenant(ids[t as usize]);
+                model.remove(t);
+            }
+        }
+        assert!(
+            budget.used() <= limit || model.is_empty(),
+            "{what}: {} bytes used over the budget of {limit}",
+            budget.used()
+        );
+        assert_eq!(budget.used(), tree.bytes(), "{what}: one tree, one budget");
+        for (t, &id) in ids.iter().enumerate() {
+            let size = tree.tenant_size(id);
+            assert_eq!(size, model.size(t as u8), "{what}: size of tenant {t}");
+            if let Some(max) = tenant_limit {
+                assert!(size <= max, "{what}: tenant {t} holds {size} > {max}");
+            }
+        }
+        if let Err(e) = tree.validate() {
+            panic!("{what}: {e}");
+        }
+    }
+    drop(tree);
+    assert_eq!(budget.used(), 0, "a dropped tree gives its bytes back");
 }
 
 fn to_tokens(chars: &[char]) -> Vec<u32> {

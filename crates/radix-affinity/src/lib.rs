@@ -238,9 +238,11 @@
 //! only for the fuzz target and the crate's own tests; it is hidden from the
 //! docs and not covered by semver.
 
+mod budget;
 mod clock;
 #[doc(hidden)]
 pub mod fuzzing;
+mod seg;
 mod shard;
 mod symbol;
 mod sync;
@@ -248,10 +250,13 @@ mod tenant;
 mod tree;
 pub mod workload;
 
+pub use budget::MemoryBudget;
 pub use clock::Clock;
 pub use symbol::Symbol;
 pub use tenant::TenantId;
-pub use tree::{LockWaits, PrefixMatch, RadixTree, TextTree, TokenTree};
+#[doc(hidden)]
+pub use tree::EvictionRecord;
+pub use tree::{DEFAULT_EVICTION_SAMPLES, LockWaits, PrefixMatch, RadixTree, TextTree, TokenTree};
 
 /// A broken internal invariant found by [`RadixTree::validate`]; always a bug
 /// in this crate.

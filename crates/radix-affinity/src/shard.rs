@@ -16,6 +16,10 @@
 //!   reader never sees freed memory; the borrow checker enforces it, since a
 //!   [`View`] borrows the shard.
 
+use std::sync::Arc;
+
+use crate::budget::Accounts;
+use crate::seg::Segmented;
 use crate::symbol::{Probe, Unit};
 use crate::sync::Backoff;
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, Ordering, fence};
@@ -30,12 +34,19 @@ pub(crate) const LABEL_MAX: usize = 1 << 28;
 /// Retired arrays are freed once a shard holds this many bytes of them.
 const GARBAGE_LIMIT: u64 = 4 << 10;
 
-/// Node slots a shard starts with (the root and a few more), and the least
-/// it adds when it runs out.
-#[cfg(not(loom))]
-const INITIAL_SLOTS: usize = 8;
-#[cfg(loom)]
-const INITIAL_SLOTS: usize = 2;
+/// Accounted bytes of a node's slot (two cache lines).
+pub(crate) const NODE_BYTES: u64 = std::mem::size_of::<Node<u8>>() as u64;
+
+/// What the allocator keeps beside each heap block (glibc's header and
+/// rounding), counted with every label, array and list so that accounted
+/// bytes follow resident memory.
+pub(crate) const HEAP_OVERHEAD: u64 = 16;
+
+/// Accounted bytes of a heap block of `len` items of `T`.
+#[inline]
+pub(crate) fn heap_bytes<T>(len: usize) -> u64 {
+    (len * std::mem::size_of::<T>()) as u64 + HEAP_OVERHEAD
+}
 
 /// A tenant's hold on one node. Every field is atomic so that a lookup can
 /// read it while an insert holding the node's lock writes the array.
@@ -143,37 +154,66 @@ struct Garbage {
     owners: Vec<Box<[Owner]>>,
 }
 
-/// A shard's retired arrays and their size. The size is an atomic beside the
-/// list so that an insert checks it without taking the list's lock.
+/// What a shard has allocated: the bytes it accounts for (live nodes,
+/// labels, arrays, tenant lists) and the arrays it retired but cannot free
+/// yet. Every allocation and free of the shard goes through here, which also
+/// forwards it to the tree's [`Accounts`] (and so to a shared memory budget).
 #[derive(Debug)]
-pub(crate) struct Retired {
+pub(crate) struct Ledger {
     list: Mutex<Garbage>,
-    bytes: AtomicU64,
+    /// Bytes of retired arrays not freed yet (not accounted: freed soon).
+    retired: AtomicU64,
+    /// Accounted bytes.
+    live: AtomicU64,
+    accounts: Arc<Accounts>,
 }
 
-impl Retired {
-    fn new() -> Self {
+impl Ledger {
+    fn new(accounts: Arc<Accounts>) -> Self {
         Self {
             list: Mutex::new(Garbage::default()),
-            bytes: AtomicU64::new(0),
+            retired: AtomicU64::new(0),
+            live: AtomicU64::new(0),
+            accounts,
         }
     }
 
+    /// Accounts `bytes` more.
+    #[inline]
+    fn grow(&self, bytes: u64) {
+        self.live.fetch_add(bytes, Ordering::Relaxed);
+        self.accounts.grow(bytes);
+    }
+
+    /// Accounts `bytes` less.
+    #[inline]
+    fn shrink(&self, bytes: u64) {
+        self.live.fetch_sub(bytes, Ordering::Relaxed);
+        self.accounts.shrink(bytes);
+    }
+
+    /// Accounted bytes of the shard.
+    pub(crate) fn live(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Retires an array readers may still read (it stops being accounted).
     fn push<T: Item>(&self, array: Box<[T]>) {
         let bytes = std::mem::size_of_val(&*array) as u64;
+        self.shrink(heap_bytes::<T>(array.len()));
         T::retire(array, &mut self.list.lock());
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.retired.fetch_add(bytes, Ordering::Relaxed);
     }
 
     fn over_limit(&self) -> bool {
-        self.bytes.load(Ordering::Relaxed) > GARBAGE_LIMIT
+        self.retired.load(Ordering::Relaxed) > GARBAGE_LIMIT
     }
 
     fn free(&mut self) {
         let list = self.list.get_mut();
         list.children.clear();
         list.owners.clear();
-        self.bytes.store(0, Ordering::Relaxed);
+        self.retired.store(0, Ordering::Relaxed);
     }
 }
 
@@ -271,6 +311,7 @@ impl<T> Array<T> {
 }
 
 impl<T: Item> Array<T> {
+    #[cfg(any(loom, test))]
     fn empty() -> Self {
         Self {
             ptr: AtomicPtr::new(std::ptr::null_mut()),
@@ -281,7 +322,7 @@ impl<T: Item> Array<T> {
     /// Makes room for one more item; the caller holds the node's lock (or
     /// exclusive access). A full array is copied into one twice as large and
     /// the old one retired, because readers may still be reading it.
-    fn reserve_one(&self, garbage: &Retired) -> RawArray<T> {
+    fn reserve_one(&self, garbage: &Ledger) -> RawArray<T> {
         let raw = self.load();
         if raw.len() < raw.cap() {
             return raw;
@@ -292,6 +333,7 @@ impl<T: Item> Array<T> {
         for (new, old) in grown.iter().zip(unsafe { raw.items() }) {
             new.copy_from(old);
         }
+        garbage.grow(heap_bytes::<T>(cap));
         let ptr = Box::into_raw(grown).cast::<T>();
         self.ptr.store(ptr, Ordering::Relaxed);
         let meta = ((cap as u64) << 32) | raw.len() as u64;
@@ -439,6 +481,8 @@ impl<'a, U> View<'a, U> {
 }
 
 impl<U: Unit> Node<U> {
+    /// An empty node (what a zeroed chunk holds; see `node_chunk`).
+    #[cfg(any(loom, test))]
     fn empty(generation: u32) -> Self {
         Self {
             version: AtomicU32::new(0),
@@ -606,6 +650,23 @@ impl<U> Node<U> {
             .store((start as u64) | ((end as u64) << 32), Ordering::Relaxed);
     }
 
+    /// Accounted bytes of the label and arrays the node owns.
+    fn contents_bytes(&self) -> u64 {
+        let mut bytes = 0;
+        if !self.label.load(Ordering::Relaxed).is_null() {
+            bytes += heap_bytes::<U>(self.label_cap.load(Ordering::Relaxed) as usize);
+        }
+        let children = self.children.load();
+        if !children.ptr.is_null() {
+            bytes += heap_bytes::<AtomicU64>(children.cap());
+        }
+        let owners = self.owners.load();
+        if !owners.ptr.is_null() {
+            bytes += heap_bytes::<Owner>(owners.cap());
+        }
+        bytes
+    }
+
     /// Frees the label and arrays and resets the node (exclusive access).
     fn free_contents(&mut self) {
         let buf = self.label.load(Ordering::Relaxed);
@@ -691,12 +752,13 @@ impl<'a, U: Unit> NodeGuard<'a, U> {
     }
 
     /// Inserts a child entry in key order (the key must be absent).
-    fn add_child(&self, key: u32, child: u32, garbage: &Retired) {
+    fn add_child(&self, key: u32, child: u32, garbage: &Ledger) {
         let node = self.node;
         let mut raw = node.children.load();
         if raw.ptr.is_null() && raw.len() == 2 {
             // A third child: move the two inline ones to an array.
             let array: Box<[AtomicU64]> = (0..4).map(|_| AtomicU64::new(0)).collect();
+            garbage.grow(heap_bytes::<AtomicU64>(array.len()));
             for (to, from) in array.iter().zip(&node.child_slots) {
                 to.copy_from(from);
             }
@@ -740,7 +802,7 @@ impl<'a, U: Unit> NodeGuard<'a, U> {
         }
     }
 
-    fn add_owner(&self, tenant: u32, pos: u32, held: u32, stamp: u64, garbage: &Retired) {
+    fn add_owner(&self, tenant: u32, pos: u32, held: u32, stamp: u64, garbage: &Ledger) {
         if self.node.inline_owner.load(Ordering::Relaxed) == 0 {
             self.node.owner.set(tenant, pos, held, stamp);
             self.node.inline_owner.store(1, Ordering::Relaxed);
@@ -827,23 +889,45 @@ impl TenantIndex {
     }
 
     /// Appends `node`, which adds `symbols` to the tenant's size, returning
-    /// its position.
-    fn push(&self, node: u32, symbols: u32) -> u32 {
+    /// its position. `tenant` and `shard` name the list for the tree's
+    /// accounts.
+    fn push(&self, node: u32, symbols: u32, tenant: u32, shard: u32, ledger: &Ledger) -> u32 {
         let mut nodes = self.nodes.lock();
         // Under the list's lock, so a plain add (no locked instruction).
         let size = self.size.load(Ordering::Relaxed);
         self.size
             .store(size + u64::from(symbols), Ordering::Relaxed);
+        ledger.accounts.held(tenant, i64::from(symbols), 1);
+        if nodes.is_empty() {
+            ledger.accounts.mark(tenant, shard);
+        }
         if nodes.len() == nodes.capacity() {
             // Allocate the larger list from this thread's allocator arena
             // instead of `realloc`ing a buffer another thread allocated, which
             // takes that thread's arena lock (a futex wait when contended).
             let mut grown = Vec::with_capacity((nodes.capacity() * 2).max(8));
             grown.extend_from_slice(&nodes);
+            if nodes.capacity() > 0 {
+                ledger.shrink(heap_bytes::<u32>(nodes.capacity()));
+            }
+            ledger.grow(heap_bytes::<u32>(grown.capacity()));
             *nodes = grown;
         }
         nodes.push(node);
         (nodes.len() - 1) as u32
+    }
+
+    /// Up to `max` of the nodes listed, all of them when there are at most
+    /// `max`, else from `max` positions drawn with `rng`.
+    fn sample(&self, max: usize, rng: &mut u64, out: &mut Vec<u32>) {
+        let nodes = self.nodes.lock();
+        if nodes.len() <= max {
+            out.extend_from_slice(&nodes);
+            return;
+        }
+        for _ in 0..max {
+            out.push(nodes[crate::budget::draw(rng, nodes.len())]);
+        }
     }
 }
 
@@ -856,40 +940,80 @@ struct Slots {
 
 #[derive(Debug)]
 pub(crate) struct Shard<U> {
-    /// The node arena. Its length (and so where its nodes are) changes only
-    /// under exclusive access; slots past the high-water mark are empty
-    /// nodes ready to hand out.
-    nodes: Vec<Node<U>>,
+    /// The node arena: chunks that never move, so it grows under shared
+    /// access (the slots' lock serializes growth).
+    nodes: Segmented<Node<U>>,
     slots: Mutex<Slots>,
     tenants: Vec<TenantIndex>,
-    garbage: Retired,
+    garbage: Ledger,
+    /// This shard's position in the tree.
+    index: u32,
 }
 
 impl<U> Drop for Shard<U> {
     fn drop(&mut self) {
-        let used = self.slots.get_mut().next as usize;
-        for node in &mut self.nodes[..used] {
-            node.free_contents();
+        let used = self.slots.get_mut().next;
+        for slot in 0..used {
+            if let Some(node) = self.nodes.get_mut(slot) {
+                node.free_contents();
+            }
         }
+        // A dropped tree gives its bytes back to a shared budget.
+        let live = self.garbage.live();
+        self.garbage.shrink(live);
+        let entries: usize = self
+            .tenants
+            .iter_mut()
+            .map(|t| t.nodes.get_mut().len())
+            .sum();
+        self.garbage.accounts.entries_dropped(entries as u64);
     }
 }
 
+/// A chunk of `len` empty nodes.
+fn node_chunk<U>(len: usize) -> Box<[Node<U>]> {
+    #[cfg(not(loom))]
+    {
+        let layout = std::alloc::Layout::array::<Node<U>>(len)
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(std::alloc::Layout::new::<u8>()));
+        // SAFETY: the layout is that of `len` nodes (never zero-sized: a
+        // node is 128 bytes and `len >= 1`), and an all-zero node is
+        // `Node::empty(0)`: every field is an atomic integer (0) or an atomic
+        // pointer (null). Zeroed memory from the allocator is untouched pages
+        // for a large chunk, so slots not used yet cost no resident memory.
+        unsafe {
+            let ptr = std::alloc::alloc_zeroed(layout).cast::<Node<U>>();
+            if ptr.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len))
+        }
+    }
+    #[cfg(loom)]
+    (0..len).map(|_| Node::empty(0)).collect()
+}
+
 impl<U: Unit> Shard<U> {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(index: u32, accounts: Arc<Accounts>) -> Self {
+        let nodes = Segmented::new();
+        nodes.grow_to(ROOT, node_chunk::<U>);
         Self {
-            nodes: (0..INITIAL_SLOTS).map(|_| Node::empty(0)).collect(),
+            nodes,
             slots: Mutex::new(Slots {
                 free: Vec::new(),
                 next: ROOT + 1,
             }),
             tenants: Vec::new(),
-            garbage: Retired::new(),
+            garbage: Ledger::new(accounts),
+            index,
         }
     }
 
     #[inline]
     pub(crate) fn node(&self, index: u32) -> &Node<U> {
-        &self.nodes[index as usize]
+        self.nodes
+            .get(index)
+            .expect("node indices come from slots handed out, whose chunks exist")
     }
 
     /// Slots in use or freed (the arena's high-water mark).
@@ -993,22 +1117,32 @@ impl<U: Unit> Shard<U> {
 
     /// Takes a free slot, or `None` when the arena is full.
     fn alloc(&self) -> Option<u32> {
-        let mut slots = self.slots.lock();
-        if let Some(slot) = slots.free.pop() {
-            return Some(slot);
-        }
-        if (slots.next as usize) < self.nodes.len() {
-            slots.next += 1;
-            return Some(slots.next - 1);
-        }
-        None
+        let slot = {
+            let mut slots = self.slots.lock();
+            match slots.free.pop() {
+                Some(slot) => slot,
+                None => {
+                    let next = slots.next;
+                    // 2^32 slots would be 512 GiB of nodes: a full arena
+                    // only stops growing the tree.
+                    slots.next = next.checked_add(1)?;
+                    // A new chunk is allocated, never a move of the old
+                    // ones: growth needs no exclusive lock.
+                    self.nodes.grow_to(next, node_chunk::<U>);
+                    next
+                }
+            }
+        };
+        self.garbage.grow(NODE_BYTES);
+        Some(slot)
     }
 
     /// Records `tenant`'s hold on the locked `node`, which has `symbols`
     /// symbols.
     fn hold(&self, guard: &NodeGuard<'_, U>, node: u32, tenant: u32, held: u32, now: u64) {
         let symbols = guard.view().symbols;
-        let pos = self.tenants[tenant as usize].push(node, symbols);
+        let pos =
+            self.tenants[tenant as usize].push(node, symbols, tenant, self.index, &self.garbage);
         guard.add_owner(tenant, pos, held, now, &self.garbage);
     }
 
@@ -1049,7 +1183,10 @@ impl<U: Unit> Shard<U> {
                     continue;
                 }
                 let Some(slot) = self.alloc() else {
-                    return Inserted::NeedRoom { retries };
+                    return Inserted::Done {
+                        retries,
+                        collect: false,
+                    };
                 };
                 let new = match leaf.take() {
                     Some((_, new)) => new,
@@ -1062,9 +1199,16 @@ impl<U: Unit> Shard<U> {
                     created.parent.store(node, Ordering::Relaxed);
                     created.symbols.store(new.symbols, Ordering::Relaxed);
                     let len = new.label.len();
+                    self.garbage.grow(heap_bytes::<U>(len));
                     let buf = Box::into_raw(new.label).cast::<U>();
                     created.set_label(buf, len, 0, len);
-                    let pos = self.tenants[tenant as usize].push(slot, new.symbols);
+                    let pos = self.tenants[tenant as usize].push(
+                        slot,
+                        new.symbols,
+                        tenant,
+                        self.index,
+                        &self.garbage,
+                    );
                     created.set_first_owner(tenant, pos, 0, now);
                 }
                 guard.add_child(key, slot, &self.garbage);
@@ -1102,7 +1246,10 @@ impl<U: Unit> Shard<U> {
                     continue;
                 };
                 let Some(mid) = self.alloc() else {
-                    return Inserted::NeedRoom { retries };
+                    return Inserted::Done {
+                        retries,
+                        collect: false,
+                    };
                 };
                 self.split(
                     &parent,
@@ -1162,11 +1309,13 @@ impl<U: Unit> Shard<U> {
         if units <= view.label.len() - units {
             let upper: Box<[U]> = view.label[..units].into();
             let upper_len = upper.len();
+            self.garbage.grow(heap_bytes::<U>(upper_len));
             m.set_label(Box::into_raw(upper).cast::<U>(), upper_len, 0, upper_len);
             c.set_label(buf, cap, cut, end);
         } else {
             let lower: Box<[U]> = view.label[units..].into();
             let lower_len = lower.len();
+            self.garbage.grow(heap_bytes::<U>(lower_len));
             m.set_label(buf, cap, start, cut);
             c.set_label(Box::into_raw(lower).cast::<U>(), lower_len, 0, lower_len);
         }
@@ -1186,7 +1335,7 @@ impl<U: Unit> Shard<U> {
                 o.stamp()
             };
             // Copies: the tenant's size does not change.
-            let pos = self.tenants[t as usize].push(mid, 0);
+            let pos = self.tenants[t as usize].push(mid, 0, t, self.index, &self.garbage);
             if i == 0 {
                 m.set_first_owner(t, pos, 1, stamp);
             } else {
@@ -1204,20 +1353,11 @@ impl<U: Unit> Shard<U> {
     }
 
     /// Makes room for an insert of `tenant` (exclusive access): a tenant
-    /// table that covers it and at least one free slot. Also frees the
-    /// retired arrays.
+    /// table that covers it. Also frees the retired arrays.
     pub(crate) fn make_room(&mut self, tenant: u32) {
         let need = tenant as usize + 1;
         if self.tenants.len() < need {
             self.tenants.resize_with(need, TenantIndex::new);
-        }
-        let slots = self.slots.get_mut();
-        if slots.free.is_empty() && slots.next as usize == self.nodes.len() {
-            // A quarter more each time: few exclusive sections as a shard
-            // grows, and little memory in slots not used yet (the vector's
-            // own spare capacity is never touched, so it is not resident).
-            let more = (self.nodes.len() / 4).max(INITIAL_SLOTS);
-            self.nodes.extend((0..more).map(|_| Node::empty(0)));
         }
         self.collect_garbage();
     }
@@ -1262,6 +1402,70 @@ impl<U: Unit> Shard<U> {
                 }
             }
         }
+    }
+
+    /// Eviction candidates from a sample of this shard (shared access;
+    /// `evict` re-validates them): the leaves among up to `max` of
+    /// `tenant`'s holds, or among up to `max` node slots for any tenant.
+    /// Every hold or slot is looked at when there are at most `max`, so a
+    /// small shard is searched exactly.
+    pub(crate) fn sample_leaves(
+        &self,
+        tenant: Option<u32>,
+        max: usize,
+        rng: &mut u64,
+        scratch: &mut Vec<u32>,
+        out: &mut Vec<Candidate>,
+    ) {
+        scratch.clear();
+        match tenant {
+            Some(t) => {
+                if let Some(index) = self.tenants.get(t as usize) {
+                    index.sample(max, rng, scratch);
+                }
+            }
+            None => {
+                let used = self.slots_used();
+                if used <= 1 {
+                    return;
+                }
+                if used - 1 <= max {
+                    scratch.extend(1..used as u32);
+                } else {
+                    for _ in 0..max {
+                        scratch.push(1 + crate::budget::draw(rng, used - 1) as u32);
+                    }
+                }
+            }
+        }
+        for &node in scratch.iter() {
+            let n = self.node(node);
+            let generation = n.generation.load(Ordering::Relaxed);
+            for o in n.owners().iter() {
+                if tenant.is_some_and(|t| t != o.tenant()) || o.held() != 0 {
+                    continue;
+                }
+                out.push(Candidate {
+                    stamp: o.stamp(),
+                    tenant: o.tenant(),
+                    shard: self.index,
+                    node,
+                    generation,
+                });
+            }
+        }
+    }
+
+    /// The units from the root to the end of `node`'s label (exclusive
+    /// access; for the model tests' eviction log).
+    pub(crate) fn path(&self, mut node: u32) -> Vec<U> {
+        let mut labels = Vec::new();
+        while node != ROOT {
+            let view = self.node(node).view_owned();
+            labels.push(view.label);
+            node = view.parent;
+        }
+        labels.into_iter().rev().flatten().copied().collect()
     }
 
     /// Removes the candidate's hold if it is still the tenant's leaf with the
@@ -1340,6 +1544,17 @@ impl<U: Unit> Shard<U> {
         let moved = list.get(pos).copied();
         let size = index.size.load(Ordering::Relaxed);
         index.size.store(size - symbols, Ordering::Relaxed);
+        let emptied_list = list.is_empty();
+        if emptied_list && list.capacity() > 0 {
+            // An emptied list gives its memory back: a tenant that held
+            // something in many shards once costs nothing there after.
+            self.garbage.shrink(heap_bytes::<u32>(list.capacity()));
+            *list = Vec::new();
+        }
+        self.garbage.accounts.held(tenant, -(symbols as i64), -1);
+        if emptied_list {
+            self.garbage.accounts.unmark(tenant, self.index);
+        }
         if let Some(moved) = moved
             && let Some(o) = self.node(moved).owners_owned().owner(tenant)
         {
@@ -1377,7 +1592,10 @@ impl<U: Unit> Shard<U> {
 
     /// Frees a slot for reuse (exclusive access).
     fn release(&mut self, slot: u32) {
-        let node = &mut self.nodes[slot as usize];
+        let Some(node) = self.nodes.get_mut(slot) else {
+            return;
+        };
+        let bytes = NODE_BYTES + node.contents_bytes();
         node.free_contents();
         let generation = node.generation.load(Ordering::Relaxed).wrapping_add(1);
         node.generation.store(generation, Ordering::Relaxed);
@@ -1385,6 +1603,7 @@ impl<U: Unit> Shard<U> {
         // exclusive section, so its version restarts (see `Node::claim`).
         node.version.store(0, Ordering::Relaxed);
         self.slots.get_mut().free.push(slot);
+        self.garbage.shrink(bytes);
     }
 
     /// Forgets everything `tenant` holds here; returns the symbols removed
@@ -1396,6 +1615,12 @@ impl<U: Unit> Shard<U> {
         let list = std::mem::take(index.nodes.get_mut());
         let removed = index.size.load(Ordering::Relaxed);
         index.size.store(0, Ordering::Relaxed);
+        if list.capacity() > 0 {
+            self.garbage.shrink(heap_bytes::<u32>(list.capacity()));
+        }
+        let accounts = &self.garbage.accounts;
+        accounts.held(tenant, -(removed as i64), -(list.len() as i64));
+        accounts.unmark(tenant, self.index);
         let mut emptied = Vec::new();
         for &node in &list {
             if let Some((_, now_empty)) = self.drop_owner(node, tenant)
@@ -1437,8 +1662,13 @@ impl<U: Unit> Shard<U> {
         let mut recount = vec![0u64; tenants];
         let mut listed = vec![0usize; tenants];
         let mut reachable = 0usize;
+        let mut bytes = 0u64;
         let mut stack = vec![ROOT];
         while let Some(idx) = stack.pop() {
+            bytes += self.node(idx).contents_bytes();
+            if idx != ROOT {
+                bytes += NODE_BYTES;
+            }
             let n = self.node(idx).view_owned();
             let owners = self.node(idx).owners_owned();
             let mut last_key = None;
@@ -1524,9 +1754,19 @@ impl<U: Unit> Shard<U> {
                     recount[t]
                 ));
             }
-            if listed[t] != index.nodes.lock().len() {
+            let list = index.nodes.lock();
+            if listed[t] != list.len() {
                 return Err(format!("tenant {t}: node list length"));
             }
+            if list.capacity() > 0 {
+                bytes += heap_bytes::<u32>(list.capacity());
+            }
+        }
+        if bytes != self.garbage.live() {
+            return Err(format!(
+                "accounted {} bytes, recount {bytes}",
+                self.garbage.live()
+            ));
         }
         Ok(())
     }
@@ -1574,6 +1814,30 @@ mod tests {
     }
 
     #[test]
+    fn a_zeroed_chunk_holds_empty_nodes() {
+        let chunk = node_chunk::<u8>(16);
+        let empty = Node::<u8>::empty(0);
+        let fields = |n: &Node<u8>| {
+            let view = n.view_owned();
+            (
+                n.version.load(Ordering::Relaxed),
+                n.generation.load(Ordering::Relaxed),
+                n.inline_owner.load(Ordering::Relaxed),
+                n.label_cap.load(Ordering::Relaxed),
+                view.parent,
+                view.symbols,
+                view.label.len(),
+                view.children.len(),
+                n.owners_owned().len(),
+                n.contents_bytes(),
+            )
+        };
+        for node in chunk.iter() {
+            assert_eq!(fields(node), fields(&empty));
+        }
+    }
+
+    #[test]
     fn node_is_two_cache_lines_with_the_walk_in_the_first() {
         assert_eq!(std::mem::size_of::<Node<u8>>(), 128);
         assert_eq!(std::mem::size_of::<Node<u32>>(), 128);
@@ -1594,7 +1858,7 @@ mod tests {
             }
             set.len() as u64
         }
-        let mut shard: Shard<u8> = Shard::new();
+        let mut shard: Shard<u8> = Shard::new(0, Arc::new(Accounts::new(None)));
         let texts: Vec<String> = (0..N).map(|i| format!("a{i:05}")).collect();
         for (i, text) in texts.iter().enumerate() {
             insert(&mut shard, text, (i % 3) as u32, 1);
@@ -1617,7 +1881,7 @@ mod tests {
 
     #[test]
     fn freed_slots_are_reused_with_a_new_generation() {
-        let mut shard: Shard<u8> = Shard::new();
+        let mut shard: Shard<u8> = Shard::new(0, Arc::new(Accounts::new(None)));
         insert(&mut shard, "abc", 0, 1);
         let node = root_child(&shard, b'a');
         let generation = shard.node(node).generation.load(Ordering::Relaxed);
@@ -1644,7 +1908,7 @@ mod tests {
 
     #[test]
     fn split_copies_the_shorter_side_and_keeps_stamps() {
-        let mut shard: Shard<u8> = Shard::new();
+        let mut shard: Shard<u8> = Shard::new(0, Arc::new(Accounts::new(None)));
         insert(&mut shard, "abcdefgh", 0, 1);
         let node = root_child(&shard, b'a');
         let buf = shard.node(node).label.load(Ordering::Relaxed);
@@ -1677,12 +1941,12 @@ mod tests {
 
     #[test]
     fn arena_growth_keeps_every_node() {
-        let mut shard: Shard<u8> = Shard::new();
+        let mut shard: Shard<u8> = Shard::new(0, Arc::new(Accounts::new(None)));
         let texts: Vec<String> = (0..200).map(|i| format!("k{i}-{}", i * 7)).collect();
         for text in &texts {
             insert(&mut shard, text, 0, 1);
         }
-        assert!(shard.nodes.len() >= 200);
+        assert!(shard.nodes.capacity() >= 200);
         shard.check().unwrap();
         for text in &texts {
             let end = shard.walk(&UnitProbe(text.as_bytes()), |_| true);

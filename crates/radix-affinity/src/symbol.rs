@@ -23,6 +23,9 @@ pub(crate) mod sealed {
         fn count_symbols(units: &[Self]) -> usize;
         /// Length of the common prefix of `a` and `b`, in units.
         fn common_prefix(a: &[Self], b: &[Self]) -> usize;
+        /// The symbols of `units` (which start and end on symbol
+        /// boundaries) as numbers.
+        fn symbols(units: &[Self]) -> Vec<u32>;
     }
 
     /// Prevents implementations of [`Symbol`](super::Symbol) outside this crate.
@@ -98,6 +101,13 @@ fn is_utf8_continuation(byte: u8) -> bool {
 impl Unit for u8 {
     const ZERO: u8 = 0;
 
+    fn symbols(units: &[u8]) -> Vec<u32> {
+        String::from_utf8_lossy(units)
+            .chars()
+            .map(u32::from)
+            .collect()
+    }
+
     #[inline]
     fn key(units: &[u8]) -> u32 {
         // Decodes the first scalar value of valid UTF-8 (labels are only ever
@@ -162,6 +172,10 @@ impl Unit for u8 {
 
 impl Unit for u32 {
     const ZERO: u32 = 0;
+
+    fn symbols(units: &[u32]) -> Vec<u32> {
+        units.to_vec()
+    }
 
     #[inline]
     fn key(units: &[u32]) -> u32 {

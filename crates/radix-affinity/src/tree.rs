@@ -6,18 +6,19 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::InvariantViolation;
+use crate::budget::{Accounts, MemoryBudget, SHARD_WORDS};
 use crate::clock::{Clock, Ticker};
 use crate::shard::{Candidate, Evicted, Inserted, ROOT, Shard};
-use crate::symbol::{Probe, Symbol, SymbolProbe, UnitProbe};
-use crate::sync::{AtomicU64, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crate::symbol::{Probe, Symbol, SymbolProbe, Unit, UnitProbe};
+use crate::sync::{AtomicU64, Mutex, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::tenant::{Interner, TenantId};
 
 /// Number of shards: one per ASCII code point plus 128 hashed buckets.
 #[cfg(not(loom))]
-const SHARDS: usize = 256;
+pub(crate) const SHARDS: usize = 256;
 /// Few shards under loom so that models stay small.
 #[cfg(loom)]
-const SHARDS: usize = 4;
+pub(crate) const SHARDS: usize = 4;
 
 #[inline]
 fn shard_index(key: u32) -> usize {
@@ -70,6 +71,19 @@ fn acquire<G>(try_lock: impl Fn() -> Option<G>, lock: impl FnOnce() -> G, waits:
 /// Bound on eviction passes when racing inserts keep adding to the tenant.
 const EVICTION_ROUNDS: usize = 4;
 
+/// Most entries one insert evicts to bring its tree back within its limits:
+/// bounded work per insert. An insert adds at most two nodes, and most
+/// evictions free a whole node, so a few suffice in the steady state; the
+/// margin lets inserts catch up after the limit was lowered.
+const EVICTIONS_PER_INSERT: usize = 32;
+
+/// Shards one eviction samples at most (all of them when the tenant, or the
+/// tree, holds something in at most this many).
+const SHARDS_SAMPLED: usize = 8;
+
+/// Default of [`RadixTree::set_eviction_samples`].
+pub const DEFAULT_EVICTION_SAMPLES: usize = 16;
+
 /// Keeps each shard's lock word on its own cache line.
 #[derive(Debug)]
 #[repr(align(128))]
@@ -103,6 +117,18 @@ pub struct LockWaits {
     pub retries: u64,
 }
 
+/// One eviction by a tree's limits, as recorded for the model tests.
+#[doc(hidden)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvictionRecord {
+    /// Whose hold was evicted.
+    pub tenant: TenantId,
+    /// The symbols from the root to the end of the evicted node.
+    pub path: Vec<u32>,
+    /// Evicted for the per-tenant limit (else for the budget).
+    pub by_tenant_limit: bool,
+}
+
 /// Wait counters, written only when a lock is contended.
 #[derive(Debug)]
 struct Waits {
@@ -122,6 +148,15 @@ pub struct RadixTree<S: Symbol = char> {
     tenants: Interner,
     clock: Ticker,
     waits: Padded<Waits>,
+    accounts: Arc<Accounts>,
+    /// Most symbols one tenant may hold (`u64::MAX`: no limit).
+    tenant_limit: AtomicU64,
+    /// Holds (or node slots) one eviction looks at per shard.
+    samples: AtomicU64,
+    /// Seeds of the eviction samplers.
+    seed: AtomicU64,
+    /// Evictions by the limits, recorded for the model tests when on.
+    eviction_log: Option<Mutex<Vec<EvictionRecord>>>,
     _symbols: PhantomData<fn() -> S>,
 }
 
@@ -153,9 +188,22 @@ impl<S: Symbol> RadixTree<S> {
 
     /// An empty tree stamping uses with `clock`.
     pub fn with_clock(clock: Clock) -> Self {
+        Self::build(clock, None, false)
+    }
+
+    /// An empty tree stamping uses with `clock` whose bytes count against
+    /// `budget` (shared with other trees or not): an insert that leaves the
+    /// budget's `used` above its limit evicts this tree's least recently
+    /// used entries before it returns. See [`MemoryBudget`].
+    pub fn with_budget(clock: Clock, budget: Arc<MemoryBudget>) -> Self {
+        Self::build(clock, Some(budget), false)
+    }
+
+    fn build(clock: Clock, budget: Option<Arc<MemoryBudget>>, log: bool) -> Self {
+        let accounts = Arc::new(Accounts::new(budget));
         Self {
             shards: (0..SHARDS)
-                .map(|_| Padded(RwLock::new(Shard::new())))
+                .map(|i| Padded(RwLock::new(Shard::new(i as u32, Arc::clone(&accounts)))))
                 .collect(),
             tenants: Interner::new(),
             clock: Ticker::new(clock),
@@ -164,13 +212,82 @@ impl<S: Symbol> RadixTree<S> {
                 writes: AtomicU64::new(0),
                 retries: AtomicU64::new(0),
             }),
+            accounts,
+            tenant_limit: AtomicU64::new(u64::MAX),
+            samples: AtomicU64::new(DEFAULT_EVICTION_SAMPLES as u64),
+            seed: AtomicU64::new(0x5EED),
+            eviction_log: log.then(|| Mutex::new(Vec::new())),
             _symbols: PhantomData,
         }
     }
 
+    /// A tree that records what its limits evict, for the model tests.
+    #[doc(hidden)]
+    pub fn with_eviction_log(clock: Clock, budget: Option<Arc<MemoryBudget>>) -> Self {
+        Self::build(clock, budget, true)
+    }
+
+    /// What the limits evicted since the last call, when the tree was made by
+    /// [`with_eviction_log`](Self::with_eviction_log).
+    #[doc(hidden)]
+    pub fn take_eviction_log(&self) -> Vec<EvictionRecord> {
+        self.eviction_log
+            .as_ref()
+            .map(|log| std::mem::take(&mut *log.lock()))
+            .unwrap_or_default()
+    }
+
+    /// Limits every tenant to `max_symbols` symbols (`None`: no limit). An
+    /// insert that takes its tenant above the limit evicts that tenant's
+    /// least recently used entries before it returns (vllm-router's
+    /// `--max-tree-size`, enforced at every insert instead of on a timer).
+    pub fn set_tenant_limit(&self, max_symbols: Option<usize>) {
+        let limit = max_symbols.map_or(u64::MAX, |m| m as u64);
+        self.tenant_limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// The per-tenant limit in symbols, if any.
+    pub fn tenant_limit(&self) -> Option<usize> {
+        let limit = self.tenant_limit.load(Ordering::Relaxed);
+        (limit != u64::MAX).then_some(limit as usize)
+    }
+
+    /// How many holds (or node slots) an eviction looks at in each shard it
+    /// samples before it evicts the least recently used leaf among them
+    /// (Redis's `maxmemory-samples`). Default [`DEFAULT_EVICTION_SAMPLES`];
+    /// more is closer to exact LRU and costs more per eviction. A shard that
+    /// holds at most this many is searched exactly. At least 1.
+    pub fn set_eviction_samples(&self, samples: usize) {
+        self.samples.store(samples.max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// The memory budget this tree charges, if any.
+    pub fn budget(&self) -> Option<&Arc<MemoryBudget>> {
+        self.accounts.budget()
+    }
+
+    /// Bytes of prefix state this tree accounts for (what it charges its
+    /// budget): nodes, labels, arrays and per-tenant node lists.
+    pub fn bytes(&self) -> u64 {
+        self.accounts.bytes()
+    }
+
+    /// Entries in the tree: one per tenant per node it holds.
+    pub fn entries(&self) -> u64 {
+        self.accounts.entries()
+    }
+
+    /// Entries evicted by the tree's limits (budget and per-tenant limit)
+    /// since it was made; explicit `evict_*` calls are not counted.
+    pub fn evicted(&self) -> u64 {
+        self.accounts.evicted()
+    }
+
     /// The id of tenant `name`, interning it on first use (idempotent).
     pub fn intern(&self, name: &str) -> TenantId {
-        self.tenants.intern(name)
+        let id = self.tenants.intern(name);
+        self.accounts.open(id.0);
+        id
     }
 
     /// The id of tenant `name` if it was interned.
@@ -460,7 +577,67 @@ impl<S: Symbol> RadixTree<S> {
                 self.write_shard(shard).make_room(tenant.0);
             }
             if matches!(outcome, Inserted::Done { .. }) {
+                break;
+            }
+        }
+        self.enforce_limits(tenant.0);
+    }
+
+    /// Brings the tree back within its per-tenant limit (for `tenant`, which
+    /// just inserted) and its budget, in bounded work.
+    fn enforce_limits(&self, tenant: u32) {
+        let limit = self.tenant_limit.load(Ordering::Relaxed);
+        if self.accounts.symbols(tenant) > limit {
+            self.evict_sampled(Some(tenant), || self.accounts.symbols(tenant) > limit);
+        }
+        if let Some(budget) = self.accounts.budget()
+            && budget.over()
+        {
+            self.evict_sampled(None, || budget.over());
+        }
+    }
+
+    /// Evicts sampled least recently used leaves of `tenant` (or of anyone)
+    /// while `over` says so, at most [`EVICTIONS_PER_INSERT`] of them. Each
+    /// eviction reads a sample of each of a few shards under their shared
+    /// locks, then takes the chosen shard's lock exclusively to remove one
+    /// node: no step holds a lock for more than one node's work, and nothing
+    /// walks the whole tree.
+    fn evict_sampled(&self, tenant: Option<u32>, over: impl Fn() -> bool) {
+        let samples = self.samples.load(Ordering::Relaxed) as usize;
+        let mut rng = self
+            .seed
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        let mut scratch = Vec::new();
+        let mut candidates = Vec::new();
+        for _ in 0..EVICTIONS_PER_INSERT {
+            if !over() {
                 return;
+            }
+            candidates.clear();
+            let map = self.accounts.shards(tenant, self.tenants.count());
+            for shard in pick_shards(&map, &mut rng).iter().flatten() {
+                self.read_shard(&self.shards[*shard as usize].0)
+                    .sample_leaves(tenant, samples, &mut rng, &mut scratch, &mut candidates);
+            }
+            let Some(&oldest) = candidates.iter().min() else {
+                return;
+            };
+            let mut shard = self.write_shard(&self.shards[oldest.shard as usize].0);
+            let path = self
+                .eviction_log
+                .as_ref()
+                .map(|_| <S::Unit as Unit>::symbols(&shard.path(oldest.node)));
+            if let Evicted::Removed { .. } = shard.evict(oldest) {
+                drop(shard);
+                self.accounts.count_evicted();
+                if let (Some(log), Some(path)) = (&self.eviction_log, path) {
+                    log.lock().push(EvictionRecord {
+                        tenant: TenantId(oldest.tenant),
+                        path,
+                        by_tenant_limit: tenant.is_some(),
+                    });
+                }
             }
         }
     }
@@ -554,4 +731,35 @@ fn prefetch<T>(input: &[T]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (input, MAX_BYTES, LINE);
+}
+
+/// Up to [`SHARDS_SAMPLED`] shards whose bit is set in `map`: all of them when
+/// there are that few, else drawn with `rng`.
+fn pick_shards(map: &[u64; SHARD_WORDS], rng: &mut u64) -> [Option<u32>; SHARDS_SAMPLED] {
+    let mut picked = [None; SHARDS_SAMPLED];
+    let set: usize = map.iter().map(|w| w.count_ones() as usize).sum();
+    let nth = |mut n: usize| -> Option<u32> {
+        for (i, &word) in map.iter().enumerate() {
+            let ones = word.count_ones() as usize;
+            if n < ones {
+                let mut bits = word;
+                for _ in 0..n {
+                    bits &= bits - 1;
+                }
+                return Some(i as u32 * 64 + bits.trailing_zeros());
+            }
+            n -= ones;
+        }
+        None
+    };
+    if set <= SHARDS_SAMPLED {
+        for (slot, n) in picked.iter_mut().zip(0..set) {
+            *slot = nth(n);
+        }
+    } else {
+        for slot in &mut picked {
+            *slot = nth(crate::budget::draw(rng, set));
+        }
+    }
+    picked
 }

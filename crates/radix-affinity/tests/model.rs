@@ -2,7 +2,7 @@
 //! (`radix_affinity::fuzzing::Model`), on ASCII and on multi-byte text.
 
 use proptest::prelude::*;
-use radix_affinity::fuzzing::{Op, check_ops};
+use radix_affinity::fuzzing::{Op, check_budget_ops, check_ops};
 
 /// Texts over a small alphabet so that prefixes are shared often; built from a
 /// few stems so that long shared prefixes (system prompts) occur too.
@@ -48,6 +48,18 @@ proptest! {
     #[test]
     fn multibyte_text_matches_model(ops in prop::collection::vec(op(MULTIBYTE), 1..60)) {
         check_ops(&ops);
+    }
+
+    /// A byte budget and a per-tenant limit enforced by every insert: the
+    /// trees stay within both after every operation, evict exactly the
+    /// model's least recently used leaves, and match like the model.
+    #[test]
+    fn limits_hold_after_every_operation(
+        ops in prop::collection::vec(op(MULTIBYTE), 1..60),
+        limit in 0u64..6000,
+        tenant_limit in prop::option::of(0usize..40),
+    ) {
+        check_budget_ops(&ops, limit, tenant_limit);
     }
 }
 
