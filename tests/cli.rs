@@ -44,6 +44,7 @@ fn every_flag_has_vllm_routers_default() {
     assert_eq!(a.balance_rel_threshold, 1.5);
     assert_eq!(a.eviction_interval_secs, 120);
     assert_eq!(a.max_tree_size, 1 << 26);
+    assert_eq!(a.max_tree_bytes, 1 << 30);
     assert_eq!(a.block_size, 16, "vLLM's default block size");
     assert_eq!(a.max_payload_size, 512 * 1024 * 1024);
     assert_eq!(a.intra_node_data_parallel_size, 1);
@@ -182,6 +183,7 @@ fn defaults_map_onto_the_router_config() {
     assert_eq!(c.policy.name, "cache_aware");
     assert_eq!(c.policy.cache_aware.cache_threshold, 0.3);
     assert_eq!(c.policy.cache_aware.max_tree_size, 1 << 26);
+    assert_eq!(c.policy.cache_aware.max_tree_bytes, 1 << 30);
     assert_eq!(c.max_payload_size, 512 << 20);
     assert_eq!(c.concurrency.max_concurrent, 32768);
     assert_eq!(c.concurrency.queue_size, 100);
@@ -225,6 +227,8 @@ fn flags_map_onto_the_router_config() {
         "30",
         "--max-tree-size",
         "1000",
+        "--max-tree-bytes",
+        "65536",
         "--max-payload-size",
         "1024",
         "--max-concurrent-requests",
@@ -302,6 +306,7 @@ fn flags_map_onto_the_router_config() {
     );
     assert_eq!(c.eviction_interval, Duration::from_secs(30));
     assert_eq!(c.policy.cache_aware.max_tree_size, 1000);
+    assert_eq!(c.policy.cache_aware.max_tree_bytes, 65536);
     assert_eq!(c.max_payload_size, 1024);
     assert_eq!(c.concurrency.max_concurrent, 7);
     assert_eq!(c.concurrency.queue_size, 0);

@@ -249,7 +249,9 @@ pub struct Args {
     /// ...and is more than this factor (>= 1.0) times it.
     #[arg(long, default_value_t = 1.5, help_heading = "Policy")]
     pub balance_rel_threshold: f64,
-    /// cache_aware: seconds between evictions of the prefix trees.
+    /// cache_aware: seconds between upkeep passes over the prefix trees (a
+    /// fallback: every insert keeps its tree within --max-tree-size and
+    /// --max-tree-bytes).
     #[arg(
         long,
         alias = "eviction-interval",
@@ -257,9 +259,21 @@ pub struct Args {
         help_heading = "Policy"
     )]
     pub eviction_interval_secs: u64,
-    /// cache_aware: per-worker prefix-tree budget, in characters.
+    /// cache_aware: per-worker prefix-tree limit, in characters (tokens on
+    /// token ids); an insert past it evicts the worker's least recently used
+    /// entries first.
     #[arg(long, default_value_t = 67_108_864, help_heading = "Policy")]
     pub max_tree_size: usize,
+    /// cache_aware and kv_aware: memory budget of all prefix trees (every
+    /// model, pool and kind), in bytes; an insert past it evicts least
+    /// recently used entries first.
+    #[arg(
+        long,
+        default_value_t = lb_policies::DEFAULT_MAX_TREE_BYTES,
+        value_name = "BYTES",
+        help_heading = "Policy"
+    )]
+    pub max_tree_bytes: u64,
     /// cache_aware on token ids: the engines' KV block size (vLLM's
     /// --block-size). A token match counts in whole blocks, and
     /// --cache-threshold applies to those cached tokens.

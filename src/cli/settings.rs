@@ -657,6 +657,7 @@ fn check_ranges(a: &Args) -> Result<(), CliError> {
     fraction("pool_panic_threshold", a.pool_panic_threshold)?;
     positive("eviction_interval_secs", a.eviction_interval_secs)?;
     positive("max_tree_size", a.max_tree_size as u64)?;
+    positive("max_tree_bytes", a.max_tree_bytes)?;
     positive("block_size", a.block_size as u64)?;
     positive("max_payload_size", a.max_payload_size as u64)?;
     positive("request_timeout_secs", a.request_timeout_secs)?;
@@ -1017,6 +1018,7 @@ fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
     cache.balance_rel_threshold = a.balance_rel_threshold;
     cache.eviction_interval = Duration::from_secs(a.eviction_interval_secs);
     cache.max_tree_size = a.max_tree_size;
+    cache.max_tree_bytes = a.max_tree_bytes;
     cache.block_size = a.block_size;
     cache
         .validate()

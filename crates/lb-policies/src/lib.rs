@@ -125,7 +125,7 @@ pub use context::{HashKeySource, HashKeys, OwnedContext, RequestContext, Routing
 pub use decision::{Decision, DecisionCounters, DecisionCounts, DecisionReason};
 pub use error::PolicyError;
 pub use membership::MembershipEvent;
-pub use policies::cache_aware::{CacheAware, CacheAwareConfig, LoadGate};
+pub use policies::cache_aware::{CacheAware, CacheAwareConfig, DEFAULT_MAX_TREE_BYTES, LoadGate};
 pub use policies::consistent_hash::{ConsistentHash, ConsistentHashConfig};
 #[cfg(feature = "kv-index")]
 pub use policies::kv_aware::{KvAware, KvSources, KvStreams};
@@ -134,7 +134,8 @@ pub use policies::power_of_two::{LoadSource, PowerOfTwo};
 pub use policies::random::RandomPolicy;
 pub use policies::rendezvous::RendezvousHash;
 pub use policies::round_robin::RoundRobin;
-pub use policy::{Counted, Policy, PolicyState};
+pub use policy::{Counted, Policy, PolicyState, TreeStats};
+pub use radix_affinity::MemoryBudget;
 pub use registry::{
     BUILTIN_POLICIES, INDEX_POLICIES, ModelPolicy, PolicyConfig, PolicyFactory, PolicyRegistry,
     build_builtin,

@@ -26,11 +26,54 @@ pub trait PolicyState: Send + Sync {
     /// its trees to their budget here). The default does nothing.
     fn maintain(&self) {}
 
+    /// For policies that keep prefix trees: their size, one entry per kind
+    /// of tree (summed over models), for the host's metrics. The default,
+    /// for stateless policies, is empty.
+    fn tree_stats(&self) -> Vec<TreeStats> {
+        Vec::new()
+    }
+
+    /// For policies that keep prefix trees: the memory budget they charge.
+    fn tree_budget(&self) -> Option<Arc<radix_affinity::MemoryBudget>> {
+        None
+    }
+
     /// For policies that keep prefix affinity: how many symbols each member
     /// (by key) holds in the policy's trees, for the host's metrics. The
     /// default, for stateless policies, is empty.
     fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
         Vec::new()
+    }
+}
+
+/// The size of a policy's prefix trees of one kind, summed over its models.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TreeStats {
+    /// `"text"` or `"tokens"`.
+    pub kind: &'static str,
+    /// Accounted bytes ([`RadixTree::bytes`](radix_affinity::RadixTree::bytes)).
+    pub bytes: u64,
+    /// Entries: one per worker per node it holds.
+    pub entries: u64,
+    /// Entries evicted by the limits since the trees were made.
+    pub evicted: u64,
+}
+
+impl TreeStats {
+    /// Zero stats of `kind`.
+    pub fn new(kind: &'static str) -> Self {
+        Self {
+            kind,
+            ..Self::default()
+        }
+    }
+
+    /// Adds `tree`'s figures.
+    pub fn add<S: radix_affinity::Symbol>(&mut self, tree: &radix_affinity::RadixTree<S>) {
+        self.bytes += tree.bytes();
+        self.entries += tree.entries();
+        self.evicted += tree.evicted();
     }
 }
 
@@ -60,6 +103,12 @@ macro_rules! forward_policy {
             }
             fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
                 (**self).affinity_sizes()
+            }
+            fn tree_stats(&self) -> Vec<TreeStats> {
+                (**self).tree_stats()
+            }
+            fn tree_budget(&self) -> Option<Arc<radix_affinity::MemoryBudget>> {
+                (**self).tree_budget()
             }
         }
 
@@ -123,6 +172,12 @@ impl<P: PolicyState + ?Sized> PolicyState for Counted<P> {
     }
     fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
         self.inner.affinity_sizes()
+    }
+    fn tree_stats(&self) -> Vec<TreeStats> {
+        self.inner.tree_stats()
+    }
+    fn tree_budget(&self) -> Option<Arc<radix_affinity::MemoryBudget>> {
+        self.inner.tree_budget()
     }
 }
 

@@ -16,7 +16,7 @@ use crate::policies::power_of_two::PowerOfTwo;
 use crate::policies::random::RandomPolicy;
 use crate::policies::rendezvous::RendezvousHash;
 use crate::policies::round_robin::RoundRobin;
-use crate::policy::{Counted, Policy, PolicyState};
+use crate::policy::{Counted, Policy, PolicyState, TreeStats};
 use crate::sync::{Mutex, RwLock};
 
 /// The built-in policy names, as on the command line.
@@ -350,6 +350,24 @@ impl<B: Backend> PolicyRegistry<B> {
             })
             .collect();
         out.sort();
+        out
+    }
+
+    /// `(model, stats)` of every instance's prefix trees, sorted by model
+    /// and kind of tree: the host's tree memory metrics.
+    pub fn tree_stats(&self) -> Vec<(String, TreeStats)> {
+        let mut out: Vec<_> = self
+            .instances
+            .read()
+            .iter()
+            .flat_map(|(model, policy)| {
+                policy
+                    .tree_stats()
+                    .into_iter()
+                    .map(move |stats| (model.to_string(), stats))
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.0, a.1.kind).cmp(&(&b.0, b.1.kind)));
         out
     }
 

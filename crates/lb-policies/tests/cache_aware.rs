@@ -448,26 +448,69 @@ fn models_have_separate_trees() {
 }
 
 #[test]
-fn eviction_trims_each_worker_to_its_budget() {
+fn every_insert_keeps_each_worker_within_max_tree_size() {
     let mut config = CacheAwareConfig::default();
     config.max_tree_size = 1000;
+    // Exact use order: all 50 inserts fall in one tick of the default
+    // coarse clock, and uses within a tick are unordered.
+    config.tree_clock = radix_affinity::Clock::Logical;
     let p = CacheAware::new(config).expect("valid");
     let fleet = fleet(1);
     for i in 0..50 {
         select(&p, &fleet, &format!("{i:04} {}", "x".repeat(200)));
+        // No timer: the insert itself evicted.
+        assert!(p.affinity_size(MODEL, &key(0)) <= 1000, "after insert {i}");
     }
-    assert!(p.affinity_size(MODEL, &key(0)) > 1000);
-    p.maintain();
-    assert!(p.affinity_size(MODEL, &key(0)) <= 1000);
+    assert!(
+        p.affinity_size(MODEL, &key(0)) > 600,
+        "the newest texts stay"
+    );
+    // The most recent text is still routed on.
+    let last = format!("{:04} {}", 49, "x".repeat(200));
+    assert_eq!(select(&p, &fleet, &last).1, DecisionReason::CacheHit);
+}
+
+#[test]
+fn policies_sharing_a_budget_stay_within_it_together() {
+    let budget = lb_policies::MemoryBudget::new(64 * 1024);
+    let policy = |budget: &std::sync::Arc<lb_policies::MemoryBudget>| {
+        let mut config = CacheAwareConfig::default();
+        config.tree_budget = Some(std::sync::Arc::clone(budget));
+        CacheAware::new(config).expect("valid")
+    };
+    let (a, b) = (policy(&budget), policy(&budget));
+    let fleet = fleet(2);
+    let text = |i: usize| format!("{i:05} {}", "y".repeat(1000));
+    for i in 0..400 {
+        select(&a, &fleet, &text(i));
+        select(&b, &fleet, &text(100_000 + i));
+        // At most one insert's worth over (about 1.2 KB for 1 KB of text).
+        assert!(
+            budget.used() <= 64 * 1024 + 2048,
+            "{} after {i}",
+            budget.used()
+        );
+    }
+    assert!(budget.evicted() > 0);
+    assert!(a.budget().used() == budget.used());
+    // Lowering the budget is applied by the upkeep to trees nobody
+    // inserts into any more.
+    budget.set_limit(16 * 1024);
+    for _ in 0..64 {
+        a.maintain();
+        b.maintain();
+    }
+    assert!(budget.used() <= 16 * 1024, "{}", budget.used());
 }
 
 #[test]
 fn invalid_knobs_are_rejected() {
-    let cases: [fn(&mut CacheAwareConfig); 5] = [
+    let cases: [fn(&mut CacheAwareConfig); 6] = [
         |c| c.cache_threshold = 1.5,
         |c| c.cache_threshold = f64::NAN,
         |c| c.balance_rel_threshold = 0.5,
         |c| c.max_tree_size = 0,
+        |c| c.max_tree_bytes = 0,
         |c| c.eviction_interval = std::time::Duration::ZERO,
     ];
     for set in cases {

@@ -971,7 +971,7 @@ impl<U> Drop for Shard<U> {
 }
 
 /// A chunk of `len` empty nodes.
-fn node_chunk<U>(len: usize) -> Box<[Node<U>]> {
+fn node_chunk<U: Unit>(len: usize) -> Box<[Node<U>]> {
     #[cfg(not(loom))]
     {
         let layout = std::alloc::Layout::array::<Node<U>>(len)

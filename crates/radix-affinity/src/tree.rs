@@ -580,12 +580,24 @@ impl<S: Symbol> RadixTree<S> {
                 break;
             }
         }
-        self.enforce_limits(tenant.0);
+        self.enforce_limits_after(tenant.0);
+    }
+
+    /// Brings the tree within its per-tenant limit and its budget, evicting
+    /// a bounded number of entries per tenant over its limit and for the
+    /// budget (inserts do this for their own tenant as they go). For a
+    /// host's timer: trees nobody inserts into after a shared budget filled
+    /// up, or after a limit was lowered, come back within it over a few
+    /// calls.
+    pub fn enforce_limits(&self) {
+        for tenant in 0..self.tenants.count() {
+            self.enforce_limits_after(tenant);
+        }
     }
 
     /// Brings the tree back within its per-tenant limit (for `tenant`, which
     /// just inserted) and its budget, in bounded work.
-    fn enforce_limits(&self, tenant: u32) {
+    fn enforce_limits_after(&self, tenant: u32) {
         let limit = self.tenant_limit.load(Ordering::Relaxed);
         if self.accounts.symbols(tenant) > limit {
             self.evict_sampled(Some(tenant), || self.accounts.symbols(tenant) > limit);

@@ -79,11 +79,18 @@ where
                 .kv_events()
                 .map(|hub| hub.statuses())
                 .unwrap_or_default();
+            let trees = tree_shares(router);
             let workers: Vec<_> = router
                 .all_workers()
                 .iter()
                 .map(|w| {
                     let mut json = worker_json(w);
+                    // Its part of its pool's prefix trees (all models).
+                    let (symbols, share) = trees.get(w.key()).copied().unwrap_or((0, 0.0));
+                    json["prefix_tree"] = serde_json::json!({
+                        "symbols": symbols,
+                        "share": share,
+                    });
                     // What cache-aware matches for the worker's model:
                     // the engine's token ids, or the messages' text.
                     json["routing"] = routing_mode(router, w.model_id().unwrap_or("")).into();
@@ -173,6 +180,100 @@ fn routing_mode(router: &Router, model: &str) -> &'static str {
     {
         let _ = (router, model);
         "text"
+    }
+}
+
+/// Each worker's symbols in its pool's prefix trees (all models, text and
+/// tokens) and their share of the pool's total, by worker key.
+fn tree_shares(router: &Router) -> std::collections::HashMap<Arc<str>, (usize, f64)> {
+    let mut pools = vec![router.policies().affinity_sizes()];
+    if let Some(pd) = router.pd() {
+        pools.push(pd.prefill().policies().affinity_sizes());
+        pools.push(pd.decode().policies().affinity_sizes());
+    }
+    let mut shares = std::collections::HashMap::new();
+    for sizes in pools {
+        let total: usize = sizes.iter().map(|(_, _, size)| size).sum();
+        let mut by_key: std::collections::HashMap<Arc<str>, usize> =
+            std::collections::HashMap::new();
+        for (_, key, size) in sizes {
+            *by_key.entry(key).or_default() += size;
+        }
+        for (key, size) in by_key {
+            let share = if total == 0 {
+                0.0
+            } else {
+                size as f64 / total as f64
+            };
+            shares.insert(key, (size, share));
+        }
+    }
+    shares
+}
+
+/// The prefix trees' memory: the budget every cache-aware policy charges,
+/// and each pool's trees by model and kind.
+fn render_trees(router: &Router, exposition: &mut Exposition<'_>) {
+    if let Some(budget) = &router.config().policy.cache_aware.tree_budget {
+        exposition
+            .family(
+                "router_tree_memory_budget_bytes",
+                MetricType::Gauge,
+                "Memory budget of all prefix trees (--max-tree-bytes).",
+            )
+            .sample(&[], budget.limit());
+        exposition
+            .family(
+                "router_tree_memory_bytes",
+                MetricType::Gauge,
+                "Bytes of prefix state all trees account for against the budget.",
+            )
+            .sample(&[], budget.used());
+        exposition
+            .family(
+                "router_tree_evictions_total",
+                MetricType::Counter,
+                "Tree entries (a worker's hold on a prefix) evicted to keep within the \
+                 budget and the per-worker limit.",
+            )
+            .sample(&[], budget.evicted());
+    }
+    let mut pools = vec![("regular", router.policies().tree_stats())];
+    if let Some(pd) = router.pd() {
+        pools.push(("prefill", pd.prefill().policies().tree_stats()));
+        pools.push(("decode", pd.decode().policies().tree_stats()));
+    }
+    type Field = fn(&lb_policies::TreeStats) -> u64;
+    let families: [(&str, MetricType, &str, Field); 3] = [
+        (
+            "router_tree_bytes",
+            MetricType::Gauge,
+            "Bytes a pool's prefix trees of one kind account for, by model.",
+            |s| s.bytes,
+        ),
+        (
+            "router_tree_entries",
+            MetricType::Gauge,
+            "Entries (a worker's hold on a prefix) in a pool's trees of one kind, by model.",
+            |s| s.entries,
+        ),
+        (
+            "router_tree_evicted_entries_total",
+            MetricType::Counter,
+            "Entries a pool's trees of one kind evicted to keep within their limits, by model.",
+            |s| s.evicted,
+        ),
+    ];
+    for (name, kind, help, field) in families {
+        let mut family = exposition.family(name, kind, help);
+        for (pool, stats) in &pools {
+            for (model, stats) in stats {
+                family.sample(
+                    &[("pool", pool), ("model", model), ("tree", &stats.kind)],
+                    field(stats),
+                );
+            }
+        }
     }
 }
 
@@ -448,6 +549,7 @@ fn metrics(router: &Router) -> Response<BoxBody> {
         };
         family.sample(&[("model", &model), ("worker", worker)], size);
     }
+    render_trees(router, &mut exposition);
     exposition
         .family(
             "router_in_flight_requests",

@@ -99,7 +99,8 @@ impl Router {
     /// When a pool's policy is `kv_aware` (feature `kv-events`), the router
     /// also builds the KV event subscriptions that feed it
     /// ([`Router::kv_events`]); [`Router::spawn_background`] starts them.
-    pub fn new(config: RouterConfig) -> Result<Self, ConfigError> {
+    pub fn new(mut config: RouterConfig) -> Result<Self, ConfigError> {
+        share_tree_budget(&mut config);
         #[cfg(feature = "kv-events")]
         let (config, kv) = {
             let mut config = config;
@@ -118,9 +119,10 @@ impl Router {
     /// and no KV event subscriptions are made (a host that builds its own
     /// `kv_aware` policy feeds its index itself).
     pub fn with_policies(
-        config: RouterConfig,
+        mut config: RouterConfig,
         policies: PolicyRegistry<Arc<Worker>>,
     ) -> Result<Self, ConfigError> {
+        share_tree_budget(&mut config);
         #[cfg(feature = "kv-events")]
         return Self::build(config, policies, None);
         #[cfg(not(feature = "kv-events"))]
@@ -889,10 +891,19 @@ impl Router {
             ticker.tick().await;
             loop {
                 ticker.tick().await;
-                evictor.pool.policies().maintain();
-                if let Some(pd) = &evictor.pd {
-                    pd.pools().prefill().policies().maintain();
-                    pd.pools().decode().policies().maintain();
+                // Inserts keep the trees within their limits; this fallback
+                // reaches trees nobody inserts into. Bounded work, but off
+                // the runtime's threads all the same.
+                let shared = Arc::clone(&evictor);
+                let upkeep = tokio::task::spawn_blocking(move || {
+                    shared.pool.policies().maintain();
+                    if let Some(pd) = &shared.pd {
+                        pd.pools().prefill().policies().maintain();
+                        pd.pools().decode().policies().maintain();
+                    }
+                });
+                if let Err(err) = upkeep.await {
+                    tracing::error!(error = %err, "prefix tree upkeep failed");
                 }
             }
         });
@@ -1068,6 +1079,30 @@ fn attach_kv_events(config: &mut RouterConfig) -> Option<Arc<crate::kv_events::K
         sources,
         roles,
     )))
+}
+
+/// Makes every cache-aware policy of the router (the regular pool's and the
+/// P/D pools', every model's instance) charge one memory budget: the size
+/// of `config.policy`'s `max_tree_bytes`, unless the host set a budget of
+/// its own. Returns it.
+fn share_tree_budget(config: &mut RouterConfig) -> Arc<lb_policies::MemoryBudget> {
+    let budget = config
+        .policy
+        .cache_aware
+        .tree_budget
+        .get_or_insert_with(|| {
+            lb_policies::MemoryBudget::new(config.policy.cache_aware.max_tree_bytes)
+        })
+        .clone();
+    if let Some(pd) = &mut config.pd {
+        for policy in [&mut pd.prefill_policy, &mut pd.decode_policy]
+            .into_iter()
+            .flatten()
+        {
+            policy.cache_aware.tree_budget = Some(Arc::clone(&budget));
+        }
+    }
+    budget
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize as HintCell;
 use std::time::Duration;
 
-use radix_affinity::{Clock, PrefixMatch, TenantId, TextTree, TokenTree};
+use radix_affinity::{Clock, MemoryBudget, PrefixMatch, TenantId, TextTree, TokenTree};
 
 use super::{fair_least_loaded, find_candidate, min_available_load};
 use crate::backend::Backend;
@@ -48,7 +48,7 @@ use crate::context::{RequestContext, RoutingInput};
 use crate::decision::{Decision, DecisionReason};
 use crate::error::PolicyError;
 use crate::membership::MembershipEvent;
-use crate::policy::{Policy, PolicyState};
+use crate::policy::{Policy, PolicyState, TreeStats};
 use crate::sync::{AtomicUsize, Mutex, Ordering, RwLock};
 
 /// How cache-aware decides that affinity must yield to load.
@@ -66,6 +66,13 @@ pub enum LoadGate {
     /// simulations; not recommended.
     FleetWide,
 }
+
+/// Default of [`CacheAwareConfig::max_tree_bytes`]: 1 GiB. A 1 KB chat
+/// prompt costs about 1.2 KB of tree (its label, a node, a split), so this
+/// holds the last ~850,000 distinct prompts, far more than any simulated
+/// workload reuses (docs/benchmarks.md, "Soak"), and fits the reference
+/// Kubernetes manifests' 4 GiB limit with room for the rest of the router.
+pub const DEFAULT_MAX_TREE_BYTES: u64 = 1 << 30;
 
 /// Knobs of [`CacheAware`].
 #[derive(Clone, Debug, PartialEq)]
@@ -95,13 +102,28 @@ pub struct CacheAwareConfig {
     /// Relative load margin: ...and only if its load is more than this
     /// factor times the least loaded candidate's. At least 1.0. Default 1.5.
     pub balance_rel_threshold: f64,
-    /// How often the host should call [`CacheAware::evict`] (the policy
+    /// How often the host should call [`CacheAware::evict`], the fallback
+    /// that applies a lowered limit to trees no request inserts into (every
+    /// insert already keeps its tree within the limits below; the policy
     /// runs no timer of its own). Default 120 s.
     pub eviction_interval: Duration,
-    /// Per-tenant tree budget in symbols (chars or tokens) that eviction
-    /// trims each worker's least recently used entries down to. Default
-    /// 2^26 (67,108,864).
+    /// Per-worker tree limit in symbols (chars or tokens): an insert that
+    /// takes its worker above it evicts that worker's least recently used
+    /// entries first. vllm-router's `--max-tree-size`. Default 2^26
+    /// (67,108,864).
     pub max_tree_size: usize,
+    /// Memory budget in bytes of all the policy's prefix trees (text and
+    /// token trees of every model): an insert that takes the budget's use
+    /// above it evicts least recently used entries first, so the trees never
+    /// hold more than this plus what the inserts in flight add. Ignored when
+    /// [`tree_budget`](Self::tree_budget) is set. Default 1 GiB.
+    pub max_tree_bytes: u64,
+    /// A budget shared with other policies (a host's P/D pools and
+    /// per-model instances all charge one budget of its own size, and the
+    /// host reports it). `None` (default): the policy makes its own of
+    /// [`max_tree_bytes`](Self::max_tree_bytes). Not serialized.
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub tree_budget: Option<Arc<MemoryBudget>>,
     /// Which load gate to apply. Default [`LoadGate::PerRequest`].
     pub gate: LoadGate,
     /// How the trees stamp uses, which decides the owner a match returns
@@ -125,6 +147,8 @@ impl Default for CacheAwareConfig {
             balance_rel_threshold: 1.5,
             eviction_interval: Duration::from_secs(120),
             max_tree_size: 1 << 26,
+            max_tree_bytes: DEFAULT_MAX_TREE_BYTES,
+            tree_budget: None,
             gate: LoadGate::PerRequest,
             tree_clock: Clock::Coarse,
         }
@@ -164,6 +188,12 @@ impl CacheAwareConfig {
         if self.max_tree_size == 0 {
             return Err(PolicyError::InvalidConfig {
                 field: "max_tree_size",
+                reason: "must be greater than zero".to_owned(),
+            });
+        }
+        if self.max_tree_bytes == 0 {
+            return Err(PolicyError::InvalidConfig {
+                field: "max_tree_bytes",
                 reason: "must be greater than zero".to_owned(),
             });
         }
@@ -218,12 +248,19 @@ pub(crate) struct ModelState {
 }
 
 impl ModelState {
-    fn new<'k>(clock: Clock, members: impl IntoIterator<Item = &'k (Arc<str>, bool)>) -> Self {
+    fn new<'k>(
+        config: &CacheAwareConfig,
+        budget: &Arc<MemoryBudget>,
+        members: impl IntoIterator<Item = &'k (Arc<str>, bool)>,
+    ) -> Self {
+        let clock = config.tree_clock;
         let state = ModelState {
-            text: TextTree::with_clock(clock),
-            tokens: TokenTree::with_clock(clock),
+            text: TextTree::with_budget(clock, Arc::clone(budget)),
+            tokens: TokenTree::with_budget(clock, Arc::clone(budget)),
             members: RwLock::new(Members::default()),
         };
+        state.text.set_tenant_limit(Some(config.max_tree_size));
+        state.tokens.set_tenant_limit(Some(config.max_tree_size));
         {
             let mut table = state.members.write();
             for (key, live) in members {
@@ -396,6 +433,8 @@ impl ModelState {
 /// and its synchronization.
 pub struct CacheAware {
     config: CacheAwareConfig,
+    /// What every tree of the policy charges.
+    budget: Arc<MemoryBudget>,
     models: RwLock<HashMap<Box<str>, Arc<ModelState>>>,
     /// Every key membership events named, and whether it is still a
     /// member, to seed the trees of models seen later. Lock order: `fleet`,
@@ -418,8 +457,13 @@ impl CacheAware {
     /// first request).
     pub fn new(config: CacheAwareConfig) -> Result<Self, PolicyError> {
         config.validate()?;
+        let budget = config
+            .tree_budget
+            .clone()
+            .unwrap_or_else(|| MemoryBudget::new(config.max_tree_bytes));
         Ok(CacheAware {
             config,
+            budget,
             models: RwLock::new(HashMap::new()),
             fleet: Mutex::new(Vec::new()),
             rotation: AtomicUsize::new(0),
@@ -431,15 +475,22 @@ impl CacheAware {
         &self.config
     }
 
-    /// Trims every model's trees so that each worker holds at most
-    /// `max_tree_size` symbols, least recently used first. The host calls
-    /// this from its own timer every `eviction_interval`.
+    /// Brings every model's trees within the limits (`max_tree_size` per
+    /// worker, the byte budget) in bounded work per tree. Inserts already do
+    /// this as they go; this fallback, which the host calls from its own
+    /// timer every `eviction_interval`, reaches trees nobody inserts into
+    /// after a budget they share was lowered or filled by other trees.
     pub fn evict(&self) {
         let models: Vec<Arc<ModelState>> = self.models.read().values().cloned().collect();
         for state in models {
-            state.text.evict_tenant_by_size(self.config.max_tree_size);
-            state.tokens.evict_tenant_by_size(self.config.max_tree_size);
+            state.text.enforce_limits();
+            state.tokens.enforce_limits();
         }
+    }
+
+    /// The byte budget the policy's trees charge.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
     }
 
     /// Symbols of `model`'s text tree attributed to worker `key` (0 when the
@@ -474,7 +525,7 @@ impl CacheAware {
         let mut models = self.models.write();
         let state = models
             .entry(model.into())
-            .or_insert_with(|| Arc::new(ModelState::new(self.config.tree_clock, fleet.iter())));
+            .or_insert_with(|| Arc::new(ModelState::new(&self.config, &self.budget, fleet.iter())));
         Arc::clone(state)
     }
 
@@ -616,6 +667,21 @@ impl PolicyState for CacheAware {
 
     fn maintain(&self) {
         self.evict();
+    }
+
+    fn tree_stats(&self) -> Vec<TreeStats> {
+        let models: Vec<Arc<ModelState>> = self.models.read().values().cloned().collect();
+        let mut text = TreeStats::new("text");
+        let mut tokens = TreeStats::new("tokens");
+        for state in models {
+            text.add(&state.text);
+            tokens.add(&state.tokens);
+        }
+        vec![text, tokens]
+    }
+
+    fn tree_budget(&self) -> Option<Arc<MemoryBudget>> {
+        Some(Arc::clone(&self.budget))
     }
 
     fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {

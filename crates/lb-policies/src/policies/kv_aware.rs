@@ -611,4 +611,12 @@ impl PolicyState for KvAware {
     fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
         self.fallback.affinity_sizes()
     }
+
+    fn tree_stats(&self) -> Vec<crate::policy::TreeStats> {
+        self.fallback.tree_stats()
+    }
+
+    fn tree_budget(&self) -> Option<Arc<radix_affinity::MemoryBudget>> {
+        self.fallback.tree_budget()
+    }
 }
