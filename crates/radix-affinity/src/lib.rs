@@ -256,7 +256,9 @@ pub use symbol::Symbol;
 pub use tenant::TenantId;
 #[doc(hidden)]
 pub use tree::EvictionRecord;
-pub use tree::{DEFAULT_EVICTION_SAMPLES, LockWaits, PrefixMatch, RadixTree, TextTree, TokenTree};
+pub use tree::{
+    DEFAULT_EVICTION_SAMPLES, LockWaits, PrefixMatch, REMOVAL_BATCH, RadixTree, TextTree, TokenTree,
+};
 
 /// A broken internal invariant found by [`RadixTree::validate`]; always a bug
 /// in this crate.

@@ -870,6 +870,15 @@ pub(crate) struct WalkEnd {
     pub(crate) pos: usize,
 }
 
+/// One hold of a tenant on a node, to remove (see
+/// [`Shard::holds_deepest_first`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Hold {
+    depth: u64,
+    node: u32,
+    generation: u32,
+}
+
 /// Per-tenant bookkeeping of a shard.
 #[derive(Debug)]
 pub(crate) struct TenantIndex {
@@ -1607,38 +1616,69 @@ impl<U: Unit> Shard<U> {
     }
 
     /// Forgets everything `tenant` holds here; returns the symbols removed
-    /// (exclusive access).
+    /// (exclusive access, in one go: the tree removes in bounded batches
+    /// with [`Shard::holds_deepest_first`] and [`Shard::remove_holds`]).
+    #[cfg(test)]
     pub(crate) fn remove_tenant(&mut self, tenant: u32) -> u64 {
-        let Some(index) = self.tenants.get_mut(tenant as usize) else {
-            return 0;
+        let before = self.size_of(tenant);
+        loop {
+            let holds = self.holds_deepest_first(tenant);
+            if holds.is_empty() || self.remove_holds(tenant, &holds) == 0 {
+                return before - self.size_of(tenant);
+            }
+        }
+    }
+
+    /// `tenant`'s holds here as (end depth, node, generation), deepest
+    /// first: removed in this order, each is the tenant's leaf when its turn
+    /// comes (shared access).
+    pub(crate) fn holds_deepest_first(&self, tenant: u32) -> Vec<Hold> {
+        let Some(index) = self.tenants.get(tenant as usize) else {
+            return Vec::new();
         };
-        let list = std::mem::take(index.nodes.get_mut());
-        let removed = index.size.load(Ordering::Relaxed);
-        index.size.store(0, Ordering::Relaxed);
-        if list.capacity() > 0 {
-            self.garbage.shrink(heap_bytes::<u32>(list.capacity()));
-        }
-        let accounts = &self.garbage.accounts;
-        accounts.held(tenant, -(removed as i64), -(list.len() as i64));
-        accounts.unmark(tenant, self.index);
-        let mut emptied = Vec::new();
-        for &node in &list {
-            if let Some((_, now_empty)) = self.drop_owner(node, tenant)
-                && now_empty
+        let nodes = index.nodes.lock().clone();
+        let mut holds: Vec<Hold> = nodes
+            .into_iter()
+            .map(|node| {
+                let mut depth = 0u64;
+                let mut at = node;
+                while at != ROOT {
+                    let view = self.node(at).view();
+                    depth += u64::from(view.symbols);
+                    at = view.parent;
+                }
+                let generation = self.node(node).generation.load(Ordering::Relaxed);
+                Hold {
+                    depth,
+                    node,
+                    generation,
+                }
+            })
+            .collect();
+        holds.sort_unstable_by(|a, b| b.depth.cmp(&a.depth));
+        holds
+    }
+
+    /// Removes `tenant`'s hold on each node of `holds` that is still its
+    /// leaf (exclusive access); skips the ones that changed meanwhile.
+    /// Returns how many it removed.
+    pub(crate) fn remove_holds(&mut self, tenant: u32, holds: &[Hold]) -> usize {
+        let mut removed = 0;
+        for hold in holds {
+            if hold.node == ROOT || hold.node as usize >= self.slots_used() {
+                continue;
+            }
+            let n = self.node(hold.node);
+            if n.generation.load(Ordering::Relaxed) != hold.generation {
+                continue;
+            }
+            if n.owners_owned()
+                .owner(tenant)
+                .is_some_and(|o| o.held() == 0)
             {
-                emptied.push(node);
+                self.unhold(hold.node, tenant);
+                removed += 1;
             }
-        }
-        // An emptied node's parent is either kept (unlink from it) or emptied
-        // too (freed with it); decide before freeing anything.
-        for &node in &emptied {
-            let parent = self.node(node).view_owned().parent;
-            if parent == ROOT || !self.node(parent).owners_owned().is_empty() {
-                self.unlink(parent, node);
-            }
-        }
-        for &node in &emptied {
-            self.release(node);
         }
         removed
     }
