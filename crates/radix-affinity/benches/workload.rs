@@ -117,6 +117,7 @@ fn bench_variant(c: &mut Criterion, variant: Variant) {
 fn benches(c: &mut Criterion) {
     bench_variant(c, Variant::Ascii);
     bench_variant(c, Variant::Unicode);
+    bench_variant(c, Variant::Chat);
 }
 
 criterion_group!(radix, benches);

@@ -51,11 +51,13 @@
 //!   ASCII first character and 128 hashed buckets for the rest. A text lives
 //!   entirely in the shard of its first symbol, so a lookup or an insert
 //!   touches exactly one shard.
-//! - **Arena nodes.** A shard stores its nodes in a vector addressed by `u32`
+//! - **Arena nodes.** A shard stores its nodes in an arena addressed by `u32`
 //!   index, with a free list; parents are indices, so there are no reference
-//!   cycles and dropping the tree frees everything. A slot's generation is
-//!   bumped when it is freed, so a stale eviction candidate is recognised
-//!   after the slot is reused.
+//!   cycles and dropping the tree frees everything. The arena is chunks of
+//!   doubling size that are never moved or copied: growing a shard allocates
+//!   one chunk (zeroed, so its pages cost nothing until used) and takes no
+//!   exclusive lock. A slot's generation is bumped when it is freed, so a
+//!   stale eviction candidate is recognised after the slot is reused.
 //! - **Compact edges.** A node's label lives in a buffer of *units*: UTF-8
 //!   bytes for text (one byte per ASCII character, never four) and the ids
 //!   themselves for tokens. Labels are cut only on symbol boundaries, so a
@@ -89,9 +91,11 @@
 //! |---|---|---|---|
 //! | `prefix_match`, `prefix_match_tenant` | shared | none | no |
 //! | `insert` | shared | only the nodes it changes (below) | the new leaf's label, before any lock; a split's shorter half; a grown array |
-//! | `evict_*` | shared to collect candidates; exclusive for each node removed | — | candidate heap |
-//! | `remove_tenant` | exclusive, once per shard where the tenant holds something | — | no |
-//! | growing a shard's arena or tenant table, freeing retired arrays | exclusive, briefly (an insert asks for it) | — | the growth |
+//! | eviction by the limits (inside `insert`, `enforce_limits`) | shared to sample candidates; exclusive for each node removed | — | sample buffers |
+//! | `evict_tenant_by_size`, `evict_to_total` | shared to collect candidates; exclusive for each node removed | — | candidate heap |
+//! | `remove_tenant` | shared to list the tenant's holds; exclusive for each batch of 64 | — | the list |
+//! | growing a shard's arena | none (the slots' mutex) | — | one chunk |
+//! | growing a shard's tenant table, freeing retired arrays | exclusive, briefly (an insert asks for it) | — | the growth |
 //! | `tenant_size`, `total_size`, `tenants` | shared | none | the result |
 //! | `validate`, `recount` | exclusive, one shard at a time | — | the result |
 //! | `intern`, `tenant_name`, `tenant_id` | the name table (a lock the request path never takes) | — | on first intern |
@@ -151,13 +155,14 @@
 //! old one is retired to the shard's list, freed under the exclusive lock
 //! once the list holds 4 KiB (or at the next eviction or growth). The borrow
 //! checker enforces the rule: a node view borrows the shard, and freeing
-//! needs it mutably. Growing the node vector moves nodes, so it also happens
-//! under the exclusive lock; it grows by a quarter each time, and the
-//! vector's spare capacity is never touched, so it costs no resident memory.
+//! needs it mutably. Growing the node arena moves nothing (a new chunk is
+//! published with a release store before any slot in it is handed out), so
+//! it needs no exclusive lock.
 //!
 //! *Eviction and removal* run under the exclusive lock, one node removal per
-//! acquisition for eviction, so they are the only writers that exclude
-//! lookups, and they are never on the request path. Eviction never acts on
+//! acquisition for eviction and 64 for removal, so they are the only writers
+//! that exclude lookups, each for a bounded time (an insert that crosses a
+//! limit evicts a few nodes this way; see "Memory limits"). Eviction never acts on
 //! what it collected without re-validating it under the exclusive lock: the
 //! slot's generation, that the tenant still holds the node, that it is still
 //! the tenant's leaf, and that its stamp has not moved (if it has, the
@@ -205,6 +210,24 @@
 //! both only blur LRU order within a millisecond. [`Clock::Logical`] gives
 //! every operation its own tick (exact order, one shared increment per
 //! operation) for tests and simulations.
+//!
+//! # Memory limits
+//!
+//! Every shard accounts the bytes it allocates (nodes, labels, arrays, the
+//! per-tenant node lists), and a tree made with [`RadixTree::with_budget`]
+//! charges them to a [`MemoryBudget`] that any number of trees may share.
+//! Two limits are enforced by the insert that crosses them, before it
+//! returns: the budget, and a per-tenant limit in symbols
+//! ([`RadixTree::set_tenant_limit`]). The insert evicts sampled least
+//! recently used leaves (Redis's `maxmemory` policy): it looks at
+//! [`DEFAULT_EVICTION_SAMPLES`] holds in each of up to eight shards where
+//! there is something to evict, evicts the oldest under that shard's
+//! exclusive lock, and repeats, at most 32 times per insert. So a tree holds
+//! at most its limits plus what the inserts in flight add, at any insert
+//! rate, and no timer or pass over the tree is involved.
+//! `tests/model.rs` checks it against the model: with every candidate
+//! sampled, the evictions are exactly the model's least recently used
+//! leaves, and the limits hold after every operation.
 //!
 //! # How it scales
 //!

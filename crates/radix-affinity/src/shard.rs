@@ -1119,8 +1119,9 @@ impl<U: Unit> Shard<U> {
                 o.touch(now);
             }
             // A parent index alone is always some ancestor (a split puts the
-            // new node between), so it needs no consistent view.
-            node = n.parent.load(Ordering::Relaxed);
+            // new node between), so it needs no consistent view; Acquire
+            // pairs with the split's store, so the new node's chunk is seen.
+            node = n.parent.load(Ordering::Acquire);
         }
     }
 
@@ -1329,7 +1330,10 @@ impl<U: Unit> Shard<U> {
             c.set_label(Box::into_raw(lower).cast::<U>(), lower_len, 0, lower_len);
         }
         c.symbols.store(view.symbols - symbols, Ordering::Relaxed);
-        c.parent.store(mid, Ordering::Relaxed);
+        // Release: a lookup that follows this parent index without a
+        // consistent view of `c` (`touch_path`) must also see the chunk the
+        // new node lives in, published before.
+        c.parent.store(mid, Ordering::Release);
         // A claimed node has no children and no owners yet.
         m.child_slots[0].store(child_entry(lower_key, child), Ordering::Relaxed);
         m.children.meta.store(1, Ordering::Relaxed);
@@ -1655,7 +1659,7 @@ impl<U: Unit> Shard<U> {
                 }
             })
             .collect();
-        holds.sort_unstable_by(|a, b| b.depth.cmp(&a.depth));
+        holds.sort_unstable_by_key(|hold| std::cmp::Reverse(hold.depth));
         holds
     }
 

@@ -331,6 +331,13 @@ pub enum Variant {
     Ascii,
     /// 20% CJK or emoji (3 or 4 UTF-8 bytes), 80% ASCII.
     Unicode,
+    /// Chat-shaped routing texts, an extension of this workspace (not in
+    /// the spec, no checksum): ASCII like [`Ascii`](Variant::Ascii), every
+    /// system prompt begins with `system: ` and every request's own part
+    /// with `\nuser: `, as a router's routing text of a chat request does.
+    /// So every text begins with the same eight characters, and the tree's
+    /// first-symbol shards see all of them in one shard.
+    Chat,
 }
 
 impl Variant {
@@ -339,6 +346,28 @@ impl Variant {
         match self {
             Variant::Ascii => "ascii",
             Variant::Unicode => "unicode",
+            Variant::Chat => "chat",
+        }
+    }
+
+    /// Every variant, in report order.
+    pub const ALL: [Variant; 3] = [Variant::Ascii, Variant::Unicode, Variant::Chat];
+
+    /// What begins a system prompt.
+    fn prompt_head(self) -> &'static str {
+        if self == Variant::Chat {
+            "system: "
+        } else {
+            ""
+        }
+    }
+
+    /// What begins a request's own part after its system prompt.
+    fn turn_head(self) -> &'static str {
+        if self == Variant::Chat {
+            "\nuser: "
+        } else {
+            ""
         }
     }
 
@@ -358,7 +387,7 @@ impl Variant {
     }
 
     fn push_chars(self, rng: &mut SplitMix64, n: usize, out: &mut String) {
-        out.reserve(n * if self == Variant::Ascii { 1 } else { 2 });
+        out.reserve(n * if self == Variant::Unicode { 2 } else { 1 });
         for _ in 0..n {
             self.push_char(rng, out);
         }
@@ -441,6 +470,7 @@ impl Workload {
             let suf = 50 + rng.below(951) as usize;
             let mut text = String::with_capacity(self.prompts[sp].len() + suf * 2);
             text.push_str(&self.prompts[sp]);
+            text.push_str(self.variant.turn_head());
             self.variant.push_chars(rng, suf, &mut text);
             Request { text, sp }
         }
@@ -477,6 +507,7 @@ impl Workload {
                     let sp = zipf(&mut rng);
                     let suf = 50 + rng.below(951) as usize;
                     let mut text = self.cold_prompts[sp].clone();
+                    text.push_str(self.variant.turn_head());
                     self.variant.push_chars(&mut rng, suf, &mut text);
                     Lookup {
                         text,
@@ -500,7 +531,7 @@ fn gen_prompts(variant: Variant, stream: u64) -> Vec<String> {
     let mut rng = SplitMix64::stream(stream);
     (0..PROMPTS)
         .map(|_| {
-            let mut s = String::new();
+            let mut s = String::from(variant.prompt_head());
             variant.push_chars(&mut rng, PROMPT_CHARS, &mut s);
             s
         })

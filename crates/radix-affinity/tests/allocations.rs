@@ -72,9 +72,5 @@ fn lookups_do_not_allocate_and_drop_frees_everything() {
         assert!(matched > 0);
         assert!(LIVE.get() > before);
     }
-    assert_eq!(
-        LIVE.get(),
-        before,
-        "bytes still allocated after drop"
-    );
+    assert_eq!(LIVE.get(), before, "bytes still allocated after drop");
 }

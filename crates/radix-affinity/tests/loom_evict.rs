@@ -93,3 +93,49 @@ fn remove_tenant_races_insert() {
         assert_eq!((m.tenant, m.matched), (Some(t1), 2));
     });
 }
+
+/// Two inserts racing, each of which crosses the per-tenant limit and evicts
+/// (sampled, under the shard's write lock) while the other inserts into the
+/// same shard: afterwards the accounted bytes equal a recount (`validate`),
+/// the budget is charged exactly the tree's bytes, each tenant is within its
+/// limit, and each tenant still holds its newest text.
+#[test]
+fn inserts_that_cross_the_limits_race_each_other() {
+    model(|| {
+        let budget = radix_affinity::MemoryBudget::new(1 << 20);
+        let tree = Arc::new(TextTree::with_budget(
+            Clock::Logical,
+            std::sync::Arc::clone(&budget),
+        ));
+        tree.set_tenant_limit(Some(4));
+        let t0 = tree.intern("t0");
+        let t1 = tree.intern("t1");
+        tree.insert("abc", t0);
+        tree.insert("abd", t1);
+
+        let writer = {
+            let tree = Arc::clone(&tree);
+            // 3 + 2 new symbols > 4: evicts t1's older leaf "d".
+            thread::spawn(move || tree.insert("axy", t1))
+        };
+        tree.insert("ax", t0);
+        writer.join().unwrap();
+
+        tree.validate().unwrap();
+        assert_eq!(budget.used(), tree.bytes());
+        assert!(
+            tree.tenant_size(t0) <= 4,
+            "t0 holds {}",
+            tree.tenant_size(t0)
+        );
+        assert!(
+            tree.tenant_size(t1) <= 4,
+            "t1 holds {}",
+            tree.tenant_size(t1)
+        );
+        assert_eq!(tree.prefix_match_tenant("axy", t1), 3);
+        assert_eq!(tree.prefix_match_tenant("ax", t0), 2);
+        drop(tree);
+        assert_eq!(budget.used(), 0);
+    });
+}
