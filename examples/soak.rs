@@ -51,7 +51,7 @@
 )]
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::{BufRead, BufReader, Read as _, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -61,7 +61,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
@@ -570,6 +570,10 @@ fn chat_request(addr: SocketAddr, body: Bytes) -> http::Request<Full<Bytes>> {
     request
 }
 
+/// Largest response body read: a chat completion of a few tokens is well
+/// under 1 KiB; more than this is an error, not memory.
+const MAX_RESPONSE_BYTES: usize = 1 << 20;
+
 /// Sends one request on `sender` and records it. `Err` when the connection
 /// is no longer usable (already counted).
 async fn exchange(
@@ -590,7 +594,10 @@ async fn exchange(
         }
     };
     let status = response.status();
-    match response.into_body().collect().await {
+    match Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+        .collect()
+        .await
+    {
         Ok(_) if status.is_success() => {
             recorder.ok(started.elapsed());
             Ok(())
@@ -604,7 +611,9 @@ async fn exchange(
             Ok(())
         }
         Err(e) => {
-            recorder.error(true, || format!("body cut short (status {status}): {e}"));
+            recorder.error(true, || {
+                format!("body cut short or too long (status {status}): {e}")
+            });
             Err(())
         }
     }
@@ -731,6 +740,9 @@ fn log_tail(path: &Path, lines: usize) -> String {
         .join("\n")
 }
 
+/// Longest stdout line of a child that is looked at for its banner.
+const MAX_LINE: u64 = 64 * 1024;
+
 /// Starts `program` with `args`; its stdout and stderr go to `log`, and the
 /// first stdout line for which `find` returns `Some` is sent back (then the
 /// thread keeps copying, so the child never blocks on a full pipe).
@@ -758,18 +770,29 @@ fn spawn_child(
     let log_path = log.clone();
     if let Some(stdout) = stdout {
         std::thread::spawn(move || {
-            let file = std::fs::OpenOptions::new().append(true).open(&log_path);
-            let mut file = file.ok();
-            let mut sent = false;
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(f) = file.as_mut() {
-                    let _ = writeln!(f, "{line}");
+            let mut sink: Box<dyn std::io::Write> =
+                match std::fs::OpenOptions::new().append(true).open(&log_path) {
+                    Ok(file) => Box::new(file),
+                    Err(_) => Box::new(std::io::sink()),
+                };
+            let mut reader = BufReader::new(stdout);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                // A line is bounded: a child printing without end cannot
+                // make this thread grow.
+                match (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
                 }
-                if !sent && let Some(found) = find(&line) {
-                    sent = found_tx.send(found).is_ok();
+                let _ = sink.write_all(&line);
+                if let Some(found) = find(String::from_utf8_lossy(&line).trim_end()) {
+                    let _ = found_tx.send(found);
+                    break;
                 }
             }
+            // Found: the rest goes to the log byte for byte.
+            let _ = std::io::copy(&mut reader, &mut sink);
         });
     }
     Ok((
@@ -861,7 +884,9 @@ async fn get_status(addr: SocketAddr, path: &'static str) -> Result<u16, String>
         .await
         .map_err(|e| format!("GET {path}: {e}"))?;
     let status = response.status().as_u16();
-    let _ = response.into_body().collect().await;
+    let _ = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+        .collect()
+        .await;
     Ok(status)
 }
 
@@ -1108,6 +1133,12 @@ fn to_ms(micros: Option<u64>) -> Option<f64> {
     micros.map(|v| v as f64 / 1000.0)
 }
 
+/// A quantile in ms, never above the exact maximum `max_micros` (a
+/// bucket's middle can be above the largest value it holds).
+fn quantile_ms(counts: &[u64], q: f64, max_micros: u64) -> Option<f64> {
+    to_ms(quantile(counts, q).map(|v| v.min(max_micros)))
+}
+
 /// Everything a run needs that does not change between runs.
 struct Setup {
     router_bin: PathBuf,
@@ -1215,7 +1246,9 @@ async fn run_one(
         .collect();
         engine_args.push(i.to_string());
         engine_args.extend(setup.engine_flags.iter().cloned());
-        let log = setup.log_dir.join(format!("run{index}-engine{i}.log"));
+        let log = setup
+            .log_dir
+            .join(format!("run{}-engine{i}.log", index + 1));
         let (proc, rx) = spawn_child(
             &format!("engine-sim #{i}"),
             &setup.engine_bin,
@@ -1248,7 +1281,7 @@ async fn run_one(
     // Last: --worker-urls takes every value up to the next flag.
     router_args.push("--worker-urls".to_owned());
     router_args.extend(urls.iter().cloned());
-    let log = setup.log_dir.join(format!("run{index}-router.log"));
+    let log = setup.log_dir.join(format!("run{}-router.log", index + 1));
     let (mut router, rx) = spawn_child("router", &setup.router_bin, &router_args, log, router_url)?;
     let url = wait_for_line(
         interrupt,
@@ -1356,13 +1389,14 @@ async fn run_one(
         if rss_mib.is_finite() {
             rss.push(rss_mib);
         }
+        let window_max = load.window_max.swap(0, Ordering::Relaxed);
         let second = Second {
             t,
             requests: load_w.iter().sum(),
             errors: now.2 - previous.2,
-            p50_ms: to_ms(quantile(&load_w, 0.5)),
-            p99_ms: to_ms(quantile(&load_w, 0.99)),
-            max_ms: load.window_max.swap(0, Ordering::Relaxed) as f64 / 1000.0,
+            p50_ms: quantile_ms(&load_w, 0.5, window_max),
+            p99_ms: quantile_ms(&load_w, 0.99, window_max),
+            max_ms: window_max as f64 / 1000.0,
             probes: probe_w.iter().sum(),
             probe_max_ms: probe.window_max.swap(0, Ordering::Relaxed) as f64 / 1000.0,
             rss_mib,
@@ -1431,6 +1465,8 @@ async fn run_one(
             .map(|s| format!("probe: {s}")),
     );
     let cores = |i: usize| (cpu_end[i].saturating_sub(cpu_start[i])) as f64 / ticks / elapsed;
+    let load_max = load.max.load(Ordering::Relaxed);
+    let probe_max = probe.max.load(Ordering::Relaxed);
     Ok(Summary {
         spec: spec.clone(),
         workers: args.workers,
@@ -1438,16 +1474,16 @@ async fn run_one(
         duration_s: elapsed,
         requests: load_counts.iter().sum(),
         latency_ms: [
-            to_ms(quantile(&load_counts, 0.5)),
-            to_ms(quantile(&load_counts, 0.99)),
+            quantile_ms(&load_counts, 0.5, load_max),
+            quantile_ms(&load_counts, 0.99, load_max),
         ],
-        max_ms: load.max.load(Ordering::Relaxed) as f64 / 1000.0,
+        max_ms: load_max as f64 / 1000.0,
         probes: probe_counts.iter().sum(),
         probe_ms: [
-            to_ms(quantile(&probe_counts, 0.5)),
-            to_ms(quantile(&probe_counts, 0.99)),
+            quantile_ms(&probe_counts, 0.5, probe_max),
+            quantile_ms(&probe_counts, 0.99, probe_max),
         ],
-        probe_max_ms: probe.max.load(Ordering::Relaxed) as f64 / 1000.0,
+        probe_max_ms: probe_max as f64 / 1000.0,
         probes_slow: probe.slow.load(Ordering::Relaxed),
         probe_slow_ms: args.probe_slow_ms,
         http_errors,
@@ -1716,6 +1752,8 @@ mod tests {
         assert!((p50 - 500_000.0).abs() / 500_000.0 < 0.016, "p50 {p50}");
         assert!((p99 - 990_000.0).abs() / 990_000.0 < 0.016, "p99 {p99}");
         assert_eq!(quantile(&[0; 4], 0.5), None);
+        // Never above the exact maximum.
+        assert_eq!(quantile_ms(&counts, 1.0, 999_000), Some(999.0));
         // A window is the difference of two snapshots.
         h.record(7);
         let w = window(&h.snapshot(), &counts);
@@ -1771,7 +1809,7 @@ mod tests {
         for bad in [
             vec!["soak", "--", "--port", "1"],
             vec!["soak", "--run", "cache_aware --host=0.0.0.0"],
-            vec!["soak", "--policies", "--oops"],
+            vec!["soak", "--policies", "round robin"],
             vec!["soak", "--run", "  "],
         ] {
             let args = Args::parse_from(bad.clone());
