@@ -1228,7 +1228,8 @@ async fn run_one(
     series: &mut Option<std::fs::File>,
 ) -> Result<Summary, Stop> {
     let loadavg_start = loadavg();
-    // Dropped last (declared first): the children die after the clients.
+    // Declared before the router: on an early return the router is killed
+    // before its engines.
     let mut engines: Vec<Proc> = Vec::with_capacity(args.workers);
     let mut receivers = Vec::with_capacity(args.workers);
     for i in 0..args.workers {
