@@ -91,7 +91,7 @@
 //! |---|---|---|---|
 //! | `prefix_match`, `prefix_match_tenant` | shared | none | no |
 //! | `insert` | shared | only the nodes it changes (below) | the new leaf's label, before any lock; a split's shorter half; a grown array |
-//! | eviction by the limits (inside `insert`, `enforce_limits`) | shared to sample candidates; exclusive for each node removed | — | sample buffers |
+//! | eviction by the limits (inside `insert`, `enforce_limits`) | shared to sample candidates; exclusive for up to 32 node removals in a row | — | sample buffers |
 //! | `evict_tenant_by_size`, `evict_to_total` | shared to collect candidates; exclusive for each node removed | — | candidate heap |
 //! | `remove_tenant` | shared to list the tenant's holds; exclusive for each batch of 64 | — | the list |
 //! | growing a shard's arena | none (the slots' mutex) | — | one chunk |
@@ -159,8 +159,8 @@
 //! published with a release store before any slot in it is handed out), so
 //! it needs no exclusive lock.
 //!
-//! *Eviction and removal* run under the exclusive lock, one node removal per
-//! acquisition for eviction and 64 for removal, so they are the only writers
+//! *Eviction and removal* run under the exclusive lock, at most 32 node
+//! removals per acquisition for eviction and 64 for removal, so they are the only writers
 //! that exclude lookups, each for a bounded time (an insert that crosses a
 //! limit evicts a few nodes this way; see "Memory limits"). Eviction never acts on
 //! what it collected without re-validating it under the exclusive lock: the
@@ -221,10 +221,15 @@
 //! ([`RadixTree::set_tenant_limit`]). The insert evicts sampled least
 //! recently used leaves (Redis's `maxmemory` policy): it looks at
 //! [`DEFAULT_EVICTION_SAMPLES`] holds in each of up to eight shards where
-//! there is something to evict, evicts the oldest under that shard's
-//! exclusive lock, and repeats, at most 32 times per insert. So a tree holds
-//! at most its limits plus what the inserts in flight add, at any insert
-//! rate, and no timer or pass over the tree is involved.
+//! there is something to evict, and evicts the oldest of that pool under
+//! its shard's exclusive lock, going on under the same hold while the next
+//! oldest (parents that became leaves join the pool) is in the same shard.
+//! It stops a 64th below the limit ([`LOW_WATER_DIVISOR`]) or after 32
+//! evictions: under sustained distinct traffic one insert in a few dozen
+//! takes a shard exclusively, not every one, which matters because all chat
+//! routing texts begin with a role and so share a shard. A tree holds at
+//! most its limits plus what the inserts in flight add, at any insert rate,
+//! and no timer or pass over the tree is involved.
 //! `tests/model.rs` checks it against the model: with every candidate
 //! sampled, the evictions are exactly the model's least recently used
 //! leaves, and the limits hold after every operation.
@@ -280,7 +285,8 @@ pub use tenant::TenantId;
 #[doc(hidden)]
 pub use tree::EvictionRecord;
 pub use tree::{
-    DEFAULT_EVICTION_SAMPLES, LockWaits, PrefixMatch, REMOVAL_BATCH, RadixTree, TextTree, TokenTree,
+    DEFAULT_EVICTION_SAMPLES, LOW_WATER_DIVISOR, LockWaits, PrefixMatch, REMOVAL_BATCH, RadixTree,
+    TextTree, TokenTree,
 };
 
 /// A broken internal invariant found by [`RadixTree::validate`]; always a bug

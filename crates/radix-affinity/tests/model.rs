@@ -3,6 +3,7 @@
 
 use proptest::prelude::*;
 use radix_affinity::fuzzing::{Op, check_budget_ops, check_ops};
+use radix_affinity::{Clock, TextTree};
 
 /// Texts over a small alphabet so that prefixes are shared often; built from a
 /// few stems so that long shared prefixes (system prompts) occur too.
@@ -130,4 +131,57 @@ fn trees_are_send_and_sync() {
     tree.remove_tenant(foreign);
     assert_eq!(tree.tenant_name(foreign), None);
     assert_eq!(tree.prefix_match("").input, 0);
+}
+
+/// An insert that crosses a limit evicts on to a 64th below it, oldest
+/// first, so the next inserts find room without evicting.
+#[test]
+fn crossing_a_limit_evicts_down_to_the_low_water_mark() {
+    let tree = TextTree::with_clock(Clock::Logical);
+    let w = tree.intern("http://worker-0:8000");
+    // Every hold sampled: exact LRU order.
+    tree.set_eviction_samples(1 << 16);
+    assert_eq!(radix_affinity::LOW_WATER_DIVISOR, 64);
+    // "z" and then 99 chars of which the first differs: one shared node of
+    // 1 char and one leaf of 99 per text.
+    let texts: Vec<String> = (0..66)
+        .map(|i| {
+            let own = char::from_u32(0x4E00 + i).unwrap();
+            ['z', own]
+                .into_iter()
+                .chain(std::iter::repeat_n('a', 98))
+                .collect()
+        })
+        .collect();
+    let limit = 1 + 64 * 99;
+    tree.set_tenant_limit(Some(limit));
+    for text in &texts[..64] {
+        tree.insert(text, w);
+    }
+    assert_eq!(tree.tenant_size(w), limit, "at the limit, nothing evicted");
+    assert_eq!(tree.evicted(), 0);
+
+    tree.insert(&texts[64], w);
+    // Over by one leaf: evicted down to limit - limit / 64 = limit - 99,
+    // two leaves.
+    assert_eq!(tree.tenant_size(w), limit - 99);
+    assert_eq!(tree.evicted(), 2);
+    assert_eq!(tree.prefix_match_tenant(&texts[0], w), 1, "oldest evicted");
+    assert_eq!(
+        tree.prefix_match_tenant(&texts[1], w),
+        1,
+        "second oldest evicted"
+    );
+    assert_eq!(tree.prefix_match_tenant(&texts[2], w), 100, "third kept");
+    assert_eq!(
+        tree.prefix_match_tenant(&texts[64], w),
+        100,
+        "the new text kept"
+    );
+
+    // The next insert fits without evicting anything.
+    tree.insert(&texts[65], w);
+    assert_eq!(tree.tenant_size(w), limit);
+    assert_eq!(tree.evicted(), 2);
+    tree.validate().unwrap();
 }
