@@ -11,11 +11,13 @@ use crate::sync::{AtomicU64, Mutex, Ordering};
 ///
 /// Every tree attached to it adds the bytes it allocates for prefix state
 /// (nodes, labels, child and owner arrays, per-tenant node lists) to
-/// [`used`](Self::used) and subtracts them when it frees them or is dropped.
+/// [`used`](Self::used) and subtracts them when it frees them or is dropped;
+/// each heap block counts at the size an allocator with four size classes
+/// per power of two (mimalloc, jemalloc) rounds it to.
 /// An insert that leaves `used` above [`limit`](Self::limit) evicts, before
 /// it returns, least recently used entries of the tree it inserted into
 /// (sampled, see [`RadixTree::set_eviction_samples`](crate::RadixTree::set_eviction_samples)),
-/// a bounded number per insert. So `used` stays within the limit plus what
+/// until `used` is a 64th below the limit or a bounded number are gone. So `used` stays within the limit plus what
 /// the inserts in flight add (about one text each), and the budget holds at
 /// every moment, whatever the insert rate, without a timer.
 ///
