@@ -14,6 +14,16 @@ use lb_policies::{
 };
 use loom::thread;
 
+/// Runs `f` under loom with room for the tree's accounting: a first insert
+/// touches a few dozen atomics (node, shard ledger, tree and budget
+/// counters, the tenant's shard bitmap), past loom's default of 1,000
+/// branches per execution.
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 20_000;
+    builder.check(f);
+}
+
 const TEXT: &str = "abcd";
 
 fn setup() -> (Arc<CacheAware>, Arc<Vec<BasicBackend>>) {
@@ -36,7 +46,7 @@ fn route(policy: &CacheAware, fleet: &[BasicBackend]) -> usize {
 /// removal: whichever wins, no affinity for w0 survives.
 #[test]
 fn removal_racing_selection_leaves_no_stale_affinity() {
-    loom::model(|| {
+    model(|| {
         let (policy, fleet) = setup();
         let t = {
             let (policy, fleet) = (Arc::clone(&policy), Arc::clone(&fleet));
@@ -54,7 +64,7 @@ fn removal_racing_selection_leaves_no_stale_affinity() {
 /// member table agree (the worker is still a member and can hit).
 #[test]
 fn replacement_racing_selection_keeps_membership() {
-    loom::model(|| {
+    model(|| {
         let (policy, fleet) = setup();
         // The model's tree exists before the race (its first request).
         route(&policy, &fleet);
@@ -76,7 +86,7 @@ fn replacement_racing_selection_keeps_membership() {
 /// tree results and both see the member.
 #[test]
 fn concurrent_first_requests_create_one_tree() {
-    loom::model(|| {
+    model(|| {
         let (policy, fleet) = setup();
         let t = {
             let (policy, fleet) = (Arc::clone(&policy), Arc::clone(&fleet));
