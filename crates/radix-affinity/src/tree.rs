@@ -80,8 +80,8 @@ const EVICTION_ROUNDS: usize = 4;
 const EVICTIONS_PER_INSERT: usize = 32;
 
 /// An insert that crosses a limit evicts until the tree is a 64th of the
-/// limit below it (or [`EVICTIONS_PER_INSERT`] entries, whichever comes
-/// first), not just back under it: under sustained distinct traffic that
+/// limit below it (or 32 entries, whichever comes first), not just back
+/// under it: under sustained distinct traffic that
 /// turns one exclusive acquisition per insert into one per few dozen
 /// inserts, which is what keeps a shard all traffic shares (every chat
 /// routing text begins with its role) from being write-locked at the
