@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::heap::Block;
 use crate::seg::Segmented;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
@@ -13,7 +14,10 @@ use crate::sync::{AtomicU64, Mutex, Ordering};
 /// (nodes, labels, child and owner arrays, per-tenant node lists) to
 /// [`used`](Self::used) and subtracts them when it frees them or is dropped;
 /// each heap block counts at the size an allocator with four size classes
-/// per power of two (mimalloc, jemalloc) rounds it to.
+/// per power of two (mimalloc, jemalloc) rounds it to. The trees take their
+/// blocks from the system allocator, whatever the global allocator is (see
+/// the crate docs, "Memory"), which keeps resident memory close to `used`
+/// under eviction churn.
 /// An insert that leaves `used` above [`limit`](Self::limit) evicts, before
 /// it returns, least recently used entries of the tree it inserted into
 /// (sampled, see [`RadixTree::set_eviction_samples`](crate::RadixTree::set_eviction_samples)),
@@ -186,9 +190,8 @@ impl Accounts {
             return;
         }
         let _growing = self.growing.lock();
-        self.tenants.grow_to(tenant, |len| {
-            (0..len).map(|_| TenantAccount::new()).collect()
-        });
+        self.tenants
+            .grow_to(tenant, |len| Block::from_fn(len, |_| TenantAccount::new()));
     }
 
     /// `tenant` holds `symbols` more symbols in `entries` more entries

@@ -234,6 +234,20 @@
 //! sampled, the evictions are exactly the model's least recently used
 //! leaves, and the limits hold after every operation.
 //!
+//! # Memory
+//!
+//! Labels, child and owner arrays and node chunks come from
+//! [`std::alloc::System`], not from the program's global allocator. Prefix
+//! state is long-lived and freed in least-recently-used order, scattered
+//! over the pages it was allocated in; a size-class allocator such as
+//! mimalloc keeps a page resident while one block on it lives, and held
+//! 1.25x the accounted bytes under sustained distinct traffic where glibc's
+//! malloc, which reuses freed space for blocks of any size, held 1.05x
+//! (a 256 MiB budget, 1 KB chat texts, 64 tenants). A large zeroed chunk
+//! from the system allocator is fresh pages, so node slots not used yet
+//! take no resident memory. The tree's own small vectors (per-tenant node
+//! lists, the tenant table) stay on the global allocator.
+//!
 //! # How it scales
 //!
 //! A lookup costs time proportional to the part of the text it matches, an
@@ -270,6 +284,9 @@ mod budget;
 mod clock;
 #[doc(hidden)]
 pub mod fuzzing;
+mod heap;
+#[doc(hidden)]
+pub use heap::thread_block_counts;
 mod seg;
 mod shard;
 mod symbol;

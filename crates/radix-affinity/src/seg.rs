@@ -8,6 +8,7 @@
 //! is write-locked). A chunk is requested zeroed, so its pages cost no
 //! resident memory until slots in them are used.
 
+use crate::heap::Block;
 use crate::sync::{AtomicPtr, Ordering};
 
 /// log2 of the first chunk's length.
@@ -91,7 +92,7 @@ impl<T> Segmented<T> {
     /// gets the chunk's length) if needed; returns the bytes allocated. The
     /// caller serializes growth (two racing growths of one chunk would leak
     /// one of them).
-    pub(crate) fn grow_to(&self, index: u32, make: impl FnOnce(usize) -> Box<[T]>) -> usize {
+    pub(crate) fn grow_to(&self, index: u32, make: impl FnOnce(usize) -> Block<T>) -> usize {
         let (chunk, _) = locate(index);
         if !self.chunks[chunk].load(Ordering::Acquire).is_null() {
             return 0;
@@ -105,7 +106,7 @@ impl<T> Segmented<T> {
         );
         let bytes = std::mem::size_of_val(&*items);
         // Release: publishes the initialized items with the pointer.
-        self.chunks[chunk].store(Box::into_raw(items).cast::<T>(), Ordering::Release);
+        self.chunks[chunk].store(items.into_raw(), Ordering::Release);
         bytes
     }
 }
@@ -115,11 +116,9 @@ impl<T> Drop for Segmented<T> {
         for (i, chunk) in self.chunks.iter().enumerate() {
             let ptr = chunk.load(Ordering::Relaxed);
             if !ptr.is_null() {
-                // SAFETY: `ptr` came from `Box::into_raw` of a boxed slice of
+                // SAFETY: `ptr` came from `Block::into_raw` of a block of
                 // `chunk_len(i)` items, and nothing can read it any more.
-                drop(unsafe {
-                    Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, chunk_len(i)))
-                });
+                drop(unsafe { Block::from_raw(ptr, chunk_len(i)) });
             }
         }
     }
@@ -146,12 +145,12 @@ mod tests {
     #[test]
     fn items_never_move_as_the_array_grows() {
         let seg: Segmented<u64> = Segmented::new();
-        let make = |len: usize| (0..len as u64).map(|i| i * 10).collect();
+        let make = |len: usize| Block::from_fn(len, |i| i as u64 * 10);
         assert!(seg.get(0).is_none());
         assert_eq!(seg.grow_to(0, make), 8 * 8);
         let first = seg.get(3).map(|v| v as *const u64);
         for index in 8..5000 {
-            seg.grow_to(index, |len| vec![7; len].into_boxed_slice());
+            seg.grow_to(index, |len| Block::from_fn(len, |_| 7));
         }
         assert_eq!(seg.get(3).map(|v| v as *const u64), first);
         assert_eq!(seg.get(3), Some(&30));
