@@ -1083,14 +1083,14 @@ fn zmq_and_kv_index_bounds_come_from_their_flags() {
     assert_eq!(defaults.router.kv_events.max_message_size, 16 << 20);
     assert_eq!(
         defaults.router.kv_events.max_blocks_per_worker,
-        kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER
+        kv_block_index::DEFAULT_MAX_BLOCKS_PER_HOLDER
     );
     let set = settings(&[
         "--worker-urls",
         "http://127.0.0.1:9",
         "--kv-events-max-message-size",
         "4096",
-        "--kv-index-max-blocks-per-worker",
+        "--kv-block-index-max-blocks-per-worker",
         "28000",
     ])
     .unwrap();
@@ -1099,7 +1099,7 @@ fn zmq_and_kv_index_bounds_come_from_their_flags() {
     for flag in [
         "--zmq-max-message-size",
         "--kv-events-max-message-size",
-        "--kv-index-max-blocks-per-worker",
+        "--kv-block-index-max-blocks-per-worker",
     ] {
         let err = settings(&["--worker-urls", "http://127.0.0.1:9", flag, "0"]).unwrap_err();
         assert!(err.to_string().starts_with(&format!("{flag}: ")), "{err}");

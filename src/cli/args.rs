@@ -549,7 +549,7 @@ pub struct Args {
     /// the index (counted as evicted over cap).
     #[arg(
         long,
-        default_value_t = kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER.get(),
+        default_value_t = kv_block_index::DEFAULT_MAX_BLOCKS_PER_HOLDER.get(),
         value_name = "N",
         help_heading = "KV events"
     )]

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine_sim::{Engine, KvChange};
-use kv_index::{EngineHash, IndexConfig, KvEvent, KvIndex, StreamWriter};
+use kv_block_index::{EngineHash, IndexConfig, KvEvent, KvIndex, StreamWriter};
 use lb_policies::{KvSources, KvStreams};
 
 use super::run::SimError;

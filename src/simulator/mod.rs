@@ -46,9 +46,9 @@
 //! token ids) scores workers on the blocks the engines really hold. The
 //! simulator turns on every main-pool engine's KV-event recording
 //! ([`engine_sim::Engine::set_kv_events`]), converts each step's
-//! [`KvBatch`](engine_sim::KvBatch) to `kv_index::KvEvent`s (engine-sim's
+//! [`KvBatch`](engine_sim::KvBatch) to `kv_block_index::KvEvent`s (engine-sim's
 //! chain hashes as the engine's opaque hashes) and applies them, in
-//! virtual-time order, to a `kv_index::KvIndex` the policy reads. Every
+//! virtual-time order, to a `kv_block_index::KvIndex` the policy reads. Every
 //! stream is live from the start (the engines publish from t = 0).
 //!
 //! **When events become visible**: at the end of the scheduler step that

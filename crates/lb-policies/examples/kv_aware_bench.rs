@@ -1,8 +1,8 @@
-//! Per-decision cost of `kv_aware` (feature `kv-index`) at 8, 64 and 1,000
+//! Per-decision cost of `kv_aware` (feature `kv-block-index`) at 8, 64 and 1,000
 //! workers, beside `cache_aware` on the same token requests.
 //!
 //! ```text
-//! cargo run --release -p lb-policies --features kv-index --example kv_aware_bench -- --json
+//! cargo run --release -p lb-policies --features kv-block-index --example kv_aware_bench -- --json
 //! ```
 //!
 //! Requests are the first `--requests` (default 20,000) texts of set R of
@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kv_index::{EngineHash, IndexConfig, KvEvent, KvIndex};
+use kv_block_index::{EngineHash, IndexConfig, KvEvent, KvIndex};
 use lb_policies::{
     Backend, BasicBackend, CacheAware, CacheAwareConfig, KvAware, KvSources, KvStreams,
     MembershipEvent, Policy, PolicyState, RequestContext,

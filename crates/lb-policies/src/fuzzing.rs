@@ -36,9 +36,9 @@ pub fn policy_ops(data: &[u8]) {
     );
     // kv_aware over an index the operations feed (even workers' streams
     // live), when the feature is on.
-    #[cfg(feature = "kv-index")]
+    #[cfg(feature = "kv-block-index")]
     let kv = kv_fixture(&fleet, &mut config);
-    #[cfg(feature = "kv-index")]
+    #[cfg(feature = "kv-block-index")]
     let policies = {
         let mut policies = policies;
         policies.push(build_builtin(&config).expect("kv_aware builds with its sources"));
@@ -84,7 +84,7 @@ pub fn policy_ops(data: &[u8]) {
                     text.push(ALPHABET[usize::from(bytes.next().unwrap_or(0)) % ALPHABET.len()]);
                 }
                 tokens.push(u32::from(arg));
-                #[cfg(feature = "kv-index")]
+                #[cfg(feature = "kv-block-index")]
                 kv.store(target, &tokens);
             }
             5 => {
@@ -140,22 +140,22 @@ pub fn policy_ops(data: &[u8]) {
 }
 
 /// The index, liveness and worker ids the `kv_aware` instance reads.
-#[cfg(feature = "kv-index")]
+#[cfg(feature = "kv-block-index")]
 struct KvFixture {
-    index: std::sync::Arc<kv_index::KvIndex>,
-    ids: Vec<kv_index::WorkerId>,
+    index: std::sync::Arc<kv_block_index::KvIndex>,
+    ids: Vec<kv_block_index::WorkerId>,
 }
 
-#[cfg(feature = "kv-index")]
+#[cfg(feature = "kv-block-index")]
 fn kv_fixture(fleet: &[BasicBackend], config: &mut PolicyConfig) -> KvFixture {
     use std::sync::Arc;
 
     use crate::policies::kv_aware::{KvSources, KvStreams};
 
     const BLOCK: usize = 2;
-    let index = Arc::new(kv_index::KvIndex::new(kv_index::IndexConfig {
+    let index = Arc::new(kv_block_index::KvIndex::new(kv_block_index::IndexConfig {
         block_size: BLOCK,
-        ..kv_index::IndexConfig::default()
+        ..kv_block_index::IndexConfig::default()
     }));
     let streams = Arc::new(KvStreams::with_capacity(64));
     let ids: Vec<_> = fleet
@@ -173,17 +173,17 @@ fn kv_fixture(fleet: &[BasicBackend], config: &mut PolicyConfig) -> KvFixture {
     KvFixture { index, ids }
 }
 
-#[cfg(feature = "kv-index")]
+#[cfg(feature = "kv-block-index")]
 impl KvFixture {
     /// Worker `target`'s engine reports holding every full block of
     /// `tokens` (engine hashes: our own, so a repeat is idempotent).
     fn store(&self, target: usize, tokens: &[u32]) {
         let hasher = self.index.hasher();
         let hashes = hasher.hash_blocks(tokens);
-        let event = kv_index::KvEvent::BlockStored {
+        let event = kv_block_index::KvEvent::BlockStored {
             block_hashes: hashes
                 .iter()
-                .map(|h| kv_index::EngineHash::from_int(h.0 as i64))
+                .map(|h| kv_block_index::EngineHash::from_int(h.0 as i64))
                 .collect(),
             parent_block_hash: None,
             token_ids: tokens[..hashes.len() * hasher.block_size()].to_vec(),

@@ -69,9 +69,9 @@
 //!   ([`BUILTIN_POLICIES`]) or by a registered factory, counted with
 //!   [`Counted`].
 //!
-//! * `KvAware` (feature `kv-index`): cache-aware placement scored on the
+//! * `KvAware` (feature `kv-block-index`): cache-aware placement scored on the
 //!   blocks engines report holding through their KV events (a
-//!   `kv_index::KvIndex` the host feeds), with the approximate tree as the
+//!   `kv_block_index::KvIndex` the host feeds), with the approximate tree as the
 //!   fallback for workers without a live event stream (`KvStreams`).
 //!   Built by the registry as `kv_aware` once the host sets
 //!   `PolicyConfig::with_kv` ([`INDEX_POLICIES`]).
@@ -82,8 +82,8 @@
 //! # Feature flags
 //!
 //! * `serde`: (de)serialize the configuration structs.
-//! * `kv-index` (off by default): the `kv_aware` policy, `KvStreams` and
-//!   `KvSources`; pulls in the `kv-index` crate (pure Rust, no
+//! * `kv-block-index` (off by default): the `kv_aware` policy, `KvStreams` and
+//!   `KvSources`; pulls in the `kv-block-index` crate (pure Rust, no
 //!   transport).
 //!
 //! # Concurrency
@@ -127,7 +127,7 @@ pub use error::PolicyError;
 pub use membership::MembershipEvent;
 pub use policies::cache_aware::{CacheAware, CacheAwareConfig, DEFAULT_MAX_TREE_BYTES, LoadGate};
 pub use policies::consistent_hash::{ConsistentHash, ConsistentHashConfig};
-#[cfg(feature = "kv-index")]
+#[cfg(feature = "kv-block-index")]
 pub use policies::kv_aware::{KvAware, KvSources, KvStreams};
 pub use policies::least_loaded::LeastLoaded;
 pub use policies::power_of_two::{LoadSource, PowerOfTwo};

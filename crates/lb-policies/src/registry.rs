@@ -34,7 +34,7 @@ pub const BUILTIN_POLICIES: [&str; 8] = [
 /// Built-in policies that read state only the host can provide, so that
 /// `PolicyConfig::named(name)` alone does not build them (unlike
 /// [`BUILTIN_POLICIES`]): `kv_aware` needs the KV block index and stream
-/// liveness handle (`PolicyConfig::with_kv`, feature `kv-index`). Without
+/// liveness handle (`PolicyConfig::with_kv`, feature `kv-block-index`). Without
 /// the feature, asking for it is a configuration error that says so.
 pub const INDEX_POLICIES: [&str; 1] = ["kv_aware"];
 
@@ -64,7 +64,7 @@ pub struct PolicyConfig {
     /// default; building `kv_aware` without it is an
     /// [`InvalidConfig`](PolicyError::InvalidConfig) error naming `kv`. Not
     /// serialized: the host sets it after reading the rest.
-    #[cfg(feature = "kv-index")]
+    #[cfg(feature = "kv-block-index")]
     #[cfg_attr(feature = "serde", serde(skip))]
     pub kv: Option<crate::policies::kv_aware::KvSources>,
 }
@@ -83,13 +83,13 @@ impl PolicyConfig {
             seed: None,
             cache_aware: CacheAwareConfig::default(),
             consistent_hash: ConsistentHashConfig::default(),
-            #[cfg(feature = "kv-index")]
+            #[cfg(feature = "kv-block-index")]
             kv: None,
         }
     }
 
     /// Sets the KV block index and liveness handle `kv_aware` reads.
-    #[cfg(feature = "kv-index")]
+    #[cfg(feature = "kv-block-index")]
     #[must_use]
     pub fn with_kv(mut self, sources: crate::policies::kv_aware::KvSources) -> Self {
         self.kv = Some(sources);
@@ -147,7 +147,7 @@ fn known_names() -> String {
     names.join(", ")
 }
 
-#[cfg(feature = "kv-index")]
+#[cfg(feature = "kv-block-index")]
 fn build_kv_aware<B: Backend>(config: &PolicyConfig) -> Result<Box<dyn Policy<B>>, PolicyError> {
     let sources = config
         .kv
@@ -164,11 +164,11 @@ fn build_kv_aware<B: Backend>(config: &PolicyConfig) -> Result<Box<dyn Policy<B>
     )?))
 }
 
-#[cfg(not(feature = "kv-index"))]
+#[cfg(not(feature = "kv-block-index"))]
 fn build_kv_aware<B: Backend>(_: &PolicyConfig) -> Result<Box<dyn Policy<B>>, PolicyError> {
     Err(PolicyError::InvalidConfig {
         field: "name",
-        reason: "is `kv_aware`, which needs lb-policies' `kv-index` feature".to_owned(),
+        reason: "is `kv_aware`, which needs lb-policies' `kv-block-index` feature".to_owned(),
     })
 }
 

@@ -1,14 +1,14 @@
 //! Kv-aware: exact block scores from the KV index for workers with a live
 //! event stream, the approximate tree for the others, the per-request load
 //! gate, fair ties, membership, and text input decided as cache-aware.
-#![cfg(feature = "kv-index")]
+#![cfg(feature = "kv-block-index")]
 
 mod common;
 
 use std::sync::Arc;
 
 use common::{announce, fleet, key};
-use kv_index::{EngineHash, IndexConfig, KvEvent, KvIndex, WorkerId};
+use kv_block_index::{EngineHash, IndexConfig, KvEvent, KvIndex, WorkerId};
 use lb_policies::{
     Backend, BasicBackend, CacheAware, CacheAwareConfig, DecisionReason, KvAware, KvSources,
     KvStreams, MembershipEvent, Policy, PolicyConfig, PolicyError, PolicyRegistry, PolicyState,

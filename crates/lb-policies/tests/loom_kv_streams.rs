@@ -1,17 +1,17 @@
 //! loom model of kv-aware's own shared-memory state: the [`KvStreams`]
-//! liveness bitset (the index's read path is modelled by kv-index's own
+//! liveness bitset (the index's read path is modelled by kv-block-index's own
 //! loom tests). Two host tasks flip the bits of two workers that share one
 //! word while a reader checks the change counter's promise: a reader that
 //! sees both changes counted also sees both bits.
 //!
-//! Needs the `kv-index` feature:
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p lb-policies --features kv-index --test loom_kv_streams`.
+//! Needs the `kv-block-index` feature:
+//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p lb-policies --features kv-block-index --test loom_kv_streams`.
 //! Bound: LOOM_MAX_PREEMPTIONS=2, three threads, one or two operations each.
-#![cfg(all(loom, feature = "kv-index"))]
+#![cfg(all(loom, feature = "kv-block-index"))]
 
 use std::sync::Arc;
 
-use kv_index::{IndexConfig, KvIndex};
+use kv_block_index::{IndexConfig, KvIndex};
 use lb_policies::KvStreams;
 use loom::thread;
 

@@ -124,12 +124,12 @@ fn counter_and_hash_policies_do_not_allocate_per_decision() {
 /// Kv-aware reuses thread-local buffers for the block hashes and the index
 /// lookup, so a repeated exact hit (all streams live, the prefix already in
 /// the fallback tree) allocates nothing in the policy.
-#[cfg(feature = "kv-index")]
+#[cfg(feature = "kv-block-index")]
 #[test]
 fn kv_aware_repeated_hits_do_not_allocate() {
     use std::sync::Arc;
 
-    use kv_index::{EngineHash, IndexConfig, KvEvent, KvIndex};
+    use kv_block_index::{EngineHash, IndexConfig, KvEvent, KvIndex};
     use lb_policies::{Backend, DecisionReason, KvAware, KvSources, KvStreams};
 
     let fleet: Vec<BasicBackend> = (0..64)

@@ -221,7 +221,7 @@ fn counters_track_reasons_per_model() {
 }
 
 /// `kv_aware` is named in the unknown-policy message, and without the
-/// `kv-index` feature asking for it says which feature is missing.
+/// `kv-block-index` feature asking for it says which feature is missing.
 #[test]
 fn kv_aware_is_known_and_its_feature_is_named() {
     let err = PolicyRegistry::<BasicBackend>::new(PolicyConfig::named("no_such_policy"))
@@ -229,7 +229,7 @@ fn kv_aware_is_known_and_its_feature_is_named() {
     assert!(err.to_string().contains("kv_aware"), "{err}");
     let kv = PolicyRegistry::<BasicBackend>::new(PolicyConfig::named("kv_aware"));
     let err = kv.expect_err("needs the host's index");
-    if cfg!(feature = "kv-index") {
+    if cfg!(feature = "kv-block-index") {
         assert!(
             matches!(err, PolicyError::InvalidConfig { field: "kv", .. }),
             "{err}"
@@ -239,6 +239,6 @@ fn kv_aware_is_known_and_its_feature_is_named() {
             matches!(err, PolicyError::InvalidConfig { field: "name", .. }),
             "{err}"
         );
-        assert!(err.to_string().contains("kv-index"), "{err}");
+        assert!(err.to_string().contains("kv-block-index"), "{err}");
     }
 }

@@ -87,11 +87,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use kv_block_index::{EngineHash, KvEvent, KvIndex, StreamWriter, WorkerId};
 use kv_events::{
     BlockHash as WireHash, KvEvent as WireEvent, StreamEvent, StreamState, Subscriber,
     SubscriberConfig,
 };
-use kv_index::{EngineHash, KvEvent, KvIndex, StreamWriter, WorkerId};
 use lb_policies::{KvSources, KvStreams};
 use parking_lot::Mutex;
 use prom_text::{Exposition, MetricType};
@@ -145,7 +145,7 @@ pub struct KvEventsConfig {
     pub max_message_size: usize,
     /// The most blocks the router's block index keeps for each
     /// data-parallel rank of a worker (default
-    /// [`kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER`]); a rank that reports
+    /// [`kv_block_index::DEFAULT_MAX_BLOCKS_PER_HOLDER`]); a rank that reports
     /// more loses its oldest blocks from the index, counted in
     /// `router_kv_index_blocks_total{outcome="evicted_over_cap"}`. An
     /// engine never holds more than its cache (vLLM's `num_gpu_blocks`),
@@ -163,7 +163,7 @@ impl Default for KvEventsConfig {
             endpoints: HashMap::new(),
             sync_interval: Duration::from_millis(200),
             max_message_size: kv_events::DecodeLimits::default().max_payload_bytes,
-            max_blocks_per_worker: kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER,
+            max_blocks_per_worker: kv_block_index::DEFAULT_MAX_BLOCKS_PER_HOLDER,
         }
     }
 }

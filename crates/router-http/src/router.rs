@@ -933,7 +933,7 @@ impl Router {
     fn sync_kv_events(
         &self,
         hub: &crate::kv_events::KvEvents,
-    ) -> Vec<(kv_index::WorkerId, Arc<Worker>)> {
+    ) -> Vec<(kv_block_index::WorkerId, Arc<Worker>)> {
         let mut workers: Vec<Arc<Worker>> = Vec::new();
         for &role in hub.roles() {
             let pool = match (role, self.pd()) {
@@ -987,7 +987,7 @@ impl Router {
 async fn bound_by_engine(
     client: UpstreamClient,
     hub: Arc<crate::kv_events::KvEvents>,
-    id: kv_index::WorkerId,
+    id: kv_block_index::WorkerId,
     worker: Arc<Worker>,
 ) {
     const LIMIT: usize = 1024 * 1024;
@@ -1024,7 +1024,7 @@ async fn bound_by_engine(
 /// policy's block size).
 fn attach_kv_events(config: &mut RouterConfig) -> Option<Arc<crate::kv_events::KvEvents>> {
     use crate::kv_events::KvEvents;
-    use kv_index::KvIndex;
+    use kv_block_index::KvIndex;
     use lb_policies::{KvSources, KvStreams, PolicyConfig};
     const NAME: &str = "kv_aware";
     let mut roles = Vec::new();
@@ -1053,10 +1053,10 @@ fn attach_kv_events(config: &mut RouterConfig) -> Option<Arc<crate::kv_events::K
     }
     let (sources, block_size) = found?;
     let sources = sources.unwrap_or_else(|| {
-        let index = KvIndex::new(kv_index::IndexConfig {
+        let index = KvIndex::new(kv_block_index::IndexConfig {
             block_size: block_size.max(1),
             max_blocks_per_holder: config.kv_events.max_blocks_per_worker,
-            ..kv_index::IndexConfig::default()
+            ..kv_block_index::IndexConfig::default()
         });
         KvSources::new(Arc::new(index), Arc::new(KvStreams::new()))
     });

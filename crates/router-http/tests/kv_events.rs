@@ -745,7 +745,7 @@ async fn each_workers_block_cap_is_its_engines_cache_size() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    assert!(sizes < kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER.get());
+    assert!(sizes < kv_block_index::DEFAULT_MAX_BLOCKS_PER_HOLDER.get());
     // An engine cannot raise its cap above the configured one.
     let id = hub
         .index()
@@ -754,7 +754,7 @@ async fn each_workers_block_cap_is_its_engines_cache_size() {
     let text = "vllm:cache_config_info{num_gpu_blocks=\"999999999\"} 1\n";
     assert_eq!(
         hub.bound_by_engine(id, text).map(|n| n.get()),
-        Some(kv_index::DEFAULT_MAX_BLOCKS_PER_HOLDER.get())
+        Some(kv_block_index::DEFAULT_MAX_BLOCKS_PER_HOLDER.get())
     );
     drop(background);
     fixture.shutdown().await;

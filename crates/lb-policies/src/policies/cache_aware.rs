@@ -316,7 +316,7 @@ impl ModelState {
         }
     }
 
-    #[cfg(feature = "kv-index")]
+    #[cfg(feature = "kv-block-index")]
     /// Whether a membership event removed `key` (and no later one added it
     /// back). A key no event named is not removed.
     pub(crate) fn is_removed(&self, key: &str) -> bool {
@@ -327,7 +327,7 @@ impl ModelState {
             .is_some_and(|&slot| !table.slots[slot].live)
     }
 
-    #[cfg(feature = "kv-index")]
+    #[cfg(feature = "kv-block-index")]
     /// The token tree's best match of `tokens`: `f(owner, matched)` where
     /// `owner` is the matched tenant's key and position hint if it is a
     /// live member (cache-aware's choice among equally deep owners: the
@@ -354,7 +354,7 @@ impl ModelState {
         f(owner, found.matched)
     }
 
-    #[cfg(feature = "kv-index")]
+    #[cfg(feature = "kv-block-index")]
     /// For every live member `wanted(key)` accepts, how many leading
     /// `tokens` the token tree attributes to it; `each(key, hint, matched)`
     /// is called for those with at least `min` matched: one tree walk per
@@ -553,7 +553,7 @@ impl CacheAware {
         fair_least_loaded(candidates, start).map(|(i, _)| Decision::new(i, reason))
     }
 
-    #[cfg(feature = "kv-index")]
+    #[cfg(feature = "kv-block-index")]
     /// [`least_loaded`](Self::least_loaded) over the candidates
     /// `eligible(index)` accepts, on the same rotation.
     pub(crate) fn least_loaded_where<B: Backend>(

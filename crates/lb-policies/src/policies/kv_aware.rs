@@ -1,5 +1,5 @@
 //! Kv-aware routing: cache-aware placement scored on the blocks the engines
-//! really hold, by their own KV-cache events (feature `kv-index`).
+//! really hold, by their own KV-cache events (feature `kv-block-index`).
 //!
 //! # Why
 //!
@@ -106,7 +106,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kv_index::{BlockHash, KvIndex, PrefixMatches, WorkerId};
+use kv_block_index::{BlockHash, KvIndex, PrefixMatches, WorkerId};
 
 use super::cache_aware::{CacheAware, CacheAwareConfig, LoadGate, ModelState};
 use super::{find_candidate, min_available_load};
@@ -131,7 +131,7 @@ use std::sync::atomic::AtomicUsize as HintCell;
 /// down.
 ///
 /// ```
-/// use kv_index::{IndexConfig, KvIndex};
+/// use kv_block_index::{IndexConfig, KvIndex};
 /// use lb_policies::KvStreams;
 ///
 /// let index: KvIndex = KvIndex::new(IndexConfig::default());

@@ -2,7 +2,7 @@
 
 pub mod cache_aware;
 pub mod consistent_hash;
-#[cfg(feature = "kv-index")]
+#[cfg(feature = "kv-block-index")]
 pub mod kv_aware;
 pub mod least_loaded;
 pub mod power_of_two;

@@ -18,7 +18,7 @@
 //! # Example
 //!
 //! ```
-//! use kv_index::{EngineHash, Holder, IndexConfig, KvEvent, KvIndex};
+//! use kv_block_index::{EngineHash, Holder, IndexConfig, KvEvent, KvIndex};
 //!
 //! let index: KvIndex<&str> = KvIndex::new(IndexConfig { block_size: 4, ..Default::default() });
 //! let a = index.register_worker("http://engine-a:8000");

@@ -10,8 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kv_index::fuzzing::{BLOCK_SIZE, Model};
-use kv_index::{BlockHash, BlockHasher, EngineHash, IndexConfig, KvEvent, KvIndex};
+use kv_block_index::fuzzing::{BLOCK_SIZE, Model};
+use kv_block_index::{BlockHash, BlockHasher, EngineHash, IndexConfig, KvEvent, KvIndex};
 
 const WORKERS: u32 = 6;
 const PROMPTS: u32 = 4;

@@ -11,10 +11,10 @@
 //! counts and the skip counters must agree.
 #![cfg(not(loom))]
 
-use kv_index::fuzzing::{
+use kv_block_index::fuzzing::{
     self, HARNESS_CAP, MAX_SET_CAP, Model, Op, PROMPT_BLOCKS, PROMPTS, WORKERS,
 };
-use kv_index::{KvEvent, KvIndex, KvIndexError, WorkerId};
+use kv_block_index::{KvEvent, KvIndex, KvIndexError, WorkerId};
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
 

@@ -2,7 +2,7 @@
 //! hundred pseudo-random inputs, so `cargo test` exercises the harness.
 #![cfg(not(loom))]
 
-use kv_index::fuzzing::{Op, check_ops, decode_ops, kv_index_ops};
+use kv_block_index::fuzzing::{Op, check_ops, decode_ops, kv_index_ops};
 
 /// Seeds: register, store a chain in pieces, share prefixes across workers
 /// and ranks, remove, clear, unregister and re-register, go over caps.

@@ -19,7 +19,7 @@
 
 mod loom_support;
 
-use kv_index::{EngineHash, Holder, IndexConfig, KvEvent, KvIndex};
+use kv_block_index::{EngineHash, Holder, IndexConfig, KvEvent, KvIndex};
 use loom::sync::Arc;
 use loom::thread;
 use loom_support::{model, well_formed};

@@ -7,7 +7,7 @@
 
 use std::num::NonZeroUsize;
 
-use kv_index::{BlockHash, EngineHash, Holder, IndexConfig, KvEvent, KvIndex, WorkerId};
+use kv_block_index::{BlockHash, EngineHash, Holder, IndexConfig, KvEvent, KvIndex, WorkerId};
 
 const BS: usize = 4;
 /// Blocks per flooded prompt.
@@ -206,7 +206,7 @@ fn the_default_cap_applies_until_a_worker_gets_its_own() {
     index.unregister_worker(a);
     assert_eq!(
         index.set_worker_capacity(a, cap(1)),
-        Err(kv_index::KvIndexError::UnknownWorker(a))
+        Err(kv_block_index::KvIndexError::UnknownWorker(a))
     );
     assert_eq!(index.worker_capacity(a), None);
     assert_eq!(index.evicted_over_cap(a), None);

@@ -2,7 +2,7 @@
 //! clears, unknown parents, shared blocks, slot reuse and memory stats.
 #![cfg(not(loom))]
 
-use kv_index::{
+use kv_block_index::{
     BlockHasher, EngineHash, Holder, IndexConfig, KvEvent, KvIndex, KvIndexError, WorkerId,
 };
 

@@ -9,7 +9,7 @@ pub(crate) fn model(f: impl Fn() + Sync + Send + 'static) {
 
 /// What every lookup result must satisfy, whatever it raced: each reported
 /// holder holds at least the first block and at most the whole request.
-pub(crate) fn well_formed(found: &kv_index::PrefixMatches) {
+pub(crate) fn well_formed(found: &kv_block_index::PrefixMatches) {
     let n = found.request_blocks();
     for m in found.matches() {
         assert!((1..=n).contains(&m.blocks), "{m:?} of {n} blocks");

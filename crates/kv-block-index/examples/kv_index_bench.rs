@@ -1,10 +1,10 @@
-//! The acceptance bench of `kv-index`: ingest rate, lookup latency, request
+//! The acceptance bench of `kv-block-index`: ingest rate, lookup latency, request
 //! hashing cost and memory per (block, worker) pair on a realistic index.
 //!
 //! ```text
-//! cargo run --release -p kv-index --example kv_index_bench            # a table
-//! cargo run --release -p kv-index --example kv_index_bench -- --json  # one JSON line
-//! cargo run --release -p kv-index --example kv_index_bench -- --ingest-only  # to profile
+//! cargo run --release -p kv-block-index --example kv_index_bench            # a table
+//! cargo run --release -p kv-block-index --example kv_index_bench -- --json  # one JSON line
+//! cargo run --release -p kv-block-index --example kv_index_bench -- --ingest-only  # to profile
 //! ```
 //!
 //! The fleet: `WORKERS` workers (one rank each) with block size 16. There
@@ -38,7 +38,7 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
-use kv_index::{BlockHash, EngineHash, IndexConfig, KvEvent, KvIndex, StreamWriter};
+use kv_block_index::{BlockHash, EngineHash, IndexConfig, KvEvent, KvIndex, StreamWriter};
 
 const WORKERS: usize = 1000;
 const BLOCK: usize = 16;
@@ -408,7 +408,7 @@ fn main() {
             mean_holders,
         );
     } else {
-        println!("kv-index bench (single thread)");
+        println!("kv-block-index bench (single thread)");
         println!("  workers                      {WORKERS} (block size {BLOCK})");
         println!("  ingested blocks              {total_blocks}");
         println!("  (block, worker) pairs        {}", stats.pairs);
