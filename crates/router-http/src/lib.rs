@@ -63,8 +63,11 @@ pub mod extract;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod headers;
+/// The KV event bridge (crate `kv-event-bridge`), under the name this
+/// crate has always given it.
 #[cfg(feature = "kv-events")]
-pub mod kv_events;
+pub use kv_event_bridge as kv_events;
+mod kv_wiring;
 pub mod limits;
 pub mod metrics;
 mod payload;

@@ -89,8 +89,7 @@ struct Shared {
     /// Prefill/decode pools and flow, in P/D mode.
     pd: Option<crate::pd::PdState>,
     /// KV event subscriptions, when a pool's policy is `kv_aware`.
-    #[cfg(feature = "kv-events")]
-    kv: Option<Arc<crate::kv_events::KvEvents>>,
+    kv: Option<crate::kv_wiring::KvHub>,
 }
 
 impl Router {
@@ -101,17 +100,9 @@ impl Router {
     /// ([`Router::kv_events`]); [`Router::spawn_background`] starts them.
     pub fn new(mut config: RouterConfig) -> Result<Self, ConfigError> {
         share_tree_budget(&mut config);
-        #[cfg(feature = "kv-events")]
-        let (config, kv) = {
-            let mut config = config;
-            let kv = attach_kv_events(&mut config);
-            (config, kv)
-        };
+        let kv = crate::kv_wiring::attach(&mut config);
         let policies = PolicyRegistry::new(config.policy.clone())?;
-        #[cfg(feature = "kv-events")]
-        return Self::build(config, policies, kv);
-        #[cfg(not(feature = "kv-events"))]
-        Self::build(config, policies)
+        Self::build(config, policies, kv)
     }
 
     /// Builds a router that selects with `policies` (for instance a registry
@@ -123,10 +114,7 @@ impl Router {
         policies: PolicyRegistry<Arc<Worker>>,
     ) -> Result<Self, ConfigError> {
         share_tree_budget(&mut config);
-        #[cfg(feature = "kv-events")]
-        return Self::build(config, policies, None);
-        #[cfg(not(feature = "kv-events"))]
-        Self::build(config, policies)
+        Self::build(config, policies, None)
     }
 
     fn build(
@@ -136,7 +124,7 @@ impl Router {
         )]
         mut config: RouterConfig,
         policies: PolicyRegistry<Arc<Worker>>,
-        #[cfg(feature = "kv-events")] kv: Option<Arc<crate::kv_events::KvEvents>>,
+        kv: Option<crate::kv_wiring::KvHub>,
     ) -> Result<Self, ConfigError> {
         #[cfg(feature = "tokens")]
         {
@@ -198,7 +186,6 @@ impl Router {
             metrics: RouterMetrics::default(),
             accepting: AtomicBool::new(true),
             startup: crate::startup::StartupGate::new(),
-            #[cfg(feature = "kv-events")]
             kv,
             config,
         };
@@ -907,47 +894,39 @@ impl Router {
                 }
             }
         });
-        #[allow(unused_mut)]
         let mut tasks = vec![health, eviction];
-        #[cfg(feature = "kv-events")]
-        if let Some(hub) = shared.kv.clone() {
+        // Nothing without the `kv-events` feature (the hub type is then
+        // uninhabited).
+        if let Some(hub) = &shared.kv {
             let router = self.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut ticker = tokio::time::interval(hub.config().sync_interval);
-                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    ticker.tick().await;
-                    for (id, worker) in router.sync_kv_events(&hub) {
-                        let client = router.shared.client.clone();
-                        tokio::spawn(bound_by_engine(client, Arc::clone(&hub), id, worker));
-                    }
-                }
-            }));
+            let members = move |roles: &[RoleKind]| router.workers_of(roles);
+            tasks.push(crate::kv_wiring::spawn_sync(
+                hub,
+                self.client().clone(),
+                members,
+            ));
         }
         BackgroundTasks { tasks }
     }
 
-    /// One membership pass of the KV event hub over the followed roles,
-    /// reconciled first so discovered workers are current.
-    #[cfg(feature = "kv-events")]
-    fn sync_kv_events(
-        &self,
-        hub: &crate::kv_events::KvEvents,
-    ) -> Vec<(kv_block_index::WorkerId, Arc<Worker>)> {
-        let mut workers: Vec<Arc<Worker>> = Vec::new();
-        for &role in hub.roles() {
+    /// The current workers of `roles`, each pool reconciled first so that
+    /// discovered workers are current; `None` when a pool could not be
+    /// refreshed (the caller keeps what it knew).
+    #[cfg_attr(
+        not(feature = "kv-events"),
+        allow(dead_code, reason = "only the KV event hub follows pools")
+    )]
+    fn workers_of(&self, roles: &[RoleKind]) -> Option<Vec<Arc<Worker>>> {
+        let mut workers = Vec::new();
+        for &role in roles {
             let pool = match (role, self.pd()) {
                 (RoleKind::Regular, _) => self.pool(),
                 (_, Some(pd)) => pd.role(role).pool(),
                 (_, None) => continue,
             };
-            match pool.refresh() {
-                Ok(list) => workers.extend(list.iter().cloned()),
-                // Keep following the last known set rather than drop it.
-                Err(_) => return Vec::new(),
-            }
+            workers.extend(pool.refresh().ok()?.iter().cloned());
         }
-        hub.sync(&workers)
+        Some(workers)
     }
 
     /// Status of the whole fleet for readiness: whether the startup gate is
@@ -977,108 +956,6 @@ impl Router {
             pd.render(exposition);
         }
     }
-}
-
-/// Asks a newly followed worker's engine for its KV-cache size (its
-/// `/metrics`, once, within 5 s and 1 MiB) and lowers the worker's block
-/// cap in the index to it. An engine that does not answer, or names no
-/// size, keeps the configured cap.
-#[cfg(feature = "kv-events")]
-async fn bound_by_engine(
-    client: UpstreamClient,
-    hub: Arc<crate::kv_events::KvEvents>,
-    id: kv_block_index::WorkerId,
-    worker: Arc<Worker>,
-) {
-    const LIMIT: usize = 1024 * 1024;
-    let uri = worker.endpoint().worker_url().url_for("/metrics");
-    let Ok(request) = Request::get(uri).body(Full::new(Bytes::new())) else {
-        return;
-    };
-    let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    let fetched = tokio::time::timeout_at(deadline, async {
-        let response = client.send(request).await.ok()?;
-        if !response.status().is_success() {
-            return None;
-        }
-        let body = http_body_util::Limited::new(response.into_body(), LIMIT)
-            .collect()
-            .await
-            .ok()?;
-        Some(body.to_bytes())
-    })
-    .await;
-    let Ok(Some(body)) = fetched else {
-        tracing::debug!(worker = %worker.key(), "KV events: the engine's cache size is not known; the configured cap holds");
-        return;
-    };
-    if let Some(cap) = hub.bound_by_engine(id, &String::from_utf8_lossy(&body)) {
-        tracing::info!(worker = %worker.key(), cap, "KV events: block cap from the engine's num_gpu_blocks");
-    }
-}
-
-#[cfg(feature = "kv-events")]
-/// Builds the hub when a pool's policy is `kv_aware`: every `kv_aware`
-/// policy configuration of `config` gets the same [`KvSources`] (the
-/// host's, if one already carries them; else a new index with the
-/// policy's block size).
-fn attach_kv_events(config: &mut RouterConfig) -> Option<Arc<crate::kv_events::KvEvents>> {
-    use crate::kv_events::KvEvents;
-    use kv_block_index::KvIndex;
-    use lb_policies::{KvSources, KvStreams, PolicyConfig};
-    const NAME: &str = "kv_aware";
-    let mut roles = Vec::new();
-    let mut found: Option<(Option<KvSources>, usize)> = None;
-    let mut note = |policy: &PolicyConfig| {
-        if found.is_none() {
-            found = Some((policy.kv.clone(), policy.cache_aware.block_size));
-        }
-    };
-    match &config.pd {
-        Some(pd) => {
-            let prefill = pd.prefill_policy.as_ref().unwrap_or(&config.policy);
-            let decode = pd.decode_policy.as_ref().unwrap_or(&config.policy);
-            for (role, policy) in [(RoleKind::Prefill, prefill), (RoleKind::Decode, decode)] {
-                if policy.name == NAME {
-                    roles.push(role);
-                    note(policy);
-                }
-            }
-        }
-        None if config.policy.name == NAME => {
-            roles.push(RoleKind::Regular);
-            note(&config.policy);
-        }
-        None => {}
-    }
-    let (sources, block_size) = found?;
-    let sources = sources.unwrap_or_else(|| {
-        let index = KvIndex::new(kv_block_index::IndexConfig {
-            block_size: block_size.max(1),
-            max_blocks_per_holder: config.kv_events.max_blocks_per_worker,
-            ..kv_block_index::IndexConfig::default()
-        });
-        KvSources::new(Arc::new(index), Arc::new(KvStreams::new()))
-    });
-    let give = |policy: &mut PolicyConfig| {
-        if policy.name == NAME && policy.kv.is_none() {
-            policy.kv = Some(sources.clone());
-        }
-    };
-    give(&mut config.policy);
-    if let Some(pd) = &mut config.pd {
-        for policy in [&mut pd.prefill_policy, &mut pd.decode_policy]
-            .into_iter()
-            .flatten()
-        {
-            give(policy);
-        }
-    }
-    Some(Arc::new(KvEvents::new(
-        config.kv_events.clone(),
-        sources,
-        roles,
-    )))
 }
 
 /// Makes every cache-aware policy of the router (the regular pool's and the

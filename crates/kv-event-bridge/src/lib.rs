@@ -1,14 +1,21 @@
-//! Exact cache state from the engines (feature `kv-events`, on by
-//! default): one KV event subscription per worker and data-parallel rank,
-//! feeding the block index that the `kv_aware` policy scores on.
+//! Exact cache state from the engines: one KV event subscription per
+//! worker and data-parallel rank, feeding the block index that the
+//! `kv_aware` policy scores on, and the liveness that says when it may.
 //!
 //! A router's radix tree records where it *sent* prompts; vLLM publishes
 //! what each engine *holds* (`--kv-events-config` with the zmq publisher).
-//! When a pool's policy is `kv_aware`, [`Router`](crate::Router) builds a
-//! [`KvEvents`] hub: its background task follows the pools' membership and
-//! keeps one [`kv_events::Subscriber`] per (worker, rank), whose batches
-//! are applied to a shared [`KvIndex`]. Several router replicas subscribed
-//! to the same engines hold the same view without sharing anything.
+//! This crate is the bridge between the two: a [`KvEvents`] hub follows a
+//! set of workers (the host hands it the current membership with
+//! [`KvEvents::sync`]), keeps one [`kv_events::Subscriber`] per (worker,
+//! rank), converts each batch's events to the index's form
+//! ([`to_index_event`]) and applies them to a shared [`KvIndex`], and marks
+//! each worker live or cold in [`KvStreams`]. Both halves are the
+//! [`KvSources`] that lb-policies' `kv_aware` reads. Several router replicas
+//! subscribed to the same engines hold the same view without sharing
+//! anything. It knows no HTTP: router-http builds a hub when a pool's
+//! policy is `kv_aware`, runs its sync on a timer, asks each new worker's
+//! engine for its cache size ([`KvEvents::bound_by_engine`]) and renders
+//! its metrics ([`KvEvents::render`]) and status ([`KvEvents::statuses`]).
 //!
 //! # Endpoints
 //!
@@ -67,19 +74,21 @@
 //! parents the stream never stored are counted and skipped, never applied.
 //!
 //! ```
-//! use router_http::{Router, RouterConfig};
-//! use lb_policies::PolicyConfig;
+//! use std::sync::Arc;
+//! use kv_block_index::{IndexConfig, KvIndex};
+//! use kv_event_bridge::{KvEvents, KvEventsConfig};
+//! use lb_policies::{KvSources, KvStreams};
+//! use worker_lifecycle::RoleKind;
 //!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let config = RouterConfig {
-//!     policy: PolicyConfig::named("kv_aware"),
-//!     ..RouterConfig::default()
-//! };
-//! let router = Router::new(config).unwrap();
-//! let hub = router.kv_events().expect("kv_aware builds the hub");
+//! let index = Arc::new(KvIndex::new(IndexConfig::default()));
+//! let sources = KvSources::new(index, Arc::new(KvStreams::new()));
+//! // Give `sources` to the kv_aware policy (PolicyConfig::with_kv), then
+//! // follow the regular pool's workers:
+//! let hub = KvEvents::new(KvEventsConfig::default(), sources, vec![RoleKind::Regular]);
 //! assert_eq!(hub.config().port, 5557);
-//! // router.spawn_background() starts the subscriptions.
-//! # }
+//! // Inside a tokio runtime, call hub.sync(&workers) whenever membership
+//! // may have changed (router-http does every 200 ms).
+//! assert!(hub.statuses().is_empty());
 //! ```
 
 use std::collections::HashMap;
@@ -728,7 +737,11 @@ impl KvEvents {
                 totals.restarts,
             ),
         ];
-        crate::metrics::render_counters(exposition, &stream_counters);
+        for (name, help, value) in stream_counters {
+            exposition
+                .family(name, MetricType::Counter, help)
+                .sample(&[], value);
+        }
         let index = self.sources.index.counters();
         let mut family = exposition.family(
             "router_kv_skipped_events_total",
@@ -866,33 +879,78 @@ impl Sink {
     /// The index's form of a wire event, or `None` (counted) for events
     /// about another cache.
     fn convert(&self, event: WireEvent) -> Option<KvEvent> {
-        let (medium, group) = match &event {
-            WireEvent::BlockStored(e) => (e.medium.as_deref(), e.group_idx),
-            WireEvent::BlockRemoved(e) => (e.medium.as_deref(), e.group_idx),
-            WireEvent::AllBlocksCleared => (None, None),
-        };
-        if medium.is_some_and(|m| !m.eq_ignore_ascii_case("GPU")) {
-            self.counters.other_medium.fetch_add(1, Ordering::Relaxed);
-            return None;
+        match to_index_event(event) {
+            Ok(event) => Some(event),
+            Err(Skipped::OtherMedium) => {
+                self.counters.other_medium.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Err(Skipped::OtherGroup) => {
+                self.counters.other_group.fetch_add(1, Ordering::Relaxed);
+                None
+            }
         }
-        if group.is_some_and(|g| g != 0) {
-            self.counters.other_group.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(match event {
-            WireEvent::BlockStored(e) => KvEvent::BlockStored {
-                block_hashes: e.block_hashes.iter().map(engine_hash).collect(),
-                parent_block_hash: e.parent_block_hash.as_ref().map(engine_hash),
-                token_ids: e.token_ids,
-                block_size: e.block_size as usize,
-                lora_id: e.lora_id,
-            },
-            WireEvent::BlockRemoved(e) => KvEvent::BlockRemoved {
-                block_hashes: e.block_hashes.iter().map(engine_hash).collect(),
-            },
-            WireEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
-        })
     }
+}
+
+/// Why [`to_index_event`] did not convert an event: it describes another
+/// cache than the one the index mirrors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Skipped {
+    /// Another medium than the GPU cache (CPU offload, a connector's
+    /// store).
+    OtherMedium,
+    /// Another KV-cache group than group 0 (a hybrid model's other
+    /// layers).
+    OtherGroup,
+}
+
+/// The block index's form of one wire event: the one conversion between
+/// vLLM's event format and the index. Events for the GPU cache (medium
+/// `"GPU"`, any case, or none) of KV-cache group 0 (or none) convert;
+/// engine block hashes stay opaque ([`EngineHash`]), ints and bytes alike.
+///
+/// ```
+/// use kv_event_bridge::{Skipped, to_index_event};
+/// use kv_events::{BlockHash, BlockStored, KvEvent};
+///
+/// let mut stored = BlockStored::new(vec![BlockHash::Int(7)], None, vec![1, 2, 3, 4], 4);
+/// assert!(matches!(
+///     to_index_event(KvEvent::BlockStored(stored.clone())),
+///     Ok(kv_block_index::KvEvent::BlockStored { block_size: 4, .. })
+/// ));
+/// stored.medium = Some("CPU".to_owned());
+/// assert_eq!(
+///     to_index_event(KvEvent::BlockStored(stored)).err(),
+///     Some(Skipped::OtherMedium)
+/// );
+/// ```
+pub fn to_index_event(event: WireEvent) -> Result<KvEvent, Skipped> {
+    let (medium, group) = match &event {
+        WireEvent::BlockStored(e) => (e.medium.as_deref(), e.group_idx),
+        WireEvent::BlockRemoved(e) => (e.medium.as_deref(), e.group_idx),
+        WireEvent::AllBlocksCleared => (None, None),
+    };
+    if medium.is_some_and(|m| !m.eq_ignore_ascii_case("GPU")) {
+        return Err(Skipped::OtherMedium);
+    }
+    if group.is_some_and(|g| g != 0) {
+        return Err(Skipped::OtherGroup);
+    }
+    Ok(match event {
+        WireEvent::BlockStored(e) => KvEvent::BlockStored {
+            block_hashes: e.block_hashes.iter().map(engine_hash).collect(),
+            parent_block_hash: e.parent_block_hash.as_ref().map(engine_hash),
+            token_ids: e.token_ids,
+            block_size: e.block_size as usize,
+            lora_id: e.lora_id,
+        },
+        WireEvent::BlockRemoved(e) => KvEvent::BlockRemoved {
+            block_hashes: e.block_hashes.iter().map(engine_hash).collect(),
+        },
+        WireEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
+    })
 }
 
 fn engine_hash(hash: &WireHash) -> EngineHash {
