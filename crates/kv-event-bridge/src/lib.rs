@@ -91,167 +91,24 @@
 //! assert!(hub.statuses().is_empty());
 //! ```
 
+mod config;
+mod convert;
+mod engine_size;
+
+pub use config::{DEFAULT_PORT, DEFAULT_REPLAY_PORT, KvEndpoints, KvEventsConfig};
+pub use convert::{Skipped, to_index_event};
+pub use engine_size::num_gpu_blocks;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
-use kv_block_index::{EngineHash, KvEvent, KvIndex, StreamWriter, WorkerId};
-use kv_events::{
-    BlockHash as WireHash, KvEvent as WireEvent, StreamEvent, StreamState, Subscriber,
-    SubscriberConfig,
-};
+use kv_block_index::{KvEvent, KvIndex, StreamWriter, WorkerId};
+use kv_events::{KvEvent as WireEvent, StreamEvent, StreamState, Subscriber, SubscriberConfig};
 use lb_policies::{KvSources, KvStreams};
 use parking_lot::Mutex;
 use prom_text::{Exposition, MetricType};
 use worker_lifecycle::{RoleKind, Worker};
-
-/// vLLM's example publisher port.
-pub const DEFAULT_PORT: u16 = 5557;
-/// vLLM's example replay port.
-pub const DEFAULT_REPLAY_PORT: u16 = 5558;
-
-/// Where one worker publishes, when it is not at the default ports of its
-/// host.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KvEndpoints {
-    /// The PUB socket, e.g. `tcp://10.0.0.5:5557` (rank 0's, with data
-    /// parallelism: rank `r` is at the port plus `r`).
-    pub endpoint: String,
-    /// The replay (ROUTER) socket, or `None` for no replay (gaps then
-    /// reset the stream).
-    pub replay_endpoint: Option<String>,
-}
-
-/// How the router follows the engines' KV events.
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct KvEventsConfig {
-    /// The publisher's port on each worker's host. Default 5557.
-    pub port: u16,
-    /// The replay port on each worker's host; `None` turns replay off.
-    /// Default 5558.
-    pub replay_port: Option<u16>,
-    /// The topic prefix to subscribe to (vLLM's `topic`; empty, the
-    /// default, takes every topic).
-    pub topic: String,
-    /// Ranks behind a worker registered without a data-parallel rank:
-    /// ranks `0..n` publish at `port + r`. Default 1.
-    pub data_parallel_size: u16,
-    /// Per worker URL (as the worker was added, e.g.
-    /// `http://10.0.0.5:8000`): its own endpoints, instead of the defaults.
-    pub endpoints: HashMap<String, KvEndpoints>,
-    /// How often membership and stream liveness are re-read. Default
-    /// 200 ms.
-    pub sync_interval: Duration,
-    /// The largest KV event payload (one ZMQ frame) accepted from a
-    /// publisher, in bytes; libzmq refuses a larger frame before buffering
-    /// it (`ZMQ_MAXMSGSIZE`) and the stream reconnects. Default 16 MiB
-    /// ([`kv_events::DecodeLimits`]' `max_payload_bytes`): one scheduler
-    /// step's batch is a few KB to a few hundred KB (a 128k-token prefill's
-    /// `BlockStored` carries its token ids, about 5 bytes each in
-    /// MessagePack, so ~650 KB), and 16 MiB leaves twenty times that.
-    pub max_message_size: usize,
-    /// The most blocks the router's block index keeps for each
-    /// data-parallel rank of a worker (default
-    /// [`kv_block_index::DEFAULT_MAX_BLOCKS_PER_HOLDER`]); a rank that reports
-    /// more loses its oldest blocks from the index, counted in
-    /// `router_kv_index_blocks_total{outcome="evicted_over_cap"}`. An
-    /// engine never holds more than its cache (vLLM's `num_gpu_blocks`),
-    /// so a publisher that reports more is flooding the index.
-    pub max_blocks_per_worker: std::num::NonZeroUsize,
-}
-
-impl Default for KvEventsConfig {
-    fn default() -> Self {
-        Self {
-            port: DEFAULT_PORT,
-            replay_port: Some(DEFAULT_REPLAY_PORT),
-            topic: String::new(),
-            data_parallel_size: 1,
-            endpoints: HashMap::new(),
-            sync_interval: Duration::from_millis(200),
-            max_message_size: kv_events::DecodeLimits::default().max_payload_bytes,
-            max_blocks_per_worker: kv_block_index::DEFAULT_MAX_BLOCKS_PER_HOLDER,
-        }
-    }
-}
-
-impl KvEventsConfig {
-    /// Sets one worker's endpoints.
-    #[must_use]
-    pub fn with_endpoints(mut self, worker_url: impl Into<String>, endpoints: KvEndpoints) -> Self {
-        self.endpoints.insert(worker_url.into(), endpoints);
-        self
-    }
-
-    /// The (rank, publisher, replay) sockets to follow for `worker`.
-    /// Empty when an address cannot be formed (a rank whose port would
-    /// overflow).
-    ///
-    /// Where a worker publishes, first found: its URL in
-    /// [`endpoints`](Self::endpoints); the addresses its registration
-    /// announced (worker-lifecycle's `labels::KV_EVENTS_ENDPOINT` and
-    /// `labels::KV_EVENTS_REPLAY_ENDPOINT`); the configured ports on its
-    /// host.
-    pub fn streams_of(&self, worker: &Worker) -> Vec<(u32, String, Option<String>)> {
-        self.streams_with(worker, self.endpoints.get(worker.endpoint().url()))
-    }
-
-    /// The endpoints a worker's registration announced, if any.
-    fn announced(worker: &Worker) -> Option<KvEndpoints> {
-        let labels = worker.labels();
-        Some(KvEndpoints {
-            endpoint: labels
-                .get(worker_lifecycle::labels::KV_EVENTS_ENDPOINT)?
-                .clone(),
-            replay_endpoint: labels
-                .get(worker_lifecycle::labels::KV_EVENTS_REPLAY_ENDPOINT)
-                .cloned(),
-        })
-    }
-
-    /// As [`streams_of`](Self::streams_of), with `own` endpoints instead of
-    /// the configured ones.
-    fn streams_with(
-        &self,
-        worker: &Worker,
-        own: Option<&KvEndpoints>,
-    ) -> Vec<(u32, String, Option<String>)> {
-        let endpoint = worker.endpoint();
-        let announced = Self::announced(worker);
-        let (base, replay) = match own.or(announced.as_ref()) {
-            Some(own) => (own.endpoint.clone(), own.replay_endpoint.clone()),
-            None => {
-                let url = endpoint.worker_url();
-                let at = |port: u16| format!("tcp://{}", url.with_port(port).host_port());
-                (at(self.port), self.replay_port.map(at))
-            }
-        };
-        let ranks: Vec<u32> = match endpoint.dp_rank() {
-            Some(rank) => vec![rank],
-            None => (0..u32::from(self.data_parallel_size.max(1))).collect(),
-        };
-        let mut streams = Vec::with_capacity(ranks.len());
-        for rank in ranks {
-            let Ok(offset) = u16::try_from(rank) else {
-                return Vec::new();
-            };
-            let Some(pub_at) = kv_events::endpoint_for_rank(&base, offset) else {
-                return Vec::new();
-            };
-            let replay_at = match &replay {
-                Some(r) => match kv_events::endpoint_for_rank(r, offset) {
-                    Some(at) => Some(at),
-                    None => return Vec::new(),
-                },
-                None => None,
-            };
-            streams.push((rank, pub_at, replay_at));
-        }
-        streams
-    }
-}
 
 /// Events the hub did not apply to the index.
 #[derive(Debug, Default)]
@@ -339,49 +196,6 @@ pub struct RankKvStatus {
     /// restarted by its supervisor; the stream is `connecting` (and the
     /// worker cold) until it has read again.
     pub restarts: u64,
-}
-
-/// The KV-cache size an engine reports on its `/metrics`: the
-/// `num_gpu_blocks` label of vLLM's `vllm:cache_config_info` gauge (the
-/// largest, when several engines of a data-parallel server report one
-/// each). `None` when no sample names a positive number of blocks (vLLM
-/// writes `"None"` before the cache is sized). The text comes from a
-/// network peer: every label is scanned, escapes included, and nothing is
-/// allocated.
-pub fn num_gpu_blocks(metrics: &str) -> Option<std::num::NonZeroUsize> {
-    metrics
-        .lines()
-        .filter_map(|line| line.strip_prefix("vllm:cache_config_info{"))
-        .filter_map(|labels| label_value(labels, "num_gpu_blocks"))
-        .filter_map(|value| value.parse::<usize>().ok())
-        .filter_map(std::num::NonZeroUsize::new)
-        .max()
-}
-
-/// The raw value of label `name` in `labels`, the text of a sample after
-/// its `{`; `None` when it is absent or the label set is malformed.
-fn label_value<'a>(mut labels: &'a str, name: &str) -> Option<&'a str> {
-    loop {
-        labels = labels.trim_start_matches([',', ' ']);
-        if labels.is_empty() || labels.starts_with('}') {
-            return None;
-        }
-        let (label, rest) = labels.split_once('=')?;
-        let value = rest.strip_prefix('"')?;
-        let bytes = value.as_bytes();
-        let mut at = 0;
-        let end = loop {
-            match bytes.get(at)? {
-                b'\\' => at += 2,
-                b'"' => break at,
-                _ => at += 1,
-            }
-        };
-        if label.trim() == name {
-            return Some(&value[..end]);
-        }
-        labels = &value[end + 1..];
-    }
 }
 
 fn state_name(state: &StreamState) -> &'static str {
@@ -890,115 +704,5 @@ impl Sink {
                 None
             }
         }
-    }
-}
-
-/// Why [`to_index_event`] did not convert an event: it describes another
-/// cache than the one the index mirrors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Skipped {
-    /// Another medium than the GPU cache (CPU offload, a connector's
-    /// store).
-    OtherMedium,
-    /// Another KV-cache group than group 0 (a hybrid model's other
-    /// layers).
-    OtherGroup,
-}
-
-/// The block index's form of one wire event: the one conversion between
-/// vLLM's event format and the index. Events for the GPU cache (medium
-/// `"GPU"`, any case, or none) of KV-cache group 0 (or none) convert;
-/// engine block hashes stay opaque ([`EngineHash`]), ints and bytes alike.
-///
-/// ```
-/// use kv_event_bridge::{Skipped, to_index_event};
-/// use kv_events::{BlockHash, BlockStored, KvEvent};
-///
-/// let mut stored = BlockStored::new(vec![BlockHash::Int(7)], None, vec![1, 2, 3, 4], 4);
-/// assert!(matches!(
-///     to_index_event(KvEvent::BlockStored(stored.clone())),
-///     Ok(kv_block_index::KvEvent::BlockStored { block_size: 4, .. })
-/// ));
-/// stored.medium = Some("CPU".to_owned());
-/// assert_eq!(
-///     to_index_event(KvEvent::BlockStored(stored)).err(),
-///     Some(Skipped::OtherMedium)
-/// );
-/// ```
-pub fn to_index_event(event: WireEvent) -> Result<KvEvent, Skipped> {
-    let (medium, group) = match &event {
-        WireEvent::BlockStored(e) => (e.medium.as_deref(), e.group_idx),
-        WireEvent::BlockRemoved(e) => (e.medium.as_deref(), e.group_idx),
-        WireEvent::AllBlocksCleared => (None, None),
-    };
-    if medium.is_some_and(|m| !m.eq_ignore_ascii_case("GPU")) {
-        return Err(Skipped::OtherMedium);
-    }
-    if group.is_some_and(|g| g != 0) {
-        return Err(Skipped::OtherGroup);
-    }
-    Ok(match event {
-        WireEvent::BlockStored(e) => KvEvent::BlockStored {
-            block_hashes: e.block_hashes.iter().map(engine_hash).collect(),
-            parent_block_hash: e.parent_block_hash.as_ref().map(engine_hash),
-            token_ids: e.token_ids,
-            block_size: e.block_size as usize,
-            lora_id: e.lora_id,
-        },
-        WireEvent::BlockRemoved(e) => KvEvent::BlockRemoved {
-            block_hashes: e.block_hashes.iter().map(engine_hash).collect(),
-        },
-        WireEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
-    })
-}
-
-fn engine_hash(hash: &WireHash) -> EngineHash {
-    match hash {
-        WireHash::Int(value) => EngineHash::from_int(*value as i64),
-        WireHash::Bytes(bytes) => EngineHash::from_bytes(bytes),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::num_gpu_blocks;
-
-    #[test]
-    fn the_cache_size_is_read_from_vllms_info_gauge() {
-        let vllm = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
-            # TYPE vllm:cache_config_info gauge\n\
-            vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",\
-            gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"27042\",\
-            num_gpu_blocks_override=\"None\",swap_space_bytes=\"4294967296\"} 1.0\n\
-            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0\n";
-        assert_eq!(num_gpu_blocks(vllm).map(|n| n.get()), Some(27042));
-        // Data-parallel engines report one each: the largest bounds them all.
-        let ranks = "vllm:cache_config_info{engine=\"0\",num_gpu_blocks=\"100\"} 1\n\
-            vllm:cache_config_info{engine=\"1\",num_gpu_blocks=\"120\"} 1\n";
-        assert_eq!(num_gpu_blocks(ranks).map(|n| n.get()), Some(120));
-    }
-
-    #[test]
-    fn hostile_or_unsized_texts_name_no_size() {
-        for text in [
-            "",
-            "vllm:cache_config_info{num_gpu_blocks=\"None\"} 1",
-            "vllm:cache_config_info{num_gpu_blocks=\"0\"} 1",
-            "vllm:cache_config_info{num_gpu_blocks=\"-5\"} 1",
-            "vllm:cache_config_info{num_gpu_blocks=\"99999999999999999999999\"} 1",
-            "vllm:cache_config_info{num_gpu_blocks=\"12",
-            "vllm:cache_config_info{num_gpu_blocks=12} 1",
-            "vllm:cache_config_info{a=\"\\\"num_gpu_blocks=\\\"7\"} 1",
-            "vllm:cache_config_info{a=\"x\\",
-            "vllm:cache_config_infox{num_gpu_blocks=\"7\"} 1",
-            "# vllm:cache_config_info{num_gpu_blocks=\"7\"} 1",
-            "other{num_gpu_blocks=\"7\"} 1",
-        ] {
-            assert_eq!(num_gpu_blocks(text), None, "{text:?}");
-        }
-        // An escaped quote inside another label's value is skipped whole.
-        let escaped = "vllm:cache_config_info{a=\"x\\\"y\",num_gpu_blocks=\"9\"} 1";
-        assert_eq!(num_gpu_blocks(escaped).map(|n| n.get()), Some(9));
     }
 }
