@@ -64,3 +64,33 @@ pub(super) fn head_bit(bits: &[u64], key: u64) -> bool {
     let (word, mask) = head_bit_index(bits, key);
     bits[word] & mask != 0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holder_bits_grow_on_set_and_ignore_slots_past_the_end() {
+        let mut bits = Vec::new();
+        bit_set(&mut bits, 130);
+        assert_eq!(bits.len(), 3);
+        assert!(bit_get(&bits, 130));
+        assert!(!bit_get(&bits, 129));
+        assert!(!bit_get(&bits, 4_000));
+        bit_clear(&mut bits, 4_000);
+        bit_clear(&mut bits, 130);
+        assert!(bits.iter().all(|&w| w == 0));
+    }
+
+    #[test]
+    fn head_bits_keep_every_key_set() {
+        let mut bits = vec![0; head_bits_words(64)];
+        let keys: Vec<u64> = (1..=40u64)
+            .map(|k| k.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        for &key in &keys {
+            set_head_bit(&mut bits, key);
+        }
+        assert!(keys.iter().all(|&key| head_bit(&bits, key)));
+    }
+}
