@@ -360,7 +360,7 @@ impl App {
                             ..EngineConfig::default()
                         };
                         let bootstrap = (role == engine_sim::Role::Prefill
-                            && kv == engine_sim::KvConnector::Mooncake)
+                            && kv == engine_sim::TransferFormat::Mooncake)
                             .then(|| SocketAddr::from(([127, 0, 0, 1], 0)));
                         let options = ServeOptions {
                             tokenizer: engine_tokenizer(settings),

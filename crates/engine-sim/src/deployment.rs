@@ -3,15 +3,15 @@
 //! `pd-orchestrator`).
 //!
 //! engine-sim keeps its own description of a connector — the
-//! `kv_transfer_params` format an engine speaks ([`KvConnector`]) and, for
-//! MoRI-IO, the transfer direction ([`MoriioMode`]) — so it runs without
+//! `kv_transfer_params` format an engine speaks ([`TransferFormat`]) and, for
+//! MoRI-IO, the transfer direction ([`MoriIoMode`](crate::MoriIoMode)) — so it runs without
 //! any router crate. Whether Mooncake legs run concurrently or one after
 //! the other is the router's choice alone; its engines speak the same
 //! format either way. The reference router's simulated engines, the
 //! routing-quality simulator and every test that starts engines for a
 //! router use this function.
 
-use crate::config::{KvConnector, MoriioMode};
+use crate::config::{MoriIoMode as EngineMoriIoMode, TransferFormat};
 use pd_orchestrator::{MoriIoMode, PdConnector};
 
 /// The engine-sim connector and MoRI-IO mode that the engines of a
@@ -25,21 +25,21 @@ use pd_orchestrator::{MoriIoMode, PdConnector};
 /// [`PdConnector::NAMES`] is simulated today.
 ///
 /// ```
-/// use engine_sim::{KvConnector, MoriioMode};
+/// use engine_sim::{MoriIoMode, TransferFormat};
 /// use pd_orchestrator::PdConnector;
 ///
 /// let write: PdConnector = "moriio-write".parse().unwrap();
 /// assert_eq!(
 ///     engine_sim::for_deployment(write),
-///     Some((KvConnector::Moriio, MoriioMode::Write))
+///     Some((TransferFormat::MoriIo, MoriIoMode::Write))
 /// );
 /// ```
-pub fn for_deployment(connector: PdConnector) -> Option<(KvConnector, MoriioMode)> {
+pub fn for_deployment(connector: PdConnector) -> Option<(TransferFormat, EngineMoriIoMode)> {
     Some(match connector {
-        PdConnector::Nixl => (KvConnector::Nixl, MoriioMode::Read),
-        PdConnector::Mooncake { .. } => (KvConnector::Mooncake, MoriioMode::Read),
-        PdConnector::MoriIo(MoriIoMode::Read) => (KvConnector::Moriio, MoriioMode::Read),
-        PdConnector::MoriIo(MoriIoMode::Write) => (KvConnector::Moriio, MoriioMode::Write),
+        PdConnector::Nixl => (TransferFormat::Nixl, EngineMoriIoMode::Read),
+        PdConnector::Mooncake { .. } => (TransferFormat::Mooncake, EngineMoriIoMode::Read),
+        PdConnector::MoriIo(MoriIoMode::Read) => (TransferFormat::MoriIo, EngineMoriIoMode::Read),
+        PdConnector::MoriIo(MoriIoMode::Write) => (TransferFormat::MoriIo, EngineMoriIoMode::Write),
         // `PdConnector` is non-exhaustive: a connector added to the router
         // has no engine-sim format until engine-sim learns it.
         _ => return None,
@@ -53,15 +53,23 @@ mod tests {
     #[test]
     fn every_configurable_connector_maps_to_the_engines_it_needs() {
         let expected = [
-            ("nixl", KvConnector::Nixl, MoriioMode::Read),
-            ("mooncake", KvConnector::Mooncake, MoriioMode::Read),
+            ("nixl", TransferFormat::Nixl, EngineMoriIoMode::Read),
+            ("mooncake", TransferFormat::Mooncake, EngineMoriIoMode::Read),
             (
                 "mooncake-sequential",
-                KvConnector::Mooncake,
-                MoriioMode::Read,
+                TransferFormat::Mooncake,
+                EngineMoriIoMode::Read,
             ),
-            ("moriio-read", KvConnector::Moriio, MoriioMode::Read),
-            ("moriio-write", KvConnector::Moriio, MoriioMode::Write),
+            (
+                "moriio-read",
+                TransferFormat::MoriIo,
+                EngineMoriIoMode::Read,
+            ),
+            (
+                "moriio-write",
+                TransferFormat::MoriIo,
+                EngineMoriIoMode::Write,
+            ),
         ];
         assert_eq!(
             expected.map(|(name, ..)| name),
@@ -79,7 +87,7 @@ mod tests {
             let concurrent =
                 connector.build().phase_order() == pd_orchestrator::PhaseOrder::Concurrent;
             assert_eq!(
-                mode == MoriioMode::Write,
+                mode == EngineMoriIoMode::Write,
                 connector.is_moriio() && concurrent,
                 "{name}"
             );

@@ -212,7 +212,7 @@ pub mod fuzzing;
 /// `PromptTokenizer` is what [`ServeOptions::tokenizer`] takes.
 pub use prompt_tokens;
 
-pub use config::{EngineConfig, FaultConfig, KvConnector, ModelConfig, MoriioMode, Role};
+pub use config::{EngineConfig, FaultConfig, ModelConfig, MoriIoMode, Role, TransferFormat};
 #[cfg(feature = "pd-orchestrator")]
 pub use deployment::for_deployment;
 pub use engine::{
