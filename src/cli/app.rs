@@ -338,7 +338,7 @@ impl App {
             }
             Mode::SimulatedPd { prefill, decode } => {
                 let connector = settings.args.kv_connector;
-                let (kv, mode) = engine_sim::for_deployment(connector).ok_or_else(|| {
+                let (kv, mode) = crate::sim::for_deployment(connector).ok_or_else(|| {
                     StartError::Engine(std::io::Error::other(format!(
                         "engine-sim does not simulate the {connector} connector"
                     )))

@@ -140,8 +140,19 @@ fn router_config(pd: PdConfig, policy: &str) -> RouterConfig {
     }
 }
 
+/// The `kv_transfer_params` format and MoRI-IO mode the engines of a
+/// `connector` deployment speak. The mapping the router and the simulator
+/// use is the facade's `affinity_router::sim::for_deployment` (tested
+/// there against every connector name); router-http cannot depend on the
+/// facade and engine-sim knows no router crate, so these tests keep a copy.
 fn engine_connector(connector: PdConnector) -> (TransferFormat, MoriIoMode) {
-    engine_sim::for_deployment(connector).expect("engine-sim simulates every connector")
+    match connector {
+        PdConnector::Nixl => (TransferFormat::Nixl, MoriIoMode::Read),
+        PdConnector::Mooncake { .. } => (TransferFormat::Mooncake, MoriIoMode::Read),
+        PdConnector::MoriIo(PdMoriIoMode::Read) => (TransferFormat::MoriIo, MoriIoMode::Read),
+        PdConnector::MoriIo(PdMoriIoMode::Write) => (TransferFormat::MoriIo, MoriIoMode::Write),
+        other => panic!("engine-sim has no format for the {other} connector"),
+    }
 }
 
 /// `prefill` prefill engines (with the given faults, in order) and one
