@@ -11,7 +11,7 @@
 //! | [`pd`] | `pd-orchestrator` | prefill/decode pairing and KV connectors |
 //! | [`http`] | `router-http` | the hyper 1.x proxy path, admin and metrics |
 //! | [`tokens`] | `prompt-tokens` | a request's prompt token ids: chat templates, tokenizers |
-//! | [`sim`] | `engine-sim` | a simulated vLLM-style engine |
+//! | [`sim`] | `engine-sim` | a simulated vLLM-style engine, and [`sim::for_deployment`] (the engines' settings for a router's connector) |
 //! | `discovery` | `worker-discovery` | vLLM registration discovery (feature `discovery`) |
 //!
 //! Two modules live here, on top of all of them:
@@ -38,12 +38,12 @@
 
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod sim;
 pub mod simulator;
 
 #[cfg(feature = "discovery")]
 pub use worker_discovery as discovery;
 
-pub use engine_sim as sim;
 pub use lb_policies as policies;
 pub use pd_orchestrator as pd;
 pub use prompt_tokens as tokens;

@@ -474,11 +474,11 @@ fn role_pod(name: &str, uid: &str, role: &str, bootstrap: Option<u16>) -> Value 
 /// transfer only from the prefill engine that really produced it.
 #[tokio::test]
 async fn prefill_and_decode_pods_serve_through_the_mooncake_bootstrap() {
-    use engine_sim::{EngineConfig, KvConnector, Role, ServeOptions, TransferRegistry};
+    use engine_sim::{EngineConfig, Role, ServeOptions, TransferFormat, TransferRegistry};
     let transfers = TransferRegistry::new();
     let engine = |role: Role| EngineConfig {
         role,
-        kv_connector: KvConnector::Mooncake,
+        kv_connector: TransferFormat::Mooncake,
         time_scale: 0.0,
         ..EngineConfig::default()
     };

@@ -338,7 +338,7 @@ impl App {
             }
             Mode::SimulatedPd { prefill, decode } => {
                 let connector = settings.args.kv_connector;
-                let (kv, mode) = engine_sim::for_deployment(connector).ok_or_else(|| {
+                let (kv, mode) = crate::sim::for_deployment(connector).ok_or_else(|| {
                     StartError::Engine(std::io::Error::other(format!(
                         "engine-sim does not simulate the {connector} connector"
                     )))
@@ -360,7 +360,7 @@ impl App {
                             ..EngineConfig::default()
                         };
                         let bootstrap = (role == engine_sim::Role::Prefill
-                            && kv == engine_sim::KvConnector::Mooncake)
+                            && kv == engine_sim::TransferFormat::Mooncake)
                             .then(|| SocketAddr::from(([127, 0, 0, 1], 0)));
                         let options = ServeOptions {
                             tokenizer: engine_tokenizer(settings),

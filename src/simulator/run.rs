@@ -491,7 +491,7 @@ pub fn simulate(
                 other => SimError::Worker(other.to_string()),
             })?;
             let (connector, moriio_mode) =
-                engine_sim::for_deployment(CONNECTOR).expect("engine-sim simulates NIXL");
+                crate::sim::for_deployment(CONNECTOR).expect("engine-sim simulates NIXL");
             let transfers = TransferRegistry::new();
             let prefill_settings = |i: usize| PdSettings {
                 role: Role::Prefill,

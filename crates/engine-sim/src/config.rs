@@ -36,12 +36,20 @@ impl Role {
     }
 }
 
-/// The KV connector whose `kv_transfer_params` format an engine speaks.
+/// The `kv_transfer_params` format an engine speaks: which KV connector's
+/// fields a prefill engine produces and a decode engine checks.
+///
+/// Only the format: whether a router runs the two legs one after the other
+/// or at once is the router's choice, which the engines do not see. Named
+/// `TransferFormat` rather than after the connector because a router's
+/// connector (pd-orchestrator's `KvConnector` strategies, `PdConnector`)
+/// is more than its format. The names on the command line and in serde
+/// are [`TransferFormat::as_str`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[non_exhaustive]
-pub enum KvConnector {
+pub enum TransferFormat {
     /// NIXL (pull): the prefill response names its engine, block ids, host and
     /// port; the decode engine reads the blocks.
     #[default]
@@ -51,26 +59,29 @@ pub enum KvConnector {
     Mooncake,
     /// MoRI-IO: READ mode pulls like NIXL (block ids from the prefill
     /// response), WRITE mode pushes like Mooncake (matched by `transfer_id`).
-    Moriio,
+    /// Spelled `moriio` on the command line, as vLLM's connector is.
+    #[cfg_attr(feature = "cli", value(name = "moriio"))]
+    MoriIo,
 }
 
-impl KvConnector {
+impl TransferFormat {
     /// The lower-case name used on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
-            KvConnector::Nixl => "nixl",
-            KvConnector::Mooncake => "mooncake",
-            KvConnector::Moriio => "moriio",
+            TransferFormat::Nixl => "nixl",
+            TransferFormat::Mooncake => "mooncake",
+            TransferFormat::MoriIo => "moriio",
         }
     }
 }
 
-/// MoRI-IO transfer direction.
+/// MoRI-IO transfer direction (the same two modes as pd-orchestrator's
+/// `MoriIoMode`, which engine-sim does not depend on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[non_exhaustive]
-pub enum MoriioMode {
+pub enum MoriIoMode {
     /// The decode engine reads the prefill engine's blocks (sequential).
     #[default]
     Read,
@@ -173,10 +184,10 @@ pub struct EngineConfig {
     pub model: ModelConfig,
     /// The P/D role. Default [`Role::Regular`].
     pub role: Role,
-    /// The KV connector format. Default [`KvConnector::Nixl`].
-    pub kv_connector: KvConnector,
+    /// The `kv_transfer_params` format. Default [`TransferFormat::Nixl`].
+    pub kv_connector: TransferFormat,
     /// The MoRI-IO mode when `kv_connector` is MoRI-IO. Default READ.
-    pub moriio_mode: MoriioMode,
+    pub moriio_mode: MoriIoMode,
     /// The engine id reported in `kv_transfer_params`, `x-worker-id` and the
     /// Mooncake bootstrap answer. Default: `"engine-<port>"` once bound.
     pub engine_id: Option<String>,
@@ -210,13 +221,50 @@ impl Default for EngineConfig {
         EngineConfig {
             model: ModelConfig::default(),
             role: Role::Regular,
-            kv_connector: KvConnector::Nixl,
-            moriio_mode: MoriioMode::Read,
+            kv_connector: TransferFormat::Nixl,
+            moriio_mode: MoriIoMode::Read,
             engine_id: None,
             advertise_host: "127.0.0.1".to_owned(),
             time_scale: 1.0,
             kv_wait_timeout: Duration::from_secs(10),
             faults: FaultConfig::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The renamed types kept their names on the wire: serde (engine
+    /// configurations) and, with `cli`, the binary's flag values.
+    #[test]
+    fn format_and_mode_names_are_the_wire_names() {
+        let formats = [
+            TransferFormat::Nixl,
+            TransferFormat::Mooncake,
+            TransferFormat::MoriIo,
+        ];
+        let names = formats.map(TransferFormat::as_str);
+        assert_eq!(names, ["nixl", "mooncake", "moriio"]);
+        for (format, name) in formats.into_iter().zip(names) {
+            assert_eq!(serde_json::to_value(format).unwrap(), name);
+            let back: TransferFormat = serde_json::from_value(name.into()).unwrap();
+            assert_eq!(back, format);
+            #[cfg(feature = "cli")]
+            {
+                use clap::ValueEnum;
+                let value = format.to_possible_value().unwrap();
+                assert_eq!(value.get_name(), name);
+            }
+        }
+        for (mode, name) in [(MoriIoMode::Read, "read"), (MoriIoMode::Write, "write")] {
+            assert_eq!(serde_json::to_value(mode).unwrap(), name);
+            #[cfg(feature = "cli")]
+            {
+                use clap::ValueEnum;
+                assert_eq!(mode.to_possible_value().unwrap().get_name(), name);
+            }
         }
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::cache::KvCache;
-use crate::config::{KvConnector, ModelConfig, MoriioMode, Role};
+use crate::config::{ModelConfig, MoriIoMode, Role, TransferFormat};
 use crate::kv::{KvBatch, group_admission};
 use crate::tokens::{block_hashes, sequence_hash};
 use crate::transfer::{
@@ -209,9 +209,9 @@ pub struct PdSettings {
     /// The role.
     pub role: Role,
     /// The connector format.
-    pub connector: KvConnector,
+    pub connector: TransferFormat,
     /// The MoRI-IO mode.
-    pub moriio_mode: MoriioMode,
+    pub moriio_mode: MoriIoMode,
     /// Where this engine says its KV lives (prefill role).
     pub address: ProducerAddress,
     /// The shared registry, for engines in one process; `None` accepts any
@@ -707,7 +707,7 @@ impl Engine {
                     registry.publish(ProducedTransfer {
                         engine_id: self.pd.address.engine_id.clone(),
                         request_id: seq.id,
-                        transfer_id: (self.pd.connector != KvConnector::Nixl)
+                        transfer_id: (self.pd.connector != TransferFormat::Nixl)
                             .then_some(transfer_id),
                         block_ids: kept.to_vec(),
                         prompt_hash: seq.prompt_hash,

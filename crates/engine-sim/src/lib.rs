@@ -174,8 +174,6 @@
 //!   exact block index follow engines through it; an embedder of the
 //!   sans-IO model alone can turn it off. [`Engine::drain_kv_batches`]
 //!   needs no feature.
-//! - `pd-orchestrator`: `for_deployment`, the engine settings a router's
-//!   connector needs.
 //!
 //! # Faults
 //!
@@ -192,8 +190,6 @@
 pub mod api;
 pub mod cache;
 pub mod config;
-#[cfg(feature = "pd-orchestrator")]
-mod deployment;
 pub mod engine;
 pub mod fault;
 pub mod kv;
@@ -212,9 +208,7 @@ pub mod fuzzing;
 /// `PromptTokenizer` is what [`ServeOptions::tokenizer`] takes.
 pub use prompt_tokens;
 
-pub use config::{EngineConfig, FaultConfig, KvConnector, ModelConfig, MoriioMode, Role};
-#[cfg(feature = "pd-orchestrator")]
-pub use deployment::for_deployment;
+pub use config::{EngineConfig, FaultConfig, ModelConfig, MoriIoMode, Role, TransferFormat};
 pub use engine::{
     Engine, EngineEvent, EngineStats, EventKind, PdSettings, RequestId, RequestSummary, SimRequest,
     SubmitError, TransferOutcome,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use engine_sim::fault::parse_duration;
-use engine_sim::{EngineConfig, KvConnector, MoriioMode, Role, ServeOptions};
+use engine_sim::{EngineConfig, MoriIoMode, Role, ServeOptions, TransferFormat};
 use prompt_tokens::PromptTokenizer;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -34,11 +34,11 @@ struct Args {
     #[arg(long, value_enum, default_value_t = RoleArg::Regular)]
     role: RoleArg,
     /// KV connector format for P/D.
-    #[arg(long, value_enum, default_value_t = KvConnector::Nixl)]
-    kv_connector: KvConnector,
+    #[arg(long, value_enum, default_value_t = TransferFormat::Nixl)]
+    kv_connector: TransferFormat,
     /// MoRI-IO mode.
-    #[arg(long, value_enum, default_value_t = MoriioMode::Read)]
-    moriio_mode: MoriioMode,
+    #[arg(long, value_enum, default_value_t = MoriIoMode::Read)]
+    moriio_mode: MoriIoMode,
     /// Mooncake bootstrap port serving GET /query (prefill role).
     #[arg(long)]
     bootstrap_port: Option<u16>,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 
-use crate::config::{KvConnector, MoriioMode};
+use crate::config::{MoriIoMode, TransferFormat};
 
 /// The fields of `kv_transfer_params` that engine-sim reads. Unknown fields
 /// are ignored; `null` counts as absent.
@@ -175,7 +175,7 @@ type Listener = Arc<dyn Fn() + Send + Sync>;
 
 #[derive(Default)]
 struct RegistryState {
-    engines: HashMap<String, KvConnector>,
+    engines: HashMap<String, TransferFormat>,
     /// Pending transfers by engine id.
     pending: HashMap<String, Vec<ProducedTransfer>>,
     /// Claimed transfers whose blocks the producer may free, by engine id.
@@ -206,9 +206,9 @@ impl std::fmt::Debug for TransferRegistry {
 #[derive(Debug, Clone, Copy)]
 pub struct Claim<'a> {
     /// The decode engine's connector.
-    pub connector: KvConnector,
+    pub connector: TransferFormat,
     /// The MoRI-IO mode.
-    pub moriio_mode: MoriioMode,
+    pub moriio_mode: MoriIoMode,
     /// The parameters received.
     pub params: &'a KvTransferParams,
     /// [`crate::tokens::sequence_hash`] of the decode request's prompt.
@@ -222,7 +222,7 @@ impl TransferRegistry {
     }
 
     /// Records that a prefill engine with this id exists.
-    pub fn register_engine(&self, engine_id: &str, connector: KvConnector) {
+    pub fn register_engine(&self, engine_id: &str, connector: TransferFormat) {
         self.state
             .lock()
             .engines
@@ -352,8 +352,8 @@ impl TransferRegistry {
 
 /// Checks that `params` carry what the connector needs on the decode leg.
 pub fn well_formed(
-    connector: KvConnector,
-    moriio_mode: MoriioMode,
+    connector: TransferFormat,
+    moriio_mode: MoriIoMode,
     params: &KvTransferParams,
 ) -> Result<(), InvalidTransfer> {
     if !params.do_remote_prefill {
@@ -367,13 +367,13 @@ pub fn well_formed(
         && params.remote_host.is_some()
         && params.remote_port.is_some();
     let ok = match (connector, moriio_mode) {
-        (KvConnector::Nixl, _) | (KvConnector::Moriio, MoriioMode::Read) => pull_fields,
-        (KvConnector::Mooncake, _) => {
+        (TransferFormat::Nixl, _) | (TransferFormat::MoriIo, MoriIoMode::Read) => pull_fields,
+        (TransferFormat::Mooncake, _) => {
             params.transfer_id.is_some()
                 && (params.remote_bootstrap_addr.is_some()
                     || (params.remote_host.is_some() && params.remote_port.is_some()))
         }
-        (KvConnector::Moriio, MoriioMode::Write) => params.transfer_id.is_some(),
+        (TransferFormat::MoriIo, MoriIoMode::Write) => params.transfer_id.is_some(),
     };
     if ok {
         Ok(())
@@ -397,8 +397,8 @@ pub struct ProducerAddress {
 
 /// The `kv_transfer_params` a prefill engine returns for the decode leg.
 pub fn produced_params(
-    connector: KvConnector,
-    moriio_mode: MoriioMode,
+    connector: TransferFormat,
+    moriio_mode: MoriIoMode,
     address: &ProducerAddress,
     transfer_id: Option<&str>,
     block_ids: &[u32],
@@ -412,11 +412,11 @@ pub fn produced_params(
     });
     let map = out.as_object_mut().expect("object literal");
     match connector {
-        KvConnector::Nixl => {
+        TransferFormat::Nixl => {
             map.insert("remote_block_ids".into(), json!(block_ids));
             map.insert("tp_size".into(), json!(1));
         }
-        KvConnector::Mooncake => {
+        TransferFormat::Mooncake => {
             map.insert("transfer_id".into(), json!(transfer_id));
             let bootstrap = address.bootstrap_port.unwrap_or(address.port);
             map.insert(
@@ -424,12 +424,12 @@ pub fn produced_params(
                 json!(format!("{}:{}", address.host, bootstrap)),
             );
         }
-        KvConnector::Moriio => {
+        TransferFormat::MoriIo => {
             map.insert("transfer_id".into(), json!(transfer_id));
             map.insert("remote_block_ids".into(), json!(block_ids));
             let mode = match moriio_mode {
-                MoriioMode::Read => "read",
-                MoriioMode::Write => "write",
+                MoriIoMode::Read => "read",
+                MoriIoMode::Write => "write",
             };
             map.insert("moriio_mode".into(), json!(mode));
         }

@@ -7,14 +7,14 @@ use std::sync::Arc;
 
 use common::{get, metric, post};
 use engine_sim::{
-    EngineConfig, EngineHandle, KvConnector, MoriioMode, Role, ServeOptions, TransferRegistry,
+    EngineConfig, EngineHandle, MoriIoMode, Role, ServeOptions, TransferFormat, TransferRegistry,
     spawn,
 };
 use serde_json::{Value, json};
 
 async fn pair(
-    connector: KvConnector,
-    mode: MoriioMode,
+    connector: TransferFormat,
+    mode: MoriIoMode,
 ) -> (EngineHandle, EngineHandle, Arc<TransferRegistry>) {
     let registry = TransferRegistry::new();
     let config = |role, id: &str| EngineConfig {
@@ -72,7 +72,7 @@ async fn counts(decode: &EngineHandle) -> (f64, f64) {
 
 #[tokio::test]
 async fn nixl_valid_params_are_accepted_and_forgeries_are_not() {
-    let (prefill, decode, _registry) = pair(KvConnector::Nixl, MoriioMode::Read).await;
+    let (prefill, decode, _registry) = pair(TransferFormat::Nixl, MoriIoMode::Read).await;
     let request_params = json!({"do_remote_decode": true, "do_remote_prefill": false,
         "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null});
     let first = prefill_leg(&prefill, request_params.clone()).await;
@@ -147,7 +147,7 @@ async fn nixl_valid_params_are_accepted_and_forgeries_are_not() {
 
 #[tokio::test]
 async fn mooncake_decode_dispatched_first_waits_for_the_push() {
-    let (prefill, decode, registry) = pair(KvConnector::Mooncake, MoriioMode::Read).await;
+    let (prefill, decode, registry) = pair(TransferFormat::Mooncake, MoriIoMode::Read).await;
     let query = get(prefill.addr(), "/query").await.json();
     assert_eq!(query["0"]["engine_id"], "prefill-0");
     let decode_params = json!({"do_remote_prefill": true, "do_remote_decode": false,
@@ -186,7 +186,7 @@ async fn mooncake_decode_dispatched_first_waits_for_the_push() {
     forged["transfer_id"] = json!("xfer-forged");
     let mut config = EngineConfig {
         role: Role::Decode,
-        kv_connector: KvConnector::Mooncake,
+        kv_connector: TransferFormat::Mooncake,
         time_scale: 0.0,
         ..EngineConfig::default()
     };
@@ -206,7 +206,7 @@ async fn mooncake_decode_dispatched_first_waits_for_the_push() {
 
 #[tokio::test]
 async fn moriio_read_checks_transfer_id_and_blocks() {
-    let (prefill, decode, _registry) = pair(KvConnector::Moriio, MoriioMode::Read).await;
+    let (prefill, decode, _registry) = pair(TransferFormat::MoriIo, MoriIoMode::Read).await;
     let produced = prefill_leg(
         &prefill,
         json!({"do_remote_decode": true, "do_remote_prefill": false, "transfer_id": "tx-7",
@@ -247,7 +247,7 @@ async fn without_a_shared_registry_well_formed_params_are_accepted() {
 
 #[tokio::test]
 async fn moriio_write_legs_rendezvous_on_the_transfer_id() {
-    let (prefill, decode, registry) = pair(KvConnector::Moriio, MoriioMode::Write).await;
+    let (prefill, decode, registry) = pair(TransferFormat::MoriIo, MoriIoMode::Write).await;
     let decode_params = json!({"do_remote_prefill": true, "do_remote_decode": false,
         "transfer_id": "tx-42", "remote_engine_id": null, "remote_block_ids": null,
         "remote_host": "127.0.0.1", "remote_port": prefill.addr().port(), "remote_dp_size": 1});
@@ -278,8 +278,8 @@ async fn moriio_write_legs_rendezvous_on_the_transfer_id() {
     let replay = json!({"do_remote_prefill": true, "transfer_id": "tx-42"});
     let mut config = EngineConfig {
         role: Role::Decode,
-        kv_connector: KvConnector::Moriio,
-        moriio_mode: MoriioMode::Write,
+        kv_connector: TransferFormat::MoriIo,
+        moriio_mode: MoriIoMode::Write,
         time_scale: 0.0,
         ..EngineConfig::default()
     };

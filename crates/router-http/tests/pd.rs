@@ -6,12 +6,12 @@ mod common;
 
 use common::{Connection, call, chat_body, json};
 use engine_sim::{
-    EngineConfig, EngineHandle, FaultConfig, KvConnector, MoriioMode, Role, ServeOptions,
+    EngineConfig, EngineHandle, FaultConfig, MoriIoMode, Role, ServeOptions, TransferFormat,
     TransferRegistry,
 };
 use http::StatusCode;
 use http_body_util::BodyExt;
-use pd_orchestrator::{MoriIoEndpoint, MoriIoMode, Phase};
+use pd_orchestrator::{MoriIoEndpoint, MoriIoMode as PdMoriIoMode, Phase};
 use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router, RouterConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -91,7 +91,7 @@ impl PdFixture {
     }
 }
 
-fn engine(role: Role, connector: KvConnector, mode: MoriioMode, id: &str) -> EngineConfig {
+fn engine(role: Role, connector: TransferFormat, mode: MoriIoMode, id: &str) -> EngineConfig {
     EngineConfig {
         role,
         kv_connector: connector,
@@ -102,7 +102,8 @@ fn engine(role: Role, connector: KvConnector, mode: MoriioMode, id: &str) -> Eng
 }
 
 async fn spawn(config: EngineConfig, registry: &Arc<TransferRegistry>) -> EngineHandle {
-    let bootstrap = (config.role == Role::Prefill && config.kv_connector == KvConnector::Mooncake)
+    let bootstrap = (config.role == Role::Prefill
+        && config.kv_connector == TransferFormat::Mooncake)
         .then(|| SocketAddr::from(([127, 0, 0, 1], 0)));
     let options = ServeOptions {
         registry: Some(registry.clone()),
@@ -139,8 +140,19 @@ fn router_config(pd: PdConfig, policy: &str) -> RouterConfig {
     }
 }
 
-fn engine_connector(connector: PdConnector) -> (KvConnector, MoriioMode) {
-    engine_sim::for_deployment(connector).expect("engine-sim simulates every connector")
+/// The `kv_transfer_params` format and MoRI-IO mode the engines of a
+/// `connector` deployment speak. The mapping the router and the simulator
+/// use is the facade's `affinity_router::sim::for_deployment` (tested
+/// there against every connector name); router-http cannot depend on the
+/// facade and engine-sim knows no router crate, so these tests keep a copy.
+fn engine_connector(connector: PdConnector) -> (TransferFormat, MoriIoMode) {
+    match connector {
+        PdConnector::Nixl => (TransferFormat::Nixl, MoriIoMode::Read),
+        PdConnector::Mooncake { .. } => (TransferFormat::Mooncake, MoriIoMode::Read),
+        PdConnector::MoriIo(PdMoriIoMode::Read) => (TransferFormat::MoriIo, MoriIoMode::Read),
+        PdConnector::MoriIo(PdMoriIoMode::Write) => (TransferFormat::MoriIo, MoriIoMode::Write),
+        other => panic!("engine-sim has no format for the {other} connector"),
+    }
 }
 
 /// `prefill` prefill engines (with the given faults, in order) and one
@@ -200,8 +212,8 @@ async fn every_connector_hands_off_valid_transfers() {
         PdConnector::Nixl,
         PdConnector::Mooncake { concurrent: true },
         PdConnector::Mooncake { concurrent: false },
-        PdConnector::MoriIo(MoriIoMode::Read),
-        PdConnector::MoriIo(MoriIoMode::Write),
+        PdConnector::MoriIo(PdMoriIoMode::Read),
+        PdConnector::MoriIo(PdMoriIoMode::Write),
     ] {
         let fixture = start(
             connector,
@@ -439,7 +451,7 @@ async fn failed_prefill_is_retried_on_another_prefill_worker() {
 async fn empty_decode_pool_is_a_clean_503() {
     let registry = TransferRegistry::new();
     let prefill = spawn(
-        engine(Role::Prefill, KvConnector::Nixl, MoriioMode::Read, "p0"),
+        engine(Role::Prefill, TransferFormat::Nixl, MoriIoMode::Read, "p0"),
         &registry,
     )
     .await;
@@ -483,7 +495,7 @@ async fn empty_decode_pool_is_a_clean_503() {
     // An operator adds a decode worker: requests flow; removing it again
     // brings the clean 503 back.
     let decode = spawn(
-        engine(Role::Decode, KvConnector::Nixl, MoriioMode::Read, "d0"),
+        engine(Role::Decode, TransferFormat::Nixl, MoriIoMode::Read, "d0"),
         &registry,
     )
     .await;
@@ -632,12 +644,12 @@ async fn discovered_workers_route_expire_and_come_back_fresh() {
     let ttl = Duration::from_millis(1500);
     let transfers = TransferRegistry::new();
     let prefill = spawn(
-        engine(Role::Prefill, KvConnector::Nixl, MoriioMode::Read, "p0"),
+        engine(Role::Prefill, TransferFormat::Nixl, MoriIoMode::Read, "p0"),
         &transfers,
     )
     .await;
     let decode = spawn(
-        engine(Role::Decode, KvConnector::Nixl, MoriioMode::Read, "d0"),
+        engine(Role::Decode, TransferFormat::Nixl, MoriIoMode::Read, "d0"),
         &transfers,
     )
     .await;
@@ -748,15 +760,20 @@ async fn discovered_mooncake_prefill_is_bootstrapped_in_the_background() {
     let prefill = spawn(
         engine(
             Role::Prefill,
-            KvConnector::Mooncake,
-            MoriioMode::Read,
+            TransferFormat::Mooncake,
+            MoriIoMode::Read,
             "mp0",
         ),
         &transfers,
     )
     .await;
     let decode = spawn(
-        engine(Role::Decode, KvConnector::Mooncake, MoriioMode::Read, "md0"),
+        engine(
+            Role::Decode,
+            TransferFormat::Mooncake,
+            MoriIoMode::Read,
+            "md0",
+        ),
         &transfers,
     )
     .await;
@@ -826,14 +843,14 @@ async fn discovered_mooncake_prefill_is_bootstrapped_in_the_background() {
 async fn failed_decode_is_retried_on_a_fresh_pair() {
     let registry = TransferRegistry::new();
     let prefill = spawn(
-        engine(Role::Prefill, KvConnector::Nixl, MoriioMode::Read, "p0"),
+        engine(Role::Prefill, TransferFormat::Nixl, MoriIoMode::Read, "p0"),
         &registry,
     )
     .await;
     let mut broken = engine(
         Role::Decode,
-        KvConnector::Nixl,
-        MoriioMode::Read,
+        TransferFormat::Nixl,
+        MoriIoMode::Read,
         "d-broken",
     );
     broken.faults.fixed_status = Some(503);
@@ -841,8 +858,8 @@ async fn failed_decode_is_retried_on_a_fresh_pair() {
     let healthy = spawn(
         engine(
             Role::Decode,
-            KvConnector::Nixl,
-            MoriioMode::Read,
+            TransferFormat::Nixl,
+            MoriIoMode::Read,
             "d-healthy",
         ),
         &registry,
@@ -938,7 +955,7 @@ async fn concurrent_clients_some_leaving_early_leave_no_load() {
         ..EngineConfig::default()
     };
     let fixture = start(
-        PdConnector::MoriIo(MoriIoMode::Write),
+        PdConnector::MoriIo(PdMoriIoMode::Write),
         &[FaultConfig::default(), FaultConfig::default()],
         slow,
         "least_loaded",
@@ -1053,7 +1070,7 @@ async fn startup_errors_name_the_problem() {
         "{message}"
     );
 
-    let mut pd = PdConfig::new(PdConnector::MoriIo(MoriIoMode::Read));
+    let mut pd = PdConfig::new(PdConnector::MoriIo(PdMoriIoMode::Read));
     pd.decode = vec![PdWorkerConfig::new("http://127.0.0.1:8001")];
     let message = Router::new(router_config(pd, "round_robin"))
         .unwrap_err()
@@ -1097,8 +1114,8 @@ async fn late_decode_choice_spreads_a_burst_of_slow_prefills_over_both_decode_en
     let registry = TransferRegistry::new();
     let mut prefill_config = engine(
         Role::Prefill,
-        KvConnector::Nixl,
-        MoriioMode::Read,
+        TransferFormat::Nixl,
+        MoriIoMode::Read,
         "prefill-0",
     );
     prefill_config.faults.stall_before_headers = Some(Duration::from_millis(300));
@@ -1107,8 +1124,8 @@ async fn late_decode_choice_spreads_a_burst_of_slow_prefills_over_both_decode_en
     for i in 0..2 {
         let mut config = engine(
             Role::Decode,
-            KvConnector::Nixl,
-            MoriioMode::Read,
+            TransferFormat::Nixl,
+            MoriIoMode::Read,
             &format!("decode-{i}"),
         );
         // Every decode leg stays in flight well past the last prefill.
@@ -1190,8 +1207,8 @@ async fn decode_pool_emptied_during_the_prefill_is_a_503_naming_decode() {
     let registry = TransferRegistry::new();
     let mut prefill_config = engine(
         Role::Prefill,
-        KvConnector::Nixl,
-        MoriioMode::Read,
+        TransferFormat::Nixl,
+        MoriIoMode::Read,
         "prefill-0",
     );
     prefill_config.faults.stall_before_headers = Some(Duration::from_millis(300));
@@ -1200,8 +1217,8 @@ async fn decode_pool_emptied_during_the_prefill_is_a_503_naming_decode() {
         spawn(
             engine(
                 Role::Decode,
-                KvConnector::Nixl,
-                MoriioMode::Read,
+                TransferFormat::Nixl,
+                MoriIoMode::Read,
                 "decode-0",
             ),
             &registry,

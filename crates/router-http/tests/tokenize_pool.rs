@@ -416,14 +416,14 @@ async fn assert_worker_untouched(fixture: &Fixture) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_prefill_decode_mode_a_deadline_spent_tokenizing_charges_no_worker() {
-    use engine_sim::{KvConnector, Role, ServeOptions, TransferRegistry};
+    use engine_sim::{Role, ServeOptions, TransferFormat, TransferRegistry};
     use router_http::{PdConfig, PdConnector, PdWorkerConfig};
     let registry = TransferRegistry::new();
     let mut engines = Vec::new();
     for (role, id) in [(Role::Prefill, "p0"), (Role::Decode, "d0")] {
         let config = EngineConfig {
             role,
-            kv_connector: KvConnector::Nixl,
+            kv_connector: TransferFormat::Nixl,
             engine_id: Some(id.to_owned()),
             ..EngineConfig::instant()
         };
