@@ -1090,7 +1090,7 @@ fn zmq_and_kv_index_bounds_come_from_their_flags() {
         "http://127.0.0.1:9",
         "--kv-events-max-message-size",
         "4096",
-        "--kv-block-index-max-blocks-per-worker",
+        "--kv-index-max-blocks-per-worker",
         "28000",
     ])
     .unwrap();
@@ -1099,7 +1099,7 @@ fn zmq_and_kv_index_bounds_come_from_their_flags() {
     for flag in [
         "--zmq-max-message-size",
         "--kv-events-max-message-size",
-        "--kv-block-index-max-blocks-per-worker",
+        "--kv-index-max-blocks-per-worker",
     ] {
         let err = settings(&["--worker-urls", "http://127.0.0.1:9", flag, "0"]).unwrap_err();
         assert!(err.to_string().starts_with(&format!("{flag}: ")), "{err}");
