@@ -12,7 +12,10 @@
 //! | [`http`] | `router-http` | the hyper 1.x proxy path, admin and metrics |
 //! | [`tokens`] | `prompt-tokens` | a request's prompt token ids: chat templates, tokenizers |
 //! | [`sim`] | `engine-sim` | a simulated vLLM-style engine |
+//! | [`blocks`] | `kv-block-index` | the block index built from engines' KV-cache events |
+//! | [`prom`] | `prom-text` | the one writer of the Prometheus text format |
 //! | `discovery` | `worker-discovery` | vLLM registration discovery (feature `discovery`) |
+//! | `kv_events` | `kv-events` | vLLM's KV-cache event stream over ZMQ (feature `kv-events`) |
 //!
 //! Two modules live here, on top of all of them:
 //!
@@ -31,6 +34,9 @@
 //!   `default-features = false`.
 //! - `discovery` (on with `cli`): re-exports `worker-discovery` as
 //!   `affinity_router::discovery`.
+//! - `kv-events` (on with `cli`): re-exports `kv-events` as
+//!   `affinity_router::kv_events`, and turns on router-http's KV event
+//!   subscriptions and engine-sim's publisher.
 //! - `kubernetes` (on with `cli`): `discovery` with its Kubernetes pod
 //!   discovery (`affinity_router::discovery::kubernetes`, kube-rs; needs
 //!   Rust 1.88), behind the router's `--service-discovery`.
@@ -40,12 +46,16 @@
 pub mod cli;
 pub mod simulator;
 
+#[cfg(feature = "kv-events")]
+pub use kv_events;
 #[cfg(feature = "discovery")]
 pub use worker_discovery as discovery;
 
 pub use engine_sim as sim;
+pub use kv_block_index as blocks;
 pub use lb_policies as policies;
 pub use pd_orchestrator as pd;
+pub use prom_text as prom;
 pub use prompt_tokens as tokens;
 pub use radix_affinity as radix;
 pub use router_http as http;
