@@ -12,7 +12,11 @@
 //! | [`http`] | `router-http` | the hyper 1.x proxy path, admin and metrics |
 //! | [`tokens`] | `prompt-tokens` | a request's prompt token ids: chat templates, tokenizers |
 //! | [`sim`] | `engine-sim` | a simulated vLLM-style engine, and [`sim::for_deployment`] (the engines' settings for a router's connector) |
+//! | [`blocks`] | `kv-block-index` | the block index built from engines' KV-cache events |
+//! | [`prom`] | `prom-text` | the one writer of the Prometheus text format |
 //! | `discovery` | `worker-discovery` | vLLM registration discovery (feature `discovery`) |
+//! | `kv_events` | `kv-events` | vLLM's KV-cache event stream over ZMQ (feature `kv-events`) |
+//! | `kv_bridge` | `kv-event-bridge` | following the engines' KV event streams into the block index (feature `kv-events`) |
 //!
 //! Two modules live here, on top of all of them:
 //!
@@ -31,6 +35,10 @@
 //!   `default-features = false`.
 //! - `discovery` (on with `cli`): re-exports `worker-discovery` as
 //!   `affinity_router::discovery`.
+//! - `kv-events` (on with `cli`): re-exports `kv-events` as
+//!   `affinity_router::kv_events` and `kv-event-bridge` as
+//!   `affinity_router::kv_bridge`, and turns on router-http's KV event
+//!   subscriptions and engine-sim's publisher.
 //! - `kubernetes` (on with `cli`): `discovery` with its Kubernetes pod
 //!   discovery (`affinity_router::discovery::kubernetes`, kube-rs; needs
 //!   Rust 1.88), behind the router's `--service-discovery`.
@@ -41,11 +49,17 @@ pub mod cli;
 pub mod sim;
 pub mod simulator;
 
+#[cfg(feature = "kv-events")]
+pub use kv_event_bridge as kv_bridge;
+#[cfg(feature = "kv-events")]
+pub use kv_events;
 #[cfg(feature = "discovery")]
 pub use worker_discovery as discovery;
 
+pub use kv_block_index as blocks;
 pub use lb_policies as policies;
 pub use pd_orchestrator as pd;
+pub use prom_text as prom;
 pub use prompt_tokens as tokens;
 pub use radix_affinity as radix;
 pub use router_http as http;
