@@ -12,20 +12,17 @@
 //! | [`http`] | `router-http` | the hyper 1.x proxy path, admin and metrics |
 //! | [`tokens`] | `prompt-tokens` | a request's prompt token ids: chat templates, tokenizers |
 //! | [`sim`] | `engine-sim` | a simulated vLLM-style engine, and [`sim::for_deployment`] (the engines' settings for a router's connector) |
+//! | [`simulator`] | `fleet-sim` | the routing-quality simulator: engine models on a virtual clock, routed by the production policy, worker and P/D code |
 //! | [`blocks`] | `kv-block-index` | the block index built from engines' KV-cache events |
 //! | [`prom`] | `prom-text` | the one writer of the Prometheus text format |
 //! | `discovery` | `worker-discovery` | vLLM registration discovery (feature `discovery`) |
 //! | `kv_events` | `kv-events` | vLLM's KV-cache event stream over ZMQ (feature `kv-events`) |
 //! | `kv_bridge` | `kv-event-bridge` | following the engines' KV event streams into the block index (feature `kv-events`) |
 //!
-//! Two modules live here, on top of all of them:
-//!
-//! - `cli`: the reference router's command line (vllm-router's flags),
-//!   startup, discovery and shutdown — `cargo run --release --example router`
-//!   (feature `cli`);
-//! - [`simulator`]: the routing-quality simulator, which drives engine-sim
-//!   engine models on a virtual clock through the production policy and
-//!   worker code — `cargo run --release --example simulate`.
+//! One module lives here, on top of all of them: `cli`, the reference
+//! router's command line (vllm-router's flags), startup, discovery and
+//! shutdown — `cargo run --release --example router` (feature `cli`). The
+//! simulator's command line is `cargo run --release --example simulate`.
 //!
 //! # Features
 //!
@@ -47,7 +44,6 @@
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod sim;
-pub mod simulator;
 
 #[cfg(feature = "kv-events")]
 pub use kv_event_bridge as kv_bridge;
@@ -56,6 +52,7 @@ pub use kv_events;
 #[cfg(feature = "discovery")]
 pub use worker_discovery as discovery;
 
+pub use fleet_sim as simulator;
 pub use kv_block_index as blocks;
 pub use lb_policies as policies;
 pub use pd_orchestrator as pd;

@@ -140,21 +140,6 @@ fn router_config(pd: PdConfig, policy: &str) -> RouterConfig {
     }
 }
 
-/// The `kv_transfer_params` format and MoRI-IO mode the engines of a
-/// `connector` deployment speak. The mapping the router and the simulator
-/// use is the facade's `affinity_router::sim::for_deployment` (tested
-/// there against every connector name); router-http cannot depend on the
-/// facade and engine-sim knows no router crate, so these tests keep a copy.
-fn engine_connector(connector: PdConnector) -> (TransferFormat, MoriIoMode) {
-    match connector {
-        PdConnector::Nixl => (TransferFormat::Nixl, MoriIoMode::Read),
-        PdConnector::Mooncake { .. } => (TransferFormat::Mooncake, MoriIoMode::Read),
-        PdConnector::MoriIo(PdMoriIoMode::Read) => (TransferFormat::MoriIo, MoriIoMode::Read),
-        PdConnector::MoriIo(PdMoriIoMode::Write) => (TransferFormat::MoriIo, MoriIoMode::Write),
-        other => panic!("engine-sim has no format for the {other} connector"),
-    }
-}
-
 /// `prefill` prefill engines (with the given faults, in order) and one
 /// decode engine, all speaking `connector` and sharing one registry.
 async fn start(
@@ -164,7 +149,10 @@ async fn start(
     policy: &str,
 ) -> PdFixture {
     let registry = TransferRegistry::new();
-    let (kv, mode) = engine_connector(connector);
+    // The one mapping of a connector to its engines' settings (fleet-sim's,
+    // which the router's command line uses too).
+    let (kv, mode) = fleet_sim::for_deployment(connector)
+        .unwrap_or_else(|| panic!("engine-sim has no format for the {connector} connector"));
     let mut prefill = Vec::new();
     for (i, faults) in prefill_faults.iter().enumerate() {
         let mut config = engine(Role::Prefill, kv, mode, &format!("prefill-{i}"));

@@ -5,7 +5,7 @@
 //! characters. Runs in debug in a few seconds; `.ci/sim-check` runs it on
 //! its own.
 
-use affinity_router::simulator::{PreparedTrace, SimConfig, simulate, workload};
+use fleet_sim::{PreparedTrace, SimConfig, simulate, workload};
 
 #[test]
 fn cache_aware_beats_round_robin_on_multi_turn() {

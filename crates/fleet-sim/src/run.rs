@@ -139,7 +139,7 @@ pub enum SimError {
 
 /// What the cache-aware policies match a request by, chosen per run by a
 /// suffix of the policy label: `cache_aware` or `cache_aware:text` route
-/// on the routing text ([`TraceRequest::prompt`](super::TraceRequest::prompt),
+/// on the routing text ([`TraceRequest::prompt`](crate::TraceRequest::prompt),
 /// what router-http extracts from the body), `cache_aware:tokens` on the
 /// engines' prompt token ids, as a router that tokenizes with the engines'
 /// tokenizer does. Policies that ignore the prefix accept either.
@@ -491,7 +491,7 @@ pub fn simulate(
                 other => SimError::Worker(other.to_string()),
             })?;
             let (connector, moriio_mode) =
-                crate::sim::for_deployment(CONNECTOR).expect("engine-sim simulates NIXL");
+                crate::for_deployment(CONNECTOR).expect("engine-sim simulates NIXL");
             let transfers = TransferRegistry::new();
             let prefill_settings = |i: usize| PdSettings {
                 role: Role::Prefill,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use affinity_router::simulator::{
+use fleet_sim::{
     DEFAULT_POLICIES, PdSplit, PreparedTrace, RunReport, SimConfig, TraceError, report, simulate,
     trace, workload,
 };
@@ -214,7 +214,7 @@ fn drained_workers_are_seen_but_never_chosen() {
 
 #[test]
 fn a_routing_input_suffix_picks_text_or_tokens() {
-    use affinity_router::simulator::{RoutingSource, SimError, split_policy};
+    use fleet_sim::{RoutingSource, SimError, split_policy};
     assert_eq!(
         split_policy("cache_aware:tokens").unwrap(),
         ("cache_aware", RoutingSource::Tokens)
@@ -418,7 +418,7 @@ fn the_trace_parser_never_panics_on_garbage() {
         " ",
         "\\u0000",
     ];
-    let mut rng = affinity_router::radix::workload::SplitMix64(42);
+    let mut rng = radix_affinity::workload::SplitMix64(42);
     for _ in 0..400 {
         let mut text = String::new();
         for _ in 0..rng.below(40) {

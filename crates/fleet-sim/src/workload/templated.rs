@@ -15,7 +15,7 @@ use radix_affinity::workload::SplitMix64;
 use serde_json::{Value, json};
 
 use super::{exponential, older_of_two, uniform};
-use crate::simulator::trace::{ArrivalClock, PreparedTrace, Trace, TraceRequest};
+use crate::trace::{ArrivalClock, PreparedTrace, Trace, TraceRequest};
 
 /// Knobs of [`templated`].
 #[derive(Clone, Debug, PartialEq)]

@@ -104,7 +104,7 @@
 //! # Example
 //!
 //! ```
-//! use affinity_router::simulator::{simulate, workload, PreparedTrace, SimConfig};
+//! use fleet_sim::{simulate, workload, PreparedTrace, SimConfig};
 //!
 //! let trace = workload::multi_turn(&workload::MultiTurnConfig {
 //!     requests: 120,
@@ -116,12 +116,13 @@
 //! assert_eq!(report.metrics.completed, 120);
 //! assert!(report.final_loads.iter().all(|&load| load == 0));
 //! println!("hit rate {:.2}", report.metrics.hit_rate);
-//! # Ok::<(), affinity_router::simulator::SimError>(())
+//! # Ok::<(), fleet_sim::SimError>(())
 //! ```
 //!
 //! The command-line front end is `cargo run --release --example simulate`;
 //! `docs/benchmarks.md` holds its tables and charts.
 
+mod deployment;
 mod kv;
 mod metrics;
 pub mod report;
@@ -129,6 +130,7 @@ mod run;
 pub mod trace;
 pub mod workload;
 
+pub use deployment::for_deployment;
 pub use metrics::{LoadTimeline, PolicyMetrics, percentile};
 pub use run::{
     DEFAULT_KV_EVENT_DELAY, PdSplit, RoutingSource, RunReport, SimConfig, SimError, simulate,

@@ -4,7 +4,7 @@
 //! Every main-pool engine records its prefix cache's changes per scheduler
 //! step ([`engine_sim::Engine::drain_kv_batches`]). A batch becomes
 //! visible to the routers at the **end of the step that produced it plus
-//! [`SimConfig::kv_event_delay`](super::SimConfig::kv_event_delay)**: vLLM
+//! [`SimConfig::kv_event_delay`](crate::SimConfig::kv_event_delay)**: vLLM
 //! allocates (and evicts) blocks when it schedules a step, but publishes
 //! the step's events only after the step's forward pass, and the ZMQ hop
 //! and the router's subscriber add a little more. Until then a router does

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use affinity_router::simulator::{
+use fleet_sim::{
     PdSplit, PreparedTrace, RoutingSource, RunReport, SimConfig, SimError, report, simulate,
     split_policy, workload,
 };
