@@ -4,6 +4,7 @@
 //! cargo run --release --example simulate -- [--workload NAME] [--policies a,b]
 //!     [--workers N] [--pd P:D] [--out DIR] [--json] [--quick] [--seed S] [--rate R]
 //!     [--replicas R] [--kv-blocks N] [--kv-event-delay-ms MS]
+//!     [--load-poll-ms off|oracle|MS] [--load-poll-delay-ms MS]
 //! ```
 //!
 //! Runs every (workload, policy) pair on the simulator of
@@ -17,8 +18,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use affinity_router::simulator::{
-    DEFAULT_POLICIES, PdSplit, PreparedTrace, RunReport, SimConfig, Trace, report, simulate,
-    split_policy, trace, workload,
+    DEFAULT_POLICIES, LoadPolling, PdSplit, PreparedTrace, RunReport, SimConfig, Trace, report,
+    simulate, split_policy, trace, workload,
 };
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -112,10 +113,40 @@ struct Args {
     /// changed an engine's cache before the routers see the change.
     #[arg(long, default_value_t = 5.0)]
     kv_event_delay_ms: f64,
+    /// How each router replica learns the engines' own load (running plus
+    /// waiting requests), which it adds to its own counts: `off` (its own
+    /// counts only), `oracle` (every decision sees every engine's load as
+    /// it is), or a poll interval in milliseconds.
+    #[arg(long, default_value = "off", value_parser = parse_polling)]
+    load_poll_ms: PollSpec,
+    /// Milliseconds from sending a load poll to applying its answers.
+    #[arg(long, default_value_t = 1.0)]
+    load_poll_delay_ms: f64,
     /// Simulations run in parallel (each run is single-threaded; results
     /// do not depend on this). Default: available cores.
     #[arg(long)]
     threads: Option<usize>,
+}
+
+/// `--load-poll-ms`: off, oracle, or an interval in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PollSpec {
+    Off,
+    Oracle,
+    Every(f64),
+}
+
+fn parse_polling(s: &str) -> Result<PollSpec, String> {
+    match s {
+        "off" => Ok(PollSpec::Off),
+        "oracle" | "0" => Ok(PollSpec::Oracle),
+        ms => match ms.parse::<f64>() {
+            Ok(ms) if ms.is_finite() && ms > 0.0 => Ok(PollSpec::Every(ms)),
+            _ => Err(format!(
+                "expected off, oracle or a positive number of milliseconds, got {s:?}"
+            )),
+        },
+    }
 }
 
 fn parse_split(s: &str) -> Result<PdSplit, String> {
@@ -198,6 +229,12 @@ fn run(args: &Args) -> Result<(), String> {
             args.kv_event_delay_ms
         ));
     }
+    if !(args.load_poll_delay_ms.is_finite() && args.load_poll_delay_ms >= 0.0) {
+        return Err(format!(
+            "--load-poll-delay-ms must be a non-negative number, got {}",
+            args.load_poll_delay_ms
+        ));
+    }
     if let Some(rate) = args.rate
         && !(rate.is_finite() && rate > 0.0)
     {
@@ -266,6 +303,14 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
         late_decode_choice: !args.arrival_decode_choice,
         replicas: args.replicas,
         kv_event_delay: std::time::Duration::from_secs_f64(args.kv_event_delay_ms / 1e3),
+        load_polling: match args.load_poll_ms {
+            PollSpec::Off => LoadPolling::Off,
+            PollSpec::Oracle => LoadPolling::Oracle,
+            PollSpec::Every(ms) => LoadPolling::Every {
+                interval: std::time::Duration::from_secs_f64(ms / 1e3),
+                delay: std::time::Duration::from_secs_f64(args.load_poll_delay_ms / 1e3),
+            },
+        },
         ..SimConfig::default()
     };
     if let Some(blocks) = args.kv_blocks {
@@ -440,6 +485,16 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
                 " Requests dealt round robin to {} router replicas, each with its own policy state and in-flight counts.",
                 args.replicas
             ));
+        }
+        match args.load_poll_ms {
+            PollSpec::Off => {}
+            PollSpec::Oracle => scenario.description.push_str(
+                " Every decision sees every engine's own load count (running plus waiting) as it is.",
+            ),
+            PollSpec::Every(ms) => scenario.description.push_str(&format!(
+                " Each replica polls every engine's load every {ms} ms (answers applied {} ms after the poll).",
+                args.load_poll_delay_ms
+            )),
         }
         if let Some(blocks) = args.kv_blocks {
             scenario.description.push_str(&format!(

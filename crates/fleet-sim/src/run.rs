@@ -84,6 +84,35 @@ pub struct SimConfig {
     /// changed an engine's cache the routers see the change. Default 5 ms
     /// (see the [module docs](super#engine-kv-events-and-router-replicas)).
     pub kv_event_delay: Duration,
+    /// How each router replica learns the engines' own load (regular mode):
+    /// see [`LoadPolling`]. Default [`LoadPolling::Off`].
+    pub load_polling: LoadPolling,
+}
+
+/// How the router replicas of a simulation learn each engine's whole
+/// in-flight load (running plus waiting, vLLM's gauges), which they join
+/// with their own counts into [`Worker::estimated_load`], the load every
+/// policy compares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LoadPolling {
+    /// No engine reports: each replica sees only its own in-flight
+    /// requests, about 1/R of each engine's load behind R replicas.
+    #[default]
+    Off,
+    /// Every decision sees every engine's load as it is at that instant:
+    /// the bound no polling reaches.
+    Oracle,
+    /// Each replica polls every engine once per `interval` (the replicas'
+    /// polls spread evenly over the interval, as independent processes'
+    /// would be), and applies the answers `delay` after sending the poll.
+    Every {
+        /// Time between two polls of one replica.
+        interval: Duration,
+        /// From sending a poll to applying its answers: the engine's
+        /// scrape handler and the network.
+        delay: Duration,
+    },
 }
 
 impl Default for SimConfig {
@@ -100,6 +129,7 @@ impl Default for SimConfig {
             cache_aware: CacheAwareConfig::default(),
             replicas: 1,
             kv_event_delay: DEFAULT_KV_EVENT_DELAY,
+            load_polling: LoadPolling::Off,
         }
     }
 }
@@ -338,6 +368,14 @@ impl Pool {
         })
     }
 
+    /// Replica `replica`'s worker for engine `i`.
+    fn worker(&self, replica: usize, i: usize) -> &Arc<Worker> {
+        match replica {
+            0 => &self.candidates[i],
+            r => &self.others[r - 1][i],
+        }
+    }
+
     /// The engine behind `worker`.
     fn engine_of(&self, worker: &Worker) -> Option<usize> {
         self.index.get(worker.key()).copied()
@@ -346,7 +384,14 @@ impl Pool {
     /// Engine `i`'s true in-flight load: the sum over the router
     /// replicas' workers (each replica counts only its own requests).
     fn load(&self, i: usize) -> usize {
-        self.candidates[i].load() + self.others.iter().map(|r| r[i].load()).sum::<usize>()
+        // `Worker::load`, the guards' count: through `Arc`, `.load()` would
+        // be lb-policies' `Backend::load`, the replica's estimate.
+        Worker::load(&self.candidates[i])
+            + self
+                .others
+                .iter()
+                .map(|r| Worker::load(&r[i]))
+                .sum::<usize>()
     }
 
     /// Accounts engine `i`'s busy time after an operation at `now`: a step
@@ -410,6 +455,51 @@ struct Sim<'a> {
     /// block indexes.
     kv: Option<KvFeed>,
     replicas: usize,
+    /// Periodic engine load polls, if [`LoadPolling::Every`].
+    polls: Option<Polls>,
+    /// [`LoadPolling::Oracle`]: every decision reads the engines' loads.
+    oracle_load: bool,
+}
+
+/// One engine's answer to a load poll: (its in-flight requests, the
+/// polling replica's own in-flight requests on it when it sent the poll).
+type PollAnswer = (usize, usize);
+
+/// The replicas' periodic load polls and the answers in transit.
+struct Polls {
+    interval: Duration,
+    delay: Duration,
+    /// Per replica: when it sends its next poll.
+    next: Vec<Duration>,
+    /// Answers in transit, by (applied at, order): the replica and, per
+    /// engine, (engine in-flight, replica's own in-flight at the poll).
+    answers: BTreeMap<(Duration, u64), (usize, Vec<PollAnswer>)>,
+    sequence: u64,
+}
+
+impl Polls {
+    fn new(replicas: usize, interval: Duration, delay: Duration) -> Self {
+        let interval = interval.max(Duration::from_micros(1));
+        Polls {
+            interval,
+            delay,
+            next: (0..replicas)
+                .map(|r| interval.mul_f64(r as f64 / replicas as f64))
+                .collect(),
+            answers: BTreeMap::new(),
+            sequence: 0,
+        }
+    }
+
+    /// When the next poll or answer is due.
+    fn next_due(&self) -> Option<Duration> {
+        let poll = self.next.iter().min().copied();
+        let answer = self.answers.first_key_value().map(|(k, _)| k.0);
+        match (poll, answer) {
+            (Some(p), Some(a)) => Some(p.min(a)),
+            (p, a) => p.or(a),
+        }
+    }
 }
 
 /// Replays `trace` with `policy` placing every request (the prefill leg
@@ -566,6 +656,13 @@ pub fn simulate(
         routing,
         kv,
         replicas: config.replicas,
+        polls: match config.load_polling {
+            LoadPolling::Every { interval, delay } if config.pd.is_none() => {
+                Some(Polls::new(config.replicas, interval, delay))
+            }
+            _ => None,
+        },
+        oracle_load: config.load_polling == LoadPolling::Oracle && config.pd.is_none(),
     };
     for (index, request) in trace.trace.requests.iter().enumerate() {
         sim.run_until(request.arrival);
@@ -596,8 +693,14 @@ impl Sim<'_> {
                 (a, b) => a.or(b),
             };
             let Some((at, which, engine)) = next.filter(|(t, _, _)| *t <= until) else {
+                if until != Duration::MAX {
+                    self.poll_until(until, true);
+                }
                 break;
             };
+            // Polls sent before this event see the engines as they are
+            // now; a poll at the same instant sees the event's effects.
+            self.poll_until(at, false);
             if self.main_flights.is_empty()
                 && self.decode_flights.is_empty()
                 && until == Duration::MAX
@@ -610,6 +713,50 @@ impl Sim<'_> {
         }
         if until != Duration::MAX {
             self.sample_until(until);
+        }
+    }
+
+    /// Sends the polls and applies the answers due before `at` (or at
+    /// it, if `inclusive`), in time order.
+    fn poll_until(&mut self, at: Duration, inclusive: bool) {
+        let Some(polls) = self.polls.as_mut() else {
+            return;
+        };
+        while let Some(due) = polls
+            .next_due()
+            .filter(|&t| t < at || (inclusive && t == at))
+        {
+            let answer_due = polls
+                .answers
+                .first_key_value()
+                .is_some_and(|(k, _)| k.0 == due);
+            if answer_due {
+                let Some((_, (replica, loads))) = polls.answers.pop_first() else {
+                    break;
+                };
+                for (i, (engine_load, own)) in loads.into_iter().enumerate() {
+                    self.main
+                        .worker(replica, i)
+                        .record_engine_load(engine_load, own);
+                }
+                continue;
+            }
+            let Some(replica) = polls.next.iter().position(|&t| t == due) else {
+                break;
+            };
+            let loads = (0..self.main.engines.len())
+                .map(|i| {
+                    (
+                        self.main.engines[i].in_flight(),
+                        Worker::load(self.main.worker(replica, i)),
+                    )
+                })
+                .collect();
+            polls.sequence += 1;
+            polls
+                .answers
+                .insert((due + polls.delay, polls.sequence), (replica, loads));
+            polls.next[replica] = due + polls.interval;
         }
     }
 
@@ -691,7 +838,17 @@ impl Sim<'_> {
             Placement::Regular(pools) => {
                 // The load balancer in front of the replicas: round robin
                 // over requests.
-                let pool = &pools[index % pools.len()];
+                let replica = index % pools.len();
+                let pool = &pools[replica];
+                if self.oracle_load {
+                    for i in 0..self.main.engines.len() {
+                        let worker = self.main.worker(replica, i);
+                        worker.record_engine_load(
+                            self.main.engines[i].in_flight(),
+                            Worker::load(worker),
+                        );
+                    }
+                }
                 let context = self.context(index);
                 let workers = pool.workers();
                 let eligible = pool.eligible(&workers, MODEL, |_| true).ok()?;

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use fleet_sim::{
-    PdSplit, PreparedTrace, RoutingSource, RunReport, SimConfig, SimError, report, simulate,
-    split_policy, workload,
+    LoadPolling, PdSplit, PreparedTrace, RoutingSource, RunReport, SimConfig, SimError, report,
+    simulate, split_policy, workload,
 };
 
 /// 4 engines of 1,024 KV blocks (16 tokens each) under 48 chat sessions:
@@ -129,6 +129,69 @@ fn with_four_replicas_kv_aware_keeps_its_hits_and_cache_aware_loses_them() {
         cache_4.hit_rate
     );
     assert!(kv_4.routing_loss < 0.03, "{kv_4:?}");
+}
+
+/// 4 engines of the default model near their capacity: where a replica
+/// that sees only its own quarter of each engine's load lets one engine's
+/// queue grow.
+fn loaded(replicas: usize, load_polling: LoadPolling) -> (SimConfig, PreparedTrace) {
+    let config = SimConfig {
+        workers: 4,
+        replicas,
+        load_polling,
+        ..SimConfig::default()
+    };
+    let trace = workload::multi_turn(&workload::MultiTurnConfig {
+        requests: 2_000,
+        rate: 120.0,
+        active_sessions: 48,
+        ..workload::MultiTurnConfig::default()
+    });
+    let prepared = PreparedTrace::new(&trace, &config.model);
+    (config, prepared)
+}
+
+#[test]
+fn engine_reported_load_gives_four_replicas_the_tail_of_one() {
+    let ttft_p99 = |replicas, polling| {
+        let (config, trace) = loaded(replicas, polling);
+        let report = simulate(&trace, "kv_aware", &config, &|_| {}).unwrap();
+        assert_eq!(report.metrics.completed, 2_000, "R={replicas} {polling:?}");
+        assert!(
+            report.final_loads.iter().all(|&l| l == 0),
+            "R={replicas} {polling:?}: {:?} {:?}",
+            report.final_loads,
+            report.metrics
+        );
+        report.metrics.ttft_p99_ms
+    };
+    let one = ttft_p99(1, LoadPolling::Off);
+    let blind = ttft_p99(4, LoadPolling::Off);
+    let polled = ttft_p99(
+        4,
+        LoadPolling::Every {
+            interval: Duration::from_millis(50),
+            delay: Duration::from_millis(1),
+        },
+    );
+    let oracle = ttft_p99(4, LoadPolling::Oracle);
+    eprintln!(
+        "TTFT p99: R=1 {one:.0} ms; R=4 blind {blind:.0}, polled {polled:.0}, oracle {oracle:.0}"
+    );
+    // Each replica blind to the others' load: the gate fires too late.
+    assert!(
+        blind > 1.4 * one,
+        "R=4 without reports {blind:.0} ms vs R=1 {one:.0} ms"
+    );
+    // With the engines' reports the replicas see what one router sees.
+    assert!(
+        polled < 1.25 * one,
+        "R=4 polled {polled:.0} ms vs R=1 {one:.0} ms"
+    );
+    assert!(
+        oracle < 1.25 * one,
+        "R=4 oracle {oracle:.0} ms vs R=1 {one:.0} ms"
+    );
 }
 
 #[test]

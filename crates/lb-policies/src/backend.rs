@@ -19,7 +19,11 @@ pub trait Backend {
     /// membership events name workers by it.
     fn key(&self) -> &str;
 
-    /// Requests currently in flight on this worker.
+    /// Requests currently in flight on this worker: the load policies
+    /// compare. A host that knows more than its own count (several router
+    /// replicas, each polling the engines' own figures) returns its best
+    /// estimate of the engine's whole load here; worker-lifecycle's
+    /// `Worker` returns `Worker::estimated_load`.
     fn load(&self) -> usize;
 
     /// Requests this worker has been given so far (a tie-breaker among

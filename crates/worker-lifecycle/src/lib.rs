@@ -102,6 +102,7 @@ mod breaker;
 mod clock;
 #[cfg(not(loom))]
 mod drain;
+mod engine_load;
 #[doc(hidden)]
 pub mod fuzzing;
 mod guard;

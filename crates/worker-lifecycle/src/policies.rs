@@ -30,8 +30,11 @@ impl lb_policies::Backend for Worker {
         Worker::key(self)
     }
 
+    /// The estimate of the engine's whole load
+    /// ([`Worker::estimated_load`]): this router's own in-flight requests
+    /// plus the other routers' from the engine's last report.
     fn load(&self) -> usize {
-        Worker::load(self)
+        Worker::estimated_load(self)
     }
 
     fn processed(&self) -> u64 {

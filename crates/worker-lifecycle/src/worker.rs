@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use crate::breaker::{Admission, CircuitBreaker, CircuitBreakerConfig, Rejected, TransitionHook};
 use crate::clock::{Clock, SystemClock};
+use crate::engine_load::EngineLoad;
 use crate::guard::LoadGuard;
 use crate::sync::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::url::{WorkerUrl, WorkerUrlError};
@@ -352,6 +353,8 @@ pub struct Worker {
     breaker: CircuitBreaker,
     clock: Arc<dyn Clock>,
     idle_watchers: AtomicUsize,
+    /// What the engine last reported about its load (load polling).
+    engine_load: EngineLoad,
     #[cfg(not(loom))]
     idle: tokio::sync::Notify,
 }
@@ -390,6 +393,7 @@ impl Worker {
             breaker,
             clock: options.clock.clone(),
             idle_watchers: AtomicUsize::new(0),
+            engine_load: EngineLoad::new(),
             #[cfg(not(loom))]
             idle: tokio::sync::Notify::new(),
         })
@@ -449,9 +453,60 @@ impl Worker {
         self.generation
     }
 
-    /// Requests currently reserved on this worker (live [`LoadGuard`]s).
+    /// Requests currently reserved on this worker (live [`LoadGuard`]s):
+    /// this router's own in-flight requests, exact.
     pub fn load(&self) -> usize {
         self.load.load(Ordering::Acquire)
+    }
+
+    /// The best estimate of the engine's whole in-flight load: this
+    /// router's own requests now, plus the other routers' as of the
+    /// engine's last report (its load minus what this router had in
+    /// flight when it asked). Without a report, [`load`](Self::load).
+    /// This is what policies compare (the `Backend::load` of a worker);
+    /// guards count and release [`load`](Self::load) only.
+    ///
+    /// ```
+    /// use worker_lifecycle::{Endpoint, Worker, WorkerOptions, WorkerRole, WorkerSpec};
+    ///
+    /// let spec = WorkerSpec::new(WorkerRole::Regular, Endpoint::new("http://e:8000", None).unwrap());
+    /// let worker = Worker::new(spec, 1, &WorkerOptions::default());
+    /// let mine = worker.try_reserve().unwrap();
+    /// // Polled now: the engine runs 5, one of them ours.
+    /// worker.record_engine_load(5, worker.load());
+    /// assert_eq!(worker.estimated_load(), 5);
+    /// // Two more sent before the next report count at once.
+    /// let more = [worker.try_reserve().unwrap(), worker.try_reserve().unwrap()];
+    /// assert_eq!(worker.estimated_load(), 7);
+    /// drop((mine, more));
+    /// assert_eq!((worker.load(), worker.estimated_load()), (0, 4));
+    /// ```
+    pub fn estimated_load(&self) -> usize {
+        self.load().saturating_add(self.engine_load.others())
+    }
+
+    /// Records the engine's own count of its in-flight requests (running
+    /// plus waiting, as vLLM's gauges give them) from a poll sent while
+    /// this router had `own_at_poll` requests in flight on it (read
+    /// [`load`](Self::load) just before sending the poll). Counts above
+    /// `u32::MAX` are clamped. Changes [`estimated_load`] only.
+    ///
+    /// [`estimated_load`]: Self::estimated_load
+    pub fn record_engine_load(&self, engine_in_flight: usize, own_at_poll: usize) {
+        self.engine_load.record(engine_in_flight, own_at_poll);
+    }
+
+    /// Withdraws the last engine report: the estimate is this router's
+    /// own count again (the engine stopped answering its load polls, or
+    /// answered something unusable).
+    pub fn clear_engine_load(&self) {
+        self.engine_load.clear();
+    }
+
+    /// The engine's in-flight count in the last report that stands, if
+    /// any (the admin view).
+    pub fn engine_reported_load(&self) -> Option<usize> {
+        self.engine_load.reported()
     }
 
     /// Requests finished on this worker: every released reservation counts

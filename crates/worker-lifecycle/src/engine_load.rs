@@ -1,0 +1,84 @@
+//! What the engine behind a worker last said about its load, and the
+//! estimate of the engine's load that the policies read.
+//!
+//! A router replica counts its own in-flight requests exactly (the
+//! [`LoadGuard`](crate::LoadGuard)s), but behind R replicas that is about
+//! 1/R of what the engine runs. The engine knows the whole of it (vLLM's
+//! `vllm:num_requests_running` plus `vllm:num_requests_waiting`), but only
+//! as of the last time somebody asked. The estimate joins the two:
+//!
+//! ```text
+//! estimate = own in-flight now + (engine's report − own in-flight when polled)
+//! ```
+//!
+//! The bracket is the other replicas' load as of the poll (never below
+//! zero). The own part moves with every reservation and release, so a
+//! burst this replica sends is visible to it at once, and the others'
+//! part changes with the next report. Without a report the estimate is the
+//! own count, exactly what it was before engines reported anything.
+//!
+//! Guards never read the estimate: it changes what policies compare, not
+//! how load is counted or released.
+
+use crate::sync::{AtomicUsize, Ordering};
+
+/// No report, or the last one was withdrawn.
+const NONE: usize = usize::MAX;
+
+/// Reports above this are clamped: no engine runs four billion requests,
+/// and the clamp keeps `own + others` far from overflow and from the
+/// `NONE` marker.
+const MAX_REPORTED: usize = u32::MAX as usize;
+
+/// The engine-reported part of a worker's load. Two independent atomics:
+/// a reader may see a new `others` with an old `reported`, which only the
+/// admin view shows and which the next read corrects.
+#[derive(Debug)]
+pub(crate) struct EngineLoad {
+    /// The other replicas' in-flight requests as of the last report.
+    others: AtomicUsize,
+    /// The engine's in-flight requests in the last report.
+    reported: AtomicUsize,
+}
+
+impl EngineLoad {
+    pub(crate) fn new() -> Self {
+        EngineLoad {
+            others: AtomicUsize::new(NONE),
+            reported: AtomicUsize::new(NONE),
+        }
+    }
+
+    /// A report: the engine had `engine_in_flight` requests (running plus
+    /// waiting) when it answered a poll sent while this replica had
+    /// `own_at_poll` in flight.
+    pub(crate) fn record(&self, engine_in_flight: usize, own_at_poll: usize) {
+        let reported = engine_in_flight.min(MAX_REPORTED);
+        self.reported.store(reported, Ordering::Relaxed);
+        self.others
+            .store(reported.saturating_sub(own_at_poll), Ordering::Relaxed);
+    }
+
+    /// Back to own counts only (the engine stopped answering, or answered
+    /// garbage).
+    pub(crate) fn clear(&self) {
+        self.others.store(NONE, Ordering::Relaxed);
+        self.reported.store(NONE, Ordering::Relaxed);
+    }
+
+    /// The other replicas' part of the estimate: 0 without a report.
+    pub(crate) fn others(&self) -> usize {
+        match self.others.load(Ordering::Relaxed) {
+            NONE => 0,
+            others => others,
+        }
+    }
+
+    /// The last report, if one stands.
+    pub(crate) fn reported(&self) -> Option<usize> {
+        match self.reported.load(Ordering::Relaxed) {
+            NONE => None,
+            reported => Some(reported),
+        }
+    }
+}
