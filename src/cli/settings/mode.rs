@@ -34,14 +34,23 @@ pub enum Mode {
         urls: Vec<String>,
     },
     /// `--vllm-pd-disaggregation`.
-    PrefillDecode(PdSettings),
+    PrefillDecode(PdDeployment),
     /// `--service-discovery`: workers are Kubernetes pods.
     Kubernetes(crate::cli::kubernetes::KubernetesSettings),
 }
 
-/// The P/D settings, validated.
+/// The prefill/decode deployment a command line describes, validated: the
+/// static engines, each role's policy by name, the KV connector and the
+/// discovery address.
+///
+/// It describes the deployment rather than holding pd-orchestrator's
+/// [`PdConfig`](router_http::PdConfig), because that configuration can only
+/// be made at start: each role's policy is the router's main policy
+/// renamed, the discovery registries exist once the listener is bound, and
+/// the static workers (one per data-parallel rank) join the pools only after
+/// their first healthy probe (`cli::app`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct PdSettings {
+pub struct PdDeployment {
     /// Prefill engines with their optional bootstrap port.
     pub prefill: Vec<(String, Option<u16>)>,
     /// Decode engines.
@@ -162,7 +171,7 @@ pub(super) fn mode(parsed: &Parsed) -> Result<Mode, CliError> {
                 "at least one is needed in P/D mode without --vllm-discovery-address",
             ));
         }
-        return Ok(Mode::PrefillDecode(PdSettings {
+        return Ok(Mode::PrefillDecode(PdDeployment {
             prefill,
             decode,
             prefill_policy: a.prefill_policy.unwrap_or(a.policy),
