@@ -23,7 +23,7 @@
 
 use super::discovery::{DiscoveryError, ZmqDiscovery};
 use super::kubernetes::{KubernetesDiscovery, KubernetesError};
-use super::settings::{Mode, PdSettings, Settings, join_host_port};
+use super::settings::{Mode, PdDeployment, Settings, join_host_port};
 use bytes::Bytes;
 use engine_sim::{EngineConfig, EngineHandle, ServeOptions, TransferRegistry};
 use hyper::body::Incoming;
@@ -136,7 +136,7 @@ impl App {
         // Discovery first: `POST /register` feeds its registries from the
         // moment the router answers.
         let discovery = match &settings.mode {
-            Mode::PrefillDecode(PdSettings {
+            Mode::PrefillDecode(PdDeployment {
                 discovery: Some(address),
                 ..
             }) => Some(bind_discovery(settings, address).await?),
@@ -155,9 +155,9 @@ impl App {
         // empty until then or fed by discovery).
         let pd = match &settings.mode {
             Mode::SimulatedPd { .. } => Some(pd_pools(settings, settings.args.kv_connector, None)),
-            Mode::PrefillDecode(pd_settings) => Some(pd_pools(
+            Mode::PrefillDecode(deployment) => Some(pd_pools(
                 settings,
-                pd_settings.kv_connector,
+                deployment.kv_connector,
                 discovery.as_ref(),
             )),
             Mode::Kubernetes(k8s) => k8s.pd.as_ref().zip(kubernetes.as_ref()).map(|(pd, k8s)| {
@@ -394,13 +394,13 @@ impl App {
                 }
                 self.add_pd_workers(&workers).await
             }
-            Mode::PrefillDecode(pd_settings) => {
-                let workers = pd_static_workers(settings, pd_settings);
-                let mut urls: Vec<String> = pd_settings
+            Mode::PrefillDecode(deployment) => {
+                let workers = pd_static_workers(settings, deployment);
+                let mut urls: Vec<String> = deployment
                     .prefill
                     .iter()
                     .map(|(url, _)| url.clone())
-                    .chain(pd_settings.decode.iter().cloned())
+                    .chain(deployment.decode.iter().cloned())
                     .collect();
                 urls.dedup();
                 self.worker_urls = urls.clone();
@@ -847,7 +847,7 @@ fn pd_pools(
 /// data-parallel rank.
 fn pd_static_workers(
     settings: &Settings,
-    pd_settings: &PdSettings,
+    deployment: &PdDeployment,
 ) -> Vec<(RoleKind, PdWorkerConfig)> {
     let dp = settings.args.intra_node_data_parallel_size;
     let ranks = |url: &str, bootstrap: Option<u16>| -> Vec<PdWorkerConfig> {
@@ -864,12 +864,12 @@ fn pd_static_workers(
             (0..dp).map(|rank| base().with_dp_rank(rank)).collect()
         }
     };
-    let prefill = pd_settings
+    let prefill = deployment
         .prefill
         .iter()
         .flat_map(|(url, bootstrap)| ranks(url, *bootstrap))
         .map(|spec| (RoleKind::Prefill, spec));
-    let decode = pd_settings
+    let decode = deployment
         .decode
         .iter()
         .flat_map(|url| ranks(url, None))

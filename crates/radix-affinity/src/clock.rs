@@ -1,4 +1,21 @@
 //! Last-use timestamps.
+//!
+//! # LRU stamps without contended writes
+//!
+//! A lookup must refresh the stamp of every node on its path, and the top
+//! nodes of a popular system prompt are on every path. With the default
+//! [`Clock::Coarse`], stamps are ticks of about one millisecond of the
+//! monotonic clock (each thread re-reads the clock only every ~0.1 ms of
+//! time-stamp counter, so a lookup pays a few nanoseconds for it), and a
+//! node's stamp is stored (a relaxed store) only when the stored value is
+//! older than the current tick (`Owner::touch` in `shard.rs`); so a hot
+//! node's owner line is written at most about once per millisecond per
+//! tenant instead of on every lookup, and reads stay reads. Two racing
+//! stores may leave the older of two values from neighbouring ticks, and a
+//! stamp stored into an owner array just as a writer copies it to a larger
+//! one is lost; both only blur LRU order within a millisecond.
+//! [`Clock::Logical`] gives every operation its own tick (exact order, one
+//! shared increment per operation) for tests and simulations.
 
 #[cfg(not(loom))]
 use std::cell::Cell;

@@ -79,137 +79,43 @@
 //!   they cost what the tenant holds, not the size of the tree; the "children
 //!   held" count makes "is this the tenant's leaf?" O(1).
 //!
-//! # Concurrency: what is locked, what is not, and why it is safe
+//! # Concurrency
 //!
-//! There is no global lock. Each shard has a reader-writer lock (`parking_lot`,
-//! on its own cache line), but it does not protect the nodes: lookups *and
-//! inserts* take it shared, and inserts lock individual nodes. Taking it
-//! exclusively is how memory is reclaimed, so only the operations that free
-//! or move memory do.
+//! There is no global lock. Each shard has a reader-writer lock, but it does
+//! not protect the nodes: lookups *and inserts* take it shared. A lookup
+//! locks no node and writes no node field but a last-use stamp (at most once
+//! a millisecond per node and tenant with [`Clock::Coarse`]): it reads each
+//! node between two equal versions of it, a sequence lock. An insert locks
+//! only the nodes it changes, never waiting for one node while holding
+//! another. Taking a shard exclusively is how memory is reclaimed, so it is
+//! taken only to free or move memory (eviction and removal, in bounded
+//! batches of 32 evictions or [`REMOVAL_BATCH`] removals per hold; growing
+//! a shard's tenant table; freeing retired arrays) and for the consistent
+//! views of [`RadixTree::validate`] and [`RadixTree::recount`]. Growing a
+//! shard's node arena moves nothing and takes no exclusive lock.
+//! [`RadixTree::lock_waits`] counts the waits for a shard lock, and
+//! [`LockWaits::retries`] the walk steps inserts repeated.
 //!
-//! | operation | shard lock | node locks | allocates |
-//! |---|---|---|---|
-//! | `prefix_match`, `prefix_match_tenant` | shared | none | no |
-//! | `insert` | shared | only the nodes it changes (below) | the new leaf's label, before any lock; a split's shorter half; a grown array |
-//! | eviction by the limits (inside `insert`, `enforce_limits`) | shared to sample candidates; exclusive for up to 32 node removals in a row | — | sample buffers |
-//! | `evict_tenant_by_size`, `evict_to_total` | shared to collect candidates; exclusive for each node removed | — | candidate heap |
-//! | `remove_tenant` | shared to list the tenant's holds; exclusive for each batch of 64 | — | the list |
-//! | growing a shard's arena | none (the slots' mutex) | — | one chunk |
-//! | growing a shard's tenant table, freeing retired arrays | exclusive, briefly (an insert asks for it) | — | the growth |
-//! | `tenant_size`, `total_size`, `tenants` | shared | none | the result |
-//! | `validate`, `recount` | exclusive, one shard at a time | — | the result |
-//! | `intern`, `tenant_name`, `tenant_id` | the name table (a lock the request path never takes) | — | on first intern |
+//! Why this is safe is written beside the code that relies on it, so that a
+//! change to the code meets the argument:
 //!
-//! *Node versions.* Every node field is an atomic, and each node has a
-//! version word: even while nobody changes the node, odd while a writer holds
-//! it. A writer takes a node by a compare-and-swap from even to odd, changes
-//! its fields, and stores the next even value. A reader loads the version
-//! (waiting while it is odd), loads the fields it needs, and loads the
-//! version again: if it is unchanged, the fields form a consistent view (a
-//! sequence lock). Readers write no node field but a last-use stamp, at
-//! most once a millisecond (see below), so a lookup never waits for another
-//! lookup and does not make a hot node's cache lines bounce. One step
-//! of a walk views the current node, finds the child for the next symbol,
-//! checks that the current node's version is still the one it viewed (the
-//! child array may be shifting in place under a writer, and a search of a
-//! shifting array can miss a child that is there), views the child, and
-//! checks that the child's parent is still the current node. If a check
-//! fails it looks again from the current node, never from the root.
+//! - `src/tree.rs`: which operation takes which lock, eviction and removal
+//!   in bounded holds, polling a taken shard lock;
+//! - `src/shard.rs`: node versions and the walk, why that is enough, what an
+//!   insert locks, what a racing lookup can see, reclamation, and eviction's
+//!   re-validation under the exclusive lock;
+//! - `src/seg.rs`: the node arena, grown without moving anything;
+//! - `src/clock.rs`: last-use stamps without contended writes;
+//! - `src/sync.rs`: waiting for a node, and the shim through which the loom
+//!   models in `tests/loom_*.rs` run the same code.
 //!
-//! *Why that is enough.* A node's end depth (the length of the text from the
-//! root to the end of its label) never changes while it lives: a split keeps
-//! the lower part of the label in the node and puts a new node above it. So
-//! the node a walk stands on still ends where the walk thinks, whatever
-//! happened above it; an unchanged version means the child entry read is one
-//! the node really had; and a child whose parent is still that node holds the
-//! label that continues it (a split changes label and parent together, under
-//! the child's lock). Nodes are freed only under the exclusive lock, so a
-//! node index a walk holds stays that node.
-//!
-//! *What an insert locks.* It walks like a lookup and locks only where it
-//! changes something: the parent of a new leaf (its child array); a node
-//! that gains the tenant as an owner, and that node's parent (its count of
-//! held children); a node it splits and that node's parent (whose entry
-//! moves to the new node). Locks are taken parent first. The child is taken
-//! only at the version the walk viewed, by a compare-and-swap that does not
-//! wait: if the child changed, the insert looks again. So no thread waits
-//! for a node lock while holding another, and there is no deadlock. A new
-//! node is claimed with a plain store before it is linked, since nobody can
-//! reach it yet. Inside node locks an insert takes three small mutexes of the
-//! shard, innermost and each for one push: the free-slot list, the tenant's
-//! node list (with its size) and the list of retired arrays.
-//! [`LockWaits::retries`] counts the steps inserts repeated.
-//!
-//! *What a racing lookup can see.* Every node change is atomic, and an insert
-//! becomes visible top-down, one node at a time: a lookup racing an insert
-//! may see the tenant already holding a prefix of the new text (its upper
-//! nodes) before the whole of it. Lookups never see a tenant holding a node
-//! whose parent it does not hold, a label that does not belong under its
-//! parent, or a counter that disagrees with the nodes once the inserts have
-//! returned.
-//!
-//! *Reclamation.* Nothing is freed while the shard is shared. Label bytes are
-//! never written after a label is made (a split narrows ranges and copies the
-//! shorter side), and a label buffer lives as long as the node that owns it.
-//! A child or owner array that has to grow is copied into a new one and the
-//! old one is retired to the shard's list, freed under the exclusive lock
-//! once the list holds 4 KiB (or at the next eviction or growth). The borrow
-//! checker enforces the rule: a node view borrows the shard, and freeing
-//! needs it mutably. Growing the node arena moves nothing (a new chunk is
-//! published with a release store before any slot in it is handed out), so
-//! it needs no exclusive lock.
-//!
-//! *Eviction and removal* run under the exclusive lock, at most 32 node
-//! removals per acquisition for eviction and 64 for removal, so they are the only writers
-//! that exclude lookups, each for a bounded time (an insert that crosses a
-//! limit evicts a few nodes this way; see "Memory limits"). Eviction never acts on
-//! what it collected without re-validating it under the exclusive lock: the
-//! slot's generation, that the tenant still holds the node, that it is still
-//! the tenant's leaf, and that its stamp has not moved (if it has, the
-//! candidate goes back into the heap with the new stamp). Nodes are unlinked
-//! by index, never by first character, so a split racing an eviction cannot
-//! make it drop the wrong subtree; when racing inserts keep a tenant above
-//! the limit, a further pass (at most four) collects fresh candidates.
-//!
-//! *Waiting.* A thread that finds a node locked spins for a few dozen pauses
-//! (a writer holds a node for tens of nanoseconds) and then yields, so that
-//! it does not burn a time slice when the holder was descheduled. A thread
-//! that finds its shard lock held exclusively polls it for a few microseconds
-//! before blocking; [`RadixTree::lock_waits`] counts those waits. The
-//! allocator has locks too: with glibc's malloc, growing (`realloc`) a buffer
-//! another thread allocated takes that thread's arena lock, so arrays and
-//! node lists grow into new buffers from the writer's own arena.
-//!
-//! *Proofs.* `tests/loom_*.rs` model-check, under loom, with the same code
-//! (the locks and atomics go through a small `sync` shim): two new children
-//! of one node racing a lookup; a new owner racing a split of the same node;
-//! lookups of a text racing its split; a child inserted in place while a
-//! lookup searches for a later key (this model fails if the version check
-//! of a walk step is removed, and two others fail without the parent check);
-//! a third child moving the children to an array while the node arena grows;
-//! inserts racing splits of their path, removals that free and reuse its
-//! slots, and evictions; eviction and removal racing inserts. The stress test
-//! runs writers, lookups and evictions on threads and checks the counters
-//! against a recount. The crate's `unsafe` code builds slices from a node's
-//! label and array pointers (consistent by the version protocol, alive by
-//! the reclamation rule) and frees them under exclusive access; besides that
-//! there is only a prefetch hint, a read of the time-stamp counter and a call
-//! of an AVX2 build of the UTF-8 count after runtime detection.
-//!
-//! *LRU stamps without contended writes.* A lookup must refresh the stamp of
-//! every node on its path, and the top nodes of a popular system prompt are
-//! on every path. With the default [`Clock::Coarse`], stamps are ticks of about
-//! one millisecond of the monotonic clock (each thread re-reads the clock
-//! only every ~0.1 ms of time-stamp counter, so a lookup pays a few
-//! nanoseconds for it), and a node's stamp is stored (a relaxed store) only
-//! when the stored value is older than the current tick; so a hot node's
-//! owner line is written at most about once per millisecond per tenant
-//! instead of on every lookup, and reads stay reads. Two racing stores may
-//! leave the older of two values from neighbouring ticks, and a stamp stored
-//! into an owner array just as a writer copies it to a larger one is lost;
-//! both only blur LRU order within a millisecond. [`Clock::Logical`] gives
-//! every operation its own tick (exact order, one shared increment per
-//! operation) for tests and simulations.
+//! The crate's `unsafe` code builds slices from a node's label and array
+//! pointers (consistent by the version protocol, alive by the reclamation
+//! rule) and frees them under exclusive access (`src/shard.rs`,
+//! `src/heap.rs`, `src/seg.rs`); besides that there is only a prefetch hint
+//! (`src/tree.rs`), a read of the time-stamp counter (`src/clock.rs`) and a
+//! call of an AVX2 build of the UTF-8 count after runtime detection
+//! (`src/symbol.rs`).
 //!
 //! # Memory limits
 //!

@@ -7,6 +7,11 @@
 //! a shard to be moved (a `Vec` that doubles copies the whole shard while it
 //! is write-locked). A chunk is requested zeroed, so its pages cost no
 //! resident memory until slots in them are used.
+//!
+//! A new chunk is published with a release store before any slot in it is
+//! handed out, and readers load it with acquire, so a reader that reaches a
+//! slot sees it initialized; since nothing moves, a slot's address stays
+//! valid for as long as the shard lives, without the exclusive lock.
 
 use crate::heap::Block;
 use crate::sync::{AtomicPtr, Ordering};

@@ -1,20 +1,99 @@
 //! One shard: the subtree of every text whose first symbol maps to it.
 //!
-//! Two kinds of access, chosen by the shard's lock (see the crate docs):
+//! Two kinds of access, chosen by the shard's lock (`tree.rs` lists which
+//! operation takes which):
 //!
 //! - **Shared** (`&Shard`, under the shard lock's read side): lookups, and
 //!   inserts, which lock only the nodes they change. Every node field is an
-//!   atomic. A node's *version* is a sequence lock: a writer makes it odd
-//!   while it changes the node and even again after, and a reader takes a
-//!   consistent [`View`] of a node by reading its fields between two equal
-//!   even versions. Nothing is freed under shared access: label buffers live
-//!   as long as their node, and the child and owner arrays a writer replaces
-//!   when they grow are retired to a garbage list.
+//!   atomic, and a reader takes a consistent [`View`] of a node by reading
+//!   its fields between two equal even versions (below). Nothing is freed
+//!   under shared access: label buffers live as long as their node, and the
+//!   child and owner arrays a writer replaces when they grow are retired to
+//!   a garbage list.
 //! - **Exclusive** (`&mut Shard`, under the write side): eviction, tenant
-//!   removal, growing the node arena or the tenant table, and freeing
-//!   retired arrays. These are the only places memory is freed, so a shared
-//!   reader never sees freed memory; the borrow checker enforces it, since a
-//!   [`View`] borrows the shard.
+//!   removal, growing the tenant table, and freeing retired arrays. These
+//!   are the only places memory is freed, so a shared reader never sees
+//!   freed memory; the borrow checker enforces it, since a [`View`] borrows
+//!   the shard.
+//!
+//! # Node versions
+//!
+//! Every node field is an atomic, and each node has a version word: even while
+//! nobody changes the node, odd while a writer holds it. A writer takes a node
+//! by a compare-and-swap from even to odd, changes its fields, and stores the
+//! next even value. A reader loads the version (waiting while it is odd), loads
+//! the fields it needs, and loads the version again: if it is unchanged, the
+//! fields form a consistent view (a sequence lock). Readers write no node field
+//! but a last-use stamp, at most once a millisecond (see `clock.rs`), so a
+//! lookup never waits for another lookup and does not make a hot node's cache
+//! lines bounce. One step of a walk views the current node, finds the child for
+//! the next symbol, checks that the current node's version is still the one it
+//! viewed (the child array may be shifting in place under a writer, and a
+//! search of a shifting array can miss a child that is there), views the child,
+//! and checks that the child's parent is still the current node. If a check
+//! fails it looks again from the current node, never from the root.
+//!
+//! # Why that is enough
+//!
+//! A node's end depth (the length of the text from the root to the end of its
+//! label) never changes while it lives: a split keeps the lower part of the
+//! label in the node and puts a new node above it. So the node a walk stands on
+//! still ends where the walk thinks, whatever happened above it; an unchanged
+//! version means the child entry read is one the node really had; and a child
+//! whose parent is still that node holds the label that continues it (a split
+//! changes label and parent together, under the child's lock). Nodes are freed
+//! only under the exclusive lock, so a node index a walk holds stays that node.
+//!
+//! # What an insert locks
+//!
+//! An insert walks like a lookup and locks only where it changes something: the
+//! parent of a new leaf (its child array); a node that gains the tenant as an
+//! owner, and that node's parent (its count of held children); a node it splits
+//! and that node's parent (whose entry moves to the new node). Locks are taken
+//! parent first. The child is taken only at the version the walk viewed, by a
+//! compare-and-swap that does not wait: if the child changed, the insert looks
+//! again. So no thread waits for a node lock while holding another, and there
+//! is no deadlock. A new node is claimed with a plain store before it is
+//! linked, since nobody can reach it yet. Inside node locks an insert takes
+//! three small mutexes of the shard, innermost and each for one push: the
+//! free-slot list, the tenant's node list (with its size) and the list of
+//! retired arrays. [`LockWaits::retries`](crate::LockWaits::retries) counts the
+//! steps inserts repeated.
+//!
+//! # What a racing lookup can see
+//!
+//! Every node change is atomic, and an insert becomes visible top-down, one
+//! node at a time: a lookup racing an insert may see the tenant already holding
+//! a prefix of the new text (its upper nodes) before the whole of it. Lookups
+//! never see a tenant holding a node whose parent it does not hold, a label
+//! that does not belong under its parent, or a counter that disagrees with the
+//! nodes once the inserts have returned.
+//!
+//! # Reclamation
+//!
+//! Nothing is freed while the shard is shared. Label bytes are never written
+//! after a label is made (a split narrows ranges and copies the shorter
+//! side), and a label buffer lives as long as the node that owns it. A child
+//! or owner array that has to grow is copied into a new one and the old one
+//! is retired to the shard's list, freed under the exclusive lock once the
+//! list holds 4 KiB ([`GARBAGE_LIMIT`]; or at the next eviction or growth).
+//! The borrow checker enforces the rule: a node view borrows the shard, and
+//! freeing needs it mutably. Growing the node arena moves nothing
+//! (`seg.rs`), so it needs no exclusive lock.
+//!
+//! Arrays and the tenants' node lists grow into new buffers from the
+//! writer's own allocator arena, never by `realloc`: with glibc's malloc,
+//! growing a buffer another thread allocated takes that thread's arena lock.
+//!
+//! # Eviction
+//!
+//! Eviction never acts on what it collected without re-validating it under
+//! the exclusive lock ([`Shard::evict`]): the slot's generation, that the
+//! tenant still holds the node, that it is still the tenant's leaf, and that
+//! its stamp has not moved (if it has, the candidate goes back into the
+//! heap with the new stamp). Nodes are unlinked by index
+//! ([`Shard::unlink`]), never by first character, so a split racing an
+//! eviction cannot make it drop the wrong subtree.
 
 use std::sync::Arc;
 

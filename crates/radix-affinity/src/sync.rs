@@ -1,5 +1,25 @@
 //! Synchronization shim: std/parking_lot in normal builds, loom's models under
 //! `--cfg loom`, so the same tree code is model-checked (see `tests/loom_*.rs`).
+//!
+//! # What the models check
+//!
+//! `tests/loom_*.rs` model-check, under loom, with the same code: two new
+//! children of one node racing a lookup; a new owner racing a split of the
+//! same node; lookups of a text racing its split; a child inserted in place
+//! while a lookup searches for a later key (this model fails if the version
+//! check of a walk step is removed, and two others fail without the parent
+//! check); a third child moving the children to an array while the node
+//! arena grows; inserts racing splits of their path, removals that free and
+//! reuse its slots, and evictions; eviction and removal racing inserts. The
+//! stress test (`tests/stress.rs`) runs writers, lookups and evictions on
+//! threads and checks the counters against a recount.
+//!
+//! # Waiting for a node
+//!
+//! A thread that finds a node locked spins for a few dozen pauses (a writer
+//! holds a node for tens of nanoseconds) and then yields, so that it does not
+//! burn a time slice when the holder was descheduled ([`Backoff`]). Waiting
+//! for a shard lock is `tree.rs`'s.
 
 #[cfg(not(loom))]
 pub(crate) use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};

@@ -1,4 +1,42 @@
 //! The concurrent tree: shards by first symbol, each behind its own lock.
+//!
+//! # What is locked
+//!
+//! There is no global lock. Each shard has a reader-writer lock (`parking_lot`,
+//! on its own cache line), but it does not protect the nodes: lookups *and
+//! inserts* take it shared, and inserts lock individual nodes (`shard.rs`
+//! says how, and why lookups can run beside them). Taking it exclusively is
+//! how memory is reclaimed, so only the operations that free or move memory
+//! do.
+//!
+//! | operation | shard lock | node locks | allocates |
+//! |---|---|---|---|
+//! | `prefix_match`, `prefix_match_tenant` | shared | none | no |
+//! | `insert` | shared | only the nodes it changes (see `shard.rs`) | the new leaf's label, before any lock; a split's shorter half; a grown array |
+//! | eviction by the limits (inside `insert`, `enforce_limits`) | shared to sample candidates; exclusive for up to 32 node removals in a row | — | sample buffers |
+//! | `evict_tenant_by_size`, `evict_to_total` | shared to collect candidates; exclusive for each node removed | — | candidate heap |
+//! | `remove_tenant` | shared to list the tenant's holds; exclusive for each batch of 64 | — | the list |
+//! | growing a shard's arena | none (the slots' mutex) | — | one chunk |
+//! | growing a shard's tenant table, freeing retired arrays | exclusive, briefly (an insert asks for it) | — | the growth |
+//! | `tenant_size`, `total_size`, `tenants` | shared | none | the result |
+//! | `validate`, `recount` | exclusive, one shard at a time | — | the result |
+//! | `intern`, `tenant_name`, `tenant_id` | the name table (a lock the request path never takes) | — | on first intern |
+//!
+//! # Eviction and removal
+//!
+//! Eviction and removal run under the exclusive lock, at most 32 node
+//! removals per acquisition for eviction ([`EVICTIONS_PER_INSERT`]) and 64
+//! for removal ([`REMOVAL_BATCH`]), so they are the only writers that
+//! exclude lookups, each for a bounded time (an insert that crosses a limit
+//! evicts a few nodes this way; see "Memory limits" in the crate docs).
+//! What eviction collected under the shared lock is re-validated under the
+//! exclusive one before anything is removed (`Shard::evict`, in
+//! `shard.rs`); when racing inserts keep a tenant above the limit, a
+//! further pass (at most four, [`EVICTION_ROUNDS`]) collects fresh
+//! candidates.
+//!
+//! A thread that finds its shard lock taken polls it briefly before blocking
+//! ([`SPIN_LIMIT`] says why); [`RadixTree::lock_waits`] counts those waits.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -1,0 +1,393 @@
+//! The proxy path of one request (steps 3 to 8 of the [module
+//! docs](super)): admission, the body, selection, forwarding with retries,
+//! and the response whose body holds what the request holds.
+
+use super::{Router, Shared};
+use crate::body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout};
+use crate::client::UpstreamError;
+use crate::error::ApiError;
+use crate::extract::RouteKind;
+use crate::headers::{RequestId, strip_hop_by_hop};
+use crate::limits::AdmissionPermit;
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, Uri};
+use http_body::Body;
+use http_body_util::{BodyExt, Full};
+use lb_policies::OwnedContext;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::time::Instant;
+use worker_lifecycle::{LoadGuard, Outcome, RequestRetries, Worker};
+
+impl Router {
+    pub(crate) async fn proxy<B>(
+        &self,
+        kind: RouteKind,
+        request: Request<B>,
+        started: Instant,
+    ) -> Result<Response<BoxBody>, ApiError>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let shared = &self.shared;
+        if !self.is_accepting() {
+            return Err(ApiError::ShuttingDown);
+        }
+        if let Some(rate) = &shared.rate {
+            rate.try_acquire()?;
+        }
+        let timeout = shared.config.request_timeout;
+        let deadline = started + timeout;
+        // The whole-request deadline bounds every phase: the queue, the
+        // client's body, connect and the worker's response head (below),
+        // and the response body (in the body wrapper).
+        let permit = tokio::time::timeout_at(deadline, shared.limiter.admit())
+            .await
+            .map_err(|_elapsed| ApiError::RequestTimeout {
+                phase: "waiting for admission",
+                timeout,
+            })??;
+        let (parts, body) = request.into_parts();
+        let body_timeout = shared.config.request_body_timeout.min(timeout);
+        let body_deadline = deadline.min(Instant::now() + shared.config.request_body_timeout);
+        let bytes = tokio::time::timeout_at(
+            body_deadline,
+            crate::payload::read_limited(body, &parts.headers, shared.config.max_payload_size),
+        )
+        .await
+        .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
+        // Off the runtime for large bodies, bounded by the deadline and
+        // cancelled if this future is dropped (the client went away).
+        #[cfg(feature = "tokens")]
+        let info = shared
+            .config
+            .tokenizers
+            .extract_bounded(kind, &bytes, deadline, timeout)
+            .await?;
+        #[cfg(not(feature = "tokens"))]
+        let info = crate::extract(kind, &bytes)?;
+        let model = info.model.unwrap_or_default();
+        let routing = info.routing;
+        let request_id = shared.ids.resolve(&parts.headers);
+
+        let session = parts
+            .headers
+            .get(&shared.session_header)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let request = OwnedContext {
+            model,
+            routing,
+            session,
+            user: info.user,
+            header: None,
+            request_id: request_id.value.to_str().ok().map(str::to_owned),
+        };
+        let retries = shared.retries(std::time::Instant::now());
+        if let Some(pd) = &shared.pd
+            && matches!(
+                kind,
+                RouteKind::ChatCompletions | RouteKind::Completions | RouteKind::Generate
+            )
+        {
+            let arrival = crate::pd::PdArrival {
+                parts,
+                bytes,
+                request,
+                client_id: request_id.value.clone(),
+                deadline,
+            };
+            let timeout = shared.config.request_timeout;
+            let response = crate::pd::proxy(pd, arrival, retries, &shared.metrics, timeout).await?;
+            // The decode guard lives inside the body (pd-orchestrator's
+            // `PdBody`); the permit goes with it.
+            let in_flight = InFlight::new(None, permit, shared, false);
+            return Ok(respond(response, in_flight, request_id));
+        }
+        // In P/D mode the other routes (models, embeddings...) go to the
+        // decode workers, chosen by the decode policy.
+        let pool = match self.pd() {
+            Some(pd) => pd.decode().pool(),
+            None => &shared.pool,
+        };
+        let all = pool.refresh()?;
+        let context = request.context();
+        let candidates = pool.eligible(&all, &request.model, |_| true)?;
+        let mut retries = retries;
+        let mut failed: Vec<Arc<Worker>> = Vec::new();
+        loop {
+            // A deadline spent in the router (tokenizing, queueing, backing
+            // off) is the router's 504: no worker is reserved or charged.
+            crate::error::before_dispatch(deadline, timeout)?;
+            // Workers that failed this request are left out, unless that
+            // would leave none available (then a failed one may be retried).
+            let rest = pool.eligible(candidates.workers(), "", |w| {
+                !failed.iter().any(|f| Arc::ptr_eq(f, w))
+            })?;
+            let pick = if rest.any_available() {
+                rest
+            } else {
+                candidates.clone()
+            };
+            pool.require_available(&pick)?;
+            let choice = pool.choose(&pick, &context, true)?;
+            if let Some(permille) = choice.match_permille {
+                shared
+                    .metrics
+                    .match_rate
+                    .observe(f64::from(permille) / 1000.0);
+            }
+            let worker = choice.worker;
+            let Some(guard) = choice.guard else {
+                return Err(no_guard(&worker));
+            };
+            let upstream = match build_upstream(&parts, &worker, &bytes, &request_id, shared) {
+                Ok(upstream) => upstream,
+                Err(err) => {
+                    // The router's own failure: nothing reached the worker.
+                    guard.record_outcome(Outcome::RouterRejected);
+                    return Err(err);
+                }
+            };
+            match shared.client.send_before(upstream, Some(deadline)).await {
+                Err(UpstreamError::Deadline) => {
+                    // The worker had the request and did not answer in time.
+                    guard.record_outcome(Outcome::Timeout);
+                    shared
+                        .metrics
+                        .record_upstream_failure(&UpstreamError::Deadline);
+                    return Err(ApiError::RequestTimeout {
+                        phase: "waiting for the worker's response headers",
+                        timeout,
+                    });
+                }
+                Err(UpstreamError::InvalidRequest(reason)) => {
+                    // The router could not build or send the request: never
+                    // the worker's failure, never retried.
+                    guard.record_outcome(Outcome::RouterRejected);
+                    return Err(ApiError::InvalidRequest(format!(
+                        "the request cannot be forwarded: {reason}"
+                    )));
+                }
+                Err(err) => {
+                    guard.record_outcome(outcome_of(&err));
+                    drop(guard);
+                    shared.metrics.record_upstream_failure(&err);
+                    if let Some(backoff) = err
+                        .is_retryable()
+                        .then(|| self.grant_retry(&mut retries, deadline))
+                        .flatten()
+                    {
+                        failed.push(worker);
+                        self.back_off(backoff, deadline).await?;
+                        continue;
+                    }
+                    return Err(match err {
+                        UpstreamError::HeaderTimeout(_) => {
+                            ApiError::GatewayTimeout(err.to_string())
+                        }
+                        _ => ApiError::BadGateway(err.to_string()),
+                    });
+                }
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    if let Some(backoff) = shared
+                        .config
+                        .retry
+                        .is_retryable_status(status)
+                        .then(|| self.grant_retry(&mut retries, deadline))
+                        .flatten()
+                    {
+                        guard.record_outcome(Outcome::from_status(status));
+                        // This attempt ends here: its unread body and its
+                        // guard are dropped together.
+                        drop(response);
+                        drop(guard);
+                        failed.push(worker);
+                        self.back_off(backoff, deadline).await?;
+                        continue;
+                    }
+                    let success = response.status().is_success();
+                    if !success {
+                        guard.record_outcome(Outcome::from_status(status));
+                    }
+                    let idle = shared.config.stream_idle_timeout;
+                    let response =
+                        response.map(|body| IdleTimeout::with_deadline(body, idle, deadline));
+                    let in_flight = InFlight::new(Some(guard), permit, shared, success);
+                    return Ok(respond(response, in_flight, request_id));
+                }
+            }
+        }
+    }
+
+    /// One more retry of this request, if the policy, the shared budget
+    /// and `deadline` allow it: the backoff to wait before it.
+    fn grant_retry(
+        &self,
+        retries: &mut RequestRetries<'_>,
+        deadline: Instant,
+    ) -> Option<std::time::Duration> {
+        if Instant::now() >= deadline {
+            return None;
+        }
+        let backoff = retries.next(std::time::Instant::now())?;
+        self.shared.metrics.retries.inc();
+        Some(backoff)
+    }
+
+    /// Sleeps `backoff`, never past `deadline`; a deadline reached while
+    /// backing off ends the request.
+    async fn back_off(
+        &self,
+        backoff: std::time::Duration,
+        deadline: Instant,
+    ) -> Result<(), ApiError> {
+        tokio::time::sleep_until((Instant::now() + backoff).min(deadline)).await;
+        if Instant::now() >= deadline {
+            return Err(ApiError::RequestTimeout {
+                phase: "before a retry could be sent",
+                timeout: self.shared.config.request_timeout,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// The retries of one request arriving at `now`, counted in the
+    /// router's budget (both modes).
+    fn retries(&self, now: std::time::Instant) -> RequestRetries<'_> {
+        let seed = self.jitter_seed.fetch_add(1, Ordering::Relaxed);
+        RequestRetries::start(&self.config.retry, &self.retry_budget, seed, now)
+    }
+}
+
+/// A choice made with `reserve` always carries its guard.
+fn no_guard(worker: &Worker) -> ApiError {
+    ApiError::NoAvailableWorker(format!("{} could not be reserved", worker.key()))
+}
+
+/// The response handed to the client in both modes: the worker's status,
+/// headers and body, with hop-by-hop headers removed, the request id added,
+/// and the body owning what the request holds.
+fn respond<B>(
+    response: Response<B>,
+    in_flight: InFlight,
+    request_id: RequestId,
+) -> Response<BoxBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.insert(request_id.header, request_id.value);
+    let body = GuardedBody::new(body, in_flight)
+        .map_err(|err| -> BoxError { err.into() })
+        .boxed_unsync();
+    Response::from_parts(parts, body)
+}
+
+/// What one admitted request holds while its response body runs: the
+/// admission permit, and the worker's guard when the router proxied to one
+/// worker (a P/D response's decode guard lives inside its body).
+struct InFlight {
+    guard: Option<LoadGuard>,
+    _permit: AdmissionPermit,
+    shared: Arc<Shared>,
+    /// A 2xx response's breaker outcome is known only when its body ends.
+    outcome_pending: bool,
+}
+
+impl InFlight {
+    fn new(
+        guard: Option<LoadGuard>,
+        permit: AdmissionPermit,
+        shared: &Arc<Shared>,
+        outcome_pending: bool,
+    ) -> Self {
+        Self {
+            guard,
+            _permit: permit,
+            shared: Arc::clone(shared),
+            outcome_pending,
+        }
+    }
+}
+
+impl Finish for InFlight {
+    fn finish(self, end: BodyEnd) {
+        let metrics = &self.shared.metrics;
+        match end {
+            BodyEnd::Complete => metrics.bodies_completed.inc(),
+            BodyEnd::Failed => metrics.bodies_failed.inc(),
+            BodyEnd::Dropped => metrics.bodies_dropped.inc(),
+        }
+        let outcome = match end {
+            BodyEnd::Complete => Outcome::Success,
+            BodyEnd::Failed => Outcome::ConnectionReset,
+            BodyEnd::Dropped => Outcome::ClientCancelled,
+        };
+        if let Some(guard) = &self.guard
+            && (self.outcome_pending || end == BodyEnd::Failed)
+        {
+            guard.record_outcome(outcome);
+        }
+        // The guard and the permit are released here, by being dropped.
+    }
+}
+
+fn build_upstream(
+    parts: &http::request::Parts,
+    worker: &Worker,
+    body: &Bytes,
+    request_id: &RequestId,
+    shared: &Shared,
+) -> Result<Request<Full<Bytes>>, ApiError> {
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", http::uri::PathAndQuery::as_str);
+    // `Route::of` admits only targets that are paths ("/..."), so the
+    // worker's base URL and the path make one absolute URL.
+    if !path.starts_with('/') {
+        return Err(ApiError::InvalidRequest(format!(
+            "the request target {path:?} is not a path"
+        )));
+    }
+    let uri: Uri = worker
+        .endpoint()
+        .worker_url()
+        .url_for(path)
+        .parse()
+        .map_err(|err| ApiError::InvalidRequest(format!("cannot forward {path:?}: {err}")))?;
+    let mut request = Request::new(Full::new(body.clone()));
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = uri;
+    let headers = request.headers_mut();
+    headers.clone_from(&parts.headers);
+    strip_hop_by_hop(headers);
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert(request_id.header.clone(), request_id.value.clone());
+    // The router decides the rank; a client-sent value is overridden.
+    headers.remove(&shared.dp_rank_header);
+    if let Some(rank) = worker.dp_rank() {
+        headers.insert(shared.dp_rank_header.clone(), HeaderValue::from(rank));
+    }
+    Ok(request)
+}
+
+/// The breaker outcome of a failed send. Only failures the worker caused
+/// count against it; a request the router could not build is its own.
+fn outcome_of(err: &UpstreamError) -> Outcome {
+    match err {
+        UpstreamError::Connect(_) => Outcome::ConnectError,
+        UpstreamError::HeaderTimeout(_) | UpstreamError::Deadline => Outcome::Timeout,
+        UpstreamError::InvalidRequest(_) => Outcome::RouterRejected,
+        _ => Outcome::ConnectionReset,
+    }
+}
