@@ -53,8 +53,6 @@ pub mod settings;
 pub use app::{App, ShutdownSignals, StartError, StopOutcome};
 pub use args::{Args, LogLevel, PolicyName};
 pub use discovery::{EngineRegistration, Registries, ZmqDiscovery};
-#[allow(deprecated, reason = "the old name stays importable from here too")]
-pub use settings::PdSettings;
 pub use settings::{CliError, Mode, Parsed, PdDeployment, Settings};
 
 use std::io::Write as _;

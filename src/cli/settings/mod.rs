@@ -26,13 +26,6 @@ mod tokenizers;
 pub use checks::{check_host_port, join_host_port};
 pub use mode::{Mode, PdDeployment};
 
-/// The former name of [`PdDeployment`], kept so that code naming it still
-/// builds.
-#[deprecated(
-    note = "renamed `PdDeployment`: `PdSettings` was easily mistaken for engine-sim's \
-            `PdSettings` and pd-orchestrator's `PdConfig`"
-)]
-pub type PdSettings = PdDeployment;
 pub use parse::{ModelTokenizer, Parsed, WorkerSettings, parse_from, to_toml};
 
 use super::args::{Args, long_flag};
