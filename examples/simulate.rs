@@ -116,9 +116,18 @@ struct Args {
     /// How each router replica learns the engines' own load (running plus
     /// waiting requests), which it adds to its own counts: `off` (its own
     /// counts only), `oracle` (every decision sees every engine's load as
-    /// it is), or a poll interval in milliseconds.
-    #[arg(long, default_value = "off", value_parser = parse_polling)]
+    /// it is), or a poll interval in milliseconds (the router's default,
+    /// 50).
+    #[arg(long, default_value = "50", value_parser = parse_polling)]
     load_poll_ms: PollSpec,
+    /// kv_aware's expected cost: KV blocks of prefill work one in-flight
+    /// request is worth (default: lb-policies' `DEFAULT_LOAD_WEIGHT`).
+    #[arg(long)]
+    load_weight: Option<f64>,
+    /// kv_aware's softmax temperature over costs, in units of one whole
+    /// prefill of the request; 0 (default) takes the least cost.
+    #[arg(long)]
+    router_temperature: Option<f64>,
     /// Milliseconds from sending a load poll to applying its answers.
     #[arg(long, default_value_t = 1.0)]
     load_poll_delay_ms: f64,
@@ -316,6 +325,16 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
     if let Some(blocks) = args.kv_blocks {
         base.model.num_blocks = blocks;
     }
+    if let Some(weight) = args.load_weight {
+        base.cache_aware.cost.load_weight = weight;
+    }
+    if let Some(temperature) = args.router_temperature {
+        base.cache_aware.cost.temperature = temperature;
+    }
+    base.cache_aware
+        .cost
+        .validate()
+        .map_err(|e| e.to_string())?;
     if let Some(abs) = args.balance_abs {
         base.cache_aware.balance_abs_threshold = abs;
     }
@@ -478,7 +497,7 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
         .policies
         .iter()
         .flatten()
-        .any(|p| split_policy(p.trim()).is_ok_and(|(name, _)| name == "kv_aware"));
+        .any(|p| split_policy(p.trim()).is_ok_and(|(name, _)| name.starts_with("kv_aware")));
     for scenario in &mut scenarios {
         if args.replicas > 1 {
             scenario.description.push_str(&format!(

@@ -35,8 +35,12 @@ pub enum PolicyName {
     LeastLoaded,
     /// Prefix affinity scored on the blocks the engines hold, from their
     /// KV-cache events (--kv-events-port); workers without a live event
-    /// stream are scored from the radix tree.
+    /// stream are scored from the radix tree. Places each request where
+    /// its uncached blocks plus the load already there cost least.
     KvAware,
+    /// kv_aware's scores placed by cache_aware's threshold and load gate
+    /// instead of the least cost (for comparison).
+    KvAwareGate,
 }
 
 impl PolicyName {
@@ -51,6 +55,7 @@ impl PolicyName {
             Self::RendezvousHash => "rendezvous_hash",
             Self::LeastLoaded => "least_loaded",
             Self::KvAware => "kv_aware",
+            Self::KvAwareGate => "kv_aware_gate",
         }
     }
 }

@@ -133,8 +133,8 @@ pub mod workload;
 pub use deployment::for_deployment;
 pub use metrics::{LoadTimeline, PolicyMetrics, percentile};
 pub use run::{
-    DEFAULT_KV_EVENT_DELAY, LoadPolling, PdSplit, RoutingSource, RunReport, SimConfig, SimError,
-    simulate, split_policy,
+    DEFAULT_KV_EVENT_DELAY, DEFAULT_LOAD_POLLING, LoadPolling, PdSplit, RoutingSource, RunReport,
+    SimConfig, SimError, simulate, split_policy,
 };
 pub use trace::{ArrivalClock, PreparedTrace, Trace, TraceError, TraceRequest};
 

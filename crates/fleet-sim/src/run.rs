@@ -10,8 +10,8 @@ use engine_sim::{
     TransferRegistry, transfer::ProducerAddress,
 };
 use lb_policies::{
-    Backend, CacheAwareConfig, OwnedContext, PolicyConfig, PolicyError, PolicyRegistry,
-    RequestContext, Routing,
+    Backend, CacheAwareConfig, INDEX_POLICIES, OwnedContext, PolicyConfig, PolicyError,
+    PolicyRegistry, RequestContext, Routing,
 };
 use pd_orchestrator::pools::{PdConfig, PdLease, PdPools, PdScope, PdTarget, PdWorkerConfig};
 use pd_orchestrator::{LegOutcome, PdBackend, PdConnector, Phase, PhaseGuard};
@@ -85,20 +85,28 @@ pub struct SimConfig {
     /// (see the [module docs](super#engine-kv-events-and-router-replicas)).
     pub kv_event_delay: Duration,
     /// How each router replica learns the engines' own load (regular mode):
-    /// see [`LoadPolling`]. Default [`LoadPolling::Off`].
+    /// see [`LoadPolling`]. Default [`DEFAULT_LOAD_POLLING`], the router's
+    /// default poll interval.
     pub load_polling: LoadPolling,
 }
+
+/// The default [`SimConfig::load_polling`]: every 50 ms, as the router
+/// polls by default, with answers applied 1 ms after the poll (a scrape
+/// on one network).
+pub const DEFAULT_LOAD_POLLING: LoadPolling = LoadPolling::Every {
+    interval: Duration::from_millis(50),
+    delay: Duration::from_millis(1),
+};
 
 /// How the router replicas of a simulation learn each engine's whole
 /// in-flight load (running plus waiting, vLLM's gauges), which they join
 /// with their own counts into [`Worker::estimated_load`], the load every
 /// policy compares.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LoadPolling {
     /// No engine reports: each replica sees only its own in-flight
     /// requests, about 1/R of each engine's load behind R replicas.
-    #[default]
     Off,
     /// Every decision sees every engine's load as it is at that instant:
     /// the bound no polling reaches.
@@ -129,7 +137,7 @@ impl Default for SimConfig {
             cache_aware: CacheAwareConfig::default(),
             replicas: 1,
             kv_event_delay: DEFAULT_KV_EVENT_DELAY,
-            load_polling: LoadPolling::Off,
+            load_polling: DEFAULT_LOAD_POLLING,
         }
     }
 }
@@ -191,7 +199,7 @@ pub enum RoutingSource {
 /// is cache-aware, so `kv_aware:text` is only that fallback).
 pub fn split_policy(label: &str) -> Result<(&str, RoutingSource), SimError> {
     match label.split_once(':') {
-        None if label == KV_AWARE => Ok((label, RoutingSource::Tokens)),
+        None if INDEX_POLICIES.contains(&label) => Ok((label, RoutingSource::Tokens)),
         None => Ok((label, RoutingSource::Text)),
         Some((name, "text")) => Ok((name, RoutingSource::Text)),
         Some((name, "tokens")) => Ok((name, RoutingSource::Tokens)),
@@ -227,9 +235,6 @@ pub struct RunReport {
 
 /// The model id every simulated request names.
 const MODEL: &str = "sim-model";
-
-/// The policy scored on the engines' KV events.
-const KV_AWARE: &str = "kv_aware";
 
 /// The connector of a P/D run: NIXL, the sequential pull path whose
 /// decode worker may be chosen when the prefill completes.
@@ -302,7 +307,7 @@ fn replica_config(
 ) -> PolicyConfig {
     let policy_config = policy_config(policy, config);
     match feed.and_then(|f| f.sources(replica)) {
-        Some(sources) if policy == KV_AWARE => policy_config.with_kv(sources),
+        Some(sources) if INDEX_POLICIES.contains(&policy) => policy_config.with_kv(sources),
         _ => policy_config,
     }
 }
@@ -521,7 +526,7 @@ pub fn simulate(
     if config.replicas == 0 || (config.replicas > 1 && config.pd.is_some()) {
         return Err(SimError::Replicas);
     }
-    let mut kv = (policy == KV_AWARE).then(|| {
+    let mut kv = INDEX_POLICIES.contains(&policy).then(|| {
         KvFeed::new(
             config.replicas,
             config.model.block_size.max(1),

@@ -153,9 +153,9 @@ fn loaded(replicas: usize, load_polling: LoadPolling) -> (SimConfig, PreparedTra
 
 #[test]
 fn engine_reported_load_gives_four_replicas_the_tail_of_one() {
-    let ttft_p99 = |replicas, polling| {
+    let ttft_p99 = |policy: &str, replicas, polling| {
         let (config, trace) = loaded(replicas, polling);
-        let report = simulate(&trace, "kv_aware", &config, &|_| {}).unwrap();
+        let report = simulate(&trace, policy, &config, &|_| {}).unwrap();
         assert_eq!(report.metrics.completed, 2_000, "R={replicas} {polling:?}");
         assert!(
             report.final_loads.iter().all(|&l| l == 0),
@@ -165,33 +165,46 @@ fn engine_reported_load_gives_four_replicas_the_tail_of_one() {
         );
         report.metrics.ttft_p99_ms
     };
-    let one = ttft_p99(1, LoadPolling::Off);
-    let blind = ttft_p99(4, LoadPolling::Off);
-    let polled = ttft_p99(
-        4,
-        LoadPolling::Every {
-            interval: Duration::from_millis(50),
-            delay: Duration::from_millis(1),
-        },
-    );
-    let oracle = ttft_p99(4, LoadPolling::Oracle);
-    eprintln!(
-        "TTFT p99: R=1 {one:.0} ms; R=4 blind {blind:.0}, polled {polled:.0}, oracle {oracle:.0}"
-    );
-    // Each replica blind to the others' load: the gate fires too late.
-    assert!(
-        blind > 1.4 * one,
-        "R=4 without reports {blind:.0} ms vs R=1 {one:.0} ms"
-    );
-    // With the engines' reports the replicas see what one router sees.
-    assert!(
-        polled < 1.25 * one,
-        "R=4 polled {polled:.0} ms vs R=1 {one:.0} ms"
-    );
-    assert!(
-        oracle < 1.25 * one,
-        "R=4 oracle {oracle:.0} ms vs R=1 {one:.0} ms"
-    );
+    let polled = LoadPolling::Every {
+        interval: Duration::from_millis(50),
+        delay: Duration::from_millis(1),
+    };
+    for policy in ["kv_aware_gate", "kv_aware"] {
+        let one = ttft_p99(policy, 1, polled);
+        let blind = ttft_p99(policy, 4, LoadPolling::Off);
+        let four = ttft_p99(policy, 4, polled);
+        let oracle = ttft_p99(policy, 4, LoadPolling::Oracle);
+        eprintln!(
+            "{policy} TTFT p99: R=1 {one:.0} ms; R=4 blind {blind:.0}, polled {four:.0}, oracle {oracle:.0}"
+        );
+        // Each replica blind to the others' load lets queues grow.
+        assert!(
+            blind > 1.4 * one,
+            "{policy}: R=4 blind {blind:.0} ms vs R=1 {one:.0} ms"
+        );
+        // With the engines' reports the replicas see what one router sees.
+        // (The least-cost tail is tens of milliseconds, where a handful of
+        // requests move p99: its bound is relative to the blind run too.)
+        if policy == "kv_aware_gate" {
+            assert!(
+                four < 1.25 * one,
+                "{policy}: R=4 {four:.0} ms vs R=1 {one:.0} ms"
+            );
+            assert!(
+                oracle < 1.25 * one,
+                "{policy}: oracle {oracle:.0} ms vs R=1 {one:.0} ms"
+            );
+        } else {
+            assert!(
+                four < 2.0 * one && four < 0.2 * blind,
+                "{policy}: R=4 {four:.0} ms"
+            );
+            assert!(
+                oracle < 2.0 * one && oracle < 0.2 * blind,
+                "{policy}: oracle {oracle:.0} ms"
+            );
+        }
+    }
 }
 
 #[test]

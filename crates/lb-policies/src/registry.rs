@@ -36,7 +36,7 @@ pub const BUILTIN_POLICIES: [&str; 8] = [
 /// [`BUILTIN_POLICIES`]): `kv_aware` needs the KV block index and stream
 /// liveness handle (`PolicyConfig::with_kv`, feature `kv-block-index`). Without
 /// the feature, asking for it is a configuration error that says so.
-pub const INDEX_POLICIES: [&str; 1] = ["kv_aware"];
+pub const INDEX_POLICIES: [&str; 2] = ["kv_aware", "kv_aware_gate"];
 
 /// Which policy to build and its knobs.
 #[derive(Clone, Debug, PartialEq)]
@@ -130,7 +130,7 @@ pub fn build_builtin<B: Backend>(config: &PolicyConfig) -> Result<Box<dyn Policy
             knobs.gate = LoadGate::FleetWide;
             Box::new(CacheAware::new(knobs)?)
         }
-        "kv_aware" => build_kv_aware(config)?,
+        "kv_aware" | "kv_aware_gate" => build_kv_aware(config)?,
         other => {
             return Err(PolicyError::UnknownPolicy {
                 name: other.to_owned(),
@@ -158,17 +158,22 @@ fn build_kv_aware<B: Backend>(config: &PolicyConfig) -> Result<Box<dyn Policy<B>
                  handle (PolicyConfig::with_kv)"
                 .to_owned(),
         })?;
-    Ok(Box::new(crate::policies::kv_aware::KvAware::new(
-        config.cache_aware.clone(),
-        sources,
-    )?))
+    use crate::policies::kv_aware::KvAware;
+    let knobs = config.cache_aware.clone();
+    Ok(Box::new(match (config.name.as_str(), config.seed) {
+        ("kv_aware_gate", _) => KvAware::gated(knobs, sources)?,
+        (_, Some(seed)) => KvAware::with_seed(knobs, sources, seed)?,
+        (_, None) => KvAware::new(knobs, sources)?,
+    }))
 }
 
 #[cfg(not(feature = "kv-block-index"))]
 fn build_kv_aware<B: Backend>(_: &PolicyConfig) -> Result<Box<dyn Policy<B>>, PolicyError> {
     Err(PolicyError::InvalidConfig {
         field: "name",
-        reason: "is `kv_aware`, which needs lb-policies' `kv-block-index` feature".to_owned(),
+        reason: "is `kv_aware` or `kv_aware_gate`, which need lb-policies' `kv-block-index` \
+                 feature"
+            .to_owned(),
     })
 }
 

@@ -39,7 +39,20 @@ fn knobs() -> CacheAwareConfig {
     config
 }
 
+/// The default `kv_aware`: the least expected cost.
 fn setup(n: usize) -> Setup {
+    setup_with(n, KvAware::new)
+}
+
+/// `kv_aware_gate`: the threshold and per-request load gate.
+fn setup_gated(n: usize) -> Setup {
+    setup_with(n, KvAware::gated)
+}
+
+fn setup_with(
+    n: usize,
+    build: fn(CacheAwareConfig, KvSources) -> Result<KvAware, PolicyError>,
+) -> Setup {
     let fleet = fleet(n);
     let index = Arc::new(KvIndex::new(IndexConfig {
         block_size: BLOCK,
@@ -50,7 +63,7 @@ fn setup(n: usize) -> Setup {
         .iter()
         .map(|b| index.register_worker(b.key().to_owned()))
         .collect();
-    let policy = KvAware::new(
+    let policy = build(
         knobs(),
         KvSources::new(Arc::clone(&index), Arc::clone(&streams)),
     )
@@ -176,7 +189,7 @@ fn a_data_parallel_worker_scores_its_best_rank() {
 
 #[test]
 fn the_load_gate_is_per_request_at_the_exact_thresholds() {
-    let s = setup(4);
+    let s = setup_gated(4);
     for w in 0..4 {
         s.live(w, true);
     }
@@ -364,7 +377,7 @@ fn a_worker_the_index_learns_later_is_scored_once_live() {
 
 #[test]
 fn short_or_unmatched_prompts_go_least_loaded() {
-    let s = setup(3);
+    let s = setup_gated(3);
     for w in 0..3 {
         s.live(w, true);
     }
@@ -482,10 +495,10 @@ proptest! {
         }
     }
 
-    /// One decision against a reference model: live workers score their
-    /// held blocks (the best rank), cold ones nothing (a fresh tree); the
-    /// choice is the best scorer if above the threshold and not overloaded,
-    /// else a least-loaded available worker.
+    /// `kv_aware_gate`: one decision against a reference model: live
+    /// workers score their held blocks (the best rank), cold ones nothing
+    /// (a fresh tree); the choice is the best scorer if above the
+    /// threshold and not overloaded, else a least-loaded available worker.
     #[test]
     fn a_decision_matches_the_reference_model(
         spec in prop::collection::vec(
@@ -495,7 +508,7 @@ proptest! {
         request_blocks in 1usize..=10,
         extra_tokens in 0usize..BLOCK,
     ) {
-        let s = setup(spec.len());
+        let s = setup_gated(spec.len());
         let mut p = prompt(11, 10);
         p.truncate(request_blocks * BLOCK + extra_tokens);
         let full = prompt(11, 10);
@@ -543,4 +556,132 @@ proptest! {
         }
         prop_assert_eq!(d.match_permille, Some(((rate.min(1.0)) * 1000.0).round() as u16));
     }
+
+    /// `kv_aware`: one decision against the cost model: the chosen worker
+    /// is available and of least `(blocks − held) + load_weight × load`;
+    /// among equal costs it holds the most; the reason says whether a
+    /// longer prefix lost to load.
+    #[test]
+    fn a_least_cost_decision_matches_the_reference_model(
+        spec in prop::collection::vec(
+            (any::<bool>(), any::<bool>(), 0usize..40, 0usize..=10, 0usize..=10),
+            1..7,
+        ),
+        request_blocks in 1usize..=10,
+        extra_tokens in 0usize..BLOCK,
+    ) {
+        let s = setup(spec.len());
+        let mut p = prompt(12, 10);
+        p.truncate(request_blocks * BLOCK + extra_tokens);
+        let full = prompt(12, 10);
+        let mut held = vec![0usize; spec.len()];
+        for (w, &(live, up, load, rank0, rank1)) in spec.iter().enumerate() {
+            s.live(w, live);
+            s.fleet[w].set_available(up);
+            s.fleet[w].set_load(load);
+            if rank0 > 0 {
+                s.store(w, 0, &full, rank0);
+            }
+            if rank1 > 0 {
+                s.store(w, 1, &full, rank1);
+            }
+            if live && up {
+                held[w] = rank0.max(rank1).min(request_blocks);
+            }
+        }
+        let model = knobs().cost;
+        let cost = |w: usize| model.cost(request_blocks, held[w], spec[w].2);
+        let decision = s
+            .policy
+            .select(&s.fleet, &RequestContext::new(MODEL).with_tokens(&p));
+        let available: Vec<usize> = (0..spec.len()).filter(|&w| spec[w].1).collect();
+        let Some(d) = decision else {
+            prop_assert!(available.is_empty());
+            return Ok(());
+        };
+        prop_assert!(spec[d.index].1, "unavailable worker chosen");
+        let least = available.iter().map(|&w| cost(w)).fold(f64::INFINITY, f64::min);
+        prop_assert_eq!(cost(d.index), least);
+        let most_held_at_least = available
+            .iter()
+            .filter(|&&w| cost(w) == least)
+            .map(|&w| held[w])
+            .max()
+            .unwrap_or(0);
+        prop_assert_eq!(held[d.index], most_held_at_least);
+        let longest = available.iter().map(|&w| held[w]).max().unwrap_or(0);
+        let expected_reason = if held[d.index] < longest {
+            DecisionReason::CacheOverloaded
+        } else if held[d.index] == 0 {
+            DecisionReason::CacheLowMatch
+        } else {
+            DecisionReason::KvHit
+        };
+        prop_assert_eq!(d.reason, expected_reason);
+    }
+}
+
+#[test]
+fn a_prefix_is_worth_its_blocks_against_the_load_in_front_of_it() {
+    let s = setup(3);
+    for w in 0..3 {
+        s.live(w, true);
+    }
+    // 10 blocks; worker 0 holds 8, worker 1 holds 2, worker 2 nothing.
+    let p = prompt(21, 10);
+    s.store(0, 0, &p, 8);
+    s.store(1, 0, &p, 2);
+    let weight = knobs().cost.load_weight;
+    assert_eq!(weight, lb_policies::DEFAULT_LOAD_WEIGHT);
+    // Idle fleet: the longest prefix.
+    assert_eq!(s.select(&p), (0, DecisionReason::KvHit));
+    // Worker 0 carries 2 more requests (4 blocks at weight 2) than the
+    // others: 2 + 4 = 6 still beats worker 1's 8 and worker 2's 10.
+    s.fleet[0].set_load(2);
+    assert_eq!(s.select(&p), (0, DecisionReason::KvHit));
+    // 4 more (8 blocks of queue): 2 + 8 = 10 > 8, worker 1 wins on cost
+    // although worker 0 holds more.
+    s.fleet[0].set_load(4);
+    assert_eq!(s.select(&p), (1, DecisionReason::CacheOverloaded));
+    // On equal costs the longer prefix: worker 1 at load 2 costs 8 + 4,
+    // worker 0 and the empty worker 2 both 10; worker 0 holds more.
+    s.fleet[1].set_load(2);
+    assert_eq!(s.select(&p), (0, DecisionReason::KvHit));
+    // One more on worker 0 (2 + 10): the empty worker 2 (10 + 0).
+    s.fleet[0].set_load(5);
+    assert_eq!(s.select(&p), (2, DecisionReason::CacheOverloaded));
+    // No prefix anywhere: least loaded, a low match.
+    let fresh = prompt(22, 10);
+    assert_eq!(s.select(&fresh), (2, DecisionReason::CacheLowMatch));
+}
+
+#[test]
+fn the_gate_and_the_cost_are_built_by_name() {
+    let sources = KvSources::new(
+        Arc::new(KvIndex::new(IndexConfig {
+            block_size: 16,
+            ..IndexConfig::default()
+        })),
+        Arc::new(KvStreams::new()),
+    );
+    for (name, shown) in [("kv_aware", "kv_aware"), ("kv_aware_gate", "kv_aware_gate")] {
+        let registry =
+            PolicyRegistry::<BasicBackend>::new(PolicyConfig::named(name).with_kv(sources.clone()))
+                .expect("builds");
+        assert_eq!(registry.policy(MODEL).expect("policy").name(), shown);
+    }
+    // A knob out of range is refused by name.
+    let mut config = PolicyConfig::named("kv_aware").with_kv(sources);
+    config.cache_aware.cost.load_weight = -1.0;
+    let err = PolicyRegistry::<BasicBackend>::new(config).expect_err("refused");
+    assert!(
+        matches!(
+            &err,
+            PolicyError::InvalidConfig {
+                field: "cost.load_weight",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

@@ -57,8 +57,11 @@ mod enabled {
     /// The router's hub.
     pub(crate) type KvHub = Arc<KvEvents>;
 
-    /// The policy whose pools the hub follows.
-    const KV_AWARE: &str = "kv_aware";
+    /// Whether a pool's policy scores on the block index: `kv_aware` or
+    /// `kv_aware_gate` (lb-policies' index policies).
+    fn reads_index(policy: &PolicyConfig) -> bool {
+        lb_policies::INDEX_POLICIES.contains(&policy.name.as_str())
+    }
 
     /// Builds the hub when a pool's policy is `kv_aware`: every `kv_aware`
     /// policy configuration of `config` gets the same [`KvSources`] (the
@@ -77,13 +80,13 @@ mod enabled {
                 let prefill = pd.prefill_policy.as_ref().unwrap_or(&config.policy);
                 let decode = pd.decode_policy.as_ref().unwrap_or(&config.policy);
                 for (role, policy) in [(RoleKind::Prefill, prefill), (RoleKind::Decode, decode)] {
-                    if policy.name == KV_AWARE {
+                    if reads_index(policy) {
                         roles.push(role);
                         note(policy);
                     }
                 }
             }
-            None if config.policy.name == KV_AWARE => {
+            None if reads_index(&config.policy) => {
                 roles.push(RoleKind::Regular);
                 note(&config.policy);
             }
@@ -99,7 +102,7 @@ mod enabled {
             KvSources::new(Arc::new(index), Arc::new(KvStreams::new()))
         });
         let give = |policy: &mut PolicyConfig| {
-            if policy.name == KV_AWARE && policy.kv.is_none() {
+            if reads_index(policy) && policy.kv.is_none() {
                 policy.kv = Some(sources.clone());
             }
         };

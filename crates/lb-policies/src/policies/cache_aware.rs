@@ -42,6 +42,7 @@ use std::time::Duration;
 
 use radix_affinity::{Clock, MemoryBudget, PrefixMatch, TenantId, TextTree, TokenTree};
 
+use super::cost::CostModel;
 use super::{fair_least_loaded, find_candidate, min_available_load};
 use crate::backend::Backend;
 use crate::context::{RequestContext, RoutingInput};
@@ -136,6 +137,10 @@ pub struct CacheAwareConfig {
     /// configuration.
     #[cfg_attr(feature = "serde", serde(skip))]
     pub tree_clock: Clock,
+    /// The expected-cost choice of `kv_aware` (its load weight and softmax
+    /// temperature); the gated policies ignore it. Default
+    /// [`CostModel::default`].
+    pub cost: CostModel,
 }
 
 impl Default for CacheAwareConfig {
@@ -151,6 +156,7 @@ impl Default for CacheAwareConfig {
             tree_budget: None,
             gate: LoadGate::PerRequest,
             tree_clock: Clock::Coarse,
+            cost: CostModel::default(),
         }
     }
 }
@@ -197,7 +203,7 @@ impl CacheAwareConfig {
                 reason: "must be greater than zero".to_owned(),
             });
         }
-        Ok(())
+        self.cost.validate()
     }
 
     /// Whether a preferred worker at `preferred` load yields to a least

@@ -109,6 +109,7 @@ use std::sync::Arc;
 use kv_block_index::{BlockHash, KvIndex, PrefixMatches, WorkerId};
 
 use super::cache_aware::{CacheAware, CacheAwareConfig, LoadGate, ModelState};
+use super::cost::{self, CostModel};
 use super::{find_candidate, min_available_load};
 use crate::backend::Backend;
 use crate::context::{RequestContext, RoutingInput};
@@ -116,6 +117,7 @@ use crate::decision::{Decision, DecisionReason};
 use crate::error::PolicyError;
 use crate::membership::MembershipEvent;
 use crate::policy::{Policy, PolicyState};
+use crate::rng::SharedRng;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering, RwLock};
 
 use std::sync::atomic::AtomicUsize as HintCell;
@@ -326,6 +328,18 @@ pub struct KvAware {
     resolved: RwLock<Resolved>,
     /// Start of the fair scan among equally scored candidates.
     tie_rotation: AtomicUsize,
+    /// How token input is placed once scored.
+    choice: Choice,
+}
+
+/// How [`KvAware`] places token input once every candidate is scored.
+#[derive(Debug)]
+enum Choice {
+    /// The least expected cost ([`CostModel`]); the draws of a softmax
+    /// temperature come from the generator.
+    LeastCost(CostModel, SharedRng),
+    /// The threshold and per-request load gate (`kv_aware_gate`).
+    Gate,
 }
 
 impl std::fmt::Debug for KvAware {
@@ -347,6 +361,33 @@ impl KvAware {
     /// from the index's block size (scores would be counted in different
     /// blocks).
     pub fn new(config: CacheAwareConfig, sources: KvSources) -> Result<Self, PolicyError> {
+        Self::build(config, sources, true, crate::rng::random_seed())
+    }
+
+    /// [`new`](Self::new) with the softmax draws of a non-zero
+    /// [`CostModel::temperature`] seeded (reproducible runs).
+    pub fn with_seed(
+        config: CacheAwareConfig,
+        sources: KvSources,
+        seed: u64,
+    ) -> Result<Self, PolicyError> {
+        Self::build(config, sources, true, seed)
+    }
+
+    /// The `kv_aware_gate` policy: the same scores, placed by the
+    /// threshold and per-request load gate of cache-aware
+    /// (`cache_threshold`, `balance_abs_threshold`, `balance_rel_threshold`)
+    /// instead of the least expected cost. For comparison.
+    pub fn gated(config: CacheAwareConfig, sources: KvSources) -> Result<Self, PolicyError> {
+        Self::build(config, sources, false, 0)
+    }
+
+    fn build(
+        config: CacheAwareConfig,
+        sources: KvSources,
+        least_cost: bool,
+        seed: u64,
+    ) -> Result<Self, PolicyError> {
         let block_size = sources.index.hasher().block_size();
         if config.block_size != block_size {
             return Err(PolicyError::InvalidConfig {
@@ -359,12 +400,18 @@ impl KvAware {
         }
         let mut config = config;
         config.gate = LoadGate::PerRequest;
+        let choice = if least_cost {
+            Choice::LeastCost(config.cost, SharedRng::new(seed))
+        } else {
+            Choice::Gate
+        };
         Ok(KvAware {
             fallback: CacheAware::new(config)?,
             sources,
             block_size,
             resolved: RwLock::new(Resolved::default()),
             tie_rotation: AtomicUsize::new(0),
+            choice,
         })
     }
 
@@ -513,6 +560,50 @@ impl KvAware {
         Some(decision.with_match_rate(rate))
     }
 
+    /// The least-cost candidate (see [`cost`](super::cost)), never a
+    /// removed worker. Reasons: a hit (`kv_hit`, or `cache_hit` when
+    /// scored from the tree) when the winner holds a prefix and no
+    /// candidate holds a longer one; `cache_overloaded` when one does
+    /// but costs more (load outweighed it); `cache_low_match` when the
+    /// winner holds nothing.
+    fn least_cost<B: Backend>(
+        &self,
+        state: &ModelState,
+        candidates: &[B],
+        tokens: &[u32],
+        scores: &[Score],
+        model: &CostModel,
+        rng: &SharedRng,
+    ) -> Option<Decision> {
+        let blocks = tokens.len() / self.block_size;
+        let eligible = |i: usize| !state.is_removed(candidates[i].key());
+        let chosen = if model.temperature > 0.0 {
+            let draw = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+            cost::softmax(model, candidates, blocks, scores, draw, eligible)?
+        } else {
+            let start = self.tie_rotation.fetch_add(1, Ordering::Relaxed);
+            cost::least_cost(model, candidates, blocks, scores, start, eligible)?
+        };
+        let longest = scores
+            .iter()
+            .filter(|s| candidates[s.0].is_available() && eligible(s.0))
+            .map(|s| s.1)
+            .max()
+            .unwrap_or(0);
+        let (index, cached, exact) = chosen;
+        let reason = if cached < longest {
+            DecisionReason::CacheOverloaded
+        } else if cached == 0 {
+            DecisionReason::CacheLowMatch
+        } else if exact {
+            DecisionReason::KvHit
+        } else {
+            DecisionReason::CacheHit
+        };
+        let rate = (cached * self.block_size) as f64 / tokens.len() as f64;
+        Some(Decision::new(index, reason).with_match_rate(rate))
+    }
+
     fn decide_tokens<B: Backend>(
         &self,
         state: &ModelState,
@@ -532,6 +623,9 @@ impl KvAware {
             &scratch.matches,
             &mut scratch.scores,
         );
+        if let Choice::LeastCost(model, rng) = &self.choice {
+            return self.least_cost(state, candidates, tokens, &scratch.scores, model, rng);
+        }
         let best = self.best(candidates, &scratch.scores);
         let blocks = best.map_or(0, |s| s.1);
         let rate = (blocks * self.block_size) as f64 / tokens.len() as f64;
@@ -577,7 +671,10 @@ impl<B: Backend> Policy<B> for KvAware {
 
 impl PolicyState for KvAware {
     fn name(&self) -> &str {
-        "kv_aware"
+        match self.choice {
+            Choice::LeastCost(..) => "kv_aware",
+            Choice::Gate => "kv_aware_gate",
+        }
     }
 
     fn on_membership(&self, event: MembershipEvent<'_>) {

@@ -2,6 +2,7 @@
 
 pub mod cache_aware;
 pub mod consistent_hash;
+pub mod cost;
 #[cfg(feature = "kv-block-index")]
 pub mod kv_aware;
 pub mod least_loaded;
