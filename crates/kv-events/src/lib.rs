@@ -23,6 +23,9 @@
 //! - [`zmq_io`]: the sockets are libzmq's (the `zmq` crate), each read by
 //!   its own thread, every one with `ZMQ_MAXMSGSIZE` set so that no peer
 //!   can make it allocate more than the largest legitimate message.
+//! - [`ZmqEndpoint`]: `tcp://HOST:PORT`, the one parser of the addresses a
+//!   router's ZMQ sockets connect to, strict because engines announce them
+//!   ([`endpoint`]).
 //!
 //! # Example
 //!
@@ -93,6 +96,7 @@
 
 mod decode;
 mod encode;
+pub mod endpoint;
 pub mod replay_buffer;
 pub mod sequencer;
 mod sync;
@@ -111,6 +115,7 @@ pub mod fuzzing;
 
 pub use decode::{DecodeError, DecodedBatch, decode_batch, decode_batch_with};
 pub use encode::{encode_batch, encode_batch_as};
+pub use endpoint::{ZmqEndpoint, ZmqEndpointError};
 pub use replay_buffer::ReplayBuffer;
 pub use sequencer::{
     Action, ReplayId, ResetReason, Sequencer, SequencerConfig, SequencerCounters, Source,
