@@ -150,10 +150,10 @@ pub mod zmtp {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(all(feature = "sockets", not(loom)))]
 pub use sockets::zmtp_sockets;
 
-#[cfg(not(loom))]
+#[cfg(all(feature = "sockets", not(loom)))]
 mod sockets {
     use std::io::Write;
     use std::net::{Shutdown, TcpListener, TcpStream};

@@ -1,6 +1,7 @@
 //! Runs the fuzz targets' seed corpora and pseudo-random inputs through
-//! `fuzzing::decode_roundtrip`, `fuzzing::endpoint_parse` and
-//! `fuzzing::zmtp_sockets`, so `cargo test` exercises the fuzz harnesses.
+//! `fuzzing::decode_roundtrip`, `fuzzing::endpoint_parse` and (feature
+//! `sockets`) `fuzzing::zmtp_sockets`, so `cargo test` exercises the fuzz
+//! harnesses.
 #![cfg(not(loom))]
 
 use std::path::PathBuf;
@@ -126,6 +127,7 @@ fn endpoint_seed_corpus_and_mutations_run_clean() {
     endpoint_parse(format!("tcp://{}:1", "a".repeat(10_000)).as_bytes());
 }
 
+#[cfg(feature = "sockets")]
 fn zmtp_corpus_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/zmtp_sockets")
 }
@@ -133,6 +135,7 @@ fn zmtp_corpus_dir() -> PathBuf {
 /// The `zmtp_sockets` target's seeds (the hostile-input probe's headers
 /// against every socket type, genuine messages, garbage) and mutations of
 /// them: each ends with a genuine peer getting through.
+#[cfg(feature = "sockets")]
 #[test]
 fn zmtp_seed_corpus_and_mutations_run_clean() {
     let seeds: Vec<Vec<u8>> = std::fs::read_dir(zmtp_corpus_dir())

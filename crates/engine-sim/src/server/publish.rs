@@ -144,17 +144,17 @@ async fn publish_kv_events(
     publisher.shutdown().await;
 }
 
-/// Hands the engine's per-step cache changes to the publisher, in order.
+/// Hands the engine's per-step batches of events to the publisher, in
+/// order.
 pub(super) fn queue_kv_events(core: &mut Core) {
     let Some(queue) = &core.kv_events else {
         return;
     };
-    let block_size = core.engine.config().block_size;
     let ts = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
     for batch in core.engine.drain_kv_batches() {
-        let _ = queue.send(batch.to_event_batch(ts, block_size));
+        let _ = queue.send(batch.into_event_batch(ts));
     }
 }
 
