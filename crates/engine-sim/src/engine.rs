@@ -320,7 +320,8 @@ impl Engine {
         }
     }
 
-    /// Takes the recorded per-step cache changes, oldest first.
+    /// Takes the recorded per-step batches of KV-cache events, oldest
+    /// first.
     pub fn drain_kv_batches(&mut self) -> std::collections::vec_deque::Drain<'_, KvBatch> {
         self.kv_batches.drain(..)
     }
@@ -593,7 +594,7 @@ impl Engine {
         let mut admitted = 0usize;
         let mut uncached_tokens = 0usize;
         let mut transferred_tokens = 0usize;
-        let mut kv_changes = Vec::new();
+        let mut kv_events_of_step = Vec::new();
         while self.running.len() < self.config.max_num_seqs.max(1) {
             let Some(seq) = self.waiting.front() else {
                 break;
@@ -612,7 +613,7 @@ impl Engine {
                     self.cache.drain_events(),
                     &seq.prompt,
                     block,
-                    &mut kv_changes,
+                    &mut kv_events_of_step,
                 );
             }
             seq.prompt = Vec::new();
@@ -637,10 +638,10 @@ impl Engine {
             admitted += 1;
             self.running.push(seq);
         }
-        if !kv_changes.is_empty() {
+        if !kv_events_of_step.is_empty() {
             self.kv_batches.push_back(KvBatch {
                 at: self.now,
-                changes: kv_changes,
+                events: kv_events_of_step,
             });
         }
         let mut duration = Duration::ZERO;

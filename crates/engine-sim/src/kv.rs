@@ -1,27 +1,35 @@
-//! The prefix cache's changes per scheduler step: what the engine publishes
-//! as vLLM's KV-cache events.
+//! The prefix cache's changes per scheduler step, recorded as the vLLM
+//! KV-cache events the engine publishes.
 //!
 //! vLLM's scheduler collects the block pool's events during a step and
 //! publishes them as one batch; an engine with [`Engine::set_kv_events`]
 //! on does the same, sans-IO: every step that changed the prefix index
 //! leaves one [`KvBatch`] for the owner to drain
-//! ([`Engine::drain_kv_batches`]). The HTTP server publishes each batch on
-//! a ZMQ PUB socket (feature `kv-events`, `KvBatch::to_event_batch`); the
-//! routing simulator can feed them to a block index without sockets.
+//! ([`Engine::drain_kv_batches`]). Its events are vLLM's wire events
+//! ([`kv_events::KvEvent`]), exactly those the HTTP server publishes on a
+//! ZMQ PUB socket (feature `kv-events`, [`KvBatch::into_event_batch`]), so
+//! that there is one event type from the model to the wire; the routing
+//! simulator converts them to a block index's events with the converter a
+//! router uses on the events it receives (kv-block-index's `wire`
+//! feature).
 //!
-//! Within one admission the cache's evictions come first, as one
-//! [`KvChange::Removed`], then its new blocks as [`KvChange::Stored`] runs
-//! of consecutive blocks (one run per admitted request unless a block in
-//! the middle was already cached). Reordering evictions before stores of
-//! the same admission is safe: a block stored for a request is referenced
-//! by it and cannot be evicted during that admission. Applying a step's
-//! changes in order to a set of hashes gives the cache's set of hashed
-//! blocks after the step ([`KvCache::cached_hashes`]).
+//! What the model writes, as vLLM does for its GPU cache: a `BlockStored`
+//! carries the engine's block size and medium `"GPU"`, a `BlockRemoved`
+//! medium `"GPU"`; neither has a KV-cache group (one group: no hybrid
+//! model), a LoRA or extra keys. Within one admission the cache's
+//! evictions come first, as one `BlockRemoved`, then its new blocks as
+//! `BlockStored` runs of consecutive blocks (one run per admitted request
+//! unless a block in the middle was already cached). Reordering evictions
+//! before stores of the same admission is safe: a block stored for a
+//! request is referenced by it and cannot be evicted during that
+//! admission. Applying a step's events in order to a set of hashes gives
+//! the cache's set of hashed blocks after the step
+//! ([`KvCache::cached_hashes`]).
 //!
 //! Block hashes are engine-sim's own chain hashes
-//! ([`tokens::block_hashes`]), 64-bit; on the wire they travel as
-//! `BlockHash::Int` (vLLM sends ints or bytes; an int is what its builtin
-//! hash sends and what a consumer keys on cheapest).
+//! ([`tokens::block_hashes`]), 64-bit, as [`BlockHash::Int`] (vLLM sends
+//! ints or bytes; an int is what its builtin hash sends and what a
+//! consumer keys on cheapest).
 //!
 //! [`Engine::set_kv_events`]: crate::Engine::set_kv_events
 //! [`Engine::drain_kv_batches`]: crate::Engine::drain_kv_batches
@@ -30,56 +38,50 @@
 
 use std::time::Duration;
 
+use kv_events::{BlockHash, BlockRemoved, BlockStored, EventBatch, KvEvent};
+
 use crate::cache::CacheEvent;
 
-/// One change to the prefix index, grouped as vLLM groups its events.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KvChange {
-    /// Consecutive full blocks of one prompt became cached.
-    Stored {
-        /// The blocks' chain hashes, first block first.
-        block_hashes: Vec<u64>,
-        /// The hash of the block before the first one; `None` when the
-        /// first one starts the prompt.
-        parent: Option<u64>,
-        /// The blocks' token ids, concatenated (`block_size` per block).
-        token_ids: Vec<u32>,
-    },
-    /// Cached blocks were evicted.
-    Removed {
-        /// The evicted blocks' chain hashes, in eviction order.
-        block_hashes: Vec<u64>,
-    },
-    /// Every cached block was dropped.
-    Cleared,
-}
+/// The medium vLLM names its GPU cache's blocks with.
+const GPU: &str = "GPU";
 
-/// The changes of one scheduler step.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The events of one scheduler step.
+#[derive(Debug, Clone, PartialEq)]
 pub struct KvBatch {
     /// Model time of the step's start, when its admissions changed the
     /// cache.
     pub at: Duration,
-    /// The changes, in the order to apply them.
-    pub changes: Vec<KvChange>,
+    /// The events, in the order to apply them.
+    pub events: Vec<KvEvent>,
+}
+
+impl KvBatch {
+    /// This batch as the publisher sends it: its events, and `ts` (seconds
+    /// since the Unix epoch) as given, since the batch itself only knows
+    /// model time. No rank: the publisher writes its own.
+    #[must_use]
+    pub fn into_event_batch(self, ts: f64) -> EventBatch {
+        EventBatch::new(ts, self.events)
+    }
 }
 
 /// Appends one admission's cache events to `out`: evictions first (one
-/// `Removed`), then runs of consecutive stored blocks with their token ids
-/// from `prompt`.
+/// `BlockRemoved`), then runs of consecutive stored blocks with their
+/// token ids from `prompt`.
 pub(crate) fn group_admission(
     events: impl IntoIterator<Item = CacheEvent>,
     prompt: &[u32],
     block_size: usize,
-    out: &mut Vec<KvChange>,
+    out: &mut Vec<KvEvent>,
 ) {
+    // The wire's block size is 32 bits; an engine's never comes near.
+    let wire_block_size = u32::try_from(block_size).unwrap_or(u32::MAX);
     let mut removed = Vec::new();
-    let mut stored: Vec<KvChange> = Vec::new();
+    let mut stored: Vec<BlockStored> = Vec::new();
     let mut last_index = None;
     for event in events {
         match event {
-            CacheEvent::Removed { hash } => removed.push(hash),
+            CacheEvent::Removed { hash } => removed.push(BlockHash::Int(hash)),
             CacheEvent::Stored {
                 hash,
                 parent,
@@ -90,72 +92,31 @@ pub(crate) fn group_admission(
                 let tokens = &prompt[start..end];
                 let continues = last_index.is_some_and(|last: usize| last + 1 == block_index);
                 match stored.last_mut() {
-                    Some(KvChange::Stored {
-                        block_hashes,
-                        token_ids,
-                        ..
-                    }) if continues => {
-                        block_hashes.push(hash);
-                        token_ids.extend_from_slice(tokens);
+                    Some(run) if continues => {
+                        run.block_hashes.push(BlockHash::Int(hash));
+                        run.token_ids.extend_from_slice(tokens);
                     }
-                    _ => stored.push(KvChange::Stored {
-                        block_hashes: vec![hash],
-                        parent,
-                        token_ids: tokens.to_vec(),
-                    }),
+                    _ => {
+                        let mut run = BlockStored::new(
+                            vec![BlockHash::Int(hash)],
+                            parent.map(BlockHash::Int),
+                            tokens.to_vec(),
+                            wire_block_size,
+                        );
+                        run.medium = Some(GPU.to_owned());
+                        stored.push(run);
+                    }
                 }
                 last_index = Some(block_index);
             }
         }
     }
     if !removed.is_empty() {
-        out.push(KvChange::Removed {
-            block_hashes: removed,
-        });
+        let mut event = BlockRemoved::new(removed);
+        event.medium = Some(GPU.to_owned());
+        out.push(KvEvent::BlockRemoved(event));
     }
-    out.extend(stored);
-}
-
-#[cfg(all(feature = "kv-events", not(loom)))]
-impl KvBatch {
-    /// This batch in the `kv-events` crate's types, ready to publish: hashes
-    /// as [`kv_events::BlockHash::Int`], `block_size` on every
-    /// `BlockStored`, `medium` `"GPU"` as vLLM sends for its GPU cache, and
-    /// `ts` (seconds since the Unix epoch) as given, since the batch
-    /// itself only knows model time.
-    pub fn to_event_batch(&self, ts: f64, block_size: usize) -> kv_events::EventBatch {
-        use kv_events::{BlockHash, BlockRemoved, BlockStored, KvEvent};
-        let block_size = u32::try_from(block_size).unwrap_or(u32::MAX);
-        let events = self
-            .changes
-            .iter()
-            .map(|change| match change {
-                KvChange::Stored {
-                    block_hashes,
-                    parent,
-                    token_ids,
-                } => {
-                    let mut stored = BlockStored::new(
-                        block_hashes.iter().map(|&h| BlockHash::Int(h)).collect(),
-                        parent.map(BlockHash::Int),
-                        token_ids.clone(),
-                        block_size,
-                    );
-                    stored.medium = Some("GPU".to_owned());
-                    KvEvent::BlockStored(stored)
-                }
-                KvChange::Removed { block_hashes } => {
-                    let mut removed = BlockRemoved::new(
-                        block_hashes.iter().map(|&h| BlockHash::Int(h)).collect(),
-                    );
-                    removed.medium = Some("GPU".to_owned());
-                    KvEvent::BlockRemoved(removed)
-                }
-                KvChange::Cleared => KvEvent::AllBlocksCleared,
-            })
-            .collect();
-        kv_events::EventBatch::new(ts, events)
-    }
+    out.extend(stored.into_iter().map(KvEvent::BlockStored));
 }
 
 #[cfg(test)]
@@ -187,23 +148,34 @@ mod tests {
         ];
         let mut out = Vec::new();
         group_admission(events, &prompt, 2, &mut out);
+        let ints = |hashes: &[u64]| hashes.iter().map(|&h| BlockHash::Int(h)).collect();
+        let gpu = Some("GPU".to_owned());
+        let mut removed = BlockRemoved::new(ints(&[90, 91]));
+        removed.medium = gpu.clone();
+        let mut first = BlockStored::new(ints(&[10, 11]), None, vec![0, 1, 2, 3], 2);
+        first.medium = gpu.clone();
+        let mut second = BlockStored::new(ints(&[13]), Some(BlockHash::Int(12)), vec![6, 7], 2);
+        second.medium = gpu;
         assert_eq!(
             out,
             vec![
-                KvChange::Removed {
-                    block_hashes: vec![90, 91]
-                },
-                KvChange::Stored {
-                    block_hashes: vec![10, 11],
-                    parent: None,
-                    token_ids: vec![0, 1, 2, 3],
-                },
-                KvChange::Stored {
-                    block_hashes: vec![13],
-                    parent: Some(12),
-                    token_ids: vec![6, 7],
-                },
+                KvEvent::BlockRemoved(removed),
+                KvEvent::BlockStored(first),
+                KvEvent::BlockStored(second),
             ]
         );
+    }
+
+    #[test]
+    fn a_batch_is_published_as_it_was_recorded() {
+        let mut stored = BlockStored::new(vec![BlockHash::Int(1)], None, vec![5, 6], 2);
+        stored.medium = Some("GPU".to_owned());
+        let events = vec![KvEvent::BlockStored(stored), KvEvent::AllBlocksCleared];
+        let batch = KvBatch {
+            at: Duration::from_secs(3),
+            events: events.clone(),
+        };
+        let published = batch.into_event_batch(1_700_000_000.5);
+        assert_eq!(published, EventBatch::new(1_700_000_000.5, events));
     }
 }

@@ -132,18 +132,21 @@
 //! socket, with a replay socket, so that a router can keep an exact index of
 //! which engine holds which blocks. engine-sim does the same in two layers:
 //!
-//! - the model records them sans-IO: with [`Engine::set_kv_events`] on,
-//!   every step that stored or evicted blocks leaves one [`KvBatch`] (see
-//!   [`kv`]) to drain, whose `Stored` runs carry their blocks' hashes (the
-//!   [`tokens::block_hashes`] chain), the parent hash and the token ids;
-//! - the server (feature `kv-events`, on by default) publishes each batch in
-//!   vLLM's wire format through the `kv-events` crate when
+//! - the model records them sans-IO, in vLLM's own event types (the
+//!   `kv-events` crate's wire format, re-exported as [`kv_events`]): with
+//!   [`Engine::set_kv_events`] on, every step that stored or evicted blocks
+//!   leaves one [`KvBatch`] (see [`kv`]) to drain, whose `BlockStored`
+//!   runs carry their blocks' hashes (the [`tokens::block_hashes`] chain,
+//!   as integers), the parent hash, the token ids and the block size;
+//! - the server (feature `kv-events`, on by default) publishes each batch,
+//!   as it was recorded, through the `kv-events` crate's publisher when
 //!   `ServeOptions::kv_events` is set (the binary's `--kv-events-port`
-//!   and `--kv-events-replay-port`), block hashes as integers, rank 0.
+//!   and `--kv-events-replay-port`), rank 0.
 //!
 //! ```
 //! use std::time::Duration;
-//! use engine_sim::{Engine, KvChange, ModelConfig, SimRequest, tokens::block_hashes};
+//! use engine_sim::kv_events::{BlockHash, KvEvent};
+//! use engine_sim::{Engine, ModelConfig, SimRequest, tokens::block_hashes};
 //!
 //! let mut engine = Engine::new(ModelConfig::default());
 //! engine.set_kv_events(true);
@@ -152,28 +155,29 @@
 //!
 //! let batches: Vec<_> = engine.drain_kv_batches().collect();
 //! assert_eq!(batches.len(), 1, "the admitting step stored the full blocks");
-//! assert_eq!(
-//!     batches[0].changes,
-//!     vec![KvChange::Stored {
-//!         block_hashes: block_hashes(&prompt, 16),
-//!         parent: None,
-//!         token_ids: prompt[..32].to_vec(),
-//!     }]
-//! );
+//! let [KvEvent::BlockStored(stored)] = batches[0].events.as_slice() else {
+//!     panic!("one BlockStored: {:?}", batches[0].events);
+//! };
+//! let hashes: Vec<BlockHash> = block_hashes(&prompt, 16).into_iter().map(BlockHash::Int).collect();
+//! assert_eq!(stored.block_hashes, hashes);
+//! assert_eq!(stored.parent_block_hash, None);
+//! assert_eq!(stored.token_ids, prompt[..32]);
+//! assert_eq!((stored.block_size, stored.medium.as_deref()), (16, Some("GPU")));
 //! ```
 //!
 //! # Feature flags
 //!
 //! - `cli` (default): the `engine-sim` binary's command line (clap).
 //! - `kv-events` (default): publishing KV-cache events over ZMQ
-//!   (`ServeOptions::kv_events`, pulls the `kv-events` crate and libzmq,
-//!   built from source through the `zmq` crate: a C++ compiler, no system
-//!   package). The PUB socket accepts at most 4 KiB frames from
+//!   (`ServeOptions::kv_events`, turns on the `kv-events` crate's sockets
+//!   and with them libzmq, built from source through the `zmq` crate: a
+//!   C++ compiler, no system package). The PUB socket accepts at most 4 KiB frames from
 //!   subscribers and the replay ROUTER 1 KiB (`ZMQ_MAXMSGSIZE`, checked by
 //!   libzmq before it allocates). On by default because the demo and the router's
 //!   exact block index follow engines through it; an embedder of the
 //!   sans-IO model alone can turn it off. [`Engine::drain_kv_batches`]
-//!   needs no feature.
+//!   needs no feature: the event types are the `kv-events` crate's wire
+//!   format, which needs neither libzmq nor tokio.
 //!
 //! # Faults
 //!
@@ -208,12 +212,17 @@ pub mod fuzzing;
 /// `PromptTokenizer` is what [`ServeOptions::tokenizer`] takes.
 pub use prompt_tokens;
 
+/// The crate whose event types a [`KvBatch`] holds (its wire format, and
+/// with feature `kv-events` its publisher), re-exported so a host reads the
+/// batches with the very same version.
+pub use kv_events;
+
 pub use config::{EngineConfig, FaultConfig, ModelConfig, MoriIoMode, Role, TransferFormat};
 pub use engine::{
     Engine, EngineEvent, EngineStats, EventKind, PdSettings, RequestId, RequestSummary, SimRequest,
     SubmitError, TransferOutcome,
 };
-pub use kv::{KvBatch, KvChange};
+pub use kv::KvBatch;
 #[cfg(all(feature = "kv-events", not(loom)))]
 pub use server::KvEventsOptions;
 #[cfg(not(loom))]

@@ -1,18 +1,28 @@
-//! The engine's per-step cache changes against a reference consumer: for
+//! The engine's per-step KV-cache events against a reference consumer: for
 //! random workloads (shared prefixes, a small cache, several requests in
 //! flight, aborts), applying every drained [`KvBatch`] in order to a set of
 //! hashes gives exactly the cache's hashed blocks after every operation;
-//! nothing is stored twice or removed unheld; every `Stored` run carries
-//! its blocks' tokens, chained from its parent.
+//! nothing is stored twice or removed unheld; every `BlockStored` run
+//! carries its blocks' tokens and the engine's block size, chained from its
+//! parent.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
+use engine_sim::kv_events::{BlockHash, BlockStored, KvEvent};
 use engine_sim::tokens::{block_hashes, block_hashes_after};
-use engine_sim::{Engine, KvBatch, KvChange, ModelConfig, SimRequest};
+use engine_sim::{Engine, KvBatch, ModelConfig, SimRequest};
 use proptest::prelude::*;
 
 const BLOCK: usize = 4;
+
+/// engine-sim's hashes travel as integers.
+fn int(hash: &BlockHash) -> Result<u64, TestCaseError> {
+    match hash {
+        BlockHash::Int(value) => Ok(*value),
+        BlockHash::Bytes(_) => Err(TestCaseError::fail("a bytes hash")),
+    }
+}
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -55,34 +65,40 @@ struct Consumer {
 impl Consumer {
     fn apply(&mut self, batch: KvBatch) -> Result<(), TestCaseError> {
         prop_assert!(batch.at >= self.last_at, "batches in time order");
-        prop_assert!(!batch.changes.is_empty(), "no empty batch");
+        prop_assert!(!batch.events.is_empty(), "no empty batch");
         self.last_at = batch.at;
-        for change in batch.changes {
-            match change {
-                KvChange::Stored {
-                    block_hashes,
-                    parent,
-                    token_ids,
-                } => {
-                    prop_assert!(!block_hashes.is_empty());
-                    prop_assert_eq!(token_ids.len(), block_hashes.len() * BLOCK);
+        for event in batch.events {
+            match event {
+                KvEvent::BlockStored(stored) => {
+                    prop_assert!(!stored.block_hashes.is_empty());
+                    prop_assert_eq!(stored.block_size as usize, BLOCK);
+                    prop_assert_eq!(stored.medium.as_deref(), Some("GPU"));
+                    prop_assert_eq!(stored.group_idx, None);
+                    prop_assert_eq!(stored.token_ids.len(), stored.block_hashes.len() * BLOCK);
+                    let parent = stored.parent_block_hash.as_ref().map(int).transpose()?;
+                    let hashes = stored
+                        .block_hashes
+                        .iter()
+                        .map(int)
+                        .collect::<Result<Vec<_>, _>>()?;
                     prop_assert_eq!(
-                        &block_hashes_after(parent, &token_ids, BLOCK),
-                        &block_hashes
+                        &block_hashes_after(parent, &stored.token_ids, BLOCK),
+                        &hashes
                     );
-                    for hash in block_hashes {
+                    for hash in hashes {
                         prop_assert!(self.held.insert(hash), "stored twice");
                         self.stored_blocks += 1;
                     }
                 }
-                KvChange::Removed { block_hashes } => {
-                    for hash in block_hashes {
-                        prop_assert!(self.held.remove(&hash), "removed unheld");
+                KvEvent::BlockRemoved(removed) => {
+                    prop_assert_eq!(removed.medium.as_deref(), Some("GPU"));
+                    prop_assert_eq!(removed.group_idx, None);
+                    for hash in &removed.block_hashes {
+                        prop_assert!(self.held.remove(&int(hash)?), "removed unheld");
                         self.removed_blocks += 1;
                     }
                 }
-                KvChange::Cleared => self.held.clear(),
-                _ => prop_assert!(false, "unexpected change"),
+                KvEvent::AllBlocksCleared => self.held.clear(),
             }
         }
         Ok(())
@@ -164,12 +180,12 @@ fn recording_is_off_by_default_and_a_prompt_is_stored_once() {
     // Blocks 1 and 2 were cached by the first prompt; only block 0 is new,
     // parented on the shared block 2.
     let shared = block_hashes(&other, BLOCK);
-    assert_eq!(
-        batches[0].changes,
-        vec![KvChange::Stored {
-            block_hashes: vec![shared[2]],
-            parent: Some(shared[1]),
-            token_ids: vec![0; BLOCK],
-        }]
+    let mut stored = BlockStored::new(
+        vec![BlockHash::Int(shared[2])],
+        Some(BlockHash::Int(shared[1])),
+        vec![0; BLOCK],
+        BLOCK as u32,
     );
+    stored.medium = Some("GPU".to_owned());
+    assert_eq!(batches[0].events, vec![KvEvent::BlockStored(stored)]);
 }

@@ -12,13 +12,20 @@
 //! replica has its own index, fed the same events at the same virtual
 //! times, as independent subscribers to the same engines would be; the
 //! replicas share nothing.
+//!
+//! The engines record vLLM's wire events (`kv_events::KvEvent`, exactly
+//! what engine-sim publishes over ZMQ), and each is converted to the
+//! index's form with the converter a router applies to the events its
+//! subscribers receive (kv-block-index's `wire::to_index_event`), so the
+//! simulated routers see the engines' caches as real ones would.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_sim::{Engine, KvChange};
-use kv_block_index::{EngineHash, IndexConfig, KvEvent, KvIndex, StreamWriter};
+use engine_sim::Engine;
+use kv_block_index::wire::to_index_event;
+use kv_block_index::{IndexConfig, KvEvent, KvIndex, StreamWriter};
 use lb_policies::{KvSources, KvStreams};
 
 use super::run::SimError;
@@ -35,7 +42,6 @@ pub(crate) struct KvFeed {
     pending: BTreeMap<(Duration, u64), (usize, Vec<KvEvent>)>,
     sequence: u64,
     delay: Duration,
-    block_size: usize,
 }
 
 impl KvFeed {
@@ -56,7 +62,6 @@ impl KvFeed {
             pending: BTreeMap::new(),
             sequence: 0,
             delay,
-            block_size,
         }
     }
 
@@ -102,14 +107,15 @@ impl KvFeed {
     pub(crate) fn collect(&mut self, engine: usize, from: &mut Engine) {
         let now = from.now();
         let step_end = from.next_step_end();
-        let block_size = self.block_size;
         let batches: Vec<_> = from.drain_kv_batches().collect();
         for batch in batches {
             let end = step_end.filter(|&end| end > batch.at).unwrap_or(now);
+            // An event the router would skip (another medium or KV-cache
+            // group, which engine-sim never sends) is skipped here too.
             let events = batch
-                .changes
-                .iter()
-                .filter_map(|change| convert(change, block_size))
+                .events
+                .into_iter()
+                .filter_map(|event| to_index_event(event).ok())
                 .collect::<Vec<_>>();
             if events.is_empty() {
                 continue;
@@ -142,27 +148,4 @@ impl KvFeed {
             }
         }
     }
-}
-
-/// One engine-sim change as the index's event (engine-sim's 64-bit chain
-/// hashes are the engine's opaque hashes).
-fn convert(change: &KvChange, block_size: usize) -> Option<KvEvent> {
-    Some(match change {
-        KvChange::Stored {
-            block_hashes,
-            parent,
-            token_ids,
-        } => KvEvent::BlockStored {
-            block_hashes: block_hashes.iter().map(|&h| EngineHash(h)).collect(),
-            parent_block_hash: parent.map(EngineHash),
-            token_ids: token_ids.clone(),
-            block_size,
-            lora_id: None,
-        },
-        KvChange::Removed { block_hashes } => KvEvent::BlockRemoved {
-            block_hashes: block_hashes.iter().map(|&h| EngineHash(h)).collect(),
-        },
-        KvChange::Cleared => KvEvent::AllBlocksCleared,
-        _ => return None,
-    })
 }

@@ -45,10 +45,12 @@
 //! `kv_aware` (lb-policies' policy of that name, routing on the engines'
 //! token ids) scores workers on the blocks the engines really hold. The
 //! simulator turns on every main-pool engine's KV-event recording
-//! ([`engine_sim::Engine::set_kv_events`]), converts each step's
-//! [`KvBatch`](engine_sim::KvBatch) to `kv_block_index::KvEvent`s (engine-sim's
-//! chain hashes as the engine's opaque hashes) and applies them, in
-//! virtual-time order, to a `kv_block_index::KvIndex` the policy reads. Every
+//! ([`engine_sim::Engine::set_kv_events`]), converts the vLLM wire events of
+//! each step's [`KvBatch`](engine_sim::KvBatch) to `kv_block_index::KvEvent`s
+//! with the router's own converter (`kv_block_index::wire::to_index_event`;
+//! engine-sim's chain hashes as the engine's opaque hashes) and applies
+//! them, in virtual-time order, to a `kv_block_index::KvIndex` the policy
+//! reads. Every
 //! stream is live from the start (the engines publish from t = 0).
 //!
 //! **When events become visible**: at the end of the scheduler step that

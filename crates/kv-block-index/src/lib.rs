@@ -9,11 +9,12 @@
 //! many leading blocks each worker holds — and every router replica that
 //! sees the same events holds the same index.
 //!
-//! The crate knows no transport or wire format: a subscriber decodes the
-//! engine's messages (ZMQ + msgpack for vLLM) into [`KvEvent`]s and applies
-//! them through a [`StreamWriter`] per (worker, rank); a routing policy
-//! hashes the request ([`KvIndex::block_hashes`]) and calls
-//! [`KvIndex::lookup`].
+//! The crate knows no transport: a subscriber decodes the engine's messages
+//! (ZMQ + msgpack for vLLM) into [`KvEvent`]s and applies them through a
+//! [`StreamWriter`] per (worker, rank); a routing policy hashes the request
+//! ([`KvIndex::block_hashes`]) and calls [`KvIndex::lookup`]. The one
+//! conversion from vLLM's wire events to [`KvEvent`]s is `wire`'s
+//! `to_index_event` (feature `wire`).
 //!
 //! # Example
 //!
@@ -81,7 +82,13 @@
 //!
 //! # Feature flags and testing
 //!
-//! No features. The shared-memory protocol is model-checked with loom
+//! - `wire` (off by default): the `wire` module, converting vLLM's KV
+//!   events as the `kv-events` crate decodes them (its wire types only, no
+//!   sockets) into [`KvEvent`]s; events for another medium or KV-cache
+//!   group are skipped. The router (through kv-event-bridge) and the
+//!   routing simulator both convert with it.
+//!
+//! The shared-memory protocol is model-checked with loom
 //! (`RUSTFLAGS="--cfg loom" cargo test --release --test 'loom_*'`), the
 //! event semantics by a proptest state machine and a fuzz target
 //! ([`fuzzing`]) against a plain reference model.
@@ -99,6 +106,8 @@ pub mod index;
 mod rcu;
 mod sync;
 mod table;
+#[cfg(feature = "wire")]
+pub mod wire;
 
 pub use hash::{BlockHash, BlockHasher, EngineHash};
 pub use index::{

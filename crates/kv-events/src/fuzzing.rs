@@ -1,8 +1,10 @@
-//! Fuzzing entry points (the cargo-fuzz targets `kv_events_decode` and
-//! `zmtp_sockets`, and the crate's seed-corpus test, call them), and the raw
-//! ZMTP bytes the hostile-peer tests send.
+//! Fuzzing entry points (the cargo-fuzz targets `kv_events_decode`,
+//! `kv_events_endpoint` and `zmtp_sockets`, and the crate's seed-corpus
+//! tests, call them), and the raw ZMTP bytes the hostile-peer tests send.
 
-use crate::{DecodeLimits, WireFormat, decode_batch, decode_batch_with, encode_batch_as};
+use crate::{
+    DecodeLimits, WireFormat, ZmqEndpoint, decode_batch, decode_batch_with, encode_batch_as,
+};
 
 /// Decodes arbitrary bytes as a payload; whatever decodes must encode, in
 /// every [`WireFormat`], to bytes that decode again to a batch that
@@ -45,6 +47,52 @@ pub fn decode_roundtrip(data: &[u8]) {
             bytes,
             "encoding is not stable ({format:?})"
         );
+    }
+}
+
+/// Parses arbitrary bytes (read as UTF-8, invalid sequences replaced) as a
+/// [`ZmqEndpoint`] and as a bare address. Whatever parses must display
+/// within [`ZmqEndpoint::MAX_LEN`] as text that parses back to the same
+/// endpoint and displays the same, and be rebuilt alike from its host and
+/// port ([`ZmqEndpoint::new`]) and from its `HOST:PORT`; what is refused is
+/// refused with a short message.
+///
+/// # Panics
+///
+/// When that property fails: this is what the fuzzer looks for.
+pub fn endpoint_parse(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    for parsed in [ZmqEndpoint::parse(&text), ZmqEndpoint::parse_address(&text)] {
+        let endpoint = match parsed {
+            Ok(endpoint) => endpoint,
+            Err(error) => {
+                // The reason quotes at most 64 characters of the input.
+                let message = error.to_string();
+                assert!(message.len() < 200, "a long message: {message}");
+                continue;
+            }
+        };
+        let shown = endpoint.to_string();
+        assert!(shown.len() <= ZmqEndpoint::MAX_LEN, "{shown} is too long");
+        let again = match ZmqEndpoint::parse(&shown) {
+            Ok(again) => again,
+            Err(e) => panic!("{shown:?} (from {text:?}) does not parse: {e}"),
+        };
+        assert_eq!(again, endpoint, "{text:?} does not round-trip");
+        assert_eq!(again.to_string(), shown, "display is not stable");
+        assert_eq!(
+            ZmqEndpoint::new(endpoint.host(), endpoint.port()).as_ref(),
+            Ok(&endpoint),
+            "rebuilt from host and port"
+        );
+        assert_eq!(
+            ZmqEndpoint::parse_address(&endpoint.host_port()).as_ref(),
+            Ok(&endpoint),
+            "parsed from HOST:PORT"
+        );
+        if let Some(address) = endpoint.socket_addr() {
+            assert_eq!(address.port(), endpoint.port());
+        }
     }
 }
 
@@ -102,10 +150,10 @@ pub mod zmtp {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(all(feature = "sockets", not(loom)))]
 pub use sockets::zmtp_sockets;
 
-#[cfg(not(loom))]
+#[cfg(all(feature = "sockets", not(loom)))]
 mod sockets {
     use std::io::Write;
     use std::net::{Shutdown, TcpListener, TcpStream};
@@ -139,10 +187,15 @@ mod sockets {
         }
     }
 
-    /// Writes `data` on a fresh TCP connection to `address` and closes it
-    /// (a peer that is gone or refuses is fine: it is the input's doing).
+    /// Writes `data` on a fresh TCP connection to `address`, a socket's
+    /// bound endpoint, and closes it (a peer that is gone or refuses is
+    /// fine: it is the input's doing).
     fn hostile_client(address: &str, data: &[u8]) {
-        let address = address.trim_start_matches("tcp://");
+        let address = address
+            .parse::<crate::ZmqEndpoint>()
+            .ok()
+            .and_then(|endpoint| endpoint.socket_addr())
+            .expect("libzmq reports a bound endpoint as tcp://IP:PORT");
         if let Ok(mut stream) = TcpStream::connect(address) {
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = stream.write_all(data);

@@ -23,6 +23,9 @@
 //! - [`zmq_io`]: the sockets are libzmq's (the `zmq` crate), each read by
 //!   its own thread, every one with `ZMQ_MAXMSGSIZE` set so that no peer
 //!   can make it allocate more than the largest legitimate message.
+//! - [`ZmqEndpoint`]: `tcp://HOST:PORT`, the one parser of the addresses a
+//!   router's ZMQ sockets connect to, strict because engines announce them
+//!   ([`endpoint`]).
 //!
 //! # Example
 //!
@@ -47,10 +50,12 @@
 //! # Ok::<(), kv_events::DecodeError>(())
 //! ```
 //!
-//! Following an engine (the consumer, say a block index, applies batches
-//! per worker and clears the worker on a reset):
+//! Following an engine (feature `sockets`; the consumer, say a block index,
+//! applies batches per worker and clears the worker on a reset):
 //!
 //! ```no_run
+//! # #[cfg(feature = "sockets")]
+//! # mod demo {
 //! use kv_events::{StreamEvent, Subscriber, SubscriberConfig};
 //!
 //! # async fn demo() {
@@ -63,6 +68,7 @@
 //!     _ => {}
 //! });
 //! println!("{:?}", subscriber.status().state);
+//! # }
 //! # }
 //! ```
 //!
@@ -77,6 +83,15 @@
 //! changed its cache; [`Publisher::publish_replay_only`] injects a dropped
 //! message.
 //!
+//! # Feature flags
+//!
+//! - `sockets` (default): [`Subscriber`], [`Publisher`] and [`zmq_io`],
+//!   with libzmq (built from source by `zmq-sys`) and tokio. Without it
+//!   the crate is the wire format, the codec, the [`Sequencer`], the
+//!   [`ReplayBuffer`] and [`ZmqEndpoint`], and depends on `thiserror`
+//!   alone: what a crate needs that only reads or writes events (a
+//!   simulated engine's model, a converter to a block index).
+//!
 //! # Concurrency
 //!
 //! A [`Subscriber`] is one task; its sink is called from that task only, in
@@ -90,20 +105,29 @@
 //! and this crate will follow.
 
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
+// The crate docs describe the sockets too; built without them (feature
+// `sockets` off), their links have nothing to point at.
+#![cfg_attr(
+    not(all(feature = "sockets", not(loom))),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 
 mod decode;
 mod encode;
+pub mod endpoint;
 pub mod replay_buffer;
 pub mod sequencer;
 mod sync;
 mod value;
 pub mod wire;
 
-#[cfg(not(loom))]
+// The sockets: feature `sockets`, and never under loom (tokio does not
+// build there).
+#[cfg(all(feature = "sockets", not(loom)))]
 pub mod publisher;
-#[cfg(not(loom))]
+#[cfg(all(feature = "sockets", not(loom)))]
 pub mod subscriber;
-#[cfg(not(loom))]
+#[cfg(all(feature = "sockets", not(loom)))]
 pub mod zmq_io;
 
 #[doc(hidden)]
@@ -111,6 +135,7 @@ pub mod fuzzing;
 
 pub use decode::{DecodeError, DecodedBatch, decode_batch, decode_batch_with};
 pub use encode::{encode_batch, encode_batch_as};
+pub use endpoint::{ZmqEndpoint, ZmqEndpointError};
 pub use replay_buffer::ReplayBuffer;
 pub use sequencer::{
     Action, ReplayId, ResetReason, Sequencer, SequencerConfig, SequencerCounters, Source,
@@ -121,9 +146,9 @@ pub use wire::{
     BlockHash, BlockRemoved, BlockStored, DecodeLimits, EventBatch, KvEvent, WireFormat,
 };
 
-#[cfg(not(loom))]
+#[cfg(all(feature = "sockets", not(loom)))]
 pub use publisher::{PublishError, Publisher, PublisherConfig};
-#[cfg(not(loom))]
+#[cfg(all(feature = "sockets", not(loom)))]
 pub use subscriber::{
     Backoff, EventSink, StreamCounters, StreamEvent, StreamStatus, Subscriber, SubscriberConfig,
     endpoint_for_rank,

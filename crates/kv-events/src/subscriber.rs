@@ -56,6 +56,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::decode::decode_batch_with;
+use crate::endpoint::ZmqEndpoint;
 use crate::sequencer::{
     Action, ReplayId, ResetReason, Sequencer, SequencerConfig, Source, StreamState,
 };
@@ -239,8 +240,9 @@ pub struct StreamStatus {
 /// The address of data-parallel rank `rank`'s socket, given the address
 /// vLLM was configured with: vLLM's `offset_endpoint_port` adds the rank to
 /// a TCP port and appends `_dp{rank}` to an `inproc` name; rank 0 keeps the
-/// address. `None` when a TCP address has no numeric port or the port would
-/// overflow, or the transport is neither (vLLM refuses those too).
+/// address. `None` when a TCP address is not a valid [`ZmqEndpoint`] (no
+/// numeric port, a wildcard host, ...) or its port would overflow, or the
+/// transport is neither (vLLM refuses those too).
 #[must_use]
 pub fn endpoint_for_rank(endpoint: &str, rank: u16) -> Option<String> {
     if rank == 0 {
@@ -252,9 +254,11 @@ pub fn endpoint_for_rank(endpoint: &str, rank: u16) -> Option<String> {
     if !endpoint.contains("tcp") {
         return None;
     }
-    let (base, port) = endpoint.rsplit_once(':')?;
-    let port = port.parse::<u16>().ok()?.checked_add(rank)?;
-    Some(format!("{base}:{port}"))
+    let base = ZmqEndpoint::parse(endpoint).ok()?;
+    let port = base.port().checked_add(rank)?;
+    ZmqEndpoint::new(base.host(), port)
+        .ok()
+        .map(|at| at.to_string())
 }
 
 /// A running subscription to one engine's event stream.
@@ -1123,6 +1127,14 @@ mod tests {
         );
         assert_eq!(endpoint_for_rank("tcp://host:65535", 1), None);
         assert_eq!(endpoint_for_rank("ipc:///tmp/x", 1), None);
+        // The TCP address is a `ZmqEndpoint`, or there is no rank's.
+        assert_eq!(
+            endpoint_for_rank("tcp://[::1]:5557", 2).unwrap(),
+            "tcp://[::1]:5559"
+        );
+        assert_eq!(endpoint_for_rank("tcp://*:5557", 1), None);
+        assert_eq!(endpoint_for_rank("tcp://host", 1), None);
+        assert_eq!(endpoint_for_rank("tcp://h:1\r\nx:2", 1), None);
     }
 
     #[test]

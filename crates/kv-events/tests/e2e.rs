@@ -2,7 +2,8 @@
 //! recovered by replay, a restarted publisher detected and reset, and a
 //! publisher that goes away and comes back. Every wait is bounded; nothing
 //! sleeps to synchronise (the tests wait for the subscriber's own events).
-#![cfg(not(loom))]
+// The sockets' tests: feature `sockets`.
+#![cfg(all(feature = "sockets", not(loom)))]
 
 use std::time::Duration;
 

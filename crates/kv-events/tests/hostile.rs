@@ -4,7 +4,8 @@
 //! while it is broken, keeps reconnecting, and follows the genuine
 //! publisher that takes the endpoint over. A real frame over the bound is
 //! refused and never delivered.
-#![cfg(not(loom))]
+// The sockets' tests: feature `sockets`.
+#![cfg(all(feature = "sockets", not(loom)))]
 
 use std::io::Write;
 use std::net::TcpListener;

@@ -126,9 +126,12 @@ pub mod registrar;
 pub mod registries;
 pub mod zmq;
 
+/// The type of the KV event endpoints a registration announces
+/// ([`EngineRegistration::kv_events_endpoint`]).
+pub use kv_events::ZmqEndpoint;
 pub use message::{
     EngineRegistration, HostPort, MAX_ADDRESS_LEN, MAX_PARALLEL_SIZE, MessageError, MoriIoPorts,
-    RegisteredRole, TcpEndpoint, decode_json_registration, decode_registration, payload_of,
+    RegisteredRole, decode_json_registration, decode_registration, payload_of,
 };
 pub use registrar::{
     AddressCheck, AddressRefused, CheckFuture, DEFAULT_CHECK_TIMEOUT, RegisterError, Registered,

@@ -9,12 +9,14 @@
 //! A registration announces more than its HTTP address: a ZMQ address for
 //! KV transfers (which ends up in a P2P request-id header), KV event
 //! endpoints (which the router dials), MoRI-IO side-channel ports. Each is
-//! parsed here into a [`HostPort`] (or a [`TcpEndpoint`]) with one set of
-//! rules: bounded length ([`MAX_ADDRESS_LEN`]), only the characters a host
-//! name, an IP literal and a port are made of (so no whitespace, control
-//! characters, user info, zone ids or paths), a port from 1 to 65535, and
-//! the host in the canonical spelling of [`WorkerUrl`]. What is stored and
-//! later dialled is that canonical text, the very string the address check
+//! parsed with the one set of rules of the workspace's ZMQ endpoint parser,
+//! [`kv_events::ZmqEndpoint`]: bounded length ([`MAX_ADDRESS_LEN`]), only
+//! the characters a host name, an IP literal and a port are made of (so no
+//! whitespace, control characters, user info, zone ids or paths), a port
+//! from 1 to 65535. Here the host is then put in the canonical spelling of
+//! [`WorkerUrl`]: a `host:port` becomes a [`HostPort`], a `tcp://host:port`
+//! a [`ZmqEndpoint`] with that host. What is stored and later dialled is
+//! that canonical text, the very string the address check
 //! ([`crate::AddressCheck`]) was shown, so a parser differential between
 //! the check and the dialler cannot let an address through. Sizes are
 //! bounded too ([`MAX_PARALLEL_SIZE`]).
@@ -29,14 +31,16 @@
 //! refused for it.
 
 use bytes::Bytes;
+use kv_events::ZmqEndpoint;
 use serde::Deserialize;
 use std::fmt;
 use worker_lifecycle::WorkerUrl;
 
 /// The longest address accepted in any field, in bytes: a DNS name (at most
 /// 253) in brackets, a colon and a port, with the `tcp://` or `http://`
-/// scheme and a short path for `request_address`.
-pub const MAX_ADDRESS_LEN: usize = 300;
+/// scheme and a short path for `request_address`. The endpoint parser's
+/// bound ([`ZmqEndpoint::MAX_LEN`]), so one length holds for every field.
+pub const MAX_ADDRESS_LEN: usize = ZmqEndpoint::MAX_LEN;
 
 /// The largest `dp_size` or `tp_size` accepted (the smallest is 1). Real
 /// deployments stay far below; the bound keeps products of the two (ranks
@@ -65,7 +69,8 @@ impl RegisteredRole {
     }
 }
 
-/// A validated `host:port` an engine announced: the host canonical (see
+/// A validated `host:port` an engine announced: the rules of
+/// [`ZmqEndpoint::parse_address`], then the host canonical (see
 /// [`WorkerUrl`]), the port from 1 to 65535.
 ///
 /// ```
@@ -88,14 +93,32 @@ impl HostPort {
     /// Parses `text`, `host:port` (IPv6 in brackets). The error is the
     /// reason, for a message that names the field.
     pub fn parse(text: &str) -> Result<Self, String> {
-        check_address_text(text)?;
-        let (host, port) = split_host_port(text)?;
-        if host.is_empty() {
-            return Err("it has no host".into());
-        }
-        let url = WorkerUrl::parse_http(&format!("http://{host}:{port}"))
+        let address = ZmqEndpoint::parse_address(text).map_err(|err| err.to_string())?;
+        Self::canonical(&address)
+    }
+
+    /// The canonical spelling of a parsed address's host and port.
+    fn canonical(address: &ZmqEndpoint) -> Result<Self, String> {
+        let url = WorkerUrl::parse_http(&format!("http://{}", address.host_port()))
             .map_err(|err| err.reason().to_owned())?;
         Ok(Self { url })
+    }
+
+    /// The address of `endpoint`, which must already be in canonical
+    /// spelling: the address check is shown exactly what will be dialled.
+    fn of_endpoint(endpoint: &ZmqEndpoint) -> Result<Self, String> {
+        let address = Self::canonical(endpoint)?;
+        if address.to_string() != endpoint.host_port() {
+            return Err(format!(
+                "not in canonical spelling (the address check would see {address})"
+            ));
+        }
+        Ok(address)
+    }
+
+    /// This address as a `tcp://` endpoint.
+    fn to_endpoint(&self) -> Result<ZmqEndpoint, String> {
+        ZmqEndpoint::new(self.host(), self.port()).map_err(|err| err.to_string())
     }
 
     /// The host, canonical, without IPv6 brackets.
@@ -127,106 +150,11 @@ impl fmt::Debug for HostPort {
     }
 }
 
-/// A validated `tcp://host:port` endpoint (a KV event publisher or replay
-/// socket): a [`HostPort`] behind the `tcp://` scheme.
-///
-/// ```
-/// use worker_discovery::TcpEndpoint;
-///
-/// let endpoint = TcpEndpoint::parse("tcp://10.0.0.1:5557").unwrap();
-/// assert_eq!(endpoint.to_string(), "tcp://10.0.0.1:5557");
-/// assert!(TcpEndpoint::parse("tcp://a:b@[::1]%x/y:5557").is_err());
-/// assert!(TcpEndpoint::parse("10.0.0.1:5557").is_err());
-/// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct TcpEndpoint {
-    address: HostPort,
-}
-
-impl TcpEndpoint {
-    /// Parses `tcp://host:port`. The error is the reason.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        check_address_text(text)?;
-        let rest = text
-            .strip_prefix("tcp://")
-            .ok_or("it must be tcp://HOST:PORT")?;
-        Ok(Self {
-            address: HostPort::parse(rest)?,
-        })
-    }
-
-    /// The `host:port` part.
-    pub fn address(&self) -> &HostPort {
-        &self.address
-    }
-}
-
-impl fmt::Display for TcpEndpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "tcp://{}", self.address)
-    }
-}
-
-impl fmt::Debug for TcpEndpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TcpEndpoint({self})")
-    }
-}
-
-/// The rules every announced address shares, checked before any parsing:
-/// bounded length, then only the characters of a host name, an IP literal,
-/// a port and (for URLs) a scheme and a path. Refusing everything else
-/// here, rather than relying on each later parser, is what keeps CR/LF out
-/// of headers and user info or zone ids away from a dialler.
-fn check_address_text(text: &str) -> Result<(), String> {
-    if text.is_empty() {
-        return Err("it is empty".into());
-    }
-    if text.len() > MAX_ADDRESS_LEN {
-        return Err(format!("it is longer than {MAX_ADDRESS_LEN} bytes"));
-    }
-    if let Some(c) = text.chars().find(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "it contains whitespace or a control character ({c:?})"
-        ));
-    }
-    if text.contains('@') {
-        return Err("user info (user@) is not allowed".into());
-    }
-    if let Some(c) = text
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || "-._:[]/".contains(*c)))
-    {
-        return Err(format!("it contains {c:?}, not allowed in an address"));
-    }
-    Ok(())
-}
-
-/// `host` and the port of `host:port` (IPv6 in brackets): the port must be
-/// written, numeric, 1 to 65535; nothing may follow it.
-fn split_host_port(text: &str) -> Result<(&str, u16), String> {
-    let (host, port) = if text.starts_with('[') {
-        let close = text.find(']').ok_or("an IPv6 address lacks its `]`")?;
-        let (host, after) = text.split_at(close + 1);
-        (host, after.strip_prefix(':').ok_or("it has no :PORT")?)
-    } else {
-        let (host, port) = text.rsplit_once(':').ok_or("it has no :PORT")?;
-        if host.contains(':') {
-            return Err("an IPv6 address must be written in brackets".into());
-        }
-        (host, port)
-    };
-    if host.contains('/') {
-        return Err("a path is not allowed".into());
-    }
-    match port.parse::<u16>() {
-        Ok(0) => Err("port 0 is not a port an engine listens on (1-65535)".into()),
-        Ok(port) => Ok((host, port)),
-        Err(_) => Err(format!(
-            "the port {:?} is not a number from 1 to 65535",
-            quoted(port)
-        )),
-    }
+/// A KV event endpoint an engine announced, `tcp://host:port`: parsed by
+/// [`ZmqEndpoint`], then with its host in canonical spelling.
+fn canonical_endpoint(text: &str) -> Result<ZmqEndpoint, String> {
+    let parsed = ZmqEndpoint::parse(text).map_err(|err| err.to_string())?;
+    HostPort::canonical(&parsed)?.to_endpoint()
 }
 
 /// At most [`QUOTED_CHARS`] characters of `text`, for an error message.
@@ -267,10 +195,10 @@ pub struct EngineRegistration {
     pub moriio: Option<MoriIoPorts>,
     /// Where it publishes its KV-cache events, when it sent
     /// `kv_events_endpoint` (an addition of ours to vLLM's form).
-    pub kv_events_endpoint: Option<TcpEndpoint>,
+    pub kv_events_endpoint: Option<ZmqEndpoint>,
     /// Its KV event replay socket, when it sent
     /// `kv_events_replay_endpoint`.
-    pub kv_events_replay_endpoint: Option<TcpEndpoint>,
+    pub kv_events_replay_endpoint: Option<ZmqEndpoint>,
 }
 
 impl EngineRegistration {
@@ -284,27 +212,41 @@ impl EngineRegistration {
     /// (which the router dials), then the ZMQ address (which peer engines
     /// dial when the router names it in a request). The MoRI-IO ports are
     /// on the worker's host.
-    pub fn announced_addresses(&self) -> Vec<(&'static str, &HostPort)> {
-        let mut addresses = self.dialled_addresses();
+    ///
+    /// # Errors
+    ///
+    /// As [`dialled_addresses`](Self::dialled_addresses).
+    pub fn announced_addresses(&self) -> Result<Vec<(&'static str, HostPort)>, MessageError> {
+        let mut addresses = self.dialled_addresses()?;
         if let Some(zmq) = &self.zmq_address {
-            addresses.push(("zmq_address", zmq));
+            addresses.push(("zmq_address", zmq.clone()));
         }
-        addresses
+        Ok(addresses)
     }
 
     /// The addresses the router itself connects to: the worker's HTTP
     /// address and its KV event endpoints.
-    pub fn dialled_addresses(&self) -> Vec<(&'static str, &HostPort)> {
-        let mut addresses = vec![("http_address", &self.http_address)];
+    ///
+    /// # Errors
+    ///
+    /// A KV event endpoint whose host is not in canonical spelling, which
+    /// only a registration built by hand rather than decoded can hold: the
+    /// address checked must be the text dialled, so such an endpoint is
+    /// refused, naming its field, rather than checked under another
+    /// spelling.
+    pub fn dialled_addresses(&self) -> Result<Vec<(&'static str, HostPort)>, MessageError> {
+        let mut addresses = vec![("http_address", self.http_address.clone())];
         for (field, endpoint) in [
             ("kv_events_endpoint", &self.kv_events_endpoint),
             ("kv_events_replay_endpoint", &self.kv_events_replay_endpoint),
         ] {
             if let Some(endpoint) = endpoint {
-                addresses.push((field, endpoint.address()));
+                let address = HostPort::of_endpoint(endpoint)
+                    .map_err(|reason| MessageError::field_error(field, endpoint, reason))?;
+                addresses.push((field, address));
             }
         }
-        addresses
+        Ok(addresses)
     }
 }
 
@@ -559,7 +501,7 @@ fn validate(wire: Wire) -> Result<EngineRegistration, MessageError> {
     let kv_events = |field: &'static str, value: Option<String>| {
         value
             .map(|text| {
-                TcpEndpoint::parse(&text)
+                canonical_endpoint(&text)
                     .map_err(|reason| MessageError::field_error(field, &text, reason))
             })
             .transpose()
@@ -583,7 +525,9 @@ fn validate(wire: Wire) -> Result<EngineRegistration, MessageError> {
 /// an explicit port, the same character rules as every address.
 fn authority_of(url: &str) -> Result<HostPort, String> {
     let url = url.trim_matches(' ');
-    check_address_text(url)?;
+    // The path is not kept, but held to an address's characters all the
+    // same: no CR/LF or user info anywhere in what an engine sends.
+    kv_events::endpoint::check_address_text(url).map_err(|err| err.to_string())?;
     let rest = url
         .strip_prefix("http://")
         .ok_or("it must be an http://HOST:PORT/... URL")?;
@@ -630,7 +574,7 @@ mod tests {
             "kv_events_replay_endpoint": "tcp://10.0.0.1:5558"
         }));
         let registration = decode_registration(&payload).unwrap();
-        let text = |e: &Option<TcpEndpoint>| e.as_ref().map(ToString::to_string);
+        let text = |e: &Option<ZmqEndpoint>| e.as_ref().map(ToString::to_string);
         assert_eq!(
             text(&registration.kv_events_endpoint).as_deref(),
             Some("tcp://10.0.0.1:5557")
@@ -767,6 +711,74 @@ mod tests {
         let v6 = HostPort::parse("[::1]:5555").unwrap();
         assert_eq!((v6.host(), v6.port()), ("::1", 5555));
         assert_eq!(v6.to_string(), "[::1]:5555");
+    }
+
+    /// A KV event endpoint is parsed by `kv_events::ZmqEndpoint` and then
+    /// spelled canonically; the refusals of either are the field's.
+    #[test]
+    fn kv_event_endpoints_are_zmq_endpoints_in_canonical_spelling() {
+        let registration = decode_json_registration(
+            serde_json::json!({
+                "type": "P", "http_address": "10.0.0.1:8100",
+                "kv_events_endpoint": "tcp://Engine-A.:05557",
+                "kv_events_replay_endpoint": "tcp://[2001:DB8:0::1]:5558"
+            })
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+        let endpoint = registration.kv_events_endpoint.clone().unwrap();
+        assert_eq!((endpoint.host(), endpoint.port()), ("engine-a", 5557));
+        assert_eq!(
+            registration
+                .kv_events_replay_endpoint
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
+            Some("tcp://[2001:db8::1]:5558")
+        );
+        let dialled = registration.dialled_addresses().unwrap();
+        let shown: Vec<(&str, String)> = dialled
+            .iter()
+            .map(|(field, address)| (*field, address.to_string()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("http_address", "10.0.0.1:8100".to_owned()),
+                ("kv_events_endpoint", "engine-a:5557".to_owned()),
+                ("kv_events_replay_endpoint", "[2001:db8::1]:5558".to_owned()),
+            ]
+        );
+        for (value, reason) in [
+            ("tcp://*:5557", "'*'"),
+            ("tcp://a[b]:5557", "only enclose an IPv6 address"),
+            ("tcp://[zz]:5557", "not a valid IPv6 address"),
+            ("tcp://1.2.3.999:5557", "not a valid one"),
+            ("tcp://..:5557", "no host"),
+        ] {
+            let err = refused(&serde_json::json!({
+                "type": "D", "http_address": "h:1", "kv_events_endpoint": value
+            }));
+            assert_eq!(err.field(), Some("kv_events_endpoint"), "{err}");
+            assert!(err.to_string().contains(reason), "{value}: {err}");
+        }
+    }
+
+    /// A registration built by hand may hold an endpoint in another
+    /// spelling than the one its address would be checked under: it is
+    /// refused, not checked as something else.
+    #[test]
+    fn a_kv_endpoint_not_in_canonical_spelling_is_not_checked_as_another() {
+        let mut registration =
+            decode_json_registration(br#"{"type": "D", "http_address": "10.0.0.1:8000"}"#).unwrap();
+        registration.kv_events_endpoint = Some("tcp://LOCALHOST:5557".parse().unwrap());
+        let err = registration.dialled_addresses().unwrap_err();
+        assert_eq!(err.field(), Some("kv_events_endpoint"), "{err}");
+        assert!(err.to_string().contains("canonical spelling"), "{err}");
+        assert!(registration.announced_addresses().is_err());
+        registration.kv_events_endpoint = Some("tcp://127.0.0.1:5557".parse().unwrap());
+        assert_eq!(registration.dialled_addresses().unwrap().len(), 2);
     }
 
     #[test]

@@ -257,7 +257,17 @@ impl Registrar {
             } else {
                 registration.dialled_addresses()
             };
-            for (field, address) in addresses {
+            // An address that cannot be checked as it will be dialled is
+            // refused, naming its field.
+            let addresses = addresses.map_err(|err| match err {
+                MessageError::Field {
+                    field,
+                    value,
+                    reason,
+                } => AddressRefused::new(format!("{value:?}: {reason}")).in_field(field),
+                other => AddressRefused::new(other.to_string()),
+            })?;
+            for &(field, ref address) in &addresses {
                 // The allow-list judges hosts; one host announced in two
                 // fields is resolved once.
                 if checked_hosts.contains(&address.host()) {

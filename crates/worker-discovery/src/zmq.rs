@@ -349,9 +349,11 @@ fn open_router(
         .bind(&format!("tcp://{address}"))
         .map_err(|e| e.to_string())?;
     let bound = last_endpoint(&socket)?;
+    // libzmq reports `tcp://IP:PORT`: an endpoint whose host is an address.
     let local_addr = bound
-        .strip_prefix("tcp://")
-        .and_then(|addr| addr.parse::<SocketAddr>().ok())
+        .parse::<kv_events::ZmqEndpoint>()
+        .ok()
+        .and_then(|endpoint| endpoint.socket_addr())
         .ok_or_else(|| format!("bound an unexpected endpoint {bound}"))?;
     let thread = SocketThread::spawn("discovery-router", socket, None, SOCKET_QUEUE)
         .map_err(|e| e.to_string())?;

@@ -116,6 +116,25 @@ async fn a_zmq_registration_with_a_kv_endpoint_outside_the_networks_is_refused()
     assert!(all_empty(registrar.registries()));
 }
 
+/// A registration built by hand (not decoded) whose KV endpoint is not in
+/// canonical spelling is refused by name: the check never judges one
+/// spelling while the router would dial another.
+#[tokio::test]
+async fn a_hand_built_kv_endpoint_in_another_spelling_is_refused_by_name() {
+    let (registrar, check) = registrar();
+    let payload = rmp_serde::to_vec_named(&serde_json::json!({
+        "type": "D", "http_address": "127.0.0.2:8200"
+    }))
+    .unwrap();
+    let mut registration = decode_registration(&payload).unwrap();
+    registration.kv_events_replay_endpoint = Some("tcp://0x7f.0.0.2:5558".parse().unwrap());
+    let refused = registrar.admit(&registration).await.unwrap_err();
+    assert_eq!(refused.field(), Some("kv_events_replay_endpoint"));
+    assert!(refused.reason().contains("canonical spelling"), "{refused}");
+    assert_eq!(check.calls.load(Ordering::SeqCst), 0, "nothing was checked");
+    assert_eq!(registrar.registries().refused_addresses(), 1);
+}
+
 #[tokio::test]
 async fn kv_endpoints_inside_the_networks_are_registered_canonically() {
     let (registrar, check) = registrar();

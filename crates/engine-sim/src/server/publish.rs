@@ -104,16 +104,20 @@ pub(super) async fn bind_kv_events(options: &KvEventsOptions) -> io::Result<KvEv
     })
 }
 
-/// `tcp://ip:port` as libzmq reports a bound endpoint.
+/// `tcp://ip:port` as libzmq reports a bound endpoint: a
+/// [`kv_events::ZmqEndpoint`] whose host is an IP address.
 fn zmq_socket_addr(endpoint: &str) -> io::Result<SocketAddr> {
-    endpoint
-        .strip_prefix("tcp://")
-        .and_then(|a| a.parse().ok())
-        .ok_or_else(|| {
-            io::Error::other(format!(
-                "the KV-events publisher bound an unexpected endpoint {endpoint}"
-            ))
-        })
+    let address = match endpoint.parse::<kv_events::ZmqEndpoint>() {
+        Ok(parsed) => parsed
+            .socket_addr()
+            .ok_or_else(|| "its host is not an IP address".to_owned()),
+        Err(error) => Err(error.to_string()),
+    };
+    address.map_err(|reason| {
+        io::Error::other(format!(
+            "the KV-events publisher bound an unexpected endpoint {endpoint}: {reason}"
+        ))
+    })
 }
 
 /// Publishes queued batches in order until the queue closes (the server
@@ -140,16 +144,46 @@ async fn publish_kv_events(
     publisher.shutdown().await;
 }
 
-/// Hands the engine's per-step cache changes to the publisher, in order.
+/// Hands the engine's per-step batches of events to the publisher, in
+/// order.
 pub(super) fn queue_kv_events(core: &mut Core) {
     let Some(queue) = &core.kv_events else {
         return;
     };
-    let block_size = core.engine.config().block_size;
     let ts = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
     for batch in core.engine.drain_kv_batches() {
-        let _ = queue.send(batch.to_event_batch(ts, block_size));
+        let _ = queue.send(batch.into_event_batch(ts));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bound_endpoints_are_read_as_socket_addresses() {
+        assert_eq!(
+            zmq_socket_addr("tcp://127.0.0.1:40123").unwrap(),
+            "127.0.0.1:40123".parse::<SocketAddr>().unwrap()
+        );
+        assert_eq!(
+            zmq_socket_addr("tcp://[::1]:40123").unwrap(),
+            "[::1]:40123".parse::<SocketAddr>().unwrap()
+        );
+        for unexpected in [
+            "tcp://engine:1",
+            "ipc:///tmp/kv",
+            "tcp://127.0.0.1",
+            "127.0.0.1:1",
+        ] {
+            let error = zmq_socket_addr(unexpected).unwrap_err().to_string();
+            assert!(
+                error.starts_with("the KV-events publisher bound an unexpected endpoint"),
+                "{error}"
+            );
+            assert!(error.contains(unexpected), "{error}");
+        }
     }
 }
