@@ -25,16 +25,11 @@ pub(super) fn kv_events(parsed: &Parsed) -> Result<KvEventsConfig, CliError> {
         };
         let canonical =
             worker_lifecycle::WorkerUrl::parse_http(url).map_err(|err| bad(err.to_string()))?;
+        // The one tcp://HOST:PORT check of the workspace (kv-events').
         let endpoint = |text: &str| -> Result<String, CliError> {
-            let valid = text
-                .strip_prefix("tcp://")
-                .and_then(|rest| rest.rsplit_once(':'))
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if valid {
-                Ok(text.to_owned())
-            } else {
-                Err(bad(format!("`{text}` is not a tcp://HOST:PORT address")))
-            }
+            text.parse::<kv_events::ZmqEndpoint>()
+                .map(|endpoint| endpoint.to_string())
+                .map_err(|err| bad(format!("`{text}` is not a tcp://HOST:PORT address: {err}")))
         };
         let endpoints = KvEndpoints {
             endpoint: endpoint(&worker.kv_events_endpoint)?,
