@@ -73,10 +73,19 @@
 //! timeline and `final_loads` report the engines' true load, the sum). For
 //! `kv_aware` each replica has its own block index, fed the same events
 //! at the same times, as independent subscribers would be. The replicas
-//! share nothing. A consequence worth knowing: cache-aware's absolute load
-//! margin (`balance_abs_threshold`, 64 requests) is compared with a
-//! replica's own counts, about 1/R of the engines' load, so behind R
-//! replicas the gate fires R times later unless the margin is scaled down.
+//! share nothing but the engines.
+//!
+//! **Engine-reported load** ([`SimConfig::load_polling`], default
+//! [`DEFAULT_LOAD_POLLING`]: every 50 ms, as the router polls): each
+//! replica polls every engine's running plus waiting count, its polls
+//! spread over the interval, and applies the answers a delay later to its
+//! workers ([`Worker::record_engine_load`](worker_lifecycle::Worker::record_engine_load)).
+//! The load every policy then reads is the estimate of the engine's whole
+//! load: the replica's own in-flight requests now plus the others' as of
+//! the last answer. [`LoadPolling::Off`] leaves each replica with its own
+//! counts, about 1/R of each engine's load (cache-aware's absolute margin of
+//! 64 then fires R times later), and [`LoadPolling::Oracle`] shows every
+//! decision the engines' loads as they are.
 //!
 //! # Workloads
 //!

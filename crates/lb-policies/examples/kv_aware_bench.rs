@@ -103,9 +103,17 @@ fn main() {
             KvSources::new(Arc::clone(&index), Arc::clone(&streams)),
         )
         .expect("valid");
+        // The same scores placed by the threshold gate (`kv_aware_gate`):
+        // what the least-cost choice costs over it, in the same run.
+        let gate = KvAware::gated(
+            CacheAwareConfig::default(),
+            KvSources::new(Arc::clone(&index), Arc::clone(&streams)),
+        )
+        .expect("valid");
         let cache = CacheAware::new(CacheAwareConfig::default()).expect("valid");
         for b in &fleet {
             kv.on_membership(MembershipEvent::Added { key: b.key() });
+            gate.on_membership(MembershipEvent::Added { key: b.key() });
             cache.on_membership(MembershipEvent::Added { key: b.key() });
         }
         for (n, (owner, tokens)) in warm.iter().enumerate() {
@@ -123,6 +131,7 @@ fn main() {
             index.apply(ids[w], 0, &event).expect("registered");
             let ctx = RequestContext::new("bench").with_tokens(tokens);
             kv.select(&fleet[w..=w], &ctx);
+            gate.select(&fleet[w..=w], &ctx);
             cache.select(&fleet[w..=w], &ctx);
         }
         for (label, live) in [("all_live", 2usize), ("half_live", 1), ("none_live", 0)] {
@@ -134,6 +143,13 @@ fn main() {
             }
             let figures = run(&kv, &fleet, &route);
             rows.push((workers, format!("kv_aware_{label}"), figures));
+            if live == 2 {
+                for b in &fleet {
+                    b.set_load(0);
+                }
+                let figures = run(&gate, &fleet, &route);
+                rows.push((workers, "kv_aware_gate_all_live".to_owned(), figures));
+            }
         }
         for b in &fleet {
             b.set_load(0);

@@ -89,9 +89,13 @@ impl CostModel {
 pub(crate) type Scored = (usize, usize, bool);
 
 /// The least-cost candidate among `scored` and the unscored candidates
-/// `eligible` accepts (they hold nothing of the request), at temperature
-/// 0. Returns the winner as a [`Scored`] (an unscored winner has 0
-/// blocks). `start` rotates the fair order among exact ties.
+/// (they hold nothing of the request) that `eligible` accepts, at
+/// temperature 0. Returns the winner as a [`Scored`] (an unscored winner
+/// has 0 blocks). `start` rotates the fair order among exact ties.
+///
+/// One pass over the scored candidates and one fair least-loaded scan of
+/// all candidates; `eligible` (a lock and a hash lookup in kv-aware) is
+/// asked only of a candidate about to win, not of every candidate.
 pub(crate) fn least_cost<B: Backend>(
     model: &CostModel,
     candidates: &[B],
@@ -100,18 +104,18 @@ pub(crate) fn least_cost<B: Backend>(
     start: usize,
     eligible: impl Fn(usize) -> bool,
 ) -> Option<Scored> {
-    let n = candidates.len();
-    // The ordering key: cost, then more cached blocks (locality), then the
-    // fair order. Costs are exact multiples of small numbers in practice;
-    // total_cmp keeps the comparison total even so.
+    let n = candidates.len().max(1);
+    // The ordering: cost, then more cached blocks (locality), then the
+    // fair order (load, processed, rotating start).
     let key = |s: &Scored| {
         let c = &candidates[s.0];
+        let load = c.load();
         (
-            model.cost(blocks, s.1, c.load()),
+            model.cost(blocks, s.1, load),
             usize::MAX - s.1,
-            c.load(),
+            load,
             c.processed(),
-            (s.0 + n - start % n.max(1)) % n.max(1),
+            (s.0 + n - start % n) % n,
         )
     };
     let better = |a: &Scored, b: &Scored| {
@@ -125,15 +129,26 @@ pub(crate) fn least_cost<B: Backend>(
     };
     let mut best: Option<Scored> = None;
     for s in scored {
-        if candidates[s.0].is_available() && eligible(s.0) && best.is_none_or(|b| better(s, &b)) {
+        if candidates[s.0].is_available() && best.is_none_or(|b| better(s, &b)) && eligible(s.0) {
             best = Some(*s);
         }
     }
-    // The unscored: only the fair least loaded can win among them (equal
-    // cached blocks, so cost follows load).
-    if let Some((i, _)) = super::fair_least_loaded_where(candidates, start, |i| {
-        eligible(i) && !scored.iter().any(|s| s.0 == i)
-    }) {
+    // Among the unscored only the fair least loaded can win (they all
+    // hold nothing, so cost follows load). The least loaded of *all*
+    // candidates is enough: if it is scored, its scored cost is at most
+    // its unscored cost, which bounds every unscored candidate's, and it
+    // was weighed above.
+    let least = super::fair_least_loaded(candidates, start)
+        .map(|(i, _)| i)
+        .filter(|&i| eligible(i))
+        .or_else(|| {
+            // It was removed (a stale slice): scan again without the
+            // removed, asking of each this time. Rare.
+            super::fair_least_loaded_where(candidates, start, &eligible).map(|(i, _)| i)
+        });
+    if let Some(i) = least
+        && !scored.iter().any(|s| s.0 == i)
+    {
         let s = (i, 0, false);
         if best.is_none_or(|b| better(&s, &b)) {
             best = Some(s);

@@ -26,23 +26,28 @@
 //!      blocks. Both scores count blocks the engine would reuse, so they
 //!      compare directly; on equal blocks an exact score beats an
 //!      approximate one.
-//! 3. The best score's worker is *preferred* when
-//!    `blocks × block_size / input_tokens > cache_threshold`; among equal
-//!    best scores the choice is fair (load, processed count, then a
-//!    rotating start: invariant 12).
-//! 4. The same per-request load gate as cache-aware (invariant 11): the
-//!    preferred worker yields when its load exceeds the least loaded
-//!    available candidate's by more than `balance_abs_threshold` **and**
-//!    `balance_rel_threshold` times
-//!    ([`CacheAwareConfig::preferred_yields`]).
-//! 5. Otherwise the fair least-loaded candidate takes the request.
-//! 6. The tokens are recorded in the embedded tree for the chosen worker,
+//! 3. The worker of least expected cost takes the request
+//!    ([`cost`]): `(blocks − held) + load_weight × load`, the
+//!    prefill it would do plus the queue in front of it, with the load
+//!    each [`Backend`] reports (a router's workers report the engine's
+//!    whole load as best known, not only this router's share). Among equal
+//!    costs the longer prefix, then the fair order; with a softmax
+//!    temperature, a draw weighted by cost.
+//! 4. The tokens are recorded in the embedded tree for the chosen worker,
 //!    so the fallback stays warm for the moment a stream is lost.
 //!
-//! Reasons: [`DecisionReason::KvHit`] for an exact-score hit,
-//! [`DecisionReason::CacheHit`] for a hit scored from the tree, and
-//! cache-aware's `CacheLowMatch` / `CacheOverloaded` otherwise; every
-//! decision carries the match rate.
+//! Reasons: [`DecisionReason::KvHit`] when the winner holds the longest
+//! prefix (exact score), [`DecisionReason::CacheHit`] (scored from the
+//! tree), [`DecisionReason::CacheOverloaded`] when a longer prefix lost to
+//! its load, [`DecisionReason::CacheLowMatch`] when the winner holds
+//! nothing. Every decision carries the match rate.
+//!
+//! **`kv_aware_gate`** ([`KvAware::gated`]) places the same scores as
+//! cache-aware does instead: the best score's worker is *preferred* when
+//! `blocks × block_size / input_tokens > cache_threshold` and takes the
+//! request unless the per-request load gate (invariant 11) says it yields
+//! ([`CacheAwareConfig::preferred_yields`]); otherwise the fair
+//! least-loaded candidate.
 //!
 //! **Text input** (no tokenizer for the model) and requests without
 //! routing input are decided by the embedded [`CacheAware`], exactly as
@@ -560,7 +565,7 @@ impl KvAware {
         Some(decision.with_match_rate(rate))
     }
 
-    /// The least-cost candidate (see [`cost`](super::cost)), never a
+    /// The least-cost candidate (see [`cost`]), never a
     /// removed worker. Reasons: a hit (`kv_hit`, or `cache_hit` when
     /// scored from the tree) when the winner holds a prefix and no
     /// candidate holds a longer one; `cache_overloaded` when one does
@@ -584,9 +589,12 @@ impl KvAware {
             let start = self.tie_rotation.fetch_add(1, Ordering::Relaxed);
             cost::least_cost(model, candidates, blocks, scores, start, eligible)?
         };
+        // The reason's reference: the longest prefix an available worker
+        // holds (a removed one in a stale slice may count; only the reason
+        // could differ).
         let longest = scores
             .iter()
-            .filter(|s| candidates[s.0].is_available() && eligible(s.0))
+            .filter(|s| candidates[s.0].is_available())
             .map(|s| s.1)
             .max()
             .unwrap_or(0);
