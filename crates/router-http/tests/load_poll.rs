@@ -20,7 +20,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use lb_policies::PolicyConfig;
 use parking_lot::Mutex;
-use router_http::{LoadPollConfig, RouterConfig};
+use router_http::{LoadPollConfig, PdConfig, PdConnector, PdWorkerConfig, Router, RouterConfig};
 use serde_json::Value;
 use std::convert::Infallible;
 use std::future::Future;
@@ -620,4 +620,42 @@ async fn stopping_the_background_tasks_withdraws_the_reports() {
         engine_load(fixture.addr, &url).await["reported"],
         Value::Null
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_and_decode_workers_are_polled_too() {
+    let prefill = Hostile::start(Answer::Body(metrics_text("3", "0")), Answer::NotFound).await;
+    let decode = Hostile::start(Answer::NotFound, Answer::Body(r#"{"load": 2}"#.to_owned())).await;
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill = vec![PdWorkerConfig::new(prefill.url())];
+    pd.decode = vec![PdWorkerConfig::new(decode.url())];
+    let config = RouterConfig {
+        pd: Some(pd),
+        load_poll: LoadPollConfig {
+            interval: Some(Duration::from_millis(50)),
+            timeout: Some(Duration::from_secs(1)),
+            ..LoadPollConfig::default()
+        },
+        ..RouterConfig::default()
+    };
+    let router = Router::start(config).await.unwrap();
+    let _background = router.spawn_background();
+    let reported = |role: &str| {
+        router
+            .all_workers()
+            .iter()
+            .find(|w| w.role().kind().as_str() == role)
+            .and_then(|w| w.engine_reported_load())
+    };
+    eventually("both roles reported", || async {
+        reported("prefill") == Some(3) && reported("decode") == Some(2)
+    })
+    .await;
+    let polls = router.load_polls().unwrap();
+    let decode_worker = router
+        .all_workers()
+        .into_iter()
+        .find(|w| w.role().kind().as_str() == "decode")
+        .unwrap();
+    assert_eq!(polls.status(&decode_worker).source, Some("get_load"));
 }

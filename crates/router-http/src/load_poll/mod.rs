@@ -408,9 +408,7 @@ impl LoadPolls {
         let mut polls: Vec<EnginePoll> = Vec::new();
         let mut by_url: HashMap<&str, usize> = HashMap::new();
         for worker in workers {
-            let ours = known
-                .entry(worker.key().into())
-                .or_insert_with(|| WorkerState::new(worker));
+            let ours = worker_state(known, worker);
             if let Some((at, source)) = ours.reported
                 && now.saturating_duration_since(at) > stale_age
             {
@@ -426,14 +424,24 @@ impl LoadPolls {
                 polls[at].workers.push(Arc::clone(worker));
                 continue;
             }
-            let engine = engines.entry(Arc::from(url)).or_default();
+            let key = match engines.get_key_value(url) {
+                Some((key, _)) => Arc::clone(key),
+                None => {
+                    let key: Arc<str> = Arc::from(url);
+                    engines.insert(Arc::clone(&key), EngineState::default());
+                    key
+                }
+            };
+            let Some(engine) = engines.get_mut(url) else {
+                continue;
+            };
             if engine.backoff_until.is_some_and(|until| now < until) {
                 continue;
             }
             engine.backoff_until = None;
             by_url.insert(url, polls.len());
             polls.push(EnginePoll {
-                key: Arc::from(url),
+                key,
                 url: worker.endpoint().worker_url().clone(),
                 source: engine.source,
                 workers: vec![Arc::clone(worker)],
@@ -454,9 +462,7 @@ impl LoadPolls {
                 engine.source = Some(source);
                 self.reports[source.index()].fetch_add(1, Ordering::Relaxed);
                 for (worker, own) in poll.workers.iter().zip(own) {
-                    let ours = workers
-                        .entry(worker.key().into())
-                        .or_insert_with(|| WorkerState::new(worker));
+                    let ours = worker_state(workers, worker);
                     match loads.for_rank(worker.dp_rank()) {
                         Ok(report) => {
                             let in_flight = usize::try_from(report.in_flight).unwrap_or(usize::MAX);
@@ -486,9 +492,7 @@ impl LoadPolls {
                     engine.backoff_until = Some(now + self.config.no_source_backoff);
                 }
                 for worker in &poll.workers {
-                    let ours = workers
-                        .entry(worker.key().into())
-                        .or_insert_with(|| WorkerState::new(worker));
+                    let ours = worker_state(workers, worker);
                     ours.fail(worker, failure.reason, failure.detail.clone(), now);
                 }
             }
@@ -505,6 +509,21 @@ impl LoadPolls {
             ours.reported = None;
             ours.kv_cache_usage = None;
         }
+    }
+}
+
+/// `worker`'s entry in `known`, made when it has none (its key is only
+/// copied then, not on every round).
+fn worker_state<'a>(
+    known: &'a mut HashMap<Box<str>, WorkerState>,
+    worker: &Arc<Worker>,
+) -> &'a mut WorkerState {
+    if !known.contains_key(worker.key()) {
+        known.insert(worker.key().into(), WorkerState::new(worker));
+    }
+    match known.get_mut(worker.key()) {
+        Some(state) => state,
+        None => unreachable!("inserted above"),
     }
 }
 
@@ -638,10 +657,12 @@ async fn poll_engine(
             .into_iter()
             .filter(|s| Some(*s) != poll.source),
     );
-    let asked = order[0];
+    // The source being asked, for the message when the deadline passes.
+    let asking = std::sync::atomic::AtomicUsize::new(order[0].index());
     let attempt = async {
         let mut first_failure: Option<Failure> = None;
         for source in order {
+            asking.store(source.index(), Ordering::Relaxed);
             // The own counts the report is measured against: read just
             // before the request leaves.
             let own: Vec<usize> = poll.workers.iter().map(|w| Worker::load(w)).collect();
@@ -666,7 +687,7 @@ async fn poll_engine(
         Ok(answer) => answer,
         Err(_elapsed) => Err(Failure::new(
             PollError::Timeout,
-            asked,
+            LoadSource::ALL[asking.load(Ordering::Relaxed)],
             format_args!("no complete answer within {timeout:?}"),
         )),
     };
