@@ -46,6 +46,7 @@ fn every_flag_has_vllm_routers_default() {
     assert_eq!(a.max_tree_size, 1 << 26);
     assert_eq!(a.max_tree_bytes, 1 << 30);
     assert_eq!(a.block_size, 16, "vLLM's default block size");
+    assert_eq!(a.load_poll_interval_ms, 50);
     assert_eq!(a.max_payload_size, 512 * 1024 * 1024);
     assert_eq!(a.intra_node_data_parallel_size, 1);
     assert_eq!(a.api_key, None);
@@ -207,6 +208,38 @@ fn defaults_map_onto_the_router_config() {
     assert_eq!(c.worker_startup_check_interval, Duration::from_secs(30));
     assert_eq!(c.shutdown_grace, Duration::from_secs(30));
     assert_eq!(c.api_key, None);
+    assert_eq!(c.load_poll.interval, Some(Duration::from_millis(50)));
+}
+
+#[test]
+fn the_load_poll_interval_comes_from_its_flag_or_file_and_zero_turns_it_off() {
+    let s = settings(&["--load-poll-interval-ms", "250"]).unwrap();
+    assert_eq!(
+        s.router.load_poll.interval,
+        Some(Duration::from_millis(250))
+    );
+    assert!(s.summary().contains("load_poll=250ms"), "{}", s.summary());
+    let s = settings(&["--load-poll-interval-ms", "0"]).unwrap();
+    assert_eq!(s.router.load_poll.interval, None);
+    assert!(s.summary().contains("load_poll=off"), "{}", s.summary());
+    let path = temp_file("load_poll.toml", "load_poll_interval_ms = 0\n");
+    let s = settings(&["--config", path.to_str().unwrap()]).unwrap();
+    assert_eq!(s.router.load_poll.interval, None);
+    // The command line wins over the file.
+    let s = settings(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--load-poll-interval-ms",
+        "100",
+    ])
+    .unwrap();
+    assert_eq!(
+        s.router.load_poll.interval,
+        Some(Duration::from_millis(100))
+    );
+    std::fs::remove_file(path).unwrap();
+    let err = settings(&["--load-poll-interval-ms", "-5"]).unwrap_err();
+    assert_eq!(err.exit_code(), 2);
 }
 
 #[test]

@@ -290,6 +290,18 @@ pub struct Args {
     )]
     pub block_size: usize,
 
+    // ----- Engine-reported load -----
+    /// Milliseconds between polls of every engine's own in-flight count
+    /// (vLLM's /metrics, else /get_load), so that the policies also count
+    /// the requests other router replicas sent; 0 turns polling off.
+    #[arg(
+        long,
+        default_value_t = 50,
+        value_name = "MS",
+        help_heading = "Engine-reported load"
+    )]
+    pub load_poll_interval_ms: u64,
+
     // ----- Prefill/decode -----
     /// Route prefill and decode to separate engines (vLLM P/D disaggregation).
     #[arg(long, help_heading = "Prefill/decode")]

@@ -12,6 +12,12 @@
 //! `engine_sim:kv_transfers_produced_total`, `engine_sim:kv_transfers_held`,
 //! `engine_sim:faults_injected_total`, `engine_sim:server_load`.
 //!
+//! The two request gauges are the scheduler's running batch and waiting
+//! queue at the instant of the scrape: the server advances the engine to
+//! the present and reads its [`EngineStats`] under the engine's lock, so
+//! a router polling `/metrics` for an engine's load (running plus
+//! waiting) reads what the scheduler holds then (tests/load_gauges.rs).
+//!
 //! The text is written with [`prom_text`], the workspace's one writer of
 //! the format (a leaf crate with no dependencies, so engine-sim still
 //! depends on no router crate): it escapes the model name and engine id.

@@ -13,6 +13,7 @@
 
 use crate::body::{BoxBody, BoxError};
 use crate::error::ApiError;
+use crate::load_poll::EngineLoadStatus;
 use crate::payload::json;
 use crate::probe::HttpProbe;
 use crate::router::Router;
@@ -94,6 +95,13 @@ where
                     // What cache-aware matches for the worker's model:
                     // the engine's token ids, or the messages' text.
                     json["routing"] = routing_mode(router, w.model_id().unwrap_or("")).into();
+                    // Its own count, the engine's report and the estimate
+                    // the policies compare.
+                    let engine_load = match router.load_polls() {
+                        Some(polls) => polls.status(w),
+                        None => EngineLoadStatus::unpolled(w),
+                    };
+                    json["engine_load"] = serde_json::to_value(engine_load).unwrap_or_default();
                     // Where kv_aware's view of the worker's cache comes
                     // from: its event streams, live or cold.
                     #[cfg(feature = "kv-events")]
@@ -520,7 +528,12 @@ fn metrics(router: &Router) -> Response<BoxBody> {
     let mut out = String::with_capacity(96 * 1024);
     let mut exposition = Exposition::new(&mut out);
     router.metrics().render(&mut exposition);
-    render_workers(&router.all_workers(), &mut exposition);
+    let all = router.all_workers();
+    render_workers(&all, &mut exposition);
+    render_engine_loads(&all, &mut exposition);
+    if let Some(polls) = router.load_polls() {
+        polls.render(&mut exposition);
+    }
     router.render_pd(&mut exposition);
     let mut family = exposition.family(
         "router_policy_decisions_total",
@@ -637,6 +650,38 @@ fn render_server(stats: &crate::ServerStats, exposition: &mut Exposition<'_>) {
     ];
     for (name, kind, help, value) in series {
         exposition.family(name, kind, help).sample(&[], value);
+    }
+}
+
+/// The engines' reports and the estimates the policies compare, per
+/// worker (`router_worker_engine_load` only for workers with a report).
+fn render_engine_loads(workers: &[Arc<Worker>], exposition: &mut Exposition<'_>) {
+    type Read = fn(&Worker) -> Option<usize>;
+    let series: [(&str, &str, Read); 2] = [
+        (
+            "router_worker_estimated_load",
+            "The load policies compare: own in-flight now plus the other routers' from the \
+             engine's last report.",
+            |w| Some(w.estimated_load()),
+        ),
+        (
+            "router_worker_engine_load",
+            "The engine's in-flight requests (running plus waiting) in the report that stands.",
+            |w| w.engine_reported_load(),
+        ),
+    ];
+    for (name, help, read) in series {
+        let mut family = exposition.family(name, MetricType::Gauge, help);
+        for worker in workers {
+            if let Some(value) = read(worker) {
+                let labels: [Label<'_>; 3] = [
+                    ("url", worker.endpoint()),
+                    ("role", &worker.role().kind().as_str()),
+                    ("generation", &worker.generation()),
+                ];
+                family.sample(&labels, value);
+            }
+        }
     }
 }
 

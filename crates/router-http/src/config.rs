@@ -7,6 +7,7 @@ use crate::allow::CidrBlock;
 use crate::client::ClientConfig;
 use crate::headers::DEFAULT_REQUEST_ID_HEADERS;
 use crate::limits::ConcurrencyConfig;
+use crate::load_poll::LoadPollConfig;
 use crate::server::ServerConfig;
 use lb_policies::PolicyConfig;
 use pd_orchestrator::pools::{PdConfig, PoolsError};
@@ -75,6 +76,11 @@ pub struct RouterConfig {
     pub drain_timeout: Duration,
     /// Interval of the cache-aware trees' eviction to their budget (default 120 s).
     pub eviction_interval: Duration,
+    /// Polling the engines for their own in-flight counts, so that the
+    /// policies see the requests other router replicas sent (default:
+    /// every 50 ms; [`LoadPollConfig::off`] turns it off). See
+    /// [`crate::load_poll`].
+    pub load_poll: LoadPollConfig,
     /// After a shutdown signal, how long in-flight requests may take to
     /// finish before their connections are dropped (default 30 s).
     pub shutdown_grace: Duration,
@@ -153,6 +159,7 @@ impl Default for RouterConfig {
             worker_startup_check_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(60),
             eviction_interval: Duration::from_secs(120),
+            load_poll: LoadPollConfig::default(),
             shutdown_grace: Duration::from_secs(30),
             pd: None,
             worker_registry: None,

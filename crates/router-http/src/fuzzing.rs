@@ -75,6 +75,43 @@ pub fn headers(data: &[u8]) {
     assert!(!id.value.is_empty());
 }
 
+/// Reads `data[1..]` as an engine's load reply: the low bit of `data[0]`
+/// picks the source (`/metrics` or `/get_load`), the rest the
+/// data-parallel rank asked for (none, or 0 to 3). Never a panic; the same
+/// bytes read the same twice; what is accepted names at most
+/// [`MAX_RANKS`] engines, a rank's count is at most
+/// [`MAX_PLAUSIBLE_LOAD`], and a KV-cache usage lies in `[0, 1]`.
+///
+/// [`MAX_RANKS`]: crate::load_poll::MAX_RANKS
+/// [`MAX_PLAUSIBLE_LOAD`]: crate::load_poll::MAX_PLAUSIBLE_LOAD
+pub fn load_report(data: &[u8]) {
+    use crate::load_poll::{LoadSource, MAX_PLAUSIBLE_LOAD, MAX_RANKS};
+    let Some((&selector, body)) = data.split_first() else {
+        return;
+    };
+    let source = LoadSource::ALL[usize::from(selector & 1)];
+    let rank = match (selector >> 1) % 5 {
+        0 => None,
+        r => Some(u32::from(r) - 1),
+    };
+    let parsed = source.parse(body);
+    assert_eq!(parsed, source.parse(body), "not deterministic");
+    let Ok(loads) = parsed else {
+        return;
+    };
+    assert!(loads.len() <= MAX_RANKS);
+    if let Ok(report) = loads.for_rank(rank) {
+        let bound = match rank {
+            Some(_) => MAX_PLAUSIBLE_LOAD,
+            None => MAX_PLAUSIBLE_LOAD * MAX_RANKS as u64,
+        };
+        assert!(report.in_flight <= bound, "{report:?}");
+        if let Some(usage) = report.kv_cache_usage {
+            assert!((0.0..=1.0).contains(&usage), "{report:?}");
+        }
+    }
+}
+
 /// Splits `data` into chunks at the cut points its first bytes choose and
 /// passes them through a [`GuardedBody`], as an SSE stream is passed: the
 /// bytes out equal the bytes in, in order, and the guard finishes exactly

@@ -6,11 +6,12 @@ use std::path::PathBuf;
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 4] = [
+const TARGETS: [(&str, Target); 5] = [
     ("router_request_body", fuzzing::request_body),
     ("router_headers", fuzzing::headers),
     ("router_sse_passthrough", fuzzing::sse_passthrough),
     ("router_request_path", fuzzing::request_path),
+    ("router_load_report", fuzzing::load_report),
 ];
 
 #[test]

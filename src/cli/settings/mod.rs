@@ -192,8 +192,8 @@ impl Settings {
         format!(
             "bind={} mode={mode} policy={} cache_threshold={} balance_abs={} balance_rel={} \
              dp_size={} max_payload={} max_concurrent={} queue={}/{}s rate_limit={:?} \
-             request_timeout={}s retries={} breaker={} health=GET {} every {}s api_key={} \
-             admin_api_key={} prometheus={} grace={}s",
+             request_timeout={}s retries={} breaker={} health=GET {} every {}s load_poll={} \
+             api_key={} admin_api_key={} prometheus={} grace={}s",
             self.bind_address(),
             a.policy.as_str(),
             a.cache_threshold,
@@ -218,6 +218,10 @@ impl Settings {
             },
             a.health_check_endpoint,
             a.health_check_interval_secs,
+            match a.load_poll_interval_ms {
+                0 => "off".to_owned(),
+                ms => format!("{ms}ms"),
+            },
             secret(&a.api_key),
             secret(&a.admin_api_key),
             join_host_port(&a.prometheus_host, a.prometheus_port),

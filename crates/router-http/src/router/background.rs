@@ -1,5 +1,6 @@
-//! The router's background work: health checks, the prefix trees' upkeep
-//! and (feature `kv-events`) the KV event subscriptions following the pools.
+//! The router's background work: health checks, the prefix trees' upkeep,
+//! the engines' load polls and (feature `kv-events`) the KV event
+//! subscriptions following the pools.
 
 use super::Router;
 use std::sync::Arc;
@@ -22,8 +23,10 @@ impl Drop for BackgroundTasks {
 
 impl Router {
     /// Starts the router's background work: health checks of every worker
-    /// (never touching load) and the periodic cache-tree eviction. The tasks
-    /// stop when the returned handle is dropped.
+    /// (never touching load), the periodic cache-tree eviction and, unless
+    /// it is off, the polling of every engine for its load
+    /// ([`crate::load_poll`]). The tasks stop when the returned handle is
+    /// dropped (and the engines' reports are withdrawn then).
     pub fn spawn_background(&self) -> BackgroundTasks {
         let shared = Arc::clone(&self.shared);
         let probe =
@@ -58,6 +61,19 @@ impl Router {
             }
         });
         let mut tasks = vec![health, eviction];
+        if let Some(polls) = &shared.load_poll {
+            let router = self.clone();
+            let members = move || {
+                router
+                    .workers_of(&[RoleKind::Regular, RoleKind::Prefill, RoleKind::Decode])
+                    .unwrap_or_else(|| router.all_workers())
+            };
+            tasks.push(crate::load_poll::spawn(
+                Arc::clone(polls),
+                self.client().clone(),
+                members,
+            ));
+        }
         // Nothing without the `kv-events` feature (the hub type is then
         // uninhabited).
         if let Some(hub) = &shared.kv {
@@ -75,10 +91,6 @@ impl Router {
     /// The current workers of `roles`, each pool reconciled first so that
     /// discovered workers are current; `None` when a pool could not be
     /// refreshed (the caller keeps what it knew).
-    #[cfg_attr(
-        not(feature = "kv-events"),
-        allow(dead_code, reason = "only the KV event hub follows pools")
-    )]
     fn workers_of(&self, roles: &[RoleKind]) -> Option<Vec<Arc<Worker>>> {
         let mut workers = Vec::new();
         for &role in roles {

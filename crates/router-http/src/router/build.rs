@@ -109,6 +109,7 @@ impl Router {
             accepting: AtomicBool::new(true),
             startup: crate::startup::StartupGate::new(),
             kv,
+            load_poll: crate::load_poll::LoadPolls::new(config.load_poll.clone()),
             config,
         };
         Ok(Self {

@@ -31,7 +31,7 @@
 //! The code is cut by concern so that each part reads on its own:
 //! construction (`build`), the API keys (`auth`), steps 3 to 8 (`proxy`),
 //! serving and shutdown (`serve`), workers added at run time (`workers`),
-//! health checks and tree upkeep (`background`). They are submodules rather
+//! health checks, tree upkeep and the engines' load polls (`background`). They are submodules rather
 //! than siblings because they share [`Router`]'s state, which nothing else
 //! in the crate may touch.
 //!
@@ -97,6 +97,8 @@ struct Shared {
     pd: Option<crate::pd::PdState>,
     /// KV event subscriptions, when a pool's policy is `kv_aware`.
     kv: Option<crate::kv_wiring::KvHub>,
+    /// The engines' load polls, unless polling is off.
+    load_poll: Option<Arc<crate::load_poll::LoadPolls>>,
 }
 
 impl Router {
@@ -131,6 +133,12 @@ impl Router {
     #[cfg(feature = "kv-events")]
     pub fn kv_events(&self) -> Option<&Arc<crate::kv_events::KvEvents>> {
         self.shared.kv.as_ref()
+    }
+
+    /// The engines' load polls (what each engine reported, and the
+    /// errors), unless polling is off ([`RouterConfig::load_poll`]).
+    pub fn load_polls(&self) -> Option<&Arc<crate::load_poll::LoadPolls>> {
+        self.shared.load_poll.as_ref()
     }
 
     /// The router's own counters.

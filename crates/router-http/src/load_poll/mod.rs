@@ -1,0 +1,927 @@
+//! Engine-reported load: every engine is asked for its in-flight count,
+//! so that a router replica sees the requests the other replicas sent.
+//!
+//! A replica counts its own requests exactly (the workers' load guards),
+//! but behind R replicas that is about 1/R of what an engine runs. Every
+//! [`LoadPollConfig::interval`] (default 50 ms) the poller asks each
+//! engine behind the router's workers (regular, prefill and decode; the
+//! data-parallel ranks of one URL share one request) for its load and
+//! records it on each worker ([`Worker::record_engine_load`]), with the
+//! worker's own in-flight count read just before the request was sent.
+//! The policies then compare [`Worker::estimated_load`]:
+//!
+//! ```text
+//! estimated = own in-flight now + max(0, engine's running + waiting − own in-flight at the poll)
+//! ```
+//!
+//! Guards never read the estimate; the load counted and released is the
+//! router's own, as before.
+//!
+//! # Sources
+//!
+//! Tried in this order, per engine, until one answers with a usable load,
+//! which is then remembered and asked alone while it keeps answering:
+//!
+//! 1. `GET /metrics`: vLLM's `vllm:num_requests_running` plus
+//!    `vllm:num_requests_waiting`, the series whose `engine` label is the
+//!    worker's data-parallel rank (every engine's summed for a worker
+//!    without one);
+//! 2. `GET /get_load`: SGLang's per-rank list or vllm-router's
+//!    `{"load": N}`.
+//!
+//! The [`parse`](parse_metrics) functions say exactly what is accepted. A
+//! source is passed over when its path answers 404, 405, 410 or 501, or
+//! when its reply has no load fields at all; it is tried after the other
+//! when it fails otherwise (an error status, garbage), and only a refused
+//! connection ends the poll at once.
+//!
+//! # Failures
+//!
+//! Each engine's poll is bounded: one deadline for every source tried
+//! ([`LoadPollConfig::poll_timeout`], by default the interval, at most
+//! 1 s), a body cap ([`LoadPollConfig::max_body_bytes`], 4 MiB, past which
+//! reading stops and the connection closes), and
+//! [`LoadPollConfig::max_concurrent`] engines polled at once. A poll that
+//! gives no usable load for a worker withdraws the worker's report
+//! ([`Worker::clear_engine_load`]: its estimate is the router's own count
+//! again), counts the reason ([`PollError`]) in
+//! `router_load_poll_errors_total` and shows it in `/workers`. So does a
+//! report older than [`LoadPollConfig::stale_after`] intervals. An engine
+//! that carries load on neither path is not asked again for
+//! [`LoadPollConfig::no_source_backoff`] (30 s). Polls take no admission
+//! permit, no load guard and no breaker outcome: an engine that does not
+//! answer its load polls is only not estimated, never excluded; the
+//! health checks and the requests themselves judge it. Nothing here runs
+//! on the request path, which only reads the workers' atomics.
+//!
+//! When the task stops (the router's [`BackgroundTasks`] dropped), every
+//! report it made is withdrawn.
+//!
+//! [`Worker::record_engine_load`]: worker_lifecycle::Worker::record_engine_load
+//! [`Worker::estimated_load`]: worker_lifecycle::Worker::estimated_load
+//! [`Worker::clear_engine_load`]: worker_lifecycle::Worker::clear_engine_load
+//! [`BackgroundTasks`]: crate::BackgroundTasks
+
+mod parse;
+
+pub use parse::{
+    EngineLoads, LoadSource, MAX_PLAUSIBLE_LOAD, MAX_RANKS, PollError, RankLoad, Unusable,
+    parse_get_load, parse_metrics,
+};
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use parking_lot::Mutex;
+use prom_text::{Exposition, Label, MetricType};
+use serde::Serialize;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use worker_lifecycle::{Worker, WorkerUrl};
+
+use crate::client::{UpstreamClient, UpstreamError};
+use crate::metrics::{Histogram, LATENCY_BOUNDS};
+
+/// How the engines are polled for their load (see the [module docs](self)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadPollConfig {
+    /// Time between polling rounds (default 50 ms); `None` or zero turns
+    /// polling off, and every estimate is the router's own count.
+    pub interval: Option<Duration>,
+    /// Deadline of one engine's poll, every source tried included
+    /// (default `None`: the interval, at most 1 s).
+    pub timeout: Option<Duration>,
+    /// Largest reply read (default 4 MiB); a larger one is cut off and
+    /// counted as [`PollError::TooLarge`].
+    pub max_body_bytes: usize,
+    /// Engines polled at once (default 32; at least 1).
+    pub max_concurrent: usize,
+    /// How long an engine with load on neither path is left alone
+    /// (default 30 s).
+    pub no_source_backoff: Duration,
+    /// A report older than this many intervals is withdrawn (default 3;
+    /// at least 1).
+    pub stale_after: u32,
+}
+
+impl Default for LoadPollConfig {
+    fn default() -> Self {
+        Self {
+            interval: Some(Duration::from_millis(50)),
+            timeout: None,
+            max_body_bytes: 4 * 1024 * 1024,
+            max_concurrent: 32,
+            no_source_backoff: Duration::from_secs(30),
+            stale_after: 3,
+        }
+    }
+}
+
+impl LoadPollConfig {
+    /// Polling off.
+    pub fn off() -> Self {
+        Self {
+            interval: None,
+            ..Self::default()
+        }
+    }
+
+    /// The interval, when polling is on (set and not zero).
+    pub fn active_interval(&self) -> Option<Duration> {
+        self.interval.filter(|interval| !interval.is_zero())
+    }
+
+    /// The deadline of one engine's poll: [`timeout`](Self::timeout), or
+    /// the interval capped at 1 s.
+    pub fn poll_timeout(&self) -> Duration {
+        self.timeout.unwrap_or_else(|| {
+            self.active_interval()
+                .unwrap_or(Duration::ZERO)
+                .min(Duration::from_secs(1))
+        })
+    }
+
+    /// The age past which a report is withdrawn.
+    pub fn stale_age(&self) -> Duration {
+        self.active_interval()
+            .unwrap_or(Duration::ZERO)
+            .saturating_mul(self.stale_after.max(1))
+    }
+}
+
+/// The poller's state: what each engine answered last and each worker's
+/// report and errors. Shared by the polling task and the router's admin
+/// routes; the request path never touches it.
+pub struct LoadPolls {
+    config: LoadPollConfig,
+    interval: Duration,
+    state: Mutex<State>,
+    /// Engine polls that gave a load, by source.
+    reports: [AtomicU64; LoadSource::ALL.len()],
+    /// Polling rounds' durations.
+    rounds: Histogram,
+}
+
+impl std::fmt::Debug for LoadPolls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadPolls")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// By base URL: one poll serves every rank of an engine.
+    engines: HashMap<Arc<str>, EngineState>,
+    /// By worker key (one lifetime of one worker).
+    workers: HashMap<Box<str>, WorkerState>,
+}
+
+#[derive(Default)]
+struct EngineState {
+    /// The source that answered last.
+    source: Option<LoadSource>,
+    /// Not polled before this (no source).
+    backoff_until: Option<Instant>,
+}
+
+struct WorkerState {
+    worker: Weak<Worker>,
+    /// `url[@rank]`, role and generation, for metric labels.
+    label: String,
+    role: &'static str,
+    generation: u64,
+    /// The report that stands: when it was made and from where.
+    reported: Option<(Instant, LoadSource)>,
+    kv_cache_usage: Option<f64>,
+    last_error: Option<LastError>,
+    errors: [u64; PollError::ALL.len()],
+}
+
+struct LastError {
+    reason: PollError,
+    detail: String,
+    at: Instant,
+}
+
+impl WorkerState {
+    fn new(worker: &Arc<Worker>) -> Self {
+        Self {
+            worker: Arc::downgrade(worker),
+            label: worker.endpoint().to_string(),
+            role: worker.role().kind().as_str(),
+            generation: worker.generation(),
+            reported: None,
+            kv_cache_usage: None,
+            last_error: None,
+            errors: [0; PollError::ALL.len()],
+        }
+    }
+
+    /// Withdraws the worker's report and records why.
+    fn fail(&mut self, worker: &Worker, reason: PollError, detail: String, now: Instant) {
+        worker.clear_engine_load();
+        self.reported = None;
+        self.kv_cache_usage = None;
+        self.errors[reason.index()] += 1;
+        self.last_error = Some(LastError {
+            reason,
+            detail,
+            at: now,
+        });
+    }
+}
+
+/// One engine to poll in a round: its URL, the source it answered with
+/// last, and the workers (ranks) it serves.
+struct EnginePoll {
+    key: Arc<str>,
+    url: WorkerUrl,
+    source: Option<LoadSource>,
+    workers: Vec<Arc<Worker>>,
+}
+
+/// Why one engine's poll gave nothing, with a line for `/workers`.
+struct Failure {
+    reason: PollError,
+    detail: String,
+}
+
+impl Failure {
+    fn new(reason: PollError, source: LoadSource, what: impl std::fmt::Display) -> Self {
+        Self {
+            reason,
+            detail: format!("GET {}: {what}", source.path()),
+        }
+    }
+}
+
+/// What one engine's poll produced: the source that answered, the loads
+/// it named, and each worker's own count read just before that request.
+type Answer = Result<(LoadSource, EngineLoads, Vec<usize>), Failure>;
+
+impl LoadPolls {
+    /// The poller's state for `config`; `None` when polling is off.
+    pub fn new(config: LoadPollConfig) -> Option<Arc<Self>> {
+        let interval = config.active_interval()?;
+        Some(Arc::new(Self {
+            config,
+            interval,
+            state: Mutex::new(State::default()),
+            reports: std::array::from_fn(|_| AtomicU64::new(0)),
+            rounds: Histogram::new(LATENCY_BOUNDS),
+        }))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LoadPollConfig {
+        &self.config
+    }
+
+    /// Errors counted for `worker` with `reason` (this lifetime of it).
+    pub fn errors(&self, worker: &Worker, reason: PollError) -> u64 {
+        self.state
+            .lock()
+            .workers
+            .get(worker.key())
+            .map_or(0, |state| state.errors[reason.index()])
+    }
+
+    /// Engine polls that gave a load through `source`, since the start.
+    pub fn reports(&self, source: LoadSource) -> u64 {
+        self.reports[source.index()].load(Ordering::Relaxed)
+    }
+
+    /// What `/workers` shows of `worker`'s engine-reported load.
+    pub fn status(&self, worker: &Worker) -> EngineLoadStatus {
+        let now = Instant::now();
+        let mut status = EngineLoadStatus::unpolled(worker);
+        status.polling = true;
+        let state = self.state.lock();
+        if let Some(ours) = state.workers.get(worker.key()) {
+            if let Some((at, source)) = ours.reported {
+                status.source = Some(source.as_str());
+                status.report_age_ms = Some(millis(now.saturating_duration_since(at)));
+            }
+            status.kv_cache_usage = ours.kv_cache_usage;
+            status.last_error = ours.last_error.as_ref().map(|error| LastErrorStatus {
+                reason: error.reason.as_str(),
+                detail: error.detail.clone(),
+                age_ms: millis(now.saturating_duration_since(error.at)),
+            });
+        }
+        if let Some(until) = state
+            .engines
+            .get(worker.url())
+            .and_then(|engine| engine.backoff_until)
+        {
+            status.backoff_ms = Some(millis(until.saturating_duration_since(now)));
+        }
+        status
+    }
+
+    /// Writes the poller's series: reports by source, errors by worker
+    /// and reason, KV-cache usage by worker, and the rounds' durations.
+    pub fn render(&self, exposition: &mut Exposition<'_>) {
+        let mut family = exposition.family(
+            "router_load_poll_reports_total",
+            MetricType::Counter,
+            "Engine load polls that gave a load, by source.",
+        );
+        for source in LoadSource::ALL {
+            family.sample(&[("source", &source.as_str())], self.reports(source));
+        }
+        let state = self.state.lock();
+        let mut workers: Vec<&WorkerState> = state.workers.values().collect();
+        workers.sort_by(|a, b| (&a.label, a.role).cmp(&(&b.label, b.role)));
+        let mut family = exposition.family(
+            "router_load_poll_errors_total",
+            MetricType::Counter,
+            "Load polls that left a worker without an engine report, by reason.",
+        );
+        for worker in &workers {
+            for reason in PollError::ALL {
+                let count = worker.errors[reason.index()];
+                if count > 0 {
+                    let labels: [Label<'_>; 4] = [
+                        ("url", &worker.label),
+                        ("role", &worker.role),
+                        ("generation", &worker.generation),
+                        ("reason", &reason.as_str()),
+                    ];
+                    family.sample(&labels, count);
+                }
+            }
+        }
+        let mut family = exposition.family(
+            "router_worker_engine_kv_cache_usage",
+            MetricType::Gauge,
+            "KV-cache usage (0-1) the engine reported with its load.",
+        );
+        for worker in &workers {
+            if let Some(usage) = worker.kv_cache_usage {
+                let labels: [Label<'_>; 3] = [
+                    ("url", &worker.label),
+                    ("role", &worker.role),
+                    ("generation", &worker.generation),
+                ];
+                family.sample(&labels, usage);
+            }
+        }
+        drop(state);
+        let mut family = exposition.histograms(
+            "router_load_poll_round_seconds",
+            "Duration of a load polling round (every engine due, at most max_concurrent at once).",
+        );
+        self.rounds.render(&mut family, &[]);
+    }
+
+    /// A round's start: forgets workers and engines that left, withdraws
+    /// stale reports, and returns the engines to poll now (not backing
+    /// off), each with its workers.
+    fn plan(&self, workers: &[Arc<Worker>], now: Instant) -> Vec<EnginePoll> {
+        let stale_age = self.config.stale_age();
+        let mut state = self.state.lock();
+        let State {
+            engines,
+            workers: known,
+        } = &mut *state;
+        let mut current: HashMap<&str, &Arc<Worker>> = HashMap::with_capacity(workers.len());
+        for worker in workers {
+            current.insert(worker.key(), worker);
+        }
+        known.retain(|key, ours| match current.get(&**key) {
+            Some(_) => true,
+            None => {
+                if let Some(gone) = ours.worker.upgrade() {
+                    gone.clear_engine_load();
+                }
+                false
+            }
+        });
+        let mut polls: Vec<EnginePoll> = Vec::new();
+        let mut by_url: HashMap<&str, usize> = HashMap::new();
+        for worker in workers {
+            let ours = worker_state(known, worker);
+            if let Some((at, source)) = ours.reported
+                && now.saturating_duration_since(at) > stale_age
+            {
+                let detail = format!(
+                    "GET {}: the last report is {} ms old",
+                    source.path(),
+                    millis(now.saturating_duration_since(at))
+                );
+                ours.fail(worker, PollError::Stale, detail, now);
+            }
+            let url = worker.url();
+            if let Some(&at) = by_url.get(url) {
+                polls[at].workers.push(Arc::clone(worker));
+                continue;
+            }
+            let key = match engines.get_key_value(url) {
+                Some((key, _)) => Arc::clone(key),
+                None => {
+                    let key: Arc<str> = Arc::from(url);
+                    engines.insert(Arc::clone(&key), EngineState::default());
+                    key
+                }
+            };
+            let Some(engine) = engines.get_mut(url) else {
+                continue;
+            };
+            if engine.backoff_until.is_some_and(|until| now < until) {
+                continue;
+            }
+            engine.backoff_until = None;
+            by_url.insert(url, polls.len());
+            polls.push(EnginePoll {
+                key,
+                url: worker.endpoint().worker_url().clone(),
+                source: engine.source,
+                workers: vec![Arc::clone(worker)],
+            });
+        }
+        let urls: std::collections::HashSet<&str> = workers.iter().map(|w| w.url()).collect();
+        engines.retain(|url, _| urls.contains(&**url));
+        polls
+    }
+
+    /// Applies one engine's answer to its workers.
+    fn finish(&self, poll: &EnginePoll, answer: Answer, now: Instant) {
+        let mut state = self.state.lock();
+        let State { engines, workers } = &mut *state;
+        let engine = engines.entry(Arc::clone(&poll.key)).or_default();
+        match answer {
+            Ok((source, loads, own)) => {
+                engine.source = Some(source);
+                self.reports[source.index()].fetch_add(1, Ordering::Relaxed);
+                for (worker, own) in poll.workers.iter().zip(own) {
+                    let ours = worker_state(workers, worker);
+                    match loads.for_rank(worker.dp_rank()) {
+                        Ok(report) => {
+                            let in_flight = usize::try_from(report.in_flight).unwrap_or(usize::MAX);
+                            worker.record_engine_load(in_flight, own);
+                            ours.reported = Some((now, source));
+                            ours.kv_cache_usage = report.kv_cache_usage;
+                            ours.last_error = None;
+                        }
+                        Err(reason) => {
+                            let detail = Failure::new(
+                                reason,
+                                source,
+                                match worker.dp_rank() {
+                                    Some(rank) => format!("no load for data-parallel rank {rank}"),
+                                    None => "no load in the reply".to_owned(),
+                                },
+                            )
+                            .detail;
+                            ours.fail(worker, reason, detail, now);
+                        }
+                    }
+                }
+            }
+            Err(failure) => {
+                if failure.reason == PollError::NoSource {
+                    engine.source = None;
+                    engine.backoff_until = Some(now + self.config.no_source_backoff);
+                }
+                for worker in &poll.workers {
+                    let ours = worker_state(workers, worker);
+                    ours.fail(worker, failure.reason, failure.detail.clone(), now);
+                }
+            }
+        }
+    }
+
+    /// Withdraws every report this poller made (it stops).
+    fn withdraw_all(&self) {
+        let mut state = self.state.lock();
+        for ours in state.workers.values_mut() {
+            if let Some(worker) = ours.worker.upgrade() {
+                worker.clear_engine_load();
+            }
+            ours.reported = None;
+            ours.kv_cache_usage = None;
+        }
+    }
+}
+
+/// `worker`'s entry in `known`, made when it has none (its key is only
+/// copied then, not on every round).
+fn worker_state<'a>(
+    known: &'a mut HashMap<Box<str>, WorkerState>,
+    worker: &Arc<Worker>,
+) -> &'a mut WorkerState {
+    if !known.contains_key(worker.key()) {
+        known.insert(worker.key().into(), WorkerState::new(worker));
+    }
+    match known.get_mut(worker.key()) {
+        Some(state) => state,
+        None => unreachable!("inserted above"),
+    }
+}
+
+/// A worker's engine-reported load as `/workers` shows it (its
+/// `engine_load` object).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineLoadStatus {
+    /// Whether the router polls engines for their load.
+    pub polling: bool,
+    /// This router's own requests in flight on the worker.
+    pub own_load: usize,
+    /// What the policies compare: own now plus the other routers' as of
+    /// the last report.
+    pub estimated_load: usize,
+    /// The engine's in-flight count in the report that stands.
+    pub reported: Option<usize>,
+    /// Where that report came from (`metrics` or `get_load`).
+    pub source: Option<&'static str>,
+    /// How old the report is, in milliseconds.
+    pub report_age_ms: Option<u64>,
+    /// The KV-cache usage (0-1) that came with the report, if any.
+    pub kv_cache_usage: Option<f64>,
+    /// The last poll that left the worker without a report, unless a
+    /// report came since.
+    pub last_error: Option<LastErrorStatus>,
+    /// While the engine is left alone (no source), how much longer.
+    pub backoff_ms: Option<u64>,
+}
+
+/// Why the worker's last poll gave no report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LastErrorStatus {
+    /// The reason, as in `router_load_poll_errors_total`.
+    pub reason: &'static str,
+    /// What happened, on one line.
+    pub detail: String,
+    /// How long ago, in milliseconds.
+    pub age_ms: u64,
+}
+
+impl EngineLoadStatus {
+    /// The status of a worker whose engine is not polled: the counts
+    /// alone.
+    pub fn unpolled(worker: &Worker) -> Self {
+        Self {
+            polling: false,
+            own_load: Worker::load(worker),
+            estimated_load: worker.estimated_load(),
+            reported: worker.engine_reported_load(),
+            source: None,
+            report_age_ms: None,
+            kv_cache_usage: None,
+            last_error: None,
+            backoff_ms: None,
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Withdraws the poller's reports when its task ends (aborted included).
+struct WithdrawOnDrop(Arc<LoadPolls>);
+
+impl Drop for WithdrawOnDrop {
+    fn drop(&mut self) {
+        self.0.withdraw_all();
+    }
+}
+
+/// The polling task: a round every interval over the workers `members`
+/// gives, each due engine polled through `client`, at most
+/// `max_concurrent` at once; the next round starts when this one is done.
+pub(crate) fn spawn(
+    polls: Arc<LoadPolls>,
+    client: UpstreamClient,
+    members: impl Fn() -> Vec<Arc<Worker>> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let _withdraw = WithdrawOnDrop(Arc::clone(&polls));
+        let cap = polls.config.max_concurrent.max(1);
+        let timeout = polls.config.poll_timeout();
+        let limit = polls.config.max_body_bytes;
+        let mut ticker = tokio::time::interval(polls.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let started = Instant::now();
+            let due = polls.plan(&members(), started);
+            let mut running: JoinSet<(EnginePoll, Answer)> = JoinSet::new();
+            for poll in due {
+                while running.len() >= cap {
+                    finish_one(&polls, &mut running).await;
+                }
+                running.spawn(poll_engine(client.clone(), poll, timeout, limit));
+            }
+            while finish_one(&polls, &mut running).await {}
+            polls.rounds.observe_duration(started.elapsed());
+        }
+    })
+}
+
+/// Waits for one poll of `running` and applies it; `false` when none was
+/// left.
+async fn finish_one(polls: &LoadPolls, running: &mut JoinSet<(EnginePoll, Answer)>) -> bool {
+    match running.join_next().await {
+        Some(Ok((poll, answer))) => {
+            polls.finish(&poll, answer, Instant::now());
+            true
+        }
+        Some(Err(error)) => {
+            tracing::error!(error = %error, "load poll task failed");
+            true
+        }
+        None => false,
+    }
+}
+
+/// Polls one engine: its remembered source first, then the others in
+/// order, all within `timeout`.
+async fn poll_engine(
+    client: UpstreamClient,
+    poll: EnginePoll,
+    timeout: Duration,
+    limit: usize,
+) -> (EnginePoll, Answer) {
+    let mut order: Vec<LoadSource> = poll.source.into_iter().collect();
+    order.extend(
+        LoadSource::ALL
+            .into_iter()
+            .filter(|s| Some(*s) != poll.source),
+    );
+    // The source being asked, for the message when the deadline passes.
+    let asking = std::sync::atomic::AtomicUsize::new(order[0].index());
+    let attempt = async {
+        let mut first_failure: Option<Failure> = None;
+        for source in order {
+            asking.store(source.index(), Ordering::Relaxed);
+            // The own counts the report is measured against: read just
+            // before the request leaves.
+            let own: Vec<usize> = poll.workers.iter().map(|w| Worker::load(w)).collect();
+            let failure = match fetch(&client, &poll.url, source, limit).await {
+                Ok(None) => continue,
+                Ok(Some(body)) => match source.parse(&body) {
+                    Ok(loads) => return Ok((source, loads, own)),
+                    Err(Unusable::Absent) => continue,
+                    Err(Unusable::Failed(reason)) => Failure::new(reason, source, describe(reason)),
+                },
+                Err(failure) if failure.reason == PollError::Connect => return Err(failure),
+                Err(failure) => failure,
+            };
+            first_failure.get_or_insert(failure);
+        }
+        Err(first_failure.unwrap_or(Failure {
+            reason: PollError::NoSource,
+            detail: "neither GET /metrics nor GET /get_load carries load".to_owned(),
+        }))
+    };
+    let answer = match tokio::time::timeout(timeout, attempt).await {
+        Ok(answer) => answer,
+        Err(_elapsed) => Err(Failure::new(
+            PollError::Timeout,
+            LoadSource::ALL[asking.load(Ordering::Relaxed)],
+            format_args!("no complete answer within {timeout:?}"),
+        )),
+    };
+    (poll, answer)
+}
+
+/// What a parse failure means, for `/workers`.
+fn describe(reason: PollError) -> &'static str {
+    match reason {
+        PollError::InvalidValue => "a count that is negative, fractional, infinite or NaN",
+        PollError::Implausible => "a count above the plausible maximum",
+        _ => "not the format of this source",
+    }
+}
+
+/// `GET path` on the engine: the body of a 2xx reply (at most `limit`
+/// bytes), `None` when the path does not exist there.
+async fn fetch(
+    client: &UpstreamClient,
+    url: &WorkerUrl,
+    source: LoadSource,
+    limit: usize,
+) -> Result<Option<Bytes>, Failure> {
+    let request = Request::get(url.url_for(source.path()))
+        .body(Full::new(Bytes::new()))
+        .map_err(|err| Failure::new(PollError::Connect, source, err))?;
+    let response = client.send(request).await.map_err(|err| {
+        let reason = match err {
+            UpstreamError::HeaderTimeout(_) | UpstreamError::Deadline => PollError::Timeout,
+            _ => PollError::Connect,
+        };
+        Failure::new(reason, source, err)
+    })?;
+    let status = response.status();
+    if matches!(
+        status,
+        StatusCode::NOT_FOUND
+            | StatusCode::METHOD_NOT_ALLOWED
+            | StatusCode::GONE
+            | StatusCode::NOT_IMPLEMENTED
+    ) {
+        return Ok(None);
+    }
+    if !status.is_success() {
+        return Err(Failure::new(
+            PollError::Status,
+            source,
+            format_args!("status {}", status.as_u16()),
+        ));
+    }
+    match Limited::new(response.into_body(), limit).collect().await {
+        Ok(body) => Ok(Some(body.to_bytes())),
+        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => Err(Failure::new(
+            PollError::TooLarge,
+            source,
+            format_args!("body over {limit} bytes"),
+        )),
+        Err(err) => Err(Failure::new(PollError::Connect, source, err)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use worker_lifecycle::{Endpoint, WorkerOptions, WorkerRole, WorkerSpec};
+
+    fn worker(url: &str, rank: Option<u32>, generation: u64) -> Arc<Worker> {
+        let endpoint = Endpoint::new(url, rank).unwrap();
+        let spec = WorkerSpec::new(WorkerRole::Regular, endpoint);
+        Worker::new(spec, generation, &WorkerOptions::default())
+    }
+
+    fn polls() -> Arc<LoadPolls> {
+        LoadPolls::new(LoadPollConfig::default()).unwrap()
+    }
+
+    fn loads(text: &str) -> EngineLoads {
+        parse_metrics(text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn polling_is_off_without_an_interval_or_with_zero() {
+        assert!(LoadPolls::new(LoadPollConfig::off()).is_none());
+        let zero = LoadPollConfig {
+            interval: Some(Duration::ZERO),
+            ..LoadPollConfig::default()
+        };
+        assert!(LoadPolls::new(zero).is_none());
+        let config = LoadPollConfig::default();
+        assert_eq!(config.poll_timeout(), Duration::from_millis(50));
+        assert_eq!(config.stale_age(), Duration::from_millis(150));
+        let slow = LoadPollConfig {
+            interval: Some(Duration::from_secs(5)),
+            ..LoadPollConfig::default()
+        };
+        assert_eq!(slow.poll_timeout(), Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ranks_of_one_url_share_a_poll_and_get_their_own_reports() {
+        let polls = polls();
+        let workers = [
+            worker("http://10.0.0.1:8000", Some(0), 1),
+            worker("http://10.0.0.1:8000", Some(1), 1),
+            worker("http://10.0.0.2:8000", None, 1),
+        ];
+        let plan = polls.plan(&workers, Instant::now());
+        assert_eq!(plan.len(), 2);
+        assert_eq!(plan[0].workers.len(), 2);
+        let mine = workers[1].try_reserve().unwrap();
+        let text = "vllm:num_requests_running{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"0\"} 1\n\
+            vllm:num_requests_running{engine=\"1\"} 2\nvllm:num_requests_waiting{engine=\"1\"} 0\n";
+        polls.finish(
+            &plan[0],
+            Ok((LoadSource::Metrics, loads(text), vec![0, 1])),
+            Instant::now(),
+        );
+        assert_eq!(workers[0].engine_reported_load(), Some(4));
+        assert_eq!(workers[0].estimated_load(), 4);
+        assert_eq!(workers[1].engine_reported_load(), Some(2));
+        assert_eq!(workers[1].estimated_load(), 2, "one of the two is ours");
+        drop(mine);
+        assert_eq!(workers[1].estimated_load(), 1);
+        let status = polls.status(&workers[0]);
+        assert_eq!(status.source, Some("metrics"));
+        assert_eq!((status.own_load, status.reported), (0, Some(4)));
+        assert_eq!(polls.reports(LoadSource::Metrics), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_withdraw_the_report_and_no_source_backs_off() {
+        let polls = polls();
+        let workers = [worker("http://10.0.0.1:8000", None, 1)];
+        let start = Instant::now();
+        let plan = polls.plan(&workers, start);
+        let text = "vllm:num_requests_running 5\nvllm:num_requests_waiting 0\n";
+        polls.finish(
+            &plan[0],
+            Ok((LoadSource::Metrics, loads(text), vec![0])),
+            start,
+        );
+        assert_eq!(workers[0].estimated_load(), 5);
+        let failure = Failure::new(PollError::Garbage, LoadSource::Metrics, "x");
+        polls.finish(&plan[0], Err(failure), start);
+        assert_eq!(workers[0].engine_reported_load(), None);
+        assert_eq!(workers[0].estimated_load(), 0);
+        assert_eq!(polls.errors(&workers[0], PollError::Garbage), 1);
+        let status = polls.status(&workers[0]);
+        assert_eq!(status.last_error.unwrap().reason, "garbage");
+        // The source that answered is still the one asked first.
+        assert_eq!(
+            polls.plan(&workers, start)[0].source,
+            Some(LoadSource::Metrics)
+        );
+
+        let none = Failure {
+            reason: PollError::NoSource,
+            detail: String::new(),
+        };
+        polls.finish(&plan[0], Err(none), start);
+        let backoff = polls.config().no_source_backoff;
+        assert!(polls.plan(&workers, start).is_empty());
+        assert!(
+            polls
+                .plan(&workers, start + backoff - Duration::from_millis(1))
+                .is_empty()
+        );
+        assert!(polls.status(&workers[0]).backoff_ms.is_some());
+        let again = polls.plan(&workers, start + backoff);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].source, None, "every source is tried again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_report_older_than_the_limit_is_withdrawn_as_stale() {
+        let polls = polls();
+        let workers = [worker("http://10.0.0.1:8000", None, 1)];
+        let start = Instant::now();
+        let plan = polls.plan(&workers, start);
+        let text = "vllm:num_requests_running 2\nvllm:num_requests_waiting 2\n";
+        polls.finish(
+            &plan[0],
+            Ok((LoadSource::Metrics, loads(text), vec![0])),
+            start,
+        );
+        let limit = polls.config().stale_age();
+        let _ = polls.plan(&workers, start + limit);
+        assert_eq!(workers[0].engine_reported_load(), Some(4), "at the limit");
+        let _ = polls.plan(&workers, start + limit + Duration::from_millis(1));
+        assert_eq!(workers[0].engine_reported_load(), None);
+        assert_eq!(polls.errors(&workers[0], PollError::Stale), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rank_missing_from_the_reply_fails_alone() {
+        let polls = polls();
+        let workers = [
+            worker("http://10.0.0.1:8000", Some(0), 1),
+            worker("http://10.0.0.1:8000", Some(7), 1),
+        ];
+        let plan = polls.plan(&workers, Instant::now());
+        let text = "vllm:num_requests_running{engine=\"0\"} 1\nvllm:num_requests_waiting{engine=\"0\"} 1\n";
+        polls.finish(
+            &plan[0],
+            Ok((LoadSource::Metrics, loads(text), vec![0, 0])),
+            Instant::now(),
+        );
+        assert_eq!(workers[0].engine_reported_load(), Some(2));
+        assert_eq!(workers[1].engine_reported_load(), None);
+        assert_eq!(polls.errors(&workers[1], PollError::RankAbsent), 1);
+        assert_eq!(polls.errors(&workers[0], PollError::RankAbsent), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn workers_that_leave_are_forgotten_and_stopping_withdraws_every_report() {
+        let polls = polls();
+        let first = worker("http://10.0.0.1:8000", None, 1);
+        let second = worker("http://10.0.0.2:8000", None, 1);
+        let both = [Arc::clone(&first), Arc::clone(&second)];
+        let plan = polls.plan(&both, Instant::now());
+        let text = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n";
+        for poll in &plan {
+            polls.finish(
+                poll,
+                Ok((LoadSource::Metrics, loads(text), vec![0])),
+                Instant::now(),
+            );
+        }
+        assert_eq!(first.engine_reported_load(), Some(1));
+        let _ = polls.plan(std::slice::from_ref(&second), Instant::now());
+        assert_eq!(first.engine_reported_load(), None, "it left");
+        assert_eq!(polls.state.lock().workers.len(), 1);
+        assert_eq!(polls.state.lock().engines.len(), 1);
+        drop(WithdrawOnDrop(Arc::clone(&polls)));
+        assert_eq!(second.engine_reported_load(), None);
+    }
+}
