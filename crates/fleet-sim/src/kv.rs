@@ -28,7 +28,7 @@ use kv_block_index::wire::to_index_event;
 use kv_block_index::{IndexConfig, KvEvent, KvIndex, StreamWriter};
 use lb_policies::{KvSources, KvStreams};
 
-use super::run::SimError;
+use crate::config::SimError;
 
 /// The block indexes of the router replicas and the events in transit to
 /// them.

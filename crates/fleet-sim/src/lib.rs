@@ -133,20 +133,24 @@
 //! The command-line front end is `cargo run --release --example simulate`;
 //! `docs/benchmarks.md` holds its tables and charts.
 
+mod config;
 mod deployment;
 mod kv;
 mod metrics;
+mod polls;
+mod pool;
 pub mod report;
 mod run;
 pub mod trace;
 pub mod workload;
 
+pub use config::{
+    DEFAULT_KV_EVENT_DELAY, DEFAULT_LOAD_POLLING, LoadPolling, PdSplit, RoutingSource, RunReport,
+    SimConfig, SimError, split_policy,
+};
 pub use deployment::for_deployment;
 pub use metrics::{LoadTimeline, PolicyMetrics, percentile};
-pub use run::{
-    DEFAULT_KV_EVENT_DELAY, DEFAULT_LOAD_POLLING, LoadPolling, PdSplit, RoutingSource, RunReport,
-    SimConfig, SimError, simulate, split_policy,
-};
+pub use run::simulate;
 pub use trace::{ArrivalClock, PreparedTrace, Trace, TraceError, TraceRequest};
 
 /// The policies the simulator compares by default, named as on the

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde_json::{Map, Value, json};
 
-use super::run::RunReport;
+use crate::config::RunReport;
 
 /// The `--json` summary: `{"<workload>": {"<policy>": {"throughput_rps",
 /// "output_tps", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms", "hit_rate",
