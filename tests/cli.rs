@@ -1139,3 +1139,55 @@ fn zmq_and_kv_index_bounds_come_from_their_flags() {
         assert_eq!(err.exit_code(), 2);
     }
 }
+
+#[test]
+fn kv_aware_cost_flags_reach_the_policy_and_bad_values_are_refused() {
+    // Defaults: lb-policies' load weight, no softmax.
+    let s = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--policy",
+        "kv_aware",
+    ])
+    .unwrap();
+    let cost = s.router.policy.cache_aware.cost;
+    assert_eq!(cost.load_weight, lb_policies::DEFAULT_LOAD_WEIGHT);
+    assert_eq!(cost.temperature, 0.0);
+    // vllm-router 0.1.17's --router-temperature, and the load weight.
+    let s = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--policy",
+        "kv_aware",
+        "--router-temperature",
+        "0.25",
+        "--kv-aware-load-weight",
+        "4",
+    ])
+    .unwrap();
+    let cost = s.router.policy.cache_aware.cost;
+    assert_eq!((cost.load_weight, cost.temperature), (4.0, 0.25));
+    // The gate by name, for comparison.
+    let s = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--policy",
+        "kv_aware_gate",
+    ])
+    .unwrap();
+    assert_eq!(s.router.policy.name, "kv_aware_gate");
+    for (flag, value) in [
+        ("--router-temperature", "-1"),
+        ("--router-temperature", "inf"),
+        ("--kv-aware-load-weight", "NaN"),
+        ("--kv-aware-load-weight", "-0.5"),
+    ] {
+        let message = settings(&["--worker-urls", "http://127.0.0.1:9", flag, value])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with(&format!("{flag}: must be a finite number >= 0")),
+            "{flag} {value}: {message}"
+        );
+    }
+}

@@ -254,6 +254,16 @@ pub struct Args {
     /// ...and is more than this factor (>= 1.0) times it.
     #[arg(long, default_value_t = 1.5, help_heading = "Policy")]
     pub balance_rel_threshold: f64,
+    /// kv_aware: KV blocks of prefill one in-flight request is worth in the
+    /// expected cost `(blocks not cached) + weight x load` it minimises; 0
+    /// ignores load.
+    #[arg(long, default_value_t = lb_policies::DEFAULT_LOAD_WEIGHT, help_heading = "Policy")]
+    pub kv_aware_load_weight: f64,
+    /// kv_aware: softmax temperature over the workers' costs, in units of
+    /// one whole prefill of the request; 0 always takes the least cost
+    /// (vllm-router's and Dynamo's flag).
+    #[arg(long, default_value_t = 0.0, help_heading = "Policy")]
+    pub router_temperature: f64,
     /// cache_aware: seconds between upkeep passes over the prefix trees (a
     /// fallback: every insert keeps its tree within --max-tree-size and
     /// --max-tree-bytes).

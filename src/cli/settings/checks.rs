@@ -43,6 +43,18 @@ pub(super) fn check_ranges(a: &Args) -> Result<(), CliError> {
             Err(CliError::invalid(id, "must be at least 1"))
         }
     };
+    let non_negative = |id: &str, value: f64| {
+        if value.is_finite() && value >= 0.0 {
+            Ok(())
+        } else {
+            Err(CliError::invalid(
+                id,
+                format!("must be a finite number >= 0, got {value}"),
+            ))
+        }
+    };
+    non_negative("kv_aware_load_weight", a.kv_aware_load_weight)?;
+    non_negative("router_temperature", a.router_temperature)?;
     fraction("cache_threshold", a.cache_threshold)?;
     factor("balance_rel_threshold", a.balance_rel_threshold)?;
     fraction("retry_jitter_factor", a.retry_jitter_factor)?;

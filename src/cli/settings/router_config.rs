@@ -14,6 +14,8 @@ pub(super) fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
     cache.cache_threshold = a.cache_threshold;
     cache.balance_abs_threshold = a.balance_abs_threshold;
     cache.balance_rel_threshold = a.balance_rel_threshold;
+    cache.cost.load_weight = a.kv_aware_load_weight;
+    cache.cost.temperature = a.router_temperature;
     cache.eviction_interval = Duration::from_secs(a.eviction_interval_secs);
     cache.max_tree_size = a.max_tree_size;
     cache.max_tree_bytes = a.max_tree_bytes;
