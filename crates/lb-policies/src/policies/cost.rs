@@ -27,6 +27,7 @@
 //! `exp(−(cost − least) / (temperature × n))`, so the temperature is in
 //! units of one whole prefill of this request.
 
+#[cfg(feature = "kv-block-index")]
 use crate::backend::Backend;
 use crate::error::PolicyError;
 
@@ -86,6 +87,7 @@ impl CostModel {
 }
 
 /// A candidate the policy scored: (candidate index, cached blocks, exact).
+#[cfg(feature = "kv-block-index")]
 pub(crate) type Scored = (usize, usize, bool);
 
 /// The least-cost candidate among `scored` and the unscored candidates
@@ -96,6 +98,7 @@ pub(crate) type Scored = (usize, usize, bool);
 /// One pass over the scored candidates and one fair least-loaded scan of
 /// all candidates; `eligible` (a lock and a hash lookup in kv-aware) is
 /// asked only of a candidate about to win, not of every candidate.
+#[cfg(feature = "kv-block-index")]
 pub(crate) fn least_cost<B: Backend>(
     model: &CostModel,
     candidates: &[B],
@@ -159,6 +162,7 @@ pub(crate) fn least_cost<B: Backend>(
 
 /// A softmax draw over every eligible available candidate's cost (see
 /// the [module docs](self)); `draw` is uniform in `[0, 1)`.
+#[cfg(feature = "kv-block-index")]
 pub(crate) fn softmax<B: Backend>(
     model: &CostModel,
     candidates: &[B],
@@ -197,7 +201,7 @@ pub(crate) fn softmax<B: Backend>(
     last
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(loom), feature = "kv-block-index"))]
 mod tests {
     use super::*;
     use crate::backend::BasicBackend;
