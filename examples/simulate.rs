@@ -120,6 +120,14 @@ struct Args {
     /// 50).
     #[arg(long, default_value = "50", value_parser = parse_polling)]
     load_poll_ms: PollSpec,
+    /// A heterogeneous fleet: the first N engines of the policy's pool run
+    /// --slow-factor times slower.
+    #[arg(long, default_value_t = 0)]
+    slow_engines: usize,
+    /// How much slower the --slow-engines are (every latency cost times
+    /// this; at least 1).
+    #[arg(long, default_value_t = 2.0)]
+    slow_factor: f64,
     /// kv_aware's expected cost: KV blocks of prefill work one in-flight
     /// request is worth (default: lb-policies' `DEFAULT_LOAD_WEIGHT`).
     #[arg(long)]
@@ -325,6 +333,14 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
     if let Some(blocks) = args.kv_blocks {
         base.model.num_blocks = blocks;
     }
+    if !(args.slow_factor.is_finite() && args.slow_factor >= 1.0) {
+        return Err(format!(
+            "--slow-factor must be a number >= 1, got {}",
+            args.slow_factor
+        ));
+    }
+    base.slow_engines = args.slow_engines;
+    base.slow_factor = args.slow_factor;
     if let Some(weight) = args.load_weight {
         base.cache_aware.cost.load_weight = weight;
     }

@@ -48,6 +48,13 @@ pub struct SimConfig {
     /// available, as a worker being drained or failing its health checks
     /// is. They take no request and are left out of `imbalance`. Default 0.
     pub drained: usize,
+    /// Engines of the policy's pool (the first ones) that run slower: a
+    /// heterogeneous fleet. Default 0.
+    pub slow_engines: usize,
+    /// How much slower the [`slow_engines`](Self::slow_engines) are: every
+    /// cost of their latency model (prefill, decode, KV transfer) times
+    /// this. At least 1. Default 2 (half speed).
+    pub slow_factor: f64,
     /// Knobs of `cache_aware` and `cache_aware_fleet_gate` (the latter
     /// forces the fleet-wide gate), and of `kv_aware` (threshold, load
     /// margins, fallback tree). Default: lb-policies' defaults, as the
@@ -118,6 +125,8 @@ impl Default for SimConfig {
             seed: 1,
             load_samples: 200,
             drained: 0,
+            slow_engines: 0,
+            slow_factor: 2.0,
             cache_aware: CacheAwareConfig::default(),
             replicas: 1,
             kv_event_delay: DEFAULT_KV_EVENT_DELAY,
@@ -138,6 +147,9 @@ pub enum SimError {
     /// The policy name or its knobs were refused by lb-policies.
     #[error("policy: {0}")]
     Policy(#[from] PolicyError),
+    /// [`SimConfig::slow_factor`] is below 1 or not finite.
+    #[error("slow_factor must be a finite number >= 1")]
+    SlowFactor,
     /// A pool would have no available engine.
     #[error(
         "every pool needs at least one available engine (workers, prefill and decode counts, minus drained)"
@@ -215,4 +227,7 @@ pub struct RunReport {
     /// Router replicas the requests were dealt to
     /// ([`SimConfig::replicas`]).
     pub replicas: usize,
+    /// Requests placed on each engine of the policy's pool (the prefill
+    /// pool under P/D), in engine order.
+    pub placed: Vec<usize>,
 }

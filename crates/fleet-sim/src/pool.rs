@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine_sim::{Engine, PdSettings};
+use engine_sim::{Engine, ModelConfig, PdSettings};
 use worker_lifecycle::{ManualClock, RoleKind, Worker, WorkerOptions};
 
 use crate::config::{SimConfig, SimError};
@@ -38,15 +38,33 @@ pub(crate) fn worker_url(role: RoleKind, i: usize) -> String {
     format!("http://{}-{i}:8000", role.as_str())
 }
 
+/// `model` with every cost of its latency model multiplied by `factor`
+/// (an older or smaller accelerator).
+fn slowed(model: &ModelConfig, factor: f64) -> ModelConfig {
+    let mut slow = model.clone();
+    for cost in [
+        &mut slow.prefill_base,
+        &mut slow.prefill_per_token,
+        &mut slow.decode_base,
+        &mut slow.decode_per_seq,
+        &mut slow.kv_transfer_per_token,
+    ] {
+        *cost = cost.mul_f64(factor);
+    }
+    slow
+}
+
 impl Pool {
     /// Engines behind `workers` (in their order), the last `drained` of
-    /// them drained before the run.
+    /// them drained before the run and the first `slow` of them running
+    /// [`SimConfig::slow_factor`] times slower.
     /// `replicas` holds the other router replicas' workers for the same
     /// engines (the same keys, in any order).
     pub(crate) fn new(
         workers: Arc<[Arc<Worker>]>,
         replicas: &[Arc<[Arc<Worker>]>],
         drained: usize,
+        slow: usize,
         config: &SimConfig,
         pd: impl Fn(usize) -> PdSettings,
     ) -> Result<Self, SimError> {
@@ -57,7 +75,12 @@ impl Pool {
         let mut engines = Vec::with_capacity(count);
         let mut index = HashMap::with_capacity(count);
         for (i, worker) in workers.iter().enumerate() {
-            let mut engine = Engine::with_pd(config.model.clone(), pd(i));
+            let model = if i < slow {
+                slowed(&config.model, config.slow_factor)
+            } else {
+                config.model.clone()
+            };
+            let mut engine = Engine::with_pd(model, pd(i));
             engine.set_token_events(false);
             engines.push(engine);
             index.insert(worker.key().into(), i);

@@ -8,8 +8,9 @@ use crate::config::RunReport;
 
 /// The `--json` summary: `{"<workload>": {"<policy>": {"throughput_rps",
 /// "output_tps", "ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms", "hit_rate",
-/// "imbalance", "routing_loss", "replicas"}}}` (`replicas`: the router
-/// replicas of the run, an integer). Keys are sorted, numbers rounded to
+/// "imbalance", "routing_loss", "replicas", "placed"}}}` (`replicas`: the
+/// router replicas of the run, an integer; `placed`: requests placed on
+/// each engine of the policy's pool, in engine order). Keys are sorted, numbers rounded to
 /// six significant decimals, so equal runs print equal lines.
 pub fn json_summary(reports: &[RunReport]) -> Value {
     let mut workloads = Map::new();
@@ -31,6 +32,7 @@ pub fn json_summary(reports: &[RunReport]) -> Value {
                     "imbalance": round(m.imbalance),
                     "routing_loss": round(m.routing_loss),
                     "replicas": report.replicas,
+                    "placed": report.placed,
                 }),
             );
         }

@@ -117,6 +117,8 @@ struct Sim<'a> {
     polls: Option<Polls>,
     /// [`LoadPolling::Oracle`]: every decision reads the engines' loads.
     oracle_load: bool,
+    /// Requests placed on each main-pool engine.
+    placed: Vec<usize>,
 }
 
 /// Replays `trace` with `policy` placing every request (the prefill leg
@@ -137,6 +139,9 @@ pub fn simulate(
     let (policy, routing) = split_policy(label)?;
     if config.replicas == 0 || (config.replicas > 1 && config.pd.is_some()) {
         return Err(SimError::Replicas);
+    }
+    if !(config.slow_factor.is_finite() && config.slow_factor >= 1.0) {
+        return Err(SimError::SlowFactor);
     }
     let mut kv = INDEX_POLICIES.contains(&policy).then(|| {
         KvFeed::new(
@@ -172,9 +177,14 @@ pub fn simulate(
             }
             let others: Vec<Arc<[Arc<Worker>]>> =
                 pools.iter().skip(1).map(RolePool::workers).collect();
-            let main = Pool::new(pools[0].workers(), &others, config.drained, config, |_| {
-                PdSettings::default()
-            })?;
+            let main = Pool::new(
+                pools[0].workers(),
+                &others,
+                config.drained,
+                config.slow_engines,
+                config,
+                |_| PdSettings::default(),
+            )?;
             (main, None, Placement::Regular(pools))
         }
         Some(split) => {
@@ -226,10 +236,11 @@ pub fn simulate(
                 pools.prefill().workers(),
                 &[],
                 config.drained,
+                config.slow_engines,
                 config,
                 prefill_settings,
             )?;
-            let decode = Pool::new(pools.decode().workers(), &[], 0, config, decode_settings)?;
+            let decode = Pool::new(pools.decode().workers(), &[], 0, 0, config, decode_settings)?;
             (main, Some(decode), Placement::Pd(Box::new(pools)))
         }
     };
@@ -253,6 +264,7 @@ pub fn simulate(
                 .to_owned()
         })
         .collect::<Vec<_>>();
+    let main_engines = main.engines.len();
     let mut sim = Sim {
         trace,
         timeline: LoadTimeline {
@@ -280,6 +292,7 @@ pub fn simulate(
             _ => None,
         },
         oracle_load: config.load_polling == LoadPolling::Oracle && config.pd.is_none(),
+        placed: vec![0; main_engines],
     };
     for (index, request) in trace.trace.requests.iter().enumerate() {
         sim.run_until(request.arrival);
@@ -546,6 +559,7 @@ impl Sim<'_> {
         }
         match self.main.engines[worker].submit(at, sim_request) {
             Ok(()) => {
+                self.placed[worker] += 1;
                 self.main.observe(worker, at);
                 if let Some(feed) = self.kv.as_mut() {
                     feed.collect(worker, &mut self.main.engines[worker]);
@@ -707,6 +721,7 @@ impl Sim<'_> {
             decisions,
             kv_transfers,
             replicas: self.replicas,
+            placed: self.placed,
         }
     }
 }

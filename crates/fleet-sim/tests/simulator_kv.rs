@@ -292,3 +292,41 @@ fn kv_aware_places_prefill_legs_under_pd() {
     assert_eq!(report.final_loads, [0, 0, 0, 0]);
     assert!(count(&report, "kv_hit") > 150, "{:?}", report.decisions);
 }
+
+#[test]
+fn a_slow_engine_gets_less_work_and_the_cost_keeps_the_tail_short() {
+    // 4 engines near capacity, the first at half speed.
+    let (mut config, trace) = loaded(1, fleet_sim::DEFAULT_LOAD_POLLING);
+    config.slow_engines = 1;
+    let run = |policy: &str| {
+        let report = simulate(&trace, policy, &config, &|_| {}).unwrap();
+        assert_eq!(report.metrics.completed, 2_000, "{policy}");
+        assert_eq!(report.placed.iter().sum::<usize>(), 2_000, "{policy}");
+        report
+    };
+    let cost = run("kv_aware");
+    let gate = run("kv_aware_gate");
+    eprintln!(
+        "placed: kv_aware {:?}, gate {:?}; TTFT p99 {:.0} against {:.0} ms",
+        cost.placed, gate.placed, cost.metrics.ttft_p99_ms, gate.metrics.ttft_p99_ms
+    );
+    let fast_mean = cost.placed[1..].iter().sum::<usize>() as f64 / 3.0;
+    assert!(
+        (cost.placed[0] as f64) < 0.75 * fast_mean,
+        "the slow engine took {} of {:?}",
+        cost.placed[0],
+        cost.placed
+    );
+    assert!(
+        cost.metrics.ttft_p99_ms < gate.metrics.ttft_p99_ms,
+        "kv_aware {:.0} ms against the gate's {:.0}",
+        cost.metrics.ttft_p99_ms,
+        gate.metrics.ttft_p99_ms
+    );
+    // A factor below 1 is refused.
+    config.slow_factor = 0.5;
+    assert!(matches!(
+        simulate(&trace, "kv_aware", &config, &|_| {}),
+        Err(SimError::SlowFactor)
+    ));
+}
