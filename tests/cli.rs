@@ -1191,3 +1191,56 @@ fn kv_aware_cost_flags_reach_the_policy_and_bad_values_are_refused() {
         );
     }
 }
+
+#[test]
+fn kv_penalty_flags_set_what_a_lower_tier_block_is_worth_and_bad_values_are_refused() {
+    // Defaults: lb-policies' (host 0.25, disk and external 0.5).
+    let s = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--policy",
+        "kv_aware",
+    ])
+    .unwrap();
+    let penalties = s.router.policy.cache_aware.cost.penalties;
+    assert_eq!(penalties, lb_policies::TierPenalties::default());
+    assert_eq!(penalties.host, lb_policies::DEFAULT_HOST_PENALTY);
+    // vllm-router 0.1.17's three flags, each to its tier.
+    let s = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--policy",
+        "kv_aware",
+        "--kv-penalty-host",
+        "0.1",
+        "--kv-penalty-disk",
+        "0.7",
+        "--kv-penalty-external",
+        "1",
+    ])
+    .unwrap();
+    let penalties = s.router.policy.cache_aware.cost.penalties;
+    assert_eq!(
+        (penalties.host, penalties.disk, penalties.external),
+        (0.1, 0.7, 1.0)
+    );
+    // What they mean: past the GPU prefix, a block held in host memory
+    // saves 1 - 0.1 of its prefill; external at 1 saves nothing.
+    let lower = lb_policies::LowerPrefix([6, 0, 10]);
+    assert!((penalties.credit(2, &lower) - (2.0 + 4.0 * 0.9)).abs() < 1e-9);
+    for flag in [
+        "--kv-penalty-host",
+        "--kv-penalty-disk",
+        "--kv-penalty-external",
+    ] {
+        for value in ["1.5", "-0.1", "NaN"] {
+            let err = settings(&["--worker-urls", "http://127.0.0.1:9", flag, value]).unwrap_err();
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("{flag}: must be between 0.0 and 1.0")),
+                "{flag} {value}: {err}"
+            );
+            assert_eq!(err.exit_code(), 2);
+        }
+    }
+}

@@ -264,6 +264,19 @@ pub struct Args {
     /// (vllm-router's and Dynamo's flag).
     #[arg(long, default_value_t = 0.0, help_heading = "Policy")]
     pub router_temperature: f64,
+    /// kv_aware: what loading a block back from an engine's host memory
+    /// (KV events of medium CPU) costs, as a fraction of computing it: a
+    /// prefix held there saves 1 - this per block (0: as good as a GPU
+    /// hit, 1: no credit).
+    #[arg(long, default_value_t = lb_policies::DEFAULT_HOST_PENALTY, value_name = "FRACTION", help_heading = "Policy")]
+    pub kv_penalty_host: f64,
+    /// kv_aware: the same for an engine's local disk (medium DISK).
+    #[arg(long, default_value_t = lb_policies::DEFAULT_LOWER_PENALTY, value_name = "FRACTION", help_heading = "Policy")]
+    pub kv_penalty_disk: f64,
+    /// kv_aware: the same for a store outside the engine (any other
+    /// medium: a connector's remote or shared store).
+    #[arg(long, default_value_t = lb_policies::DEFAULT_LOWER_PENALTY, value_name = "FRACTION", help_heading = "Policy")]
+    pub kv_penalty_external: f64,
     /// cache_aware: seconds between upkeep passes over the prefix trees (a
     /// fallback: every insert keeps its tree within --max-tree-size and
     /// --max-tree-bytes).

@@ -112,5 +112,6 @@ pub mod wire;
 pub use hash::{BlockHash, BlockHasher, EngineHash};
 pub use index::{
     ApplyOutcome, DEFAULT_MAX_BLOCKS_PER_HOLDER, EventCounters, Holder, HolderMatch, HolderStats,
-    IndexConfig, IndexStats, KvEvent, KvIndex, KvIndexError, PrefixMatches, StreamWriter, WorkerId,
+    IndexConfig, IndexStats, KvEvent, KvIndex, KvIndexError, PrefixMatches, StreamWriter, Tier,
+    WorkerId,
 };

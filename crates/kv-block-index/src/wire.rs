@@ -9,7 +9,7 @@
 
 use kv_events::{BlockHash as WireHash, KvEvent as WireEvent};
 
-use crate::{EngineHash, KvEvent};
+use crate::{EngineHash, KvEvent, Tier};
 
 /// Why [`to_index_event`] did not convert an event: it describes another
 /// cache than the one the index mirrors.
@@ -28,6 +28,7 @@ pub enum Skipped {
 /// vLLM's event format and the index. Events for the GPU cache (medium
 /// `"GPU"`, any case, or none) of KV-cache group 0 (or none) convert;
 /// engine block hashes stay opaque ([`EngineHash`]), ints and bytes alike.
+/// [`to_tiered_event`] converts the other media too.
 ///
 /// ```
 /// use kv_block_index::wire::{Skipped, to_index_event};
@@ -49,18 +50,45 @@ pub enum Skipped {
 ///
 /// [`Skipped`] for an event about another medium or KV-cache group.
 pub fn to_index_event(event: WireEvent) -> Result<KvEvent, Skipped> {
+    match to_tiered_event(event)? {
+        (Tier::Device, event) => Ok(event),
+        _ => Err(Skipped::OtherMedium),
+    }
+}
+
+/// The index's form of one wire event and the cache [`Tier`] it is about
+/// (from its `medium`, see [`Tier::of_medium`]), for a host that credits
+/// blocks held in lower tiers: it applies a lower tier's events to the
+/// stream of [`Holder::tiered`](crate::Holder::tiered). `AllBlocksCleared`
+/// carries no medium and comes back as [`Tier::Device`]; a host decides
+/// which tiers it clears (vLLM sends it when the engine's prefix cache is
+/// reset).
+///
+/// ```
+/// use kv_block_index::Tier;
+/// use kv_block_index::wire::to_tiered_event;
+/// use kv_events::{BlockHash, BlockStored, KvEvent};
+///
+/// let mut stored = BlockStored::new(vec![BlockHash::Int(7)], None, vec![1, 2, 3, 4], 4);
+/// stored.medium = Some("CPU".to_owned());
+/// let (tier, _) = to_tiered_event(KvEvent::BlockStored(stored)).unwrap();
+/// assert_eq!(tier, Tier::Host);
+/// ```
+///
+/// # Errors
+///
+/// [`Skipped::OtherGroup`] for an event about another KV-cache group.
+pub fn to_tiered_event(event: WireEvent) -> Result<(Tier, KvEvent), Skipped> {
     let (medium, group) = match &event {
         WireEvent::BlockStored(e) => (e.medium.as_deref(), e.group_idx),
         WireEvent::BlockRemoved(e) => (e.medium.as_deref(), e.group_idx),
         WireEvent::AllBlocksCleared => (None, None),
     };
-    if medium.is_some_and(|m| !m.eq_ignore_ascii_case("GPU")) {
-        return Err(Skipped::OtherMedium);
-    }
     if group.is_some_and(|g| g != 0) {
         return Err(Skipped::OtherGroup);
     }
-    Ok(match event {
+    let tier = Tier::of_medium(medium);
+    let event = match event {
         WireEvent::BlockStored(e) => KvEvent::BlockStored {
             block_hashes: e.block_hashes.iter().map(engine_hash).collect(),
             parent_block_hash: e.parent_block_hash.as_ref().map(engine_hash),
@@ -72,7 +100,8 @@ pub fn to_index_event(event: WireEvent) -> Result<KvEvent, Skipped> {
             block_hashes: e.block_hashes.iter().map(engine_hash).collect(),
         },
         WireEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
-    })
+    };
+    Ok((tier, event))
 }
 
 fn engine_hash(hash: &WireHash) -> EngineHash {
@@ -135,8 +164,30 @@ mod tests {
             to_index_event(WireEvent::BlockRemoved(removed.clone())),
             Err(Skipped::OtherMedium)
         );
+        // The tiered form keeps it, named by its tier.
+        for (medium, tier) in [
+            ("CPU", Tier::Host),
+            ("cpu_pinned", Tier::Host),
+            ("Disk", Tier::Disk),
+            ("MooncakeStore", Tier::External),
+            ("gpu", Tier::Device),
+        ] {
+            removed.medium = Some(medium.to_owned());
+            let (got, event) = to_tiered_event(WireEvent::BlockRemoved(removed.clone())).unwrap();
+            assert_eq!(got, tier, "{medium}");
+            assert_eq!(
+                event,
+                KvEvent::BlockRemoved {
+                    block_hashes: vec![EngineHash::from_int(1)]
+                }
+            );
+        }
         removed.medium = None;
         removed.group_idx = Some(1);
+        assert_eq!(
+            to_tiered_event(WireEvent::BlockRemoved(removed.clone())),
+            Err(Skipped::OtherGroup)
+        );
         assert_eq!(
             to_index_event(WireEvent::BlockRemoved(removed)),
             Err(Skipped::OtherGroup)

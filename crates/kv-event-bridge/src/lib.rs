@@ -40,12 +40,18 @@
 //!
 //! # What is applied
 //!
-//! Events for the GPU cache (medium `"GPU"` or none) of KV-cache group 0
-//! (or none): an offloading connector's events for another medium, or a
-//! hybrid model's other groups, describe other caches and are skipped and
-//! counted; so is a batch that names another data-parallel rank than its
-//! stream's. Engine block hashes are opaque: the index re-hashes each
-//! block's token ids with its own chained hash.
+//! Events of KV-cache group 0 (or none): a hybrid model's other groups
+//! describe other caches and are skipped and counted; so is a batch that
+//! names another data-parallel rank than its stream's. Events for the GPU
+//! cache (medium `"GPU"` or none) go to the rank's stream; an offloading
+//! connector's events for a lower tier (host memory, disk, an external
+//! store: [`kv_block_index::Tier::of_medium`]) go to a stream of their
+//! own for that rank and tier ([`kv_block_index::Holder::tiered`]), so
+//! that `kv_aware` can credit a prefix the engine can load back instead
+//! of computing it (at `--kv-penalty-host` and its siblings). An
+//! `AllBlocksCleared` (the engine's prefix cache was reset) and a stream
+//! reset clear every tier of the rank. Engine block hashes are opaque: the
+//! index re-hashes each block's token ids with its own chained hash.
 //!
 //! # Floods and bad input
 //!
@@ -99,13 +105,13 @@ pub use engine_size::num_gpu_blocks;
 /// The one conversion from vLLM's events to the index's, with why an event
 /// is not converted: kv-block-index's (feature `wire`), which the routing
 /// simulator uses too, re-exported where the router's code finds it.
-pub use kv_block_index::wire::{Skipped, to_index_event};
+pub use kv_block_index::wire::{Skipped, to_index_event, to_tiered_event};
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use kv_block_index::{KvEvent, KvIndex, StreamWriter, WorkerId};
+use kv_block_index::{Holder, KvEvent, KvIndex, StreamWriter, Tier, WorkerId};
 use kv_events::{KvEvent as WireEvent, StreamEvent, StreamState, Subscriber, SubscriberConfig};
 use lb_policies::{KvSources, KvStreams};
 use parking_lot::Mutex;
@@ -115,8 +121,11 @@ use worker_lifecycle::{RoleKind, Worker};
 /// Events the hub did not apply to the index.
 #[derive(Debug, Default)]
 struct HubCounters {
-    /// Events for another medium (CPU offload, a connector's store).
-    other_medium: AtomicU64,
+    /// Events for a lower cache tier applied to its tier stream, by tier
+    /// (host, disk, external).
+    lower_tier: [AtomicU64; 3],
+    /// Events for a lower tier that found no index slot for its stream.
+    no_tier_slot: AtomicU64,
     /// Events of another KV-cache group (hybrid models).
     other_group: AtomicU64,
     /// Events of a batch that names another data-parallel rank than the
@@ -168,8 +177,12 @@ pub struct WorkerKvStatus {
     /// `"live"` (scored on exact blocks) or `"cold"` (scored from the
     /// approximate tree).
     pub state: &'static str,
-    /// Engine blocks the worker's streams hold in the index.
+    /// Engine blocks the worker's GPU caches (every rank) hold in the
+    /// index.
     pub blocks: usize,
+    /// Engine blocks its lower cache tiers (host memory, disk, external
+    /// stores) hold in the index.
+    pub lower_tier_blocks: usize,
     /// Each rank's stream.
     pub streams: Vec<RankKvStatus>,
 }
@@ -375,6 +388,8 @@ impl KvEvents {
             }
             let sink = Sink {
                 writer,
+                index: Arc::clone(index),
+                tiers: Mutex::new([None, None, None]),
                 id,
                 rank: Arc::clone(state),
                 all_ranks: ranks.clone(),
@@ -422,21 +437,27 @@ impl KvEvents {
     /// of the index's statistics for all of them).
     pub fn statuses(&self) -> HashMap<String, WorkerKvStatus> {
         let stats = self.sources.index.stats();
-        let mut blocks: HashMap<WorkerId, usize> = HashMap::new();
+        // (device, lower tiers) per worker.
+        let mut blocks: HashMap<WorkerId, (usize, usize)> = HashMap::new();
         for holder in &stats.holders {
-            *blocks.entry(holder.holder.worker).or_default() += holder.blocks;
+            let held = blocks.entry(holder.holder.worker).or_default();
+            if holder.holder.tier() == Tier::Device {
+                held.0 += holder.blocks;
+            } else {
+                held.1 += holder.blocks;
+            }
         }
         self.tracked
             .lock()
             .iter()
             .map(|(key, entry)| {
-                let held = blocks.get(&entry.id).copied().unwrap_or(0);
+                let held = blocks.get(&entry.id).copied().unwrap_or_default();
                 (key.to_string(), Self::status_of(entry, held))
             })
             .collect()
     }
 
-    fn status_of(entry: &Tracked, blocks: usize) -> WorkerKvStatus {
+    fn status_of(entry: &Tracked, (blocks, lower_tier_blocks): (usize, usize)) -> WorkerKvStatus {
         let streams = entry
             .streams
             .iter()
@@ -461,6 +482,7 @@ impl KvEvents {
         WorkerKvStatus {
             state: if *entry.live.lock() { "live" } else { "cold" },
             blocks,
+            lower_tier_blocks,
             streams,
         }
     }
@@ -566,8 +588,8 @@ impl KvEvents {
         );
         let c = &self.counters;
         family.sample(
-            &[("reason", &"other_medium")],
-            c.other_medium.load(Ordering::Relaxed),
+            &[("reason", &"no_tier_slot")],
+            c.no_tier_slot.load(Ordering::Relaxed),
         );
         family.sample(
             &[("reason", &"other_group")],
@@ -581,6 +603,14 @@ impl KvEvents {
             &[("reason", &"worker_gone")],
             c.late.load(Ordering::Relaxed),
         );
+        let mut family = exposition.family(
+            "router_kv_lower_tier_events_total",
+            MetricType::Counter,
+            "Events for a lower cache tier (vLLM's medium other than GPU) applied to the index, by tier.",
+        );
+        for (tier, count) in ["host", "disk", "external"].iter().zip(&c.lower_tier) {
+            family.sample(&[("tier", tier)], count.load(Ordering::Relaxed));
+        }
         let mut family = exposition.family(
             "router_kv_index_blocks_total",
             MetricType::Counter,
@@ -634,6 +664,12 @@ fn add_counters(
 /// A subscriber's sink: applies batches to the index in stream order.
 struct Sink {
     writer: StreamWriter,
+    /// The index, to open the rank's lower-tier streams on first use.
+    index: Arc<KvIndex>,
+    /// The rank's lower-tier streams (host, disk, external), opened when
+    /// the engine first reports a block there. Only this sink's subscriber
+    /// task takes the lock.
+    tiers: Mutex<[Option<StreamWriter>; 3]>,
     id: WorkerId,
     rank: Arc<RankStream>,
     all_ranks: Vec<Arc<RankStream>>,
@@ -658,10 +694,22 @@ impl Sink {
                     return;
                 }
                 for event in batch.events {
-                    let Some(event) = self.convert(event) else {
+                    let Some((tier, event)) = self.convert(event) else {
                         continue;
                     };
-                    if self.writer.apply(&event).is_err() {
+                    let applied = match tier {
+                        Tier::Device => {
+                            let applied = self.writer.apply(&event).is_ok();
+                            if applied && matches!(event, KvEvent::AllBlocksCleared) {
+                                // The engine reset its prefix cache: its
+                                // lower tiers are not credited on faith.
+                                self.clear_tiers();
+                            }
+                            applied
+                        }
+                        tier => self.apply_lower(tier, &event),
+                    };
+                    if !applied {
                         // Unregistered while the batch was on its way.
                         self.counters.late.fetch_add(1, Ordering::Relaxed);
                         return;
@@ -679,8 +727,44 @@ impl Sink {
                 self.rank.warm.store(false, Ordering::Release);
                 self.set_live(false);
                 let _ = self.writer.clear();
+                self.clear_tiers();
             }
             _ => {}
+        }
+    }
+
+    /// Applies a lower tier's event to the rank's stream for that tier,
+    /// opening it on first use. False only when the worker left the index
+    /// (the caller stops the batch); a tier stream that finds no index
+    /// slot skips the event, counted, and the device stream goes on.
+    fn apply_lower(&self, tier: Tier, event: &KvEvent) -> bool {
+        let slot = tier as usize - 1;
+        let mut tiers = self.tiers.lock();
+        if tiers[slot].is_none() {
+            let rank = Holder::tiered_rank(self.rank.rank, tier);
+            match self.index.stream(self.id, rank) {
+                Ok(writer) => tiers[slot] = Some(writer),
+                Err(kv_block_index::KvIndexError::UnknownWorker(_)) => return false,
+                Err(_) => {
+                    self.counters.no_tier_slot.fetch_add(1, Ordering::Relaxed);
+                    return true;
+                }
+            }
+        }
+        let Some(writer) = &tiers[slot] else {
+            return true;
+        };
+        if writer.apply(event).is_err() {
+            return false;
+        }
+        self.counters.lower_tier[slot].fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Drops every block of the rank's lower-tier streams.
+    fn clear_tiers(&self) {
+        for writer in self.tiers.lock().iter().flatten() {
+            let _ = writer.clear();
         }
     }
 
@@ -692,15 +776,11 @@ impl Sink {
         }
     }
 
-    /// The index's form of a wire event, or `None` (counted) for events
-    /// about another cache.
-    fn convert(&self, event: WireEvent) -> Option<KvEvent> {
-        match to_index_event(event) {
-            Ok(event) => Some(event),
-            Err(Skipped::OtherMedium) => {
-                self.counters.other_medium.fetch_add(1, Ordering::Relaxed);
-                None
-            }
+    /// The index's form of a wire event and its cache tier, or `None`
+    /// (counted) for events about another cache.
+    fn convert(&self, event: WireEvent) -> Option<(Tier, KvEvent)> {
+        match to_tiered_event(event) {
+            Ok(converted) => Some(converted),
             Err(Skipped::OtherGroup) => {
                 self.counters.other_group.fetch_add(1, Ordering::Relaxed);
                 None

@@ -127,7 +127,10 @@ pub use error::PolicyError;
 pub use membership::MembershipEvent;
 pub use policies::cache_aware::{CacheAware, CacheAwareConfig, DEFAULT_MAX_TREE_BYTES, LoadGate};
 pub use policies::consistent_hash::{ConsistentHash, ConsistentHashConfig};
-pub use policies::cost::{CostModel, DEFAULT_LOAD_WEIGHT};
+pub use policies::cost::{
+    CostModel, DEFAULT_HOST_PENALTY, DEFAULT_LOAD_WEIGHT, DEFAULT_LOWER_PENALTY, LowerPrefix,
+    TierPenalties,
+};
 #[cfg(feature = "kv-block-index")]
 pub use policies::kv_aware::{KvAware, KvSources, KvStreams};
 pub use policies::least_loaded::LeastLoaded;

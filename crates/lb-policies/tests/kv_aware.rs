@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{announce, fleet, key};
-use kv_block_index::{EngineHash, IndexConfig, KvEvent, KvIndex, WorkerId};
+use kv_block_index::{EngineHash, Holder, IndexConfig, KvEvent, KvIndex, Tier, WorkerId};
 use lb_policies::{
     Backend, BasicBackend, CacheAware, CacheAwareConfig, DecisionReason, KvAware, KvSources,
     KvStreams, MembershipEvent, Policy, PolicyConfig, PolicyError, PolicyRegistry, PolicyState,
@@ -558,13 +558,14 @@ proptest! {
     }
 
     /// `kv_aware`: one decision against the cost model: the chosen worker
-    /// is available and of least `(blocks − held) + load_weight × load`;
-    /// among equal costs it holds the most; the reason says whether a
-    /// longer prefix lost to load.
+    /// is available and of least `(blocks − saved) + load_weight × load`,
+    /// where a worker saves its device prefix and, past it, `1 − penalty`
+    /// per block its host tier holds; among equal costs it saves the most;
+    /// the reason says whether a larger saving lost to load.
     #[test]
     fn a_least_cost_decision_matches_the_reference_model(
         spec in prop::collection::vec(
-            (any::<bool>(), any::<bool>(), 0usize..40, 0usize..=10, 0usize..=10),
+            (any::<bool>(), any::<bool>(), 0usize..40, 0usize..=10, 0usize..=10, 0usize..=10),
             1..7,
         ),
         request_blocks in 1usize..=10,
@@ -574,8 +575,10 @@ proptest! {
         let mut p = prompt(12, 10);
         p.truncate(request_blocks * BLOCK + extra_tokens);
         let full = prompt(12, 10);
-        let mut held = vec![0usize; spec.len()];
-        for (w, &(live, up, load, rank0, rank1)) in spec.iter().enumerate() {
+        let model = knobs().cost;
+        let host_penalty = model.penalties.host;
+        let mut held = vec![0.0f64; spec.len()];
+        for (w, &(live, up, load, rank0, rank1, host)) in spec.iter().enumerate() {
             s.live(w, live);
             s.fleet[w].set_available(up);
             s.fleet[w].set_load(load);
@@ -585,12 +588,21 @@ proptest! {
             if rank1 > 0 {
                 s.store(w, 1, &full, rank1);
             }
+            if host > 0 {
+                s.store(w, Holder::tiered_rank(0, Tier::Host), &full, host);
+            }
             if live && up {
-                held[w] = rank0.max(rank1).min(request_blocks);
+                let device = rank0.max(rank1).min(request_blocks);
+                let host = host.min(request_blocks);
+                held[w] = device as f64
+                    + if host > device {
+                        (1.0 - host_penalty) * (host - device) as f64
+                    } else {
+                        0.0
+                    };
             }
         }
-        let model = knobs().cost;
-        let cost = |w: usize| model.cost(request_blocks, held[w], spec[w].2);
+        let cost = |w: usize| model.cost_with_credit(request_blocks, held[w], spec[w].2);
         let decision = s
             .policy
             .select(&s.fleet, &RequestContext::new(MODEL).with_tokens(&p));
@@ -606,13 +618,12 @@ proptest! {
             .iter()
             .filter(|&&w| cost(w) == least)
             .map(|&w| held[w])
-            .max()
-            .unwrap_or(0);
+            .fold(0.0, f64::max);
         prop_assert_eq!(held[d.index], most_held_at_least);
-        let longest = available.iter().map(|&w| held[w]).max().unwrap_or(0);
+        let longest = available.iter().map(|&w| held[w]).fold(0.0, f64::max);
         let expected_reason = if held[d.index] < longest {
             DecisionReason::CacheOverloaded
-        } else if held[d.index] == 0 {
+        } else if held[d.index] == 0.0 {
             DecisionReason::CacheLowMatch
         } else {
             DecisionReason::KvHit
@@ -653,6 +664,88 @@ fn a_prefix_is_worth_its_blocks_against_the_load_in_front_of_it() {
     // No prefix anywhere: least loaded, a low match.
     let fresh = prompt(22, 10);
     assert_eq!(s.select(&fresh), (2, DecisionReason::CacheLowMatch));
+}
+
+#[test]
+fn blocks_held_in_a_lower_tier_are_worth_their_penalty() {
+    let s = setup(3);
+    for w in 0..3 {
+        s.live(w, true);
+    }
+    // 10 blocks. Worker 0 holds 8 of them in host memory only (vLLM's
+    // medium "CPU"), worker 1 holds 4 on its GPU, worker 2 nothing.
+    let p = prompt(31, 10);
+    s.store(0, Holder::tiered_rank(0, Tier::Host), &p, 8);
+    s.store(1, 0, &p, 4);
+    let penalty = knobs().cost.penalties.host;
+    assert_eq!(penalty, lb_policies::DEFAULT_HOST_PENALTY);
+    // Worker 0 saves 8 × 0.75 = 6 blocks, worker 1 4: worker 0, a hit.
+    assert_eq!(s.select(&p), (0, DecisionReason::KvHit));
+    // One more request on worker 0 (2 blocks of queue): 4 + 2 = 6 ties
+    // with worker 1's 6; the larger saving stays.
+    s.fleet[0].set_load(1);
+    assert_eq!(s.select(&p), (0, DecisionReason::KvHit));
+    // Two more: 4 + 4 = 8 > 6: worker 1 wins although worker 0 saves more.
+    s.fleet[0].set_load(2);
+    assert_eq!(s.select(&p), (1, DecisionReason::CacheOverloaded));
+    // A device copy of the first 6 on worker 0 as well: it saves
+    // 6 + 2 × 0.75 = 7.5 and costs 2.5 + 4 = 6.5, still more than worker
+    // 1's 6; idle again, it costs 2.5 and wins.
+    s.store(0, 0, &p, 6);
+    assert_eq!(s.select(&p), (1, DecisionReason::CacheOverloaded));
+    s.fleet[0].set_load(0);
+    assert_eq!(s.select(&p), (0, DecisionReason::KvHit));
+
+    // With no credit for the host tier (penalty 1), host blocks count for
+    // nothing: a fresh setup where only a host copy exists goes to the
+    // least loaded as a low match.
+    let mut config = knobs();
+    config.cost.penalties = lb_policies::TierPenalties::none();
+    let fleet = common::fleet(2);
+    let index = Arc::new(KvIndex::new(IndexConfig {
+        block_size: BLOCK,
+        ..IndexConfig::default()
+    }));
+    let streams = Arc::new(KvStreams::new());
+    let ids: Vec<WorkerId> = fleet
+        .iter()
+        .map(|b| index.register_worker(b.key().to_owned()))
+        .collect();
+    let policy = KvAware::new(
+        config,
+        KvSources::new(Arc::clone(&index), Arc::clone(&streams)),
+    )
+    .expect("valid");
+    announce(&policy, &fleet);
+    for &id in &ids {
+        streams.set_live(id, true);
+    }
+    index
+        .apply(
+            ids[0],
+            Holder::tiered_rank(0, Tier::Host),
+            &KvEvent::BlockStored {
+                block_hashes: (0..8).map(EngineHash::from_int).collect(),
+                parent_block_hash: None,
+                token_ids: p[..8 * BLOCK].to_vec(),
+                block_size: BLOCK,
+                lora_id: None,
+            },
+        )
+        .expect("registered");
+    fleet[1].set_load(0);
+    fleet[0].set_load(1);
+    assert_eq!(
+        select_in(&policy, &fleet, &p),
+        Some((1, DecisionReason::CacheLowMatch))
+    );
+
+    // The gate counts device blocks only: a host copy is no hit there.
+    let g = setup_gated(2);
+    g.live(0, true);
+    g.live(1, true);
+    g.store(0, Holder::tiered_rank(0, Tier::Host), &p, 10);
+    assert_eq!(g.select(&p).1, DecisionReason::CacheLowMatch);
 }
 
 #[test]

@@ -508,7 +508,8 @@ async fn a_hostile_publisher_is_counted_and_never_corrupts_the_index() {
         s.streams[0].last_seq == Some(2)
     })
     .await;
-    assert_eq!(status.blocks, 2, "only the two good blocks: {status:?}");
+    assert_eq!(status.blocks, 2, "only the two good GPU blocks: {status:?}");
+    assert_eq!(status.lower_tier_blocks, 1, "the CPU block: {status:?}");
     assert_eq!(status.state, "live");
 
     let (_, _, bytes) = call(fixture.addr, "GET", "/metrics", &[], "").await;
@@ -521,8 +522,9 @@ async fn a_hostile_publisher_is_counted_and_never_corrupts_the_index() {
         "router_kv_index_blocks_total{outcome=\"malformed\"} 1",
         "router_kv_index_blocks_total{outcome=\"unknown_parent\"} 1",
         "router_kv_index_blocks_total{outcome=\"unknown_removed\"} 1",
-        "router_kv_skipped_events_total{reason=\"other_medium\"} 1",
-        "router_kv_index_entries 2",
+        // The CPU tier's block is kept apart, in the rank's host stream.
+        "router_kv_lower_tier_events_total{tier=\"host\"} 1",
+        "router_kv_index_entries 3",
     ] {
         assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
     }
@@ -580,7 +582,50 @@ async fn a_hostile_publisher_is_counted_and_never_corrupts_the_index() {
         status.blocks, 1,
         "the reset dropped the blocks before the gap: {status:?}"
     );
+    assert_eq!(
+        status.lower_tier_blocks, 0,
+        "and the host tier's: {status:?}"
+    );
     assert_eq!(hub.index().stats().pairs, 1);
+
+    // A host-tier block, then the engine resets its prefix cache
+    // (AllBlocksCleared): every tier of the rank is dropped.
+    let mut cpu = BlockStored::new(vec![BlockHash::Int(60)], None, tokens(600, 16), 16);
+    cpu.medium = Some("CPU".into());
+    socket
+        .send(message(vec![
+            Bytes::new(),
+            seq(6),
+            batch(vec![KvEvent::BlockStored(cpu)]),
+        ]))
+        .await
+        .unwrap();
+    let status = wait_status(&fixture, "past batch 6", |s| {
+        s.streams[0].last_seq == Some(6)
+    })
+    .await;
+    assert_eq!(
+        (status.blocks, status.lower_tier_blocks),
+        (1, 1),
+        "{status:?}"
+    );
+    socket
+        .send(message(vec![
+            Bytes::new(),
+            seq(7),
+            batch(vec![KvEvent::AllBlocksCleared]),
+        ]))
+        .await
+        .unwrap();
+    let status = wait_status(&fixture, "past batch 7", |s| {
+        s.streams[0].last_seq == Some(7)
+    })
+    .await;
+    assert_eq!(
+        (status.blocks, status.lower_tier_blocks),
+        (0, 0),
+        "{status:?}"
+    );
     // The router still routes (the worker itself is down: a clear 503).
     let status = chat(&fixture, turn(0, 0)).await;
     assert!(status.is_server_error(), "{status}");

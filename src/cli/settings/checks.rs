@@ -56,6 +56,9 @@ pub(super) fn check_ranges(a: &Args) -> Result<(), CliError> {
     non_negative("kv_aware_load_weight", a.kv_aware_load_weight)?;
     non_negative("router_temperature", a.router_temperature)?;
     fraction("cache_threshold", a.cache_threshold)?;
+    fraction("kv_penalty_host", a.kv_penalty_host)?;
+    fraction("kv_penalty_disk", a.kv_penalty_disk)?;
+    fraction("kv_penalty_external", a.kv_penalty_external)?;
     factor("balance_rel_threshold", a.balance_rel_threshold)?;
     fraction("retry_jitter_factor", a.retry_jitter_factor)?;
     factor("retry_backoff_multiplier", a.retry_backoff_multiplier)?;

@@ -16,6 +16,11 @@ pub(super) fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
     cache.balance_rel_threshold = a.balance_rel_threshold;
     cache.cost.load_weight = a.kv_aware_load_weight;
     cache.cost.temperature = a.router_temperature;
+    cache.cost.penalties = lb_policies::TierPenalties::new(
+        a.kv_penalty_host,
+        a.kv_penalty_disk,
+        a.kv_penalty_external,
+    );
     cache.eviction_interval = Duration::from_secs(a.eviction_interval_secs);
     cache.max_tree_size = a.max_tree_size;
     cache.max_tree_bytes = a.max_tree_bytes;

@@ -174,7 +174,7 @@ pub use apply::StreamWriter;
 pub use lookup::{HolderMatch, PrefixMatches};
 pub use types::{
     ApplyOutcome, DEFAULT_MAX_BLOCKS_PER_HOLDER, EventCounters, Holder, HolderStats, IndexConfig,
-    IndexStats, KvEvent, KvIndexError, WorkerId,
+    IndexStats, KvEvent, KvIndexError, Tier, WorkerId,
 };
 
 use stream::{Registry, Share, Stream};

@@ -28,12 +28,95 @@ impl WorkerId {
 
 /// Who holds a block: a worker's data-parallel rank (0 without data
 /// parallelism). Each (worker, rank) has its own KV cache and event stream.
+///
+/// A rank's blocks in a lower cache tier (host memory, disk, an external
+/// store: vLLM's `medium` other than `"GPU"`) are a holder of their own,
+/// whose `rank` carries the tier in its top bits ([`Holder::tiered`]):
+/// the index keeps them apart from the device cache without knowing tiers,
+/// and a lookup reports each tier's prefix separately.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Holder {
     /// The worker.
     pub worker: WorkerId,
-    /// Its data-parallel rank.
+    /// Its data-parallel rank, with the [`Tier`] in the top bits for a
+    /// lower tier (see [`Holder::tiered`]).
     pub rank: u32,
+}
+
+/// Where a holder's blocks live: the engine's device cache, or a lower
+/// tier it can load them back from instead of computing them (vLLM's
+/// `medium` field of `BlockStored` / `BlockRemoved`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    /// The device (GPU) cache: medium `"GPU"` or none.
+    Device = 0,
+    /// Host memory: medium `"CPU"`, `"CPU_PINNED"` or `"HOST"` (vLLM's
+    /// offloading connector, LMCache's local CPU backend).
+    Host = 1,
+    /// Local disk: medium `"DISK"`, `"LOCAL_DISK"`, `"SSD"` or `"NVME"`.
+    Disk = 2,
+    /// Any other medium: a store outside the engine (a connector's remote
+    /// or shared store).
+    External = 3,
+}
+
+impl Tier {
+    /// The lower tiers, cheapest to load from first.
+    pub const LOWER: [Tier; 3] = [Tier::Host, Tier::Disk, Tier::External];
+
+    /// The tier of an event's `medium` (case-insensitive; none is the
+    /// device).
+    pub fn of_medium(medium: Option<&str>) -> Tier {
+        let Some(medium) = medium else {
+            return Tier::Device;
+        };
+        let is = |name: &str| medium.eq_ignore_ascii_case(name);
+        if is("GPU") {
+            Tier::Device
+        } else if is("CPU") || is("CPU_PINNED") || is("HOST") {
+            Tier::Host
+        } else if is("DISK") || is("LOCAL_DISK") || is("SSD") || is("NVME") {
+            Tier::Disk
+        } else {
+            Tier::External
+        }
+    }
+}
+
+/// Bits of [`Holder::rank`] below the tier.
+const TIER_SHIFT: u32 = 30;
+
+impl Holder {
+    /// The holder of `rank`'s blocks in `tier`: the rank itself for the
+    /// device cache, the rank with the tier in its top two bits otherwise.
+    /// Ranks must be below 2^30 (data-parallel sizes are far smaller).
+    pub fn tiered(worker: WorkerId, rank: u32, tier: Tier) -> Holder {
+        Holder {
+            worker,
+            rank: Holder::tiered_rank(rank, tier),
+        }
+    }
+
+    /// The `rank` a stream of `rank`'s blocks in `tier` is opened with
+    /// ([`KvIndex::stream`]).
+    pub fn tiered_rank(rank: u32, tier: Tier) -> u32 {
+        (rank & ((1 << TIER_SHIFT) - 1)) | ((tier as u32) << TIER_SHIFT)
+    }
+
+    /// The cache tier of this holder's blocks.
+    pub fn tier(&self) -> Tier {
+        match self.rank >> TIER_SHIFT {
+            0 => Tier::Device,
+            1 => Tier::Host,
+            2 => Tier::Disk,
+            _ => Tier::External,
+        }
+    }
+
+    /// The data-parallel rank, without the tier.
+    pub fn data_parallel_rank(&self) -> u32 {
+        self.rank & ((1 << TIER_SHIFT) - 1)
+    }
 }
 
 /// Settings of a [`KvIndex`].
@@ -211,6 +294,48 @@ impl IndexStats {
             0.0
         } else {
             self.total_bytes() as f64 / self.pairs as f64
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tiered_holder_keeps_its_rank_and_tier_apart_from_the_device_one() {
+        let worker = WorkerId(3);
+        let device = Holder { worker, rank: 5 };
+        assert_eq!(device.tier(), Tier::Device);
+        assert_eq!(Holder::tiered(worker, 5, Tier::Device), device);
+        for tier in Tier::LOWER {
+            let holder = Holder::tiered(worker, 5, tier);
+            assert_ne!(holder, device);
+            assert_eq!(holder.tier(), tier);
+            assert_eq!(holder.data_parallel_rank(), 5);
+            assert_eq!(holder.worker, worker);
+        }
+        let high = Holder::tiered(worker, (1 << 30) - 1, Tier::External);
+        assert_eq!(high.data_parallel_rank(), (1 << 30) - 1);
+        assert_eq!(high.tier(), Tier::External);
+    }
+
+    #[test]
+    fn media_map_to_tiers_case_insensitively() {
+        for (medium, tier) in [
+            (None, Tier::Device),
+            (Some("GPU"), Tier::Device),
+            (Some("gpu"), Tier::Device),
+            (Some("CPU"), Tier::Host),
+            (Some("Cpu_Pinned"), Tier::Host),
+            (Some("host"), Tier::Host),
+            (Some("DISK"), Tier::Disk),
+            (Some("local_disk"), Tier::Disk),
+            (Some("nvme"), Tier::Disk),
+            (Some("LMCACHE_REMOTE"), Tier::External),
+            (Some(""), Tier::External),
+        ] {
+            assert_eq!(Tier::of_medium(medium), tier, "{medium:?}");
         }
     }
 }

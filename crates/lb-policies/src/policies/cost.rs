@@ -22,6 +22,18 @@
 //! queued request is worth; docs/policies.md gives the measurements that
 //! chose its default.
 //!
+//! Blocks a worker holds only in a lower cache tier (host memory, disk, an
+//! external store: vLLM's `medium` of its KV events) save part of their
+//! prefill: loading one back costs its tier's penalty, a fraction of
+//! computing it ([`TierPenalties`], vllm-router's `--kv-penalty-host`,
+//! `--kv-penalty-external`, `--kv-penalty-disk`). Past the device prefix,
+//! each block is charged the penalty of the cheapest tier whose prefix
+//! reaches it, or 1 when none does, so the `h` above becomes the credit
+//!
+//! ```text
+//! credit = h + Σ over blocks past h held in a lower tier of (1 − penalty)
+//! ```
+//!
 //! With a `temperature` above zero the choice is a softmax draw instead:
 //! a worker is drawn with probability proportional to
 //! `exp(−(cost − least) / (temperature × n))`, so the temperature is in
@@ -48,6 +60,9 @@ pub struct CostModel {
     /// 0 (the default) always takes the least cost. vllm-router's and
     /// Dynamo's `--router-temperature`. Finite and non-negative.
     pub temperature: f64,
+    /// What loading a block back from each lower cache tier costs, as a
+    /// fraction of computing it.
+    pub penalties: TierPenalties,
 }
 
 /// Default [`CostModel::load_weight`].
@@ -58,12 +73,113 @@ impl Default for CostModel {
         CostModel {
             load_weight: DEFAULT_LOAD_WEIGHT,
             temperature: 0.0,
+            penalties: TierPenalties::default(),
         }
     }
 }
 
+/// The cost of loading one KV block back from a lower cache tier instead
+/// of computing it, as a fraction of computing it: 0 is as good as a
+/// device hit, 1 is no better than a miss. Each in `[0, 1]`.
+///
+/// The defaults are reasoned, not measured (the simulator has no lower
+/// tiers): a block crosses PCIe from pinned host memory at tens of GB/s,
+/// a small fraction of the time its attention and MLP work takes, but
+/// loading is not free and is queued with the rest of the step, so host
+/// is 0.25; disk and a remote store add their own reads and a network
+/// hop, 0.5.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(default)
+)]
+#[non_exhaustive]
+pub struct TierPenalties {
+    /// Host memory (medium `CPU`): vllm-router's `--kv-penalty-host`.
+    pub host: f64,
+    /// Local disk (medium `DISK`): `--kv-penalty-disk`.
+    pub disk: f64,
+    /// A store outside the engine (any other medium):
+    /// `--kv-penalty-external`.
+    pub external: f64,
+}
+
+/// Default [`TierPenalties::host`].
+pub const DEFAULT_HOST_PENALTY: f64 = 0.25;
+/// Default [`TierPenalties::disk`] and [`TierPenalties::external`].
+pub const DEFAULT_LOWER_PENALTY: f64 = 0.5;
+
+impl Default for TierPenalties {
+    fn default() -> Self {
+        TierPenalties {
+            host: DEFAULT_HOST_PENALTY,
+            disk: DEFAULT_LOWER_PENALTY,
+            external: DEFAULT_LOWER_PENALTY,
+        }
+    }
+}
+
+impl TierPenalties {
+    /// Penalties of the given values (host, disk, external).
+    pub fn new(host: f64, disk: f64, external: f64) -> Self {
+        TierPenalties {
+            host,
+            disk,
+            external,
+        }
+    }
+
+    /// No credit for any lower tier (every penalty 1): only the device
+    /// cache counts.
+    pub fn none() -> Self {
+        TierPenalties::new(1.0, 1.0, 1.0)
+    }
+
+    /// The penalties in [`LowerPrefix`] order (host, disk, external).
+    fn in_order(&self) -> [f64; 3] {
+        [self.host, self.disk, self.external]
+    }
+
+    /// The effective cached blocks of a worker whose device cache holds
+    /// the first `device` blocks of the request and whose lower tiers hold
+    /// the prefixes `lower`: `device`, plus `1 − penalty` for each block
+    /// past it that a lower tier holds, charged at the cheapest tier whose
+    /// prefix reaches it.
+    pub fn credit(&self, device: usize, lower: &LowerPrefix) -> f64 {
+        let mut credit = device as f64;
+        if lower.is_empty() {
+            return credit;
+        }
+        let penalties = self.in_order();
+        let mut order = [0usize, 1, 2];
+        order.sort_by(|&a, &b| penalties[a].total_cmp(&penalties[b]));
+        let mut covered = device;
+        for tier in order {
+            let reach = lower.0[tier] as usize;
+            if reach > covered {
+                credit += (1.0 - penalties[tier]) * (reach - covered) as f64;
+                covered = reach;
+            }
+        }
+        credit
+    }
+}
+
+/// How many leading blocks of a request a worker holds in each lower tier
+/// (host, disk, external), as the block index reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LowerPrefix(pub [u32; 3]);
+
+impl LowerPrefix {
+    /// True when no lower tier holds even the first block.
+    pub fn is_empty(&self) -> bool {
+        self.0 == [0; 3]
+    }
+}
+
 impl CostModel {
-    /// Checks both knobs' ranges.
+    /// Checks every knob's range.
     pub fn validate(&self) -> Result<(), PolicyError> {
         for (field, value) in [
             ("cost.load_weight", self.load_weight),
@@ -76,19 +192,62 @@ impl CostModel {
                 });
             }
         }
+        for (field, value) in [
+            ("cost.penalties.host", self.penalties.host),
+            ("cost.penalties.disk", self.penalties.disk),
+            ("cost.penalties.external", self.penalties.external),
+        ] {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(PolicyError::InvalidConfig {
+                    field,
+                    reason: format!("must be a number from 0 to 1, got {value}"),
+                });
+            }
+        }
         Ok(())
     }
 
     /// The cost of a worker holding `cached` of the request's `blocks`
     /// full blocks, with `load` requests in flight.
     pub fn cost(&self, blocks: usize, cached: usize, load: usize) -> f64 {
-        blocks.saturating_sub(cached) as f64 + self.load_weight * load as f64
+        self.cost_with_credit(blocks, cached as f64, load)
+    }
+
+    /// The cost of a worker whose cache saves `credit` of the request's
+    /// `blocks` full blocks of prefill ([`TierPenalties::credit`]), with
+    /// `load` requests in flight.
+    pub fn cost_with_credit(&self, blocks: usize, credit: f64, load: usize) -> f64 {
+        (blocks as f64 - credit).max(0.0) + self.load_weight * load as f64
     }
 }
 
-/// A candidate the policy scored: (candidate index, cached blocks, exact).
+/// A candidate the policy scored.
 #[cfg(feature = "kv-block-index")]
-pub(crate) type Scored = (usize, usize, bool);
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Scored {
+    /// Its index among the candidates.
+    pub(crate) index: usize,
+    /// Leading blocks of the request its device cache holds.
+    pub(crate) blocks: usize,
+    /// Scored from the block index (else from the approximate tree).
+    pub(crate) exact: bool,
+    /// Blocks of prefill its caches save, lower tiers included
+    /// ([`TierPenalties::credit`]); at least `blocks`.
+    pub(crate) credit: f64,
+}
+
+#[cfg(feature = "kv-block-index")]
+impl Scored {
+    /// A candidate holding `blocks` in its device cache and nothing more.
+    pub(crate) fn new(index: usize, blocks: usize, exact: bool) -> Self {
+        Scored {
+            index,
+            blocks,
+            exact,
+            credit: blocks as f64,
+        }
+    }
+}
 
 /// The least-cost candidate among `scored` and the unscored candidates
 /// (they hold nothing of the request) that `eligible` accepts, at
@@ -108,23 +267,23 @@ pub(crate) fn least_cost<B: Backend>(
     eligible: impl Fn(usize) -> bool,
 ) -> Option<Scored> {
     let n = candidates.len().max(1);
-    // The ordering: cost, then more cached blocks (locality), then the
-    // fair order (load, processed, rotating start).
+    // The ordering: cost, then more saved (locality), then the fair order
+    // (load, processed, rotating start).
     let key = |s: &Scored| {
-        let c = &candidates[s.0];
+        let c = &candidates[s.index];
         let load = c.load();
         (
-            model.cost(blocks, s.1, load),
-            usize::MAX - s.1,
+            model.cost_with_credit(blocks, s.credit, load),
+            s.credit,
             load,
             c.processed(),
-            (s.0 + n - start % n) % n,
+            (s.index + n - start % n) % n,
         )
     };
     let better = |a: &Scored, b: &Scored| {
         let (ka, kb) = (key(a), key(b));
         ka.0.total_cmp(&kb.0)
-            .then(ka.1.cmp(&kb.1))
+            .then(kb.1.total_cmp(&ka.1))
             .then(ka.2.cmp(&kb.2))
             .then(ka.3.cmp(&kb.3))
             .then(ka.4.cmp(&kb.4))
@@ -132,7 +291,10 @@ pub(crate) fn least_cost<B: Backend>(
     };
     let mut best: Option<Scored> = None;
     for s in scored {
-        if candidates[s.0].is_available() && best.is_none_or(|b| better(s, &b)) && eligible(s.0) {
+        if candidates[s.index].is_available()
+            && best.is_none_or(|b| better(s, &b))
+            && eligible(s.index)
+        {
             best = Some(*s);
         }
     }
@@ -150,9 +312,9 @@ pub(crate) fn least_cost<B: Backend>(
             super::fair_least_loaded_where(candidates, start, &eligible).map(|(i, _)| i)
         });
     if let Some(i) = least
-        && !scored.iter().any(|s| s.0 == i)
+        && !scored.iter().any(|s| s.index == i)
     {
-        let s = (i, 0, false);
+        let s = Scored::new(i, 0, false);
         if best.is_none_or(|b| better(&s, &b)) {
             best = Some(s);
         }
@@ -162,6 +324,11 @@ pub(crate) fn least_cost<B: Backend>(
 
 /// A softmax draw over every eligible available candidate's cost (see
 /// the [module docs](self)); `draw` is uniform in `[0, 1)`.
+///
+/// Linear in the candidates: the scored ones are matched to their
+/// candidates by one sort and a merge, and `eligible` is asked only of
+/// the drawn candidate (a draw that lands on an ineligible one, a removed
+/// worker in a stale slice, draws again over the eligible alone).
 #[cfg(feature = "kv-block-index")]
 pub(crate) fn softmax<B: Backend>(
     model: &CostModel,
@@ -171,19 +338,43 @@ pub(crate) fn softmax<B: Backend>(
     draw: f64,
     eligible: impl Fn(usize) -> bool,
 ) -> Option<Scored> {
-    let of = |i: usize| -> Scored {
-        scored
-            .iter()
-            .find(|s| s.0 == i)
-            .copied()
-            .unwrap_or((i, 0, false))
-    };
+    let mut by_index: Vec<Scored> = scored.to_vec();
+    by_index.sort_unstable_by_key(|s| s.index);
+    by_index.dedup_by_key(|s| s.index);
+    let chosen = draw_softmax(model, candidates, blocks, &by_index, draw, |_| true)?;
+    if eligible(chosen.index) {
+        return Some(chosen);
+    }
+    draw_softmax(model, candidates, blocks, &by_index, draw, eligible)
+}
+
+/// One softmax draw over the available candidates `keep` accepts;
+/// `by_index` is the scored candidates sorted by index, one each.
+#[cfg(feature = "kv-block-index")]
+fn draw_softmax<B: Backend>(
+    model: &CostModel,
+    candidates: &[B],
+    blocks: usize,
+    by_index: &[Scored],
+    draw: f64,
+    keep: impl Fn(usize) -> bool,
+) -> Option<Scored> {
+    let keep = &keep;
+    // The pool in candidate order, each with its score (0 when unscored).
     let pool = || {
-        (0..candidates.len())
-            .filter(|&i| candidates[i].is_available() && eligible(i))
-            .map(of)
+        let mut next = 0;
+        (0..candidates.len()).filter_map(move |i| {
+            while next < by_index.len() && by_index[next].index < i {
+                next += 1;
+            }
+            let s = match by_index.get(next) {
+                Some(s) if s.index == i => *s,
+                _ => Scored::new(i, 0, false),
+            };
+            (candidates[i].is_available() && keep(i)).then_some(s)
+        })
     };
-    let cost = |s: &Scored| model.cost(blocks, s.1, candidates[s.0].load());
+    let cost = |s: &Scored| model.cost_with_credit(blocks, s.credit, candidates[s.index].load());
     let least = pool().map(|s| cost(&s)).min_by(f64::total_cmp)?;
     let scale = model.temperature * blocks.max(1) as f64;
     let weight = |s: &Scored| (-(cost(s) - least) / scale).exp();
@@ -216,64 +407,64 @@ mod tests {
 
     const ANY: fn(usize) -> bool = |_| true;
 
+    fn sc(index: usize, blocks: usize, exact: bool) -> Scored {
+        Scored::new(index, blocks, exact)
+    }
+
+    fn model(load_weight: f64, temperature: f64) -> CostModel {
+        CostModel {
+            load_weight,
+            temperature,
+            ..CostModel::default()
+        }
+    }
+
     #[test]
     fn a_long_hit_wins_until_the_queue_in_front_of_it_outweighs_it() {
-        let model = CostModel {
-            load_weight: 2.0,
-            temperature: 0.0,
-        };
+        let model = model(2.0, 0.0);
         // 100 blocks; w0 holds 60 of them. w1 holds nothing.
-        let scored = [(0, 60, true)];
+        let scored = [sc(0, 60, true)];
         // 60 blocks saved = 30 requests of load at weight 2.
         for (load, winner) in [(0, 0), (29, 0), (31, 1)] {
             let candidates = fleet(&[load, 0]);
             let chosen = least_cost(&model, &candidates, 100, &scored, 0, ANY).unwrap();
-            assert_eq!(chosen.0, winner, "w0 at load {load}");
+            assert_eq!(chosen.index, winner, "w0 at load {load}");
         }
     }
 
     #[test]
     fn equal_costs_prefer_the_longer_prefix_then_the_lighter_worker() {
-        let model = CostModel {
-            load_weight: 1.0,
-            temperature: 0.0,
-        };
+        let weighted = model(1.0, 0.0);
         // w0: 10 cached, load 5 -> 90 + 5 = 95; w1: 5 cached, load 0 -> 95.
         let candidates = fleet(&[5, 0, 0]);
-        let scored = [(0, 10, true), (1, 5, true)];
-        let chosen = least_cost(&model, &candidates, 100, &scored, 0, ANY).unwrap();
-        assert_eq!(chosen, (0, 10, true));
+        let scored = [sc(0, 10, true), sc(1, 5, true)];
+        let chosen = least_cost(&weighted, &candidates, 100, &scored, 0, ANY).unwrap();
+        assert_eq!(chosen, sc(0, 10, true));
         // Same prefix, same cost: the lighter one.
         let candidates = fleet(&[3, 2, 9]);
-        let model = CostModel {
-            load_weight: 0.0,
-            temperature: 0.0,
-        };
-        let scored = [(0, 10, true), (1, 10, true)];
+        let model = model(0.0, 0.0);
+        let scored = [sc(0, 10, true), sc(1, 10, true)];
         let chosen = least_cost(&model, &candidates, 100, &scored, 0, ANY).unwrap();
-        assert_eq!(chosen.0, 1);
+        assert_eq!(chosen.index, 1);
     }
 
     #[test]
     fn the_unscored_compete_through_their_least_loaded_and_ineligible_never_win() {
-        let model = CostModel {
-            load_weight: 8.0,
-            temperature: 0.0,
-        };
+        let model = model(8.0, 0.0);
         let candidates = fleet(&[50, 7, 3, 4]);
         // w0 holds everything but is swamped (400 blocks of queue against
         // a 100-block prefill); w2 is the lightest unscored.
-        let scored = [(0, 100, true)];
+        let scored = [sc(0, 100, true)];
         let chosen = least_cost(&model, &candidates, 100, &scored, 0, ANY).unwrap();
-        assert_eq!(chosen, (2, 0, false));
+        assert_eq!(chosen, sc(2, 0, false));
         // w2 removed: the next lightest.
         let chosen = least_cost(&model, &candidates, 100, &scored, 0, |i| i != 2).unwrap();
-        assert_eq!(chosen, (3, 0, false));
+        assert_eq!(chosen, sc(3, 0, false));
         // An unavailable worker is never chosen, scored or not.
         candidates[0].set_available(false);
         candidates[2].set_available(false);
-        let chosen = least_cost(&model, &candidates, 100, &[(0, 100, true)], 0, ANY).unwrap();
-        assert_eq!(chosen.0, 3);
+        let chosen = least_cost(&model, &candidates, 100, &[sc(0, 100, true)], 0, ANY).unwrap();
+        assert_eq!(chosen.index, 3);
         for c in &candidates {
             c.set_available(false);
         }
@@ -283,19 +474,16 @@ mod tests {
 
     #[test]
     fn softmax_draws_follow_the_costs() {
-        let model = CostModel {
-            load_weight: 1.0,
-            temperature: 0.1,
-        };
+        let model = model(1.0, 0.1);
         // 100 blocks: w0 costs 0 + 0, w1 (holding nothing) 100 + 0 (a
         // whole prefill more: e^-10 as likely), w2 0 + 10 (e^-1).
         let candidates = fleet(&[0, 0, 10]);
-        let scored = [(0, 100, true), (2, 100, true)];
+        let scored = [sc(0, 100, true), sc(2, 100, true)];
         let mut counts = [0usize; 3];
         for k in 0..10_000 {
             let draw = (k as f64 + 0.5) / 10_000.0;
             let s = softmax(&model, &candidates, 100, &scored, draw, ANY).unwrap();
-            counts[s.0] += 1;
+            counts[s.index] += 1;
         }
         let expected_w2 = (-1.0f64).exp() / (1.0 + (-1.0f64).exp() + (-10.0f64).exp());
         let share_w2 = counts[2] as f64 / 10_000.0;
@@ -312,15 +500,105 @@ mod tests {
             (1.0, f64::INFINITY, "cost.temperature"),
             (1.0, -0.5, "cost.temperature"),
         ] {
-            let model = CostModel {
-                load_weight: weight,
-                temperature,
-            };
-            match model.validate() {
+            match model(weight, temperature).validate() {
                 Err(PolicyError::InvalidConfig { field: f, .. }) => assert_eq!(f, field),
                 other => panic!("{weight} {temperature}: {other:?}"),
             }
         }
         assert!(CostModel::default().validate().is_ok());
+    }
+
+    #[test]
+    fn lower_tiers_credit_each_block_at_the_cheapest_tier_that_reaches_it() {
+        let penalties = TierPenalties::new(0.25, 0.5, 0.75);
+        // Nothing below: the device prefix alone.
+        assert_eq!(penalties.credit(10, &LowerPrefix::default()), 10.0);
+        // Host reaches 20, disk 40, external 30 (shadowed by disk).
+        let lower = LowerPrefix([20, 40, 30]);
+        // Blocks 10..20 from host (0.75 each), 20..40 from disk (0.5 each).
+        assert_eq!(penalties.credit(10, &lower), 10.0 + 7.5 + 10.0);
+        // A device prefix past every lower one: nothing more.
+        assert_eq!(penalties.credit(50, &lower), 50.0);
+        // The cheapest tier wins where tiers overlap, whatever its order.
+        let penalties = TierPenalties::new(0.9, 0.1, 1.0);
+        assert!((penalties.credit(0, &LowerPrefix([40, 20, 0])) - (18.0 + 2.0)).abs() < 1e-9);
+        // Penalty 1 everywhere: only the device counts.
+        assert_eq!(TierPenalties::none().credit(3, &lower), 3.0);
+    }
+
+    #[test]
+    fn a_host_copy_of_a_prefix_beats_a_miss_on_an_equally_loaded_worker() {
+        let model = CostModel::default();
+        let candidates = fleet(&[1, 1]);
+        let mut host_only = sc(0, 0, true);
+        host_only.credit = model.penalties.credit(0, &LowerPrefix([80, 0, 0]));
+        let chosen = least_cost(&model, &candidates, 100, &[host_only], 0, ANY).unwrap();
+        assert_eq!(chosen.index, 0);
+        // ... but a device copy of the same prefix beats the host copy.
+        let chosen = least_cost(
+            &model,
+            &candidates,
+            100,
+            &[host_only, sc(1, 80, true)],
+            0,
+            ANY,
+        )
+        .unwrap();
+        assert_eq!(chosen.index, 1);
+        // And with no credit for the host tier the two unscored-equal
+        // workers tie on cost, so the longer saving no longer decides.
+        let none = CostModel {
+            penalties: TierPenalties::none(),
+            ..CostModel::default()
+        };
+        let mut no_credit = sc(0, 0, true);
+        no_credit.credit = none.penalties.credit(0, &LowerPrefix([80, 0, 0]));
+        assert_eq!(no_credit.credit, 0.0);
+    }
+
+    #[test]
+    fn softmax_skips_an_ineligible_draw_and_draws_among_the_rest() {
+        let model = model(1.0, 0.1);
+        let candidates = fleet(&[0, 0, 0]);
+        // w0 holds everything: nearly every draw lands on it.
+        let scored = [sc(0, 100, true)];
+        let s = softmax(&model, &candidates, 100, &scored, 0.5, ANY).unwrap();
+        assert_eq!(s.index, 0);
+        // w0 is ineligible (removed): the draw is among w1 and w2.
+        for draw in [0.1, 0.6, 0.99] {
+            let s = softmax(&model, &candidates, 100, &scored, draw, |i| i != 0).unwrap();
+            assert_ne!(s.index, 0);
+        }
+        // Scored entries given twice or out of order change nothing.
+        let twice = [sc(2, 100, true), sc(0, 100, true), sc(2, 100, true)];
+        let a = softmax(&model, &candidates, 100, &twice, 0.75, ANY).unwrap();
+        let b = softmax(
+            &model,
+            &candidates,
+            100,
+            &[sc(0, 100, true), sc(2, 100, true)],
+            0.75,
+            ANY,
+        )
+        .unwrap();
+        assert_eq!(a.index, b.index);
+    }
+
+    #[test]
+    fn tier_penalties_out_of_range_are_refused_by_name() {
+        for (host, disk, external, field) in [
+            (1.5, 0.5, 0.5, "cost.penalties.host"),
+            (0.5, -0.1, 0.5, "cost.penalties.disk"),
+            (0.5, 0.5, f64::NAN, "cost.penalties.external"),
+        ] {
+            let model = CostModel {
+                penalties: TierPenalties::new(host, disk, external),
+                ..CostModel::default()
+            };
+            match model.validate() {
+                Err(PolicyError::InvalidConfig { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{host} {disk} {external}: {other:?}"),
+            }
+        }
     }
 }

@@ -111,10 +111,10 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kv_block_index::{BlockHash, KvIndex, PrefixMatches, WorkerId};
+use kv_block_index::{BlockHash, KvIndex, PrefixMatches, Tier, WorkerId};
 
 use super::cache_aware::{CacheAware, CacheAwareConfig, LoadGate, ModelState};
-use super::cost::{self, CostModel};
+use super::cost::{self, CostModel, LowerPrefix, Scored};
 use super::{find_candidate, min_available_load};
 use crate::backend::Backend;
 use crate::context::{RequestContext, RoutingInput};
@@ -309,8 +309,9 @@ impl Resolved {
     }
 }
 
-/// A candidate's score: (candidate index, cached blocks, exact).
-type Score = (usize, usize, bool);
+/// A candidate's score: its index, the blocks its device cache holds,
+/// whether the block index scored it, and what its caches save.
+type Score = Scored;
 
 /// Per-thread buffers reused across decisions.
 #[derive(Default)]
@@ -318,6 +319,8 @@ struct Scratch {
     hashes: Vec<BlockHash>,
     matches: PrefixMatches,
     scores: Vec<Score>,
+    /// Each exact score's lower-tier prefixes, by position in `scores`.
+    lower: Vec<LowerPrefix>,
 }
 
 thread_local! {
@@ -458,10 +461,13 @@ impl KvAware {
         tokens: &[u32],
         matches: &PrefixMatches,
         scores: &mut Vec<Score>,
+        lower: &mut Vec<LowerPrefix>,
     ) {
         scores.clear();
+        lower.clear();
         let resolved = self.resolved.read();
-        // Exact: live workers, longest prefix over their ranks.
+        // Exact: live workers, longest prefix over their ranks, per cache
+        // tier (a lower tier's blocks are holders of their own).
         for m in matches.matches() {
             let worker = m.holder.worker;
             if !self.sources.streams.is_live(worker) {
@@ -476,16 +482,42 @@ impl KvAware {
             if !candidates[i].is_available() {
                 continue;
             }
-            match scores.iter_mut().find(|s| s.0 == i) {
-                Some(s) => s.1 = s.1.max(m.blocks),
-                None => scores.push((i, m.blocks, true)),
+            let at = match scores.iter().position(|s| s.index == i) {
+                Some(at) => at,
+                None => {
+                    scores.push(Scored::new(i, 0, true));
+                    lower.push(LowerPrefix::default());
+                    scores.len() - 1
+                }
+            };
+            match m.holder.tier() {
+                Tier::Device => scores[at].blocks = scores[at].blocks.max(m.blocks),
+                tier => {
+                    let reach = &mut lower[at].0[tier as usize - 1];
+                    *reach = (*reach).max(m.blocks.min(u32::MAX as usize) as u32);
+                }
             }
         }
+        // What each exact score saves: its device blocks, and the lower
+        // tiers' at their penalties (the cost mode only; the gate counts
+        // device blocks).
+        if let Choice::LeastCost(model, _) = &self.choice {
+            for (s, lower) in scores.iter_mut().zip(lower.iter()) {
+                s.credit = model.penalties.credit(s.blocks, lower);
+            }
+        } else {
+            for s in scores.iter_mut() {
+                s.credit = s.blocks as f64;
+            }
+        }
+        // A worker only a lower tier scored holds no device block: the
+        // gate does not count it, and the cold-worker bound below is in
+        // device blocks.
         // Approximate: cold workers, from the tree, in whole blocks. Only
         // a cold score above the best exact one can matter (on equal blocks
         // exact wins), and the tree's best match bounds every cold score.
         let block_size = self.block_size;
-        let best_exact = scores.iter().map(|s| s.1).max().unwrap_or(0);
+        let best_exact = scores.iter().map(|s| s.blocks).max().unwrap_or(0);
         let settled = state.best_token_match(tokens, |owner, matched| {
             if matched / block_size <= best_exact {
                 return true; // no cold worker can beat the exact scores
@@ -496,7 +528,7 @@ impl KvAware {
                     if let Some(i) = find_candidate(key, hint, candidates)
                         && candidates[i].is_available()
                     {
-                        scores.push((i, matched / block_size, false));
+                        scores.push(Scored::new(i, matched / block_size, false));
                         return true;
                     }
                     // Not a place this request can go: look at the others.
@@ -518,9 +550,9 @@ impl KvAware {
             |key, hint, matched| {
                 if let Some(i) = find_candidate(key, hint, candidates)
                     && candidates[i].is_available()
-                    && !scores.iter().any(|s| s.0 == i)
+                    && !scores.iter().any(|s| s.index == i)
                 {
-                    scores.push((i, matched / block_size, false));
+                    scores.push(Scored::new(i, matched / block_size, false));
                 }
             },
         );
@@ -529,8 +561,8 @@ impl KvAware {
     /// The preferred candidate among the best scores: most blocks, exact
     /// before approximate, then fair (load, processed, rotating start).
     fn best<B: Backend>(&self, candidates: &[B], scores: &[Score]) -> Option<Score> {
-        let top = scores.iter().map(|s| (s.1, s.2)).max()?;
-        let is_top = |s: &&Score| (s.1, s.2) == top;
+        let top = scores.iter().map(|s| (s.blocks, s.exact)).max()?;
+        let is_top = |s: &&Score| (s.blocks, s.exact) == top;
         if scores.iter().filter(is_top).count() == 1 {
             return scores.iter().find(is_top).copied();
         }
@@ -540,8 +572,8 @@ impl KvAware {
             .iter()
             .filter(is_top)
             .min_by_key(|s| {
-                let c = &candidates[s.0];
-                (c.load(), c.processed(), (s.0 + n - start) % n)
+                let c = &candidates[s.index];
+                (c.load(), c.processed(), (s.index + n - start) % n)
             })
             .copied()
     }
@@ -589,27 +621,28 @@ impl KvAware {
             let start = self.tie_rotation.fetch_add(1, Ordering::Relaxed);
             cost::least_cost(model, candidates, blocks, scores, start, eligible)?
         };
-        // The reason's reference: the longest prefix an available worker
-        // holds (a removed one in a stale slice may count; only the reason
+        // The reason's reference: the most an available worker's caches
+        // save (a removed one in a stale slice may count; only the reason
         // could differ).
-        let longest = scores
+        let most = scores
             .iter()
-            .filter(|s| candidates[s.0].is_available())
-            .map(|s| s.1)
-            .max()
-            .unwrap_or(0);
-        let (index, cached, exact) = chosen;
-        let reason = if cached < longest {
+            .filter(|s| candidates[s.index].is_available())
+            .map(|s| s.credit)
+            .max_by(f64::total_cmp)
+            .unwrap_or(0.0);
+        let reason = if chosen.credit < most {
             DecisionReason::CacheOverloaded
-        } else if cached == 0 {
+        } else if chosen.credit <= 0.0 {
             DecisionReason::CacheLowMatch
-        } else if exact {
+        } else if chosen.exact {
             DecisionReason::KvHit
         } else {
             DecisionReason::CacheHit
         };
-        let rate = (cached * self.block_size) as f64 / tokens.len() as f64;
-        Some(Decision::new(index, reason).with_match_rate(rate))
+        // The match rate is the device cache's (what the engine reuses
+        // without loading).
+        let rate = (chosen.blocks * self.block_size) as f64 / tokens.len() as f64;
+        Some(Decision::new(chosen.index, reason).with_match_rate(rate))
     }
 
     fn decide_tokens<B: Backend>(
@@ -630,16 +663,20 @@ impl KvAware {
             tokens,
             &scratch.matches,
             &mut scratch.scores,
+            &mut scratch.lower,
         );
         if let Choice::LeastCost(model, rng) = &self.choice {
             return self.least_cost(state, candidates, tokens, &scratch.scores, model, rng);
         }
         let best = self.best(candidates, &scratch.scores);
-        let blocks = best.map_or(0, |s| s.1);
+        let blocks = best.map_or(0, |s| s.blocks);
         let rate = (blocks * self.block_size) as f64 / tokens.len() as f64;
         let config = self.fallback.config();
-        let Some((preferred, _, exact)) =
-            best.filter(|_| blocks > 0 && rate > config.cache_threshold)
+        let Some(Scored {
+            index: preferred,
+            exact,
+            ..
+        }) = best.filter(|_| blocks > 0 && rate > config.cache_threshold)
         else {
             return self.least_loaded(state, candidates, DecisionReason::CacheLowMatch, rate);
         };
