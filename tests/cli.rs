@@ -1244,3 +1244,45 @@ fn kv_penalty_flags_set_what_a_lower_tier_block_is_worth_and_bad_values_are_refu
         }
     }
 }
+
+#[test]
+fn kv_aware_session_affinity_ttl_sets_how_long_an_idle_session_sticks() {
+    // Off by default.
+    let s = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--policy",
+        "kv_aware",
+    ])
+    .unwrap();
+    assert!(s.router.policy.cache_aware.session_affinity_ttl.is_zero());
+    // vllm-router 0.1.17's flag: seconds of idle time.
+    let s = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--policy",
+        "kv_aware",
+        "--kv-aware-session-affinity-ttl-secs",
+        "300",
+    ])
+    .unwrap();
+    assert_eq!(
+        s.router.policy.cache_aware.session_affinity_ttl,
+        std::time::Duration::from_secs(300)
+    );
+    for value in ["-1", "ten", "1.5"] {
+        let err = settings(&[
+            "--worker-urls",
+            "http://127.0.0.1:9",
+            "--kv-aware-session-affinity-ttl-secs",
+            value,
+        ])
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("--kv-aware-session-affinity-ttl-secs"),
+            "{value}: {err}"
+        );
+        assert_eq!(err.exit_code(), 2, "{value}");
+    }
+}

@@ -277,6 +277,19 @@ pub struct Args {
     /// medium: a connector's remote or shared store).
     #[arg(long, default_value_t = lb_policies::DEFAULT_LOWER_PENALTY, value_name = "FRACTION", help_heading = "Policy")]
     pub kv_penalty_external: f64,
+    /// kv_aware: soft session affinity. A request whose session key
+    /// (its x-session-id header, else the body's `user` field) was placed
+    /// within this many seconds goes to the same worker unless
+    /// it is down or the load gate (--balance-abs-threshold and
+    /// --balance-rel-threshold) makes it yield; each request refreshes
+    /// it. 0 (the default) turns it off.
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "SECS",
+        help_heading = "Policy"
+    )]
+    pub kv_aware_session_affinity_ttl_secs: u64,
     /// cache_aware: seconds between upkeep passes over the prefix trees (a
     /// fallback: every insert keeps its tree within --max-tree-size and
     /// --max-tree-bytes).

@@ -52,11 +52,15 @@ pub enum DecisionReason {
     /// from the approximate tree (a worker without a live event stream)
     /// counts as [`CacheHit`](Self::CacheHit).
     KvHit,
+    /// Kv-aware with soft session affinity: the worker the request's
+    /// session went to last (within the idle TTL) took it, being available
+    /// and not overloaded.
+    SessionAffinity,
 }
 
 impl DecisionReason {
     /// Every reason, in counter order.
-    pub const ALL: [DecisionReason; 16] = [
+    pub const ALL: [DecisionReason; 17] = [
         DecisionReason::Random,
         DecisionReason::RoundRobin,
         DecisionReason::PowerOfTwo,
@@ -73,6 +77,7 @@ impl DecisionReason {
         DecisionReason::CacheFleetImbalance,
         DecisionReason::Custom,
         DecisionReason::KvHit,
+        DecisionReason::SessionAffinity,
     ];
 
     /// A stable snake_case name, suitable as a metrics label value.
@@ -94,6 +99,7 @@ impl DecisionReason {
             DecisionReason::CacheFleetImbalance => "cache_fleet_imbalance",
             DecisionReason::Custom => "custom",
             DecisionReason::KvHit => "kv_hit",
+            DecisionReason::SessionAffinity => "session_affinity",
         }
     }
 
@@ -116,6 +122,7 @@ impl DecisionReason {
             DecisionReason::CacheFleetImbalance => 13,
             DecisionReason::Custom => 14,
             DecisionReason::KvHit => 15,
+            DecisionReason::SessionAffinity => 16,
         }
     }
 }

@@ -778,3 +778,129 @@ fn the_gate_and_the_cost_are_built_by_name() {
         "{err}"
     );
 }
+
+/// A `kv_aware` setup whose sessions stick for `ttl` after their last use.
+fn setup_sessions(n: usize, ttl: std::time::Duration) -> Setup {
+    let fleet = fleet(n);
+    let index = Arc::new(KvIndex::new(IndexConfig {
+        block_size: BLOCK,
+        ..IndexConfig::default()
+    }));
+    let streams = Arc::new(KvStreams::new());
+    let ids = fleet
+        .iter()
+        .map(|b| index.register_worker(b.key().to_owned()))
+        .collect();
+    let mut config = knobs();
+    config.session_affinity_ttl = ttl;
+    let policy = KvAware::new(
+        config,
+        KvSources::new(Arc::clone(&index), Arc::clone(&streams)),
+    )
+    .expect("valid");
+    announce(&policy, &fleet);
+    Setup {
+        fleet,
+        index,
+        streams,
+        ids,
+        policy,
+    }
+}
+
+fn select_session(s: &Setup, tokens: &[u32], session: &str) -> (usize, DecisionReason) {
+    let d = s
+        .policy
+        .select(
+            &s.fleet,
+            &RequestContext::new(MODEL)
+                .with_tokens(tokens)
+                .with_session(session),
+        )
+        .expect("an available worker");
+    (d.index, d.reason)
+}
+
+#[test]
+fn a_session_follows_its_last_worker_while_it_is_available_and_not_overloaded() {
+    let s = setup_sessions(3, std::time::Duration::from_secs(3600));
+    for w in 0..3 {
+        s.live(w, true);
+    }
+    let a = prompt(41, 10);
+    let b = prompt(42, 10);
+    s.store(0, 0, &a, 10);
+    s.store(1, 0, &b, 10);
+    // First turn: by cost, worker 0 holds it; the session is bound there.
+    assert_eq!(select_session(&s, &a, "chat-1"), (0, DecisionReason::KvHit));
+    // A prompt worker 1 holds: the session stays on worker 0...
+    assert_eq!(
+        select_session(&s, &b, "chat-1"),
+        (0, DecisionReason::SessionAffinity)
+    );
+    // ... where a request without a session, or of another session, goes
+    // by cost.
+    assert_eq!(s.select(&b), (1, DecisionReason::KvHit));
+    assert_eq!(select_session(&s, &b, "chat-2"), (1, DecisionReason::KvHit));
+    // The `user` field is a session key too (the hash keys' precedence).
+    let d = s
+        .policy
+        .select(
+            &s.fleet,
+            &RequestContext::new(MODEL)
+                .with_tokens(&b)
+                .with_user("chat-1"),
+        )
+        .unwrap();
+    assert_eq!((d.index, d.reason), (0, DecisionReason::SessionAffinity));
+    // Overloaded by the gate (more than 64 above the least loaded and 1.5
+    // times it): the request goes by cost, and the session moves with it.
+    s.fleet[0].set_load(100);
+    assert_eq!(select_session(&s, &b, "chat-1"), (1, DecisionReason::KvHit));
+    s.fleet[0].set_load(0);
+    assert_eq!(
+        select_session(&s, &a, "chat-1"),
+        (1, DecisionReason::SessionAffinity)
+    );
+    // Unavailable: by cost again, and rebound.
+    s.fleet[1].set_available(false);
+    assert_eq!(select_session(&s, &a, "chat-1"), (0, DecisionReason::KvHit));
+    s.fleet[1].set_available(true);
+    assert_eq!(
+        select_session(&s, &b, "chat-1"),
+        (0, DecisionReason::SessionAffinity)
+    );
+    let (bound, refused) = s.policy.session_stats().expect("on");
+    assert_eq!((bound, refused), (2, 0));
+}
+
+#[test]
+fn a_session_idle_past_the_ttl_is_placed_by_cost_again() {
+    let s = setup_sessions(2, std::time::Duration::from_millis(1));
+    s.live(0, true);
+    s.live(1, true);
+    let a = prompt(43, 10);
+    let b = prompt(44, 10);
+    s.store(0, 0, &a, 10);
+    s.store(1, 0, &b, 10);
+    assert_eq!(select_session(&s, &a, "chat-9"), (0, DecisionReason::KvHit));
+    // Idle for far longer than the TTL (a lower bound on the wait, so this
+    // cannot pass early): the binding is gone.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(select_session(&s, &b, "chat-9"), (1, DecisionReason::KvHit));
+    // Off by default: no session is ever followed.
+    let plain = setup(2);
+    plain.live(0, true);
+    plain.live(1, true);
+    plain.store(0, 0, &a, 10);
+    plain.store(1, 0, &b, 10);
+    assert_eq!(
+        select_session(&plain, &a, "chat-9"),
+        (0, DecisionReason::KvHit)
+    );
+    assert_eq!(
+        select_session(&plain, &b, "chat-9"),
+        (1, DecisionReason::KvHit)
+    );
+    assert!(plain.policy.session_stats().is_none());
+}

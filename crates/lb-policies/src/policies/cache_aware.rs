@@ -141,6 +141,13 @@ pub struct CacheAwareConfig {
     /// temperature); the gated policies ignore it. Default
     /// [`CostModel::default`].
     pub cost: CostModel,
+    /// `kv_aware`'s soft session affinity: a request whose session key
+    /// ([`HashKeys::first`](crate::HashKeys::first)) was placed
+    /// within this long goes to the same worker, unless it is unavailable
+    /// or the load gate makes it yield (see `policies::session`). Zero,
+    /// the default, turns it off. vllm-router's
+    /// `--kv-aware-session-affinity-ttl-secs`.
+    pub session_affinity_ttl: Duration,
 }
 
 impl Default for CacheAwareConfig {
@@ -157,6 +164,7 @@ impl Default for CacheAwareConfig {
             gate: LoadGate::PerRequest,
             tree_clock: Clock::Coarse,
             cost: CostModel::default(),
+            session_affinity_ttl: Duration::ZERO,
         }
     }
 }

@@ -115,6 +115,7 @@ use kv_block_index::{BlockHash, KvIndex, PrefixMatches, Tier, WorkerId};
 
 use super::cache_aware::{CacheAware, CacheAwareConfig, LoadGate, ModelState};
 use super::cost::{self, CostModel, LowerPrefix, Scored};
+use super::session::SessionTable;
 use super::{find_candidate, min_available_load};
 use crate::backend::Backend;
 use crate::context::{RequestContext, RoutingInput};
@@ -126,6 +127,7 @@ use crate::rng::SharedRng;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering, RwLock};
 
 use std::sync::atomic::AtomicUsize as HintCell;
+use std::time::Instant;
 
 /// Which workers have a live KV event stream: a bitset by [`WorkerId`] the
 /// host updates and [`KvAware`] reads on every decision without a lock.
@@ -338,6 +340,8 @@ pub struct KvAware {
     tie_rotation: AtomicUsize,
     /// How token input is placed once scored.
     choice: Choice,
+    /// Soft session affinity, when its TTL is set.
+    sessions: Option<SessionTable>,
 }
 
 /// How [`KvAware`] places token input once every candidate is scored.
@@ -408,6 +412,7 @@ impl KvAware {
         }
         let mut config = config;
         config.gate = LoadGate::PerRequest;
+        let session_ttl = config.session_affinity_ttl;
         let choice = if least_cost {
             Choice::LeastCost(config.cost, SharedRng::new(seed))
         } else {
@@ -420,7 +425,15 @@ impl KvAware {
             resolved: RwLock::new(Resolved::default()),
             tie_rotation: AtomicUsize::new(0),
             choice,
+            sessions: (!session_ttl.is_zero()).then(|| SessionTable::new(session_ttl)),
         })
+    }
+
+    /// With soft session affinity on (`session_affinity_ttl`): the
+    /// sessions bound now, and the new sessions refused because the table
+    /// was full ([`session::MAX_SESSIONS`](super::session::MAX_SESSIONS)).
+    pub fn session_stats(&self) -> Option<(usize, u64)> {
+        self.sessions.as_ref().map(|t| (t.len(), t.refused()))
     }
 
     /// The embedded cache-aware policy that decides text input and scores
@@ -692,8 +705,35 @@ impl KvAware {
     }
 }
 
-impl<B: Backend> Policy<B> for KvAware {
-    fn select(&self, candidates: &[B], ctx: &RequestContext<'_>) -> Option<Decision> {
+impl KvAware {
+    /// The session's worker, when the request has a session key bound
+    /// within the TTL and that worker is an available, not removed
+    /// candidate that the load gate (`balance_abs_threshold` and
+    /// `balance_rel_threshold` over the least loaded) does not make yield.
+    fn session_worker<B: Backend>(
+        &self,
+        table: &SessionTable,
+        session: &str,
+        candidates: &[B],
+        ctx: &RequestContext<'_>,
+        now: Instant,
+    ) -> Option<usize> {
+        let worker = table.worker(session, now)?;
+        let i = candidates.iter().position(|c| c.key() == &*worker)?;
+        if !candidates[i].is_available() || self.fallback.model(ctx.model).is_removed(&worker) {
+            return None;
+        }
+        let config = self.fallback.config();
+        (!config.preferred_yields(candidates[i].load(), min_available_load(candidates)))
+            .then_some(i)
+    }
+
+    /// The decision without session affinity.
+    fn select_by_cache<B: Backend>(
+        &self,
+        candidates: &[B],
+        ctx: &RequestContext<'_>,
+    ) -> Option<Decision> {
         let tokens = match ctx.routing {
             RoutingInput::Tokens(tokens) if !tokens.is_empty() => tokens,
             _ => return self.fallback.select(candidates, ctx),
@@ -710,6 +750,31 @@ impl<B: Backend> Policy<B> for KvAware {
             Err(_) => self.decide_tokens(&state, candidates, tokens, &mut Scratch::default()),
         })?;
         state.record_choice(ctx.routing, candidates[decision.index].key());
+        Some(decision)
+    }
+}
+
+impl<B: Backend> Policy<B> for KvAware {
+    fn select(&self, candidates: &[B], ctx: &RequestContext<'_>) -> Option<Decision> {
+        let session = self
+            .sessions
+            .as_ref()
+            .zip(ctx.keys.first().map(|(_, key)| key));
+        let Some((table, session)) = session else {
+            return self.select_by_cache(candidates, ctx);
+        };
+        let now = Instant::now();
+        if let Some(i) = self.session_worker(table, session, candidates, ctx, now) {
+            table.bind(session, candidates[i].key(), now);
+            // The tree learns the choice as for any other (the fallback
+            // stays warm for this session's prefix).
+            self.fallback
+                .model(ctx.model)
+                .record_choice(ctx.routing, candidates[i].key());
+            return Some(Decision::new(i, DecisionReason::SessionAffinity));
+        }
+        let decision = self.select_by_cache(candidates, ctx)?;
+        table.bind(session, candidates[decision.index].key(), now);
         Some(decision)
     }
 }
@@ -748,6 +813,9 @@ impl PolicyState for KvAware {
 
     fn maintain(&self) {
         self.fallback.maintain();
+        if let Some(table) = &self.sessions {
+            table.prune(Instant::now());
+        }
     }
 
     fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {

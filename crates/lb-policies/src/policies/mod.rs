@@ -10,6 +10,8 @@ pub mod power_of_two;
 pub mod random;
 pub mod rendezvous;
 pub mod round_robin;
+#[cfg(feature = "kv-block-index")]
+pub mod session;
 
 use std::sync::atomic::{AtomicUsize as HintCell, Ordering as HintOrdering};
 
