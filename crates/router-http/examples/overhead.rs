@@ -57,6 +57,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 
+#[path = "support/threads.rs"]
+mod threads;
+use threads::{spawn_runtime, thread_cpu_ns, thread_id, thread_user_system_ticks};
+
 const COMPLETION: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, how can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":250,"completion_tokens":10,"total_tokens":260}}"#;
 const CHUNK: &str = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"token \"},\"finish_reason\":null}]}\n\n";
 
@@ -338,26 +342,6 @@ fn round3(x: f64) -> f64 {
 /// Runs `f` on a new single-threaded runtime on a named thread; returns what
 /// `f` hands back through the channel once started. The thread lives for the
 /// rest of the program.
-fn spawn_runtime<T: Send + 'static>(
-    name: &str,
-    f: impl FnOnce(&tokio::runtime::Runtime) -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            let value = f(&runtime);
-            tx.send(value).expect("main thread waits");
-            runtime.block_on(std::future::pending::<()>());
-        })
-        .expect("thread");
-    rx.recv().expect("runtime started")
-}
-
 async fn start_upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -867,39 +851,4 @@ async fn run_load(
         all.extend(task.await.unwrap_or_default());
     }
     all
-}
-
-/// This thread's kernel id.
-fn thread_id() -> u32 {
-    std::fs::read_link("/proc/thread-self")
-        .ok()
-        .and_then(|path| path.file_name()?.to_str()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Clock ticks thread `tid` of this process spent in user space and in
-/// the kernel (`/proc/self/task/TID/stat` fields 14 and 15; 100 per
-/// second): coarse, but over a whole measurement it splits the on-CPU time
-/// into the router's own code and the kernel's (its TCP work, and on
-/// loopback the receive side of every packet it sends, including waking
-/// the load generator's and the upstream's threads).
-fn thread_user_system_ticks(tid: u32) -> (u64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
-    // The command name may hold spaces: fields are counted after its ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let field = |n: usize| fields.get(n).and_then(|f| f.parse().ok()).unwrap_or(0);
-    // Field 14 (utime) is the 12th after the name and state.
-    (field(11), field(12))
-}
-
-/// On-CPU nanoseconds of thread `tid` of this process.
-fn thread_cpu_ns(tid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
-        .ok()
-        .and_then(|text| text.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
