@@ -1044,8 +1044,8 @@ fn kv_events_flags_and_worker_tables_say_where_engines_publish() {
         (6000, None, "kv")
     );
     let own = &kv.endpoints["http://10.0.0.5:8000"];
-    assert_eq!(own.endpoint, "tcp://10.0.0.9:7000");
-    assert_eq!(own.replay_endpoint.as_deref(), Some("tcp://10.0.0.9:7001"));
+    assert_eq!(own.publishers, ["tcp://10.0.0.9:7000"]);
+    assert_eq!(own.replays, ["tcp://10.0.0.9:7001"]);
 
     // A bad table stops the start naming it.
     for (table, expected) in [

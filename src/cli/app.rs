@@ -290,12 +290,11 @@ impl App {
         };
         hub.set_endpoints(
             engine.url(),
-            router_http::kv_events::KvEndpoints {
-                endpoint: format!("tcp://{publisher}"),
-                replay_endpoint: engine
+            router_http::kv_events::KvEndpoints::new(format!("tcp://{publisher}")).with_replays(
+                engine
                     .kv_events_replay_addr()
                     .map(|replay| format!("tcp://{replay}")),
-            },
+            ),
         );
     }
 

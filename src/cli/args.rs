@@ -317,7 +317,9 @@ pub struct Args {
     pub max_tree_bytes: u64,
     /// cache_aware on token ids: the engines' KV block size (vLLM's
     /// --block-size). A token match counts in whole blocks, and
-    /// --cache-threshold applies to those cached tokens.
+    /// --cache-threshold applies to those cached tokens. kv_aware's KV
+    /// index hashes blocks of this size too (--kv-event-block-size is the
+    /// same setting).
     #[arg(
         long,
         default_value_t = 16,
@@ -559,8 +561,8 @@ pub struct Args {
     // ----- KV events -----
     /// kv_aware: the port of each engine's KV event publisher, on the
     /// worker's host (vLLM's --kv-events-config endpoint; data-parallel
-    /// rank r at this port + r). Per worker: [workers."URL"] tables in the
-    /// --config file.
+    /// rank r at this port + r). Per worker: --kv-event-source, or
+    /// [workers."URL"] tables in the --config file.
     #[arg(
         long,
         default_value_t = 5557,
@@ -587,6 +589,49 @@ pub struct Args {
         help_heading = "KV events"
     )]
     pub kv_events_topic: String,
+    /// kv_aware: where a --worker-urls worker's engine publishes its KV
+    /// events, instead of --kv-events-port on its host: one endpoint
+    /// (data-parallel rank r at its port + r) or one per rank, in rank
+    /// order. Repeatable, one worker each; wins over the worker's
+    /// [workers."URL"] table. Without --kv-event-replay-source (or the
+    /// table's replay key) the worker has no replay.
+    #[arg(
+        long,
+        value_name = "WORKER_URL=ENDPOINT[,ENDPOINT...]",
+        help_heading = "KV events"
+    )]
+    pub kv_event_source: Vec<String>,
+    /// kv_aware: where a worker's engine serves replays (vLLM's
+    /// replay_endpoint), instead of --kv-events-replay-port on its host;
+    /// same shape as --kv-event-source. Names a --worker-urls worker or a
+    /// P/D one. Repeatable.
+    #[arg(
+        long,
+        value_name = "WORKER_URL=ENDPOINT[,ENDPOINT...]",
+        help_heading = "KV events"
+    )]
+    pub kv_event_replay_source: Vec<String>,
+    /// kv_aware in P/D: where a --prefill or --decode worker's engine
+    /// publishes its KV events (as --kv-event-source); its role's policy
+    /// must be kv_aware. Repeatable.
+    #[arg(
+        long,
+        value_name = "URL=ENDPOINT[,ENDPOINT...]",
+        help_heading = "KV events"
+    )]
+    pub pd_kv_events: Vec<String>,
+    /// kv_aware: the engines' KV block size, which the KV index hashes
+    /// with: the same setting as --block-size (kv_aware scores cold
+    /// workers in the same blocks), so this sets it; both given must agree.
+    #[arg(long, value_name = "TOKENS", help_heading = "KV events")]
+    pub kv_event_block_size: Option<usize>,
+    /// kv_aware: the one served model whose requests are scored on the KV
+    /// index (its tokenizer's ids are what the engines hash); every other
+    /// model's requests are placed by cache_aware with the same knobs.
+    /// Needs a tokenizer for the model (--tokenizer-path or its
+    /// [models."ID"] table). Unset: every model's.
+    #[arg(long, value_name = "MODEL", help_heading = "KV events")]
+    pub kv_event_model: Option<String>,
     /// Largest KV event payload (one ZMQ frame) accepted from an engine's
     /// publisher, in bytes; a larger frame closes the connection, which is
     /// reopened.

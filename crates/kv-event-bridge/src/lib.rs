@@ -25,6 +25,10 @@
 //! ranks publish at `port + rank` (vLLM's `offset_endpoint_port`): a worker
 //! registered with a rank follows that rank's socket; a worker without one
 //! follows [`KvEventsConfig::data_parallel_size`] sockets, one per rank.
+//! A worker's own [`KvEndpoints`] may instead list one socket per rank,
+//! in rank order: a worker registered with a rank beyond the list is not
+//! followed (it stays cold), logged and counted in
+//! `router_kv_unplaced_ranks_total`.
 //!
 //! # When a worker is scored exactly
 //!
@@ -133,6 +137,9 @@ struct HubCounters {
     other_rank: AtomicU64,
     /// Events that arrived after their worker left the index.
     late: AtomicU64,
+    /// Ranks of followed workers for which no socket could be formed (a
+    /// rank beyond its worker's per-rank endpoint list).
+    unplaced_ranks: AtomicU64,
 }
 
 /// One (worker, rank) stream's state shared with its subscriber's sink.
@@ -140,6 +147,7 @@ struct HubCounters {
 struct RankStream {
     rank: u32,
     endpoint: String,
+    replay_endpoint: Option<String>,
     /// A batch was delivered since the last reset.
     warm: AtomicBool,
 }
@@ -194,6 +202,9 @@ pub struct RankKvStatus {
     pub rank: u32,
     /// The publisher's address.
     pub endpoint: String,
+    /// The replay socket's address, if the stream has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay_endpoint: Option<String>,
     /// `connecting`, `live`, `replaying` or `cold`.
     pub state: &'static str,
     /// Why the stream was last reset, while it is cold.
@@ -268,6 +279,14 @@ impl KvEvents {
             Some(own) => self.config.streams_with(worker, Some(own)),
             None => self.config.streams_of(worker),
         }
+    }
+
+    /// As [`streams_of`](Self::streams_of), with the ranks that could not
+    /// be placed.
+    fn plan_of(&self, worker: &Worker) -> config::StreamPlan {
+        let own = self.endpoints.lock().get(worker.endpoint().url()).cloned();
+        let own = own.or_else(|| self.config.endpoints.get(worker.endpoint().url()).cloned());
+        self.config.plan(worker, own.as_ref())
     }
 
     /// The roles whose workers are followed.
@@ -359,16 +378,34 @@ impl KvEvents {
         self.sources.streams.set_live(id, false);
         let live = Arc::new(Mutex::new(false));
         let mut streams = Vec::new();
-        let sockets = self.streams_of(worker);
-        if sockets.is_empty() {
+        let plan = self.plan_of(worker);
+        let sockets = if plan.unplaced.is_empty() {
+            plan.streams
+        } else {
+            // A worker is live only when every rank is: without a socket
+            // for one, none is followed.
+            self.counters
+                .unplaced_ranks
+                .fetch_add(plan.unplaced.len() as u64, Ordering::Relaxed);
+            tracing::warn!(
+                worker = %worker.key(),
+                ranks = ?plan.unplaced,
+                "KV events: no event endpoint for these data-parallel ranks (beyond the worker's \
+                 per-rank endpoint list, or a port past 65535); the worker is not followed and \
+                 stays cold"
+            );
+            Vec::new()
+        };
+        if sockets.is_empty() && plan.unplaced.is_empty() {
             tracing::warn!(worker = %worker.key(), "KV events: no event endpoint can be formed; the worker stays cold");
         }
         let ranks: Vec<Arc<RankStream>> = sockets
             .iter()
-            .map(|(rank, endpoint, _)| {
+            .map(|(rank, endpoint, replay)| {
                 Arc::new(RankStream {
                     rank: *rank,
                     endpoint: endpoint.clone(),
+                    replay_endpoint: replay.clone(),
                     warm: AtomicBool::new(false),
                 })
             })
@@ -466,6 +503,7 @@ impl KvEvents {
                 RankKvStatus {
                     rank: rank.rank,
                     endpoint: rank.endpoint.clone(),
+                    replay_endpoint: rank.replay_endpoint.clone(),
                     state: state_name(&status.state),
                     reset_reason: match &status.state {
                         StreamState::Cold { reason } => Some(reason.to_string()),
@@ -580,6 +618,13 @@ impl KvEvents {
                 .family(name, MetricType::Counter, help)
                 .sample(&[], value);
         }
+        exposition
+            .family(
+                "router_kv_unplaced_ranks_total",
+                MetricType::Counter,
+                "Data-parallel ranks of followed workers with no KV event endpoint (a rank beyond its worker's per-rank endpoint list): the worker is not followed and stays cold.",
+            )
+            .sample(&[], self.counters.unplaced_ranks.load(Ordering::Relaxed));
         let index = self.sources.index.counters();
         let mut family = exposition.family(
             "router_kv_skipped_events_total",

@@ -9,10 +9,18 @@
 //! an `Option` of it that is always `None` and needs no `cfg` of its own.
 
 #[cfg(feature = "kv-events")]
-pub(crate) use enabled::{KvHub, attach, spawn_sync};
+pub(crate) use enabled::{KvHub, attach, restrict_to_model, spawn_sync};
 
 #[cfg(not(feature = "kv-events"))]
-pub(crate) use disabled::{KvHub, attach, spawn_sync};
+pub(crate) use disabled::{KvHub, attach, restrict_to_model, spawn_sync};
+
+/// The index-reading policy of each pool for the one model
+/// `KvEventsConfig::model` names: the host sets it as that model's
+/// configuration in the pool's registry once the pools exist.
+pub(crate) type ModelPolicies = (
+    String,
+    Vec<(worker_lifecycle::RoleKind, lb_policies::PolicyConfig)>,
+);
 
 #[cfg(not(feature = "kv-events"))]
 mod disabled {
@@ -25,6 +33,11 @@ mod disabled {
 
     /// Never builds a hub.
     pub(crate) fn attach(_config: &mut RouterConfig) -> Option<KvHub> {
+        None
+    }
+
+    /// No model is scored on an index without the feature.
+    pub(crate) fn restrict_to_model(_config: &mut RouterConfig) -> Option<super::ModelPolicies> {
         None
     }
 
@@ -120,6 +133,41 @@ mod enabled {
             sources,
             roles,
         )))
+    }
+
+    /// With [`KvEventsConfig::model`](kv_event_bridge::KvEventsConfig::model)
+    /// set (after [`attach`]): every pool policy that reads the index
+    /// becomes `cache_aware` with the same knobs, the default of every
+    /// model, and its index-reading configuration is returned, to be that
+    /// one model's in the pool's registry. A P/D role that inherits the
+    /// main policy gets its own copy first, so the two roles stay apart.
+    pub(crate) fn restrict_to_model(config: &mut RouterConfig) -> Option<super::ModelPolicies> {
+        let model = config.kv_events.model.clone()?;
+        let fallback = |policy: &PolicyConfig| {
+            let mut fallback = policy.clone();
+            fallback.name = "cache_aware".to_owned();
+            fallback.kv = None;
+            fallback
+        };
+        let mut policies = Vec::new();
+        if let Some(pd) = &mut config.pd {
+            for (role, slot) in [
+                (RoleKind::Prefill, &mut pd.prefill_policy),
+                (RoleKind::Decode, &mut pd.decode_policy),
+            ] {
+                let policy = slot.get_or_insert_with(|| config.policy.clone());
+                if reads_index(policy) {
+                    policies.push((role, policy.clone()));
+                    *policy = fallback(policy);
+                }
+            }
+        } else if reads_index(&config.policy) {
+            policies.push((RoleKind::Regular, config.policy.clone()));
+        }
+        if reads_index(&config.policy) {
+            config.policy = fallback(&config.policy);
+        }
+        Some((model, policies))
     }
 
     /// The task that keeps the hub following the router's pools: one

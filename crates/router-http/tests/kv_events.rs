@@ -47,12 +47,11 @@ fn kv_config(engines: &[EngineHandle]) -> KvEventsConfig {
     for engine in engines {
         config = config.with_endpoints(
             engine.url(),
-            KvEndpoints {
-                endpoint: format!("tcp://{}", engine.kv_events_addr().unwrap()),
-                replay_endpoint: engine
+            KvEndpoints::new(format!("tcp://{}", engine.kv_events_addr().unwrap())).with_replays(
+                engine
                     .kv_events_replay_addr()
                     .map(|addr| format!("tcp://{addr}")),
-            },
+            ),
         );
     }
     config
@@ -218,13 +217,9 @@ async fn workers_and_metrics_show_each_streams_state() {
     let engines = engines(1).await;
     // A second worker whose publisher does not exist stays cold.
     let mut config = config("kv_aware", &engines);
-    config.kv_events = config.kv_events.with_endpoints(
-        "http://127.0.0.1:9",
-        KvEndpoints {
-            endpoint: "tcp://127.0.0.1:9".into(),
-            replay_endpoint: None,
-        },
-    );
+    config.kv_events = config
+        .kv_events
+        .with_endpoints("http://127.0.0.1:9", KvEndpoints::new("tcp://127.0.0.1:9"));
     let urls = vec![engines[0].url(), "http://127.0.0.1:9".to_owned()];
     let fixture = Fixture::start_with_urls(config, Vec::new(), &urls).await;
     let _background = fixture.router.spawn_background();
@@ -341,10 +336,7 @@ fn endpoints_default_to_the_workers_host_and_vllms_ports() {
     );
     let overridden = config.clone().with_endpoints(
         "http://10.0.0.6:8000",
-        KvEndpoints {
-            endpoint: "tcp://10.0.0.7:7000".into(),
-            replay_endpoint: None,
-        },
+        KvEndpoints::new("tcp://10.0.0.7:7000"),
     );
     assert_eq!(
         overridden.streams_of(&announced),
@@ -368,10 +360,7 @@ async fn follower(endpoint: String, replay: Option<String>) -> (Fixture, Backgro
     let mut config = config("kv_aware", &[]);
     config.kv_events = config.kv_events.with_endpoints(
         "http://127.0.0.1:9",
-        KvEndpoints {
-            endpoint,
-            replay_endpoint: replay,
-        },
+        KvEndpoints::new(endpoint).with_replays(replay),
     );
     let fixture =
         Fixture::start_with_urls(config, Vec::new(), &["http://127.0.0.1:9".to_owned()]).await;
@@ -806,4 +795,39 @@ async fn each_workers_block_cap_is_its_engines_cache_size() {
     for engine in engines {
         engine.shutdown().await;
     }
+}
+
+/// `KvEventsConfig::model`: the pools that read the index give their
+/// index policy to that model alone; every other model gets cache_aware
+/// with the same knobs. In P/D a role that inherits the main policy gets
+/// its own copy, and a role that does not read the index is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kv_model_alone_is_scored_on_the_index() {
+    use lb_policies::PolicyState;
+    use router_http::{PdConfig, PdConnector, Router};
+    let name = |registry: &lb_policies::PolicyRegistry<Arc<worker_lifecycle::Worker>>,
+                model: &str| { registry.policy(model).unwrap().name().to_owned() };
+
+    let mut regular = config("kv_aware", &[]);
+    regular.kv_events.model = Some("m".to_owned());
+    let router = Router::new(regular).unwrap();
+    assert!(router.kv_events().is_some());
+    assert_eq!(name(router.policies(), "m"), "kv_aware");
+    assert_eq!(name(router.policies(), "other"), "cache_aware");
+
+    let mut pd = config("kv_aware_gate", &[]);
+    let mut pools = PdConfig::new(PdConnector::Nixl);
+    pools.decode_policy = Some(PolicyConfig::named("round_robin"));
+    pd.pd = Some(pools);
+    pd.kv_events.model = Some("m".to_owned());
+    let router = Router::new(pd).unwrap();
+    let pools = router.pd().unwrap();
+    assert_eq!(name(pools.prefill().policies(), "m"), "kv_aware_gate");
+    assert_eq!(name(pools.prefill().policies(), "other"), "cache_aware");
+    assert_eq!(name(pools.decode().policies(), "m"), "round_robin");
+    assert_eq!(name(pools.decode().policies(), "other"), "round_robin");
+
+    // Without a model every model's requests are scored on the index.
+    let router = Router::new(config("kv_aware", &[])).unwrap();
+    assert_eq!(name(router.policies(), "other"), "kv_aware");
 }

@@ -140,15 +140,17 @@ impl Settings {
     }
 
     /// Validates parsed settings and builds the router configuration.
-    pub fn from_parsed(parsed: Parsed) -> Result<Self, CliError> {
-        let args = &parsed.args;
+    pub fn from_parsed(mut parsed: Parsed) -> Result<Self, CliError> {
         refuse_unsupported(&parsed)?;
-        checks::check_ranges(args)?;
+        checks::check_ranges(&parsed.args)?;
         let mode = mode::mode(&parsed)?;
+        kv_events::needs_index(&parsed)?;
+        kv_events::block_size(&mut parsed)?;
+        let args = &parsed.args;
         let mut router = router_config::router_config(args)?;
         router.tokenizers = tokenizers::tokenizers(&parsed, &mode)?;
         router.tokenize = tokenizers::tokenize_config(args);
-        router.kv_events = kv_events::kv_events(&parsed)?;
+        router.kv_events = kv_events::kv_events(&parsed, &mode, &router.tokenizers)?;
         let mut ignored: Vec<String> = IGNORED_FLAGS
             .iter()
             .filter(|id| parsed.is_explicit(id))

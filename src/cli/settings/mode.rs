@@ -65,7 +65,8 @@ pub struct PdDeployment {
     pub discovery: Option<String>,
 }
 
-const PD_FLAGS: [&str; 7] = [
+const PD_FLAGS: [&str; 8] = [
+    "pd_kv_events",
     "vllm_discovery_ttl_secs",
     "prefill",
     "decode",

@@ -26,16 +26,51 @@ pub struct Parsed {
 
 /// One `[workers."URL"]` table of a `--config` file: where that worker
 /// publishes its KV events, when not at `--kv-events-port` /
-/// `--kv-events-replay-port` of its host.
+/// `--kv-events-replay-port` of its host. Each key is one endpoint (rank
+/// 0's, data-parallel rank r at its port + r) or a list, one per rank in
+/// rank order; `--kv-event-source`, `--pd-kv-events` and
+/// `--kv-event-replay-source` replace the key they correspond to.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerSettings {
-    /// The publisher, e.g. `tcp://10.0.0.5:6000`.
-    #[serde(alias = "kv-events-endpoint")]
-    pub kv_events_endpoint: String,
-    /// The replay socket (none: no replay).
-    #[serde(default, alias = "kv-events-replay-endpoint")]
-    pub kv_events_replay_endpoint: Option<String>,
+    /// The publisher(s), e.g. `tcp://10.0.0.5:6000`.
+    #[serde(alias = "kv-events-endpoint", deserialize_with = "one_or_many")]
+    pub kv_events_endpoint: Vec<String>,
+    /// The replay socket(s) (none: no replay).
+    #[serde(
+        default,
+        alias = "kv-events-replay-endpoint",
+        deserialize_with = "one_or_many"
+    )]
+    pub kv_events_replay_endpoint: Vec<String>,
+}
+
+/// A string, or a list of strings.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    struct OneOrMany;
+    impl<'de> serde::de::Visitor<'de> for OneOrMany {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an endpoint \"tcp://HOST:PORT\" or a list of them, one per rank")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<Self::Value, E> {
+            Ok(vec![value.to_owned()])
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut all = Vec::new();
+            while let Some(one) = seq.next_element::<String>()? {
+                all.push(one);
+            }
+            Ok(all)
+        }
+    }
+    deserializer.deserialize_any(OneOrMany)
 }
 
 /// One `[models."ID"]` table of a `--config` file: the tokenizer requests

@@ -20,11 +20,26 @@ impl Router {
     /// When a pool's policy is `kv_aware` (feature `kv-events`), the router
     /// also builds the KV event subscriptions that feed it
     /// ([`Router::kv_events`]); [`Router::spawn_background`] starts them.
+    /// With `kv_events.model` set, only that model's requests are scored
+    /// on the index: every other model's pool policy is `cache_aware` with
+    /// the same knobs.
     pub fn new(mut config: RouterConfig) -> Result<Self, ConfigError> {
         share_tree_budget(&mut config);
         let kv = crate::kv_wiring::attach(&mut config);
+        let model_policies = crate::kv_wiring::restrict_to_model(&mut config);
         let policies = PolicyRegistry::new(config.policy.clone())?;
-        Self::build(config, policies, kv)
+        let router = Self::build(config, policies, kv)?;
+        if let Some((model, policies)) = model_policies {
+            for (role, policy) in policies {
+                let registry = match (role, router.pd()) {
+                    (RoleKind::Regular, _) => router.policies(),
+                    (role, Some(pd)) => pd.role(role).policies(),
+                    (_, None) => continue,
+                };
+                registry.set_model_config(&model, policy)?;
+            }
+        }
+        Ok(router)
     }
 
     /// Builds a router that selects with `policies` (for instance a registry
