@@ -212,6 +212,34 @@ fn defaults_map_onto_the_router_config() {
 }
 
 #[test]
+fn the_load_poll_budget_bounds_the_polls_per_second_and_zero_lifts_it() {
+    let s = settings(&[]).unwrap();
+    assert_eq!(
+        s.router.load_poll.max_polls_per_sec,
+        router_http::load_poll::DEFAULT_MAX_POLLS_PER_SEC
+    );
+    // 1,000 engines at the default budget: a round every 500 ms.
+    assert_eq!(
+        s.router.load_poll.round_period(1_000),
+        Duration::from_millis(500)
+    );
+    let s = settings(&["--load-poll-budget", "10000"]).unwrap();
+    assert_eq!(s.router.load_poll.max_polls_per_sec, 10_000);
+    assert_eq!(
+        s.router.load_poll.round_period(1_000),
+        Duration::from_millis(100)
+    );
+    let s = settings(&["--load-poll-budget", "0"]).unwrap();
+    assert_eq!(
+        s.router.load_poll.round_period(1_000),
+        Duration::from_millis(50)
+    );
+    let err = settings(&["--load-poll-budget", "-5"]).unwrap_err();
+    assert!(err.to_string().contains("--load-poll-budget"), "{err}");
+    assert_eq!(err.exit_code(), 2);
+}
+
+#[test]
 fn the_load_poll_interval_comes_from_its_flag_or_file_and_zero_turns_it_off() {
     let s = settings(&["--load-poll-interval-ms", "250"]).unwrap();
     assert_eq!(

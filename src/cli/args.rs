@@ -339,6 +339,16 @@ pub struct Args {
         help_heading = "Engine-reported load"
     )]
     pub load_poll_interval_ms: u64,
+    /// Most engine polls per second over the whole fleet (about 23 µs of
+    /// router CPU each): a fleet larger than interval x this is polled less
+    /// often, each round lasting engines / this. 0 removes the limit.
+    #[arg(
+        long,
+        default_value_t = router_http::load_poll::DEFAULT_MAX_POLLS_PER_SEC,
+        value_name = "POLLS",
+        help_heading = "Engine-reported load"
+    )]
+    pub load_poll_budget: u32,
 
     // ----- Prefill/decode -----
     /// Route prefill and decode to separate engines (vLLM P/D disaggregation).

@@ -1,7 +1,9 @@
 //! What polling the engines' load costs the router: the router's thread
-//! CPU per second with N workers polled (engine-reported load, see the
-//! `load_poll` module) against the same router with polling off, and no
-//! request traffic, so the difference is the poller alone.
+//! CPU with N workers polled (engine-reported load, see the `load_poll`
+//! module) against the same router with polling off, first with no
+//! request traffic (the difference is the poller alone), then under a
+//! closed-loop load of 1 KB chat requests (`--connections C`, default 32;
+//! 0 skips it), as CPU per request.
 //!
 //! ```sh
 //! cargo run --release -p router-http --example poll_cost -- --workers 1000
@@ -12,7 +14,9 @@
 //! all of them) answering `GET /metrics` with the body an engine-sim
 //! engine serves (vLLM's gauge names; `--source metrics`, the default) or
 //! `GET /get_load` with `{"load": 3}` (`--source get_load`: /metrics
-//! answers 404, so the poller settles on the small body). The router runs
+//! answers 404, so the poller settles on the small body), and any POST
+//! with a fixed chat completion. The router (round_robin over all the
+//! workers) runs
 //! on a current-thread runtime of its own, as in the `overhead` example,
 //! so its CPU time is read from its thread's schedstat. Options:
 //! `--workers N` (default 1,000), `--seconds S` (per phase, default 5),
@@ -32,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use router_http::load_poll::LoadPollConfig;
 use router_http::{Router, RouterConfig};
@@ -73,6 +77,7 @@ fn main() {
         }
     };
     let json = args.iter().any(|a| a == "--json");
+    let connections = number("--connections", 32) as usize;
 
     let metrics = if get_load {
         Bytes::new()
@@ -100,19 +105,19 @@ fn main() {
             },
         ),
     ] {
-        let (cpu_ms_per_s, polls_per_s) = measure(&addrs, poll, Duration::from_secs(seconds));
-        phases.insert(
-            name.into(),
-            serde_json::json!({
-                "router_cpu_ms_per_s": round3(cpu_ms_per_s),
-                "engine_polls_per_s": round3(polls_per_s),
-            }),
-        );
-        if !json {
-            eprintln!(
-                "polling {name}: router thread {cpu_ms_per_s:.2} ms CPU per s, {polls_per_s:.0} engine polls per s"
-            );
+        let phase = measure(&addrs, poll, Duration::from_secs(seconds), connections);
+        let mut entry = serde_json::json!({
+            "router_cpu_ms_per_s": round3(phase.idle_cpu_ms_per_s),
+            "engine_polls_per_s": round3(phase.polls_per_s),
+        });
+        if let Some((rps, cpu_us)) = phase.loaded {
+            entry["loaded_rps"] = round3(rps).into();
+            entry["loaded_router_cpu_us_per_req"] = round3(cpu_us).into();
         }
+        if !json {
+            eprintln!("polling {name}: {entry}");
+        }
+        phases.insert(name.into(), entry);
     }
     let per_s = |phase: &str, key: &str| phases[phase][key].as_f64().unwrap_or(0.0);
     let extra = per_s("on", "router_cpu_ms_per_s") - per_s("off", "router_cpu_ms_per_s");
@@ -125,18 +130,42 @@ fn main() {
         "phases": phases,
         "polling_cpu_share_of_a_core": round3(extra / 1000.0),
         "cpu_us_per_engine_poll": (polls > 0.0).then(|| round3(extra * 1000.0 / polls)),
+        "loaded_cpu_per_req_on_over_off": (connections > 0).then(|| {
+            round3(
+                per_s("on", "loaded_router_cpu_us_per_req")
+                    / per_s("off", "loaded_router_cpu_us_per_req"),
+            )
+        }),
     });
     println!("{report}");
 }
 
-/// The router's thread CPU per second over `window`, and the engine polls
-/// per second, with `poll` as its load polling and `addrs` as its workers.
-fn measure(addrs: &[SocketAddr], poll: LoadPollConfig, window: Duration) -> (f64, f64) {
+/// What one phase measured.
+struct Phase {
+    /// The router thread's CPU, ms per second, without requests.
+    idle_cpu_ms_per_s: f64,
+    /// Engine polls per second.
+    polls_per_s: f64,
+    /// Under load: requests per second and the router thread's CPU per
+    /// request, in µs.
+    loaded: Option<(f64, f64)>,
+}
+
+/// One phase: a router with `poll` as its load polling and `addrs` as its
+/// workers, measured idle over `window`, then under `connections`
+/// closed-loop connections over `window`.
+fn measure(
+    addrs: &[SocketAddr],
+    poll: LoadPollConfig,
+    window: Duration,
+    connections: usize,
+) -> Phase {
     let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
-    let (tid, polls) = spawn_runtime("router", move |rt| {
+    let (tid, polls, router_addr) = spawn_runtime("router", move |rt| {
         rt.block_on(async move {
             let mut config = RouterConfig::default();
             config.load_poll = poll;
+            config.policy = lb_policies::PolicyConfig::named("round_robin");
             // Connections to every engine kept between rounds.
             config.client.pool_max_idle_per_host = 4;
             let router = Router::new(config).expect("config");
@@ -145,9 +174,13 @@ fn measure(addrs: &[SocketAddr], poll: LoadPollConfig, window: Duration) -> (f64
             }
             let background = router.spawn_background();
             let polls = router.load_polls().cloned();
-            std::mem::forget(background); // polls for the rest of the program
-            std::mem::forget(router);
-            (thread_id(), polls)
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            tokio::spawn(async move {
+                let _background = background; // polls as long as the server runs
+                router.serve(listener, std::future::pending()).await;
+            });
+            (thread_id(), polls, addr)
         })
     });
     let count = || {
@@ -164,11 +197,74 @@ fn measure(addrs: &[SocketAddr], poll: LoadPollConfig, window: Duration) -> (f64
     std::thread::sleep(window);
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_ms = (thread_cpu_ns(tid) - cpu0) as f64 / 1e6;
-    let polls = (count() - polls0) as f64;
-    (cpu_ms / elapsed, polls / elapsed)
+    let polled = (count() - polls0) as f64;
+    let loaded = (connections > 0).then(|| {
+        let cpu0 = thread_cpu_ns(tid);
+        let started = Instant::now();
+        let requests = spawn_runtime("loadgen", move |rt| {
+            rt.block_on(closed_loop(router_addr, connections, window))
+        });
+        let elapsed = started.elapsed().as_secs_f64();
+        let cpu_us = (thread_cpu_ns(tid) - cpu0) as f64 / 1e3;
+        (requests as f64 / elapsed, cpu_us / requests.max(1) as f64)
+    });
+    Phase {
+        idle_cpu_ms_per_s: cpu_ms / elapsed,
+        polls_per_s: polled / elapsed,
+        loaded,
+    }
+}
+
+/// `connections` keep-alive connections sending 1 KB chat requests to
+/// `target` back to back for `window`; returns the requests answered.
+async fn closed_loop(target: SocketAddr, connections: usize, window: Duration) -> usize {
+    let body = Bytes::from(format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "lorem ipsum ".repeat(84)
+    ));
+    let deadline = Instant::now() + window;
+    let mut tasks = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut answered = 0usize;
+            let Ok(stream) = TcpStream::connect(target).await else {
+                return answered;
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok((mut sender, conn)) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+            else {
+                return answered;
+            };
+            tokio::spawn(conn);
+            while Instant::now() < deadline {
+                let request = Request::post("/v1/chat/completions")
+                    .header("host", "bench")
+                    .header("content-type", "application/json")
+                    .body(Full::new(body.clone()))
+                    .expect("request");
+                let Ok(response) = sender.send_request(request).await else {
+                    break;
+                };
+                assert!(response.status().is_success(), "{}", response.status());
+                if response.into_body().collect().await.is_err() {
+                    break;
+                }
+                answered += 1;
+            }
+            answered
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap_or(0);
+    }
+    total
 }
 
 const GET_LOAD: &str = r#"{"load": 3}"#;
+const COMPLETION: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there."},"finish_reason":"stop"}],"usage":{"prompt_tokens":250,"completion_tokens":3,"total_tokens":253}}"#;
 
 /// The `/metrics` body an engine-sim engine serves, read once.
 async fn engine_metrics() -> Bytes {
@@ -213,6 +309,9 @@ async fn start_upstreams(workers: usize, metrics: Bytes, get_load: bool) -> Vec<
                                     (StatusCode::OK, Bytes::from_static(GET_LOAD.as_bytes()))
                                 }
                                 "/health" => (StatusCode::OK, Bytes::new()),
+                                _ if request.method() == http::Method::POST => {
+                                    (StatusCode::OK, Bytes::from_static(COMPLETION.as_bytes()))
+                                }
                                 _ => (StatusCode::NOT_FOUND, Bytes::new()),
                             };
                             let mut response = Response::new(Full::new(body));

@@ -659,3 +659,82 @@ async fn prefill_and_decode_workers_are_polled_too() {
         .unwrap();
     assert_eq!(polls.status(&decode_worker).source, Some("get_load"));
 }
+
+// ----- The poll budget -----
+
+#[test]
+fn a_fleet_past_the_budget_is_polled_less_often() {
+    let config = LoadPollConfig {
+        interval: Some(Duration::from_millis(50)),
+        max_polls_per_sec: 2_000,
+        ..LoadPollConfig::default()
+    };
+    // 100 engines fit the budget at 50 ms; 1,000 are polled every 500 ms.
+    assert_eq!(config.round_period(100), Duration::from_millis(50));
+    assert_eq!(config.round_period(1_000), Duration::from_millis(500));
+    // No budget: the interval, whatever the fleet.
+    let unlimited = LoadPollConfig {
+        max_polls_per_sec: 0,
+        ..config.clone()
+    };
+    assert_eq!(unlimited.round_period(1_000), Duration::from_millis(50));
+    assert_eq!(
+        LoadPollConfig::default().max_polls_per_sec,
+        router_http::load_poll::DEFAULT_MAX_POLLS_PER_SEC
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_poll_budget_spreads_rounds_and_reports_stay_fresh_across_them() {
+    // 4 engines, a 10 ms interval and a budget of 8 polls per second: a
+    // round every 500 ms instead of every 10 ms.
+    let mut engines = Vec::new();
+    for _ in 0..4 {
+        engines.push(Hostile::start(Answer::Body(metrics_text("2", "1")), Answer::NotFound).await);
+    }
+    let config = RouterConfig {
+        policy: PolicyConfig::named("round_robin"),
+        load_poll: LoadPollConfig {
+            interval: Some(Duration::from_millis(10)),
+            max_polls_per_sec: 8,
+            ..LoadPollConfig::default()
+        },
+        ..RouterConfig::default()
+    };
+    let fixture = Fixture::start_with_urls(config, Vec::new(), &[]).await;
+    for engine in &engines {
+        fixture
+            .router
+            .add_worker(&engine.url(), None, None)
+            .unwrap();
+    }
+    let background = fixture.router.spawn_background();
+    let first = engines[0].url();
+    eventually("the first report", || async {
+        engine_load(fixture.addr, &first).await["reported"] == 3
+    })
+    .await;
+    let before: Vec<usize> = engines.iter().map(|e| e.hits().0).collect();
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    for (engine, before) in engines.iter().zip(&before) {
+        let polls = engine.hits().0 - before;
+        // At most one round per 500 ms: 4 in 1.6 s (and one more for a
+        // round straddling the start). A slow machine polls less, never
+        // more; unlimited, it would have been about 160.
+        assert!(polls <= 5, "{} polled {polls} times in 1.6 s", engine.url());
+    }
+    // Reports stay while rounds are 500 ms apart: staleness is counted in
+    // the stretched rounds (3 × 500 ms), not in 10 ms intervals.
+    for engine in &engines {
+        let load = engine_load(fixture.addr, &engine.url()).await;
+        assert_eq!(load["reported"], 3, "{}: {load}", engine.url());
+        assert_eq!(errors(fixture.addr, &engine.url(), "stale").await, 0);
+    }
+    let (_, _, body) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    assert!(
+        text.contains("router_load_poll_period_seconds 0.5"),
+        "{text}"
+    );
+    drop(background);
+}

@@ -37,6 +37,7 @@ pub(super) fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
     config.eviction_interval = Duration::from_secs(a.eviction_interval_secs);
     config.load_poll.interval =
         (a.load_poll_interval_ms > 0).then(|| Duration::from_millis(a.load_poll_interval_ms));
+    config.load_poll.max_polls_per_sec = a.load_poll_budget;
     config.max_payload_size = a.max_payload_size;
     config.concurrency = ConcurrencyConfig {
         max_concurrent: a.max_concurrent_requests,

@@ -107,7 +107,19 @@ pub struct LoadPollConfig {
     /// A report older than this many intervals is withdrawn (default 3;
     /// at least 1).
     pub stale_after: u32,
+    /// Most engine polls per second, every round included (default
+    /// [`DEFAULT_MAX_POLLS_PER_SEC`]; 0: no limit). A fleet larger than
+    /// `interval × max_polls_per_sec` engines is polled less often: each
+    /// round lasts at least `engines / max_polls_per_sec`, and reports
+    /// go stale after `stale_after` such rounds. It bounds the poller's
+    /// CPU (about 23 µs of the router's thread per poll of a 3.4 KB
+    /// `/metrics`; docs/benchmarks.md, "What polling costs").
+    pub max_polls_per_sec: u32,
 }
+
+/// Default [`LoadPollConfig::max_polls_per_sec`]: 2,000, every 50 ms for
+/// up to 100 engines, about 5 % of one core.
+pub const DEFAULT_MAX_POLLS_PER_SEC: u32 = 2_000;
 
 impl Default for LoadPollConfig {
     fn default() -> Self {
@@ -118,6 +130,7 @@ impl Default for LoadPollConfig {
             max_concurrent: 32,
             no_source_backoff: Duration::from_secs(30),
             stale_after: 3,
+            max_polls_per_sec: DEFAULT_MAX_POLLS_PER_SEC,
         }
     }
 }
@@ -146,11 +159,28 @@ impl LoadPollConfig {
         })
     }
 
-    /// The age past which a report is withdrawn.
+    /// The age past which a report is withdrawn, at the configured
+    /// interval (a fleet polled less often for
+    /// [`max_polls_per_sec`](Self::max_polls_per_sec) stretches it with its
+    /// rounds).
     pub fn stale_age(&self) -> Duration {
-        self.active_interval()
-            .unwrap_or(Duration::ZERO)
-            .saturating_mul(self.stale_after.max(1))
+        self.stale_age_at(self.active_interval().unwrap_or(Duration::ZERO))
+    }
+
+    fn stale_age_at(&self, round: Duration) -> Duration {
+        round.saturating_mul(self.stale_after.max(1))
+    }
+
+    /// How long a round polling `engines` engines lasts at least: the
+    /// interval, or longer when the poll budget asks for it.
+    pub fn round_period(&self, engines: usize) -> Duration {
+        let interval = self.active_interval().unwrap_or(Duration::ZERO);
+        if self.max_polls_per_sec == 0 {
+            return interval;
+        }
+        interval.max(Duration::from_secs_f64(
+            engines as f64 / f64::from(self.max_polls_per_sec),
+        ))
     }
 }
 
@@ -159,7 +189,9 @@ impl LoadPollConfig {
 /// routes; the request path never touches it.
 pub struct LoadPolls {
     config: LoadPollConfig,
-    interval: Duration,
+    /// The current round period in nanoseconds: the interval, or longer
+    /// under the poll budget.
+    period_nanos: AtomicU64,
     state: Mutex<State>,
     /// Engine polls that gave a load, by source.
     reports: [AtomicU64; LoadSource::ALL.len()],
@@ -272,7 +304,7 @@ impl LoadPolls {
         let interval = config.active_interval()?;
         Some(Arc::new(Self {
             config,
-            interval,
+            period_nanos: AtomicU64::new(interval.as_nanos() as u64),
             state: Mutex::new(State::default()),
             reports: std::array::from_fn(|_| AtomicU64::new(0)),
             rounds: Histogram::new(LATENCY_BOUNDS),
@@ -282,6 +314,12 @@ impl LoadPolls {
     /// The configuration.
     pub fn config(&self) -> &LoadPollConfig {
         &self.config
+    }
+
+    /// The time between two polls of one engine now: the interval, or
+    /// longer when the fleet is larger than the poll budget covers at it.
+    pub fn period(&self) -> Duration {
+        Duration::from_nanos(self.period_nanos.load(Ordering::Relaxed))
     }
 
     /// Errors counted for `worker` with `reason` (this lifetime of it).
@@ -375,6 +413,13 @@ impl LoadPolls {
             }
         }
         drop(state);
+        exposition
+            .family(
+                "router_load_poll_period_seconds",
+                MetricType::Gauge,
+                "Time between two polls of one engine: the interval, or longer when the fleet exceeds the poll budget.",
+            )
+            .sample(&[], self.period().as_secs_f64());
         let mut family = exposition.histograms(
             "router_load_poll_round_seconds",
             "Duration of a load polling round (every engine due, at most max_concurrent at once).",
@@ -386,7 +431,7 @@ impl LoadPolls {
     /// stale reports, and returns the engines to poll now (not backing
     /// off), each with its workers.
     fn plan(&self, workers: &[Arc<Worker>], now: Instant) -> Vec<EnginePoll> {
-        let stale_age = self.config.stale_age();
+        let stale_age = self.config.stale_age_at(self.period());
         let mut state = self.state.lock();
         let State {
             engines,
@@ -608,12 +653,16 @@ pub(crate) fn spawn(
         let cap = polls.config.max_concurrent.max(1);
         let timeout = polls.config.poll_timeout();
         let limit = polls.config.max_body_bytes;
-        let mut ticker = tokio::time::interval(polls.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            ticker.tick().await;
             let started = Instant::now();
-            let due = polls.plan(&members(), started);
+            let members = members();
+            // The budget is spread over the round: every engine behind the
+            // members counts, due now or backing off.
+            let period = polls.config.round_period(distinct_urls(&members));
+            polls
+                .period_nanos
+                .store(period.as_nanos() as u64, Ordering::Relaxed);
+            let due = polls.plan(&members, started);
             let mut running: JoinSet<(EnginePoll, Answer)> = JoinSet::new();
             for poll in due {
                 while running.len() >= cap {
@@ -623,8 +672,20 @@ pub(crate) fn spawn(
             }
             while finish_one(&polls, &mut running).await {}
             polls.rounds.observe_duration(started.elapsed());
+            // The next round starts a period after this one started, or at
+            // once when this one took longer.
+            tokio::time::sleep_until(started + period).await;
         }
     })
+}
+
+/// Engines behind `workers`: one per base URL (a URL's data-parallel
+/// ranks share one poll).
+fn distinct_urls(workers: &[Arc<Worker>]) -> usize {
+    let mut urls: Vec<&str> = workers.iter().map(|w| w.url()).collect();
+    urls.sort_unstable();
+    urls.dedup();
+    urls.len()
 }
 
 /// Waits for one poll of `running` and applies it; `false` when none was
