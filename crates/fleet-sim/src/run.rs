@@ -483,13 +483,14 @@ impl Sim<'_> {
                 let workers = pool.workers();
                 let eligible = pool.eligible(&workers, MODEL, |_| true).ok()?;
                 pool.require_available(&eligible).ok()?;
-                let choice = pool.choose(&eligible, &context, true).ok()?;
+                let reserved = pool.choose_reserved(&eligible, &context).ok()?;
+                let engine = self.main.engine_of(reserved.guard.worker())?;
                 let flight = Flight {
                     trace_index: index,
-                    held: Held::Guard(choice.guard?),
+                    held: Held::Guard(reserved.guard),
                     pd: None,
                 };
-                Some((self.main.engine_of(&choice.worker)?, flight))
+                Some((engine, flight))
             }
             Placement::Pd(pools) => {
                 let scope = Arc::new(PdScope::new(self.owned_context(index)));

@@ -437,7 +437,7 @@ async fn a_recreated_pod_leaves_no_cache_affinity_behind() {
     let route = |text: &str| {
         let workers = pool.refresh().unwrap();
         let eligible = pool.eligible(&workers, "m", |_| true).unwrap();
-        pool.choose(&eligible, &RequestContext::new("m").with_text(text), true)
+        pool.choose_reserved(&eligible, &RequestContext::new("m").with_text(text))
             .unwrap()
     };
     let keys = || -> Vec<String> {
@@ -452,13 +452,13 @@ async fn a_recreated_pod_leaves_no_cache_affinity_behind() {
     let mut in_flight = None;
     for i in 0..8 {
         let choice = route(&format!("conversation {i} with a long shared prefix"));
-        if choice.worker.url() == A {
+        if choice.guard.worker().url() == A {
             in_flight = Some(choice);
             break;
         }
     }
     let choice = in_flight.expect("a was chosen within 8 requests");
-    let old = Arc::clone(&choice.worker);
+    let old = Arc::clone(choice.guard.worker());
     assert!(keys().contains(&old.key().to_owned()), "{:?}", keys());
 
     api.delete("uid-1");
@@ -479,7 +479,7 @@ async fn a_recreated_pod_leaves_no_cache_affinity_behind() {
         .cloned()
         .unwrap();
     assert_eq!(new.load(), 0);
-    assert_drained(&old, choice.guard.into_iter().collect());
+    assert_drained(&old, vec![choice.guard]);
     assert_eq!(
         new.load(),
         0,

@@ -149,8 +149,8 @@ pub use retry::{
 pub use rng::{RandomSource, SplitMix64};
 #[cfg(all(feature = "lb-policies", not(loom)))]
 pub use role_pool::{
-    Choice, Eligible, FleetCounts, MembershipListener, NoWorkerAvailable, RolePool, RolePoolError,
-    SelectError,
+    Choice, Eligible, FleetCounts, MembershipListener, NoWorkerAvailable, Reserved, RolePool,
+    RolePoolError, SelectError,
 };
 pub use static_set::{StaticSetError, StaticWorkerSet};
 /// The README's example runs as a doc test.

@@ -43,14 +43,14 @@
 //!     .step(std::time::Instant::now(), |workers| {
 //!         let eligible = pool.eligible(workers, "llama", |_| true)?;
 //!         pool.require_available(&eligible)?;
-//!         pool.choose(&eligible, &context, true)
+//!         pool.choose_reserved(&eligible, &context)
 //!     })
 //!     .unwrap()
 //!     .unwrap();
-//! let guard = first.guard.expect("reserved");
-//! assert_eq!(guard.worker().load(), 1);
-//! drop(guard);
-//! assert_eq!(first.worker.load(), 0);
+//! let worker = std::sync::Arc::clone(first.guard.worker());
+//! assert_eq!(worker.load(), 1);
+//! drop(first);
+//! assert_eq!(worker.load(), 0);
 //! ```
 
 use std::borrow::Cow;
@@ -186,13 +186,24 @@ impl<'a> Eligible<'a> {
     }
 }
 
-/// A policy's choice in a role.
+/// A policy's choice in a role, not reserved ([`RolePool::choose`]).
 #[derive(Debug)]
 pub struct Choice {
     /// The chosen worker.
     pub worker: Arc<Worker>,
-    /// Its load guard, when the choice was reserved.
-    pub guard: Option<LoadGuard>,
+    /// For prefix-matching policies, the request's best prefix match in
+    /// thousandths of its input.
+    pub match_permille: Option<u16>,
+}
+
+/// A policy's choice in a role and its reservation through the worker's
+/// breaker ([`RolePool::choose_reserved`]): the request counts in the
+/// worker's load until the guard is dropped.
+#[derive(Debug)]
+pub struct Reserved {
+    /// The chosen worker's load guard ([`LoadGuard::worker`] is the
+    /// worker).
+    pub guard: LoadGuard,
     /// For prefix-matching policies, the request's best prefix match in
     /// thousandths of its input.
     pub match_permille: Option<u16>,
@@ -548,22 +559,43 @@ impl RolePool {
         SelectError::Unavailable(counts)
     }
 
-    /// Asks the policy of `context`'s model among `eligible` and, when
-    /// `reserve`, reserves the choice through its breaker. A worker that
-    /// refuses the reservation (it lost the race for its half-open probe
-    /// slot, or just became unavailable) is left out and the policy asked
-    /// again.
+    /// Asks the policy of `context`'s model among `eligible`, without
+    /// reserving the choice (a host that reserves later, as the P/D flow
+    /// does once both of its workers are chosen).
+    ///
+    /// # Errors
+    /// [`SelectError::Unavailable`] when the policy finds no available
+    /// worker; [`SelectError::Policy`] when the policy refuses the request.
+    pub fn choose(
+        &self,
+        eligible: &Eligible<'_>,
+        context: &RequestContext<'_>,
+    ) -> Result<Choice, SelectError> {
+        let decision = self
+            .policies
+            .select(eligible.workers(), context)
+            .map_err(|err| SelectError::Policy(err.to_string()))?
+            .ok_or_else(|| self.unavailable(eligible))?;
+        Ok(Choice {
+            worker: Arc::clone(&eligible.workers()[decision.index]),
+            match_permille: decision.match_permille,
+        })
+    }
+
+    /// Asks the policy of `context`'s model among `eligible` and reserves
+    /// the choice through its breaker. A worker that refuses the
+    /// reservation (it lost the race for its half-open probe slot, or just
+    /// became unavailable) is left out and the policy asked again.
     ///
     /// # Errors
     /// [`SelectError::Unavailable`] when the policy finds no available
     /// worker or every one refused; [`SelectError::Policy`] when the policy
     /// refuses the request.
-    pub fn choose(
+    pub fn choose_reserved(
         &self,
         eligible: &Eligible<'_>,
         context: &RequestContext<'_>,
-        reserve: bool,
-    ) -> Result<Choice, SelectError> {
+    ) -> Result<Reserved, SelectError> {
         let mut candidates: Cow<'_, [Arc<Worker>]> = Cow::Borrowed(eligible.workers());
         loop {
             let decision = self
@@ -571,23 +603,17 @@ impl RolePool {
                 .select(&candidates, context)
                 .map_err(|err| SelectError::Policy(err.to_string()))?
                 .ok_or_else(|| self.unavailable(eligible))?;
-            let worker = Arc::clone(&candidates[decision.index]);
-            let guard = if reserve {
-                match worker.try_reserve() {
-                    Ok(guard) => Some(guard),
-                    Err(_) => {
-                        candidates.to_mut().remove(decision.index);
-                        continue;
-                    }
+            match candidates[decision.index].try_reserve() {
+                Ok(guard) => {
+                    return Ok(Reserved {
+                        guard,
+                        match_permille: decision.match_permille,
+                    });
                 }
-            } else {
-                None
-            };
-            return Ok(Choice {
-                worker,
-                guard,
-                match_permille: decision.match_permille,
-            });
+                Err(_) => {
+                    candidates.to_mut().remove(decision.index);
+                }
+            }
         }
     }
 }

@@ -370,9 +370,7 @@ impl PdPools {
         eligible: &Eligible<'_>,
         scope: &Arc<PdScope>,
     ) -> Result<PdTarget, SelectError> {
-        let choice = role
-            .pool()
-            .choose(eligible, &scope.request().context(), false)?;
+        let choice = role.pool().choose(eligible, &scope.request().context())?;
         // Only a worker the connector refused has no endpoint, and the
         // eligibility filter already left those out: a 503 if it happens,
         // never the client's fault.

@@ -132,17 +132,15 @@ impl Router {
                 candidates.clone()
             };
             pool.require_available(&pick)?;
-            let choice = pool.choose(&pick, &context, true)?;
-            if let Some(permille) = choice.match_permille {
+            let reserved = pool.choose_reserved(&pick, &context)?;
+            if let Some(permille) = reserved.match_permille {
                 shared
                     .metrics
                     .match_rate
                     .observe(f64::from(permille) / 1000.0);
             }
-            let worker = choice.worker;
-            let Some(guard) = choice.guard else {
-                return Err(no_guard(&worker));
-            };
+            let guard = reserved.guard;
+            let worker = Arc::clone(guard.worker());
             let upstream = match build_upstream(&parts, &worker, &bytes, &request_id, shared) {
                 Ok(upstream) => upstream,
                 Err(err) => {
@@ -263,11 +261,6 @@ impl Shared {
         let seed = self.jitter_seed.fetch_add(1, Ordering::Relaxed);
         RequestRetries::start(&self.config.retry, &self.retry_budget, seed, now)
     }
-}
-
-/// A choice made with `reserve` always carries its guard.
-fn no_guard(worker: &Worker) -> ApiError {
-    ApiError::NoAvailableWorker(format!("{} could not be reserved", worker.key()))
 }
 
 /// The response handed to the client in both modes: the worker's status,
