@@ -172,17 +172,20 @@ impl ChatTemplate {
         env.add_function("strftime_now", move |format: &str| -> Value {
             strftime_cached(format, env_clock.now_unix_seconds())
         });
-        env.add_template_owned(NAME, source.to_owned())
+        // transformers' `{% generation %}` extension (it marks assistant
+        // text for training masks) renders its body unchanged.
+        let source = rewrite_generation_tags(source);
+        env.add_template_owned(NAME, source.clone().into_owned())
             .map_err(|e| Error::TemplateSyntax(describe(&e)))?;
         Ok(Self {
             env,
-            direct: DirectTemplate::compile(source),
+            direct: DirectTemplate::compile(&source),
             direct_enabled: true,
             clock,
             source_len: source.len(),
             limits,
             special,
-            content_format: ContentFormat::detect(source),
+            content_format: ContentFormat::detect(&source),
         })
     }
 
@@ -293,15 +296,22 @@ impl ChatTemplate {
                 "add_generation_prompt and continue_final_message cannot both be true".into(),
             ));
         }
-        let messages = messages::prepare(&request.messages.0, self.content_format)?;
+        let mut messages = messages::prepare(&request.messages.0, self.content_format)?;
+        let final_text = if request.continue_final_message {
+            let (tagged, final_text) = tag_final_message(&messages)?;
+            messages = tagged;
+            Some(final_text)
+        } else {
+            None
+        };
         crate::interrupt::check(interrupt)?;
-        let ctx = self.context(request, messages.clone());
+        let ctx = self.context(request, messages);
         if self.direct_enabled
             && let Ok(direct) = &self.direct
             && let Some(mut text) = self.run_direct(direct, &ctx, request)
         {
-            if request.continue_final_message {
-                cut_after_final_message(&mut text, &messages);
+            if let Some(final_text) = &final_text {
+                cut_at_continue_tag(&mut text, final_text)?;
             }
             return Ok(text);
         }
@@ -327,8 +337,8 @@ impl ChatTemplate {
         }
         let mut text = String::from_utf8(out.buf)
             .map_err(|_| Error::Render("rendered output is not UTF-8".into()))?;
-        if request.continue_final_message {
-            cut_after_final_message(&mut text, &messages);
+        if let Some(final_text) = &final_text {
+            cut_at_continue_tag(&mut text, final_text)?;
         }
         Ok(text)
     }
@@ -342,12 +352,13 @@ impl ChatTemplate {
             Value::from("add_generation_prompt"),
             Value::from(request.add_generation_prompt),
         ));
+        // Absent, they are None, as vLLM passes them to transformers:
+        // `tools is not none` is false and `tools | length` an error.
         for (name, value) in [("tools", &request.tools), ("documents", &request.documents)] {
-            if let Some(value) = value
-                && !value.0.is_none()
-            {
-                ctx.push((Value::from(name), value.0.clone()));
-            }
+            let value = value
+                .as_ref()
+                .map_or_else(|| Value::from(()), |v| v.0.clone());
+            ctx.push((Value::from(name), value));
         }
         for (name, value) in [
             ("bos_token", &self.special.bos),
@@ -405,36 +416,169 @@ pub enum DirectRendering<'a> {
     Unsupported(&'a str),
 }
 
-/// `continue_final_message`: as transformers does, keep the rendering up to
-/// the end of the final message's (stripped) text, so the model continues it.
-fn cut_after_final_message(text: &mut String, messages: &Value) {
-    let Some(n) = messages.len() else { return };
-    let Ok(last) = messages.get_item(&Value::from(n.saturating_sub(1))) else {
-        return;
+/// What transformers appends to the final message's text (its last text
+/// part) for `continue_final_message`, to find where that text ends in the
+/// rendering, whatever the template did around it.
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+/// `continue_final_message`, before rendering: the messages with
+/// [`CONTINUE_TAG`] appended to the final message's text, as transformers
+/// prepares them, and that text as it was.
+fn tag_final_message(messages: &Value) -> Result<(Value, String)> {
+    let no_text = || {
+        Error::InvalidRequest(
+            "continue_final_message is set but the final message has no text to continue".into(),
+        )
     };
-    let Ok(content) = last.get_attr("content") else {
-        return;
-    };
-    let final_text = if let Some(s) = content.as_str() {
-        s.to_owned()
-    } else if let Ok(parts) = content.try_iter() {
-        parts
-            .filter_map(|p| {
-                p.get_attr("text")
-                    .ok()
-                    .and_then(|t| t.as_str().map(str::to_owned))
-            })
-            .last()
-            .unwrap_or_default()
+    let count = messages.len().unwrap_or(0);
+    let last = messages
+        .get_item(&Value::from(count.checked_sub(1).ok_or_else(no_text)?))
+        .map_err(|_| no_text())?;
+    let content = last.get_attr("content").map_err(|_| no_text())?;
+    let (tagged, final_text) = if let Some(text) = content.as_str() {
+        (
+            Value::from(format!("{text}{CONTINUE_TAG}")),
+            text.to_owned(),
+        )
+    } else if content.kind() == ValueKind::Seq {
+        // The last part that has a text.
+        let parts: Vec<Value> = content.try_iter().map_err(|_| no_text())?.collect();
+        let at = parts
+            .iter()
+            .rposition(|p| p.get_attr("text").is_ok_and(|t| !t.is_undefined()))
+            .ok_or_else(no_text)?;
+        let text = parts[at]
+            .get_attr("text")
+            .ok()
+            .and_then(|t| t.as_str().map(str::to_owned))
+            .ok_or_else(no_text)?;
+        let mut parts = parts;
+        parts[at] = with_attr(
+            &parts[at],
+            "text",
+            Value::from(format!("{text}{CONTINUE_TAG}")),
+        );
+        (Value::from(parts), text)
     } else {
-        return;
+        return Err(no_text());
     };
-    let needle = final_text.trim();
-    if needle.is_empty() {
-        return;
+    let mut list: Vec<Value> = messages.try_iter().map_err(|_| no_text())?.collect();
+    if let Some(slot) = list.last_mut() {
+        *slot = with_attr(&last, "content", tagged);
     }
-    if let Some(at) = text.rfind(needle) {
-        text.truncate(at + needle.len());
+    Ok((Value::from(list), final_text))
+}
+
+/// `map` with `key` set to `value` (in its place when present, else
+/// last), keys in their order.
+fn with_attr(map: &Value, key: &str, value: Value) -> Value {
+    let mut pairs: Vec<(Value, Value)> = Vec::new();
+    let mut set = false;
+    if let Ok(keys) = map.try_iter() {
+        for k in keys {
+            if k.as_str() == Some(key) {
+                pairs.push((k, value.clone()));
+                set = true;
+            } else if let Ok(v) = map.get_item(&k) {
+                pairs.push((k, v));
+            }
+        }
+    }
+    if !set {
+        pairs.push((Value::from(key), value));
+    }
+    object_from_pairs(pairs)
+}
+
+/// `continue_final_message`, after rendering: as transformers does, the
+/// rendering ends where [`CONTINUE_TAG`] begins, with the final message's
+/// trailing whitespace when the template kept the tag's own trailing
+/// space, stripped of trailing whitespace otherwise. A rendering that lost
+/// the final text or the tag is refused, as transformers refuses it.
+fn cut_at_continue_tag(text: &mut String, final_text: &str) -> Result<()> {
+    let tag = CONTINUE_TAG.trim_end();
+    if !text.contains(python_strip(final_text)) || !text.contains(tag) {
+        return Err(Error::InvalidRequest(
+            "continue_final_message is set but the final message does not appear in the chat after applying the chat template".into(),
+        ));
+    }
+    let Some(at) = text.rfind(tag) else {
+        return Ok(());
+    };
+    let kept_space = text[at..].starts_with(CONTINUE_TAG);
+    text.truncate(at);
+    if !kept_space {
+        let end = text.trim_end_matches(python_space).len();
+        text.truncate(end);
+    }
+    Ok(())
+}
+
+/// Python's `str.isspace` for one character: Unicode whitespace and the
+/// four ASCII separators (0x1C-0x1F) Python counts as spaces.
+fn python_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Python's `str.strip()`.
+fn python_strip(text: &str) -> &str {
+    text.trim_matches(python_space)
+}
+
+/// The template with transformers' `{% generation %}` ... `{% endgeneration %}`
+/// tags (its assistant-mask extension) turned into `{% if true %}` ...
+/// `{% endif %}`, whitespace control kept: transformers renders the
+/// block's body unchanged when it is not collecting masks, as vLLM calls
+/// it.
+fn rewrite_generation_tags(source: &str) -> std::borrow::Cow<'_, str> {
+    if !source.contains("generation") {
+        return std::borrow::Cow::Borrowed(source);
+    }
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    let mut changed = false;
+    while let Some(open) = rest.find("{%") {
+        out.push_str(&rest[..open]);
+        let tag = &rest[open..];
+        let Some(close) = tag.find("%}") else {
+            out.push_str(tag);
+            rest = "";
+            break;
+        };
+        let inner = &tag[2..close];
+        let (left, body) = match inner.strip_prefix(['-', '+']) {
+            Some(body) => (&inner[..1], body),
+            None => ("", inner),
+        };
+        let (body, right) = match body.strip_suffix(['-', '+']) {
+            Some(body) => (body, &inner[inner.len() - 1..]),
+            None => (body, ""),
+        };
+        let replacement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(statement) => {
+                out.push_str("{%");
+                out.push_str(left);
+                out.push(' ');
+                out.push_str(statement);
+                out.push(' ');
+                out.push_str(right);
+                out.push_str("%}");
+                changed = true;
+            }
+            None => out.push_str(&tag[..close + 2]),
+        }
+        rest = &tag[close + 2..];
+    }
+    out.push_str(rest);
+    if changed {
+        std::borrow::Cow::Owned(out)
+    } else {
+        std::borrow::Cow::Borrowed(source)
     }
 }
 

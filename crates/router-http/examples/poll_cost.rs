@@ -163,9 +163,11 @@ fn measure(
     let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
     let (tid, polls, router_addr) = spawn_runtime("router", move |rt| {
         rt.block_on(async move {
-            let mut config = RouterConfig::default();
-            config.load_poll = poll;
-            config.policy = lb_policies::PolicyConfig::named("round_robin");
+            let mut config = RouterConfig {
+                load_poll: poll,
+                policy: lb_policies::PolicyConfig::named("round_robin"),
+                ..RouterConfig::default()
+            };
             // Connections to every engine kept between rounds.
             config.client.pool_max_idle_per_host = 4;
             let router = Router::new(config).expect("config");

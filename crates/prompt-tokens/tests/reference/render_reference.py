@@ -1,0 +1,59 @@
+"""Renders the cases of `cases.json` with Python's reference renderer and
+writes `expected.json`, which `tests/reference.rs` compares byte for byte.
+
+The reference is what vLLM runs: `transformers`' `render_jinja_template`
+(its sandboxed jinja2 environment with `trim_blocks`, `lstrip_blocks`,
+`tojson` and the `{% generation %}` extension), called as vLLM's chat
+preprocessing calls it: `tools=None` and `documents=None` when the request
+has none, `add_generation_prompt` and `continue_final_message` from the
+request. The cases keep the messages in forms vLLM passes on unchanged
+(string contents; text parts for a template that loops over them), so no
+preprocessing of vLLM's own stands between the request and the template.
+
+    python3 -m venv /tmp/ref && /tmp/ref/bin/pip install transformers==4.57.1 jinja2==3.1.6
+    /tmp/ref/bin/python render_reference.py
+
+Versions are pinned in `expected.json` (`reference`).
+"""
+
+import json
+import pathlib
+
+import jinja2
+import transformers
+from transformers.utils.chat_template_utils import render_jinja_template
+
+HERE = pathlib.Path(__file__).parent
+
+
+def render(case):
+    try:
+        rendered, _ = render_jinja_template(
+            conversations=[case["messages"]],
+            chat_template=case["template"],
+            tools=case.get("tools"),
+            documents=case.get("documents"),
+            add_generation_prompt=case.get("add_generation_prompt", False),
+            continue_final_message=case.get("continue_final_message", False),
+        )
+        return {"text": rendered[0]}
+    except Exception as error:  # the case expects an error, any kind
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
+def main():
+    cases = json.loads((HERE / "cases.json").read_text())
+    expected = {
+        "reference": {
+            "transformers": transformers.__version__,
+            "jinja2": jinja2.__version__,
+        },
+        "cases": {name: render(case) for name, case in cases.items()},
+    }
+    (HERE / "expected.json").write_text(
+        json.dumps(expected, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
