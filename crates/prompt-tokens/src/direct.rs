@@ -27,8 +27,10 @@
 //!   output over the cap, a step count over its share of the fuel, or a
 //!   context that shadows a function the template calls.
 //!
-//! Values print through minijinja's own `Display` (`None`, `True`,
-//! `1.5`), and equality is minijinja's own `==`, so those cannot drift.
+//! Values print as the template's formatter prints them (Python's
+//! `str()` for None, booleans, numbers, lists and dicts, module `pyrepr`;
+//! `~` joins through minijinja's own `Display`, as minijinja's `~` does),
+//! and equality is minijinja's own `==`, so those cannot drift.
 //!
 //! A declined rendering is redone by minijinja from the start, so errors
 //! (`raise_exception`, fuel, output cap) are always minijinja's, and a
@@ -960,14 +962,16 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Writes `e`'s value as `{{ e }}` prints it; `~` chains, conditionals
-    /// and macro calls are written piece by piece, as they print the same.
+    /// Writes `e`'s value as `{{ e }}` prints it; conditionals and macro
+    /// calls are written piece by piece, as they print the same. A `~`
+    /// chain is joined first: its pieces are strings as `~` makes them
+    /// (`Display`), which is not how `{{ }}` prints a non-string.
     fn emit(&mut self, e: &'a Expr) -> Step<()> {
         match e {
-            Expr::Concat(left, right) => {
-                self.step()?;
-                self.emit(left)?;
-                self.emit(right)
+            Expr::Concat(..) => {
+                let mut text = String::new();
+                self.append(&mut text, e)?;
+                self.write(&text)
             }
             Expr::Cond(test, yes, no) => {
                 self.step()?;
@@ -991,12 +995,16 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Prints a value as minijinja's `{{ }}` does with no auto-escaping:
-    /// a string as it is, anything else through the value's `Display`
-    /// (`None`, `True`, `1.5`, ...), which is what minijinja writes.
+    /// Prints a value as the template's formatter does with no
+    /// auto-escaping: a string as it is, None, booleans, numbers, lists
+    /// and dicts as Python's `str()` (module `pyrepr`), anything else
+    /// through the value's `Display`.
     fn print(&mut self, value: &Value) -> Step<()> {
         if let Some(text) = value.as_str() {
             return self.write(text);
+        }
+        if let Some(text) = crate::pyrepr::python_str(value) {
+            return self.write(&text);
         }
         let _ = write!(self.out, "{value}");
         if self.out.len() > self.max_output {

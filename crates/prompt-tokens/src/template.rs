@@ -157,12 +157,18 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         // Strings (nearly everything a chat template prints) go straight to
         // the output; the default formatter sends them through `fmt`.
-        // Anything else, or any auto-escaping, takes the default path.
+        // None, booleans, numbers, lists and dicts print as Python's
+        // `str()` prints them (module `pyrepr`), as jinja2 does for the
+        // engine. Anything else, or any auto-escaping, takes the default
+        // path.
         env.set_formatter(|out, state, value| {
-            if state.auto_escape() == AutoEscape::None
-                && let Some(text) = value.as_str()
-            {
-                return out.write_str(text).map_err(minijinja::Error::from);
+            if state.auto_escape() == AutoEscape::None {
+                if let Some(text) = value.as_str() {
+                    return out.write_str(text).map_err(minijinja::Error::from);
+                }
+                if let Some(text) = crate::pyrepr::python_str(value) {
+                    return out.write_str(&text).map_err(minijinja::Error::from);
+                }
             }
             minijinja::escape_formatter(out, state, value)
         });

@@ -110,9 +110,8 @@ fn python_style_printing_of_constants() {
         RenderLimits::default(),
     )
     .unwrap();
-    // As Python prints them; a list's repr differs (double quotes where
-    // Python writes single ones), documented in the crate docs.
-    assert_eq!(t.render(&req()).unwrap(), "True False None [1, \"a\"]");
+    // As Python prints them, lists with their items' repr.
+    assert_eq!(t.render(&req()).unwrap(), "True False None [1, 'a']");
 }
 
 #[test]
