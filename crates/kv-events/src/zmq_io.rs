@@ -122,6 +122,26 @@ pub fn monitor(socket: &zmq::Socket) -> zmq::Result<zmq::Socket> {
     Ok(pair)
 }
 
+/// Stops `socket`'s monitor before its reader is closed.
+///
+/// libzmq 4.3 sends monitor events with *blocking* sends, from its I/O
+/// thread, to the monitor's PAIR socket, and a PAIR whose peer is gone
+/// blocks a send for good. So an event that comes after the reader closed
+/// (seen: a disconnection, when engines and the subscribers following
+/// them were dropped together) stops that thread, and with it every
+/// socket of the process-wide context: every later connection of every
+/// stream stays `connecting`. Monitoring again on a fresh endpoint with no
+/// events closes the old monitor socket under libzmq's monitor lock, so
+/// that nothing is sent to it afterwards; the replacement is sent
+/// nothing, and goes when the socket does.
+fn stop_monitoring(socket: &zmq::Socket) {
+    let n = MONITORS.fetch_add(1, Ordering::Relaxed);
+    let endpoint = format!("inproc://kv-events-monitor-{}-{n}-off", std::process::id());
+    if let Err(e) = socket.monitor(&endpoint, 0) {
+        tracing::warn!(error = %e, "ZMQ: stopping a socket's monitor failed");
+    }
+}
+
 impl SocketThread {
     /// Starts a thread that reads `socket` (and `monitor`, from
     /// [`monitor`]) into a channel of `capacity` items, named `name` (for
@@ -141,7 +161,16 @@ impl SocketThread {
         let thread_stop = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name(name.to_owned())
-            .spawn(move || read_loop(&socket, monitor.as_ref(), &sender, &thread_stop))?;
+            .spawn(move || {
+                read_loop(&socket, monitor.as_ref(), &sender, &thread_stop);
+                if monitor.is_some() {
+                    stop_monitoring(&socket);
+                }
+                // The socket first, then its monitor's reader, which no
+                // event can reach any more.
+                drop(socket);
+                drop(monitor);
+            })?;
         Ok(Self {
             stop,
             thread: Some(thread),

@@ -22,39 +22,7 @@ const LOOPBACK: &str = "127.0.0.1:0";
 
 /// Engines that publish their KV events (PUB + replay on free ports).
 async fn engines(n: usize) -> Vec<EngineHandle> {
-    let mut handles = Vec::new();
-    for _ in 0..n {
-        let options = ServeOptions {
-            kv_events: Some(
-                KvEventsOptions::new(LOOPBACK.parse().unwrap())
-                    .with_replay(LOOPBACK.parse().unwrap()),
-            ),
-            ..ServeOptions::default()
-        };
-        handles.push(
-            engine_sim::spawn(EngineConfig::default(), options)
-                .await
-                .unwrap(),
-        );
-    }
-    handles
-}
-
-/// Where each engine publishes, by worker URL.
-fn kv_config(engines: &[EngineHandle]) -> KvEventsConfig {
-    let mut config = KvEventsConfig::default();
-    config.sync_interval = Duration::from_millis(20);
-    for engine in engines {
-        config = config.with_endpoints(
-            engine.url(),
-            KvEndpoints::new(format!("tcp://{}", engine.kv_events_addr().unwrap())).with_replays(
-                engine
-                    .kv_events_replay_addr()
-                    .map(|addr| format!("tcp://{addr}")),
-            ),
-        );
-    }
-    config
+    common::kv_engines(EngineConfig::default(), n).await
 }
 
 /// A router configuration routing on engine-sim's synthetic token ids with
@@ -65,7 +33,7 @@ fn config(policy: &str, engines: &[EngineHandle]) -> RouterConfig {
         policy: PolicyConfig::named(policy),
         tokenizers: Tokenizers::default()
             .with_default(Arc::new(PromptTokenizer::synthetic(chars_per_token))),
-        kv_events: kv_config(engines),
+        kv_events: common::kv_events_config(engines),
         ..RouterConfig::default()
     }
 }

@@ -186,6 +186,42 @@ pub async fn call(
     (parts.status, parts.headers, bytes)
 }
 
+/// Starts `n` engines with `config` that publish their KV events (a PUB
+/// socket and a replay socket on free loopback ports).
+#[cfg(feature = "kv-events")]
+pub async fn kv_engines(config: EngineConfig, n: usize) -> Vec<EngineHandle> {
+    let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..n {
+        let options = ServeOptions {
+            kv_events: Some(engine_sim::KvEventsOptions::new(loopback).with_replay(loopback)),
+            ..ServeOptions::default()
+        };
+        handles.push(engine_sim::spawn(config.clone(), options).await.unwrap());
+    }
+    handles
+}
+
+/// A router's KV events configuration following where each of `engines`
+/// publishes (by worker URL), its liveness re-read every 20 ms.
+#[cfg(feature = "kv-events")]
+pub fn kv_events_config(engines: &[EngineHandle]) -> router_http::kv_events::KvEventsConfig {
+    use router_http::kv_events::{KvEndpoints, KvEventsConfig};
+    let mut config = KvEventsConfig::default();
+    config.sync_interval = Duration::from_millis(20);
+    for engine in engines {
+        config = config.with_endpoints(
+            engine.url(),
+            KvEndpoints::new(format!("tcp://{}", engine.kv_events_addr().unwrap())).with_replays(
+                engine
+                    .kv_events_replay_addr()
+                    .map(|addr| format!("tcp://{addr}")),
+            ),
+        );
+    }
+    config
+}
+
 /// The JSON of a body.
 pub fn json(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes)
