@@ -8,8 +8,8 @@
 //! monotonic clock (each thread re-reads the clock only every ~0.1 ms of
 //! time-stamp counter, so a lookup pays a few nanoseconds for it), and a
 //! node's stamp is stored (a relaxed store) only when the stored value is
-//! older than the current tick (`Owner::touch` in `shard.rs`); so a hot
-//! node's owner line is written at most about once per millisecond per
+//! older than the current tick (`Owner::touch` in `shard/owner.rs`); so a
+//! hot node's owner line is written at most about once per millisecond per
 //! tenant instead of on every lookup, and reads stay reads. Two racing
 //! stores may leave the older of two values from neighbouring ticks, and a
 //! stamp stored into an owner array just as a writer copies it to a larger

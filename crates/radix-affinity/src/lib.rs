@@ -101,9 +101,9 @@
 //!
 //! - `src/tree.rs`: which operation takes which lock, eviction and removal
 //!   in bounded holds, polling a taken shard lock;
-//! - `src/shard.rs`: node versions and the walk, why that is enough, what an
-//!   insert locks, what a racing lookup can see, reclamation, and eviction's
-//!   re-validation under the exclusive lock;
+//! - `src/shard/mod.rs`: node versions and the walk, why that is enough, what
+//!   an insert locks, what a racing lookup can see, reclamation, and
+//!   eviction's re-validation under the exclusive lock;
 //! - `src/seg.rs`: the node arena, grown without moving anything;
 //! - `src/clock.rs`: last-use stamps without contended writes;
 //! - `src/sync.rs`: waiting for a node, and the shim through which the loom
@@ -111,7 +111,7 @@
 //!
 //! The crate's `unsafe` code builds slices from a node's label and array
 //! pointers (consistent by the version protocol, alive by the reclamation
-//! rule) and frees them under exclusive access (`src/shard.rs`,
+//! rule) and frees them under exclusive access (`src/shard/`,
 //! `src/heap.rs`, `src/seg.rs`); besides that there is only a prefetch hint
 //! (`src/tree.rs`), a read of the time-stamp counter (`src/clock.rs`) and a
 //! call of an AVX2 build of the UTF-8 count after runtime detection

@@ -4,15 +4,15 @@
 //!
 //! There is no global lock. Each shard has a reader-writer lock (`parking_lot`,
 //! on its own cache line), but it does not protect the nodes: lookups *and
-//! inserts* take it shared, and inserts lock individual nodes (`shard.rs`
-//! says how, and why lookups can run beside them). Taking it exclusively is
-//! how memory is reclaimed, so only the operations that free or move memory
-//! do.
+//! inserts* take it shared, and inserts lock individual nodes
+//! (`shard/mod.rs` says how, and why lookups can run beside them). Taking it
+//! exclusively is how memory is reclaimed, so only the operations that free
+//! or move memory do.
 //!
 //! | operation | shard lock | node locks | allocates |
 //! |---|---|---|---|
 //! | `prefix_match`, `prefix_match_tenant` | shared | none | no |
-//! | `insert` | shared | only the nodes it changes (see `shard.rs`) | the new leaf's label, before any lock; a split's shorter half; a grown array |
+//! | `insert` | shared | only the nodes it changes (see `shard/mod.rs`) | the new leaf's label, before any lock; a split's shorter half; a grown array |
 //! | eviction by the limits (inside `insert`, `enforce_limits`) | shared to sample candidates; exclusive for up to 32 node removals in a row | — | sample buffers |
 //! | `evict_tenant_by_size`, `evict_to_total` | shared to collect candidates; exclusive for each node removed | — | candidate heap |
 //! | `remove_tenant` | shared to list the tenant's holds; exclusive for each batch of 64 | — | the list |
@@ -31,7 +31,7 @@
 //! evicts a few nodes this way; see "Memory limits" in the crate docs).
 //! What eviction collected under the shared lock is re-validated under the
 //! exclusive one before anything is removed (`Shard::evict`, in
-//! `shard.rs`); when racing inserts keep a tenant above the limit, a
+//! `shard/evict.rs`); when racing inserts keep a tenant above the limit, a
 //! further pass (at most four, [`EVICTION_ROUNDS`]) collects fresh
 //! candidates.
 //!
