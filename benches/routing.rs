@@ -54,7 +54,7 @@ use lb_policies::{
 };
 use pd_orchestrator::pools::{PdConfig, PdPools, PdScope, PdWorkerConfig};
 use pd_orchestrator::{LegOutcome, PdBackend, PdConnector, Phase, PhaseGuard};
-use router_http::{RouteKind, extract};
+use router_http::{ApiKind, extract};
 use serde_json::json;
 use worker_lifecycle::{Endpoint, Worker, WorkerOptions, WorkerRole, WorkerSpec};
 
@@ -201,7 +201,7 @@ fn registry(policy: &str, fleet: &[Arc<Worker>]) -> PolicyRegistry<Arc<Worker>> 
 /// Routes `body` once, the way a host does, and returns the chosen worker's
 /// index (0 when nothing was available, which never happens here).
 fn route_once(body: &[u8], registry: &PolicyRegistry<Arc<Worker>>, fleet: &[Arc<Worker>]) -> usize {
-    let info = extract(RouteKind::ChatCompletions, body).expect("a valid chat body");
+    let info = extract(ApiKind::ChatCompletions, body).expect("a valid chat body");
     let ctx = RequestContext::new(info.model.as_deref().unwrap_or(""));
     let ctx = match info.routing.text() {
         Some(text) => ctx.with_text(text),
@@ -246,7 +246,7 @@ fn pd_pools(n: usize) -> PdPools {
 /// both policies), then each phase reserved and finished as the two-phase
 /// flow does. Returns whether a pair was found.
 fn select_pd(body: &[u8], pools: &PdPools) -> bool {
-    let info = extract(RouteKind::ChatCompletions, body).expect("a valid chat body");
+    let info = extract(ApiKind::ChatCompletions, body).expect("a valid chat body");
     let scope = Arc::new(PdScope::new(OwnedContext {
         model: info.model.unwrap_or_default(),
         routing: info.routing,
@@ -347,9 +347,7 @@ fn benches(c: &mut Criterion<ThreadCpuTime>) {
             |b| {
                 b.iter(|| {
                     i = (i + 1) % case.measured.len();
-                    black_box(
-                        extract(RouteKind::ChatCompletions, &case.measured[i]).expect("valid"),
-                    )
+                    black_box(extract(ApiKind::ChatCompletions, &case.measured[i]).expect("valid"))
                 })
             },
         );

@@ -5,7 +5,7 @@
 //! agree with the router's ids.
 
 use affinity_router::cli::{App, Settings};
-use affinity_router::http::{RouteKind, Routing};
+use affinity_router::http::{ApiKind, RoutingInputBuf};
 use bytes::Bytes;
 use engine_sim::api::{Endpoint, Prompt, parse_request_with};
 use http::{Request, StatusCode};
@@ -111,11 +111,11 @@ async fn router_and_engine_compute_the_same_ids_for_every_template_family() {
         for body in bodies {
             let bytes = body.to_string();
             // What the router routes on: the code path of every request.
-            let Routing::Tokens(router_ids) = tokenizers.route(
-                RouteKind::ChatCompletions,
+            let RoutingInputBuf::Tokens(router_ids) = tokenizers.route(
+                ApiKind::ChatCompletions,
                 bytes.as_bytes(),
                 "m",
-                Routing::None,
+                RoutingInputBuf::None,
             ) else {
                 panic!("{family:?}: the router did not route on tokens for {body}");
             };

@@ -64,7 +64,7 @@ pub enum Prompt {
 /// A client error, rendered as vLLM does.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
-pub struct ApiError {
+pub struct EngineApiError {
     /// HTTP status.
     pub status: u16,
     /// The error type name (`BadRequestError`, `NotFoundError`, ...).
@@ -73,10 +73,10 @@ pub struct ApiError {
     pub message: String,
 }
 
-impl ApiError {
+impl EngineApiError {
     /// A 400 `BadRequestError`.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        ApiError {
+        EngineApiError {
             status: 400,
             kind: "BadRequestError",
             message: message.into(),
@@ -85,7 +85,7 @@ impl ApiError {
 
     /// A 404 `NotFoundError`.
     pub fn not_found(message: impl Into<String>) -> Self {
-        ApiError {
+        EngineApiError {
             status: 404,
             kind: "NotFoundError",
             message: message.into(),
@@ -102,7 +102,7 @@ impl ApiError {
             401..=403 | 405..=428 | 430..=499 => "InvalidRequestError",
             _ => "InternalServerError",
         };
-        ApiError {
+        EngineApiError {
             status,
             kind,
             message: message.into(),
@@ -176,7 +176,7 @@ enum PromptField {
 /// Parses a request body for `endpoint` with the synthetic tokenizer's
 /// rendering: a chat's prompt is [`Prompt::Text`] (the synthetic
 /// template), a completion's is its text or token ids as given.
-pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
+pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, EngineApiError> {
     parse_request_with(endpoint, body, None, None)
 }
 
@@ -196,9 +196,9 @@ pub fn parse_request_with(
     body: &[u8],
     tokenizer: Option<&PromptTokenizer>,
     served_model: Option<&str>,
-) -> Result<GenerationRequest, ApiError> {
+) -> Result<GenerationRequest, EngineApiError> {
     let check_model = |model: &Option<String>| match (model, served_model) {
-        (Some(model), Some(served)) if model != served => Err(ApiError::not_found(format!(
+        (Some(model), Some(served)) if model != served => Err(EngineApiError::not_found(format!(
             "The model `{model}` does not exist."
         ))),
         _ => Ok(()),
@@ -206,13 +206,14 @@ pub fn parse_request_with(
     let bytes = body;
     // Syntax first, so malformed JSON gets its own clear message.
     let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
+        .map_err(|e| EngineApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
     if !value.is_object() {
-        return Err(ApiError::bad_request(
+        return Err(EngineApiError::bad_request(
             "The request body must be a JSON object",
         ));
     }
-    let invalid = |e: serde_json::Error| ApiError::bad_request(format!("Invalid request: {e}"));
+    let invalid =
+        |e: serde_json::Error| EngineApiError::bad_request(format!("Invalid request: {e}"));
     match endpoint {
         Endpoint::Chat => {
             let body: ChatBody = serde_json::from_value(value).map_err(invalid)?;
@@ -253,7 +254,7 @@ pub fn parse_request_with(
                     Prompt::Tokens(lists.pop().unwrap_or_default())
                 }
                 _ => {
-                    return Err(ApiError::bad_request(
+                    return Err(EngineApiError::bad_request(
                         "engine-sim serves one prompt per request; batched prompts are not supported",
                     ));
                 }
@@ -284,8 +285,8 @@ pub fn parse_request_with(
 /// A prompt-tokens error as the 400 vLLM answers for a prompt it cannot
 /// build (the message names the problem: the template's exception, an
 /// invalid message, ...).
-fn prompt_error(error: prompt_tokens::Error) -> ApiError {
-    ApiError::bad_request(error.to_string())
+fn prompt_error(error: prompt_tokens::Error) -> EngineApiError {
+    EngineApiError::bad_request(error.to_string())
 }
 
 /// Usage numbers of one response.

@@ -10,7 +10,8 @@ use engine_sim::{
     TransferRegistry, transfer::ProducerAddress,
 };
 use lb_policies::{
-    Backend, INDEX_POLICIES, OwnedContext, PolicyConfig, PolicyRegistry, RequestContext, Routing,
+    Backend, INDEX_POLICIES, OwnedContext, PolicyConfig, PolicyRegistry, RequestContext,
+    RoutingInputBuf,
 };
 use pd_orchestrator::pools::{PdConfig, PdLease, PdPools, PdScope, PdTarget, PdWorkerConfig};
 use pd_orchestrator::{LegOutcome, PdBackend, PdConnector, Phase, PhaseGuard};
@@ -453,8 +454,8 @@ impl Sim<'_> {
         OwnedContext {
             model: MODEL.to_owned(),
             routing: match self.routing {
-                RoutingSource::Text => Routing::Text(request.prompt.to_string()),
-                RoutingSource::Tokens => Routing::Tokens(self.trace.tokens(index).to_vec()),
+                RoutingSource::Text => RoutingInputBuf::Text(request.prompt.to_string()),
+                RoutingSource::Tokens => RoutingInputBuf::Tokens(self.trace.tokens(index).to_vec()),
             },
             session: request.session.as_deref().map(str::to_owned),
             ..OwnedContext::default()

@@ -130,7 +130,7 @@ impl<'a> RequestContext<'a> {
 /// The owned form of [`RoutingInput`], for a host that keeps a request's
 /// routing input across several selections.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Routing {
+pub enum RoutingInputBuf {
     /// No routing text could be derived (the policy routes without affinity).
     #[default]
     None,
@@ -140,7 +140,7 @@ pub enum Routing {
     Tokens(Vec<u32>),
 }
 
-impl Routing {
+impl RoutingInputBuf {
     /// The borrowed form a [`RequestContext`] carries.
     pub fn as_input(&self) -> RoutingInput<'_> {
         match self {
@@ -172,11 +172,11 @@ impl Routing {
 /// selection sees the same context.
 ///
 /// ```
-/// use lb_policies::{HashKeySource, OwnedContext, Routing};
+/// use lb_policies::{HashKeySource, OwnedContext, RoutingInputBuf};
 ///
 /// let request = OwnedContext {
 ///     model: "llama".into(),
-///     routing: Routing::Text("You are a helpful assistant.".into()),
+///     routing: RoutingInputBuf::Text("You are a helpful assistant.".into()),
 ///     user: Some("alice".into()),
 ///     ..OwnedContext::default()
 /// };
@@ -189,7 +189,7 @@ pub struct OwnedContext {
     /// The model the request names (empty: any).
     pub model: String,
     /// What cache-aware routing matches.
-    pub routing: Routing,
+    pub routing: RoutingInputBuf,
     /// Explicit session id (highest hash-key precedence).
     pub session: Option<String>,
     /// The request's `user` field.

@@ -121,7 +121,9 @@ mod rng;
 mod sync;
 
 pub use backend::{Backend, BasicBackend};
-pub use context::{HashKeySource, HashKeys, OwnedContext, RequestContext, Routing, RoutingInput};
+pub use context::{
+    HashKeySource, HashKeys, OwnedContext, RequestContext, RoutingInput, RoutingInputBuf,
+};
 pub use decision::{Decision, DecisionCounters, DecisionCounts, DecisionReason};
 pub use error::PolicyError;
 pub use membership::MembershipEvent;

@@ -4,7 +4,7 @@
 //!
 //! Run with `cargo run --release -p pd-orchestrator --example pd_select`.
 
-use lb_policies::{OwnedContext, PolicyConfig, Routing};
+use lb_policies::{OwnedContext, PolicyConfig, RoutingInputBuf};
 use pd_orchestrator::pools::{PdConfig, PdPools, PdScope, PdWorkerConfig};
 use pd_orchestrator::{LegOutcome, PdBackend, PdConnector, Phase, PhaseGuard};
 use std::sync::Arc;
@@ -63,7 +63,7 @@ fn measure(name: &str, pools: &PdPools) {
     for i in 0..REQUESTS {
         let scope = Arc::new(PdScope::new(OwnedContext {
             model: "m".into(),
-            routing: Routing::Text(prompts[i % prompts.len()].clone()),
+            routing: RoutingInputBuf::Text(prompts[i % prompts.len()].clone()),
             ..OwnedContext::default()
         }));
         let pair = pools.select_pair(&scope).expect("workers are available");

@@ -5,7 +5,7 @@
 
 #![cfg(feature = "pools")]
 
-use lb_policies::{OwnedContext, Routing};
+use lb_policies::{OwnedContext, RoutingInputBuf};
 use pd_orchestrator::pools::{PdConfig, PdLease, PdPair, PdPools, PdScope};
 use pd_orchestrator::{LegOutcome, PdBackend, PdConnector, Phase, PhaseGuard};
 use proptest::prelude::*;
@@ -165,7 +165,7 @@ impl Model {
                 let text = format!("prompt number {prompt} shares a prefix");
                 let scope = Arc::new(PdScope::new(OwnedContext {
                     model: "m".into(),
-                    routing: Routing::Text(text),
+                    routing: RoutingInputBuf::Text(text),
                     ..OwnedContext::default()
                 }));
                 let before = self.decision_count();

@@ -15,7 +15,7 @@
 //! regardless of what the worker actually holds.
 
 use crate::error::ApiError;
-pub use lb_policies::Routing;
+pub use lb_policies::RoutingInputBuf;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::borrow::Cow;
@@ -25,7 +25,7 @@ use std::marker::PhantomData;
 /// Which OpenAI-style route a body was sent to; decides how it is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum RouteKind {
+pub enum ApiKind {
     /// `POST /v1/chat/completions`.
     ChatCompletions,
     /// `POST /v1/completions`.
@@ -52,18 +52,18 @@ pub struct RequestInfo {
     /// The `user` field, a hash key for session-affine policies.
     pub user: Option<String>,
     /// What the cache-aware policy matches.
-    pub routing: Routing,
+    pub routing: RoutingInputBuf,
 }
 
 /// Parses `body` as sent to `route` and extracts the [`RequestInfo`].
 ///
-/// An empty body on [`RouteKind::Other`] is fine (a plain proxied call);
+/// An empty body on [`ApiKind::Other`] is fine (a plain proxied call);
 /// anything that is not a JSON object on the OpenAI routes is a 400 whose
 /// message says what is wrong. Nesting deeper than serde_json's recursion
 /// limit (128) inside a field the router reads is refused the same way;
 /// fields it does not read are skipped iteratively (no recursion, linear
 /// work) and reach the worker untouched.
-pub fn extract(route: RouteKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
+pub fn extract(route: ApiKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
     extract_deferred(route, body).map(Extracted::into_info)
 }
 
@@ -73,7 +73,7 @@ pub fn extract(route: RouteKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
 /// copy of every message) would be thrown away. The body is parsed and
 /// checked exactly as `extract` does it, in the same single pass: the same
 /// 400s, and the messages kept as views borrowed from the body.
-pub fn extract_deferred(route: RouteKind, body: &[u8]) -> Result<Extracted<'_>, ApiError> {
+pub fn extract_deferred(route: ApiKind, body: &[u8]) -> Result<Extracted<'_>, ApiError> {
     let (info, messages) = extract_body(route, body)?;
     Ok(Extracted { info, messages })
 }
@@ -101,7 +101,7 @@ impl Extracted<'_> {
     }
 
     /// Everything but a chat request's routing text, which stays
-    /// [`Routing::None`] (other routes carry theirs).
+    /// [`RoutingInputBuf::None`] (other routes carry theirs).
     pub fn without_text(self) -> RequestInfo {
         self.info
     }
@@ -111,7 +111,7 @@ impl Extracted<'_> {
     pub fn into_info(self) -> RequestInfo {
         match self.messages {
             Some(messages) => RequestInfo {
-                routing: Routing::Text(render_messages(&messages)),
+                routing: RoutingInputBuf::Text(render_messages(&messages)),
                 ..self.info
             },
             None => self.info,
@@ -121,15 +121,15 @@ impl Extracted<'_> {
 
 /// The one parse behind [`extract`] and [`extract_deferred`]: a chat
 /// request's messages are returned beside the info (whose routing is then
-/// [`Routing::None`]).
+/// [`RoutingInputBuf::None`]).
 fn extract_body(
-    route: RouteKind,
+    route: ApiKind,
     body: &[u8],
 ) -> Result<(RequestInfo, Option<Vec<Message<'_>>>), ApiError> {
-    if route == RouteKind::Other {
+    if route == ApiKind::Other {
         // Best effort: an unknown path may carry anything, or nothing.
         let info = serde_json::from_slice::<Body<'_>>(body)
-            .map(|body| body.into_info(Routing::None))
+            .map(|body| body.into_info(RoutingInputBuf::None))
             .unwrap_or_default();
         return Ok((info, None));
     }
@@ -156,31 +156,31 @@ fn extract_body(
         }
     })?;
     let routing = match route {
-        RouteKind::ChatCompletions => {
+        ApiKind::ChatCompletions => {
             let messages = parsed.messages.take().ok_or_else(|| missing("messages"))?;
-            return Ok((parsed.into_info(Routing::None), Some(messages)));
+            return Ok((parsed.into_info(RoutingInputBuf::None), Some(messages)));
         }
-        RouteKind::Completions => parsed
+        ApiKind::Completions => parsed
             .prompt
             .take()
             .ok_or_else(|| missing("prompt"))?
             .into_routing(),
-        RouteKind::Embeddings | RouteKind::Responses => parsed
+        ApiKind::Embeddings | ApiKind::Responses => parsed
             .input
             .take()
             .map(Prompt::into_routing)
             .unwrap_or_default(),
-        RouteKind::Rerank => parsed
+        ApiKind::Rerank => parsed
             .query
             .take()
-            .map(|query| Routing::Text(query.into_owned()))
+            .map(|query| RoutingInputBuf::Text(query.into_owned()))
             .unwrap_or_default(),
-        RouteKind::Generate => match (parsed.text.take(), parsed.input_ids.take()) {
+        ApiKind::Generate => match (parsed.text.take(), parsed.input_ids.take()) {
             (Some(text), _) => text.into_routing(),
-            (None, Some(ids)) => Routing::Tokens(ids),
-            (None, None) => Routing::None,
+            (None, Some(ids)) => RoutingInputBuf::Tokens(ids),
+            (None, None) => RoutingInputBuf::None,
         },
-        RouteKind::Other => Routing::None,
+        ApiKind::Other => RoutingInputBuf::None,
     };
     Ok((parsed.into_info(routing), None))
 }
@@ -231,7 +231,7 @@ struct Body<'a> {
 }
 
 impl Body<'_> {
-    fn into_info(self, routing: Routing) -> RequestInfo {
+    fn into_info(self, routing: RoutingInputBuf) -> RequestInfo {
         RequestInfo {
             model: self.model.map(Cow::into_owned),
             stream: self.stream.unwrap_or(false),
@@ -487,11 +487,11 @@ enum Prompt<'a> {
 }
 
 impl Prompt<'_> {
-    fn into_routing(self) -> Routing {
+    fn into_routing(self) -> RoutingInputBuf {
         match self {
-            Self::Text(text) => Routing::Text(text.into_owned()),
-            Self::Tokens(tokens) => Routing::Tokens(tokens),
-            Self::Other => Routing::None,
+            Self::Text(text) => RoutingInputBuf::Text(text.into_owned()),
+            Self::Tokens(tokens) => RoutingInputBuf::Tokens(tokens),
+            Self::Other => RoutingInputBuf::None,
         }
     }
 }
@@ -602,7 +602,7 @@ mod tests {
     use super::*;
 
     fn chat(body: &str) -> RequestInfo {
-        extract(RouteKind::ChatCompletions, body.as_bytes()).unwrap()
+        extract(ApiKind::ChatCompletions, body.as_bytes()).unwrap()
     }
 
     #[test]
@@ -642,26 +642,26 @@ mod tests {
 
     #[test]
     fn completions_accept_text_batches_and_tokens() {
-        let text = extract(RouteKind::Completions, br#"{"prompt":"hello"}"#).unwrap();
-        assert_eq!(text.routing, Routing::Text("hello".into()));
-        let batch = extract(RouteKind::Completions, br#"{"prompt":["a","b"]}"#).unwrap();
-        assert_eq!(batch.routing, Routing::Text("a".into()));
-        let tokens = extract(RouteKind::Completions, br#"{"prompt":[1,2,3]}"#).unwrap();
+        let text = extract(ApiKind::Completions, br#"{"prompt":"hello"}"#).unwrap();
+        assert_eq!(text.routing, RoutingInputBuf::Text("hello".into()));
+        let batch = extract(ApiKind::Completions, br#"{"prompt":["a","b"]}"#).unwrap();
+        assert_eq!(batch.routing, RoutingInputBuf::Text("a".into()));
+        let tokens = extract(ApiKind::Completions, br#"{"prompt":[1,2,3]}"#).unwrap();
         assert_eq!(tokens.routing.tokens(), Some(&[1, 2, 3][..]));
-        let batches = extract(RouteKind::Completions, br#"{"prompt":[[7,8],[9]]}"#).unwrap();
+        let batches = extract(ApiKind::Completions, br#"{"prompt":[[7,8],[9]]}"#).unwrap();
         assert_eq!(batches.routing.tokens(), Some(&[7, 8][..]));
     }
 
     #[test]
     fn malformed_and_missing_fields_are_distinct_400s() {
-        let malformed = extract(RouteKind::ChatCompletions, b"{\"messages\": [").unwrap_err();
+        let malformed = extract(ApiKind::ChatCompletions, b"{\"messages\": [").unwrap_err();
         assert!(
             matches!(malformed, ApiError::InvalidJson(_)),
             "{malformed:?}"
         );
-        let missing = extract(RouteKind::ChatCompletions, br#"{"model":"m"}"#).unwrap_err();
+        let missing = extract(ApiKind::ChatCompletions, br#"{"model":"m"}"#).unwrap_err();
         assert!(matches!(&missing, ApiError::InvalidRequest(m) if m.contains("messages")));
-        let empty = extract(RouteKind::Completions, b"  ").unwrap_err();
+        let empty = extract(ApiKind::Completions, b"  ").unwrap_err();
         assert_eq!(empty.status(), http::StatusCode::BAD_REQUEST);
     }
 
@@ -677,12 +677,12 @@ mod tests {
         };
         // Token-id batches nest lists: past serde_json's limit it refuses.
         let body = nested(r#"{"prompt":"#, "}");
-        let error = extract(RouteKind::Completions, body.as_bytes()).unwrap_err();
+        let error = extract(ApiKind::Completions, body.as_bytes()).unwrap_err();
         assert_eq!(error.status(), http::StatusCode::BAD_REQUEST);
         assert!(error.to_string().contains("recursion limit"), "{error}");
         // A content part must be an object; a list is refused at once.
         let body = nested(r#"{"messages":[{"role":"user","content":"#, "}]}");
-        let error = extract(RouteKind::ChatCompletions, body.as_bytes()).unwrap_err();
+        let error = extract(ApiKind::ChatCompletions, body.as_bytes()).unwrap_err();
         assert_eq!(error.status(), http::StatusCode::BAD_REQUEST);
         assert!(error.to_string().contains("content part"), "{error}");
     }
@@ -697,17 +697,17 @@ mod tests {
         assert_eq!(info.routing.text(), Some("user: \ntool: \nuser: kept\n"));
         for prompt in [r#"[1,"a"]"#, r#"{"k":1}"#, "[]", "-1"] {
             let body = format!(r#"{{"prompt":{prompt}}}"#);
-            let info = extract(RouteKind::Completions, body.as_bytes()).unwrap();
-            assert_eq!(info.routing, Routing::None, "{prompt}");
+            let info = extract(ApiKind::Completions, body.as_bytes()).unwrap();
+            assert_eq!(info.routing, RoutingInputBuf::None, "{prompt}");
         }
-        let mixed = extract(RouteKind::Completions, br#"{"prompt":[[1,"x"],[2]]}"#).unwrap();
-        assert_eq!(mixed.routing, Routing::None);
+        let mixed = extract(ApiKind::Completions, br#"{"prompt":[[1,"x"],[2]]}"#).unwrap();
+        assert_eq!(mixed.routing, RoutingInputBuf::None);
     }
 
     #[test]
     fn deferred_extraction_reads_all_and_renders_the_text_when_asked() {
         let body = br#"{"model":"m","stream":true,"user":"u","messages":[{"role":"user","content":"Hi"}]}"#;
-        let chat = RouteKind::ChatCompletions;
+        let chat = ApiKind::ChatCompletions;
         let deferred = extract_deferred(chat, body).unwrap();
         assert_eq!(deferred.model(), Some("m"));
         let info = deferred.without_text();
@@ -715,7 +715,7 @@ mod tests {
             (info.model.as_deref(), info.stream, info.user.as_deref()),
             (Some("m"), true, Some("u"))
         );
-        assert_eq!(info.routing, Routing::None);
+        assert_eq!(info.routing, RoutingInputBuf::None);
         assert_eq!(
             extract_deferred(chat, body).unwrap().into_info(),
             extract(chat, body).unwrap()
@@ -731,10 +731,10 @@ mod tests {
         // Other routes carry their routing input either way.
         let completion = br#"{"model":"m","prompt":"once upon"}"#;
         assert_eq!(
-            extract_deferred(RouteKind::Completions, completion)
+            extract_deferred(ApiKind::Completions, completion)
                 .unwrap()
                 .without_text(),
-            extract(RouteKind::Completions, completion).unwrap()
+            extract(ApiKind::Completions, completion).unwrap()
         );
     }
 
@@ -749,7 +749,7 @@ mod tests {
             ),
             (&b"{\"model\":\"m\",\xe9\"messages\":[]}"[..], 13),
         ] {
-            let error = extract(RouteKind::ChatCompletions, body).unwrap_err();
+            let error = extract(ApiKind::ChatCompletions, body).unwrap_err();
             assert!(matches!(error, ApiError::InvalidJson(_)), "{error:?}");
             assert_eq!(error.status(), http::StatusCode::BAD_REQUEST);
             assert!(
@@ -772,7 +772,7 @@ mod tests {
         assert_eq!(info.routing.text(), Some("user: abc\n"));
         // Other bare values are still refused, naming what a part may be.
         let error = extract(
-            RouteKind::ChatCompletions,
+            ApiKind::ChatCompletions,
             br#"{"messages":[{"role":"user","content":["a",7]}]}"#,
         )
         .unwrap_err();
@@ -790,8 +790,8 @@ mod tests {
         let parts =
             chat(r#"{"messages":[{"role":"user","content":[{"text":"a\"b"},{"text":"c"}]}]}"#);
         assert_eq!(parts.routing.text(), Some("user: a\"bc\n"));
-        let prompt = extract(RouteKind::Completions, br#"{"prompt":["x\ny","z"]}"#).unwrap();
-        assert_eq!(prompt.routing, Routing::Text("x\ny".into()));
+        let prompt = extract(ApiKind::Completions, br#"{"prompt":["x\ny","z"]}"#).unwrap();
+        assert_eq!(prompt.routing, RoutingInputBuf::Text("x\ny".into()));
     }
 
     #[test]
@@ -802,25 +802,25 @@ mod tests {
         body.extend(std::iter::repeat_n('[', depth));
         body.extend(std::iter::repeat_n(']', depth));
         body.push('}');
-        let info = extract(RouteKind::ChatCompletions, body.as_bytes()).unwrap();
+        let info = extract(ApiKind::ChatCompletions, body.as_bytes()).unwrap();
         assert_eq!(info.routing.text(), Some(""));
     }
 
     #[test]
     fn other_routes_tolerate_any_body() {
         assert_eq!(
-            extract(RouteKind::Other, b"not json").unwrap(),
+            extract(ApiKind::Other, b"not json").unwrap(),
             RequestInfo::default()
         );
-        let info = extract(RouteKind::Other, br#"{"model":"m"}"#).unwrap();
+        let info = extract(ApiKind::Other, br#"{"model":"m"}"#).unwrap();
         assert_eq!(info.model.as_deref(), Some("m"));
     }
 
     #[test]
     fn generate_prefers_text_then_input_ids() {
-        let text = extract(RouteKind::Generate, br#"{"text":"t","input_ids":[1]}"#).unwrap();
+        let text = extract(ApiKind::Generate, br#"{"text":"t","input_ids":[1]}"#).unwrap();
         assert_eq!(text.routing.text(), Some("t"));
-        let ids = extract(RouteKind::Generate, br#"{"input_ids":[4,5]}"#).unwrap();
+        let ids = extract(ApiKind::Generate, br#"{"input_ids":[4,5]}"#).unwrap();
         assert_eq!(ids.routing.tokens(), Some(&[4, 5][..]));
     }
 }

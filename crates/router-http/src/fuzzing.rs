@@ -4,7 +4,7 @@
 //! inputs so `cargo test` exercises them too.
 
 use crate::body::{BodyEnd, Finish, GuardedBody};
-use crate::extract::{RouteKind, extract};
+use crate::extract::{ApiKind, extract};
 use crate::headers::{RequestIds, strip_hop_by_hop};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -14,14 +14,14 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-const ROUTES: [RouteKind; 7] = [
-    RouteKind::ChatCompletions,
-    RouteKind::Completions,
-    RouteKind::Embeddings,
-    RouteKind::Rerank,
-    RouteKind::Responses,
-    RouteKind::Generate,
-    RouteKind::Other,
+const ROUTES: [ApiKind; 7] = [
+    ApiKind::ChatCompletions,
+    ApiKind::Completions,
+    ApiKind::Embeddings,
+    ApiKind::Rerank,
+    ApiKind::Responses,
+    ApiKind::Generate,
+    ApiKind::Other,
 ];
 
 /// Parses `data[1..]` as a body of the route chosen by `data[0]`: either a

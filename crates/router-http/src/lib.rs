@@ -88,7 +88,7 @@ pub use body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout, Idl
 pub use client::{ClientConfig, UpstreamBody, UpstreamClient, UpstreamError};
 pub use config::{ConfigError, RouterConfig};
 pub use error::ApiError;
-pub use extract::{Extracted, RequestInfo, RouteKind, Routing, extract, extract_deferred};
+pub use extract::{ApiKind, Extracted, RequestInfo, RoutingInputBuf, extract, extract_deferred};
 pub use headers::{RequestId, RequestIds};
 pub use limits::{AdmissionPermit, ConcurrencyConfig, ConcurrencyLimiter, RateLimiter};
 pub use load_poll::{LoadPollConfig, LoadPolls};

@@ -47,7 +47,7 @@
 
 pub use pd_orchestrator::PdConnector;
 pub use pd_orchestrator::pools::{
-    PdConfig, PdPair, PdPools, PdRole, PdScope, PdTarget, PdWorkerConfig,
+    PdConfig, PdPair, PdPools, PdRolePool, PdScope, PdTarget, PdWorkerConfig,
 };
 /// Registration labels read from discovered workers (the contract lives in
 /// worker-lifecycle, where discovery listeners and pools both see it).

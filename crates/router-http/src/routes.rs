@@ -16,7 +16,7 @@
 //!
 //! [`RouterConfig::passthrough_paths`]: crate::RouterConfig::passthrough_paths
 
-use crate::extract::RouteKind;
+use crate::extract::ApiKind;
 use http::Method;
 
 /// The methods the router serves on some path, for `OPTIONS *` and the
@@ -28,7 +28,7 @@ pub const SERVER_METHODS: &str = "GET, POST, DELETE, OPTIONS";
 #[non_exhaustive]
 pub enum Route {
     /// Proxied to a selected worker, its body read as this kind.
-    Proxy(RouteKind),
+    Proxy(ApiKind),
     /// `GET /v1/models`: the models the workers serve.
     Models,
     /// `GET /health`: 200 while the router is up and accepting requests
@@ -72,13 +72,13 @@ impl Route {
     /// Every route, in the order of [`Route::index`] (a
     /// [`Route::WrongMethod`] of any `allow` stands for all of them).
     pub const ALL: [Route; 21] = [
-        Self::Proxy(RouteKind::ChatCompletions),
-        Self::Proxy(RouteKind::Completions),
-        Self::Proxy(RouteKind::Embeddings),
-        Self::Proxy(RouteKind::Rerank),
-        Self::Proxy(RouteKind::Responses),
-        Self::Proxy(RouteKind::Generate),
-        Self::Proxy(RouteKind::Other),
+        Self::Proxy(ApiKind::ChatCompletions),
+        Self::Proxy(ApiKind::Completions),
+        Self::Proxy(ApiKind::Embeddings),
+        Self::Proxy(ApiKind::Rerank),
+        Self::Proxy(ApiKind::Responses),
+        Self::Proxy(ApiKind::Generate),
+        Self::Proxy(ApiKind::Other),
         Self::Models,
         Self::Health,
         Self::Liveness,
@@ -99,13 +99,13 @@ impl Route {
     /// kept in fixed arrays.
     pub const fn index(self) -> usize {
         match self {
-            Self::Proxy(RouteKind::ChatCompletions) => 0,
-            Self::Proxy(RouteKind::Completions) => 1,
-            Self::Proxy(RouteKind::Embeddings) => 2,
-            Self::Proxy(RouteKind::Rerank) => 3,
-            Self::Proxy(RouteKind::Responses) => 4,
-            Self::Proxy(RouteKind::Generate) => 5,
-            Self::Proxy(RouteKind::Other) => 6,
+            Self::Proxy(ApiKind::ChatCompletions) => 0,
+            Self::Proxy(ApiKind::Completions) => 1,
+            Self::Proxy(ApiKind::Embeddings) => 2,
+            Self::Proxy(ApiKind::Rerank) => 3,
+            Self::Proxy(ApiKind::Responses) => 4,
+            Self::Proxy(ApiKind::Generate) => 5,
+            Self::Proxy(ApiKind::Other) => 6,
             Self::Models => 7,
             Self::Health => 8,
             Self::Liveness => 9,
@@ -156,13 +156,13 @@ impl Route {
         let post = |route: Self| Some(("POST", (method == Method::POST).then_some(route)));
         let get = |route: Self| Some(("GET", (method == Method::GET).then_some(route)));
         match path {
-            "/v1/chat/completions" => post(Self::Proxy(RouteKind::ChatCompletions)),
-            "/v1/completions" => post(Self::Proxy(RouteKind::Completions)),
-            "/v1/embeddings" => post(Self::Proxy(RouteKind::Embeddings)),
-            "/v1/rerank" | "/rerank" => post(Self::Proxy(RouteKind::Rerank)),
-            "/v1/responses" => post(Self::Proxy(RouteKind::Responses)),
-            "/generate" => post(Self::Proxy(RouteKind::Generate)),
-            path if ENGINE_POST_PATHS.contains(&path) => post(Self::Proxy(RouteKind::Other)),
+            "/v1/chat/completions" => post(Self::Proxy(ApiKind::ChatCompletions)),
+            "/v1/completions" => post(Self::Proxy(ApiKind::Completions)),
+            "/v1/embeddings" => post(Self::Proxy(ApiKind::Embeddings)),
+            "/v1/rerank" | "/rerank" => post(Self::Proxy(ApiKind::Rerank)),
+            "/v1/responses" => post(Self::Proxy(ApiKind::Responses)),
+            "/generate" => post(Self::Proxy(ApiKind::Generate)),
+            path if ENGINE_POST_PATHS.contains(&path) => post(Self::Proxy(ApiKind::Other)),
             "/v1/models" => get(Self::Models),
             "/health" => get(Self::Health),
             "/liveness" => get(Self::Liveness),
@@ -203,13 +203,13 @@ impl Route {
     /// A short, fixed label for metrics.
     pub fn label(self) -> &'static str {
         match self {
-            Self::Proxy(RouteKind::ChatCompletions) => "chat_completions",
-            Self::Proxy(RouteKind::Completions) => "completions",
-            Self::Proxy(RouteKind::Embeddings) => "embeddings",
-            Self::Proxy(RouteKind::Rerank) => "rerank",
-            Self::Proxy(RouteKind::Responses) => "responses",
-            Self::Proxy(RouteKind::Generate) => "generate",
-            Self::Proxy(RouteKind::Other) => "other",
+            Self::Proxy(ApiKind::ChatCompletions) => "chat_completions",
+            Self::Proxy(ApiKind::Completions) => "completions",
+            Self::Proxy(ApiKind::Embeddings) => "embeddings",
+            Self::Proxy(ApiKind::Rerank) => "rerank",
+            Self::Proxy(ApiKind::Responses) => "responses",
+            Self::Proxy(ApiKind::Generate) => "generate",
+            Self::Proxy(ApiKind::Other) => "other",
             Self::Models => "models",
             Self::Health => "health",
             Self::Liveness => "liveness",
@@ -337,15 +337,15 @@ mod tests {
     fn openai_routes_are_proxied_with_their_kind() {
         assert_eq!(
             Route::of(&Method::POST, "/v1/chat/completions"),
-            Route::Proxy(RouteKind::ChatCompletions)
+            Route::Proxy(ApiKind::ChatCompletions)
         );
         assert_eq!(
             Route::of(&Method::POST, "/rerank"),
-            Route::Proxy(RouteKind::Rerank)
+            Route::Proxy(ApiKind::Rerank)
         );
         assert_eq!(
             Route::of(&Method::POST, "/v1/completions/"),
-            Route::Proxy(RouteKind::Completions)
+            Route::Proxy(ApiKind::Completions)
         );
     }
 
@@ -376,7 +376,7 @@ mod tests {
         );
         assert_eq!(
             Route::of(&Method::POST, "/tokenize"),
-            Route::Proxy(RouteKind::Other)
+            Route::Proxy(ApiKind::Other)
         );
     }
 

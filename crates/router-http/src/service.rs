@@ -7,7 +7,7 @@
 //! admin routes use the router, the router does not know them.
 
 use crate::body::{BoxBody, BoxError};
-use crate::extract::RouteKind;
+use crate::extract::ApiKind;
 use crate::router::Router;
 use crate::routes::Route;
 use bytes::Bytes;
@@ -28,13 +28,13 @@ impl Router {
         if route == Route::NotFound
             && crate::routes::passthrough_matches(&config.passthrough_paths, request.uri().path())
         {
-            route = Route::Proxy(RouteKind::Other);
+            route = Route::Proxy(ApiKind::Other);
         }
         let result = match self.authorize(route, request.headers()) {
             Err(err) => Err(err),
             Ok(()) => match route {
                 Route::Proxy(kind) => self.proxy(kind, request, started).await,
-                Route::Models => self.proxy(RouteKind::Other, request, started).await,
+                Route::Models => self.proxy(ApiKind::Other, request, started).await,
                 other => crate::admin::handle(self, other, request).await,
             },
         };

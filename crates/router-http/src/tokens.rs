@@ -5,7 +5,7 @@
 //! dates and tool definitions, and only whole blocks are reused. With a
 //! [`PromptTokenizer`] for a model, the router computes the ids the engine
 //! will compute (the model's chat template and `tokenizer.json`, through
-//! [`prompt_tokens`]) and routes on [`Routing::Tokens`]; cache-aware then
+//! [`prompt_tokens`]) and routes on [`RoutingInputBuf::Tokens`]; cache-aware then
 //! counts matches in whole blocks of the engine's block size
 //! (`CacheAwareConfig::block_size`).
 //!
@@ -76,7 +76,7 @@
 //! ```
 
 use crate::error::ApiError;
-use crate::extract::{RequestInfo, RouteKind, Routing};
+use crate::extract::{ApiKind, RequestInfo, RoutingInputBuf};
 use crate::metrics::Counter;
 use bytes::Bytes;
 use prom_text::{Exposition, MetricType};
@@ -150,7 +150,7 @@ impl ModelTokens {
     /// routes), timed and counted; a failure is logged and counted here.
     fn ids(
         &self,
-        kind: RouteKind,
+        kind: ApiKind,
         body: &[u8],
         model: &str,
         interrupt: Option<&Interrupt>,
@@ -158,14 +158,14 @@ impl ModelTokens {
         let tokenizer = &self.tokenizer;
         let started = Instant::now();
         let ids = match (kind, interrupt) {
-            (RouteKind::ChatCompletions, None) => {
+            (ApiKind::ChatCompletions, None) => {
                 ChatRequest::from_json(body).and_then(|request| tokenizer.chat_tokens(&request))
             }
-            (RouteKind::ChatCompletions, Some(interrupt)) => ChatRequest::from_json(body)
+            (ApiKind::ChatCompletions, Some(interrupt)) => ChatRequest::from_json(body)
                 .and_then(|request| tokenizer.chat_tokens_until(&request, interrupt)),
-            (RouteKind::Completions, None) => CompletionRequest::from_json(body)
+            (ApiKind::Completions, None) => CompletionRequest::from_json(body)
                 .and_then(|request| tokenizer.completion_tokens(&request)),
-            (RouteKind::Completions, Some(interrupt)) => CompletionRequest::from_json(body)
+            (ApiKind::Completions, Some(interrupt)) => CompletionRequest::from_json(body)
                 .and_then(|request| tokenizer.completion_tokens_until(&request, interrupt)),
             _ => return None,
         };
@@ -274,27 +274,33 @@ impl Tokenizers {
     /// The routing input of a request: its engine token ids when `model`
     /// has a tokenizer and the route is a chat or text completion, else
     /// `routing` (what [`extract`](crate::extract()) found) unchanged.
-    pub fn route(&self, kind: RouteKind, body: &[u8], model: &str, routing: Routing) -> Routing {
+    pub fn route(
+        &self,
+        kind: ApiKind,
+        body: &[u8],
+        model: &str,
+        routing: RoutingInputBuf,
+    ) -> RoutingInputBuf {
         self.route_until(kind, body, model, routing, None)
     }
 
     fn route_until(
         &self,
-        kind: RouteKind,
+        kind: ApiKind,
         body: &[u8],
         model: &str,
-        routing: Routing,
+        routing: RoutingInputBuf,
         interrupt: Option<&Interrupt>,
-    ) -> Routing {
+    ) -> RoutingInputBuf {
         let Some(entry) = self.for_model(model) else {
             return routing;
         };
         // Ids as given are already what the engine sees.
-        if kind == RouteKind::Completions && matches!(routing, Routing::Tokens(_)) {
+        if kind == ApiKind::Completions && matches!(routing, RoutingInputBuf::Tokens(_)) {
             return routing;
         }
         match entry.ids(kind, body, model, interrupt) {
-            Some(Ok(ids)) => Routing::Tokens(ids),
+            Some(Ok(ids)) => RoutingInputBuf::Tokens(ids),
             Some(Err(_)) | None => routing,
         }
     }
@@ -310,17 +316,17 @@ impl Tokenizers {
     /// Synchronous and unbounded: the router calls
     /// [`extract_bounded`](Self::extract_bounded), which runs this on its
     /// tokenizer pool under the budget.
-    pub fn extract(&self, kind: RouteKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
+    pub fn extract(&self, kind: ApiKind, body: &[u8]) -> Result<RequestInfo, ApiError> {
         self.extract_until(kind, body, None)
     }
 
     fn extract_until(
         &self,
-        kind: RouteKind,
+        kind: ApiKind,
         body: &[u8],
         interrupt: Option<&Interrupt>,
     ) -> Result<RequestInfo, ApiError> {
-        if kind != RouteKind::ChatCompletions || self.is_empty() {
+        if kind != ApiKind::ChatCompletions || self.is_empty() {
             let mut info = crate::extract(kind, body)?;
             let text = std::mem::take(&mut info.routing);
             let model = info.model.as_deref().unwrap_or_default();
@@ -334,7 +340,7 @@ impl Tokenizers {
         };
         Ok(match entry.ids(kind, body, model, interrupt) {
             Some(Ok(ids)) => RequestInfo {
-                routing: Routing::Tokens(ids),
+                routing: RoutingInputBuf::Tokens(ids),
                 ..extracted.without_text()
             },
             // Nobody reads a cancelled request's info: skip its text.
@@ -360,7 +366,7 @@ impl Tokenizers {
     /// its next checkpoint, and its slot is free again.
     pub async fn extract_bounded(
         &self,
-        kind: RouteKind,
+        kind: ApiKind,
         body: &Bytes,
         deadline: tokio::time::Instant,
         timeout: Duration,
@@ -368,7 +374,7 @@ impl Tokenizers {
         let Some(pool) = &self.pool else {
             return self.extract(kind, body);
         };
-        let tokenizes = matches!(kind, RouteKind::ChatCompletions | RouteKind::Completions);
+        let tokenizes = matches!(kind, ApiKind::ChatCompletions | ApiKind::Completions);
         if !tokenizes || self.is_empty() || body.len() <= pool.config.inline_bytes {
             return self.extract(kind, body);
         }
@@ -608,15 +614,15 @@ mod tests {
     #[test]
     fn a_model_with_a_tokenizer_routes_on_the_engines_ids() {
         let tokenizers = synthetic();
-        let text = Routing::Text("user: Hello there\n".into());
-        let routed = tokenizers.route(RouteKind::ChatCompletions, CHAT, "m", text.clone());
+        let text = RoutingInputBuf::Text("user: Hello there\n".into());
+        let routed = tokenizers.route(ApiKind::ChatCompletions, CHAT, "m", text.clone());
         let expected =
             prompt_tokens::synthetic_tokenize("<|user|>\nHello there\n<|assistant|>\n", 4);
-        assert_eq!(routed, Routing::Tokens(expected));
+        assert_eq!(routed, RoutingInputBuf::Tokens(expected));
         assert_eq!(tokenizers.for_model("m").unwrap().routed(), 1);
         // Another model has none: text, unchanged.
         assert_eq!(
-            tokenizers.route(RouteKind::ChatCompletions, CHAT, "other", text.clone()),
+            tokenizers.route(ApiKind::ChatCompletions, CHAT, "other", text.clone()),
             text
         );
         assert_eq!(
@@ -628,25 +634,25 @@ mod tests {
     #[test]
     fn failures_fall_back_to_text_and_are_counted() {
         let tokenizers = synthetic();
-        let text = Routing::Text("x".into());
+        let text = RoutingInputBuf::Text("x".into());
         // A batch of completion prompts has no single prompt to route on.
         let batch = br#"{"model": "m", "prompt": ["a", "b"]}"#;
         assert_eq!(
-            tokenizers.route(RouteKind::Completions, batch, "m", text.clone()),
+            tokenizers.route(ApiKind::Completions, batch, "m", text.clone()),
             text
         );
         let entry = tokenizers.for_model("m").unwrap();
         assert_eq!((entry.routed(), entry.failed()), (0, 1));
         // Token ids given by the client are kept as they are.
-        let ids = Routing::Tokens(vec![7, 8, 9]);
+        let ids = RoutingInputBuf::Tokens(vec![7, 8, 9]);
         let body = br#"{"model": "m", "prompt": [7, 8, 9]}"#;
         assert_eq!(
-            tokenizers.route(RouteKind::Completions, body, "m", ids.clone()),
+            tokenizers.route(ApiKind::Completions, body, "m", ids.clone()),
             ids
         );
         // Other routes are left alone.
         assert_eq!(
-            tokenizers.route(RouteKind::Embeddings, CHAT, "m", text.clone()),
+            tokenizers.route(ApiKind::Embeddings, CHAT, "m", text.clone()),
             text
         );
     }
@@ -654,9 +660,12 @@ mod tests {
     #[test]
     fn extract_routes_chats_on_tokens_and_builds_text_only_when_needed() {
         let tokenizers = synthetic();
-        let chat = RouteKind::ChatCompletions;
+        let chat = ApiKind::ChatCompletions;
         let info = tokenizers.extract(chat, CHAT).unwrap();
-        assert!(matches!(info.routing, Routing::Tokens(_)), "{info:?}");
+        assert!(
+            matches!(info.routing, RoutingInputBuf::Tokens(_)),
+            "{info:?}"
+        );
         assert_eq!(info.model.as_deref(), Some("m"));
         // Another model, and a chat whose ids cannot be computed: the text
         // `extract` gives, the failure counted.
@@ -680,13 +689,13 @@ mod tests {
         // Completions: ids computed from text, ids as given kept.
         let info = tokenizers
             .extract(
-                RouteKind::Completions,
+                ApiKind::Completions,
                 br#"{"model": "m", "prompt": "abcdefgh"}"#,
             )
             .unwrap();
         assert_eq!(
             info.routing,
-            Routing::Tokens(prompt_tokens::synthetic_tokenize("abcdefgh", 4))
+            RoutingInputBuf::Tokens(prompt_tokens::synthetic_tokenize("abcdefgh", 4))
         );
     }
 
@@ -701,7 +710,7 @@ mod tests {
                 inline_bytes: 64,
             })
             .unwrap();
-        let chat = RouteKind::ChatCompletions;
+        let chat = ApiKind::ChatCompletions;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         let timeout = Duration::from_secs(60);
         let entry = Arc::clone(tokenizers.for_model("m").unwrap());
@@ -715,7 +724,10 @@ mod tests {
                 .extract_bounded(chat, &body, deadline, timeout)
                 .await
                 .unwrap();
-            assert!(matches!(info.routing, Routing::Tokens(_)), "{info:?}");
+            assert!(
+                matches!(info.routing, RoutingInputBuf::Tokens(_)),
+                "{info:?}"
+            );
         }
         assert_eq!(tokenizers.busy_threads(), 0, "the slot is back");
         // Over the size budget: text, as `extract` gives it, counted.
@@ -768,7 +780,7 @@ mod tests {
         let body = Bytes::from_static(CHAT);
         let info = tokenizers
             .extract_bounded(
-                RouteKind::ChatCompletions,
+                ApiKind::ChatCompletions,
                 &body,
                 deadline,
                 Duration::from_secs(60),
@@ -777,7 +789,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             info,
-            crate::extract(RouteKind::ChatCompletions, CHAT).unwrap()
+            crate::extract(ApiKind::ChatCompletions, CHAT).unwrap()
         );
         let entry = tokenizers.for_model("m").unwrap();
         assert_eq!((entry.routed(), entry.over_budget()), (0, 1));

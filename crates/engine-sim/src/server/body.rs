@@ -20,7 +20,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::mpsc;
 use tokio::time::Sleep;
 
-use super::Shared;
+use super::ServerState;
 use super::format::Formatter;
 use crate::engine::{EngineEvent, RequestId};
 
@@ -34,10 +34,10 @@ const RESET_DELAY: Duration = Duration::from_millis(50);
 /// The engine's own in-flight count, as vLLM reports it; not the router's
 /// per-worker load (worker-lifecycle's `LoadGuard`), which counts what one
 /// router sent.
-pub(super) struct InFlight(Arc<Shared>);
+pub(super) struct InFlight(Arc<ServerState>);
 
 impl InFlight {
-    pub(super) fn new(shared: &Arc<Shared>) -> Self {
+    pub(super) fn new(shared: &Arc<ServerState>) -> Self {
         shared.load.fetch_add(1, Ordering::Relaxed);
         InFlight(shared.clone())
     }
@@ -51,14 +51,14 @@ impl Drop for InFlight {
 
 /// Aborts the request in the engine unless it finished.
 pub(super) struct AbortGuard {
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     id: RequestId,
     armed: bool,
 }
 
 impl AbortGuard {
     /// Armed: dropping it now aborts request `id`.
-    pub(super) fn new(shared: Arc<Shared>, id: RequestId) -> Self {
+    pub(super) fn new(shared: Arc<ServerState>, id: RequestId) -> Self {
         AbortGuard {
             shared,
             id,

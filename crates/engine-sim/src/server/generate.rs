@@ -14,8 +14,8 @@ use tokio::time::Instant;
 
 use super::body::{AbortGuard, EventSource, InFlight, SimBody};
 use super::format::Formatter;
-use super::{Shared, error_response, unix_now};
-use crate::api::{self, ApiError, Endpoint, Prompt, ResponseMeta};
+use super::{ServerState, error_response, unix_now};
+use crate::api::{self, Endpoint, EngineApiError, Prompt, ResponseMeta};
 use crate::config::Role;
 use crate::engine::SimRequest;
 use crate::fault::{FAULT_HEADER, RequestFaults, parse_fault_header};
@@ -25,7 +25,7 @@ use crate::transfer::KvTransferParams;
 /// The status a request fails with by injection: its header's, the
 /// engine's fixed one, or one of the first `fail_first` or a seeded draw
 /// of `failure_rate`.
-fn injected_status(shared: &Shared, header: &RequestFaults) -> Option<u16> {
+fn injected_status(shared: &ServerState, header: &RequestFaults) -> Option<u16> {
     if header.status.is_some() {
         return header.status;
     }
@@ -51,7 +51,7 @@ fn injected_status(shared: &Shared, header: &RequestFaults) -> Option<u16> {
 /// Answers a generation request: a JSON answer or an SSE stream, or the
 /// JSON error vLLM would send.
 pub(super) async fn generate(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     reset: Arc<AtomicBool>,
     endpoint: Endpoint,
     req: Request<Incoming>,
@@ -61,9 +61,11 @@ pub(super) async fn generate(
         None => RequestFaults::default(),
         Some(value) => match value.to_str().map(parse_fault_header) {
             Ok(Ok(faults)) => faults,
-            Ok(Err(e)) => return error_response(&ApiError::bad_request(e.to_string())),
+            Ok(Err(e)) => return error_response(&EngineApiError::bad_request(e.to_string())),
             Err(_) => {
-                return error_response(&ApiError::bad_request("x-sim-fault must be visible ASCII"));
+                return error_response(&EngineApiError::bad_request(
+                    "x-sim-fault must be visible ASCII",
+                ));
             }
         },
     };
@@ -73,7 +75,7 @@ pub(super) async fn generate(
     }
     if let Some(status) = injected_status(shared, &header_faults) {
         shared.faults_injected.fetch_add(1, Ordering::Relaxed);
-        return error_response(&ApiError::with_status(
+        return error_response(&EngineApiError::with_status(
             status,
             format!("injected fault: status {status}"),
         ));
@@ -95,9 +97,9 @@ pub(super) async fn generate(
                 .downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some();
             return if too_large {
-                error_response(&ApiError::with_status(413, "request body too large"))
+                error_response(&EngineApiError::with_status(413, "request body too large"))
             } else {
-                error_response(&ApiError::bad_request(format!(
+                error_response(&EngineApiError::bad_request(format!(
                     "could not read the request body: {e}"
                 )))
             };
@@ -140,7 +142,7 @@ pub(super) async fn generate(
             kv_transfer_params: kv_params,
         };
         if let Err(e) = core.engine.submit(now, request) {
-            return error_response(&ApiError::bad_request(e.to_string()));
+            return error_response(&EngineApiError::bad_request(e.to_string()));
         }
         core.sinks.insert(id, sink);
     }
@@ -185,7 +187,7 @@ pub(super) async fn generate(
     let body = if !parsed.stream && stall_after.is_none() && !reset_mid_body {
         // Plain JSON: wait for the answer, send it with a content-length.
         let Some(full) = source.answer().await else {
-            return error_response(&ApiError::with_status(503, "engine stopped"));
+            return error_response(&EngineApiError::with_status(503, "engine stopped"));
         };
         SimBody::full(full.into()).holding(in_flight)
     } else {
@@ -206,7 +208,7 @@ pub(super) async fn generate(
 /// A decode engine with a shared registry waits (bounded) for a push
 /// transfer that the named prefill has not produced yet: push connectors
 /// may dispatch both legs at once.
-async fn wait_for_push_transfer(shared: &Shared, params: Option<&KvTransferParams>) {
+async fn wait_for_push_transfer(shared: &ServerState, params: Option<&KvTransferParams>) {
     let (Some(registry), Some(params)) = (&shared.registry, params) else {
         return;
     };

@@ -51,7 +51,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::api::{ApiError, Endpoint};
+use crate::api::{Endpoint, EngineApiError};
 use crate::config::EngineConfig;
 use crate::engine::{Engine, EngineEvent, EngineStats, EventKind, PdSettings, RequestId};
 use crate::metrics::{self, ServerCounters};
@@ -124,7 +124,7 @@ struct Core {
     kv_events: Option<mpsc::UnboundedSender<kv_events::EventBatch>>,
 }
 
-struct Shared {
+struct ServerState {
     config: EngineConfig,
     engine_id: String,
     worker_header: HeaderValue,
@@ -143,7 +143,7 @@ struct Shared {
     port: u16,
 }
 
-impl Shared {
+impl ServerState {
     fn scale(&self) -> f64 {
         self.config.time_scale
     }
@@ -197,7 +197,7 @@ impl Shared {
 pub struct EngineHandle {
     addr: SocketAddr,
     bootstrap_addr: Option<SocketAddr>,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     shutdown: watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
     #[cfg(feature = "kv-events")]
@@ -347,7 +347,7 @@ pub async fn spawn(config: EngineConfig, options: ServeOptions) -> io::Result<En
         }
         None => None,
     };
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(ServerState {
         engine_id,
         worker_header,
         core: Mutex::new(Core {
@@ -371,7 +371,7 @@ pub async fn spawn(config: EngineConfig, options: ServeOptions) -> io::Result<En
         config,
     });
     if let Some(registry) = &options.registry {
-        let weak: Weak<Shared> = Arc::downgrade(&shared);
+        let weak: Weak<ServerState> = Arc::downgrade(&shared);
         registry.subscribe(Arc::new(move || {
             if let Some(shared) = weak.upgrade() {
                 shared.wake.notify_one();
@@ -410,7 +410,7 @@ pub async fn spawn(config: EngineConfig, options: ServeOptions) -> io::Result<En
 async fn serve(
     listener: TcpListener,
     bootstrap: Option<TcpListener>,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     mut shutdown: watch::Receiver<bool>,
     kv_task: Option<tokio::task::JoinHandle<()>>,
 ) {
@@ -479,7 +479,7 @@ async fn accept_optional(listener: Option<&TcpListener>) -> io::Result<(TcpStrea
 }
 
 /// Runs the engine model in tokio time.
-async fn drive(shared: Arc<Shared>) {
+async fn drive(shared: Arc<ServerState>) {
     let mut timer_target: Option<Duration> = None;
     loop {
         let next = {
@@ -523,7 +523,7 @@ fn dispatch(core: &mut Core) {
 }
 
 async fn handle(
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     reset: Arc<AtomicBool>,
     req: Request<Incoming>,
 ) -> Response<SimBody> {
@@ -535,7 +535,7 @@ async fn handle(
 }
 
 async fn route(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     reset: Arc<AtomicBool>,
     req: Request<Incoming>,
 ) -> Response<SimBody> {
@@ -602,14 +602,14 @@ async fn route(
     }
 }
 
-fn health(shared: &Shared) -> Response<SimBody> {
+fn health(shared: &ServerState) -> Response<SimBody> {
     let elapsed = shared.start.elapsed();
     let faults = &shared.config.faults;
     if faults.slow_start.is_some_and(|d| elapsed < d) {
-        return error_response(&ApiError::with_status(503, "engine is starting"));
+        return error_response(&EngineApiError::with_status(503, "engine is starting"));
     }
     if faults.refuse_health_after.is_some_and(|d| elapsed >= d) {
-        return error_response(&ApiError::with_status(
+        return error_response(&EngineApiError::with_status(
             503,
             "health check refused (injected fault)",
         ));
@@ -617,7 +617,7 @@ fn health(shared: &Shared) -> Response<SimBody> {
     Response::new(SimBody::full(Bytes::new()))
 }
 
-fn models(shared: &Shared) -> Response<SimBody> {
+fn models(shared: &ServerState) -> Response<SimBody> {
     let name = &shared.config.model.model_name;
     let body = json!({
         "object": "list",
@@ -651,7 +651,7 @@ fn json_response(status: StatusCode, body: String) -> Response<SimBody> {
     response
 }
 
-fn error_response(error: &ApiError) -> Response<SimBody> {
+fn error_response(error: &EngineApiError) -> Response<SimBody> {
     let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     json_response(status, error.to_json())
 }

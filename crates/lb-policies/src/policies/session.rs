@@ -13,7 +13,7 @@
 //! The table is bounded: at most [`MAX_SESSIONS`] bindings, in 16 shards
 //! behind their own mutexes (a look-up or a bind holds one for a hash-map
 //! operation). A new session that finds its shard full is not bound (its
-//! requests are placed by cost alone), counted in [`SessionTable::refused`],
+//! requests are placed by cost alone), counted (`KvAware::session_stats`),
 //! rather than evicting a live one: affinity is a preference, so losing
 //! it for new sessions is the cheap failure, and upkeep frees room as
 //! sessions go idle. Keys are hashed with a per-process random SipHash

@@ -2,7 +2,7 @@
 //! flow's backend, and the whole-request retry loop (feature `pools`, on by
 //! default).
 //!
-//! [`PdPools`] keeps one [`PdRole`] per role, each a
+//! [`PdPools`] keeps one [`PdRolePool`] per role, each a
 //! [`RolePool`](worker_lifecycle::RolePool) (a static set or a discovered
 //! pool, its policy registry, membership forwarding) plus the flow's
 //! [`PdEndpoint`](crate::PdEndpoint) of each worker — from the static configuration, or from
@@ -51,7 +51,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use lb_policies::{OwnedContext, PolicyConfig, Routing};
+//! use lb_policies::{OwnedContext, PolicyConfig, RoutingInputBuf};
 //! use pd_orchestrator::pools::{PdConfig, PdPools, PdScope, PdWorkerConfig};
 //! use pd_orchestrator::{PdConnector, PdWorker};
 //! use worker_lifecycle::WorkerOptions;
@@ -64,7 +64,7 @@
 //! assert!(pools.late_decode(), "NIXL chooses its decode worker late");
 //!
 //! let scope = Arc::new(PdScope::new(OwnedContext {
-//!     routing: Routing::Text("You are a helpful assistant.".into()),
+//!     routing: RoutingInputBuf::Text("You are a helpful assistant.".into()),
 //!     ..OwnedContext::default()
 //! }));
 //! let pair = pools.select_pair(&scope).unwrap();
@@ -79,7 +79,7 @@ mod run;
 mod scope;
 
 pub use config::{PdConfig, PdWorkerConfig, PoolsError};
-pub use role::{LearnHook, PdRole, StaticWorker};
+pub use role::{LearnHook, PdRolePool, StaticWorker};
 pub use run::{PdCall, RunError, flow_request_id, run};
 
 pub use scope::{PdPair, PdScope, PdTarget};
@@ -186,8 +186,8 @@ pub fn breaker_outcome(outcome: LegOutcome, status: Option<StatusCode>) -> Outco
 /// Both roles' pools and policies: pair selection, and the flow's backend.
 #[derive(Debug)]
 pub struct PdPools {
-    prefill: PdRole,
-    decode: PdRole,
+    prefill: PdRolePool,
+    decode: PdRolePool,
     connector: PdConnector,
     concurrent: bool,
     late_decode: bool,
@@ -208,7 +208,7 @@ impl PdPools {
     ) -> Result<Self, PoolsError> {
         let connector = config.connector;
         let role = |role, statics: &[PdWorkerConfig], registry: &Option<_>, policy: &Option<_>| {
-            PdRole::new(
+            PdRolePool::new(
                 role,
                 connector,
                 statics,
@@ -242,17 +242,17 @@ impl PdPools {
     }
 
     /// The prefill role.
-    pub fn prefill(&self) -> &PdRole {
+    pub fn prefill(&self) -> &PdRolePool {
         &self.prefill
     }
 
     /// The decode role.
-    pub fn decode(&self) -> &PdRole {
+    pub fn decode(&self) -> &PdRolePool {
         &self.decode
     }
 
     /// The role of `kind` (prefill or decode).
-    pub fn role(&self, kind: RoleKind) -> &PdRole {
+    pub fn role(&self, kind: RoleKind) -> &PdRolePool {
         match kind {
             RoleKind::Prefill => &self.prefill,
             _ => &self.decode,
@@ -366,7 +366,7 @@ impl PdPools {
     /// The policy's choice among `eligible` in `role`, with its endpoint.
     fn choose(
         &self,
-        role: &PdRole,
+        role: &PdRolePool,
         eligible: &Eligible<'_>,
         scope: &Arc<PdScope>,
     ) -> Result<PdTarget, SelectError> {
@@ -413,7 +413,7 @@ impl PdPools {
 
     /// Whether each role has an available worker (after reconciling).
     pub fn is_ready(&self) -> bool {
-        let available = |role: &PdRole| {
+        let available = |role: &PdRolePool| {
             role.pool()
                 .refresh()
                 .is_ok_and(|workers| workers.iter().any(|w| w.is_available()))

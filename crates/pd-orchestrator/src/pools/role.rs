@@ -1,4 +1,4 @@
-//! One role of a prefill/decode fleet: [`PdRole`].
+//! One role of a prefill/decode fleet: [`PdRolePool`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
@@ -20,28 +20,28 @@ type Endpoints = Arc<Mutex<HashMap<Box<str>, Arc<PdEndpoint>>>>;
 
 /// Called when a discovered Mooncake prefill worker joins without its
 /// engine ids: the host queries its bootstrap server (off the request path)
-/// and hands the answer to [`PdRole::set_learned`]. Runs inside the pool's
+/// and hands the answer to [`PdRolePool::set_learned`]. Runs inside the pool's
 /// serialized step: spawn, never block.
 pub type LearnHook = Box<dyn Fn(&Arc<Worker>, &Arc<PdEndpoint>) + Send + Sync>;
 
 /// The workers of one role, its policies, and each worker's flow endpoint.
-pub struct PdRole {
+pub struct PdRolePool {
     pool: RolePool,
     connector: PdConnector,
     endpoints: Endpoints,
     learn: Arc<OnceLock<LearnHook>>,
 }
 
-impl std::fmt::Debug for PdRole {
+impl std::fmt::Debug for PdRolePool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PdRole")
+        f.debug_struct("PdRolePool")
             .field("pool", &self.pool)
             .field("connector", &self.connector)
             .finish_non_exhaustive()
     }
 }
 
-impl PdRole {
+impl PdRolePool {
     pub(super) fn new(
         role: RoleKind,
         connector: PdConnector,
@@ -280,7 +280,7 @@ impl PdRole {
     }
 }
 
-/// A static worker checked by [`PdRole::build_static`], ready to add.
+/// A static worker checked by [`PdRolePool::build_static`], ready to add.
 #[derive(Debug, Clone)]
 pub struct StaticWorker {
     url: String,

@@ -6,7 +6,7 @@ use super::{Router, Shared};
 use crate::body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout};
 use crate::client::UpstreamError;
 use crate::error::ApiError;
-use crate::extract::RouteKind;
+use crate::extract::ApiKind;
 use crate::headers::{RequestId, strip_hop_by_hop};
 use crate::limits::AdmissionPermit;
 use bytes::Bytes;
@@ -23,7 +23,7 @@ use worker_lifecycle::{LoadGuard, Outcome, RequestRetries, Worker};
 impl Router {
     pub(crate) async fn proxy<B>(
         &self,
-        kind: RouteKind,
+        kind: ApiKind,
         request: Request<B>,
         started: Instant,
     ) -> Result<Response<BoxBody>, ApiError>
@@ -89,7 +89,7 @@ impl Router {
         if let Some(pd) = &shared.pd
             && matches!(
                 kind,
-                RouteKind::ChatCompletions | RouteKind::Completions | RouteKind::Generate
+                ApiKind::ChatCompletions | ApiKind::Completions | ApiKind::Generate
             )
         {
             let arrival = crate::pd::PdArrival {
