@@ -257,7 +257,7 @@ impl ChatTemplate {
     pub fn render_direct(&self, request: &ChatRequest) -> Option<String> {
         let direct = self.direct.as_ref().ok()?;
         let messages = messages::prepare(&request.messages.0, self.content_format).ok()?;
-        self.run_direct(direct, &self.context(request, messages), request)
+        self.run_direct(direct, &self.context(request, messages).ok()?, request)
     }
 
     /// `direct`'s rendering of the context `ctx` under this template's
@@ -311,7 +311,7 @@ impl ChatTemplate {
             None
         };
         crate::interrupt::check(interrupt)?;
-        let ctx = self.context(request, messages);
+        let ctx = self.context(request, messages)?;
         if self.direct_enabled
             && let Ok(direct) = &self.direct
             && let Some(mut text) = self.run_direct(direct, &ctx, request)
@@ -350,8 +350,9 @@ impl ChatTemplate {
     }
 
     /// The rendering's context as (name, value) pairs, each name once:
-    /// what `transformers` passes a chat template.
-    fn context(&self, request: &ChatRequest, messages: Value) -> Vec<(Value, Value)> {
+    /// what `transformers` passes a chat template. Fails on `tools` vLLM's
+    /// request model refuses (see [`vllm_tools`]).
+    fn context(&self, request: &ChatRequest, messages: Value) -> Result<Vec<(Value, Value)>> {
         let mut ctx: Vec<(Value, Value)> = Vec::with_capacity(8);
         ctx.push((Value::from("messages"), messages));
         ctx.push((
@@ -360,12 +361,16 @@ impl ChatTemplate {
         ));
         // Absent, they are None, as vLLM passes them to transformers:
         // `tools is not none` is false and `tools | length` an error.
-        for (name, value) in [("tools", &request.tools), ("documents", &request.documents)] {
-            let value = value
-                .as_ref()
-                .map_or_else(|| Value::from(()), |v| v.0.clone());
-            ctx.push((Value::from(name), value));
-        }
+        let tools = match &request.tools {
+            Some(tools) => vllm_tools(&tools.0)?,
+            None => Value::from(()),
+        };
+        ctx.push((Value::from("tools"), tools));
+        let documents = request
+            .documents
+            .as_ref()
+            .map_or_else(|| Value::from(()), |v| v.0.clone());
+        ctx.push((Value::from("documents"), documents));
         for (name, value) in [
             ("bos_token", &self.special.bos),
             ("eos_token", &self.special.eos),
@@ -394,7 +399,7 @@ impl ChatTemplate {
                 }
             }
         }
-        ctx
+        Ok(ctx)
     }
 
     /// The rendering is mostly the messages' text: start with room for
@@ -420,6 +425,95 @@ pub enum DirectRendering<'a> {
     /// (inheritance, includes, imports, autoescape, a macro defined in a
     /// block or twice); named here.
     Unsupported(&'a str),
+}
+
+/// `tools` as vLLM hands them to the template: each validated into its
+/// request model (`ChatCompletionToolsParam` holding a
+/// `FunctionDefinition`, pydantic with extra fields allowed) and dumped
+/// back, so the template sees `{"type": "function", "function": {"name",
+/// "description", "parameters", ...}, ...}` in that key order, with
+/// `description` and `parameters` `None` when the client left them out and
+/// any other keys after the declared ones, in the client's order. A tool
+/// the model refuses (not an object, a `type` other than `"function"`, no
+/// string `name`, a `description` that is not a string, `parameters` that
+/// are not an object) is [`Error::InvalidRequest`], where vLLM answers 400.
+/// `null` is `None`.
+fn vllm_tools(tools: &Value) -> Result<Value> {
+    if tools.is_none() || tools.is_undefined() {
+        return Ok(Value::from(()));
+    }
+    let invalid = |why: &str| Error::InvalidRequest(format!("tools: {why}"));
+    if tools.kind() != ValueKind::Seq {
+        return Err(invalid("must be a list"));
+    }
+    let field = |map: &Value, key: &str| map.get_attr(key).unwrap_or(Value::UNDEFINED);
+    let absent = |v: &Value| v.is_undefined() || v.is_none();
+    let mut out = Vec::new();
+    for tool in tools.try_iter().map_err(|_| invalid("must be a list"))? {
+        if tool.kind() != ValueKind::Map {
+            return Err(invalid("each tool must be an object"));
+        }
+        let kind = field(&tool, "type");
+        if !kind.is_undefined() && kind.as_str() != Some("function") {
+            return Err(invalid("a tool's type must be \"function\""));
+        }
+        let function = field(&tool, "function");
+        if function.kind() != ValueKind::Map {
+            return Err(invalid("each tool needs a 'function' object"));
+        }
+        let name = field(&function, "name");
+        if name.kind() != ValueKind::String {
+            return Err(invalid("a function needs a string 'name'"));
+        }
+        let description = field(&function, "description");
+        let description = if absent(&description) {
+            Value::from(())
+        } else if description.kind() == ValueKind::String {
+            description
+        } else {
+            return Err(invalid("a function's 'description' must be a string"));
+        };
+        let parameters = field(&function, "parameters");
+        let parameters = if absent(&parameters) {
+            Value::from(())
+        } else if parameters.kind() == ValueKind::Map {
+            parameters
+        } else {
+            return Err(invalid("a function's 'parameters' must be an object"));
+        };
+        let mut function_pairs = vec![
+            (Value::from("name"), name),
+            (Value::from("description"), description),
+            (Value::from("parameters"), parameters),
+        ];
+        extra_pairs(
+            &function,
+            &["name", "description", "parameters"],
+            &mut function_pairs,
+        );
+        let mut tool_pairs = vec![
+            (Value::from("type"), Value::from("function")),
+            (Value::from("function"), object_from_pairs(function_pairs)),
+        ];
+        extra_pairs(&tool, &["type", "function"], &mut tool_pairs);
+        out.push(object_from_pairs(tool_pairs));
+    }
+    Ok(Value::from(out))
+}
+
+/// The pairs of `map` whose keys are not `declared`, in `map`'s order,
+/// appended to `into` (pydantic's extra fields, dumped after the declared
+/// ones).
+fn extra_pairs(map: &Value, declared: &[&str], into: &mut Vec<(Value, Value)>) {
+    let Ok(keys) = map.try_iter() else { return };
+    for key in keys {
+        if key.as_str().is_some_and(|k| declared.contains(&k)) {
+            continue;
+        }
+        if let Ok(value) = map.get_item(&key) {
+            into.push((key, value));
+        }
+    }
 }
 
 /// What transformers appends to the final message's text (its last text

@@ -24,7 +24,7 @@ fn load(name: &str) -> Value {
 fn every_case_renders_as_the_reference_renders_it() {
     let cases: BTreeMap<String, Value> = serde_json::from_value(load("cases.json")).unwrap();
     let expected = load("expected.json");
-    assert!(cases.len() >= 17, "{} cases", cases.len());
+    assert!(cases.len() >= 26, "{} cases", cases.len());
     let mut differences = Vec::new();
     for (name, case) in &cases {
         let reference = &expected["cases"][name.as_str()];
@@ -38,6 +38,9 @@ fn every_case_renders_as_the_reference_renders_it() {
         let mut body = serde_json::json!({ "messages": case["messages"] });
         for flag in ["add_generation_prompt", "continue_final_message"] {
             body[flag] = case.get(flag).cloned().unwrap_or(Value::Bool(false));
+        }
+        if let Some(tools) = case.get("tools") {
+            body["tools"] = tools.clone();
         }
         let request = ChatRequest::from_value(&body).unwrap_or_else(|e| panic!("{name}: {e}"));
         let template = case["template"].as_str().expect("a template");
