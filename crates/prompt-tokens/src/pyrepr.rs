@@ -83,11 +83,11 @@ fn write_repr(out: &mut String, value: &Value, depth: usize) {
 
 /// An integer as its digits; a float as Python's `repr(float)`.
 fn write_number(out: &mut String, value: &Value) {
-    let text = value.to_string();
-    let is_float = text.bytes().any(|b| !(b.is_ascii_digit() || b == b'-'));
     match f64::try_from(value.clone()) {
-        Ok(f) if is_float => out.push_str(&python_float_repr(f)),
-        _ => out.push_str(&text),
+        Ok(f) if !value.is_integer() => out.push_str(&python_float_repr(f)),
+        _ => {
+            let _ = write!(out, "{value}");
+        }
     }
 }
 

@@ -885,9 +885,10 @@ fn write_json(
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => {
-            if let Ok(f) = f64::try_from(value.clone())
-                && value.as_i64().is_none()
-                && !is_integer_repr(value)
+            // A float prints as Python's repr, whole or not (`1e+16`,
+            // `2.0`); an integer as its digits.
+            if !value.is_integer()
+                && let Ok(f) = f64::try_from(value.clone())
             {
                 out.push_str(&python_float(f));
                 return Ok(());
@@ -944,12 +945,6 @@ fn write_json(
         _ => write_json_str(out, &value.to_string(), options.ensure_ascii),
     }
     Ok(())
-}
-
-fn is_integer_repr(value: &Value) -> bool {
-    // u64 and i128 values above i64 are integers too.
-    let s = value.to_string();
-    s.bytes().all(|b| b.is_ascii_digit() || b == b'-')
 }
 
 /// Python's `repr(float)` as `json.dumps` writes it.
