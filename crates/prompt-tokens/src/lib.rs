@@ -114,6 +114,7 @@ mod hf;
 mod interrupt;
 pub mod messages;
 mod o200k_split;
+mod pyfilters;
 mod pyrepr;
 mod request;
 pub mod synthetic;

@@ -154,7 +154,9 @@ impl ChatTemplate {
         // The default (500) lets a recursive macro grow the native stack
         // deep enough to matter on small thread stacks.
         env.set_recursion_limit(100);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // jinja2's and Python's filters, tests and string methods where
+        // minijinja has none or another meaning (module `pyfilters`).
+        crate::pyfilters::register(&mut env);
         // Strings (nearly everything a chat template prints) go straight to
         // the output; the default formatter sends them through `fmt`.
         // None, booleans, numbers, lists and dicts print as Python's
