@@ -53,6 +53,15 @@ fn setup_with(
     n: usize,
     build: fn(CacheAwareConfig, KvSources) -> Result<KvAware, PolicyError>,
 ) -> Setup {
+    setup_config(n, knobs(), build)
+}
+
+/// [`setup_with`] with the policy built from `config`.
+fn setup_config(
+    n: usize,
+    config: CacheAwareConfig,
+    build: fn(CacheAwareConfig, KvSources) -> Result<KvAware, PolicyError>,
+) -> Setup {
     let fleet = fleet(n);
     let index = Arc::new(KvIndex::new(IndexConfig {
         block_size: BLOCK,
@@ -64,7 +73,7 @@ fn setup_with(
         .map(|b| index.register_worker(b.key().to_owned()))
         .collect();
     let policy = build(
-        knobs(),
+        config,
         KvSources::new(Arc::clone(&index), Arc::clone(&streams)),
     )
     .expect("valid");
@@ -701,42 +710,14 @@ fn blocks_held_in_a_lower_tier_are_worth_their_penalty() {
     // least loaded as a low match.
     let mut config = knobs();
     config.cost.penalties = lb_policies::TierPenalties::none();
-    let fleet = common::fleet(2);
-    let index = Arc::new(KvIndex::new(IndexConfig {
-        block_size: BLOCK,
-        ..IndexConfig::default()
-    }));
-    let streams = Arc::new(KvStreams::new());
-    let ids: Vec<WorkerId> = fleet
-        .iter()
-        .map(|b| index.register_worker(b.key().to_owned()))
-        .collect();
-    let policy = KvAware::new(
-        config,
-        KvSources::new(Arc::clone(&index), Arc::clone(&streams)),
-    )
-    .expect("valid");
-    announce(&policy, &fleet);
-    for &id in &ids {
-        streams.set_live(id, true);
-    }
-    index
-        .apply(
-            ids[0],
-            Holder::tiered_rank(0, Tier::Host),
-            &KvEvent::BlockStored {
-                block_hashes: (0..8).map(EngineHash::from_int).collect(),
-                parent_block_hash: None,
-                token_ids: p[..8 * BLOCK].to_vec(),
-                block_size: BLOCK,
-                lora_id: None,
-            },
-        )
-        .expect("registered");
-    fleet[1].set_load(0);
-    fleet[0].set_load(1);
+    let none = setup_config(2, config, KvAware::new);
+    none.live(0, true);
+    none.live(1, true);
+    none.store(0, Holder::tiered_rank(0, Tier::Host), &p, 8);
+    none.fleet[1].set_load(0);
+    none.fleet[0].set_load(1);
     assert_eq!(
-        select_in(&policy, &fleet, &p),
+        select_in(&none.policy, &none.fleet, &p),
         Some((1, DecisionReason::CacheLowMatch))
     );
 
@@ -781,31 +762,9 @@ fn the_gate_and_the_cost_are_built_by_name() {
 
 /// A `kv_aware` setup whose sessions stick for `ttl` after their last use.
 fn setup_sessions(n: usize, ttl: std::time::Duration) -> Setup {
-    let fleet = fleet(n);
-    let index = Arc::new(KvIndex::new(IndexConfig {
-        block_size: BLOCK,
-        ..IndexConfig::default()
-    }));
-    let streams = Arc::new(KvStreams::new());
-    let ids = fleet
-        .iter()
-        .map(|b| index.register_worker(b.key().to_owned()))
-        .collect();
     let mut config = knobs();
     config.session_affinity_ttl = ttl;
-    let policy = KvAware::new(
-        config,
-        KvSources::new(Arc::clone(&index), Arc::clone(&streams)),
-    )
-    .expect("valid");
-    announce(&policy, &fleet);
-    Setup {
-        fleet,
-        index,
-        streams,
-        ids,
-        policy,
-    }
+    setup_config(n, config, KvAware::new)
 }
 
 fn select_session(s: &Setup, tokens: &[u32], session: &str) -> (usize, DecisionReason) {

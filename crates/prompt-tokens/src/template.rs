@@ -949,7 +949,8 @@ fn write_json(
     Ok(())
 }
 
-/// Python's `repr(float)` as `json.dumps` writes it.
+/// Python's `repr(float)` as `json.dumps` writes it: `repr` for finite
+/// values, `NaN` / `Infinity` / `-Infinity` for the others.
 fn python_float(f: f64) -> String {
     if f.is_nan() {
         return "NaN".into();
@@ -957,25 +958,7 @@ fn python_float(f: f64) -> String {
     if f.is_infinite() {
         return if f > 0.0 { "Infinity" } else { "-Infinity" }.into();
     }
-    // Rust's `{:?}` is the shortest round-trip form, like Python's repr,
-    // but Python switches to exponent notation at 1e16 and below 1e-4.
-    let abs = f.abs();
-    if abs != 0.0 && !(1e-4..1e16).contains(&abs) {
-        let s = format!("{f:e}");
-        // Rust: "1e16", "1.5e-5"; Python: "1e+16", "1.5e-05".
-        let (mantissa, exp) = s.split_once('e').unwrap_or((&s, "0"));
-        let (sign, digits) = match exp.strip_prefix('-') {
-            Some(d) => ('-', d),
-            None => ('+', exp),
-        };
-        let digits = if digits.len() < 2 {
-            format!("0{digits}")
-        } else {
-            digits.to_owned()
-        };
-        return format!("{mantissa}e{sign}{digits}");
-    }
-    format!("{f:?}")
+    crate::pyrepr::python_float_repr(f)
 }
 
 fn write_json_str(out: &mut String, s: &str, ensure_ascii: bool) {
