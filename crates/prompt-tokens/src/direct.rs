@@ -1312,7 +1312,9 @@ impl<'a> Run<'a> {
                 if value.kind() != ValueKind::String {
                     return Err(Declined);
                 }
-                V::Own(Value::from(value.as_str().ok_or(Declined)?.trim()))
+                V::Own(Value::from(crate::template::python_strip(
+                    value.as_str().ok_or(Declined)?,
+                )))
             }
             FilterKind::Length => match value.kind() {
                 ValueKind::String => V::Own(Value::from(

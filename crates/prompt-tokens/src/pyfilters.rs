@@ -2,12 +2,17 @@
 //! where minijinja has none or another meaning: what real chat templates
 //! call and the engine renders with jinja2.
 //!
-//! - filters `round` (Python's rounding: the float's exact value, ties to
+//! - filters `string` and `trim` (Python's `str()` of the value, so a list
+//!   or dict prints as Python prints it, not as JSON; `trim` then strips
+//!   what `str.strip` strips), `round` (Python's rounding: the float's exact value, ties to
 //!   even), `title` (jinja2's: a word starts after whitespace, `-`, `(`,
 //!   `{`, `[` or `<`), `center`, `truncate`, `wordcount`, `striptags`,
 //!   `urlencode`;
 //! - tests `lower` and `upper` (`str.islower()` / `str.isupper()`: every
-//!   cased character in that case and at least one);
+//!   cased character in that case and at least one), and `iterable`
+//!   (Python's `iter()` succeeds: `none`, numbers and booleans are not
+//!   iterable, where minijinja iterates `none` as an empty sequence; an
+//!   undefined value is, as jinja2's `Undefined` is);
 //! - string methods `rsplit`, `swapcase`, `zfill`, before minijinja's
 //!   Python-compatibility callback answers the others.
 
@@ -16,6 +21,8 @@ use minijinja::{Environment, Error, ErrorKind, State};
 
 /// Registers this module's filters, tests and methods on `env`.
 pub(crate) fn register(env: &mut Environment<'_>) {
+    env.add_filter("string", string);
+    env.add_filter("trim", trim);
     env.add_filter("round", round);
     env.add_filter("title", title);
     env.add_filter("center", center);
@@ -29,11 +36,51 @@ pub(crate) fn register(env: &mut Environment<'_>) {
     env.add_test("upper", |s: &str| {
         is_cased(s, char::is_uppercase, char::is_lowercase)
     });
+    env.add_test("iterable", is_iterable);
     env.set_unknown_method_callback(unknown_method);
+}
+
+/// jinja2's `iterable` test: whether Python's `iter()` accepts the value.
+/// Real templates guard `tools | length` with `tools is iterable`, and
+/// vLLM passes `None` for a request without tools.
+fn is_iterable(value: &Value) -> bool {
+    match value.kind() {
+        ValueKind::None | ValueKind::Number | ValueKind::Bool => false,
+        ValueKind::Undefined => true,
+        _ => value.try_iter().is_ok(),
+    }
 }
 
 fn invalid(message: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidOperation, message.into())
+}
+
+/// Python's `str()` of `value`: strings as they are, None, booleans,
+/// numbers, lists and dicts as `pyrepr` prints them.
+fn python_text(value: &Value) -> String {
+    match value.as_str() {
+        Some(text) => text.to_owned(),
+        None => crate::pyrepr::python_str(value).unwrap_or_else(|| value.to_string()),
+    }
+}
+
+/// jinja2's `string` filter (`soft_str`): a string stays as it is (safe
+/// or not), anything else becomes its Python `str()`.
+fn string(value: Value) -> Value {
+    if value.kind() == ValueKind::String {
+        return value;
+    }
+    Value::from(python_text(&value))
+}
+
+/// jinja2's `trim(value, chars=None)`: `str(value).strip(chars)`, where no
+/// `chars` strips what Python counts as whitespace.
+fn trim(value: &Value, chars: Option<&str>) -> String {
+    let text = python_text(value);
+    match chars {
+        Some(chars) => text.trim_matches(|c| chars.contains(c)).to_owned(),
+        None => crate::template::python_strip(&text).to_owned(),
+    }
 }
 
 /// jinja2's `round(value, precision=0, method='common')`: a float, rounded

@@ -623,7 +623,7 @@ fn python_space(c: char) -> bool {
 }
 
 /// Python's `str.strip()`.
-fn python_strip(text: &str) -> &str {
+pub(crate) fn python_strip(text: &str) -> &str {
     text.trim_matches(python_space)
 }
 

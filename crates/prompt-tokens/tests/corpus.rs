@@ -1,0 +1,166 @@
+//! The real-template corpus: every chat template a model publishes that the
+//! corpus holds, rendered with every conversation of
+//! `tests/corpus/conversations.json`, compared byte for byte with what
+//! Python's reference renderer produced for the same pair (a refusal on
+//! one side must be a refusal on the other).
+//!
+//! The corpus and the reference renders are not in the repository: the
+//! templates ship under their models' licenses. `scripts/template-corpus`
+//! downloads them (llama.cpp's collection, as the `llama-cpp-python` sdist
+//! on PyPI carries it), renders the reference in a venv it creates and
+//! runs this test with `TEMPLATE_CORPUS` pointing at the result; without
+//! the variable the test is ignored. `tests/corpus/README.md` says more.
+//!
+//! `tests/corpus/known-differences.txt` lists the cases that still differ,
+//! one `template/conversation` per line: the test fails when any other case
+//! differs, and when a listed case agrees (take it off the list).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use prompt_tokens::{ChatRequest, ChatTemplate, FixedClock, RenderLimits, SpecialTokens};
+use serde_json::Value;
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn special_tokens(reference: &Value) -> SpecialTokens {
+    let token = |name: &str| {
+        reference["special_tokens"][name]
+            .as_str()
+            .map(str::to_owned)
+    };
+    SpecialTokens {
+        bos: token("bos_token"),
+        eos: token("eos_token"),
+        unk: token("unk_token"),
+        pad: token("pad_token"),
+    }
+}
+
+/// How one case came out on our side against the reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Outcome {
+    Equal,
+    TextDiffers,
+    WeRefuse,
+    WeRender,
+    TemplateRefused,
+}
+
+#[test]
+#[ignore = "needs the corpus: run scripts/template-corpus"]
+fn every_real_template_renders_as_the_reference_renders_it() {
+    let dir = PathBuf::from(std::env::var("TEMPLATE_CORPUS").expect("TEMPLATE_CORPUS is set"));
+    let reference: Value = serde_json::from_str(&read(&dir.join("expected.json"))).unwrap();
+    let known: BTreeSet<String> =
+        read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/known-differences.txt"))
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .map(str::to_owned)
+            .collect();
+    let requests: BTreeMap<String, ChatRequest> = reference["requests"]
+        .as_object()
+        .expect("requests")
+        .iter()
+        .map(|(name, body)| {
+            let body = body.as_str().expect("a body");
+            let request =
+                ChatRequest::from_json(body.as_bytes()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name.clone(), request)
+        })
+        .collect();
+    let tokens = special_tokens(&reference);
+    let mut templates: Vec<PathBuf> = std::fs::read_dir(dir.join("templates"))
+        .expect("templates")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "jinja"))
+        .collect();
+    templates.sort();
+    assert!(templates.len() >= 60, "{} templates", templates.len());
+
+    let mut outcomes: BTreeMap<Outcome, usize> = BTreeMap::new();
+    let (mut direct_answered, mut direct_renders, mut direct_disagree) = (0, 0, Vec::new());
+    // `TEMPLATE_CORPUS_SHOW=template/conversation[,...]` prints both sides.
+    let show: Vec<String> = std::env::var("TEMPLATE_CORPUS_SHOW")
+        .map(|v| v.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
+    let mut unexpected = Vec::new();
+    let mut now_agreeing = Vec::new();
+    for path in &templates {
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let compiled = ChatTemplate::new(
+            &read(path),
+            tokens.clone(),
+            RenderLimits::default(),
+            Arc::new(FixedClock(0)),
+        );
+        for (name, request) in &requests {
+            let case = format!("{stem}/{name}");
+            let want = &reference["cases"][case.as_str()];
+            assert!(want.is_object(), "{case}: no reference render");
+            let want_text = want.get("text").and_then(Value::as_str);
+            if show.contains(&case)
+                && let Err(error) = &compiled
+            {
+                eprintln!("== {case}: the template is refused: {error}");
+            }
+            let outcome = match (&compiled, want_text) {
+                (Err(_), None) => Outcome::Equal,
+                (Err(_), Some(_)) => Outcome::TemplateRefused,
+                (Ok(template), _) => {
+                    let ours = template.render(request);
+                    if show.contains(&case) {
+                        eprintln!("== {case}\n-- ours:\n{ours:?}\n-- reference:\n{want}");
+                    }
+                    if let Some(direct) = template.render_direct(request) {
+                        direct_answered += 1;
+                        if ours.as_deref().ok() != Some(direct.as_str()) {
+                            direct_disagree.push(case.clone());
+                        }
+                    }
+                    direct_renders += 1;
+                    match (ours, want_text) {
+                        (Ok(text), Some(want)) if text == want => Outcome::Equal,
+                        (Ok(_), Some(_)) => Outcome::TextDiffers,
+                        (Err(_), None) => Outcome::Equal,
+                        (Err(_), Some(_)) => Outcome::WeRefuse,
+                        (Ok(_), None) => Outcome::WeRender,
+                    }
+                }
+            };
+            *outcomes.entry(outcome).or_default() += 1;
+            match (outcome == Outcome::Equal, known.contains(&case)) {
+                (false, false) => unexpected.push(format!("{case}: {outcome:?}")),
+                (true, true) => now_agreeing.push(case),
+                _ => {}
+            }
+        }
+    }
+    let cases = templates.len() * requests.len();
+    let differences = cases - outcomes.get(&Outcome::Equal).copied().unwrap_or(0);
+    eprintln!(
+        "corpus: {} templates, {cases} cases, {differences} differences {outcomes:?}; \
+         direct renderer answered {direct_answered} of {direct_renders} renders, {} disagreeing with minijinja",
+        templates.len(),
+        direct_disagree.len(),
+    );
+    assert!(
+        direct_disagree.is_empty(),
+        "the direct renderer disagrees: {direct_disagree:?}"
+    );
+    assert!(
+        now_agreeing.is_empty(),
+        "now agree with the reference, take them off known-differences.txt:\n{}",
+        now_agreeing.join("\n")
+    );
+    assert!(
+        unexpected.is_empty(),
+        "{} cases differ that known-differences.txt does not list:\n{}",
+        unexpected.len(),
+        unexpected.join("\n")
+    );
+}
