@@ -117,6 +117,7 @@ mod o200k_split;
 mod pyfilters;
 mod pyrepr;
 mod request;
+mod rewrite;
 pub mod synthetic;
 mod template;
 pub mod templates;

@@ -182,8 +182,15 @@ impl ChatTemplate {
         });
         // transformers' `{% generation %}` extension (it marks assistant
         // text for training masks) renders its body unchanged.
-        let source = rewrite_generation_tags(source);
-        env.add_template_owned(NAME, source.clone().into_owned())
+        let source = crate::rewrite::generation_tags(source);
+        // minijinja iterates None as nothing where Python raises; the loops
+        // are guarded for minijinja only (the direct renderer declines on
+        // None and leaves such a render to minijinja).
+        env.add_filter(
+            crate::rewrite::ITERABLE_GUARD,
+            crate::rewrite::iterable_guard,
+        );
+        env.add_template_owned(NAME, crate::rewrite::guard_for_loops(&source).into_owned())
             .map_err(|e| Error::TemplateSyntax(describe(&e)))?;
         Ok(Self {
             env,
@@ -625,63 +632,6 @@ fn python_space(c: char) -> bool {
 /// Python's `str.strip()`.
 pub(crate) fn python_strip(text: &str) -> &str {
     text.trim_matches(python_space)
-}
-
-/// The template with transformers' `{% generation %}` ... `{% endgeneration %}`
-/// tags (its assistant-mask extension) turned into `{% if true %}` ...
-/// `{% endif %}`, whitespace control kept: transformers renders the
-/// block's body unchanged when it is not collecting masks, as vLLM calls
-/// it.
-fn rewrite_generation_tags(source: &str) -> std::borrow::Cow<'_, str> {
-    if !source.contains("generation") {
-        return std::borrow::Cow::Borrowed(source);
-    }
-    let mut out = String::with_capacity(source.len());
-    let mut rest = source;
-    let mut changed = false;
-    while let Some(open) = rest.find("{%") {
-        out.push_str(&rest[..open]);
-        let tag = &rest[open..];
-        let Some(close) = tag.find("%}") else {
-            out.push_str(tag);
-            rest = "";
-            break;
-        };
-        let inner = &tag[2..close];
-        let (left, body) = match inner.strip_prefix(['-', '+']) {
-            Some(body) => (&inner[..1], body),
-            None => ("", inner),
-        };
-        let (body, right) = match body.strip_suffix(['-', '+']) {
-            Some(body) => (body, &inner[inner.len() - 1..]),
-            None => (body, ""),
-        };
-        let replacement = match body.trim() {
-            "generation" => Some("if true"),
-            "endgeneration" => Some("endif"),
-            _ => None,
-        };
-        match replacement {
-            Some(statement) => {
-                out.push_str("{%");
-                out.push_str(left);
-                out.push(' ');
-                out.push_str(statement);
-                out.push(' ');
-                out.push_str(right);
-                out.push_str("%}");
-                changed = true;
-            }
-            None => out.push_str(&tag[..close + 2]),
-        }
-        rest = &tag[close + 2..];
-    }
-    out.push_str(rest);
-    if changed {
-        std::borrow::Cow::Owned(out)
-    } else {
-        std::borrow::Cow::Borrowed(source)
-    }
 }
 
 struct CappedWriter {

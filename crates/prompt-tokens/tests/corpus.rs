@@ -115,6 +115,20 @@ fn every_real_template_renders_as_the_reference_renders_it() {
                     let ours = template.render(request);
                     if show.contains(&case) {
                         eprintln!("== {case}\n-- ours:\n{ours:?}\n-- reference:\n{want}");
+                        if let (Ok(text), Some(want)) = (&ours, want_text) {
+                            let at = text
+                                .bytes()
+                                .zip(want.bytes())
+                                .take_while(|(a, b)| a == b)
+                                .count();
+                            let from = text.floor_char_boundary(at.saturating_sub(80));
+                            eprintln!(
+                                "-- first difference at byte {at}:\n   ours {:?}\n   want {:?}",
+                                &text[from..text.ceil_char_boundary((at + 80).min(text.len()))],
+                                &want[want.floor_char_boundary(from)
+                                    ..want.ceil_char_boundary((at + 80).min(want.len()))],
+                            );
+                        }
                     }
                     if let Some(direct) = template.render_direct(request) {
                         direct_answered += 1;

@@ -25,10 +25,6 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = [
     ),
     ("sem_div_zero", "minijinja's 1/0 is inf; Python raises"),
     (
-        "sem_for_over_none",
-        "minijinja loops over None as over nothing; Python raises",
-    ),
-    (
         "sem_percent_format",
         "minijinja has no '%' string formatting",
     ),
