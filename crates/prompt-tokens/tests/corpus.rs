@@ -19,7 +19,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use prompt_tokens::{ChatRequest, ChatTemplate, FixedClock, RenderLimits, SpecialTokens};
+use prompt_tokens::{
+    ChatRequest, ChatTemplate, FixedClock, PromptTokenizer, RenderLimits, SpecialTokens,
+    TokenizerOptions,
+};
 use serde_json::Value;
 
 fn read(path: &Path) -> String {
@@ -50,19 +53,26 @@ enum Outcome {
     TemplateRefused,
 }
 
-#[test]
-#[ignore = "needs the corpus: run scripts/template-corpus"]
-fn every_real_template_renders_as_the_reference_renders_it() {
+/// The corpus directory, its reference renders, the known differences and
+/// the requests.
+struct Corpus {
+    dir: PathBuf,
+    reference: Value,
+    known: BTreeSet<String>,
+    requests: BTreeMap<String, ChatRequest>,
+}
+
+fn corpus() -> Corpus {
     let dir = PathBuf::from(std::env::var("TEMPLATE_CORPUS").expect("TEMPLATE_CORPUS is set"));
     let reference: Value = serde_json::from_str(&read(&dir.join("expected.json"))).unwrap();
-    let known: BTreeSet<String> =
+    let known =
         read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/known-differences.txt"))
             .lines()
             .map(str::trim)
             .filter(|line| !line.is_empty() && !line.starts_with('#'))
             .map(str::to_owned)
             .collect();
-    let requests: BTreeMap<String, ChatRequest> = reference["requests"]
+    let requests = reference["requests"]
         .as_object()
         .expect("requests")
         .iter()
@@ -73,6 +83,23 @@ fn every_real_template_renders_as_the_reference_renders_it() {
             (name.clone(), request)
         })
         .collect();
+    Corpus {
+        dir,
+        reference,
+        known,
+        requests,
+    }
+}
+
+#[test]
+#[ignore = "needs the corpus: run scripts/template-corpus"]
+fn every_real_template_renders_as_the_reference_renders_it() {
+    let Corpus {
+        dir,
+        reference,
+        known,
+        requests,
+    } = corpus();
     let tokens = special_tokens(&reference);
     let mut templates: Vec<PathBuf> = std::fs::read_dir(dir.join("templates"))
         .expect("templates")
@@ -165,6 +192,85 @@ fn every_real_template_renders_as_the_reference_renders_it() {
     assert!(
         direct_disagree.is_empty(),
         "the direct renderer disagrees: {direct_disagree:?}"
+    );
+    assert!(
+        now_agreeing.is_empty(),
+        "now agree with the reference, take them off known-differences.txt:\n{}",
+        now_agreeing.join("\n")
+    );
+    assert!(
+        unexpected.is_empty(),
+        "{} cases differ that known-differences.txt does not list:\n{}",
+        unexpected.len(),
+        unexpected.join("\n")
+    );
+}
+
+#[test]
+#[ignore = "needs the corpus: run scripts/template-corpus"]
+fn every_real_model_renders_and_tokenizes_as_the_reference() {
+    let Corpus {
+        dir,
+        reference,
+        known,
+        requests,
+    } = corpus();
+    let models = reference["models"].as_object().expect("models");
+    assert!(models.len() >= 8, "{} models", models.len());
+    let chatml = dir.join("chatml.jinja");
+    std::fs::write(&chatml, reference["chatml"].as_str().expect("chatml")).unwrap();
+    let (mut cases, mut text_differs, mut ids_differ, mut refusals_differ) = (0, 0, 0, 0);
+    let mut tokens = 0;
+    let mut unexpected = Vec::new();
+    let mut now_agreeing = Vec::new();
+    for (model, expected) in models {
+        let own = expected["own_template"].as_bool().expect("own_template");
+        let mut options = TokenizerOptions::default();
+        options.clock = Arc::new(FixedClock(0));
+        let tokenizer = PromptTokenizer::from_path_with(
+            &dir.join("models").join(model),
+            (!own).then_some(chatml.as_path()),
+            options,
+        )
+        .unwrap_or_else(|e| panic!("{model}: {e}"));
+        for (name, request) in &requests {
+            cases += 1;
+            let case = format!("model:{model}/{name}");
+            let want = &expected["cases"][name.as_str()];
+            let text = tokenizer.chat_text(request);
+            let agrees = match (&text, want.get("text").and_then(Value::as_str)) {
+                (Ok(text), Some(want_text)) if text != want_text => {
+                    text_differs += 1;
+                    false
+                }
+                (Ok(_), Some(_)) => {
+                    let ids = tokenizer
+                        .chat_tokens(request)
+                        .unwrap_or_else(|e| panic!("{case}: rendered, then {e}"));
+                    let want_ids: Vec<u32> = serde_json::from_value(want["ids"].clone()).unwrap();
+                    tokens += want_ids.len();
+                    if ids != want_ids {
+                        ids_differ += 1;
+                    }
+                    ids == want_ids
+                }
+                (Err(_), None) => true,
+                _ => {
+                    refusals_differ += 1;
+                    false
+                }
+            };
+            match (agrees, known.contains(&case)) {
+                (false, false) => unexpected.push(case),
+                (true, true) => now_agreeing.push(case),
+                _ => {}
+            }
+        }
+    }
+    eprintln!(
+        "models: {} models, {cases} cases, {tokens} tokens compared; {text_differs} texts, \
+         {ids_differ} token sequences and {refusals_differ} refusals differ",
+        models.len()
     );
     assert!(
         now_agreeing.is_empty(),

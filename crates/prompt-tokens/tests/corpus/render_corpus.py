@@ -2,7 +2,13 @@
 a corpus directory through Python's reference renderer, the way vLLM calls
 it, and writes the renders as JSON for `tests/corpus.rs` to compare.
 
-    render_corpus.py TEMPLATE_DIR OUT.json
+    render_corpus.py TEMPLATE_DIR MODEL_DIR OUT.json
+
+MODEL_DIR holds one directory per model with its `tokenizer.json` and
+`tokenizer_config.json`: each model's own template (ChatML when its config
+has none) is rendered with its own special tokens, and the text is
+tokenized with the `tokenizers` library as vLLM's chat path does
+(`add_special_tokens=False`).
 
 The reference and vLLM's request preprocessing (tool normalisation, `None`
 for absent tools and documents) are `../reference/render_reference.py`'s;
@@ -23,6 +29,7 @@ sys.path.insert(0, str(HERE.parent / "reference"))
 import jinja2  # noqa: E402
 import jinja2.ext  # noqa: E402
 import pydantic  # noqa: E402
+import tokenizers  # noqa: E402
 import transformers  # noqa: E402
 from transformers.utils import chat_template_utils  # noqa: E402
 from transformers.utils.chat_template_utils import render_jinja_template  # noqa: E402
@@ -143,7 +150,45 @@ def vllm_messages(messages, fmt):
     return out
 
 
-def render(template, conversation):
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
+    "+ '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def token_text(value):
+    """A special token as tokenizer_config.json gives it (a string or an
+    AddedToken object)."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def model_cases(model_dir, conversations):
+    """Every conversation rendered with the model's own template and
+    special tokens (those its config sets, as transformers passes its
+    `special_tokens_map`), with the token ids of each rendering."""
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        template = next(t["template"] for t in template if t.get("name") == "default")
+    template = template or CHATML
+    special = {}
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        text = token_text(config.get(key))
+        if text is not None:
+            special[key] = text
+    tokenizer = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    cases = {}
+    for conversation in conversations:
+        case = render(template, conversation, special)
+        if "text" in case:
+            case["ids"] = tokenizer.encode(case["text"], add_special_tokens=False).ids
+        cases[conversation["name"]] = case
+    return {"own_template": bool(config.get("chat_template")), "cases": cases}
+
+
+def render(template, conversation, special=SPECIAL_TOKENS):
     try:
         messages = vllm_messages(conversation["messages"], content_format(template))
         rendered, _ = render_jinja_template(
@@ -153,7 +198,7 @@ def render(template, conversation):
             documents=conversation.get("documents"),
             add_generation_prompt=conversation.get("add_generation_prompt", False),
             continue_final_message=conversation.get("continue_final_message", False),
-            **SPECIAL_TOKENS,
+            **special,
         )
         return {"text": rendered[0]}
     except Exception as error:  # any refusal counts as one
@@ -172,7 +217,7 @@ def request_body(conversation):
 
 
 def main():
-    template_dir, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    template_dir, model_dir, out = (pathlib.Path(arg) for arg in sys.argv[1:4])
     conversations = json.loads((HERE / "conversations.json").read_text())
     templates = sorted(template_dir.glob("*.jinja"))
     cases = {}
@@ -180,6 +225,11 @@ def main():
         source = path.read_text()
         for conversation in conversations:
             cases[f"{path.stem}/{conversation['name']}"] = render(source, conversation)
+    models = {
+        path.name: model_cases(path, conversations)
+        for path in sorted(model_dir.iterdir())
+        if (path / "tokenizer.json").is_file()
+    }
     result = {
         "reference": {
             "transformers": transformers.__version__,
@@ -189,10 +239,15 @@ def main():
         "special_tokens": SPECIAL_TOKENS,
         "requests": {c["name"]: request_body(c) for c in conversations},
         "cases": cases,
+        "chatml": CHATML,
+        "models": models,
     }
     out.write_text(json.dumps(result, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
     errors = sum(1 for case in cases.values() if "error" in case)
-    print(f"reference: {len(templates)} templates, {len(cases)} renders, {errors} refused")
+    print(
+        f"reference: {len(templates)} templates, {len(cases)} renders, {errors} refused; "
+        f"{len(models)} models, tokenizers {tokenizers.__version__}"
+    )
 
 
 if __name__ == "__main__":
