@@ -225,8 +225,10 @@ fn every_real_model_renders_and_tokenizes_as_the_reference() {
     let mut now_agreeing = Vec::new();
     for (model, expected) in models {
         let own = expected["own_template"].as_bool().expect("own_template");
-        let mut options = TokenizerOptions::default();
-        options.clock = Arc::new(FixedClock(0));
+        let options = TokenizerOptions {
+            clock: Arc::new(FixedClock(0)),
+            ..TokenizerOptions::default()
+        };
         let tokenizer = PromptTokenizer::from_path_with(
             &dir.join("models").join(model),
             (!own).then_some(chatml.as_path()),
