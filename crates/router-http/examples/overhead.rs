@@ -100,8 +100,22 @@ fn main() {
         None | Some("o200k") => Vocab::O200k,
         Some("o200k-tokenizers") => Vocab::O200kTokenizers,
         Some("trained") => Vocab::Trained,
+        Some("model") => {
+            let value = |flag: &str| {
+                args.iter()
+                    .position(|a| a == flag)
+                    .and_then(|i| args.get(i + 1))
+                    .map(std::path::PathBuf::from)
+            };
+            let Some(dir) = value("--model-dir") else {
+                eprintln!("--vocab model needs --model-dir DIR");
+                std::process::exit(2);
+            };
+            let _ = MODEL.set((dir, value("--chat-template")));
+            Vocab::Model
+        }
         Some(other) => {
-            eprintln!("--vocab {other}: expected o200k, o200k-tokenizers or trained");
+            eprintln!("--vocab {other}: expected o200k, o200k-tokenizers, trained or model");
             std::process::exit(2);
         }
     };
@@ -217,7 +231,22 @@ fn main() {
         // text, the baseline of what tokenizing adds. `direct_rps` is these
         // bodies sent straight to the upstream.
         let mut tokenized = serde_json::Map::new();
-        tokenized.insert("vocab".into(), vocab.describe().into());
+        let described = match (vocab, MODEL.get()) {
+            (Vocab::Model, Some((dir, template))) => format!(
+                "model {} with {}",
+                dir.display(),
+                template
+                    .as_ref()
+                    .map_or("its own template".to_owned(), |t| t.display().to_string())
+            ),
+            _ => match chat_template_arg() {
+                Some(template) => {
+                    format!("{} replaced by {}", vocab.describe(), template.display())
+                }
+                None => vocab.describe().to_owned(),
+            },
+        };
+        tokenized.insert("vocab".into(), described.into());
         let sample = make_chat_bodies(case, 1);
         let sample: serde_json::Value = serde_json::from_slice(&sample[0]).expect("body");
         tokenized.insert("body_bytes".into(), sample.to_string().len().into());
@@ -431,7 +460,22 @@ enum Vocab {
     O200kTokenizers,
     /// A small BPE trained at startup and the Llama 3 template.
     Trained,
+    /// A real model directory ([`MODEL`]).
+    Model,
 }
+
+/// `--chat-template FILE`, for `--vocab o200k` and `--vocab model`.
+fn chat_template_arg() -> Option<std::path::PathBuf> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--chat-template")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from)
+}
+
+/// `--model-dir` and `--chat-template` of `--vocab model`.
+static MODEL: std::sync::OnceLock<(std::path::PathBuf, Option<std::path::PathBuf>)> =
+    std::sync::OnceLock::new();
 
 impl Vocab {
     fn describe(self) -> &'static str {
@@ -441,6 +485,7 @@ impl Vocab {
                 "o200k_base as tokenizer.json (tokenizers pipeline), harmony template"
             }
             Vocab::Trained => "trained 600-token byte-level BPE, Llama 3 template",
+            Vocab::Model => "a model directory (--model-dir, --chat-template)",
         }
     }
 }
@@ -470,8 +515,14 @@ fn tokenizer(tokens: Tokens, vocab: Vocab) -> Arc<prompt_tokens::PromptTokenizer
     };
     let tokenizer = match vocab {
         Vocab::O200k => {
+            // `--chat-template FILE` replaces the harmony template written
+            // for prompt-tokens (gpt-oss's own, for instance).
+            let template = chat_template_arg().map_or_else(
+                || prompt_tokens::templates::HARMONY.to_owned(),
+                |path| std::fs::read_to_string(path).expect("--chat-template"),
+            );
             let config = prompt_tokens::TokenizerConfig {
-                chat_template: Some(prompt_tokens::templates::HARMONY.to_owned()),
+                chat_template: Some(template),
                 ..prompt_tokens::TokenizerConfig::default()
             };
             prompt_tokens::PromptTokenizer::from_tiktoken(o200k_text(), config, options)
@@ -502,6 +553,11 @@ fn tokenizer(tokens: Tokens, vocab: Vocab) -> Arc<prompt_tokens::PromptTokenizer
                 .expect("tokenizer");
             let _ = std::fs::remove_dir_all(&dir);
             tokenizer
+        }
+        Vocab::Model => {
+            let (dir, template) = MODEL.get().expect("--model-dir");
+            prompt_tokens::PromptTokenizer::from_path_with(dir, template.as_deref(), options)
+                .expect("the model directory")
         }
     };
     Arc::new(tokenizer)
