@@ -32,6 +32,10 @@ impl Router {
         B::Error: Into<BoxError>,
     {
         let shared = &self.shared;
+        // Spans of the decision and the attempts, under the server span
+        // (`Router::handle`), only when this request is traced.
+        #[cfg(feature = "otel")]
+        let traced = shared.config.trace.traces(request.uri().path());
         if !self.is_accepting() {
             return Err(ApiError::ShuttingDown);
         }
@@ -71,6 +75,10 @@ impl Router {
         let model = info.model.unwrap_or_default();
         let routing = info.routing;
         let request_id = shared.ids.resolve(&parts.headers);
+        #[cfg(feature = "otel")]
+        if traced {
+            crate::otel::record_request(&model, &request_id.value);
+        }
 
         let session = parts
             .headers
@@ -132,7 +140,28 @@ impl Router {
                 candidates.clone()
             };
             pool.require_available(&pick)?;
-            let reserved = pool.choose_reserved(&pick, &context)?;
+            #[cfg(feature = "otel")]
+            let decision = traced.then(|| {
+                let policy = pool.policies().policy(&request.model).ok();
+                let name = policy.as_deref().map_or("", lb_policies::PolicyState::name);
+                crate::otel::decision_span(name, pick.workers().len())
+            });
+            let reserved = pool.choose_reserved(&pick, &context);
+            #[cfg(feature = "otel")]
+            if let Some(span) = &decision {
+                match &reserved {
+                    Ok(reserved) => crate::otel::record_decision(
+                        span,
+                        reserved.reason.as_str(),
+                        reserved.match_permille,
+                        reserved.guard.worker().url(),
+                    ),
+                    Err(err) => crate::otel::record_no_decision(span, err),
+                }
+            }
+            #[cfg(feature = "otel")]
+            drop(decision);
+            let reserved = reserved?;
             if let Some(permille) = reserved.match_permille {
                 shared
                     .metrics
@@ -141,7 +170,20 @@ impl Router {
             }
             let guard = reserved.guard;
             let worker = Arc::clone(guard.worker());
+            #[cfg(feature = "otel")]
+            let attempt = traced.then(|| {
+                let resend = u32::try_from(failed.len()).unwrap_or(u32::MAX);
+                crate::otel::attempt_span(&parts.method, worker.url(), resend)
+            });
             let upstream = match build_upstream(&parts, &worker, &bytes, &request_id, shared) {
+                #[cfg(feature = "otel")]
+                Ok(mut upstream) => {
+                    if let Some(span) = &attempt {
+                        crate::otel::inject(span, upstream.headers_mut());
+                    }
+                    upstream
+                }
+                #[cfg(not(feature = "otel"))]
                 Ok(upstream) => upstream,
                 Err(err) => {
                     // The router's own failure: nothing reached the worker.
@@ -149,7 +191,23 @@ impl Router {
                     return Err(err);
                 }
             };
-            match shared.client.send_before(upstream, Some(deadline)).await {
+            let sent = shared.client.send_before(upstream, Some(deadline));
+            #[cfg(feature = "otel")]
+            let sent = {
+                use tracing::Instrument as _;
+                sent.instrument(attempt.clone().unwrap_or_else(tracing::Span::none))
+            };
+            let sent = sent.await;
+            #[cfg(feature = "otel")]
+            if let Some(span) = &attempt {
+                match &sent {
+                    Ok(response) => {
+                        crate::otel::record_attempt_status(span, response.status().as_u16())
+                    }
+                    Err(err) => crate::otel::record_attempt_error(span, err),
+                }
+            }
+            match sent {
                 Err(UpstreamError::Deadline) => {
                     // The worker had the request and did not answer in time.
                     guard.record_outcome(Outcome::Timeout);
@@ -178,6 +236,13 @@ impl Router {
                         .then(|| self.grant_retry(&mut retries, deadline))
                         .flatten()
                     {
+                        #[cfg(feature = "otel")]
+                        if let Some(span) = &attempt {
+                            crate::otel::record_retry(span, &err);
+                        }
+                        // The attempt's span ends before the backoff.
+                        #[cfg(feature = "otel")]
+                        drop(attempt);
                         failed.push(worker);
                         self.back_off(backoff, deadline).await?;
                         continue;
@@ -199,6 +264,12 @@ impl Router {
                         .flatten()
                     {
                         guard.record_outcome(Outcome::from_status(status));
+                        #[cfg(feature = "otel")]
+                        if let Some(span) = &attempt {
+                            crate::otel::record_retry(span, &format_args!("status {status}"));
+                        }
+                        #[cfg(feature = "otel")]
+                        drop(attempt);
                         // This attempt ends here: its unread body and its
                         // guard are dropped together.
                         drop(response);
