@@ -98,6 +98,9 @@ async fn receiver() -> (SocketAddr, Received) {
 struct Pipeline {
     tracing: Tracing,
     received: Received,
+    /// Runs the receiver and the export requests for the process's
+    /// lifetime (tests end with the process).
+    _runtime: tokio::runtime::Runtime,
 }
 
 static PIPELINE: OnceLock<Pipeline> = OnceLock::new();
@@ -126,9 +129,11 @@ fn start_pipeline() -> Pipeline {
         let tracing = Tracing::start(&config, runtime.handle().clone()).unwrap();
         let subscriber = tracing_subscriber::registry().with(tracing.layer());
         tracing::subscriber::set_global_default(subscriber).unwrap();
-        // Kept for the process's lifetime (tests end with the process).
-        std::mem::forget(runtime);
-        Pipeline { tracing, received }
+        Pipeline {
+            tracing,
+            received,
+            _runtime: runtime,
+        }
     }
 }
 
@@ -198,10 +203,12 @@ fn unhex(text: &str) -> Vec<u8> {
 }
 
 fn traced_config() -> RouterConfig {
-    let mut config = RouterConfig::default();
-    config.trace = TraceConfig {
-        enabled: true,
-        excluded_paths: vec!["/health".into()],
+    let mut config = RouterConfig {
+        trace: TraceConfig {
+            enabled: true,
+            excluded_paths: vec!["/health".into()],
+        },
+        ..RouterConfig::default()
     };
     config.retry.initial_backoff = Duration::from_millis(5);
     config
