@@ -35,7 +35,6 @@
 //! queue is full, spans are dropped; a slow or absent collector costs the
 //! export thread its timeout ([`ExportConfig::timeout`]), never a request.
 
-use crate::config::RouterConfig;
 use crate::routes::Route;
 use bytes::Bytes;
 use http::HeaderMap;
@@ -60,7 +59,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 /// filter, so that logs look as they do with tracing off).
 pub const TARGET: &str = "router_http::otel";
 
-/// Which requests get spans ([`RouterConfig::trace`]).
+/// Which requests get spans ([`RouterConfig::trace`](crate::RouterConfig::trace)).
 #[derive(Debug, Clone, Default)]
 pub struct TraceConfig {
     /// Build spans on the request path (default `false`: no span work at
@@ -298,9 +297,9 @@ impl HttpClient for ExportClient {
 
 /// The server span of a request, or `None` when it is not traced (tracing
 /// off, or an excluded path). Continues the request's `traceparent`.
-pub(crate) fn server_span<B>(config: &RouterConfig, request: &http::Request<B>) -> Option<Span> {
+pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) -> Option<Span> {
     let path = request.uri().path();
-    if !config.trace.traces(path) {
+    if !trace.traces(path) {
         return None;
     }
     let method = request.method().as_str();

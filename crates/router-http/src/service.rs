@@ -23,7 +23,7 @@ impl Router {
         B::Error: Into<BoxError>,
     {
         #[cfg(feature = "otel")]
-        if let Some(span) = crate::otel::server_span(self.config(), &request) {
+        if let Some(span) = crate::otel::server_span(&self.config().trace, &request) {
             return self.handle_traced(request, span).await;
         }
         self.handle_untraced(request).await
