@@ -18,7 +18,9 @@
 //! An incoming W3C `traceparent` (and `tracestate`) becomes the server
 //! span's parent; each attempt's request to a worker carries a
 //! `traceparent` naming that attempt's span, so an engine that traces
-//! (vLLM with `--otlp-traces-endpoint`) joins the same trace.
+//! (vLLM with `--otlp-traces-endpoint`) joins the same trace. A
+//! prefill/decode request has the server span only (no phase spans yet);
+//! both of its legs carry the server span's context.
 //!
 //! # Off means free
 //!

@@ -422,3 +422,71 @@ async fn a_hanging_collector_does_not_slow_requests() {
         stopping.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_legs_of_a_prefill_decode_request_carry_the_server_spans_context() {
+    use engine_sim::{Role, TransferRegistry};
+    use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router};
+    pipeline();
+    let connector = PdConnector::Nixl;
+    let (kv, mode) = fleet_sim::for_deployment(connector).unwrap();
+    let registry = TransferRegistry::new();
+    let mut engines = Vec::new();
+    for role in [Role::Prefill, Role::Decode] {
+        let config = EngineConfig {
+            role,
+            kv_connector: kv,
+            moriio_mode: mode,
+            ..EngineConfig::instant()
+        };
+        let options = engine_sim::ServeOptions {
+            registry: Some(registry.clone()),
+            ..engine_sim::ServeOptions::default()
+        };
+        engines.push(engine_sim::spawn(config, options).await.unwrap());
+    }
+    let mut pd = PdConfig::new(connector);
+    pd.prefill = vec![PdWorkerConfig::new(engines[0].url())];
+    pd.decode = vec![PdWorkerConfig::new(engines[1].url())];
+    let config = RouterConfig {
+        pd: Some(pd),
+        ..traced_config()
+    };
+    let router = Router::start(config).await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        router
+            .serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+
+    let trace_id = "d4cda95b652f4a1592b449d5929fda1b";
+    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+    let (status, _, body) = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("traceparent", &traceparent),
+        ],
+        chat_body("prefill then decode", false),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+    let spans = spans_of(&unhex(trace_id), 1).await;
+    let server_span = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .expect("the server span");
+    assert_eq!(hex(&server_span.parent_span_id), PARENT_SPAN);
+    let expected = format!("00-{trace_id}-{}-01", hex(&server_span.span_id));
+    assert_eq!(engines[0].traceparents(), vec![expected.clone()], "prefill");
+    assert_eq!(engines[1].traceparents(), vec![expected], "decode");
+    let _ = stop.send(());
+    let _ = server.await;
+}

@@ -106,6 +106,8 @@ impl Router {
                 request,
                 client_id: request_id.value.clone(),
                 deadline,
+                #[cfg(feature = "otel")]
+                traced,
             };
             let timeout = shared.config.request_timeout;
             let response = crate::pd::proxy(pd, arrival, retries, &shared.metrics, timeout).await?;
