@@ -490,3 +490,67 @@ async fn both_legs_of_a_prefill_decode_request_carry_the_server_spans_context() 
     let _ = stop.send(());
     let _ = server.await;
 }
+
+/// Counts the spans the router builds (its own targets), whoever listens.
+#[derive(Clone, Default)]
+struct SpanCounter(Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SpanCounter {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _id: &tracing::span::Id,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().target().starts_with("router_http") {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Off means free: a router with tracing off (or an excluded path) builds
+/// no span at all, even with a subscriber that would take every span.
+/// A test runtime on this thread, so that the thread-local subscriber sees
+/// everything the router does.
+#[tokio::test(flavor = "current_thread")]
+async fn with_tracing_off_the_request_path_builds_no_span() {
+    let counter = SpanCounter::default();
+    let subscriber = tracing_subscriber::registry().with(counter.clone());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let spans = || counter.0.load(std::sync::atomic::Ordering::Relaxed);
+    let traceparent = format!("00-0123456789abcdef0123456789abcdef-{PARENT_SPAN}-01");
+    let headers = [
+        ("content-type", "application/json"),
+        ("traceparent", traceparent.as_str()),
+    ];
+
+    let off = Fixture::start(RouterConfig::default(), vec![EngineConfig::default()]).await;
+    for stream in [false, true] {
+        let (status, _, _) = call(
+            off.addr,
+            "POST",
+            "/v1/chat/completions",
+            &headers,
+            chat_body("off", stream),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(spans(), 0);
+
+    let on = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
+    let (status, _, _) = call(on.addr, "GET", "/health", &headers, "").await;
+    assert_eq!(status, 200);
+    assert_eq!(spans(), 0, "an excluded path");
+    // The control: the same subscriber sees a traced request's spans.
+    let (status, _, _) = call(
+        on.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        chat_body("on", false),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(spans(), 3, "server, decision, attempt");
+}

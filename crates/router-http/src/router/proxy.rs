@@ -195,10 +195,11 @@ impl Router {
             };
             let sent = shared.client.send_before(upstream, Some(deadline));
             #[cfg(feature = "otel")]
-            let sent = {
-                use tracing::Instrument as _;
-                sent.instrument(attempt.clone().unwrap_or_else(tracing::Span::none))
+            let sent = match &attempt {
+                Some(span) => tracing::Instrument::instrument(sent, span.clone()).await,
+                None => sent.await,
             };
+            #[cfg(not(feature = "otel"))]
             let sent = sent.await;
             #[cfg(feature = "otel")]
             if let Some(span) = &attempt {
