@@ -417,6 +417,18 @@ pub(crate) fn inject(span: &Span, headers: &mut HeaderMap) {
     }
 }
 
+/// `request` with `span`'s context in its headers (see [`inject`]), when
+/// there is a span.
+pub(crate) fn with_context<B>(
+    span: Option<&Span>,
+    mut request: http::Request<B>,
+) -> http::Request<B> {
+    if let Some(span) = span {
+        inject(span, request.headers_mut());
+    }
+    request
+}
+
 /// Records the worker's status on an attempt span (5xx is an error).
 /// Integers are recorded as `i64`: `tracing-opentelemetry` exports
 /// unsigned ones as strings.

@@ -178,14 +178,6 @@ impl Router {
                 crate::otel::attempt_span(&parts.method, worker.url(), resend)
             });
             let upstream = match build_upstream(&parts, &worker, &bytes, &request_id, shared) {
-                #[cfg(feature = "otel")]
-                Ok(mut upstream) => {
-                    if let Some(span) = &attempt {
-                        crate::otel::inject(span, upstream.headers_mut());
-                    }
-                    upstream
-                }
-                #[cfg(not(feature = "otel"))]
                 Ok(upstream) => upstream,
                 Err(err) => {
                     // The router's own failure: nothing reached the worker.
@@ -193,6 +185,9 @@ impl Router {
                     return Err(err);
                 }
             };
+            // The worker continues the attempt's trace.
+            #[cfg(feature = "otel")]
+            let upstream = crate::otel::with_context(attempt.as_ref(), upstream);
             let sent = shared.client.send_before(upstream, Some(deadline));
             #[cfg(feature = "otel")]
             let sent = match &attempt {
