@@ -7,10 +7,13 @@
 //!
 //! ```text
 //! POST /v1/chat/completions        server span (ends with the response body)
+//! ├── admission                    the concurrency queue
+//! ├── read body                    the client's body
+//! ├── extract                      the body's parse and tokenization
 //! ├── route                        the routing decision (one per attempt)
-//! ├── attempt                      one upstream request (client span)
+//! ├── POST http://worker           one upstream attempt (client span)
 //! ├── route                        after a retryable failure, again...
-//! └── attempt                      ...with its own traceparent to the worker
+//! └── POST http://worker           ...with its own traceparent to the worker
 //! ```
 //!
 //! # Context in and out
@@ -339,6 +342,58 @@ pub(crate) fn record_response(span: &Span, status: http::StatusCode) {
     span.record("http.response.status_code", i64::from(status.as_u16()));
     if status.is_server_error() {
         span.record("otel.status_code", "ERROR");
+    }
+}
+
+/// Runs `future` inside an internal span named `name` (a phase of the
+/// request before routing: `admission`, `read body`) when `traced`.
+pub(crate) async fn phase<F: std::future::Future>(
+    traced: bool,
+    name: &'static str,
+    future: F,
+) -> F::Output {
+    if traced {
+        let span = tracing::info_span!(target: TARGET, "phase", otel.name = name);
+        tracing::Instrument::instrument(future, span).await
+    } else {
+        future.await
+    }
+}
+
+/// The span of the body's extraction: one parse of the JSON, and for a
+/// model with a tokenizer its chat template and tokenization.
+pub(crate) fn extract_span() -> Span {
+    tracing::info_span!(
+        target: TARGET,
+        "extract",
+        router.routing_input = tracing::field::Empty,
+        router.routing_tokens = tracing::field::Empty,
+        router.routing_chars = tracing::field::Empty,
+    )
+}
+
+/// Records what the extraction gave the policies: token ids (how many),
+/// text (how long) or nothing.
+pub(crate) fn record_routing_input(span: &Span, input: &lb_policies::RoutingInputBuf) {
+    use lb_policies::RoutingInputBuf;
+    match input {
+        RoutingInputBuf::Tokens(ids) => {
+            span.record("router.routing_input", "tokens");
+            span.record(
+                "router.routing_tokens",
+                i64::try_from(ids.len()).unwrap_or(i64::MAX),
+            );
+        }
+        RoutingInputBuf::Text(text) => {
+            span.record("router.routing_input", "text");
+            span.record(
+                "router.routing_chars",
+                i64::try_from(text.chars().count()).unwrap_or(i64::MAX),
+            );
+        }
+        RoutingInputBuf::None => {
+            span.record("router.routing_input", "none");
+        }
     }
 }
 

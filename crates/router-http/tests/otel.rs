@@ -249,9 +249,9 @@ async fn a_streamed_chat_with_one_retry_is_one_trace_continued_into_the_engine()
     assert_eq!(status, 200, "{body:?}");
     assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
 
-    let spans = spans_of(&unhex(trace_id), 5).await;
+    let spans = spans_of(&unhex(trace_id), 8).await;
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(spans.len(), 5, "{names:?}");
+    assert_eq!(spans.len(), 8, "{names:?}");
 
     // The server span continues the client's trace under its span.
     let server: Vec<&Span> = spans
@@ -268,6 +268,23 @@ async fn a_streamed_chat_with_one_retry_is_one_trace_continued_into_the_engine()
     assert_eq!(str_attr(server, "gen_ai.request.model"), "sim-model");
     assert_eq!(str_attr(server, "request.id"), "trace-test-1");
     assert_eq!(server.trace_state, "vendor=abc");
+
+    // The phases before routing, children of the server span, in order.
+    let phase = |name: &str| -> &Span {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span in {names:?}"))
+    };
+    let (admission, read, extract) = (phase("admission"), phase("read body"), phase("extract"));
+    for span in [admission, read, extract] {
+        assert_eq!(span.parent_span_id, server.span_id, "{}", span.name);
+        assert_eq!(span.kind, SpanKind::Internal as i32);
+    }
+    assert!(admission.end_time_unix_nano <= read.start_time_unix_nano);
+    assert!(read.end_time_unix_nano <= extract.start_time_unix_nano);
+    assert_eq!(str_attr(extract, "router.routing_input"), "text");
+    assert!(int_attr(extract, "router.routing_chars") > 0);
 
     // Two decisions and two attempts, all children of the server span.
     let children = |keep: &dyn Fn(&Span) -> bool| -> Vec<&Span> {
@@ -358,13 +375,13 @@ async fn excluded_paths_and_a_router_with_tracing_off_make_no_span() {
     )
     .await;
     assert_eq!(status, 200);
-    let spans = spans_of(&unhex(trace_id), 3).await;
+    let spans = spans_of(&unhex(trace_id), 6).await;
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names.len(), 3, "{names:?}");
+    assert_eq!(names.len(), 6, "{names:?}");
     assert!(names.contains(&"POST /v1/chat/completions"), "{names:?}");
     // Nothing else comes later either.
-    let later = spans_within(&unhex(trace_id), 4, Duration::from_millis(500)).await;
-    assert_eq!(later.len(), 3);
+    let later = spans_within(&unhex(trace_id), 7, Duration::from_millis(500)).await;
+    assert_eq!(later.len(), 6);
 }
 
 /// A test runtime on this thread only, so that a thread-local subscriber
@@ -552,5 +569,9 @@ async fn with_tracing_off_the_request_path_builds_no_span() {
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(spans(), 3, "server, decision, attempt");
+    assert_eq!(
+        spans(),
+        6,
+        "server, admission, read body, extract, decision, attempt"
+    );
 }

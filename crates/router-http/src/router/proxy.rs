@@ -47,21 +47,27 @@ impl Router {
         // The whole-request deadline bounds every phase: the queue, the
         // client's body, connect and the worker's response head (below),
         // and the response body (in the body wrapper).
-        let permit = tokio::time::timeout_at(deadline, shared.limiter.admit())
-            .await
-            .map_err(|_elapsed| ApiError::RequestTimeout {
-                phase: "waiting for admission",
-                timeout,
-            })??;
+        let admit = tokio::time::timeout_at(deadline, shared.limiter.admit());
+        #[cfg(feature = "otel")]
+        let admit = crate::otel::phase(traced, "admission", admit);
+        let permit = admit.await.map_err(|_elapsed| ApiError::RequestTimeout {
+            phase: "waiting for admission",
+            timeout,
+        })??;
         let (parts, body) = request.into_parts();
         let body_timeout = shared.config.request_body_timeout.min(timeout);
         let body_deadline = deadline.min(Instant::now() + shared.config.request_body_timeout);
-        let bytes = tokio::time::timeout_at(
+        let read = tokio::time::timeout_at(
             body_deadline,
             crate::payload::read_limited(body, &parts.headers, shared.config.max_payload_size),
-        )
-        .await
-        .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
+        );
+        #[cfg(feature = "otel")]
+        let read = crate::otel::phase(traced, "read body", read);
+        let bytes = read
+            .await
+            .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
+        #[cfg(feature = "otel")]
+        let extract_span = traced.then(crate::otel::extract_span);
         // Off the runtime for large bodies, bounded by the deadline and
         // cancelled if this future is dropped (the client went away).
         #[cfg(feature = "tokens")]
@@ -72,6 +78,12 @@ impl Router {
             .await?;
         #[cfg(not(feature = "tokens"))]
         let info = crate::extract(kind, &bytes)?;
+        // The extraction's span ends here (it is not entered: the work
+        // may run on the tokenizer pool).
+        #[cfg(feature = "otel")]
+        if let Some(span) = extract_span {
+            crate::otel::record_routing_input(&span, &info.routing);
+        }
         let model = info.model.unwrap_or_default();
         let routing = info.routing;
         let request_id = shared.ids.resolve(&parts.headers);
