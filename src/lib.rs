@@ -39,6 +39,8 @@
 //! - `kubernetes` (on with `cli`): `discovery` with its Kubernetes pod
 //!   discovery (`affinity_router::discovery::kubernetes`, kube-rs; needs
 //!   Rust 1.88), behind the router's `--service-discovery`.
+//! - `otel` (on with `cli`): router-http's OpenTelemetry traces
+//!   (`affinity_router::http::otel`), behind the router's `--enable-trace`.
 #![warn(missing_docs)]
 
 #[cfg(feature = "cli")]

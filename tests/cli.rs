@@ -750,21 +750,74 @@ fn flags_with_no_effect_are_reported_not_refused() {
 }
 
 #[test]
-fn trace_export_flags_are_refused_naming_the_flag() {
-    for args in [
-        &["--enable-trace"][..],
-        &["--otlp-traces-endpoint", "collector:4317"],
-        &["--worker-urls", "http://127.0.0.1:9", "--enable-trace"],
+fn vllm_routers_trace_flags_turn_tracing_on() {
+    let off = settings(&[]).unwrap();
+    assert!(!off.router.trace.enabled);
+    assert!(off.trace_export.is_none());
+
+    let s = settings(&[
+        "--enable-trace",
+        "--otlp-traces-endpoint",
+        "collector:4318",
+        "--otel-sampling-ratio",
+        "0.25",
+        "--otel-excluded-paths",
+        "/health,/metrics",
+        "--otel-excluded-paths",
+        "/liveness",
+    ])
+    .unwrap();
+    assert!(s.ignored.is_empty(), "{:?}", s.ignored);
+    assert!(s.router.trace.enabled);
+    assert_eq!(
+        s.router.trace.excluded_paths,
+        ["/health", "/metrics", "/liveness"]
+    );
+    let export = s.trace_export.unwrap();
+    assert_eq!(export.endpoint, "http://collector:4318/v1/traces");
+    assert_eq!(export.sampling_ratio, 0.25);
+
+    let default = settings(&["--enable-trace"]).unwrap();
+    assert_eq!(
+        default.trace_export.unwrap().endpoint,
+        "http://localhost:4318/v1/traces"
+    );
+
+    // The config file has the same keys as the flags.
+    let file = temp_file(
+        "trace.toml",
+        "enable_trace = true\notlp_traces_endpoint = \"http://c:4318/v1/traces\"\n\
+         otel_sampling_ratio = 0.5\notel_excluded_paths = [\"/metrics\"]\n",
+    );
+    let from_file = settings(&["--config", file.to_str().unwrap()]).unwrap();
+    assert!(from_file.router.trace.enabled);
+    assert_eq!(from_file.router.trace.excluded_paths, ["/metrics"]);
+    let export = from_file.trace_export.unwrap();
+    assert_eq!(export.endpoint, "http://c:4318/v1/traces");
+    assert_eq!(export.sampling_ratio, 0.5);
+    let _ = std::fs::remove_file(file);
+
+    for (args, flag) in [
+        (
+            &["--enable-trace", "--otel-sampling-ratio", "1.5"][..],
+            "--otel-sampling-ratio: ",
+        ),
+        (
+            &["--enable-trace", "--otel-sampling-ratio", "-0.1"],
+            "--otel-sampling-ratio: ",
+        ),
+        (
+            &["--enable-trace", "--otlp-traces-endpoint", "grpc://c:4317"],
+            "--otlp-traces-endpoint: ",
+        ),
+        (
+            &["--enable-trace", "--otel-excluded-paths", "health"],
+            "--otel-excluded-paths: ",
+        ),
     ] {
         let err = settings(args).unwrap_err();
         let message = err.to_string();
-        let flag = if args.contains(&"--enable-trace") {
-            "--enable-trace: "
-        } else {
-            "--otlp-traces-endpoint: "
-        };
         assert!(message.starts_with(flag), "{args:?}: {message}");
-        assert!(message.contains("not built into"), "{message}");
         assert_eq!(err.exit_code(), 2);
     }
 }

@@ -591,3 +591,157 @@ fn two_router_processes_on_cache_aware_alone_lose_sessions() {
         "the replicas' trees are private, so some second turns leave their engine: {placed:?}"
     );
 }
+
+/// The spans of every OTLP/HTTP export POSTed to a receiver on 127.0.0.1,
+/// decoded with the OpenTelemetry protocol's messages.
+type ReceivedSpans =
+    std::sync::Arc<std::sync::Mutex<Vec<opentelemetry_proto::tonic::trace::v1::Span>>>;
+
+/// Starts the receiver on `runtime`; returns its address and what it got.
+fn otlp_receiver(runtime: &tokio::runtime::Runtime) -> (std::net::SocketAddr, ReceivedSpans) {
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+    use prost::Message as _;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let received = ReceivedSpans::default();
+    let store = received.clone();
+    runtime.spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let store = store.clone();
+                        async move {
+                            let body = request.into_body().collect().await?.to_bytes();
+                            if let Ok(export) = ExportTraceServiceRequest::decode(body) {
+                                let spans = export
+                                    .resource_spans
+                                    .into_iter()
+                                    .flat_map(|r| r.scope_spans)
+                                    .flat_map(|s| s.spans);
+                                store.lock().unwrap().extend(spans);
+                            }
+                            let answer = ExportTraceServiceResponse::default().encode_to_vec();
+                            Ok::<_, hyper::Error>(http::Response::new(Full::new(Bytes::from(
+                                answer,
+                            ))))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, received)
+}
+
+#[test]
+fn vllm_routers_trace_flags_start_and_export_the_requests_spans() {
+    let binary = router_binary();
+    let bad = Command::new(&binary)
+        .args(["--enable-trace", "--otel-sampling-ratio", "1.5"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("--otel-sampling-ratio"), "{stderr}");
+    let grpc = Command::new(&binary)
+        .args([
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            "grpc://127.0.0.1:4317",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(grpc.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&grpc.stderr);
+    assert!(stderr.contains("--otlp-traces-endpoint"), "{stderr}");
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (collector, received) = otlp_receiver(&runtime);
+    let endpoint = format!("http://{collector}/v1/traces");
+    let args = os(&[
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--sim-workers",
+        "1",
+        "--sim-time-scale",
+        "0",
+        "--enable-trace",
+        "--otlp-traces-endpoint",
+        &endpoint,
+        "--otel-sampling-ratio",
+        "1.0",
+        "--otel-excluded-paths",
+        "/health,/metrics",
+    ]);
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    let Started {
+        mut child,
+        pid,
+        base,
+        logs,
+    } = start_router(&args);
+    let trace_id = "5b8efff798038103d269b633813fc60c";
+    runtime.block_on(async {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let health = Request::get(format!("{base}/health"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let health = tokio::time::timeout(Duration::from_secs(10), client.request(health))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(health.status(), StatusCode::OK);
+        let chat = Request::post(format!("{base}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("traceparent", format!("00-{trace_id}-eee19b7ec3c1b174-01"))
+            .body(Full::new(Bytes::from_static(
+                br#"{"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}"#,
+            )))
+            .unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), client.request(chat))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+        let _ = answer.into_body().collect().await.unwrap();
+    });
+    // A clean stop exports what is left in the batch.
+    sigterm(pid);
+    let status = wait_exit(&mut child.0, Duration::from_secs(20)).expect("the router exits");
+    assert_eq!(status.code(), Some(0));
+    let logs = logs.join().unwrap();
+    assert!(logs.contains("exporting OpenTelemetry traces"), "{logs}");
+    assert!(
+        !logs.contains("--enable-trace"),
+        "no flag reported ignored: {logs}"
+    );
+    let spans = received.lock().unwrap().clone();
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    let server = spans
+        .iter()
+        .find(|s| s.name == "POST /v1/chat/completions")
+        .unwrap_or_else(|| panic!("no server span in {names:?}"));
+    let hex: String = server.trace_id.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, trace_id);
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.name == "route" && s.parent_span_id == server.span_id),
+        "{names:?}"
+    );
+    assert!(!names.iter().any(|n| n.contains("/health")), "{names:?}");
+}

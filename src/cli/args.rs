@@ -680,20 +680,31 @@ pub struct Args {
     /// Log as JSON lines instead of human-readable text.
     #[arg(long, help_heading = "Observability")]
     pub log_json: bool,
-    /// Refused with a message: OpenTelemetry export is not built in (the
-    /// flag exists so that a vllm-router command line fails clearly rather
-    /// than running without the traces it asked for).
+    /// Export OpenTelemetry traces of every request (its routing decision
+    /// and upstream attempts) over OTLP/HTTP, and send each attempt's W3C
+    /// `traceparent` to the worker.
     #[arg(long, help_heading = "Observability")]
     pub enable_trace: bool,
-    /// Refused, as --enable-trace.
-    #[arg(long, value_name = "HOST:PORT", help_heading = "Observability")]
+    /// The OTLP/HTTP (protobuf) traces endpoint, e.g.
+    /// `http://collector:4318/v1/traces`; `HOST:PORT` or a URL without a
+    /// path means `http://HOST:PORT/v1/traces` (default
+    /// `http://localhost:4318/v1/traces`). Needs --enable-trace.
+    #[arg(long, value_name = "URL", help_heading = "Observability")]
     pub otlp_traces_endpoint: Option<String>,
-    /// Accepted and ignored: without --enable-trace it has no effect, as in
-    /// vllm-router.
+    /// The fraction (0.0 to 1.0) of new traces sampled; a request that
+    /// arrives with a `traceparent` follows its parent's decision. Needs
+    /// --enable-trace.
     #[arg(long, default_value_t = 1.0, help_heading = "Observability")]
     pub otel_sampling_ratio: f64,
-    /// Accepted and ignored, as --otel-sampling-ratio.
-    #[arg(long, num_args = 0.., value_name = "PATH", help_heading = "Observability")]
+    /// Paths that get no span (comma-separated or repeated), e.g.
+    /// `/health,/metrics`. Needs --enable-trace.
+    #[arg(
+        long,
+        num_args = 0..,
+        value_delimiter = ',',
+        value_name = "PATH",
+        help_heading = "Observability"
+    )]
     pub otel_excluded_paths: Vec<String>,
 
     // ----- Kubernetes discovery -----

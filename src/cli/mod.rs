@@ -70,14 +70,6 @@ pub fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(2));
         }
     };
-    match logging::init(&settings.args) {
-        Ok(Some(path)) => tracing::info!(path = %path.display(), "writing logs to a file too"),
-        Ok(None) => {}
-        Err(err) => {
-            eprintln!("error: --log-dir: cannot open the log file: {err}");
-            return ExitCode::from(2);
-        }
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -88,7 +80,28 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
+    let logging = match logging::init(
+        &settings.args,
+        settings.trace_export.as_ref(),
+        runtime.handle(),
+    ) {
+        Ok(logging) => logging,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(path) = &logging.file {
+        tracing::info!(path = %path.display(), "writing logs to a file too");
+    }
+    if let Some(export) = &settings.trace_export {
+        tracing::info!(
+            endpoint = %export.endpoint,
+            sampling_ratio = export.sampling_ratio,
+            "exporting OpenTelemetry traces (OTLP/HTTP)"
+        );
+    }
+    let code = runtime.block_on(async move {
         // Installed first: a signal during start-up or right after the
         // banner is never missed.
         let mut signals = match ShutdownSignals::install() {
@@ -122,5 +135,9 @@ pub fn main() -> ExitCode {
         // the grace period: a clean exit either way.
         let _ = app.stop().await;
         ExitCode::SUCCESS
-    })
+    });
+    // The last spans are exported while the runtime still runs the export
+    // requests (bounded by the export timeout).
+    drop(logging);
+    code
 }

@@ -226,5 +226,5 @@ pub use kv::KvBatch;
 #[cfg(all(feature = "kv-events", not(loom)))]
 pub use server::KvEventsOptions;
 #[cfg(not(loom))]
-pub use server::{EngineHandle, ServeOptions, WORKER_ID_HEADER, spawn};
+pub use server::{EngineHandle, ServeOptions, TRACEPARENTS_KEPT, WORKER_ID_HEADER, spawn};
 pub use transfer::{KvTransferParams, TransferRegistry};

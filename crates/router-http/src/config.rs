@@ -133,6 +133,10 @@ pub struct RouterConfig {
     /// worker's host). See [`crate::kv_events`].
     #[cfg(feature = "kv-events")]
     pub kv_events: crate::kv_events::KvEventsConfig,
+    /// Which requests get OpenTelemetry spans (default: none). See
+    /// [`crate::otel`].
+    #[cfg(feature = "otel")]
+    pub trace: crate::otel::TraceConfig,
 }
 
 impl Default for RouterConfig {
@@ -175,6 +179,8 @@ impl Default for RouterConfig {
             tokenize: crate::tokens::TokenizeConfig::default(),
             #[cfg(feature = "kv-events")]
             kv_events: crate::kv_events::KvEventsConfig::default(),
+            #[cfg(feature = "otel")]
+            trace: crate::otel::TraceConfig::default(),
         }
     }
 }

@@ -71,6 +71,8 @@ mod kv_wiring;
 pub mod limits;
 pub mod load_poll;
 pub mod metrics;
+#[cfg(feature = "otel")]
+pub mod otel;
 mod payload;
 pub mod pd;
 mod probe;

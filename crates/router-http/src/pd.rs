@@ -303,6 +303,10 @@ pub(crate) struct PdArrival {
     /// The client's request id, the prefix of the flow's id.
     pub(crate) client_id: HeaderValue,
     pub(crate) deadline: tokio::time::Instant,
+    /// Whether the request has a server span: then both legs carry its
+    /// trace context instead of the client's.
+    #[cfg(feature = "otel")]
+    pub(crate) traced: bool,
 }
 
 /// A two-phase answer's body: the decode stream, or an engine's own
@@ -330,6 +334,8 @@ pub(crate) async fn proxy(
         mut request,
         client_id,
         deadline,
+        #[cfg(feature = "otel")]
+        traced,
     } = arrival;
     let parsed =
         serde_json::from_slice(&bytes).map_err(|err| ApiError::InvalidJson(err.to_string()))?;
@@ -342,7 +348,24 @@ pub(crate) async fn proxy(
     if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
         forward = forward.with_authorization(auth.clone());
     }
+    // The server span's context (`Router::handle` runs this inside it).
+    #[cfg(feature = "otel")]
+    let context = traced
+        .then(|| {
+            let mut context = http::HeaderMap::new();
+            crate::otel::inject(&tracing::Span::current(), &mut context);
+            context
+        })
+        .filter(|context| !context.is_empty());
+    #[cfg(feature = "otel")]
+    for (name, value) in context.iter().flatten() {
+        forward = forward.with_header(name.clone(), value.clone());
+    }
     for name in FORWARDED {
+        #[cfg(feature = "otel")]
+        if context.as_ref().is_some_and(|c| c.contains_key(name)) {
+            continue;
+        }
         if let Some(value) = parts.headers.get(name) {
             forward = forward.with_header(HeaderName::from_static(name), value.clone());
         }

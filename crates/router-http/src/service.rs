@@ -22,6 +22,33 @@ impl Router {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        #[cfg(feature = "otel")]
+        if let Some(span) = crate::otel::server_span(&self.config().trace, &request) {
+            return self.handle_traced(request, span).await;
+        }
+        self.handle_untraced(request).await
+    }
+
+    /// [`handle`](Self::handle) inside the request's server span, which
+    /// the response body holds until its end.
+    #[cfg(feature = "otel")]
+    async fn handle_traced<B>(&self, request: Request<B>, span: tracing::Span) -> Response<BoxBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        use http_body_util::BodyExt as _;
+        use tracing::Instrument as _;
+        let response = self.handle_untraced(request).instrument(span.clone()).await;
+        crate::otel::record_response(&span, response.status());
+        response.map(|body| crate::otel::SpanBody::new(body, span).boxed_unsync())
+    }
+
+    async fn handle_untraced<B>(&self, request: Request<B>) -> Response<BoxBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
         let started = Instant::now();
         let config = self.config();
         let mut route = Route::of(request.method(), request.uri().path());

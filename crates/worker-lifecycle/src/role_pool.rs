@@ -194,6 +194,8 @@ pub struct Choice {
     /// For prefix-matching policies, the request's best prefix match in
     /// thousandths of its input.
     pub match_permille: Option<u16>,
+    /// Why the policy chose this worker.
+    pub reason: lb_policies::DecisionReason,
 }
 
 /// A policy's choice in a role and its reservation through the worker's
@@ -207,6 +209,8 @@ pub struct Reserved {
     /// For prefix-matching policies, the request's best prefix match in
     /// thousandths of its input.
     pub match_permille: Option<u16>,
+    /// Why the policy chose this worker.
+    pub reason: lb_policies::DecisionReason,
 }
 
 /// One role's workers, its policies and the forwarding between them. See
@@ -579,6 +583,7 @@ impl RolePool {
         Ok(Choice {
             worker: Arc::clone(&eligible.workers()[decision.index]),
             match_permille: decision.match_permille,
+            reason: decision.reason,
         })
     }
 
@@ -608,6 +613,7 @@ impl RolePool {
                     return Ok(Reserved {
                         guard,
                         match_permille: decision.match_permille,
+                        reason: decision.reason,
                     });
                 }
                 Err(_) => {

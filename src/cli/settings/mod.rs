@@ -22,6 +22,7 @@ mod mode;
 mod parse;
 mod router_config;
 mod tokenizers;
+mod trace;
 
 pub use checks::{check_host_port, join_host_port};
 pub use mode::{Mode, PdDeployment};
@@ -88,6 +89,8 @@ pub struct Settings {
     pub router: RouterConfig,
     /// Settings given explicitly that have no effect in this router, as flags.
     pub ignored: Vec<String>,
+    /// Where and how traces are exported, with `--enable-trace`.
+    pub trace_export: Option<router_http::otel::ExportConfig>,
 }
 
 const KUBERNETES_FLAGS: [&str; 5] = [
@@ -98,36 +101,15 @@ const KUBERNETES_FLAGS: [&str; 5] = [
     "service_discovery_namespace",
 ];
 
-const IGNORED_FLAGS: [&str; 4] = [
-    "cors_allowed_origins",
+const IGNORED_FLAGS: [&str; 2] = ["cors_allowed_origins", "backend"];
+
+/// The trace settings, which do nothing without `--enable-trace` (as in
+/// vllm-router): reported as ignored then.
+const TRACE_FLAGS: [&str; 3] = [
+    "otlp_traces_endpoint",
     "otel_sampling_ratio",
     "otel_excluded_paths",
-    "backend",
 ];
-
-/// vllm-router's flags that ask for something this router does not do, and
-/// where accepting them silently would mislead: an operator who passes
-/// `--enable-trace` expects spans in their collector.
-const REFUSED_FLAGS: [(&str, &str); 2] = [
-    (
-        "enable_trace",
-        "OpenTelemetry trace export is not built into affinity-router; remove the flag. \
-         Request ids are forwarded to the worker and returned to the client, and /metrics \
-         carries the latency histograms (docs/operations.md, \"Tracing\")",
-    ),
-    (
-        "otlp_traces_endpoint",
-        "OpenTelemetry trace export is not built into affinity-router (see --enable-trace); \
-         remove the flag",
-    ),
-];
-
-fn refuse_unsupported(parsed: &Parsed) -> Result<(), CliError> {
-    match REFUSED_FLAGS.iter().find(|(id, _)| parsed.is_explicit(id)) {
-        Some((id, why)) => Err(CliError::invalid(id, *why)),
-        None => Ok(()),
-    }
-}
 
 impl Settings {
     /// Parses `argv` (program name first), merges `--config`, validates.
@@ -141,13 +123,14 @@ impl Settings {
 
     /// Validates parsed settings and builds the router configuration.
     pub fn from_parsed(mut parsed: Parsed) -> Result<Self, CliError> {
-        refuse_unsupported(&parsed)?;
         checks::check_ranges(&parsed.args)?;
         let mode = mode::mode(&parsed)?;
         kv_events::needs_index(&parsed)?;
         kv_events::block_size(&mut parsed)?;
         let args = &parsed.args;
         let mut router = router_config::router_config(args)?;
+        let trace = trace::trace(args)?;
+        router.trace = trace.routing;
         router.tokenizers = tokenizers::tokenizers(&parsed, &mode)?;
         router.tokenize = tokenizers::tokenize_config(args);
         router.kv_events = kv_events::kv_events(&parsed, &mode, &router.tokenizers)?;
@@ -157,16 +140,24 @@ impl Settings {
             .map(|id| long_flag(id))
             .collect();
         ignored.extend(
+            TRACE_FLAGS
+                .iter()
+                .filter(|id| !args.enable_trace && parsed.is_explicit(id))
+                .map(|id| long_flag(id)),
+        );
+        ignored.extend(
             KUBERNETES_FLAGS
                 .iter()
                 .filter(|id| !args.service_discovery && parsed.is_explicit(id))
                 .map(|id| long_flag(id)),
         );
+        ignored.sort();
         Ok(Settings {
             args: parsed.args,
             mode,
             router,
             ignored,
+            trace_export: trace.export,
         })
     }
 

@@ -137,6 +137,8 @@ struct ServerState {
     load: AtomicU64,
     generation_requests: AtomicU64,
     faults_injected: AtomicU64,
+    /// The last [`TRACEPARENTS_KEPT`] `traceparent` headers received.
+    traceparents: Mutex<std::collections::VecDeque<String>>,
     max_body_bytes: usize,
     tokenizer: Option<Arc<PromptTokenizer>>,
     bootstrap_port: Option<u16>,
@@ -191,6 +193,10 @@ impl ServerState {
         stats
     }
 }
+
+/// How many received `traceparent` headers an engine keeps
+/// ([`EngineHandle::traceparents`]).
+pub const TRACEPARENTS_KEPT: usize = 64;
 
 /// A running engine. Dropping it stops the server (without waiting);
 /// [`EngineHandle::shutdown`] stops it gracefully.
@@ -279,6 +285,14 @@ impl EngineHandle {
         self.shared.faults_injected.load(Ordering::Relaxed)
     }
 
+    /// The W3C `traceparent` headers of the last requests received (at
+    /// most [`TRACEPARENTS_KEPT`], oldest first), as sent. The engine does
+    /// not trace; this lets a test check the trace context a router
+    /// propagates, as vLLM would join it.
+    pub fn traceparents(&self) -> Vec<String> {
+        self.shared.traceparents.lock().iter().cloned().collect()
+    }
+
     /// Stops accepting, lets in-flight responses finish (at most 5 s), then
     /// stops the engine.
     pub async fn shutdown(mut self) {
@@ -364,6 +378,7 @@ pub async fn spawn(config: EngineConfig, options: ServeOptions) -> io::Result<En
         load: AtomicU64::new(0),
         generation_requests: AtomicU64::new(0),
         faults_injected: AtomicU64::new(0),
+        traceparents: Mutex::new(std::collections::VecDeque::new()),
         max_body_bytes: options.max_body_bytes,
         tokenizer: options.tokenizer.clone(),
         bootstrap_port: bootstrap_addr.map(|a| a.port()),
@@ -527,6 +542,15 @@ async fn handle(
     reset: Arc<AtomicBool>,
     req: Request<Incoming>,
 ) -> Response<SimBody> {
+    if let Some(value) = req.headers().get("traceparent")
+        && let Ok(value) = value.to_str()
+    {
+        let mut kept = shared.traceparents.lock();
+        if kept.len() == TRACEPARENTS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(value.to_owned());
+    }
     let mut response = route(&shared, reset, req).await;
     response
         .headers_mut()

@@ -32,6 +32,10 @@ impl Router {
         B::Error: Into<BoxError>,
     {
         let shared = &self.shared;
+        // Spans of the decision and the attempts, under the server span
+        // (`Router::handle`), only when this request is traced.
+        #[cfg(feature = "otel")]
+        let traced = shared.config.trace.traces(request.uri().path());
         if !self.is_accepting() {
             return Err(ApiError::ShuttingDown);
         }
@@ -43,21 +47,27 @@ impl Router {
         // The whole-request deadline bounds every phase: the queue, the
         // client's body, connect and the worker's response head (below),
         // and the response body (in the body wrapper).
-        let permit = tokio::time::timeout_at(deadline, shared.limiter.admit())
-            .await
-            .map_err(|_elapsed| ApiError::RequestTimeout {
-                phase: "waiting for admission",
-                timeout,
-            })??;
+        let admit = tokio::time::timeout_at(deadline, shared.limiter.admit());
+        #[cfg(feature = "otel")]
+        let admit = crate::otel::phase(traced, "admission", admit);
+        let permit = admit.await.map_err(|_elapsed| ApiError::RequestTimeout {
+            phase: "waiting for admission",
+            timeout,
+        })??;
         let (parts, body) = request.into_parts();
         let body_timeout = shared.config.request_body_timeout.min(timeout);
         let body_deadline = deadline.min(Instant::now() + shared.config.request_body_timeout);
-        let bytes = tokio::time::timeout_at(
+        let read = tokio::time::timeout_at(
             body_deadline,
             crate::payload::read_limited(body, &parts.headers, shared.config.max_payload_size),
-        )
-        .await
-        .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
+        );
+        #[cfg(feature = "otel")]
+        let read = crate::otel::phase(traced, "read body", read);
+        let bytes = read
+            .await
+            .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
+        #[cfg(feature = "otel")]
+        let extract_span = traced.then(crate::otel::extract_span);
         // Off the runtime for large bodies, bounded by the deadline and
         // cancelled if this future is dropped (the client went away).
         #[cfg(feature = "tokens")]
@@ -68,9 +78,19 @@ impl Router {
             .await?;
         #[cfg(not(feature = "tokens"))]
         let info = crate::extract(kind, &bytes)?;
+        // The extraction's span ends here (it is not entered: the work
+        // may run on the tokenizer pool).
+        #[cfg(feature = "otel")]
+        if let Some(span) = extract_span {
+            crate::otel::record_routing_input(&span, &info.routing);
+        }
         let model = info.model.unwrap_or_default();
         let routing = info.routing;
         let request_id = shared.ids.resolve(&parts.headers);
+        #[cfg(feature = "otel")]
+        if traced {
+            crate::otel::record_request(&model, &request_id.value);
+        }
 
         let session = parts
             .headers
@@ -98,6 +118,8 @@ impl Router {
                 request,
                 client_id: request_id.value.clone(),
                 deadline,
+                #[cfg(feature = "otel")]
+                traced,
             };
             let timeout = shared.config.request_timeout;
             let response = crate::pd::proxy(pd, arrival, retries, &shared.metrics, timeout).await?;
@@ -132,7 +154,28 @@ impl Router {
                 candidates.clone()
             };
             pool.require_available(&pick)?;
-            let reserved = pool.choose_reserved(&pick, &context)?;
+            #[cfg(feature = "otel")]
+            let decision = traced.then(|| {
+                let policy = pool.policies().policy(&request.model).ok();
+                let name = policy.as_deref().map_or("", lb_policies::PolicyState::name);
+                crate::otel::decision_span(name, pick.workers().len())
+            });
+            let reserved = pool.choose_reserved(&pick, &context);
+            #[cfg(feature = "otel")]
+            if let Some(span) = &decision {
+                match &reserved {
+                    Ok(reserved) => crate::otel::record_decision(
+                        span,
+                        reserved.reason.as_str(),
+                        reserved.match_permille,
+                        reserved.guard.worker().url(),
+                    ),
+                    Err(err) => crate::otel::record_no_decision(span, err),
+                }
+            }
+            #[cfg(feature = "otel")]
+            drop(decision);
+            let reserved = reserved?;
             if let Some(permille) = reserved.match_permille {
                 shared
                     .metrics
@@ -141,6 +184,11 @@ impl Router {
             }
             let guard = reserved.guard;
             let worker = Arc::clone(guard.worker());
+            #[cfg(feature = "otel")]
+            let attempt = traced.then(|| {
+                let resend = u32::try_from(failed.len()).unwrap_or(u32::MAX);
+                crate::otel::attempt_span(&parts.method, worker.url(), resend)
+            });
             let upstream = match build_upstream(&parts, &worker, &bytes, &request_id, shared) {
                 Ok(upstream) => upstream,
                 Err(err) => {
@@ -149,7 +197,27 @@ impl Router {
                     return Err(err);
                 }
             };
-            match shared.client.send_before(upstream, Some(deadline)).await {
+            // The worker continues the attempt's trace.
+            #[cfg(feature = "otel")]
+            let upstream = crate::otel::with_context(attempt.as_ref(), upstream);
+            let sent = shared.client.send_before(upstream, Some(deadline));
+            #[cfg(feature = "otel")]
+            let sent = match &attempt {
+                Some(span) => tracing::Instrument::instrument(sent, span.clone()).await,
+                None => sent.await,
+            };
+            #[cfg(not(feature = "otel"))]
+            let sent = sent.await;
+            #[cfg(feature = "otel")]
+            if let Some(span) = &attempt {
+                match &sent {
+                    Ok(response) => {
+                        crate::otel::record_attempt_status(span, response.status().as_u16())
+                    }
+                    Err(err) => crate::otel::record_attempt_error(span, err),
+                }
+            }
+            match sent {
                 Err(UpstreamError::Deadline) => {
                     // The worker had the request and did not answer in time.
                     guard.record_outcome(Outcome::Timeout);
@@ -178,6 +246,13 @@ impl Router {
                         .then(|| self.grant_retry(&mut retries, deadline))
                         .flatten()
                     {
+                        #[cfg(feature = "otel")]
+                        if let Some(span) = &attempt {
+                            crate::otel::record_retry(span, &err);
+                        }
+                        // The attempt's span ends before the backoff.
+                        #[cfg(feature = "otel")]
+                        drop(attempt);
                         failed.push(worker);
                         self.back_off(backoff, deadline).await?;
                         continue;
@@ -199,6 +274,12 @@ impl Router {
                         .flatten()
                     {
                         guard.record_outcome(Outcome::from_status(status));
+                        #[cfg(feature = "otel")]
+                        if let Some(span) = &attempt {
+                            crate::otel::record_retry(span, &format_args!("status {status}"));
+                        }
+                        #[cfg(feature = "otel")]
+                        drop(attempt);
                         // This attempt ends here: its unread body and its
                         // guard are dropped together.
                         drop(response);

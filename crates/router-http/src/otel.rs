@@ -1,0 +1,545 @@
+//! OpenTelemetry traces of the request path (feature `otel`).
+//!
+//! The router writes its spans with `tracing`, as it writes its logs; the
+//! [`Tracing`] pipeline turns them into OpenTelemetry spans
+//! (`tracing-opentelemetry`) and exports them in batches over OTLP/HTTP
+//! with protobuf bodies. A traced request makes this tree:
+//!
+//! ```text
+//! POST /v1/chat/completions        server span (ends with the response body)
+//! ├── admission                    the concurrency queue
+//! ├── read body                    the client's body
+//! ├── extract                      the body's parse and tokenization
+//! ├── route                        the routing decision (one per attempt)
+//! ├── POST http://worker           one upstream attempt (client span)
+//! ├── route                        after a retryable failure, again...
+//! └── POST http://worker           ...with its own traceparent to the worker
+//! ```
+//!
+//! # Context in and out
+//!
+//! An incoming W3C `traceparent` (and `tracestate`) becomes the server
+//! span's parent; each attempt's request to a worker carries a
+//! `traceparent` naming that attempt's span, so an engine that traces
+//! (vLLM with `--otlp-traces-endpoint`) joins the same trace. A
+//! prefill/decode request has the server span only (no phase spans yet);
+//! both of its legs carry the server span's context.
+//!
+//! # Off means free
+//!
+//! Spans are built only when [`TraceConfig::enabled`] is set and the path
+//! is not excluded: otherwise the request path creates no span and does no
+//! work beyond a flag check. A host that enables it without installing a
+//! layer ([`Tracing::layer`]) gets `tracing` spans that go nowhere (and
+//! forwards the client's `traceparent` unchanged, as with tracing off).
+//!
+//! # Export never slows a request
+//!
+//! Finished spans go into the SDK's batch processor: a bounded queue
+//! ([`ExportConfig::max_queue_size`]) drained by its own thread. When the
+//! queue is full, spans are dropped; a slow or absent collector costs the
+//! export thread its timeout ([`ExportConfig::timeout`]), never a request.
+
+use crate::routes::Route;
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full, Limited};
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_http::{HeaderExtractor, HeaderInjector, HttpClient, HttpError};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
+};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The `tracing` target of every span the router builds for traces. A host
+/// filters its other layers on it (e.g. `router_http::otel=off` in a log
+/// filter, so that logs look as they do with tracing off).
+pub const TARGET: &str = "router_http::otel";
+
+/// Which requests get spans ([`RouterConfig::trace`](crate::RouterConfig::trace)).
+#[derive(Debug, Clone, Default)]
+pub struct TraceConfig {
+    /// Build spans on the request path (default `false`: no span work at
+    /// all). Spans reach a collector only through a [`Tracing`] layer.
+    pub enabled: bool,
+    /// Paths that get no span, matched exactly (e.g. `/health`,
+    /// `/metrics`).
+    pub excluded_paths: Vec<String>,
+}
+
+impl TraceConfig {
+    /// Whether a request for `path` is traced.
+    pub fn traces(&self, path: &str) -> bool {
+        self.enabled && !self.excluded_paths.iter().any(|p| p == path)
+    }
+}
+
+/// Where and how spans are exported ([`Tracing::start`]).
+#[derive(Debug, Clone)]
+pub struct ExportConfig {
+    /// The OTLP/HTTP traces URL, path included (e.g.
+    /// `http://collector:4318/v1/traces`). Protobuf bodies.
+    pub endpoint: String,
+    /// The fraction of new traces sampled, `0.0..=1.0` (default 1.0). A
+    /// request that arrives with a `traceparent` follows its parent's
+    /// decision (parent-based sampling).
+    pub sampling_ratio: f64,
+    /// `service.name` of the exported resource (default `affinity-router`).
+    pub service_name: String,
+    /// Spans waiting for export at most (default 2048); more are dropped.
+    pub max_queue_size: usize,
+    /// How often a batch is sent (default 5 s, or sooner when a batch of
+    /// 512 is ready).
+    pub scheduled_delay: Duration,
+    /// One export request's time limit, connect to last byte (default 5 s).
+    pub timeout: Duration,
+}
+
+impl Default for ExportConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: "http://127.0.0.1:4318/v1/traces".into(),
+            sampling_ratio: 1.0,
+            service_name: "affinity-router".into(),
+            max_queue_size: 2048,
+            scheduled_delay: Duration::from_secs(5),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A trace pipeline could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceError {
+    /// The sampling ratio is not within `0.0..=1.0`.
+    #[error("the sampling ratio must be between 0.0 and 1.0, got {0}")]
+    SamplingRatio(f64),
+    /// The endpoint is not an `http://` URL with a host.
+    #[error("invalid OTLP traces endpoint {endpoint:?}: {reason}")]
+    Endpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The OTLP exporter refused its configuration.
+    #[error("cannot build the OTLP exporter: {0}")]
+    Exporter(String),
+}
+
+/// The export pipeline: a tracer provider with a batch processor feeding
+/// an OTLP/HTTP exporter. Dropping it flushes and shuts the export down
+/// (bounded by [`ExportConfig::timeout`]).
+#[derive(Debug)]
+pub struct Tracing {
+    provider: SdkTracerProvider,
+}
+
+impl Tracing {
+    /// Builds the pipeline. Export requests run on `runtime` (the router's
+    /// tokio runtime); the batch processor's own thread only waits for them.
+    pub fn start(
+        config: &ExportConfig,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self, TraceError> {
+        if !(0.0..=1.0).contains(&config.sampling_ratio) {
+            return Err(TraceError::SamplingRatio(config.sampling_ratio));
+        }
+        let uri: http::Uri = config
+            .endpoint
+            .parse()
+            .map_err(|err: http::uri::InvalidUri| TraceError::Endpoint {
+                endpoint: config.endpoint.clone(),
+                reason: err.to_string(),
+            })?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            return Err(TraceError::Endpoint {
+                endpoint: config.endpoint.clone(),
+                reason: "expected http://HOST:PORT/PATH (OTLP over HTTP/protobuf; no TLS)".into(),
+            });
+        }
+        let client = ExportClient::new(runtime, config.timeout);
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(config.endpoint.clone())
+            .with_timeout(config.timeout)
+            .with_http_client(client)
+            .build()
+            .map_err(|err| TraceError::Exporter(err.to_string()))?;
+        let batch = BatchConfigBuilder::default()
+            .with_max_queue_size(config.max_queue_size.max(1))
+            .with_max_export_batch_size(512.min(config.max_queue_size.max(1)))
+            .with_scheduled_delay(config.scheduled_delay)
+            .build();
+        let processor = BatchSpanProcessor::builder(exporter)
+            .with_batch_config(batch)
+            .build();
+        let sampler =
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(config.sampling_ratio)));
+        let resource = opentelemetry_sdk::Resource::builder_empty()
+            .with_service_name(config.service_name.clone())
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_sampler(sampler)
+            .with_resource(resource)
+            .build();
+        Ok(Self { provider })
+    }
+
+    /// The `tracing` layer that turns the router's spans into OpenTelemetry
+    /// spans of this pipeline. Filtered to [`TARGET`], so that other
+    /// `tracing` spans of the host (and their log levels) do not matter.
+    pub fn layer<S>(&self) -> impl tracing_subscriber::Layer<S> + Send + Sync + 'static
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+    {
+        use tracing_subscriber::Layer as _;
+        let tracer = self.provider.tracer("router-http");
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_level(false)
+            .with_target(false)
+            .with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target(TARGET, tracing::Level::INFO),
+            )
+    }
+
+    /// Exports every finished span now, waiting for the export (a test, or
+    /// before a planned stop). Errors are the exporter's, as text.
+    pub fn force_flush(&self) -> Result<(), String> {
+        self.provider.force_flush().map_err(|err| err.to_string())
+    }
+
+    /// Flushes and stops the export; later spans are dropped.
+    pub fn shutdown(&self) -> Result<(), String> {
+        self.provider.shutdown().map_err(|err| err.to_string())
+    }
+}
+
+impl Drop for Tracing {
+    fn drop(&mut self) {
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// The OTLP exporter's HTTP client: the request runs as a task on the
+/// router's runtime (the batch processor's thread has no runtime of its
+/// own), bounded by the export timeout, its response body by 4 MiB.
+#[derive(Debug)]
+struct ExportClient {
+    runtime: tokio::runtime::Handle,
+    client: hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        Full<Bytes>,
+    >,
+    timeout: Duration,
+}
+
+/// A collector's answer larger than this is an error (its body is a small
+/// protobuf message).
+const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
+impl ExportClient {
+    fn new(runtime: tokio::runtime::Handle, timeout: Duration) -> Self {
+        let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout));
+        connector.set_nodelay(true);
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .pool_max_idle_per_host(1)
+                .build(connector);
+        Self {
+            runtime,
+            client,
+            timeout,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for ExportClient {
+    async fn send_bytes(
+        &self,
+        request: http::Request<Bytes>,
+    ) -> Result<http::Response<Bytes>, HttpError> {
+        let client = self.client.clone();
+        let timeout = self.timeout;
+        let task = self.runtime.spawn(async move {
+            let exchange = async {
+                let response = client.request(request.map(Full::new)).await?;
+                let (parts, body) = response.into_parts();
+                let body = Limited::new(body, MAX_RESPONSE_BYTES)
+                    .collect()
+                    .await?
+                    .to_bytes();
+                Ok::<_, HttpError>(http::Response::from_parts(parts, body))
+            };
+            match tokio::time::timeout(timeout, exchange).await {
+                Ok(result) => result,
+                Err(_elapsed) => {
+                    Err(format!("no answer from the collector within {timeout:?}").into())
+                }
+            }
+        });
+        task.await?
+    }
+}
+
+/// The server span of a request, or `None` when it is not traced (tracing
+/// off, or an excluded path). Continues the request's `traceparent`.
+pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) -> Option<Span> {
+    let path = request.uri().path();
+    if !trace.traces(path) {
+        return None;
+    }
+    let method = request.method().as_str();
+    // Only paths the router knows name a route: an unknown path is not a
+    // low-cardinality span name.
+    let route = match Route::of(request.method(), path) {
+        Route::NotFound | Route::InvalidTarget | Route::WrongMethod { .. } => None,
+        _ => Some(path),
+    };
+    let name = match route {
+        Some(route) => format!("{method} {route}"),
+        None => method.to_owned(),
+    };
+    let span = tracing::info_span!(
+        target: TARGET,
+        "request",
+        otel.name = name.as_str(),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = method,
+        http.route = route,
+        url.path = path,
+        http.response.status_code = tracing::field::Empty,
+        gen_ai.request.model = tracing::field::Empty,
+        request.id = tracing::field::Empty,
+    );
+    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(request.headers()));
+    // A request without (valid) trace context starts a new trace.
+    let _ = span.set_parent(parent);
+    Some(span)
+}
+
+/// Records the response status on the server span (5xx is an error).
+pub(crate) fn record_response(span: &Span, status: http::StatusCode) {
+    span.record("http.response.status_code", i64::from(status.as_u16()));
+    if status.is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+/// Runs `future` inside an internal span named `name` (a phase of the
+/// request before routing: `admission`, `read body`) when `traced`.
+pub(crate) async fn phase<F: std::future::Future>(
+    traced: bool,
+    name: &'static str,
+    future: F,
+) -> F::Output {
+    if traced {
+        let span = tracing::info_span!(target: TARGET, "phase", otel.name = name);
+        tracing::Instrument::instrument(future, span).await
+    } else {
+        future.await
+    }
+}
+
+/// The span of the body's extraction: one parse of the JSON, and for a
+/// model with a tokenizer its chat template and tokenization.
+pub(crate) fn extract_span() -> Span {
+    tracing::info_span!(
+        target: TARGET,
+        "extract",
+        router.routing_input = tracing::field::Empty,
+        router.routing_tokens = tracing::field::Empty,
+        router.routing_chars = tracing::field::Empty,
+    )
+}
+
+/// Records what the extraction gave the policies: token ids (how many),
+/// text (how long) or nothing.
+pub(crate) fn record_routing_input(span: &Span, input: &lb_policies::RoutingInputBuf) {
+    use lb_policies::RoutingInputBuf;
+    match input {
+        RoutingInputBuf::Tokens(ids) => {
+            span.record("router.routing_input", "tokens");
+            span.record(
+                "router.routing_tokens",
+                i64::try_from(ids.len()).unwrap_or(i64::MAX),
+            );
+        }
+        RoutingInputBuf::Text(text) => {
+            span.record("router.routing_input", "text");
+            span.record(
+                "router.routing_chars",
+                i64::try_from(text.chars().count()).unwrap_or(i64::MAX),
+            );
+        }
+        RoutingInputBuf::None => {
+            span.record("router.routing_input", "none");
+        }
+    }
+}
+
+/// Records the request's model and id on the current (server) span.
+pub(crate) fn record_request(model: &str, request_id: &http::HeaderValue) {
+    let span = Span::current();
+    if !model.is_empty() {
+        span.record("gen_ai.request.model", model);
+    }
+    if let Ok(id) = request_id.to_str() {
+        span.record("request.id", id);
+    }
+}
+
+/// The span of one routing decision among `candidates` workers.
+pub(crate) fn decision_span(policy: &str, candidates: usize) -> Span {
+    tracing::info_span!(
+        target: TARGET,
+        "route",
+        otel.status_code = tracing::field::Empty,
+        router.policy = policy,
+        router.candidates = i64::try_from(candidates).unwrap_or(i64::MAX),
+        router.decision.reason = tracing::field::Empty,
+        router.decision.match_rate = tracing::field::Empty,
+        router.worker = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    )
+}
+
+/// Records a decision's outcome on its span.
+pub(crate) fn record_decision(
+    span: &Span,
+    reason: &str,
+    match_permille: Option<u16>,
+    worker: &str,
+) {
+    span.record("router.decision.reason", reason);
+    if let Some(permille) = match_permille {
+        span.record("router.decision.match_rate", f64::from(permille) / 1000.0);
+    }
+    span.record("router.worker", worker);
+}
+
+/// Records that no worker could be chosen.
+pub(crate) fn record_no_decision(span: &Span, error: &dyn std::fmt::Display) {
+    span.record("otel.status_code", "ERROR");
+    span.record("error.type", tracing::field::display(error));
+}
+
+/// The client span of one upstream attempt (`resend` is 0 for the first,
+/// then the retry's number) to `worker`.
+pub(crate) fn attempt_span(method: &http::Method, worker: &str, resend: u32) -> Span {
+    tracing::info_span!(
+        target: TARGET,
+        "attempt",
+        otel.name = %format_args!("{} {}", method.as_str(), worker),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = method.as_str(),
+        url.full = worker,
+        http.request.resend_count = i64::from(resend),
+        http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        router.retry.cause = tracing::field::Empty,
+    )
+}
+
+/// Writes `span`'s context into `headers` as `traceparent` (and
+/// `tracestate`), replacing what the client sent. Nothing when the span
+/// has no OpenTelemetry context (no layer installed).
+pub(crate) fn inject(span: &Span, headers: &mut HeaderMap) {
+    let context = span.context();
+    use opentelemetry::trace::TraceContextExt as _;
+    if context.span().span_context().is_valid() {
+        TraceContextPropagator::new().inject_context(&context, &mut HeaderInjector(headers));
+    }
+}
+
+/// `request` with `span`'s context in its headers (see [`inject`]), when
+/// there is a span.
+pub(crate) fn with_context<B>(
+    span: Option<&Span>,
+    mut request: http::Request<B>,
+) -> http::Request<B> {
+    if let Some(span) = span {
+        inject(span, request.headers_mut());
+    }
+    request
+}
+
+/// Records the worker's status on an attempt span (5xx is an error).
+/// Integers are recorded as `i64`: `tracing-opentelemetry` exports
+/// unsigned ones as strings.
+pub(crate) fn record_attempt_status(span: &Span, status: u16) {
+    span.record("http.response.status_code", i64::from(status));
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+        span.record("error.type", tracing::field::display(status));
+    }
+}
+
+/// Records why an attempt failed before a response.
+pub(crate) fn record_attempt_error(span: &Span, error: &dyn std::fmt::Display) {
+    span.record("otel.status_code", "ERROR");
+    span.record("error.type", tracing::field::display(error));
+}
+
+/// Records that the request is retried after this attempt, and why.
+pub(crate) fn record_retry(span: &Span, cause: &dyn std::fmt::Display) {
+    span.record("router.retry.cause", tracing::field::display(cause));
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that holds the request's server span, so that the
+    /// span ends with the last byte (or when the client goes away).
+    pub(crate) struct SpanBody<B> {
+        #[pin]
+        inner: B,
+        span: Span,
+    }
+}
+
+impl<B> SpanBody<B> {
+    pub(crate) fn new(inner: B, span: Span) -> Self {
+        Self { inner, span }
+    }
+}
+
+impl<B: Body> Body for SpanBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        this.inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

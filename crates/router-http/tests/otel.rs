@@ -1,0 +1,577 @@
+//! OpenTelemetry traces end to end: a router on 127.0.0.1 in front of an
+//! engine-sim engine, its spans exported over OTLP/HTTP (protobuf) to a
+//! receiver in this test that decodes them with the OpenTelemetry
+//! protocol's own message definitions (`opentelemetry-proto`).
+//!
+//! The tests share one global subscriber and one export pipeline; each
+//! sends its own trace id and looks only at the spans of that trace.
+
+mod common;
+
+use bytes::Bytes;
+use common::{Fixture, call, chat_body};
+use engine_sim::{EngineConfig, FaultConfig};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use prost::Message as _;
+use router_http::RouterConfig;
+use router_http::otel::{ExportConfig, TraceConfig, Tracing};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tracing_subscriber::layer::SubscriberExt as _;
+
+/// What the receiver got: every span of every export request, with the
+/// service name of its resource.
+type Received = Arc<Mutex<Vec<(String, Span)>>>;
+
+/// An OTLP/HTTP traces receiver on 127.0.0.1: decodes each POST to
+/// `/v1/traces` as an `ExportTraceServiceRequest` and answers 200 with an
+/// empty `ExportTraceServiceResponse`.
+async fn receiver() -> (SocketAddr, Received) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let received: Received = Arc::default();
+    let store = Arc::clone(&received);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |request: http::Request<Incoming>| {
+                        let store = Arc::clone(&store);
+                        async move {
+                            assert_eq!(request.uri().path(), "/v1/traces");
+                            assert_eq!(request.headers()["content-type"], "application/x-protobuf");
+                            let body = request.into_body().collect().await?.to_bytes();
+                            let export = ExportTraceServiceRequest::decode(body).unwrap();
+                            let mut store = store.lock().unwrap();
+                            for resource in export.resource_spans {
+                                let service = resource
+                                    .resource
+                                    .iter()
+                                    .flat_map(|r| &r.attributes)
+                                    .find(|kv| kv.key == "service.name")
+                                    .and_then(|kv| kv.value.as_ref())
+                                    .and_then(|v| match &v.value {
+                                        Some(Value::StringValue(s)) => Some(s.clone()),
+                                        _ => None,
+                                    })
+                                    .unwrap_or_default();
+                                for scope in resource.scope_spans {
+                                    for span in scope.spans {
+                                        store.push((service.clone(), span));
+                                    }
+                                }
+                            }
+                            let answer = ExportTraceServiceResponse::default().encode_to_vec();
+                            Ok::<_, hyper::Error>(
+                                http::Response::builder()
+                                    .header("content-type", "application/x-protobuf")
+                                    .body(Full::new(Bytes::from(answer)))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, received)
+}
+
+/// The export pipeline shared by this file's tests, and what its
+/// receiver got. Set up once: the subscriber is process-wide.
+struct Pipeline {
+    tracing: Tracing,
+    received: Received,
+    /// Runs the receiver and the export requests for the process's
+    /// lifetime (tests end with the process).
+    _runtime: tokio::runtime::Runtime,
+}
+
+static PIPELINE: OnceLock<Pipeline> = OnceLock::new();
+
+/// The receiver and the exporter run on a runtime of their own, so that
+/// they outlive each test's runtime.
+fn pipeline() -> &'static Pipeline {
+    // Built on a thread of its own: the tests call this from inside their
+    // runtime, where blocking on another one is refused.
+    PIPELINE.get_or_init(|| std::thread::spawn(start_pipeline).join().unwrap())
+}
+
+fn start_pipeline() -> Pipeline {
+    {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (addr, received) = runtime.block_on(receiver());
+        let config = ExportConfig {
+            endpoint: format!("http://{addr}/v1/traces"),
+            service_name: "router-under-test".into(),
+            ..ExportConfig::default()
+        };
+        let tracing = Tracing::start(&config, runtime.handle().clone()).unwrap();
+        let subscriber = tracing_subscriber::registry().with(tracing.layer());
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        Pipeline {
+            tracing,
+            received,
+            _runtime: runtime,
+        }
+    }
+}
+
+/// Flushes the export, then waits (bounded) until `count` spans of
+/// `trace_id` arrived; returns them.
+async fn spans_of(trace_id: &[u8], count: usize) -> Vec<Span> {
+    spans_within(trace_id, count, Duration::from_secs(20)).await
+}
+
+/// [`spans_of`], waiting at most `wait`.
+async fn spans_within(trace_id: &[u8], count: usize, wait: Duration) -> Vec<Span> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        tokio::task::spawn_blocking(|| pipeline().tracing.force_flush())
+            .await
+            .unwrap()
+            .unwrap();
+        let spans: Vec<Span> = pipeline()
+            .received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(service, span)| {
+                assert_eq!(service, "router-under-test");
+                span.trace_id == trace_id
+            })
+            .map(|(_, span)| span.clone())
+            .collect();
+        if spans.len() >= count || tokio::time::Instant::now() >= deadline {
+            return spans;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v| v.value.as_ref())
+}
+
+fn str_attr<'a>(span: &'a Span, key: &str) -> &'a str {
+    match attr(span, key) {
+        Some(Value::StringValue(s)) => s,
+        other => panic!("{}: {key} is {other:?}", span.name),
+    }
+}
+
+fn int_attr(span: &Span, key: &str) -> i64 {
+    match attr(span, key) {
+        Some(Value::IntValue(i)) => *i,
+        other => panic!("{}: {key} is {other:?}", span.name),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn traced_config() -> RouterConfig {
+    let mut config = RouterConfig {
+        trace: TraceConfig {
+            enabled: true,
+            excluded_paths: vec!["/health".into()],
+        },
+        ..RouterConfig::default()
+    };
+    config.retry.initial_backoff = Duration::from_millis(5);
+    config
+}
+
+const PARENT_SPAN: &str = "00f067aa0ba902b7";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_chat_with_one_retry_is_one_trace_continued_into_the_engine() {
+    pipeline();
+    // The engine fails its first request with a retryable 503: the router
+    // retries it (the only worker, so the same one) and the second attempt
+    // streams the answer.
+    let engine = EngineConfig {
+        faults: FaultConfig {
+            fail_first: 1,
+            fail_status: Some(503),
+            ..FaultConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let fixture = Fixture::start(traced_config(), vec![engine]).await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("traceparent", &traceparent),
+            ("tracestate", "vendor=abc"),
+            ("x-request-id", "trace-test-1"),
+        ],
+        chat_body("hello traces", true),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+    assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
+
+    let spans = spans_of(&unhex(trace_id), 8).await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(spans.len(), 8, "{names:?}");
+
+    // The server span continues the client's trace under its span.
+    let server: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::Server as i32)
+        .collect();
+    assert_eq!(server.len(), 1, "{names:?}");
+    let server = server[0];
+    assert_eq!(server.name, "POST /v1/chat/completions");
+    assert_eq!(hex(&server.parent_span_id), PARENT_SPAN);
+    assert_eq!(str_attr(server, "http.request.method"), "POST");
+    assert_eq!(str_attr(server, "http.route"), "/v1/chat/completions");
+    assert_eq!(int_attr(server, "http.response.status_code"), 200);
+    assert_eq!(str_attr(server, "gen_ai.request.model"), "sim-model");
+    assert_eq!(str_attr(server, "request.id"), "trace-test-1");
+    assert_eq!(server.trace_state, "vendor=abc");
+
+    // The phases before routing, children of the server span, in order.
+    let phase = |name: &str| -> &Span {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span in {names:?}"))
+    };
+    let (admission, read, extract) = (phase("admission"), phase("read body"), phase("extract"));
+    for span in [admission, read, extract] {
+        assert_eq!(span.parent_span_id, server.span_id, "{}", span.name);
+        assert_eq!(span.kind, SpanKind::Internal as i32);
+    }
+    assert!(admission.end_time_unix_nano <= read.start_time_unix_nano);
+    assert!(read.end_time_unix_nano <= extract.start_time_unix_nano);
+    assert_eq!(str_attr(extract, "router.routing_input"), "text");
+    assert!(int_attr(extract, "router.routing_chars") > 0);
+
+    // Two decisions and two attempts, all children of the server span.
+    let children = |keep: &dyn Fn(&Span) -> bool| -> Vec<&Span> {
+        let mut out: Vec<&Span> = spans.iter().filter(|s| keep(s)).collect();
+        out.sort_by_key(|s| s.start_time_unix_nano);
+        out
+    };
+    let decisions = children(&|s| s.name == "route");
+    let attempts = children(&|s| s.kind == SpanKind::Client as i32);
+    assert_eq!((decisions.len(), attempts.len()), (2, 2), "{names:?}");
+    let worker = fixture.engines[0].url();
+    for decision in &decisions {
+        assert_eq!(decision.parent_span_id, server.span_id);
+        assert_eq!(str_attr(decision, "router.policy"), "cache_aware");
+        assert_eq!(int_attr(decision, "router.candidates"), 1);
+        assert!(!str_attr(decision, "router.decision.reason").is_empty());
+        assert_eq!(str_attr(decision, "router.worker"), worker);
+        assert!(attr(decision, "router.decision.match_rate").is_some());
+    }
+    for (n, attempt) in attempts.iter().enumerate() {
+        assert_eq!(attempt.parent_span_id, server.span_id);
+        assert_eq!(attempt.name, format!("POST {worker}"));
+        assert_eq!(str_attr(attempt, "url.full"), worker);
+        assert_eq!(int_attr(attempt, "http.request.resend_count"), n as i64);
+    }
+    assert_eq!(int_attr(attempts[0], "http.response.status_code"), 503);
+    assert_eq!(str_attr(attempts[0], "router.retry.cause"), "status 503");
+    assert_eq!(int_attr(attempts[1], "http.response.status_code"), 200);
+    assert!(attr(attempts[1], "router.retry.cause").is_none());
+    // The first decision's span ended before its attempt started.
+    assert!(decisions[0].end_time_unix_nano <= attempts[0].start_time_unix_nano);
+    // The server span lasts until the streamed body ended.
+    assert!(server.end_time_unix_nano >= attempts[1].end_time_unix_nano);
+
+    // The engine got each attempt's own context, in the client's trace.
+    let received = fixture.engines[0].traceparents();
+    let expected: Vec<String> = attempts
+        .iter()
+        .map(|a| format!("00-{trace_id}-{}-01", hex(&a.span_id)))
+        .collect();
+    assert_eq!(received, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excluded_paths_and_a_router_with_tracing_off_make_no_span() {
+    pipeline();
+    // Tracing on, but /health excluded.
+    let fixture = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+    let (status, _, _) = call(
+        fixture.addr,
+        "GET",
+        "/health",
+        &[("traceparent", &traceparent)],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    // Tracing off: the client's traceparent goes to the engine unchanged.
+    let off = Fixture::start(RouterConfig::default(), vec![EngineConfig::default()]).await;
+    let (status, _, _) = call(
+        off.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("traceparent", &traceparent),
+        ],
+        chat_body("no traces", false),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(off.engines[0].traceparents(), vec![traceparent.clone()]);
+
+    // A traced request after both, in the same trace: its spans arrive,
+    // and they are the only ones of the trace.
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("traceparent", &traceparent),
+        ],
+        chat_body("traced", false),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let spans = spans_of(&unhex(trace_id), 6).await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names.len(), 6, "{names:?}");
+    assert!(names.contains(&"POST /v1/chat/completions"), "{names:?}");
+    // Nothing else comes later either.
+    let later = spans_within(&unhex(trace_id), 7, Duration::from_millis(500)).await;
+    assert_eq!(later.len(), 6);
+}
+
+/// A test runtime on this thread only, so that a thread-local subscriber
+/// sees every span of the router.
+#[tokio::test(flavor = "current_thread")]
+async fn a_hanging_collector_does_not_slow_requests() {
+    // A pipeline of its own, exporting to a collector that accepts
+    // connections and never answers, with a tiny queue: spans are
+    // dropped, requests answer as usual.
+    let hanging = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = hanging.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = hanging.accept().await {
+            held.push(stream);
+        }
+    });
+    let config = ExportConfig {
+        endpoint: format!("http://{addr}/v1/traces"),
+        max_queue_size: 4,
+        scheduled_delay: Duration::from_millis(10),
+        timeout: Duration::from_millis(300),
+        ..ExportConfig::default()
+    };
+    let tracing = Tracing::start(&config, tokio::runtime::Handle::current()).unwrap();
+    let subscriber = tracing_subscriber::registry().with(tracing.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let fixture = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
+    let started = std::time::Instant::now();
+    for _ in 0..20 {
+        let (status, _, _) = call(
+            fixture.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("content-type", "application/json")],
+            chat_body("collector hangs", false),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    // 20 requests, each far faster than one export's timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // Stopping the pipeline is bounded by the export timeout too.
+    let stopping = std::time::Instant::now();
+    tokio::task::spawn_blocking(move || drop(tracing))
+        .await
+        .unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        stopping.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_legs_of_a_prefill_decode_request_carry_the_server_spans_context() {
+    use engine_sim::{Role, TransferRegistry};
+    use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router};
+    pipeline();
+    let connector = PdConnector::Nixl;
+    let (kv, mode) = fleet_sim::for_deployment(connector).unwrap();
+    let registry = TransferRegistry::new();
+    let mut engines = Vec::new();
+    for role in [Role::Prefill, Role::Decode] {
+        let config = EngineConfig {
+            role,
+            kv_connector: kv,
+            moriio_mode: mode,
+            ..EngineConfig::instant()
+        };
+        let options = engine_sim::ServeOptions {
+            registry: Some(registry.clone()),
+            ..engine_sim::ServeOptions::default()
+        };
+        engines.push(engine_sim::spawn(config, options).await.unwrap());
+    }
+    let mut pd = PdConfig::new(connector);
+    pd.prefill = vec![PdWorkerConfig::new(engines[0].url())];
+    pd.decode = vec![PdWorkerConfig::new(engines[1].url())];
+    let config = RouterConfig {
+        pd: Some(pd),
+        ..traced_config()
+    };
+    let router = Router::start(config).await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        router
+            .serve(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+
+    let trace_id = "d4cda95b652f4a1592b449d5929fda1b";
+    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+    let (status, _, body) = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("traceparent", &traceparent),
+        ],
+        chat_body("prefill then decode", false),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+    let spans = spans_of(&unhex(trace_id), 1).await;
+    let server_span = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .expect("the server span");
+    assert_eq!(hex(&server_span.parent_span_id), PARENT_SPAN);
+    let expected = format!("00-{trace_id}-{}-01", hex(&server_span.span_id));
+    assert_eq!(engines[0].traceparents(), vec![expected.clone()], "prefill");
+    assert_eq!(engines[1].traceparents(), vec![expected], "decode");
+    let _ = stop.send(());
+    let _ = server.await;
+}
+
+/// Counts the spans the router builds (its own targets), whoever listens.
+#[derive(Clone, Default)]
+struct SpanCounter(Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SpanCounter {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _id: &tracing::span::Id,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().target().starts_with("router_http") {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Off means free: a router with tracing off (or an excluded path) builds
+/// no span at all, even with a subscriber that would take every span.
+/// A test runtime on this thread, so that the thread-local subscriber sees
+/// everything the router does.
+#[tokio::test(flavor = "current_thread")]
+async fn with_tracing_off_the_request_path_builds_no_span() {
+    let counter = SpanCounter::default();
+    let subscriber = tracing_subscriber::registry().with(counter.clone());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let spans = || counter.0.load(std::sync::atomic::Ordering::Relaxed);
+    let traceparent = format!("00-0123456789abcdef0123456789abcdef-{PARENT_SPAN}-01");
+    let headers = [
+        ("content-type", "application/json"),
+        ("traceparent", traceparent.as_str()),
+    ];
+
+    let off = Fixture::start(RouterConfig::default(), vec![EngineConfig::default()]).await;
+    for stream in [false, true] {
+        let (status, _, _) = call(
+            off.addr,
+            "POST",
+            "/v1/chat/completions",
+            &headers,
+            chat_body("off", stream),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(spans(), 0);
+
+    let on = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
+    let (status, _, _) = call(on.addr, "GET", "/health", &headers, "").await;
+    assert_eq!(status, 200);
+    assert_eq!(spans(), 0, "an excluded path");
+    // The control: the same subscriber sees a traced request's spans.
+    let (status, _, _) = call(
+        on.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        chat_body("on", false),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        spans(),
+        6,
+        "server, admission, read body, extract, decision, attempt"
+    );
+}
