@@ -2,21 +2,22 @@
 //! only metric families the router exports: a router with every optional
 //! family turned on (`kv_aware` on the engines' KV events, routing on token
 //! ids through the tokenizer pool, the engine load poll) serves a few
-//! requests, its `/metrics` is scraped over HTTP, and every metric name in
-//! every PromQL expression of the dashboard (panels and variables) must be
-//! a family of that scrape. The same requests show the decision counters
-//! and the match-rate histogram moving under `kv_aware`.
+//! requests, its `/metrics` is scraped over HTTP, and so is a P/D router's
+//! (the `router_pd_*` families exist only in P/D mode); every metric name
+//! in every PromQL expression of the dashboard (panels and variables) must
+//! be a family of one of the two scrapes. The same requests show the
+//! decision counters and the match-rate histogram moving under `kv_aware`.
 #![cfg(all(feature = "kv-events", feature = "tokens"))]
 
 mod common;
 
 use common::{Fixture, call};
-use engine_sim::{EngineConfig, EngineHandle};
+use engine_sim::{EngineConfig, EngineHandle, Role, ServeOptions, TransferRegistry};
 use http::StatusCode;
 use lb_policies::PolicyConfig;
 use prompt_tokens::PromptTokenizer;
-use router_http::RouterConfig;
 use router_http::tokens::Tokenizers;
+use router_http::{PdConfig, PdConnector, PdWorkerConfig, RouterConfig};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -259,24 +260,75 @@ fn the_dashboard_is_grafana_10_with_a_prometheus_datasource_variable() {
     assert!(queried >= 20, "{queried} panels");
 }
 
-/// The families of a scrape by name, with their `# TYPE`.
-fn families(text: &str) -> BTreeMap<&str, &str> {
-    text.lines()
-        .filter_map(|line| line.strip_prefix("# TYPE "))
-        .map(|rest| rest.split_once(' ').expect("# TYPE name type"))
-        .collect()
+/// Adds the families of a scrape to `families`: name and `# TYPE`.
+fn add_families(families: &mut BTreeMap<String, String>, text: &str) {
+    for rest in text.lines().filter_map(|line| line.strip_prefix("# TYPE ")) {
+        let (name, kind) = rest.split_once(' ').expect("# TYPE name type");
+        families.insert(name.to_owned(), kind.to_owned());
+    }
 }
 
 /// Whether the scrape has a family `name` reads: a counter or gauge by its
 /// name, a histogram by its `_bucket`, `_sum` or `_count` series.
-fn exported(families: &BTreeMap<&str, &str>, name: &str) -> bool {
+fn exported(families: &BTreeMap<String, String>, name: &str) -> bool {
     if let Some(kind) = families.get(name) {
-        return *kind != "histogram";
+        return kind != "histogram";
     }
     ["_bucket", "_sum", "_count"].iter().any(|suffix| {
         name.strip_suffix(suffix)
-            .is_some_and(|base| families.get(base) == Some(&"histogram"))
+            .is_some_and(|base| families.get(base).is_some_and(|kind| kind == "histogram"))
     })
+}
+
+/// Scrapes `/metrics` of the router at `addr`.
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    let (status, _, body) = call(addr, "GET", "/metrics", &[], "").await;
+    assert_eq!(status, StatusCode::OK);
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// Serves one chat through a P/D router (NIXL, one prefill and one decode
+/// engine-sim engine sharing a transfer registry) and returns its
+/// `/metrics`.
+async fn pd_scrape() -> String {
+    let registry = TransferRegistry::new();
+    let (kv, mode) = fleet_sim::for_deployment(PdConnector::Nixl).unwrap();
+    let mut engines = Vec::new();
+    for (role, id) in [(Role::Prefill, "prefill-0"), (Role::Decode, "decode-0")] {
+        let config = EngineConfig {
+            role,
+            kv_connector: kv,
+            moriio_mode: mode,
+            engine_id: Some(id.to_owned()),
+            ..EngineConfig::instant()
+        };
+        let options = ServeOptions {
+            registry: Some(registry.clone()),
+            ..ServeOptions::default()
+        };
+        engines.push(engine_sim::spawn(config, options).await.unwrap());
+    }
+    let mut pd = PdConfig::new(PdConnector::Nixl);
+    pd.prefill = vec![PdWorkerConfig::new(engines[0].url())];
+    pd.decode = vec![PdWorkerConfig::new(engines[1].url())];
+    let config = RouterConfig {
+        pd: Some(pd),
+        ..RouterConfig::default()
+    };
+    let fixture = Fixture::start_with_urls(config, engines, &[]).await;
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        common::chat_body("one P/D request", false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let text = scrape(fixture.addr).await;
+    assert_eq!(sum_of(&text, "router_pd_requests_total", ""), 1.0, "{text}");
+    fixture.shutdown().await;
+    text
 }
 
 /// The sum of the samples of `family` whose labels contain `matcher`.
@@ -332,10 +384,12 @@ async fn every_metric_the_dashboard_queries_is_in_metrics() {
         assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (status, _, body) = call(fixture.addr, "GET", "/metrics", &[], "").await;
-    assert_eq!(status, StatusCode::OK);
-    let text = String::from_utf8(body.to_vec()).unwrap();
-    let families = families(&text);
+    let text = scrape(fixture.addr).await;
+    drop(background);
+    fixture.shutdown().await;
+    let mut families = BTreeMap::new();
+    add_families(&mut families, &text);
+    add_families(&mut families, &pd_scrape().await);
 
     let mut missing = Vec::new();
     let mut used = BTreeSet::new();
@@ -371,7 +425,4 @@ async fn every_metric_the_dashboard_queries_is_in_metrics() {
         4.0,
         "{text}"
     );
-
-    drop(background);
-    fixture.shutdown().await;
 }
