@@ -773,9 +773,9 @@ fn vllm_routers_trace_flags_turn_tracing_on() {
         s.router.trace.excluded_paths,
         ["/health", "/metrics", "/liveness"]
     );
+    assert_eq!(s.router.trace.sampling_ratio, 0.25);
     let export = s.trace_export.unwrap();
     assert_eq!(export.endpoint, "http://collector:4318/v1/traces");
-    assert_eq!(export.sampling_ratio, 0.25);
 
     let default = settings(&["--enable-trace"]).unwrap();
     assert_eq!(
@@ -792,9 +792,9 @@ fn vllm_routers_trace_flags_turn_tracing_on() {
     let from_file = settings(&["--config", file.to_str().unwrap()]).unwrap();
     assert!(from_file.router.trace.enabled);
     assert_eq!(from_file.router.trace.excluded_paths, ["/metrics"]);
+    assert_eq!(from_file.router.trace.sampling_ratio, 0.5);
     let export = from_file.trace_export.unwrap();
     assert_eq!(export.endpoint, "http://c:4318/v1/traces");
-    assert_eq!(export.sampling_ratio, 0.5);
     let _ = std::fs::remove_file(file);
 
     for (args, flag) in [

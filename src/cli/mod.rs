@@ -97,7 +97,7 @@ pub fn main() -> ExitCode {
     if let Some(export) = &settings.trace_export {
         tracing::info!(
             endpoint = %export.endpoint,
-            sampling_ratio = export.sampling_ratio,
+            sampling_ratio = settings.router.trace.sampling_ratio,
             "exporting OpenTelemetry traces (OTLP/HTTP)"
         );
     }

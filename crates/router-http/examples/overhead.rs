@@ -16,6 +16,15 @@
 //! cargo run --release -p router-http --example overhead -- --only 1KB_nonstream_1c --vocab trained
 //! ```
 //!
+//! `--trace on|ratio0|down|hanging` (needs the `otel` feature, which the
+//! workspace build turns on) measures every routed case with OpenTelemetry
+//! tracing: `on` samples every request and exports to an OTLP sink that
+//! answers at once, `ratio0` samples none (spans are built, not recorded),
+//! `down` exports to a closed port and `hanging` to a collector that
+//! accepts and never answers. `export_cpu_us_per_req` is then the CPU of
+//! the export threads (the SDK's batch processor and the export runtime)
+//! per request, beside the router thread's own.
+//!
 //! `--sustain SECS` instead runs cache_aware at 32 connections with a unique
 //! 1 KB prompt per request for SECS seconds, evicting the tree every 10 s to
 //! a 2^20-character budget per worker, and prints the process RSS every
@@ -86,11 +95,133 @@ struct Measured {
     /// (`router_tokens_compute_seconds_total`) per request, part of
     /// `router_cpu_us_per_req`.
     tokenize_us_per_req: Option<f64>,
+    /// With `--trace`: the export threads' CPU time per request.
+    export_cpu_us_per_req: Option<f64>,
+}
+
+/// `--trace`: how the routers trace.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum TraceMode {
+    /// No tracing (the default).
+    Off,
+    /// Every request sampled, exported to a sink that answers at once.
+    On,
+    /// Sampling ratio 0: spans built, none recorded or exported.
+    Ratio0,
+    /// Every request sampled, the collector's port closed.
+    Down,
+    /// Every request sampled, the collector accepts and never answers.
+    Hanging,
+}
+
+static TRACE: std::sync::OnceLock<TraceMode> = std::sync::OnceLock::new();
+
+fn trace_mode() -> TraceMode {
+    *TRACE.get().unwrap_or(&TraceMode::Off)
+}
+
+/// Starts the export pipeline for `mode` and installs its layer as the
+/// process's subscriber.
+#[cfg(feature = "otel")]
+fn start_tracing(mode: TraceMode) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let (endpoint, handle) = spawn_runtime("otel-export", move |rt| {
+        let handle = rt.handle().clone();
+        let endpoint = rt.block_on(async move {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            match mode {
+                TraceMode::Down => drop(listener),
+                TraceMode::Hanging => {
+                    tokio::spawn(async move {
+                        let mut held = Vec::new();
+                        while let Ok((stream, _)) = listener.accept().await {
+                            held.push(stream);
+                        }
+                    });
+                }
+                _ => {
+                    tokio::spawn(async move {
+                        while let Ok((stream, _)) = listener.accept().await {
+                            tokio::spawn(async move {
+                                let service = hyper::service::service_fn(
+                                    |request: Request<hyper::body::Incoming>| async move {
+                                        let _ = request.into_body().collect().await;
+                                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+                                    },
+                                );
+                                let _ = hyper::server::conn::http1::Builder::new()
+                                    .serve_connection(TokioIo::new(stream), service)
+                                    .await;
+                            });
+                        }
+                    });
+                }
+            }
+            format!("http://{addr}/v1/traces")
+        });
+        (endpoint, handle)
+    });
+    let config = router_http::otel::ExportConfig {
+        endpoint,
+        ..router_http::otel::ExportConfig::default()
+    };
+    let tracing = router_http::otel::Tracing::start(&config, handle).expect("tracing");
+    tracing_subscriber::registry().with(tracing.layer()).init();
+    // Exports until the process ends.
+    static PIPELINE: std::sync::OnceLock<router_http::otel::Tracing> = std::sync::OnceLock::new();
+    let _ = PIPELINE.set(tracing);
+}
+
+#[cfg(not(feature = "otel"))]
+fn start_tracing(_: TraceMode) {
+    eprintln!("--trace needs router-http's feature otel (cargo run --features otel ...)");
+    std::process::exit(2);
+}
+
+/// On-CPU nanoseconds of the export threads (the SDK's batch processor
+/// and the `otel-export` runtime).
+fn export_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            let name = comm.trim();
+            (name.starts_with("otel") || name.starts_with("OpenTelemetry"))
+                .then(|| task.file_name().to_str()?.parse::<u32>().ok())
+                .flatten()
+        })
+        .map(thread_cpu_ns)
+        .sum()
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let json = args.iter().any(|a| a == "--json");
+    let trace = match args
+        .iter()
+        .position(|a| a == "--trace")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+    {
+        None | Some("off") => TraceMode::Off,
+        Some("on") => TraceMode::On,
+        Some("ratio0") => TraceMode::Ratio0,
+        Some("down") => TraceMode::Down,
+        Some("hanging") => TraceMode::Hanging,
+        Some(other) => {
+            eprintln!("--trace {other}: expected off, on, ratio0, down or hanging");
+            std::process::exit(2);
+        }
+    };
+    let _ = TRACE.set(trace);
+    if trace != TraceMode::Off {
+        start_tracing(trace);
+    }
     let vocab = match args
         .iter()
         .position(|a| a == "--vocab")
@@ -216,6 +347,9 @@ fn main() {
             }
             if let Some(us) = routed.tokenize_us_per_req {
                 figures["tokenize_us_per_req"] = round3(us).into();
+            }
+            if let Some(us) = routed.export_cpu_us_per_req {
+                figures["export_cpu_us_per_req"] = round3(us).into();
             }
             figures
         };
@@ -712,6 +846,13 @@ fn measure_bodies(
                 if let Some(tokenizers) = router_tokenizers {
                     config.tokenizers = tokenizers;
                 }
+                #[cfg(feature = "otel")]
+                {
+                    config.trace.enabled = trace_mode() != TraceMode::Off;
+                    if trace_mode() == TraceMode::Ratio0 {
+                        config.trace.sampling_ratio = 0.0;
+                    }
+                }
                 config.client.pool_max_idle_per_host = 1024;
                 let router = Router::new(config).expect("config");
                 router
@@ -737,7 +878,7 @@ fn measure_bodies(
             .and_then(|t| t.for_model("m"))
             .map(|entry| entry.compute_seconds())
     };
-    let (latencies, requests, elapsed, (cpu_ns, ticks), lookups, compute) =
+    let (latencies, requests, elapsed, (cpu_ns, ticks), lookups, (compute, export_ns)) =
         spawn_runtime("loadgen", move |rt| {
             rt.block_on(async move {
                 // Warm-up: connections open, pools filled, the segment cache
@@ -755,6 +896,7 @@ fn measure_bodies(
                 let cpu_before = router_tid.map(thread_cpu_ns);
                 let ticks_before = router_tid.map(thread_user_system_ticks);
                 let compute_before = compute_seconds();
+                let export_before = export_cpu_ns();
                 let started = Instant::now();
                 let latencies = run_load(target, case, bodies, duration, unique).await;
                 let elapsed = started.elapsed();
@@ -773,7 +915,16 @@ fn measure_bodies(
                     .zip(compute_before)
                     .map(|(after, before)| after - before);
                 let requests = latencies.len();
-                (latencies, requests, elapsed, (cpu, ticks), lookups, compute)
+                let export = (trace_mode() != TraceMode::Off && router_tid.is_some())
+                    .then(|| export_cpu_ns().saturating_sub(export_before));
+                (
+                    latencies,
+                    requests,
+                    elapsed,
+                    (cpu, ticks),
+                    lookups,
+                    (compute, export),
+                )
             })
         });
     let mut sorted = latencies;
@@ -795,6 +946,7 @@ fn measure_bodies(
             .filter(|(hits, misses)| hits + misses > 0)
             .map(|(hits, misses)| hits as f64 / (hits + misses) as f64),
         tokenize_us_per_req: compute.map(|s| s * 1e6 / requests.max(1) as f64),
+        export_cpu_us_per_req: export_ns.map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),
     }
 }
 

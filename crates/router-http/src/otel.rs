@@ -65,7 +65,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 pub const TARGET: &str = "router_http::otel";
 
 /// Which requests get spans ([`RouterConfig::trace`](crate::RouterConfig::trace)).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct TraceConfig {
     /// Build spans on the request path (default `false`: no span work at
     /// all). Spans reach a collector only through a [`Tracing`] layer.
@@ -73,6 +73,63 @@ pub struct TraceConfig {
     /// Paths that get no span, matched exactly (e.g. `/health`,
     /// `/metrics`).
     pub excluded_paths: Vec<String>,
+    /// The fraction of new traces sampled, `0.0..=1.0` (default 1.0;
+    /// vllm-router's `--otel-sampling-ratio`). The router decides before
+    /// it builds any span (head sampling, parent-based): a request with a
+    /// valid `traceparent` follows its sampled flag, one without is
+    /// sampled with this probability. An unsampled request builds no span
+    /// and forwards the client's `traceparent` unchanged, so it costs what
+    /// a request with tracing off costs.
+    pub sampling_ratio: f64,
+}
+
+impl Default for TraceConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            excluded_paths: Vec::new(),
+            sampling_ratio: 1.0,
+        }
+    }
+}
+
+/// Marks a request the router traces (set with its server span): the
+/// request path builds its phase, decision and attempt spans only then.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Traced;
+
+/// A uniform draw in `[0, 1)` from a per-thread xorshift generator,
+/// seeded once per thread from the standard library's random hasher keys.
+fn uniform() -> f64 {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new({
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u64(0x5EED);
+            hasher.finish() | 1
+        });
+    }
+    STATE.with(|state| {
+        let mut x = state.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.set(x);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    })
+}
+
+/// Whether a request with this parent context is sampled: the parent's
+/// flag when it has a valid one, else a draw against `ratio`.
+fn head_sampled(parent: &opentelemetry::Context, ratio: f64) -> bool {
+    use opentelemetry::trace::TraceContextExt as _;
+    let span = parent.span();
+    let context = span.span_context();
+    if context.is_valid() {
+        return context.is_sampled();
+    }
+    ratio >= 1.0 || uniform() < ratio
 }
 
 impl TraceConfig {
@@ -88,10 +145,6 @@ pub struct ExportConfig {
     /// The OTLP/HTTP traces URL, path included (e.g.
     /// `http://collector:4318/v1/traces`). Protobuf bodies.
     pub endpoint: String,
-    /// The fraction of new traces sampled, `0.0..=1.0` (default 1.0). A
-    /// request that arrives with a `traceparent` follows its parent's
-    /// decision (parent-based sampling).
-    pub sampling_ratio: f64,
     /// `service.name` of the exported resource (default `affinity-router`).
     pub service_name: String,
     /// Spans waiting for export at most (default 2048); more are dropped.
@@ -107,7 +160,6 @@ impl Default for ExportConfig {
     fn default() -> Self {
         Self {
             endpoint: "http://127.0.0.1:4318/v1/traces".into(),
-            sampling_ratio: 1.0,
             service_name: "affinity-router".into(),
             max_queue_size: 2048,
             scheduled_delay: Duration::from_secs(5),
@@ -120,9 +172,6 @@ impl Default for ExportConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TraceError {
-    /// The sampling ratio is not within `0.0..=1.0`.
-    #[error("the sampling ratio must be between 0.0 and 1.0, got {0}")]
-    SamplingRatio(f64),
     /// The endpoint is not an `http://` URL with a host.
     #[error("invalid OTLP traces endpoint {endpoint:?}: {reason}")]
     Endpoint {
@@ -151,9 +200,6 @@ impl Tracing {
         config: &ExportConfig,
         runtime: tokio::runtime::Handle,
     ) -> Result<Self, TraceError> {
-        if !(0.0..=1.0).contains(&config.sampling_ratio) {
-            return Err(TraceError::SamplingRatio(config.sampling_ratio));
-        }
         let uri: http::Uri = config
             .endpoint
             .parse()
@@ -184,8 +230,10 @@ impl Tracing {
         let processor = BatchSpanProcessor::builder(exporter)
             .with_batch_config(batch)
             .build();
-        let sampler =
-            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(config.sampling_ratio)));
+        // The router samples before it builds a span
+        // (`TraceConfig::sampling_ratio`): every span that reaches the
+        // pipeline is one to keep.
+        let sampler = Sampler::ParentBased(Box::new(Sampler::AlwaysOn));
         let resource = opentelemetry_sdk::Resource::builder_empty()
             .with_service_name(config.service_name.clone())
             .build();
@@ -307,6 +355,10 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
     if !trace.traces(path) {
         return None;
     }
+    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(request.headers()));
+    if !head_sampled(&parent, trace.sampling_ratio) {
+        return None;
+    }
     let method = request.method().as_str();
     // Only paths the router knows name a route: an unknown path is not a
     // low-cardinality span name.
@@ -331,7 +383,6 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
         gen_ai.request.model = tracing::field::Empty,
         request.id = tracing::field::Empty,
     );
-    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(request.headers()));
     // A request without (valid) trace context starts a new trace.
     let _ = span.set_parent(parent);
     Some(span)

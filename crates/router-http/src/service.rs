@@ -32,13 +32,18 @@ impl Router {
     /// [`handle`](Self::handle) inside the request's server span, which
     /// the response body holds until its end.
     #[cfg(feature = "otel")]
-    async fn handle_traced<B>(&self, request: Request<B>, span: tracing::Span) -> Response<BoxBody>
+    async fn handle_traced<B>(
+        &self,
+        mut request: Request<B>,
+        span: tracing::Span,
+    ) -> Response<BoxBody>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
         use http_body_util::BodyExt as _;
         use tracing::Instrument as _;
+        request.extensions_mut().insert(crate::otel::Traced);
         let response = self.handle_untraced(request).instrument(span.clone()).await;
         crate::otel::record_response(&span, response.status());
         response.map(|body| crate::otel::SpanBody::new(body, span).boxed_unsync())

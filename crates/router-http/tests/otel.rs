@@ -207,6 +207,7 @@ fn traced_config() -> RouterConfig {
         trace: TraceConfig {
             enabled: true,
             excluded_paths: vec!["/health".into()],
+            ..TraceConfig::default()
         },
         ..RouterConfig::default()
     };
@@ -574,4 +575,47 @@ async fn with_tracing_off_the_request_path_builds_no_span() {
         6,
         "server, admission, read body, extract, decision, attempt"
     );
+}
+
+/// Head sampling: at ratio 0 a request that starts a trace builds no span,
+/// one whose `traceparent` is sampled builds its whole tree, and at ratio
+/// 1 one whose `traceparent` is not sampled builds none (parent-based).
+#[tokio::test(flavor = "current_thread")]
+async fn the_router_samples_before_it_builds_a_span() {
+    let counter = SpanCounter::default();
+    let subscriber = tracing_subscriber::registry().with(counter.clone());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let spans = || counter.0.load(std::sync::atomic::Ordering::Relaxed);
+    let sampled = format!("00-0123456789abcdef0123456789abcdef-{PARENT_SPAN}-01");
+    let unsampled = format!("00-0123456789abcdef0123456789abcdef-{PARENT_SPAN}-00");
+
+    let mut never = traced_config();
+    never.trace.sampling_ratio = 0.0;
+    let never = Fixture::start(never, vec![EngineConfig::default()]).await;
+    let chat = |addr, traceparent: Option<String>| async move {
+        let mut headers = vec![("content-type", "application/json".to_owned())];
+        headers.extend(traceparent.map(|t| ("traceparent", t)));
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (status, _, _) = call(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &headers,
+            chat_body("sampling", false),
+        )
+        .await;
+        assert_eq!(status, 200);
+    };
+    for _ in 0..20 {
+        chat(never.addr, None).await;
+    }
+    assert_eq!(spans(), 0, "ratio 0, no parent: no span");
+    chat(never.addr, Some(sampled.clone())).await;
+    assert_eq!(spans(), 6, "ratio 0, a sampled parent: the whole tree");
+
+    let always = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
+    chat(always.addr, Some(unsampled)).await;
+    assert_eq!(spans(), 6, "ratio 1, an unsampled parent: no span");
+    chat(always.addr, None).await;
+    assert_eq!(spans(), 12, "ratio 1, no parent: the whole tree");
 }

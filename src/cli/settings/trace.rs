@@ -47,10 +47,10 @@ pub(super) fn trace(a: &Args) -> Result<Trace, CliError> {
         routing: TraceConfig {
             enabled: true,
             excluded_paths,
+            sampling_ratio: a.otel_sampling_ratio,
         },
         export: Some(ExportConfig {
             endpoint,
-            sampling_ratio: a.otel_sampling_ratio,
             ..ExportConfig::default()
         }),
     })

@@ -35,7 +35,7 @@ impl Router {
         // Spans of the decision and the attempts, under the server span
         // (`Router::handle`), only when this request is traced.
         #[cfg(feature = "otel")]
-        let traced = shared.config.trace.traces(request.uri().path());
+        let traced = request.extensions().get::<crate::otel::Traced>().is_some();
         if !self.is_accepting() {
             return Err(ApiError::ShuttingDown);
         }
