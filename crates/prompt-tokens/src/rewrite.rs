@@ -16,18 +16,7 @@ pub(crate) fn generation_tags(source: &str) -> Cow<'_, str> {
     if !source.contains("generation") {
         return Cow::Borrowed(source);
     }
-    let mut out = String::with_capacity(source.len());
-    let mut rest = source;
-    let mut changed = false;
-    while let Some(open) = rest.find("{%") {
-        out.push_str(&rest[..open]);
-        let tag = &rest[open..];
-        let Some(close) = tag.find("%}") else {
-            out.push_str(tag);
-            rest = "";
-            break;
-        };
-        let inner = &tag[2..close];
+    rewrite_statements(source, |inner| {
         let (left, body) = match inner.strip_prefix(['-', '+']) {
             Some(body) => (&inner[..1], body),
             None => ("", inner),
@@ -36,19 +25,52 @@ pub(crate) fn generation_tags(source: &str) -> Cow<'_, str> {
             Some(body) => (body, &inner[inner.len() - 1..]),
             None => (body, ""),
         };
-        let replacement = match body.trim() {
-            "generation" => Some("if true"),
-            "endgeneration" => Some("endif"),
-            _ => None,
+        let statement = match body.trim() {
+            "generation" => "if true",
+            "endgeneration" => "endif",
+            _ => return None,
         };
-        match replacement {
-            Some(statement) => {
+        Some(format!("{left} {statement} {right}"))
+    })
+}
+
+/// `source` with the inside of each `{% ... %}` statement replaced by what
+/// `rewrite` returns for it (`None`: left as written). Comments and
+/// `{% raw %}` blocks are copied unchanged.
+fn rewrite_statements(source: &str, rewrite: impl Fn(&str) -> Option<String>) -> Cow<'_, str> {
+    let mut out = String::with_capacity(source.len() + 256);
+    let mut rest = source;
+    let mut changed = false;
+    while let Some(open) = rest.find("{%") {
+        // A comment that starts first hides its tags.
+        if let Some(comment) = rest[..open].find("{#") {
+            let end = rest[comment..]
+                .find("#}")
+                .map_or(rest.len(), |e| comment + e + 2);
+            out.push_str(&rest[..end]);
+            rest = &rest[end..];
+            continue;
+        }
+        out.push_str(&rest[..open]);
+        let tag = &rest[open..];
+        let Some(close) = tag.find("%}") else {
+            out.push_str(tag);
+            rest = "";
+            break;
+        };
+        let inner = &tag[2..close];
+        let body = inner.trim_start_matches(['-', '+']).trim_start();
+        if is_keyword_at(body, "raw") {
+            // Copy through the matching endraw untouched.
+            let end = find_endraw(tag).unwrap_or(tag.len());
+            out.push_str(&tag[..end]);
+            rest = &tag[end..];
+            continue;
+        }
+        match rewrite(inner) {
+            Some(rewritten) => {
                 out.push_str("{%");
-                out.push_str(left);
-                out.push(' ');
-                out.push_str(statement);
-                out.push(' ');
-                out.push_str(right);
+                out.push_str(&rewritten);
                 out.push_str("%}");
                 changed = true;
             }
@@ -91,58 +113,7 @@ pub(crate) fn guard_for_loops(source: &str) -> Cow<'_, str> {
     if !source.contains("for") {
         return Cow::Borrowed(source);
     }
-    let mut out = String::with_capacity(source.len() + 256);
-    let mut rest = source;
-    let mut changed = false;
-    while let Some(open) = rest.find("{%").map(|at| {
-        // A comment that starts first hides its tags.
-        match rest.find("{#") {
-            Some(comment) if comment < at => usize::MAX - comment,
-            _ => at,
-        }
-    }) {
-        if open > usize::MAX / 2 {
-            let comment = usize::MAX - open;
-            let end = rest[comment..]
-                .find("#}")
-                .map_or(rest.len(), |e| comment + e + 2);
-            out.push_str(&rest[..end]);
-            rest = &rest[end..];
-            continue;
-        }
-        out.push_str(&rest[..open]);
-        let tag = &rest[open..];
-        let Some(close) = tag.find("%}") else {
-            out.push_str(tag);
-            rest = "";
-            break;
-        };
-        let inner = &tag[2..close];
-        let body = inner.trim_start_matches(['-', '+']).trim_start();
-        if is_keyword_at(body, "raw") {
-            // Copy through the matching endraw untouched.
-            let end = find_endraw(tag).unwrap_or(tag.len());
-            out.push_str(&tag[..end]);
-            rest = &tag[end..];
-            continue;
-        }
-        match guarded_for(inner) {
-            Some(rewritten) => {
-                out.push_str("{%");
-                out.push_str(&rewritten);
-                out.push_str("%}");
-                changed = true;
-            }
-            None => out.push_str(&tag[..close + 2]),
-        }
-        rest = &tag[close + 2..];
-    }
-    out.push_str(rest);
-    if changed {
-        Cow::Owned(out)
-    } else {
-        Cow::Borrowed(source)
-    }
+    rewrite_statements(source, guarded_for)
 }
 
 /// Whether `text` starts with the word `word` (followed by a non-word
