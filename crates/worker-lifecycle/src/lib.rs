@@ -98,6 +98,7 @@
 //! `#[non_exhaustive]`.
 #![warn(missing_docs)]
 
+mod attempts;
 mod breaker;
 mod clock;
 #[cfg(not(loom))]
@@ -124,6 +125,7 @@ mod sync;
 pub mod url;
 mod worker;
 
+pub use attempts::{Attempted, Attempts, run_attempts};
 pub use breaker::{
     Admission, BreakerConfigError, BreakerCounters, BreakerState, BreakerTransition,
     CircuitBreaker, CircuitBreakerConfig, FailureRateWindow, Rejected, TransitionHook,

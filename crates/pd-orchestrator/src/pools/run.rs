@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::Value;
-use worker_lifecycle::{RequestRetries, RoleKind, SelectError};
+use worker_lifecycle::{Attempted, Attempts, RequestRetries, RoleKind, SelectError, run_attempts};
 
 use super::{PdPools, PdScope};
 use crate::PdRequest;
@@ -67,54 +67,105 @@ pub async fn run<T, C, S>(
     call: PdCall,
     retries: &mut RequestRetries<'_>,
     sleeper: &S,
-    mut on_retry: impl FnMut(&PdError),
+    on_retry: impl FnMut(&PdError),
 ) -> Result<PdResponse<T::Body, PdPools>, RunError>
 where
     T: Transport,
     C: KvConnector + ?Sized,
     S: Sleeper + ?Sized,
 {
-    let PdCall {
-        path,
-        body,
-        mut parsed,
-        request_id,
-        forward,
-        scope,
-    } = call;
-    let pools = flow.backend();
-    let mut last_error: Option<PdError> = None;
-    loop {
+    let mut attempts = WholeAttempts {
+        flow,
+        connector,
+        call,
+        retries,
+        sleeper,
+        on_retry,
+    };
+    run_attempts(&mut attempts, None).await
+}
+
+/// A whole P/D request's attempts, run by worker-lifecycle's one attempt
+/// loop: each selects a pair (or the prefill alone, for a late decode) and
+/// runs the flow; a retryable failure leaves its worker out and, when
+/// `retries` grants it, the next attempt runs after the backoff. The
+/// failure is carried over, so that a retry which finds no pair reports why
+/// the request was retried rather than the selection's error.
+struct WholeAttempts<'a, 'r, T, C: ?Sized, S: ?Sized, R> {
+    flow: &'a PdFlow<T, PdPools>,
+    connector: &'a C,
+    call: PdCall,
+    retries: &'a mut RequestRetries<'r>,
+    sleeper: &'a S,
+    on_retry: R,
+}
+
+impl<T, C, S, R> Attempts for WholeAttempts<'_, '_, T, C, S, R>
+where
+    T: Transport,
+    C: KvConnector + ?Sized,
+    S: Sleeper + ?Sized,
+    R: FnMut(&PdError),
+{
+    type Answer = Result<PdResponse<T::Body, PdPools>, RunError>;
+    type Failure = PdError;
+    /// The previous attempt's failure.
+    type Carry = Option<PdError>;
+
+    async fn attempt(
+        &mut self,
+        n: u32,
+        previous: Option<PdError>,
+    ) -> Attempted<Self::Answer, PdError> {
+        let call = &mut self.call;
+        let pools = self.flow.backend();
         let selected = if pools.late_decode() {
-            pools.select_prefill(&scope).map(|prefill| (prefill, None))
+            pools
+                .select_prefill(&call.scope)
+                .map(|prefill| (prefill, None))
         } else {
             pools
-                .select_pair(&scope)
+                .select_pair(&call.scope)
                 .map(|pair| (pair.prefill, Some(pair.decode)))
         };
         let (prefill, decode) = match selected {
             Ok(selected) => selected,
-            Err(err) => return Err(last_error.map_or(RunError::Select(err), RunError::Flow)),
+            Err(err) => {
+                return Attempted::Done(
+                    Err(previous.map_or(RunError::Select(err), RunError::Flow)),
+                );
+            }
         };
-        let attempt_body = match parsed.take() {
+        let body = match call.parsed.take() {
             Some(value) => value,
-            None => serde_json::from_slice(&body).map_err(|_| PdError::InvalidBody)?,
+            None => match serde_json::from_slice(&call.body) {
+                Ok(value) => value,
+                Err(_) => return Attempted::Done(Err(RunError::Flow(PdError::InvalidBody))),
+            },
         };
         let request = PdRequest {
-            path: path.clone(),
-            body: attempt_body,
-            request_id: match retries.count() {
-                0 => request_id.clone(),
-                n => format!("{request_id}-a{n}"),
+            path: call.path.clone(),
+            body,
+            request_id: match n {
+                0 => call.request_id.clone(),
+                n => format!("{}-a{n}", call.request_id),
             },
-            forward: forward.clone(),
+            forward: call.forward.clone(),
         };
         let result = match decode {
-            Some(decode) => flow.run(connector, request, prefill, decode).await,
-            None => flow.run_late_decode(connector, request, prefill).await,
+            Some(decode) => {
+                self.flow
+                    .run(self.connector, request, prefill, decode)
+                    .await
+            }
+            None => {
+                self.flow
+                    .run_late_decode(self.connector, request, prefill)
+                    .await
+            }
         };
         let error = match result {
-            Ok(response) => return Ok(response),
+            Ok(response) => return Attempted::Done(Ok(response)),
             Err(error) => error,
         };
         if let Some((phase, worker)) = error.failed_worker() {
@@ -122,19 +173,32 @@ where
                 Phase::Prefill => RoleKind::Prefill,
                 Phase::Decode => RoleKind::Decode,
             };
-            scope.exclude(role, worker);
+            call.scope.exclude(role, worker);
         }
-        let backoff = if error.is_retryable() {
-            retries.next(Instant::now())
+        if error.is_retryable() {
+            Attempted::Failed(error)
         } else {
-            None
-        };
-        let Some(backoff) = backoff else {
-            return Err(RunError::Flow(error));
-        };
-        on_retry(&error);
-        last_error = Some(error);
-        sleeper.sleep(backoff).await;
+            Attempted::Done(Err(RunError::Flow(error)))
+        }
+    }
+
+    fn retry(
+        &mut self,
+        _n: u32,
+        error: PdError,
+    ) -> Result<(Duration, Option<PdError>), Self::Answer> {
+        match self.retries.next(Instant::now()) {
+            Some(backoff) => {
+                (self.on_retry)(&error);
+                Ok((backoff, Some(error)))
+            }
+            None => Err(Err(RunError::Flow(error))),
+        }
+    }
+
+    async fn wait(&mut self, backoff: Duration) -> Result<(), Self::Answer> {
+        self.sleeper.sleep(backoff).await;
+        Ok(())
     }
 }
 

@@ -30,6 +30,7 @@
 //!
 //! The code is cut by concern so that each part reads on its own:
 //! construction (`build`), the API keys (`auth`), steps 3 to 8 (`proxy`),
+//! with steps 5 to 7 as one request's attempts (`attempt`),
 //! serving and shutdown (`serve`), workers added at run time (`workers`),
 //! health checks, tree upkeep and the engines' load polls (`background`). They are submodules rather
 //! than siblings because they share [`Router`]'s state, which nothing else
@@ -38,6 +39,7 @@
 //! [`Route::of`]: crate::routes::Route::of
 //! [`LoadGuard`]: worker_lifecycle::LoadGuard
 
+mod attempt;
 mod auth;
 mod background;
 mod build;

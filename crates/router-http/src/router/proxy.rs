@@ -2,6 +2,7 @@
 //! docs](super)): admission, the body, selection, forwarding with retries,
 //! and the response whose body holds what the request holds.
 
+use super::attempt::Regular;
 use super::{Router, Shared};
 use crate::body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout};
 use crate::client::UpstreamError;
@@ -18,7 +19,7 @@ use lb_policies::OwnedContext;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::time::Instant;
-use worker_lifecycle::{LoadGuard, Outcome, RequestRetries, Worker};
+use worker_lifecycle::{LoadGuard, Outcome, RequestRetries, Worker, run_attempts};
 
 impl Router {
     pub(crate) async fn proxy<B>(
@@ -135,176 +136,33 @@ impl Router {
             None => &shared.pool,
         };
         let all = pool.refresh()?;
-        let context = request.context();
         let candidates = pool.eligible(&all, &request.model, |_| true)?;
-        let mut retries = retries;
-        let mut failed: Vec<Arc<Worker>> = Vec::new();
-        loop {
-            // A deadline spent in the router (tokenizing, queueing, backing
-            // off) is the router's 504: no worker is reserved or charged.
-            crate::error::before_dispatch(deadline, timeout)?;
-            // Workers that failed this request are left out, unless that
-            // would leave none available (then a failed one may be retried).
-            let rest = pool.eligible(candidates.workers(), "", |w| {
-                !failed.iter().any(|f| Arc::ptr_eq(f, w))
-            })?;
-            let pick = if rest.any_available() {
-                rest
-            } else {
-                candidates.clone()
-            };
-            pool.require_available(&pick)?;
+        let mut attempts = Regular {
+            router: self,
+            pool,
+            candidates: &candidates,
+            context: request.context(),
+            parts: &parts,
+            bytes: &bytes,
+            request_id: &request_id,
+            deadline,
+            retries,
+            failed: Vec::new(),
             #[cfg(feature = "otel")]
-            let decision = traced.then(|| {
-                let policy = pool.policies().policy(&request.model).ok();
-                let name = policy.as_deref().map_or("", lb_policies::PolicyState::name);
-                crate::otel::decision_span(name, pick.workers().len())
-            });
-            let reserved = pool.choose_reserved(&pick, &context);
-            #[cfg(feature = "otel")]
-            if let Some(span) = &decision {
-                match &reserved {
-                    Ok(reserved) => crate::otel::record_decision(
-                        span,
-                        reserved.reason.as_str(),
-                        reserved.match_permille,
-                        reserved.guard.worker().url(),
-                    ),
-                    Err(err) => crate::otel::record_no_decision(span, err),
-                }
-            }
-            #[cfg(feature = "otel")]
-            drop(decision);
-            let reserved = reserved?;
-            if let Some(permille) = reserved.match_permille {
-                shared
-                    .metrics
-                    .match_rate
-                    .observe(f64::from(permille) / 1000.0);
-            }
-            let guard = reserved.guard;
-            let worker = Arc::clone(guard.worker());
-            #[cfg(feature = "otel")]
-            let attempt = traced.then(|| {
-                let resend = u32::try_from(failed.len()).unwrap_or(u32::MAX);
-                crate::otel::attempt_span(&parts.method, worker.url(), resend)
-            });
-            let upstream = match build_upstream(&parts, &worker, &bytes, &request_id, shared) {
-                Ok(upstream) => upstream,
-                Err(err) => {
-                    // The router's own failure: nothing reached the worker.
-                    guard.record_outcome(Outcome::RouterRejected);
-                    return Err(err);
-                }
-            };
-            // The worker continues the attempt's trace.
-            #[cfg(feature = "otel")]
-            let upstream = crate::otel::with_context(attempt.as_ref(), upstream);
-            let sent = shared.client.send_before(upstream, Some(deadline));
-            #[cfg(feature = "otel")]
-            let sent = match &attempt {
-                Some(span) => tracing::Instrument::instrument(sent, span.clone()).await,
-                None => sent.await,
-            };
-            #[cfg(not(feature = "otel"))]
-            let sent = sent.await;
-            #[cfg(feature = "otel")]
-            if let Some(span) = &attempt {
-                match &sent {
-                    Ok(response) => {
-                        crate::otel::record_attempt_status(span, response.status().as_u16())
-                    }
-                    Err(err) => crate::otel::record_attempt_error(span, err),
-                }
-            }
-            match sent {
-                Err(UpstreamError::Deadline) => {
-                    // The worker had the request and did not answer in time.
-                    guard.record_outcome(Outcome::Timeout);
-                    shared
-                        .metrics
-                        .record_upstream_failure(&UpstreamError::Deadline);
-                    return Err(ApiError::RequestTimeout {
-                        phase: "waiting for the worker's response headers",
-                        timeout,
-                    });
-                }
-                Err(UpstreamError::InvalidRequest(reason)) => {
-                    // The router could not build or send the request: never
-                    // the worker's failure, never retried.
-                    guard.record_outcome(Outcome::RouterRejected);
-                    return Err(ApiError::InvalidRequest(format!(
-                        "the request cannot be forwarded: {reason}"
-                    )));
-                }
-                Err(err) => {
-                    guard.record_outcome(outcome_of(&err));
-                    drop(guard);
-                    shared.metrics.record_upstream_failure(&err);
-                    if let Some(backoff) = err
-                        .is_retryable()
-                        .then(|| self.grant_retry(&mut retries, deadline))
-                        .flatten()
-                    {
-                        #[cfg(feature = "otel")]
-                        if let Some(span) = &attempt {
-                            crate::otel::record_retry(span, &err);
-                        }
-                        // The attempt's span ends before the backoff.
-                        #[cfg(feature = "otel")]
-                        drop(attempt);
-                        failed.push(worker);
-                        self.back_off(backoff, deadline).await?;
-                        continue;
-                    }
-                    return Err(match err {
-                        UpstreamError::HeaderTimeout(_) => {
-                            ApiError::GatewayTimeout(err.to_string())
-                        }
-                        _ => ApiError::BadGateway(err.to_string()),
-                    });
-                }
-                Ok(response) => {
-                    let status = response.status().as_u16();
-                    if let Some(backoff) = shared
-                        .config
-                        .retry
-                        .is_retryable_status(status)
-                        .then(|| self.grant_retry(&mut retries, deadline))
-                        .flatten()
-                    {
-                        guard.record_outcome(Outcome::from_status(status));
-                        #[cfg(feature = "otel")]
-                        if let Some(span) = &attempt {
-                            crate::otel::record_retry(span, &format_args!("status {status}"));
-                        }
-                        #[cfg(feature = "otel")]
-                        drop(attempt);
-                        // This attempt ends here: its unread body and its
-                        // guard are dropped together.
-                        drop(response);
-                        drop(guard);
-                        failed.push(worker);
-                        self.back_off(backoff, deadline).await?;
-                        continue;
-                    }
-                    let success = response.status().is_success();
-                    if !success {
-                        guard.record_outcome(Outcome::from_status(status));
-                    }
-                    let idle = shared.config.stream_idle_timeout;
-                    let response =
-                        response.map(|body| IdleTimeout::with_deadline(body, idle, deadline));
-                    let in_flight = InFlight::new(Some(guard), permit, shared, success);
-                    return Ok(respond(response, in_flight, request_id));
-                }
-            }
-        }
+            traced,
+        };
+        let answered = run_attempts(&mut attempts, ()).await?;
+        let idle = shared.config.stream_idle_timeout;
+        let response = answered
+            .response
+            .map(|body| IdleTimeout::with_deadline(body, idle, deadline));
+        let in_flight = InFlight::new(Some(answered.guard), permit, shared, answered.success);
+        Ok(respond(response, in_flight, request_id))
     }
 
     /// One more retry of this request, if the policy, the shared budget
     /// and `deadline` allow it: the backoff to wait before it.
-    fn grant_retry(
+    pub(super) fn grant_retry(
         &self,
         retries: &mut RequestRetries<'_>,
         deadline: Instant,
@@ -319,7 +177,7 @@ impl Router {
 
     /// Sleeps `backoff`, never past `deadline`; a deadline reached while
     /// backing off ends the request.
-    async fn back_off(
+    pub(super) async fn back_off(
         &self,
         backoff: std::time::Duration,
         deadline: Instant,
@@ -414,7 +272,7 @@ impl Finish for InFlight {
     }
 }
 
-fn build_upstream(
+pub(super) fn build_upstream(
     parts: &http::request::Parts,
     worker: &Worker,
     body: &Bytes,
@@ -457,7 +315,7 @@ fn build_upstream(
 
 /// The breaker outcome of a failed send. Only failures the worker caused
 /// count against it; a request the router could not build is its own.
-fn outcome_of(err: &UpstreamError) -> Outcome {
+pub(super) fn outcome_of(err: &UpstreamError) -> Outcome {
     match err {
         UpstreamError::Connect(_) => Outcome::ConnectError,
         UpstreamError::HeaderTimeout(_) | UpstreamError::Deadline => Outcome::Timeout,
