@@ -149,7 +149,7 @@ pub async fn run_attempts<A: Attempts>(attempts: &mut A, first: A::Carry) -> A::
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
