@@ -62,9 +62,27 @@ fn bad_paths_and_templates_name_their_flag() {
     let broken = dir.path().join("broken.jinja");
     std::fs::write(&broken, "{% for m in messages %}{{ m.content }").unwrap();
     let broken = broken.to_str().unwrap();
+    let unsupported = dir.path().join("unsupported.jinja");
+    std::fs::write(
+        &unsupported,
+        "{% for m in messages %}\n{{ m.content | urlize }}\n{% endfor %}",
+    )
+    .unwrap();
+    let unsupported = unsupported.to_str().unwrap();
     let missing_template = dir.path().join("missing.jinja");
     let missing_template = missing_template.to_str().unwrap();
-    let cases: [(Vec<&str>, &str, &str); 4] = [
+    let cases: [(Vec<&str>, &str, &str); 6] = [
+        // Refused at start, naming the file, the line and the construct.
+        (
+            with_worker(&["--tokenizer-path", path, "--chat-template", unsupported]),
+            "--chat-template: ",
+            "unsupported.jinja: chat template line 2: the filter `urlize`",
+        ),
+        (
+            with_worker(&["--tokenizer-path", path, "--chat-template", broken]),
+            "--chat-template: ",
+            "broken.jinja",
+        ),
         (
             with_worker(&["--tokenizer-path", "/nonexistent/model"]),
             "--tokenizer-path: ",

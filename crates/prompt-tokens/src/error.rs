@@ -53,6 +53,17 @@ pub enum Error {
     /// The chat template does not compile.
     #[error("chat template syntax error: {0}")]
     TemplateSyntax(String),
+    /// The template uses a construct the renderer does not have (a filter,
+    /// test, method or function unknown to it, or Python's `%` string
+    /// formatting): refused when the template is loaded, not on the
+    /// requests that reach that line.
+    #[error("chat template line {line}: {construct} is not supported by the router's renderer")]
+    TemplateUnsupported {
+        /// The line of the template (1-based) where it is first used.
+        line: usize,
+        /// What is used, e.g. "the filter `foo`".
+        construct: String,
+    },
     /// The template called `raise_exception(message)`: the request is one
     /// the model's template refuses (for example roles that do not alternate).
     #[error("chat template raised an exception: {0}")]

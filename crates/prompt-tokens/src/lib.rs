@@ -118,6 +118,7 @@ mod pyfilters;
 mod pyrepr;
 mod request;
 mod rewrite;
+mod support;
 pub mod synthetic;
 mod template;
 pub mod templates;

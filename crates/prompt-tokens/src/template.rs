@@ -133,8 +133,9 @@ impl fmt::Debug for ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// Compiles `source`. Fails with [`Error::TemplateTooLarge`] or
-    /// [`Error::TemplateSyntax`].
+    /// Compiles `source`. Fails with [`Error::TemplateTooLarge`],
+    /// [`Error::TemplateSyntax`] or, for a filter, test, method or function
+    /// this renderer does not have, [`Error::TemplateUnsupported`].
     pub fn new(
         source: &str,
         special: SpecialTokens,
@@ -192,6 +193,9 @@ impl ChatTemplate {
         );
         env.add_template_owned(NAME, crate::rewrite::guard_for_loops(&source).into_owned())
             .map_err(|e| Error::TemplateSyntax(describe(&e)))?;
+        // What this environment cannot render is refused now, with its
+        // line, rather than on every request that reaches it.
+        crate::support::check(&env, &source)?;
         Ok(Self {
             env,
             direct: DirectTemplate::compile(&source),
@@ -202,6 +206,13 @@ impl ChatTemplate {
             special,
             content_format: ContentFormat::detect(&source),
         })
+    }
+
+    /// The minijinja environment the template renders in (for the load
+    /// check's unit tests).
+    #[cfg(test)]
+    pub(crate) fn environment(&self) -> &Environment<'static> {
+        &self.env
     }
 
     /// How this template expects message content: detected from the

@@ -31,7 +31,8 @@ pub(super) fn tokenizers(parsed: &Parsed, mode: &Mode) -> Result<Tokenizers, Cli
                 let template_at_fault = match (&err, template) {
                     (
                         prompt_tokens::Error::TemplateSyntax(_)
-                        | prompt_tokens::Error::TemplateTooLarge { .. },
+                        | prompt_tokens::Error::TemplateTooLarge { .. }
+                        | prompt_tokens::Error::TemplateUnsupported { .. },
                         Some(_),
                     ) => true,
                     (
@@ -46,7 +47,20 @@ pub(super) fn tokenizers(parsed: &Parsed, mode: &Mode) -> Result<Tokenizers, Cli
                 } else {
                     flag
                 };
-                CliError::invalid(flag, err.to_string())
+                // The template's own problems name the file it came from:
+                // the --chat-template file, or the tokenizer's config.
+                let template_error = matches!(
+                    err,
+                    prompt_tokens::Error::TemplateSyntax(_)
+                        | prompt_tokens::Error::TemplateTooLarge { .. }
+                        | prompt_tokens::Error::TemplateUnsupported { .. }
+                );
+                let message = match template {
+                    Some(template) if template_at_fault => format!("{template}: {err}"),
+                    None if template_error => format!("{path} (its chat template): {err}"),
+                    _ => err.to_string(),
+                };
+                CliError::invalid(flag, message)
             })
     };
     if a.tokenizer_path.is_none()
