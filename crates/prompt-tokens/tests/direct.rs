@@ -1,4 +1,4 @@
-//! The direct renderer (`src/direct.rs`) against minijinja, its reference.
+//! The direct renderer (`src/direct/`) against minijinja, its reference.
 //!
 //! The direct renderer is an accelerator that may decline but must never
 //! disagree: whenever `render_direct` returns a text, minijinja renders

@@ -1,0 +1,504 @@
+//! The compiler from minijinja's syntax tree to the program of [`super::tree`].
+
+use minijinja::machinery::ast;
+use minijinja::value::ValueKind;
+
+use super::Name;
+use super::tree::{Cmp, Expr, FilterKind, ForLoop, LoopAttr, MacroDef, Method, Stmt, TestKind};
+use crate::template::JsonOptions;
+
+/// minijinja's global functions other than the ones this module runs; a
+/// bare or called reference to one declines.
+const OTHER_GLOBALS: [&str; 7] = [
+    "range",
+    "dict",
+    "debug",
+    "lipsum",
+    "cycler",
+    "joiner",
+    "raise_exception",
+];
+
+/// Names assigned outside macro bodies (`set`, loop targets, `with`,
+/// block sets): a macro that reads one would see minijinja's closure of
+/// it, which this module does not model.
+pub(super) fn collect_assigned<'s>(stmts: &[ast::Stmt<'s>], into: &mut Vec<&'s str>) {
+    fn targets<'s>(expr: &ast::Expr<'s>, into: &mut Vec<&'s str>) {
+        match expr {
+            ast::Expr::Var(v) => into.push(v.id),
+            ast::Expr::List(l) => l.items.iter().for_each(|e| targets(e, into)),
+            _ => {}
+        }
+    }
+    for stmt in stmts {
+        match stmt {
+            ast::Stmt::Template(t) => collect_assigned(&t.children, into),
+            ast::Stmt::Set(s) => targets(&s.target, into),
+            ast::Stmt::SetBlock(s) => {
+                targets(&s.target, into);
+                collect_assigned(&s.body, into);
+            }
+            ast::Stmt::ForLoop(f) => {
+                targets(&f.target, into);
+                collect_assigned(&f.body, into);
+                collect_assigned(&f.else_body, into);
+            }
+            ast::Stmt::IfCond(i) => {
+                collect_assigned(&i.true_body, into);
+                collect_assigned(&i.false_body, into);
+            }
+            ast::Stmt::WithBlock(w) => {
+                for (target, _) in &w.assignments {
+                    targets(target, into);
+                }
+                collect_assigned(&w.body, into);
+            }
+            ast::Stmt::AutoEscape(a) => collect_assigned(&a.body, into),
+            ast::Stmt::FilterBlock(f) => collect_assigned(&f.body, into),
+            _ => {}
+        }
+    }
+}
+
+#[derive(Default, Clone)]
+pub(super) struct Scope {
+    /// Inside a macro body: its parameters.
+    macro_locals: Option<Vec<String>>,
+    /// How many `for` loops enclose the node, within the macro or the
+    /// top level.
+    loop_depth: usize,
+    /// Set when a `loop.*` attribute of the innermost loop is compiled.
+    loop_used: bool,
+}
+
+pub(super) struct Compiler<'s> {
+    pub(super) names: Vec<Box<str>>,
+    pub(super) macros: Vec<MacroDef>,
+    pub(super) macro_names: Vec<&'s str>,
+    pub(super) assigned_outside_macros: Vec<&'s str>,
+    pub(super) called_builtins: Vec<Name>,
+    pub(super) scope: Scope,
+}
+
+impl<'s> Compiler<'s> {
+    fn name(&mut self, id: &str) -> Result<Name, String> {
+        if let Some(at) = self.names.iter().position(|n| **n == *id) {
+            return Ok(at as Name);
+        }
+        let at = Name::try_from(self.names.len()).map_err(|_| "too many names".to_owned())?;
+        self.names.push(id.into());
+        Ok(at)
+    }
+
+    fn is_macro(&self, id: &str) -> Option<usize> {
+        self.macro_names.iter().position(|n| *n == id)
+    }
+
+    pub(super) fn block(
+        &mut self,
+        stmts: &[ast::Stmt<'s>],
+        top: bool,
+    ) -> Result<Vec<Stmt>, String> {
+        stmts.iter().map(|s| self.stmt(s, top)).collect()
+    }
+
+    fn stmt(&mut self, stmt: &ast::Stmt<'s>, top: bool) -> Result<Stmt, String> {
+        Ok(match stmt {
+            ast::Stmt::Template(t) => {
+                return Err(format!("a nested template ({} nodes)", t.children.len()));
+            }
+            ast::Stmt::EmitRaw(r) => Stmt::Raw(r.raw.into()),
+            ast::Stmt::EmitExpr(e) => match self.expr(&e.expr)? {
+                Expr::Text(_, text) => Stmt::Raw(text),
+                other => Stmt::Emit(other),
+            },
+            ast::Stmt::IfCond(i) => Stmt::If(
+                self.expr(&i.expr)?,
+                self.block(&i.true_body, false)?,
+                self.block(&i.false_body, false)?,
+            ),
+            ast::Stmt::ForLoop(f) => self.for_loop(f)?,
+            ast::Stmt::Set(s) => match &s.target {
+                ast::Expr::Var(v) => {
+                    if self.is_macro(v.id).is_some() || v.id == "loop" {
+                        return Err(format!("`set` of `{}`", v.id));
+                    }
+                    if is_builtin(v.id) {
+                        return Ok(Stmt::Decline);
+                    }
+                    let value = self.expr(&s.expr)?;
+                    Stmt::Set(self.name(v.id)?, value)
+                }
+                ast::Expr::GetAttr(a) => match &a.expr {
+                    ast::Expr::Var(v) if self.readable(v.id) => {
+                        Stmt::SetAttr(self.name(v.id)?, a.name.into(), self.expr(&s.expr)?)
+                    }
+                    _ => Stmt::Decline,
+                },
+                _ => Stmt::Decline,
+            },
+            ast::Stmt::Macro(m) => {
+                if !top || self.is_macro(m.name).is_some() {
+                    return Err(format!(
+                        "macro `{}` defined inside a block or twice",
+                        m.name
+                    ));
+                }
+                if self.assigned_outside_macros.contains(&m.name) {
+                    return Err(format!("macro `{}` is also assigned", m.name));
+                }
+                let mut params = Vec::new();
+                let mut locals = Vec::new();
+                for arg in &m.args {
+                    let ast::Expr::Var(v) = arg else {
+                        return Err(format!("macro `{}` has an unusual parameter", m.name));
+                    };
+                    if is_builtin(v.id) {
+                        return Err(format!("macro `{}` has a parameter `{}`", m.name, v.id));
+                    }
+                    params.push(self.name(v.id)?);
+                    locals.push(v.id.to_owned());
+                }
+                let body = if m.defaults.is_empty() {
+                    let outer = std::mem::replace(
+                        &mut self.scope,
+                        Scope {
+                            macro_locals: Some(locals),
+                            ..Scope::default()
+                        },
+                    );
+                    let body = self.block(&m.body, false);
+                    self.scope = outer;
+                    body?
+                } else {
+                    vec![Stmt::Decline]
+                };
+                self.macro_names.push(m.name);
+                self.macros.push(MacroDef { params, body });
+                Stmt::Nothing
+            }
+            ast::Stmt::Extends(_)
+            | ast::Stmt::Block(_)
+            | ast::Stmt::Include(_)
+            | ast::Stmt::Import(_)
+            | ast::Stmt::FromImport(_)
+            | ast::Stmt::AutoEscape(_) => {
+                return Err("template inheritance, includes, imports or autoescape".into());
+            }
+            _ => Stmt::Decline,
+        })
+    }
+
+    fn for_loop(&mut self, f: &ast::ForLoop<'s>) -> Result<Stmt, String> {
+        let ast::Expr::Var(target) = &f.target else {
+            return Ok(Stmt::Decline);
+        };
+        if f.recursive
+            || target.id == "loop"
+            || is_builtin(target.id)
+            || self.is_macro(target.id).is_some()
+        {
+            return Ok(Stmt::Decline);
+        }
+        let iter = self.expr(&f.iter)?;
+        let else_body = self.block(&f.else_body, false)?;
+        let target = self.name(target.id)?;
+        let outer_used = self.scope.loop_used;
+        self.scope.loop_depth += 1;
+        self.scope.loop_used = false;
+        let filter = f.filter_expr.as_ref().map(|e| self.expr(e)).transpose();
+        let body = self.block(&f.body, false);
+        let used = self.scope.loop_used;
+        self.scope.loop_depth -= 1;
+        self.scope.loop_used = outer_used;
+        let (filter, body) = (filter?, body?);
+        if filter.is_some() && used {
+            // `loop` over a filtered sequence counts the kept items only;
+            // left to minijinja.
+            return Ok(Stmt::Decline);
+        }
+        Ok(Stmt::For(Box::new(ForLoop {
+            target,
+            iter,
+            filter,
+            body,
+            else_body,
+        })))
+    }
+
+    /// Whether a variable may be read here: inside a macro, only its
+    /// parameters and names the template never assigns outside macros
+    /// (anything else would be minijinja's closure of the macro).
+    fn readable(&self, id: &str) -> bool {
+        match &self.scope.macro_locals {
+            Some(locals) => {
+                locals.iter().any(|l| l == id) || !self.assigned_outside_macros.contains(&id)
+            }
+            None => true,
+        }
+    }
+
+    fn boxed(&mut self, e: &ast::Expr<'s>) -> Result<Box<Expr>, String> {
+        self.expr(e).map(Box::new)
+    }
+
+    fn expr(&mut self, e: &ast::Expr<'s>) -> Result<Expr, String> {
+        // minijinja's code generator folds constant expressions first (its
+        // `and` of constants is `false` when either side is false, where
+        // the running `and` returns the operand): fold the same.
+        if let Some(value) = e.as_const() {
+            return Ok(match value.as_str() {
+                Some(text) => {
+                    let text = text.into();
+                    Expr::Text(value, text)
+                }
+                None => Expr::Const(value),
+            });
+        }
+        Ok(match e {
+            ast::Expr::Var(v) => {
+                let id = v.id;
+                if id == "loop"
+                    || id == "namespace"
+                    || id == "strftime_now"
+                    || OTHER_GLOBALS.contains(&id)
+                    || self.is_macro(id).is_some()
+                    || !self.readable(id)
+                    || (self.scope.macro_locals.is_some() && MACRO_GLOBALS.contains(&id))
+                {
+                    Expr::Decline
+                } else {
+                    Expr::Var(self.name(id)?)
+                }
+            }
+            ast::Expr::Const(c) => Expr::Const(c.value.clone()),
+            ast::Expr::Slice(s) => {
+                if s.step.is_some() {
+                    Expr::Decline
+                } else {
+                    let start = s.start.as_ref().map(|x| self.boxed(x)).transpose()?;
+                    let stop = s.stop.as_ref().map(|x| self.boxed(x)).transpose()?;
+                    Expr::Slice(self.boxed(&s.expr)?, start, stop)
+                }
+            }
+            ast::Expr::UnaryOp(u) => match u.op {
+                ast::UnaryOpKind::Not => Expr::Not(self.boxed(&u.expr)?),
+                ast::UnaryOpKind::Neg => Expr::Neg(self.boxed(&u.expr)?),
+            },
+            ast::Expr::BinOp(b) => {
+                let (left, right) = (self.boxed(&b.left)?, self.boxed(&b.right)?);
+                match b.op {
+                    ast::BinOpKind::Concat => Expr::Concat(left, right),
+                    ast::BinOpKind::ScAnd => Expr::And(left, right),
+                    ast::BinOpKind::ScOr => Expr::Or(left, right),
+                    ast::BinOpKind::Eq => Expr::Compare(left, Cmp::Eq, right),
+                    ast::BinOpKind::Ne => Expr::Compare(left, Cmp::Ne, right),
+                    ast::BinOpKind::Lt => Expr::Compare(left, Cmp::Lt, right),
+                    ast::BinOpKind::Lte => Expr::Compare(left, Cmp::Lte, right),
+                    ast::BinOpKind::Gt => Expr::Compare(left, Cmp::Gt, right),
+                    ast::BinOpKind::Gte => Expr::Compare(left, Cmp::Gte, right),
+                    ast::BinOpKind::In => Expr::Compare(left, Cmp::In, right),
+                    _ => Expr::Decline,
+                }
+            }
+            ast::Expr::Compare(c) => {
+                if c.ops.len() != 1 {
+                    Expr::Decline
+                } else {
+                    let op = match c.ops[0].op {
+                        ast::CompareOpKind::Eq => Cmp::Eq,
+                        ast::CompareOpKind::Ne => Cmp::Ne,
+                        ast::CompareOpKind::Lt => Cmp::Lt,
+                        ast::CompareOpKind::Lte => Cmp::Lte,
+                        ast::CompareOpKind::Gt => Cmp::Gt,
+                        ast::CompareOpKind::Gte => Cmp::Gte,
+                        ast::CompareOpKind::In => Cmp::In,
+                        ast::CompareOpKind::NotIn => Cmp::NotIn,
+                    };
+                    Expr::Compare(self.boxed(&c.expr)?, op, self.boxed(&c.ops[0].expr)?)
+                }
+            }
+            ast::Expr::IfExpr(i) => Expr::Cond(
+                self.boxed(&i.test_expr)?,
+                self.boxed(&i.true_expr)?,
+                i.false_expr.as_ref().map(|x| self.boxed(x)).transpose()?,
+            ),
+            ast::Expr::Filter(f) => self.filter(f)?,
+            ast::Expr::Test(t) => {
+                let kind = match t.name {
+                    "defined" => TestKind::Defined,
+                    "undefined" => TestKind::Undefined,
+                    "none" => TestKind::None,
+                    "string" => TestKind::String,
+                    "sequence" => TestKind::Sequence,
+                    "mapping" => TestKind::Mapping,
+                    "number" => TestKind::Number,
+                    "boolean" => TestKind::Boolean,
+                    _ => return Ok(Expr::Decline),
+                };
+                if !t.args.is_empty() {
+                    return Ok(Expr::Decline);
+                }
+                Expr::Test(kind, self.boxed(&t.expr)?)
+            }
+            ast::Expr::GetAttr(a) => match &a.expr {
+                ast::Expr::Var(v) if v.id == "loop" => {
+                    if self.scope.loop_depth == 0 {
+                        return Ok(Expr::Decline);
+                    }
+                    self.scope.loop_used = true;
+                    match a.name {
+                        "index0" => Expr::Loop(LoopAttr::Index0),
+                        "index" => Expr::Loop(LoopAttr::Index),
+                        "revindex0" => Expr::Loop(LoopAttr::RevIndex0),
+                        "revindex" => Expr::Loop(LoopAttr::RevIndex),
+                        "first" => Expr::Loop(LoopAttr::First),
+                        "last" => Expr::Loop(LoopAttr::Last),
+                        "length" => Expr::Loop(LoopAttr::Length),
+                        _ => Expr::Decline,
+                    }
+                }
+                base => Expr::Attr(self.boxed(base)?, a.name.into()),
+            },
+            ast::Expr::GetItem(g) => {
+                Expr::Item(self.boxed(&g.expr)?, self.boxed(&g.subscript_expr)?)
+            }
+            ast::Expr::Call(c) => self.call(c)?,
+            ast::Expr::List(l) => Expr::List(
+                l.items
+                    .iter()
+                    .map(|x| self.expr(x))
+                    .collect::<Result<_, _>>()?,
+            ),
+            ast::Expr::Map(_) => Expr::Decline,
+        })
+    }
+
+    fn positional(&mut self, args: &[ast::CallArg<'s>]) -> Result<Option<Vec<Expr>>, String> {
+        let mut out = Vec::with_capacity(args.len());
+        for arg in args {
+            match arg {
+                ast::CallArg::Pos(e) => out.push(self.expr(e)?),
+                _ => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    fn filter(&mut self, f: &ast::Filter<'s>) -> Result<Expr, String> {
+        let Some(operand) = &f.expr else {
+            return Ok(Expr::Decline);
+        };
+        let kind = match (f.name, f.args.as_slice()) {
+            ("trim", []) => FilterKind::Trim,
+            ("length" | "count", []) => FilterKind::Length,
+            ("safe", []) => FilterKind::Safe,
+            ("default" | "d", [ast::CallArg::Pos(fallback)]) => {
+                FilterKind::Default(self.boxed(fallback)?)
+            }
+            ("tojson", args) => match tojson_options(args) {
+                Some(options) => FilterKind::ToJson(options),
+                None => return Ok(Expr::Decline),
+            },
+            _ => return Ok(Expr::Decline),
+        };
+        Ok(Expr::Filter(kind, self.boxed(operand)?))
+    }
+
+    fn call(&mut self, c: &ast::Call<'s>) -> Result<Expr, String> {
+        match c.identify_call() {
+            ast::CallType::Function(name) => {
+                if let Some(index) = self.is_macro(name) {
+                    let Some(args) = self.positional(&c.args)? else {
+                        return Ok(Expr::Decline);
+                    };
+                    if args.len() > self.macros[index].params.len() {
+                        return Ok(Expr::Decline);
+                    }
+                    return Ok(Expr::CallMacro(index, args));
+                }
+                if self.assigned_outside_macros.contains(&name) {
+                    return Ok(Expr::Decline);
+                }
+                match name {
+                    "namespace" => {
+                        let mut fields = Vec::with_capacity(c.args.len());
+                        for arg in &c.args {
+                            let ast::CallArg::Kwarg(key, value) = arg else {
+                                return Ok(Expr::Decline);
+                            };
+                            fields.push(((*key).into(), self.expr(value)?));
+                        }
+                        let id = self.name(name)?;
+                        self.called_builtins.push(id);
+                        Ok(Expr::Namespace(fields))
+                    }
+                    "strftime_now" => match self.positional(&c.args)? {
+                        Some(mut args) if args.len() == 1 => {
+                            let id = self.name(name)?;
+                            self.called_builtins.push(id);
+                            Ok(Expr::StrftimeNow(Box::new(args.remove(0))))
+                        }
+                        _ => Ok(Expr::Decline),
+                    },
+                    _ => Ok(Expr::Decline),
+                }
+            }
+            ast::CallType::Method(base, name) => {
+                let Some(mut args) = self.positional(&c.args)? else {
+                    return Ok(Expr::Decline);
+                };
+                let method = match (name, args.len()) {
+                    ("strip", 0) => Method::Strip,
+                    ("lstrip", 0) => Method::LStrip,
+                    ("rstrip", 0) => Method::RStrip,
+                    ("startswith", 1) => Method::StartsWith(Box::new(args.remove(0))),
+                    ("endswith", 1) => Method::EndsWith(Box::new(args.remove(0))),
+                    _ => return Ok(Expr::Decline),
+                };
+                Ok(Expr::Method(self.boxed(base)?, method))
+            }
+            _ => Ok(Expr::Decline),
+        }
+    }
+}
+
+/// `tojson`'s options from constant keyword arguments (`indent` as an
+/// integer, `sort_keys`, `ensure_ascii`); anything else is minijinja's.
+fn tojson_options(args: &[ast::CallArg<'_>]) -> Option<JsonOptions> {
+    let mut indent = None;
+    let mut sort_keys = false;
+    let mut ensure_ascii = false;
+    for arg in args {
+        let ast::CallArg::Kwarg(key, ast::Expr::Const(value)) = arg else {
+            return None;
+        };
+        let value = &value.value;
+        match *key {
+            "indent" if value.is_none() => indent = None,
+            "indent" => indent = Some(usize::try_from(value.as_i64()?).ok()?),
+            "sort_keys" if value.kind() == ValueKind::Bool => sort_keys = value.is_true(),
+            "ensure_ascii" if value.kind() == ValueKind::Bool => ensure_ascii = value.is_true(),
+            _ => return None,
+        }
+    }
+    Some(JsonOptions::new(
+        indent.map(|n| " ".repeat(n.min(64))),
+        None,
+        sort_keys,
+        ensure_ascii,
+    ))
+}
+
+/// Whether `id` names a function this module runs or minijinja defines:
+/// a variable of that name (a `set`, a loop target, a macro parameter)
+/// would shadow it, which is left to minijinja.
+fn is_builtin(id: &str) -> bool {
+    id == "namespace"
+        || id == "strftime_now"
+        || OTHER_GLOBALS.contains(&id)
+        || MACRO_GLOBALS.contains(&id)
+}
+
+/// Names minijinja defines inside a macro body.
+const MACRO_GLOBALS: [&str; 4] = ["varargs", "kwargs", "caller", "self"];

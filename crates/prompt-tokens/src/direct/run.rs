@@ -1,0 +1,539 @@
+//! The evaluator: one rendering of a compiled template.
+
+use std::fmt::Write as _;
+
+use minijinja::value::{Value, ValueKind};
+
+use super::tree::{Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Stmt, TestKind};
+use super::value::{V, compare, int};
+use super::{Declined, DirectTemplate, MAX_MACRO_DEPTH, Name, Step};
+use crate::request::small_map_get;
+use crate::template::{json_text, strftime_cached};
+
+pub(super) struct LoopState {
+    index: usize,
+    len: usize,
+}
+
+pub(super) struct Run<'a> {
+    pub(super) template: &'a DirectTemplate,
+    pub(super) globals: Vec<Option<&'a Value>>,
+    pub(super) vars: Vec<(Name, V<'a>)>,
+    /// Lookups in `vars` stop here: the start of the running macro's frame.
+    pub(super) barrier: usize,
+    pub(super) loops: Vec<LoopState>,
+    pub(super) namespaces: Vec<Vec<(&'a str, V<'a>)>>,
+    pub(super) out: String,
+    pub(super) max_output: usize,
+    pub(super) steps_left: u64,
+    pub(super) depth: usize,
+    pub(super) clock_seconds: &'a dyn Fn() -> i64,
+}
+
+impl<'a> Run<'a> {
+    fn step(&mut self) -> Step<()> {
+        self.steps_left = self.steps_left.checked_sub(1).ok_or(Declined)?;
+        Ok(())
+    }
+
+    fn write(&mut self, text: &str) -> Step<()> {
+        if self.out.len().saturating_add(text.len()) > self.max_output {
+            return Err(Declined);
+        }
+        self.out.push_str(text);
+        Ok(())
+    }
+
+    pub(super) fn exec(&mut self, stmts: &'a [Stmt]) -> Step<()> {
+        for stmt in stmts {
+            self.step()?;
+            match stmt {
+                Stmt::Raw(text) => self.write(text)?,
+                Stmt::Emit(e) => self.emit(e)?,
+                Stmt::If(cond, then, otherwise) => {
+                    if self.test(cond)? {
+                        self.exec(then)?;
+                    } else {
+                        self.exec(otherwise)?;
+                    }
+                }
+                Stmt::For(f) => self.for_loop(f)?,
+                Stmt::Set(name, e) => {
+                    let value = self.eval(e)?;
+                    self.vars.push((*name, value));
+                }
+                Stmt::SetAttr(name, attr, e) => {
+                    let V::Ns(ns) = self.lookup(*name) else {
+                        return Err(Declined);
+                    };
+                    let value = self.eval(e)?;
+                    let fields = &mut self.namespaces[ns];
+                    match fields.iter_mut().find(|(k, _)| *k == &**attr) {
+                        Some(slot) => slot.1 = value,
+                        None => fields.push((attr, value)),
+                    }
+                }
+                Stmt::Nothing => {}
+                Stmt::Decline => return Err(Declined),
+            }
+        }
+        Ok(())
+    }
+
+    fn for_loop(&mut self, f: &'a ForLoop) -> Step<()> {
+        let seq = self.eval(&f.iter)?;
+        let borrowed = seq.borrowed_items();
+        let len = match seq.items() {
+            Some(list) => list.len(),
+            None if seq.value()?.is_undefined() => 0,
+            None => return Err(Declined),
+        };
+        self.loops.push(LoopState { index: 0, len });
+        let mut ran = false;
+        for index in 0..len {
+            self.step()?;
+            let item = match borrowed {
+                Some(list) => V::Ref(&list[index]),
+                None => V::Own(seq.items().ok_or(Declined)?[index].clone()),
+            };
+            let mark = self.vars.len();
+            self.vars.push((f.target, item));
+            if let Some(filter) = &f.filter {
+                // minijinja runs a filtered loop's items twice: once to
+                // filter, once for the body.
+                self.step()?;
+                if !self.test(filter)? {
+                    self.vars.truncate(mark);
+                    continue;
+                }
+            }
+            ran = true;
+            if let Some(state) = self.loops.last_mut() {
+                state.index = index;
+            }
+            self.exec(&f.body)?;
+            self.vars.truncate(mark);
+        }
+        self.loops.pop();
+        if !ran {
+            // minijinja runs `else` in the enclosing scope: its `set`s stay.
+            self.exec(&f.else_body)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `v` is true as minijinja's `if` decides.
+    fn truthy(&self, v: &V<'a>) -> Step<bool> {
+        match v {
+            V::Ref(value) => Ok(value.is_true()),
+            V::Own(value) => Ok(value.is_true()),
+            // A namespace is a map: true once it has a field.
+            V::Ns(ns) => Ok(!self.namespaces[*ns].is_empty()),
+            // minijinja's slice is a lazy iterable; left to it.
+            V::Slice(_) => Err(Declined),
+        }
+    }
+
+    /// Evaluates `e` and decides whether it is true.
+    fn test(&mut self, e: &'a Expr) -> Step<bool> {
+        let v = self.eval(e)?;
+        self.truthy(&v)
+    }
+
+    fn lookup(&self, name: Name) -> V<'a> {
+        for (n, value) in self.vars[self.barrier..].iter().rev() {
+            if *n == name {
+                return value.clone();
+            }
+        }
+        match self.globals[usize::from(name)] {
+            Some(value) => V::Ref(value),
+            None => V::undefined(),
+        }
+    }
+
+    /// Writes `e`'s value as `{{ e }}` prints it; conditionals and macro
+    /// calls are written piece by piece, as they print the same. A `~`
+    /// chain is joined first: its pieces are strings as `~` makes them
+    /// (`Display`), which is not how `{{ }}` prints a non-string.
+    fn emit(&mut self, e: &'a Expr) -> Step<()> {
+        match e {
+            Expr::Concat(..) => {
+                let mut text = String::new();
+                self.append(&mut text, e)?;
+                self.write(&text)
+            }
+            Expr::Cond(test, yes, no) => {
+                self.step()?;
+                if self.test(test)? {
+                    self.emit(yes)
+                } else if let Some(no) = no {
+                    self.emit(no)
+                } else {
+                    Ok(())
+                }
+            }
+            Expr::CallMacro(index, args) => self.call_macro(*index, args),
+            Expr::Text(_, text) => {
+                self.step()?;
+                self.write(text)
+            }
+            other => {
+                let value = self.eval(other)?;
+                self.print(value.value()?)
+            }
+        }
+    }
+
+    /// Prints a value as the template's formatter does with no
+    /// auto-escaping: a string as it is, None, booleans, numbers, lists
+    /// and dicts as Python's `str()` (module `pyrepr`), anything else
+    /// through the value's `Display`.
+    fn print(&mut self, value: &Value) -> Step<()> {
+        if let Some(text) = value.as_str() {
+            return self.write(text);
+        }
+        if let Some(text) = crate::pyrepr::python_str(value) {
+            return self.write(&text);
+        }
+        let _ = write!(self.out, "{value}");
+        if self.out.len() > self.max_output {
+            return Err(Declined);
+        }
+        Ok(())
+    }
+
+    fn call_macro(&mut self, index: usize, args: &'a [Expr]) -> Step<()> {
+        self.step()?;
+        let def = &self.template.macros[index];
+        if self.depth >= MAX_MACRO_DEPTH {
+            return Err(Declined);
+        }
+        let mut values = Vec::with_capacity(def.params.len());
+        for arg in args {
+            values.push(self.eval(arg)?);
+        }
+        let mark = self.vars.len();
+        let outer_barrier = std::mem::replace(&mut self.barrier, mark);
+        let mut values = values.into_iter();
+        for &param in &def.params {
+            // minijinja spends an instruction binding each parameter.
+            self.step()?;
+            let value = values.next().unwrap_or_else(V::undefined);
+            self.vars.push((param, value));
+        }
+        self.depth += 1;
+        let done = self.exec(&def.body);
+        self.depth -= 1;
+        self.vars.truncate(mark);
+        self.barrier = outer_barrier;
+        done
+    }
+
+    fn capture_macro(&mut self, index: usize, args: &'a [Expr]) -> Step<V<'a>> {
+        let outer = std::mem::take(&mut self.out);
+        let done = self.call_macro(index, args);
+        let text = std::mem::replace(&mut self.out, outer);
+        done?;
+        Ok(V::Own(Value::from(text)))
+    }
+
+    fn eval(&mut self, e: &'a Expr) -> Step<V<'a>> {
+        self.step()?;
+        Ok(match e {
+            Expr::Const(value) | Expr::Text(value, _) => V::Ref(value),
+            Expr::Var(name) => self.lookup(*name),
+            Expr::Loop(attr) => {
+                let state = self.loops.last().ok_or(Declined)?;
+                let (i, n) = (state.index as i64, state.len as i64);
+                match attr {
+                    LoopAttr::Index0 => V::Own(Value::from(i)),
+                    LoopAttr::Index => V::Own(Value::from(i + 1)),
+                    LoopAttr::RevIndex0 => V::Own(Value::from(n - i - 1)),
+                    LoopAttr::RevIndex => V::Own(Value::from(n - i)),
+                    LoopAttr::First => V::bool(i == 0),
+                    LoopAttr::Last => V::bool(i + 1 == n),
+                    LoopAttr::Length => V::Own(Value::from(n)),
+                }
+            }
+            Expr::Attr(base, name) => {
+                let base = self.eval(base)?;
+                self.attr(base, name)?
+            }
+            Expr::Item(base, key) => {
+                let base = self.eval(base)?;
+                let key = self.eval(key)?;
+                self.item(base, key.value()?)?
+            }
+            Expr::Slice(base, start, stop) => {
+                let base = self.eval(base)?;
+                let len = base.items().ok_or(Declined)?.len() as i64;
+                let bound = |this: &mut Self, e: &'a Option<Box<Expr>>, default: i64| {
+                    let Some(e) = e else { return Ok(default) };
+                    let v = this.eval(e)?;
+                    let v = v.value()?;
+                    if v.is_none() {
+                        return Ok(default);
+                    }
+                    let i = int(v).ok_or(Declined)?;
+                    Ok(if i < 0 { (len + i).max(0) } else { i.min(len) })
+                };
+                let from = bound(self, start, 0)?;
+                let to = bound(self, stop, len)?.max(from);
+                let range = from as usize..to as usize;
+                // minijinja's slice is a lazy iterable (not a sequence to
+                // `is sequence`): modelled only as a view of borrowed items.
+                V::Slice(&base.borrowed_items().ok_or(Declined)?[range])
+            }
+            Expr::Not(inner) => V::bool(!self.test(inner)?),
+            Expr::Neg(inner) => {
+                let v = self.eval(inner)?;
+                let n = int(v.value()?).ok_or(Declined)?;
+                V::Own(Value::from(n.checked_neg().ok_or(Declined)?))
+            }
+            Expr::Concat(left, right) => {
+                let mut text = String::new();
+                self.append(&mut text, left)?;
+                self.append(&mut text, right)?;
+                V::Own(Value::from(text))
+            }
+            Expr::And(left, right) => {
+                let l = self.eval(left)?;
+                if self.truthy(&l)? {
+                    self.eval(right)?
+                } else {
+                    l
+                }
+            }
+            Expr::Or(left, right) => {
+                let l = self.eval(left)?;
+                if self.truthy(&l)? {
+                    l
+                } else {
+                    self.eval(right)?
+                }
+            }
+            Expr::Compare(left, op, right) => {
+                let l = self.eval(left)?;
+                let r = self.eval(right)?;
+                let l = l.value()?;
+                V::bool(match (op, r.items()) {
+                    (Cmp::In, Some(list)) => list.iter().any(|x| x == l),
+                    (Cmp::NotIn, Some(list)) => !list.iter().any(|x| x == l),
+                    _ => compare(l, *op, r.value()?)?,
+                })
+            }
+            Expr::Cond(test, yes, no) => {
+                if self.test(test)? {
+                    self.eval(yes)?
+                } else if let Some(no) = no {
+                    self.eval(no)?
+                } else {
+                    V::undefined()
+                }
+            }
+            Expr::Test(kind, inner) => {
+                let v = self.eval(inner)?;
+                if let V::Slice(_) = v {
+                    // An iterable: defined, and no sequence.
+                    return Ok(V::bool(matches!(kind, TestKind::Defined)));
+                }
+                let v = v.value()?;
+                V::bool(match kind {
+                    TestKind::Defined => !v.is_undefined(),
+                    TestKind::Undefined => v.is_undefined(),
+                    TestKind::None => v.is_none(),
+                    TestKind::String => v.kind() == ValueKind::String,
+                    TestKind::Sequence => v.kind() == ValueKind::Seq,
+                    TestKind::Mapping => v.kind() == ValueKind::Map,
+                    TestKind::Number => v.kind() == ValueKind::Number,
+                    TestKind::Boolean => v.kind() == ValueKind::Bool,
+                })
+            }
+            Expr::Filter(kind, inner) => {
+                let v = self.eval(inner)?;
+                self.filter(kind, v)?
+            }
+            Expr::List(elements) => {
+                let mut list = Vec::with_capacity(elements.len());
+                for element in elements {
+                    list.push(self.eval(element)?.value()?.clone());
+                }
+                V::Own(Value::from(list))
+            }
+            Expr::CallMacro(index, args) => self.capture_macro(*index, args)?,
+            Expr::Namespace(fields) => {
+                let mut values = Vec::with_capacity(fields.len());
+                for (key, e) in fields {
+                    let value = self.eval(e)?;
+                    values.push((&**key, value));
+                }
+                self.namespaces.push(values);
+                V::Ns(self.namespaces.len() - 1)
+            }
+            Expr::StrftimeNow(format) => {
+                let format = self.eval(format)?;
+                let format = format.value()?.as_str().ok_or(Declined)?;
+                V::Own(strftime_cached(format, (self.clock_seconds)()))
+            }
+            Expr::Method(base, method) => {
+                let base = self.eval(base)?;
+                let text = base.value()?;
+                if text.kind() != ValueKind::String {
+                    return Err(Declined);
+                }
+                let text = text.as_str().ok_or(Declined)?;
+                match method {
+                    Method::Strip => V::Own(Value::from(text.trim())),
+                    Method::LStrip => V::Own(Value::from(text.trim_start())),
+                    Method::RStrip => V::Own(Value::from(text.trim_end())),
+                    Method::StartsWith(arg) | Method::EndsWith(arg) => {
+                        let arg = self.eval(arg)?;
+                        let arg = arg.value()?;
+                        if arg.kind() != ValueKind::String {
+                            return Err(Declined);
+                        }
+                        let affix = arg.as_str().ok_or(Declined)?;
+                        V::bool(if matches!(method, Method::StartsWith(_)) {
+                            text.starts_with(affix)
+                        } else {
+                            text.ends_with(affix)
+                        })
+                    }
+                }
+            }
+            Expr::Decline => return Err(Declined),
+        })
+    }
+
+    /// Appends `e`'s text as `~` does.
+    fn append(&mut self, text: &mut String, e: &'a Expr) -> Step<()> {
+        if let Expr::Concat(left, right) = e {
+            self.step()?;
+            self.append(text, left)?;
+            return self.append(text, right);
+        }
+        if let Expr::Text(_, constant) = e {
+            self.step()?;
+            text.push_str(constant);
+            return Ok(());
+        }
+        // `~` is `format!("{left}{right}")` in minijinja: each side's
+        // `Display`.
+        let v = self.eval(e)?;
+        let v = v.value()?;
+        match v.as_str() {
+            Some(s) => text.push_str(s),
+            None => {
+                let _ = write!(text, "{v}");
+            }
+        }
+        if text.len() > self.max_output {
+            return Err(Declined);
+        }
+        Ok(())
+    }
+
+    fn attr(&self, base: V<'a>, name: &'a str) -> Step<V<'a>> {
+        match base {
+            V::Ns(ns) => Ok(self.namespaces[ns]
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(V::undefined)),
+            V::Ref(value) => {
+                if let Some(found) = small_map_get(value, name) {
+                    return Ok(found.map_or_else(V::undefined, V::Ref));
+                }
+                value.get_attr(name).map(V::Own).map_err(|_| Declined)
+            }
+            V::Own(value) => {
+                if let Some(found) = small_map_get(&value, name) {
+                    return Ok(found.map_or_else(V::undefined, |v| V::Own(v.clone())));
+                }
+                value.get_attr(name).map(V::Own).map_err(|_| Declined)
+            }
+            V::Slice(_) => Err(Declined),
+        }
+    }
+
+    fn item(&self, base: V<'a>, key: &Value) -> Step<V<'a>> {
+        if let (V::Slice(_), Some(i)) = (&base, int(key))
+            && i < 0
+        {
+            return Err(Declined);
+        }
+        if let (Some(list), Some(i)) = (base.borrowed_items(), int(key)) {
+            let len = list.len() as i64;
+            let at = if i < 0 { len + i } else { i };
+            return Ok(if (0..len).contains(&at) {
+                V::Ref(&list[at as usize])
+            } else {
+                V::undefined()
+            });
+        }
+        if let V::Ref(value) = base
+            && let Some(name) = key.as_str()
+            && let Some(found) = small_map_get(value, name)
+        {
+            return Ok(found.map_or_else(V::undefined, V::Ref));
+        }
+        match base {
+            V::Ns(_) | V::Slice(_) => Err(Declined),
+            other => other
+                .value()?
+                .get_item(key)
+                .map(V::Own)
+                .map_err(|_| Declined),
+        }
+    }
+
+    fn filter(&mut self, kind: &'a FilterKind, v: V<'a>) -> Step<V<'a>> {
+        if let V::Slice(list) = v {
+            return match kind {
+                FilterKind::Length => Ok(V::Own(Value::from(list.len() as i64))),
+                FilterKind::Default(_) => Ok(v),
+                _ => Err(Declined),
+            };
+        }
+        let value = v.value()?;
+        Ok(match kind {
+            FilterKind::Trim => {
+                if value.kind() != ValueKind::String {
+                    return Err(Declined);
+                }
+                V::Own(Value::from(crate::template::python_strip(
+                    value.as_str().ok_or(Declined)?,
+                )))
+            }
+            FilterKind::Length => match value.kind() {
+                ValueKind::String => V::Own(Value::from(
+                    value.as_str().ok_or(Declined)?.chars().count() as i64,
+                )),
+                ValueKind::Seq | ValueKind::Map => {
+                    V::Own(Value::from(value.len().ok_or(Declined)? as i64))
+                }
+                _ => return Err(Declined),
+            },
+            FilterKind::Safe => {
+                if value.kind() != ValueKind::String {
+                    return Err(Declined);
+                }
+                V::Own(Value::from_safe_string(
+                    value.as_str().ok_or(Declined)?.to_owned(),
+                ))
+            }
+            FilterKind::ToJson(options) => {
+                let text = json_text(value, options).map_err(|_| Declined)?;
+                V::Own(Value::from_safe_string(text))
+            }
+            FilterKind::Default(fallback) => {
+                if value.is_undefined() {
+                    self.eval(fallback)?
+                } else {
+                    v
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,108 @@
+//! The compiled program: statements and expressions over numbered names.
+
+use minijinja::value::Value;
+
+use super::Name;
+use crate::template::JsonOptions;
+
+pub(super) struct MacroDef {
+    pub(super) params: Vec<Name>,
+    pub(super) body: Vec<Stmt>,
+}
+
+pub(super) enum Stmt {
+    Raw(Box<str>),
+    Emit(Expr),
+    If(Expr, Vec<Stmt>, Vec<Stmt>),
+    For(Box<ForLoop>),
+    Set(Name, Expr),
+    SetAttr(Name, Box<str>, Expr),
+    /// A macro definition: macros are resolved when compiling.
+    Nothing,
+    Decline,
+}
+
+pub(super) struct ForLoop {
+    pub(super) target: Name,
+    pub(super) iter: Expr,
+    pub(super) filter: Option<Expr>,
+    pub(super) body: Vec<Stmt>,
+    pub(super) else_body: Vec<Stmt>,
+}
+
+pub(super) enum Expr {
+    Const(Value),
+    /// A string constant: its value, and its text to print as is.
+    Text(Value, Box<str>),
+    Var(Name),
+    Loop(LoopAttr),
+    Attr(Box<Expr>, Box<str>),
+    Item(Box<Expr>, Box<Expr>),
+    Slice(Box<Expr>, Option<Box<Expr>>, Option<Box<Expr>>),
+    Not(Box<Expr>),
+    Neg(Box<Expr>),
+    Concat(Box<Expr>, Box<Expr>),
+    And(Box<Expr>, Box<Expr>),
+    Or(Box<Expr>, Box<Expr>),
+    Compare(Box<Expr>, Cmp, Box<Expr>),
+    Cond(Box<Expr>, Box<Expr>, Option<Box<Expr>>),
+    Test(TestKind, Box<Expr>),
+    Filter(FilterKind, Box<Expr>),
+    List(Vec<Expr>),
+    CallMacro(usize, Vec<Expr>),
+    Namespace(Vec<(Box<str>, Expr)>),
+    StrftimeNow(Box<Expr>),
+    Method(Box<Expr>, Method),
+    Decline,
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum LoopAttr {
+    Index0,
+    Index,
+    RevIndex0,
+    RevIndex,
+    First,
+    Last,
+    Length,
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Lte,
+    Gt,
+    Gte,
+    In,
+    NotIn,
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum TestKind {
+    Defined,
+    Undefined,
+    None,
+    String,
+    Sequence,
+    Mapping,
+    Number,
+    Boolean,
+}
+
+pub(super) enum FilterKind {
+    Trim,
+    Length,
+    Safe,
+    ToJson(JsonOptions),
+    Default(Box<Expr>),
+}
+
+pub(super) enum Method {
+    Strip,
+    LStrip,
+    RStrip,
+    StartsWith(Box<Expr>),
+    EndsWith(Box<Expr>),
+}
