@@ -410,7 +410,11 @@ async fn a_hanging_collector_does_not_slow_requests() {
     let tracing = Tracing::start(&config, tokio::runtime::Handle::current()).unwrap();
     let subscriber = tracing_subscriber::registry().with(tracing.layer());
     let _default = tracing::subscriber::set_default(subscriber);
-    let fixture = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
+    let router_config = RouterConfig {
+        metrics_sources: vec![tracing.metrics_source()],
+        ..traced_config()
+    };
+    let fixture = Fixture::start(router_config, vec![EngineConfig::default()]).await;
     let started = std::time::Instant::now();
     for _ in 0..20 {
         let (status, _, _) = call(
@@ -429,6 +433,24 @@ async fn a_hanging_collector_does_not_slow_requests() {
         "{:?}",
         started.elapsed()
     );
+    // The operator sees it on /metrics: spans dropped because the queue
+    // stayed full, then the hung batch failing at its timeout; none
+    // exported, and every one of the 20 requests' 6 spans accounted for.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let counts = loop {
+        let counts = trace_counts(fixture.addr).await;
+        if counts.export_failed > 0 && counts.accounted() == 120
+            || tokio::time::Instant::now() >= deadline
+        {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(counts.queue_full > 0, "{counts:?}");
+    assert!(counts.export_failed > 0, "{counts:?}");
+    assert_eq!(counts.exported, 0, "{counts:?}");
+    assert!(counts.queued <= 4, "{counts:?}");
+    assert_eq!(counts.accounted(), 120, "{counts:?}");
     // Stopping the pipeline is bounded by the export timeout too.
     let stopping = std::time::Instant::now();
     tokio::task::spawn_blocking(move || drop(tracing))
@@ -439,6 +461,109 @@ async fn a_hanging_collector_does_not_slow_requests() {
         "{:?}",
         stopping.elapsed()
     );
+}
+
+/// The trace pipeline's series of a router's `/metrics`.
+#[derive(Debug, Default)]
+struct TraceCounts {
+    exported: u64,
+    queue_full: u64,
+    export_failed: u64,
+    shutdown: u64,
+    queued: u64,
+}
+
+impl TraceCounts {
+    /// Spans exported, dropped or still queued: every span built.
+    fn accounted(&self) -> u64 {
+        self.exported + self.queue_full + self.export_failed + self.shutdown + self.queued
+    }
+}
+
+/// Scrapes `/metrics` and reads the `router_trace_*` series (each must be
+/// there).
+async fn trace_counts(addr: SocketAddr) -> TraceCounts {
+    let (status, _, body) = call(addr, "GET", "/metrics", &[], "").await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    let value = |series: &str| -> u64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|err| panic!("{series}: {err}"))
+    };
+    TraceCounts {
+        exported: value("router_trace_spans_exported_total"),
+        queue_full: value("router_trace_spans_dropped_total{reason=\"queue_full\"}"),
+        export_failed: value("router_trace_spans_dropped_total{reason=\"export_failed\"}"),
+        shutdown: value("router_trace_spans_dropped_total{reason=\"shutdown\"}"),
+        queued: value("router_trace_spans_queued"),
+    }
+}
+
+/// With a working collector, `/metrics` counts as exported exactly the
+/// spans the collector decoded, and drops none. A pipeline and receiver of
+/// its own, on this test's thread (a thread-local subscriber).
+#[tokio::test(flavor = "current_thread")]
+async fn exported_spans_are_counted_as_the_collector_decoded_them() {
+    let (addr, received) = receiver().await;
+    let config = ExportConfig {
+        endpoint: format!("http://{addr}/v1/traces"),
+        scheduled_delay: Duration::from_millis(20),
+        ..ExportConfig::default()
+    };
+    let tracing = Arc::new(Tracing::start(&config, tokio::runtime::Handle::current()).unwrap());
+    let subscriber = tracing_subscriber::registry().with(tracing.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let router_config = RouterConfig {
+        metrics_sources: vec![tracing.metrics_source()],
+        ..traced_config()
+    };
+    let fixture = Fixture::start(router_config, vec![EngineConfig::default()]).await;
+    for stream in [false, true, false] {
+        let (status, _, _) = call(
+            fixture.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("content-type", "application/json")],
+            chat_body("counted", stream),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    // Three requests of six spans each.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let (decoded, counts) = loop {
+        let flushing = Arc::clone(&tracing);
+        tokio::task::spawn_blocking(move || flushing.force_flush())
+            .await
+            .unwrap()
+            .unwrap();
+        let decoded = received.lock().unwrap().len() as u64;
+        let counts = trace_counts(fixture.addr).await;
+        if decoded >= 18 && counts.exported >= 18 || tokio::time::Instant::now() >= deadline {
+            break (decoded, counts);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(decoded, 18);
+    assert_eq!(counts.exported, decoded, "{counts:?}");
+    assert_eq!(
+        (
+            counts.queue_full,
+            counts.export_failed,
+            counts.shutdown,
+            counts.queued
+        ),
+        (0, 0, 0, 0),
+        "{counts:?}"
+    );
+    drop(fixture);
+    tokio::task::spawn_blocking(move || drop(tracing))
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
