@@ -16,14 +16,30 @@
 //! └── POST http://worker           ...with its own traceparent to the worker
 //! ```
 //!
+//! A prefill/decode request has, instead of the decisions and attempts,
+//! one client span per leg sent to an engine (each attempt of the whole
+//! request adds its pair), until the engine's response headers:
+//!
+//! ```text
+//! POST /v1/chat/completions        server span
+//! ├── admission, read body, extract
+//! ├── prefill                      the prefill leg (client span)
+//! └── decode                       the decode leg (client span)
+//! ```
+//!
+//! A leg span has `http.request.method`, `url.full`, `server.address`,
+//! `server.port`, `http.response.status_code` (or `error.type`), and
+//! `router.worker` (the worker's URL), `router.pd.phase` (`prefill` or
+//! `decode`), `router.pd.connector` and `router.pd.kv_transfer_params.bytes`
+//! (the size of the leg body's `kv_transfer_params`, when it has one).
+//!
 //! # Context in and out
 //!
 //! An incoming W3C `traceparent` (and `tracestate`) becomes the server
 //! span's parent; each attempt's request to a worker carries a
 //! `traceparent` naming that attempt's span, so an engine that traces
-//! (vLLM with `--otlp-traces-endpoint`) joins the same trace. A
-//! prefill/decode request has the server span only (no phase spans yet);
-//! both of its legs carry the server span's context.
+//! (vLLM with `--otlp-traces-endpoint`) joins the same trace. Each leg of
+//! a prefill/decode request carries its own leg span's context.
 //!
 //! # Off means free
 //!
@@ -718,6 +734,55 @@ pub(crate) fn attempt_span(method: &http::Method, worker: &str, resend: u32) -> 
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
         router.retry.cause = tracing::field::Empty,
+    )
+}
+
+/// What the leg spans of a traced prefill/decode request name besides
+/// the leg itself: set around the request's run (`pd::proxy`), read when
+/// the transport sends a leg.
+#[derive(Debug, Clone)]
+pub(crate) struct PdLegs {
+    /// The connector's name (`nixl`, `mooncake`, ...).
+    pub(crate) connector: &'static str,
+    /// The client's path, the tail of every leg's URL after the worker's.
+    pub(crate) path: String,
+}
+
+/// The client span of one prefill/decode leg: `phase` (`prefill` or
+/// `decode`) sent to `url` with `body`. Names the worker (the URL without
+/// the client's path), the connector and the size of the body's
+/// `kv_transfer_params` (compact JSON, as sent; absent when the body has
+/// none). Traced requests only: the body is parsed once more here.
+pub(crate) fn leg_span(legs: &PdLegs, phase: &'static str, url: &str, body: &[u8]) -> Span {
+    #[derive(serde::Deserialize)]
+    struct KvParams {
+        kv_transfer_params: Option<serde_json::Value>,
+    }
+    let worker = url.strip_suffix(legs.path.as_str()).unwrap_or(url);
+    let uri = url.parse::<http::Uri>().ok();
+    let host = uri.as_ref().and_then(|uri| uri.host());
+    let port = uri.as_ref().and_then(|uri| uri.port_u16()).map(i64::from);
+    let kv_bytes = serde_json::from_slice::<KvParams>(body)
+        .ok()
+        .and_then(|params| params.kv_transfer_params)
+        .and_then(|params| serde_json::to_vec(&params).ok())
+        .map(|bytes| i64::try_from(bytes.len()).unwrap_or(i64::MAX));
+    tracing::info_span!(
+        target: TARGET,
+        "leg",
+        otel.name = phase,
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = "POST",
+        url.full = url,
+        server.address = host,
+        server.port = port,
+        router.worker = worker,
+        router.pd.phase = phase,
+        router.pd.connector = legs.connector,
+        router.pd.kv_transfer_params.bytes = kv_bytes,
+        http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
     )
 }
 

@@ -566,46 +566,77 @@ async fn exported_spans_are_counted_as_the_collector_decoded_them() {
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn both_legs_of_a_prefill_decode_request_carry_the_server_spans_context() {
-    use engine_sim::{Role, TransferRegistry};
-    use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router};
-    pipeline();
-    let connector = PdConnector::Nixl;
-    let (kv, mode) = fleet_sim::for_deployment(connector).unwrap();
-    let registry = TransferRegistry::new();
-    let mut engines = Vec::new();
-    for role in [Role::Prefill, Role::Decode] {
-        let config = EngineConfig {
-            role,
-            kv_connector: kv,
-            moriio_mode: mode,
-            ..EngineConfig::instant()
+/// A P/D router on 127.0.0.1 (NIXL) in front of a prefill and a decode
+/// engine-sim engine.
+struct PdRouter {
+    addr: SocketAddr,
+    engines: Vec<engine_sim::EngineHandle>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<router_http::ShutdownOutcome>,
+}
+
+impl PdRouter {
+    /// `config` with a NIXL P/D deployment of one engine per role.
+    async fn start(config: RouterConfig) -> Self {
+        use engine_sim::{Role, TransferRegistry};
+        use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router};
+        let connector = PdConnector::Nixl;
+        let (kv, mode) = fleet_sim::for_deployment(connector).unwrap();
+        let registry = TransferRegistry::new();
+        let mut engines = Vec::new();
+        for role in [Role::Prefill, Role::Decode] {
+            let config = EngineConfig {
+                role,
+                kv_connector: kv,
+                moriio_mode: mode,
+                ..EngineConfig::instant()
+            };
+            let options = engine_sim::ServeOptions {
+                registry: Some(registry.clone()),
+                ..engine_sim::ServeOptions::default()
+            };
+            engines.push(engine_sim::spawn(config, options).await.unwrap());
+        }
+        let mut pd = PdConfig::new(connector);
+        pd.prefill = vec![PdWorkerConfig::new(engines[0].url())];
+        pd.decode = vec![PdWorkerConfig::new(engines[1].url())];
+        let config = RouterConfig {
+            pd: Some(pd),
+            ..config
         };
-        let options = engine_sim::ServeOptions {
-            registry: Some(registry.clone()),
-            ..engine_sim::ServeOptions::default()
-        };
-        engines.push(engine_sim::spawn(config, options).await.unwrap());
+        let router = Router::start(config).await.unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            router
+                .serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Self {
+            addr,
+            engines,
+            stop,
+            server,
+        }
     }
-    let mut pd = PdConfig::new(connector);
-    pd.prefill = vec![PdWorkerConfig::new(engines[0].url())];
-    pd.decode = vec![PdWorkerConfig::new(engines[1].url())];
-    let config = RouterConfig {
-        pd: Some(pd),
-        ..traced_config()
-    };
-    let router = Router::start(config).await.unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        router
-            .serve(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.server.await;
+    }
+}
+
+/// A prefill/decode request: one client span per leg under the server
+/// span, each naming its worker, phase, connector and the size of its
+/// `kv_transfer_params`, and each engine receives its own leg's context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_leg_of_a_prefill_decode_request_is_a_span_continued_into_its_engine() {
+    pipeline();
+    let pd = PdRouter::start(traced_config()).await;
+    let (addr, engines) = (pd.addr, &pd.engines);
 
     let trace_id = "d4cda95b652f4a1592b449d5929fda1b";
     let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
@@ -621,17 +652,55 @@ async fn both_legs_of_a_prefill_decode_request_carry_the_server_spans_context() 
     )
     .await;
     assert_eq!(status, 200, "{body:?}");
-    let spans = spans_of(&unhex(trace_id), 1).await;
+    // Server, admission, read body, extract, prefill, decode.
+    let spans = spans_of(&unhex(trace_id), 6).await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(spans.len(), 6, "{names:?}");
     let server_span = spans
         .iter()
         .find(|s| s.kind == SpanKind::Server as i32)
         .expect("the server span");
     assert_eq!(hex(&server_span.parent_span_id), PARENT_SPAN);
-    let expected = format!("00-{trace_id}-{}-01", hex(&server_span.span_id));
-    assert_eq!(engines[0].traceparents(), vec![expected.clone()], "prefill");
-    assert_eq!(engines[1].traceparents(), vec![expected], "decode");
-    let _ = stop.send(());
-    let _ = server.await;
+    let legs: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::Client as i32)
+        .collect();
+    assert_eq!(legs.len(), 2, "{names:?}");
+    for (phase, engine) in [("prefill", &engines[0]), ("decode", &engines[1])] {
+        let leg: Vec<&&Span> = legs.iter().filter(|s| s.name == phase).collect();
+        assert_eq!(leg.len(), 1, "one {phase} span in {names:?}");
+        let leg = leg[0];
+        assert_eq!(leg.parent_span_id, server_span.span_id, "{phase}");
+        let worker = engine.url();
+        assert_eq!(str_attr(leg, "router.worker"), worker, "{phase}");
+        assert_eq!(str_attr(leg, "router.pd.phase"), phase);
+        assert_eq!(str_attr(leg, "router.pd.connector"), "nixl");
+        assert_eq!(str_attr(leg, "http.request.method"), "POST");
+        assert_eq!(
+            str_attr(leg, "url.full"),
+            format!("{worker}/v1/chat/completions")
+        );
+        assert_eq!(str_attr(leg, "server.address"), "127.0.0.1");
+        assert_eq!(int_attr(leg, "http.response.status_code"), 200);
+        // NIXL: the prefill leg asks for a remote decode, the decode leg
+        // carries what the prefill engine answered.
+        assert!(
+            int_attr(leg, "router.pd.kv_transfer_params.bytes") > 0,
+            "{phase}"
+        );
+        // The engine continues its leg's span, in the client's trace.
+        let expected = format!("00-{trace_id}-{}-01", hex(&leg.span_id));
+        assert_eq!(engine.traceparents(), vec![expected], "{phase}");
+    }
+    // Prefill first (NIXL is sequential), both within the server span.
+    let (prefill, decode) = if legs[0].name == "prefill" {
+        (legs[0], legs[1])
+    } else {
+        (legs[1], legs[0])
+    };
+    assert!(prefill.start_time_unix_nano <= decode.start_time_unix_nano);
+    assert!(server_span.end_time_unix_nano >= decode.end_time_unix_nano);
+    pd.stop().await;
 }
 
 /// Counts the spans the router builds (its own targets), whoever listens.
@@ -680,6 +749,24 @@ async fn with_tracing_off_the_request_path_builds_no_span() {
         assert_eq!(status, 200);
     }
     assert_eq!(spans(), 0);
+
+    // A P/D router with tracing off: no leg span either, and both legs
+    // forward the client's traceparent.
+    let pd = PdRouter::start(RouterConfig::default()).await;
+    let (status, _, _) = call(
+        pd.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        chat_body("off, prefill then decode", false),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(spans(), 0, "P/D");
+    for engine in &pd.engines {
+        assert_eq!(engine.traceparents(), vec![traceparent.clone()]);
+    }
+    pd.stop().await;
 
     let on = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
     let (status, _, _) = call(on.addr, "GET", "/health", &headers, "").await;
