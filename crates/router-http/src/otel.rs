@@ -187,7 +187,8 @@ pub struct ExportConfig {
     pub endpoint: String,
     /// `service.name` of the exported resource (default `affinity-router`).
     pub service_name: String,
-    /// Spans waiting for export at most (default 2048); more are dropped.
+    /// Spans waiting for export at most (default 2048); more are dropped
+    /// (and counted, see [`Tracing::metrics_source`]).
     pub max_queue_size: usize,
     /// How often a batch is sent (default 5 s, or sooner when a batch of
     /// 512 is ready).
