@@ -718,6 +718,25 @@ fn vllm_routers_trace_flags_start_and_export_the_requests_spans() {
             .unwrap();
         assert_eq!(answer.status(), StatusCode::OK);
         let _ = answer.into_body().collect().await.unwrap();
+        // The trace export's span counters are on /metrics.
+        let metrics = Request::get(format!("{base}/metrics"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let metrics = tokio::time::timeout(Duration::from_secs(10), client.request(metrics))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(metrics.status(), StatusCode::OK);
+        let text = metrics.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&text);
+        for series in [
+            "router_trace_spans_exported_total ",
+            "router_trace_spans_dropped_total{reason=\"queue_full\"} 0",
+            "router_trace_spans_dropped_total{reason=\"export_failed\"} 0",
+            "router_trace_spans_queued ",
+        ] {
+            assert!(text.contains(series), "no {series:?} in /metrics:\n{text}");
+        }
     });
     // A clean stop exports what is left in the batch.
     sigterm(pid);

@@ -91,6 +91,14 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The trace export's span counters join the router's /metrics.
+    let mut settings = settings;
+    if let Some(tracing) = &logging.tracing {
+        settings
+            .router
+            .metrics_sources
+            .push(tracing.metrics_source());
+    }
     if let Some(path) = &logging.file {
         tracing::info!(path = %path.display(), "writing logs to a file too");
     }

@@ -16,14 +16,30 @@
 //! └── POST http://worker           ...with its own traceparent to the worker
 //! ```
 //!
+//! A prefill/decode request has, instead of the decisions and attempts,
+//! one client span per leg sent to an engine (each attempt of the whole
+//! request adds its pair), until the engine's response headers:
+//!
+//! ```text
+//! POST /v1/chat/completions        server span
+//! ├── admission, read body, extract
+//! ├── prefill                      the prefill leg (client span)
+//! └── decode                       the decode leg (client span)
+//! ```
+//!
+//! A leg span has `http.request.method`, `url.full`, `server.address`,
+//! `server.port`, `http.response.status_code` (or `error.type`), and
+//! `router.worker` (the worker's URL), `router.pd.phase` (`prefill` or
+//! `decode`), `router.pd.connector` and `router.pd.kv_transfer_params.bytes`
+//! (the size of the leg body's `kv_transfer_params`, when it has one).
+//!
 //! # Context in and out
 //!
 //! An incoming W3C `traceparent` (and `tracestate`) becomes the server
 //! span's parent; each attempt's request to a worker carries a
 //! `traceparent` naming that attempt's span, so an engine that traces
-//! (vLLM with `--otlp-traces-endpoint`) joins the same trace. A
-//! prefill/decode request has the server span only (no phase spans yet);
-//! both of its legs carry the server span's context.
+//! (vLLM with `--otlp-traces-endpoint`) joins the same trace. Each leg of
+//! a prefill/decode request carries its own leg span's context.
 //!
 //! # Off means free
 //!
@@ -39,6 +55,26 @@
 //! ([`ExportConfig::max_queue_size`]) drained by its own thread. When the
 //! queue is full, spans are dropped; a slow or absent collector costs the
 //! export thread its timeout ([`ExportConfig::timeout`]), never a request.
+//!
+//! # Dropped spans are counted
+//!
+//! Every span the pipeline is given ends in one of these counters, which
+//! [`Tracing::metrics_source`] adds to the router's `/metrics`:
+//!
+//! | Series | Meaning |
+//! |---|---|
+//! | `router_trace_spans_exported_total` | spans the collector accepted |
+//! | `router_trace_spans_dropped_total{reason="queue_full"}` | dropped at once: [`ExportConfig::max_queue_size`] spans were already waiting or being exported |
+//! | `router_trace_spans_dropped_total{reason="export_failed"}` | in a batch the collector refused, or did not answer within [`ExportConfig::timeout`] |
+//! | `router_trace_spans_dropped_total{reason="shutdown"}` | ended after the pipeline stopped |
+//! | `router_trace_spans_queued` | spans waiting for export or in an export under way (gauge) |
+//!
+//! The queue's bound is the router's own (a counter in front of the SDK's
+//! batch processor, whose queue is never fuller than it): admitting or
+//! dropping a span is one atomic update, and a span is counted exported or
+//! failed when its batch's export ends. A collector that is down shows as
+//! `export_failed`; one that hangs, as `export_failed` at each timeout and
+//! then `queue_full` while the queue stays full.
 
 use crate::routes::Route;
 use bytes::Bytes;
@@ -49,11 +85,15 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_http::{HeaderExtractor, HeaderInjector, HttpClient, HttpError};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
+    SpanProcessor,
 };
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tracing::Span;
@@ -147,7 +187,8 @@ pub struct ExportConfig {
     pub endpoint: String,
     /// `service.name` of the exported resource (default `affinity-router`).
     pub service_name: String,
-    /// Spans waiting for export at most (default 2048); more are dropped.
+    /// Spans waiting for export at most (default 2048); more are dropped
+    /// (and counted, see [`Tracing::metrics_source`]).
     pub max_queue_size: usize,
     /// How often a batch is sent (default 5 s, or sooner when a batch of
     /// 512 is ready).
@@ -191,6 +232,7 @@ pub enum TraceError {
 #[derive(Debug)]
 pub struct Tracing {
     provider: SdkTracerProvider,
+    counts: Arc<SpanCounts>,
 }
 
 impl Tracing {
@@ -222,14 +264,25 @@ impl Tracing {
             .with_http_client(client)
             .build()
             .map_err(|err| TraceError::Exporter(err.to_string()))?;
+        let capacity = config.max_queue_size.max(1);
+        let counts = Arc::new(SpanCounts::default());
+        let exporter = CountingExporter {
+            inner: exporter,
+            counts: Arc::clone(&counts),
+        };
         let batch = BatchConfigBuilder::default()
-            .with_max_queue_size(config.max_queue_size.max(1))
-            .with_max_export_batch_size(512.min(config.max_queue_size.max(1)))
+            .with_max_queue_size(capacity)
+            .with_max_export_batch_size(512.min(capacity))
             .with_scheduled_delay(config.scheduled_delay)
             .build();
-        let processor = BatchSpanProcessor::builder(exporter)
-            .with_batch_config(batch)
-            .build();
+        let processor = CountingProcessor {
+            inner: BatchSpanProcessor::builder(exporter)
+                .with_batch_config(batch)
+                .build(),
+            counts: Arc::clone(&counts),
+            capacity,
+            stopped: AtomicBool::new(false),
+        };
         // The router samples before it builds a span
         // (`TraceConfig::sampling_ratio`): every span that reaches the
         // pipeline is one to keep.
@@ -242,7 +295,18 @@ impl Tracing {
             .with_sampler(sampler)
             .with_resource(resource)
             .build();
-        Ok(Self { provider })
+        Ok(Self { provider, counts })
+    }
+
+    /// The pipeline's span counters as `/metrics` series (see the module
+    /// docs): add it to
+    /// [`RouterConfig::metrics_sources`](crate::RouterConfig::metrics_sources).
+    /// Rendered at scrape time from the counters the pipeline keeps.
+    pub fn metrics_source(&self) -> Arc<dyn crate::metrics::MetricsSource> {
+        let counts = Arc::clone(&self.counts);
+        Arc::new(move |exposition: &mut crate::metrics::Exposition<'_>| {
+            counts.render(exposition);
+        })
     }
 
     /// The `tracing` layer that turns the router's spans into OpenTelemetry
@@ -281,6 +345,168 @@ impl Tracing {
 impl Drop for Tracing {
     fn drop(&mut self) {
         let _ = self.provider.shutdown();
+    }
+}
+
+/// What became of the spans given to a pipeline: shared by its
+/// [`CountingProcessor`] (admitted or dropped at once) and its
+/// [`CountingExporter`] (exported or failed).
+#[derive(Debug, Default)]
+struct SpanCounts {
+    /// Spans admitted and not yet through an export.
+    queued: AtomicUsize,
+    exported: crate::metrics::Counter,
+    queue_full: crate::metrics::Counter,
+    export_failed: crate::metrics::Counter,
+    shutdown: crate::metrics::Counter,
+}
+
+impl SpanCounts {
+    /// Takes one place in the queue, or none when `capacity` are taken.
+    fn admit(&self, capacity: usize) -> bool {
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < capacity).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// `spans` admitted spans went through an export, accepted or not.
+    fn settle(&self, spans: usize, exported: bool) {
+        let _ = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(spans))
+            });
+        let spans = u64::try_from(spans).unwrap_or(u64::MAX);
+        if exported {
+            self.exported.add(spans);
+        } else {
+            self.export_failed.add(spans);
+        }
+    }
+
+    fn render(&self, exposition: &mut crate::metrics::Exposition<'_>) {
+        use crate::metrics::MetricType;
+        exposition
+            .family(
+                "router_trace_spans_exported_total",
+                MetricType::Counter,
+                "Trace spans the OTLP collector accepted.",
+            )
+            .sample(&[], self.exported.get());
+        let mut dropped = exposition.family(
+            "router_trace_spans_dropped_total",
+            MetricType::Counter,
+            "Trace spans that never reached the collector, by reason (queue_full: the export queue was full; export_failed: the collector refused the batch or did not answer in time; shutdown: ended after the export stopped).",
+        );
+        dropped.sample(&[("reason", &"queue_full")], self.queue_full.get());
+        dropped.sample(&[("reason", &"export_failed")], self.export_failed.get());
+        dropped.sample(&[("reason", &"shutdown")], self.shutdown.get());
+        let queued = u64::try_from(self.queued.load(Ordering::Relaxed)).unwrap_or(u64::MAX);
+        exposition
+            .family(
+                "router_trace_spans_queued",
+                MetricType::Gauge,
+                "Trace spans waiting for export or in an export under way.",
+            )
+            .sample(&[], queued);
+    }
+}
+
+/// The SDK's batch processor behind a bound of its own: a span finding
+/// `capacity` spans queued is dropped and counted, so the SDK's queue
+/// (as large) never fills and never drops a span uncounted. `on_end` is
+/// one atomic update before the SDK's non-blocking send.
+#[derive(Debug)]
+struct CountingProcessor {
+    inner: BatchSpanProcessor,
+    counts: Arc<SpanCounts>,
+    capacity: usize,
+    stopped: AtomicBool,
+}
+
+impl SpanProcessor for CountingProcessor {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if self.stopped.load(Ordering::Relaxed) {
+            self.counts.shutdown.inc();
+        } else if self.counts.admit(self.capacity) {
+            self.inner.on_end(span);
+        } else {
+            self.counts.queue_full.inc();
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.stopped.store(true, Ordering::Relaxed);
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The OTLP exporter, counting each batch's spans as exported or failed
+/// when its export ends (or is abandoned).
+#[derive(Debug)]
+struct CountingExporter<E> {
+    inner: E,
+    counts: Arc<SpanCounts>,
+}
+
+/// Settles a batch once: as its export's result, or as failed if the
+/// export future is dropped before its end.
+struct Settle {
+    counts: Arc<SpanCounts>,
+    spans: usize,
+    exported: bool,
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        self.counts.settle(self.spans, self.exported);
+    }
+}
+
+impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
+    fn export(
+        &self,
+        batch: Vec<SpanData>,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        let settle = Settle {
+            counts: Arc::clone(&self.counts),
+            spans: batch.len(),
+            exported: false,
+        };
+        let export = self.inner.export(batch);
+        async move {
+            // The whole guard moves in (not only the field written below).
+            let mut settle = settle;
+            let result = export.await;
+            settle.exported = result.is_ok();
+            result
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
     }
 }
 
@@ -509,6 +735,55 @@ pub(crate) fn attempt_span(method: &http::Method, worker: &str, resend: u32) -> 
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
         router.retry.cause = tracing::field::Empty,
+    )
+}
+
+/// What the leg spans of a traced prefill/decode request name besides
+/// the leg itself: set around the request's run (`pd::proxy`), read when
+/// the transport sends a leg.
+#[derive(Debug, Clone)]
+pub(crate) struct PdLegs {
+    /// The connector's name (`nixl`, `mooncake`, ...).
+    pub(crate) connector: &'static str,
+    /// The client's path, the tail of every leg's URL after the worker's.
+    pub(crate) path: String,
+}
+
+/// The client span of one prefill/decode leg: `phase` (`prefill` or
+/// `decode`) sent to `url` with `body`. Names the worker (the URL without
+/// the client's path), the connector and the size of the body's
+/// `kv_transfer_params` (compact JSON, as sent; absent when the body has
+/// none). Traced requests only: the body is parsed once more here.
+pub(crate) fn leg_span(legs: &PdLegs, phase: &'static str, url: &str, body: &[u8]) -> Span {
+    #[derive(serde::Deserialize)]
+    struct KvParams {
+        kv_transfer_params: Option<serde_json::Value>,
+    }
+    let worker = url.strip_suffix(legs.path.as_str()).unwrap_or(url);
+    let uri = url.parse::<http::Uri>().ok();
+    let host = uri.as_ref().and_then(|uri| uri.host());
+    let port = uri.as_ref().and_then(|uri| uri.port_u16()).map(i64::from);
+    let kv_bytes = serde_json::from_slice::<KvParams>(body)
+        .ok()
+        .and_then(|params| params.kv_transfer_params)
+        .and_then(|params| serde_json::to_vec(&params).ok())
+        .map(|bytes| i64::try_from(bytes.len()).unwrap_or(i64::MAX));
+    tracing::info_span!(
+        target: TARGET,
+        "leg",
+        otel.name = phase,
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = "POST",
+        url.full = url,
+        server.address = host,
+        server.port = port,
+        router.worker = worker,
+        router.pd.phase = phase,
+        router.pd.connector = legs.connector,
+        router.pd.kv_transfer_params.bytes = kv_bytes,
+        http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
     )
 }
 

@@ -81,14 +81,30 @@ use worker_lifecycle::{RequestRetries, RoleKind, Worker, WorkerRole};
 pub struct HyperTransport {
     client: UpstreamClient,
     idle: Duration,
+    /// Whether the router traces requests: only then does a leg look for
+    /// its request's [`TRACED_LEGS`] and build a span.
+    #[cfg(feature = "otel")]
+    traces: bool,
 }
 
 impl HyperTransport {
     /// A transport over `client` whose bodies time out after `idle`
     /// without a frame.
     pub fn new(client: UpstreamClient, idle: Duration) -> Self {
-        Self { client, idle }
+        Self {
+            client,
+            idle,
+            #[cfg(feature = "otel")]
+            traces: false,
+        }
     }
+}
+
+#[cfg(feature = "otel")]
+tokio::task_local! {
+    /// Set around a traced request's run ([`proxy`]): each of its legs
+    /// gets a client span and sends that span's context.
+    static TRACED_LEGS: crate::otel::PdLegs;
 }
 
 /// A leg's response body: hyper's, with the idle timeout.
@@ -102,12 +118,44 @@ impl Transport for HyperTransport {
     fn send(&self, leg: LegRequest) -> Self::Future {
         let client = self.client.clone();
         let idle = self.idle;
+        // The leg's span, built here: a child of the request's server
+        // span, current while the flow runs.
+        #[cfg(feature = "otel")]
+        let span = if self.traces {
+            TRACED_LEGS
+                .try_with(|legs| {
+                    crate::otel::leg_span(legs, leg.phase.as_str(), &leg.url, &leg.body)
+                })
+                .ok()
+        } else {
+            None
+        };
         Box::pin(async move {
             let mut request = Request::post(leg.url.as_str())
                 .body(Full::new(leg.body))
                 .map_err(|err| UpstreamError::InvalidRequest(err.to_string()))?;
             *request.headers_mut() = leg.headers;
-            let response = client.send(request).await?;
+            // The engine continues the leg's trace.
+            #[cfg(feature = "otel")]
+            let request = crate::otel::with_context(span.as_ref(), request);
+            let sent = client.send(request);
+            #[cfg(feature = "otel")]
+            let sent = match &span {
+                Some(span) => {
+                    let sent = tracing::Instrument::instrument(sent, span.clone()).await;
+                    match &sent {
+                        Ok(response) => {
+                            crate::otel::record_attempt_status(span, response.status().as_u16())
+                        }
+                        Err(err) => crate::otel::record_attempt_error(span, err),
+                    }
+                    sent
+                }
+                None => sent.await,
+            };
+            #[cfg(not(feature = "otel"))]
+            let sent = sent.await;
+            let response = sent?;
             let (parts, body) = response.into_parts();
             Ok(LegResponse {
                 status: parts.status,
@@ -183,7 +231,12 @@ impl PdState {
                     learn_in_background(&learner, worker, endpoint);
                 }));
         }
-        let transport = HyperTransport::new(client.clone(), config.stream_idle_timeout);
+        #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+        let mut transport = HyperTransport::new(client.clone(), config.stream_idle_timeout);
+        #[cfg(feature = "otel")]
+        {
+            transport.traces = config.trace.enabled;
+        }
         Ok(Self {
             flow: PdFlow::new(transport, pools, pd.flow),
             connector: pd.connector.build(),
@@ -303,8 +356,8 @@ pub(crate) struct PdArrival {
     /// The client's request id, the prefix of the flow's id.
     pub(crate) client_id: HeaderValue,
     pub(crate) deadline: tokio::time::Instant,
-    /// Whether the request has a server span: then both legs carry its
-    /// trace context instead of the client's.
+    /// Whether the request has a server span: then each leg gets a span
+    /// of its own and carries its context instead of the client's.
     #[cfg(feature = "otel")]
     pub(crate) traced: bool,
 }
@@ -348,7 +401,8 @@ pub(crate) async fn proxy(
     if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
         forward = forward.with_authorization(auth.clone());
     }
-    // The server span's context (`Router::handle` runs this inside it).
+    // The server span's context (`Router::handle` runs this inside it);
+    // each leg replaces it with its own span's (`HyperTransport::send`).
     #[cfg(feature = "otel")]
     let context = traced
         .then(|| {
@@ -370,11 +424,17 @@ pub(crate) async fn proxy(
             forward = forward.with_header(HeaderName::from_static(name), value.clone());
         }
     }
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    #[cfg(feature = "otel")]
+    let legs = traced.then(|| crate::otel::PdLegs {
+        connector: pd.pools().connector().as_str(),
+        path: path.clone(),
+    });
     let call = PdCall {
-        path: parts
-            .uri
-            .path_and_query()
-            .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned()),
+        path,
         body: bytes,
         parsed: Some(parsed),
         request_id: flow_id.clone(),
@@ -392,7 +452,14 @@ pub(crate) async fn proxy(
             metrics.retries.inc();
         },
     );
-    let response = match tokio::time::timeout_at(deadline, run).await {
+    #[cfg(feature = "otel")]
+    let outcome = match legs {
+        Some(legs) => tokio::time::timeout_at(deadline, TRACED_LEGS.scope(legs, run)).await,
+        None => tokio::time::timeout_at(deadline, run).await,
+    };
+    #[cfg(not(feature = "otel"))]
+    let outcome = tokio::time::timeout_at(deadline, run).await;
+    let response = match outcome {
         Err(_elapsed) => {
             return Err(ApiError::RequestTimeout {
                 phase: "before the decode response headers (prefill/decode)",

@@ -410,7 +410,11 @@ async fn a_hanging_collector_does_not_slow_requests() {
     let tracing = Tracing::start(&config, tokio::runtime::Handle::current()).unwrap();
     let subscriber = tracing_subscriber::registry().with(tracing.layer());
     let _default = tracing::subscriber::set_default(subscriber);
-    let fixture = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
+    let router_config = RouterConfig {
+        metrics_sources: vec![tracing.metrics_source()],
+        ..traced_config()
+    };
+    let fixture = Fixture::start(router_config, vec![EngineConfig::default()]).await;
     let started = std::time::Instant::now();
     for _ in 0..20 {
         let (status, _, _) = call(
@@ -429,6 +433,24 @@ async fn a_hanging_collector_does_not_slow_requests() {
         "{:?}",
         started.elapsed()
     );
+    // The operator sees it on /metrics: spans dropped because the queue
+    // stayed full, then the hung batch failing at its timeout; none
+    // exported, and every one of the 20 requests' 6 spans accounted for.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let counts = loop {
+        let counts = trace_counts(fixture.addr).await;
+        if counts.export_failed > 0 && counts.accounted() == 120
+            || tokio::time::Instant::now() >= deadline
+        {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(counts.queue_full > 0, "{counts:?}");
+    assert!(counts.export_failed > 0, "{counts:?}");
+    assert_eq!(counts.exported, 0, "{counts:?}");
+    assert!(counts.queued <= 4, "{counts:?}");
+    assert_eq!(counts.accounted(), 120, "{counts:?}");
     // Stopping the pipeline is bounded by the export timeout too.
     let stopping = std::time::Instant::now();
     tokio::task::spawn_blocking(move || drop(tracing))
@@ -441,46 +463,180 @@ async fn a_hanging_collector_does_not_slow_requests() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn both_legs_of_a_prefill_decode_request_carry_the_server_spans_context() {
-    use engine_sim::{Role, TransferRegistry};
-    use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router};
-    pipeline();
-    let connector = PdConnector::Nixl;
-    let (kv, mode) = fleet_sim::for_deployment(connector).unwrap();
-    let registry = TransferRegistry::new();
-    let mut engines = Vec::new();
-    for role in [Role::Prefill, Role::Decode] {
-        let config = EngineConfig {
-            role,
-            kv_connector: kv,
-            moriio_mode: mode,
-            ..EngineConfig::instant()
-        };
-        let options = engine_sim::ServeOptions {
-            registry: Some(registry.clone()),
-            ..engine_sim::ServeOptions::default()
-        };
-        engines.push(engine_sim::spawn(config, options).await.unwrap());
+/// The trace pipeline's series of a router's `/metrics`.
+#[derive(Debug, Default)]
+struct TraceCounts {
+    exported: u64,
+    queue_full: u64,
+    export_failed: u64,
+    shutdown: u64,
+    queued: u64,
+}
+
+impl TraceCounts {
+    /// Spans exported, dropped or still queued: every span built.
+    fn accounted(&self) -> u64 {
+        self.exported + self.queue_full + self.export_failed + self.shutdown + self.queued
     }
-    let mut pd = PdConfig::new(connector);
-    pd.prefill = vec![PdWorkerConfig::new(engines[0].url())];
-    pd.decode = vec![PdWorkerConfig::new(engines[1].url())];
-    let config = RouterConfig {
-        pd: Some(pd),
+}
+
+/// Scrapes `/metrics` and reads the `router_trace_*` series (each must be
+/// there).
+async fn trace_counts(addr: SocketAddr) -> TraceCounts {
+    let (status, _, body) = call(addr, "GET", "/metrics", &[], "").await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    let value = |series: &str| -> u64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in /metrics:\n{text}"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|err| panic!("{series}: {err}"))
+    };
+    TraceCounts {
+        exported: value("router_trace_spans_exported_total"),
+        queue_full: value("router_trace_spans_dropped_total{reason=\"queue_full\"}"),
+        export_failed: value("router_trace_spans_dropped_total{reason=\"export_failed\"}"),
+        shutdown: value("router_trace_spans_dropped_total{reason=\"shutdown\"}"),
+        queued: value("router_trace_spans_queued"),
+    }
+}
+
+/// With a working collector, `/metrics` counts as exported exactly the
+/// spans the collector decoded, and drops none. A pipeline and receiver of
+/// its own, on this test's thread (a thread-local subscriber).
+#[tokio::test(flavor = "current_thread")]
+async fn exported_spans_are_counted_as_the_collector_decoded_them() {
+    let (addr, received) = receiver().await;
+    let config = ExportConfig {
+        endpoint: format!("http://{addr}/v1/traces"),
+        scheduled_delay: Duration::from_millis(20),
+        ..ExportConfig::default()
+    };
+    let tracing = Arc::new(Tracing::start(&config, tokio::runtime::Handle::current()).unwrap());
+    let subscriber = tracing_subscriber::registry().with(tracing.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let router_config = RouterConfig {
+        metrics_sources: vec![tracing.metrics_source()],
         ..traced_config()
     };
-    let router = Router::start(config).await.unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        router
-            .serve(listener, async {
-                let _ = stopped.await;
-            })
+    let fixture = Fixture::start(router_config, vec![EngineConfig::default()]).await;
+    for stream in [false, true, false] {
+        let (status, _, _) = call(
+            fixture.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("content-type", "application/json")],
+            chat_body("counted", stream),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    // Three requests of six spans each.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let (decoded, counts) = loop {
+        let flushing = Arc::clone(&tracing);
+        tokio::task::spawn_blocking(move || flushing.force_flush())
             .await
-    });
+            .unwrap()
+            .unwrap();
+        let decoded = received.lock().unwrap().len() as u64;
+        let counts = trace_counts(fixture.addr).await;
+        if decoded >= 18 && counts.exported >= 18 || tokio::time::Instant::now() >= deadline {
+            break (decoded, counts);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(decoded, 18);
+    assert_eq!(counts.exported, decoded, "{counts:?}");
+    assert_eq!(
+        (
+            counts.queue_full,
+            counts.export_failed,
+            counts.shutdown,
+            counts.queued
+        ),
+        (0, 0, 0, 0),
+        "{counts:?}"
+    );
+    drop(fixture);
+    tokio::task::spawn_blocking(move || drop(tracing))
+        .await
+        .unwrap();
+}
+
+/// A P/D router on 127.0.0.1 (NIXL) in front of a prefill and a decode
+/// engine-sim engine.
+struct PdRouter {
+    addr: SocketAddr,
+    engines: Vec<engine_sim::EngineHandle>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<router_http::ShutdownOutcome>,
+}
+
+impl PdRouter {
+    /// `config` with a NIXL P/D deployment of one engine per role.
+    async fn start(config: RouterConfig) -> Self {
+        use engine_sim::{Role, TransferRegistry};
+        use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router};
+        let connector = PdConnector::Nixl;
+        let (kv, mode) = fleet_sim::for_deployment(connector).unwrap();
+        let registry = TransferRegistry::new();
+        let mut engines = Vec::new();
+        for role in [Role::Prefill, Role::Decode] {
+            let config = EngineConfig {
+                role,
+                kv_connector: kv,
+                moriio_mode: mode,
+                ..EngineConfig::instant()
+            };
+            let options = engine_sim::ServeOptions {
+                registry: Some(registry.clone()),
+                ..engine_sim::ServeOptions::default()
+            };
+            engines.push(engine_sim::spawn(config, options).await.unwrap());
+        }
+        let mut pd = PdConfig::new(connector);
+        pd.prefill = vec![PdWorkerConfig::new(engines[0].url())];
+        pd.decode = vec![PdWorkerConfig::new(engines[1].url())];
+        let config = RouterConfig {
+            pd: Some(pd),
+            ..config
+        };
+        let router = Router::start(config).await.unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            router
+                .serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Self {
+            addr,
+            engines,
+            stop,
+            server,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.server.await;
+    }
+}
+
+/// A prefill/decode request: one client span per leg under the server
+/// span, each naming its worker, phase, connector and the size of its
+/// `kv_transfer_params`, and each engine receives its own leg's context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_leg_of_a_prefill_decode_request_is_a_span_continued_into_its_engine() {
+    pipeline();
+    let pd = PdRouter::start(traced_config()).await;
+    let (addr, engines) = (pd.addr, &pd.engines);
 
     let trace_id = "d4cda95b652f4a1592b449d5929fda1b";
     let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
@@ -496,17 +652,55 @@ async fn both_legs_of_a_prefill_decode_request_carry_the_server_spans_context() 
     )
     .await;
     assert_eq!(status, 200, "{body:?}");
-    let spans = spans_of(&unhex(trace_id), 1).await;
+    // Server, admission, read body, extract, prefill, decode.
+    let spans = spans_of(&unhex(trace_id), 6).await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(spans.len(), 6, "{names:?}");
     let server_span = spans
         .iter()
         .find(|s| s.kind == SpanKind::Server as i32)
         .expect("the server span");
     assert_eq!(hex(&server_span.parent_span_id), PARENT_SPAN);
-    let expected = format!("00-{trace_id}-{}-01", hex(&server_span.span_id));
-    assert_eq!(engines[0].traceparents(), vec![expected.clone()], "prefill");
-    assert_eq!(engines[1].traceparents(), vec![expected], "decode");
-    let _ = stop.send(());
-    let _ = server.await;
+    let legs: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::Client as i32)
+        .collect();
+    assert_eq!(legs.len(), 2, "{names:?}");
+    for (phase, engine) in [("prefill", &engines[0]), ("decode", &engines[1])] {
+        let leg: Vec<&&Span> = legs.iter().filter(|s| s.name == phase).collect();
+        assert_eq!(leg.len(), 1, "one {phase} span in {names:?}");
+        let leg = leg[0];
+        assert_eq!(leg.parent_span_id, server_span.span_id, "{phase}");
+        let worker = engine.url();
+        assert_eq!(str_attr(leg, "router.worker"), worker, "{phase}");
+        assert_eq!(str_attr(leg, "router.pd.phase"), phase);
+        assert_eq!(str_attr(leg, "router.pd.connector"), "nixl");
+        assert_eq!(str_attr(leg, "http.request.method"), "POST");
+        assert_eq!(
+            str_attr(leg, "url.full"),
+            format!("{worker}/v1/chat/completions")
+        );
+        assert_eq!(str_attr(leg, "server.address"), "127.0.0.1");
+        assert_eq!(int_attr(leg, "http.response.status_code"), 200);
+        // NIXL: the prefill leg asks for a remote decode, the decode leg
+        // carries what the prefill engine answered.
+        assert!(
+            int_attr(leg, "router.pd.kv_transfer_params.bytes") > 0,
+            "{phase}"
+        );
+        // The engine continues its leg's span, in the client's trace.
+        let expected = format!("00-{trace_id}-{}-01", hex(&leg.span_id));
+        assert_eq!(engine.traceparents(), vec![expected], "{phase}");
+    }
+    // Prefill first (NIXL is sequential), both within the server span.
+    let (prefill, decode) = if legs[0].name == "prefill" {
+        (legs[0], legs[1])
+    } else {
+        (legs[1], legs[0])
+    };
+    assert!(prefill.start_time_unix_nano <= decode.start_time_unix_nano);
+    assert!(server_span.end_time_unix_nano >= decode.end_time_unix_nano);
+    pd.stop().await;
 }
 
 /// Counts the spans the router builds (its own targets), whoever listens.
@@ -555,6 +749,24 @@ async fn with_tracing_off_the_request_path_builds_no_span() {
         assert_eq!(status, 200);
     }
     assert_eq!(spans(), 0);
+
+    // A P/D router with tracing off: no leg span either, and both legs
+    // forward the client's traceparent.
+    let pd = PdRouter::start(RouterConfig::default()).await;
+    let (status, _, _) = call(
+        pd.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        chat_body("off, prefill then decode", false),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(spans(), 0, "P/D");
+    for engine in &pd.engines {
+        assert_eq!(engine.traceparents(), vec![traceparent.clone()]);
+    }
+    pd.stop().await;
 
     let on = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
     let (status, _, _) = call(on.addr, "GET", "/health", &headers, "").await;
