@@ -132,6 +132,11 @@ struct Args {
     /// request is worth (default: lb-policies' `DEFAULT_LOAD_WEIGHT`).
     #[arg(long)]
     load_weight: Option<f64>,
+    /// kv_aware's expected cost: how much more a block costs on an engine
+    /// whose KV cache is nearly full (default: lb-policies'
+    /// `DEFAULT_EVICTION_WEIGHT`; 0 ignores cache usage).
+    #[arg(long)]
+    eviction_weight: Option<f64>,
     /// kv_aware's softmax temperature over costs, in units of one whole
     /// prefill of the request; 0 (default) takes the least cost.
     #[arg(long)]
@@ -341,6 +346,9 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
     }
     base.slow_engines = args.slow_engines;
     base.slow_factor = args.slow_factor;
+    if let Some(weight) = args.eviction_weight {
+        base.cache_aware.cost.eviction_weight = weight;
+    }
     if let Some(weight) = args.load_weight {
         base.cache_aware.cost.load_weight = weight;
     }

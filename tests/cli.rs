@@ -1233,6 +1233,7 @@ fn kv_aware_cost_flags_reach_the_policy_and_bad_values_are_refused() {
     .unwrap();
     let cost = s.router.policy.cache_aware.cost;
     assert_eq!(cost.load_weight, lb_policies::DEFAULT_LOAD_WEIGHT);
+    assert_eq!(cost.eviction_weight, lb_policies::DEFAULT_EVICTION_WEIGHT);
     assert_eq!(cost.temperature, 0.0);
     // vllm-router 0.1.17's --router-temperature, and the load weight.
     let s = settings(&[
@@ -1244,10 +1245,13 @@ fn kv_aware_cost_flags_reach_the_policy_and_bad_values_are_refused() {
         "0.25",
         "--kv-aware-load-weight",
         "4",
+        "--kv-aware-eviction-weight",
+        "1.5",
     ])
     .unwrap();
     let cost = s.router.policy.cache_aware.cost;
     assert_eq!((cost.load_weight, cost.temperature), (4.0, 0.25));
+    assert_eq!(cost.eviction_weight, 1.5);
     // The gate by name, for comparison.
     let s = settings(&[
         "--worker-urls",
@@ -1262,6 +1266,8 @@ fn kv_aware_cost_flags_reach_the_policy_and_bad_values_are_refused() {
         ("--router-temperature", "inf"),
         ("--kv-aware-load-weight", "NaN"),
         ("--kv-aware-load-weight", "-0.5"),
+        ("--kv-aware-eviction-weight", "-1"),
+        ("--kv-aware-eviction-weight", "NaN"),
     ] {
         let message = settings(&["--worker-urls", "http://127.0.0.1:9", flag, value])
             .unwrap_err()

@@ -259,6 +259,13 @@ pub struct Args {
     /// ignores load.
     #[arg(long, default_value_t = lb_policies::DEFAULT_LOAD_WEIGHT, help_heading = "Policy")]
     pub kv_aware_load_weight: f64,
+    /// kv_aware: how much less load counts when the engines' KV caches are
+    /// nearly full (their polled vllm:kv_cache_usage_perc past 0.8): the
+    /// load weight is divided by 1 + this x the fleet's mean pressure, so
+    /// a saturated fleet moves sessions off their cached engines less; 0
+    /// ignores cache usage.
+    #[arg(long, default_value_t = lb_policies::DEFAULT_EVICTION_WEIGHT, help_heading = "Policy")]
+    pub kv_aware_eviction_weight: f64,
     /// kv_aware: softmax temperature over the workers' costs, in units of
     /// one whole prefill of the request; 0 always takes the least cost
     /// (vllm-router's and Dynamo's flag).

@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// One engine's answer to a load poll: (its in-flight requests, the
-/// polling replica's own in-flight requests on it when it sent the poll).
-pub(crate) type PollAnswer = (usize, usize);
+/// polling replica's own in-flight requests on it when it sent the poll,
+/// its KV-cache usage).
+pub(crate) type PollAnswer = (usize, usize, f64);
 
 /// The replicas' periodic load polls and the answers in transit.
 pub(crate) struct Polls {

@@ -365,10 +365,10 @@ impl Sim<'_> {
                 let Some((_, (replica, loads))) = polls.answers.pop_first() else {
                     break;
                 };
-                for (i, (engine_load, own)) in loads.into_iter().enumerate() {
-                    self.main
-                        .worker(replica, i)
-                        .record_engine_load(engine_load, own);
+                for (i, (engine_load, own, usage)) in loads.into_iter().enumerate() {
+                    let worker = self.main.worker(replica, i);
+                    worker.record_engine_load(engine_load, own);
+                    worker.record_engine_cache_usage(usage);
                 }
                 continue;
             }
@@ -380,6 +380,7 @@ impl Sim<'_> {
                     (
                         self.main.engines[i].in_flight(),
                         Worker::load(self.main.worker(replica, i)),
+                        self.main.engines[i].cache().usage(),
                     )
                 })
                 .collect();
@@ -478,6 +479,7 @@ impl Sim<'_> {
                             self.main.engines[i].in_flight(),
                             Worker::load(worker),
                         );
+                        worker.record_engine_cache_usage(self.main.engines[i].cache().usage());
                     }
                 }
                 let context = self.context(index);

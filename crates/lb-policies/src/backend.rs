@@ -34,6 +34,15 @@ pub trait Backend {
     /// circuit closed). Policies never choose an unavailable candidate and
     /// never let one influence load statistics.
     fn is_available(&self) -> bool;
+
+    /// How full the engine's KV cache is with the blocks of the requests it
+    /// runs, from 0 to 1 (vLLM's `vllm:kv_cache_usage_perc`, which counts
+    /// cached but unreferenced blocks as free), as last reported; 0 when
+    /// unknown. The expected-cost choice charges blocks placed on a nearly
+    /// full cache extra, since they evict other requests' prefixes.
+    fn cache_usage(&self) -> f64 {
+        0.0
+    }
 }
 
 /// Pointers to a backend are backends: a host can pass `&[&W]`, `&[Box<W>]`
@@ -53,6 +62,9 @@ macro_rules! forward_backend {
             fn is_available(&self) -> bool {
                 (**self).is_available()
             }
+            fn cache_usage(&self) -> f64 {
+                (**self).cache_usage()
+            }
         }
     )*};
 }
@@ -69,6 +81,8 @@ pub struct BasicBackend {
     load: AtomicUsize,
     processed: AtomicU64,
     available: AtomicBool,
+    /// The bits of an `f64`.
+    cache_usage: AtomicU64,
 }
 
 impl BasicBackend {
@@ -77,6 +91,7 @@ impl BasicBackend {
         BasicBackend {
             key: key.into(),
             load: AtomicUsize::new(0),
+            cache_usage: AtomicU64::new(0f64.to_bits()),
             processed: AtomicU64::new(0),
             available: AtomicBool::new(true),
         }
@@ -99,6 +114,11 @@ impl BasicBackend {
     /// Sets the in-flight load.
     pub fn set_load(&self, load: usize) {
         self.load.store(load, Ordering::Relaxed);
+    }
+
+    /// Sets the engine's KV-cache usage, a fraction ([`Backend::cache_usage`]).
+    pub fn set_cache_usage(&self, usage: f64) {
+        self.cache_usage.store(usage.to_bits(), Ordering::Relaxed);
     }
 
     /// Sets the processed-request count.
@@ -138,6 +158,9 @@ impl Backend for BasicBackend {
     }
     fn is_available(&self) -> bool {
         self.available.load(Ordering::Relaxed)
+    }
+    fn cache_usage(&self) -> f64 {
+        f64::from_bits(self.cache_usage.load(Ordering::Relaxed))
     }
 }
 

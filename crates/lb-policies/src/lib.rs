@@ -130,8 +130,8 @@ pub use membership::MembershipEvent;
 pub use policies::cache_aware::{CacheAware, CacheAwareConfig, DEFAULT_MAX_TREE_BYTES, LoadGate};
 pub use policies::consistent_hash::{ConsistentHash, ConsistentHashConfig};
 pub use policies::cost::{
-    CostModel, DEFAULT_HOST_PENALTY, DEFAULT_LOAD_WEIGHT, DEFAULT_LOWER_PENALTY, LowerPrefix,
-    TierPenalties,
+    CostModel, DEFAULT_EVICTION_WEIGHT, DEFAULT_HOST_PENALTY, DEFAULT_LOAD_WEIGHT,
+    DEFAULT_LOWER_PENALTY, LowerPrefix, PRESSURE_FROM, TierPenalties, pressure,
 };
 #[cfg(feature = "kv-block-index")]
 pub use policies::kv_aware::{KvAware, KvSources, KvStreams};

@@ -161,8 +161,15 @@ async fn the_estimate_counts_another_routers_requests_and_least_loaded_avoids_th
     assert_eq!(shown["own_load"], 0);
     assert_eq!(shown["estimated_load"], 4);
     assert!(shown["kv_cache_usage"].as_f64().unwrap() > 0.0, "{shown}");
+    // The cost's cache pressure reads the same report.
+    let usage = fixture.workers()[0].engine_cache_usage();
+    assert!(usage.is_some_and(|u| u > 0.0), "{usage:?}");
     assert_eq!(shown["last_error"], Value::Null);
-    assert_eq!(engine_load(addr, &b).await["reported"], 0);
+    // B's report comes from its own poll, not necessarily A's round.
+    eventually("engine B's report of 0", || async {
+        engine_load(addr, &b).await["reported"] == 0
+    })
+    .await;
     let (_, _, scrape) = call(addr, "GET", "/metrics", &[], "").await;
     let scrape = String::from_utf8(scrape.to_vec()).unwrap();
     assert!(
@@ -426,6 +433,7 @@ async fn withdrawn_on(answer: Answer, reason: &str, timeout: Duration) {
     assert_eq!(shown["estimated_load"], 0);
     assert_eq!(shown["last_error"]["reason"], reason, "{shown}");
     assert_eq!(fixture.workers()[0].engine_reported_load(), None);
+    assert_eq!(fixture.workers()[0].engine_cache_usage(), None);
     routes(addr).await;
     // The breaker never heard of it.
     assert!(fixture.workers()[0].is_available());

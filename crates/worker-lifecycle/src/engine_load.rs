@@ -39,6 +39,8 @@ pub(crate) struct EngineLoad {
     others: AtomicUsize,
     /// The engine's in-flight requests in the last report.
     reported: AtomicUsize,
+    /// The engine's KV-cache usage in the last report, in millionths.
+    cache_usage: AtomicUsize,
 }
 
 impl EngineLoad {
@@ -46,6 +48,7 @@ impl EngineLoad {
         EngineLoad {
             others: AtomicUsize::new(NONE),
             reported: AtomicUsize::new(NONE),
+            cache_usage: AtomicUsize::new(NONE),
         }
     }
 
@@ -64,6 +67,26 @@ impl EngineLoad {
     pub(crate) fn clear(&self) {
         self.others.store(NONE, Ordering::Relaxed);
         self.reported.store(NONE, Ordering::Relaxed);
+        self.cache_usage.store(NONE, Ordering::Relaxed);
+    }
+
+    /// A report of the engine's KV-cache usage, a fraction (clamped to
+    /// `[0, 1]`; not a number clears it).
+    pub(crate) fn record_cache_usage(&self, usage: f64) {
+        let stored = if usage.is_nan() {
+            NONE
+        } else {
+            (usage.clamp(0.0, 1.0) * 1e6).round() as usize
+        };
+        self.cache_usage.store(stored, Ordering::Relaxed);
+    }
+
+    /// The last KV-cache usage report, if one stands.
+    pub(crate) fn cache_usage(&self) -> Option<f64> {
+        match self.cache_usage.load(Ordering::Relaxed) {
+            NONE => None,
+            millionths => Some(millionths as f64 / 1e6),
+        }
     }
 
     /// The other replicas' part of the estimate: 0 without a report.

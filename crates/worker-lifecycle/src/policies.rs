@@ -44,6 +44,12 @@ impl lb_policies::Backend for Worker {
     fn is_available(&self) -> bool {
         Worker::is_available(self)
     }
+
+    /// The engine's last reported KV-cache usage
+    /// ([`Worker::engine_cache_usage`]), 0 without one.
+    fn cache_usage(&self) -> f64 {
+        Worker::engine_cache_usage(self).unwrap_or(0.0)
+    }
 }
 
 #[cfg(test)]

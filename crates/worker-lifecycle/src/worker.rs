@@ -496,6 +496,34 @@ impl Worker {
         self.engine_load.record(engine_in_flight, own_at_poll);
     }
 
+    /// Records the engine's KV-cache usage from a poll: the fraction of
+    /// its cache held by the requests it runs (vLLM's
+    /// `vllm:kv_cache_usage_perc`), clamped to `[0, 1]`; NaN withdraws it.
+    /// Policies read it as `Backend::cache_usage`; it is withdrawn with
+    /// the load report ([`clear_engine_load`](Self::clear_engine_load)).
+    ///
+    /// ```
+    /// use worker_lifecycle::{Endpoint, Worker, WorkerOptions, WorkerRole, WorkerSpec};
+    ///
+    /// let spec = WorkerSpec::new(WorkerRole::Regular, Endpoint::new("http://e:8000", None).unwrap());
+    /// let worker = Worker::new(spec, 1, &WorkerOptions::default());
+    /// assert_eq!(worker.engine_cache_usage(), None);
+    /// worker.record_engine_cache_usage(0.93);
+    /// assert_eq!(worker.engine_cache_usage(), Some(0.93));
+    /// worker.record_engine_cache_usage(1.7); // clamped
+    /// assert_eq!(worker.engine_cache_usage(), Some(1.0));
+    /// worker.clear_engine_load(); // withdrawn with the load report
+    /// assert_eq!(worker.engine_cache_usage(), None);
+    /// ```
+    pub fn record_engine_cache_usage(&self, usage: f64) {
+        self.engine_load.record_cache_usage(usage);
+    }
+
+    /// The engine's KV-cache usage in the last report that stands, if any.
+    pub fn engine_cache_usage(&self) -> Option<f64> {
+        self.engine_load.cache_usage()
+    }
+
     /// Withdraws the last engine report: the estimate is this router's
     /// own count again (the engine stopped answering its load polls, or
     /// answered something unusable).

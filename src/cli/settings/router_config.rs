@@ -15,6 +15,7 @@ pub(super) fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
     cache.balance_abs_threshold = a.balance_abs_threshold;
     cache.balance_rel_threshold = a.balance_rel_threshold;
     cache.cost.load_weight = a.kv_aware_load_weight;
+    cache.cost.eviction_weight = a.kv_aware_eviction_weight;
     cache.cost.temperature = a.router_temperature;
     cache.session_affinity_ttl =
         std::time::Duration::from_secs(a.kv_aware_session_affinity_ttl_secs);

@@ -63,7 +63,26 @@ pub struct CostModel {
     /// What loading a block back from each lower cache tier costs, as a
     /// fraction of computing it.
     pub penalties: TierPenalties,
+    /// How much less load counts when the fleet's KV caches are nearly
+    /// full of their running requests' blocks: the load weight is divided
+    /// by `1 + eviction_weight × pressure`, the pressure being the mean
+    /// over the available candidates of how far each engine's cache usage
+    /// ([`Backend::cache_usage`]) is past [`PRESSURE_FROM`] (0 there, 1
+    /// full). With caches full, a session moved off the engine that holds
+    /// its prefix costs its prefill and evicts other sessions' prefixes on
+    /// the engine it lands on, which they compute again later; and every
+    /// engine has a queue, so a queue shorter by a few requests is worth
+    /// less than it is on an idle fleet. 0 ignores cache usage. Finite and
+    /// non-negative. Default [`DEFAULT_EVICTION_WEIGHT`].
+    pub eviction_weight: f64,
 }
+
+/// Default [`CostModel::eviction_weight`].
+pub const DEFAULT_EVICTION_WEIGHT: f64 = 3.0;
+
+/// The KV-cache usage from which a block costs extra
+/// ([`CostModel::eviction_weight`]).
+pub const PRESSURE_FROM: f64 = 0.8;
 
 /// Default [`CostModel::load_weight`].
 pub const DEFAULT_LOAD_WEIGHT: f64 = 2.0;
@@ -74,6 +93,7 @@ impl Default for CostModel {
             load_weight: DEFAULT_LOAD_WEIGHT,
             temperature: 0.0,
             penalties: TierPenalties::default(),
+            eviction_weight: DEFAULT_EVICTION_WEIGHT,
         }
     }
 }
@@ -184,6 +204,7 @@ impl CostModel {
         for (field, value) in [
             ("cost.load_weight", self.load_weight),
             ("cost.temperature", self.temperature),
+            ("cost.eviction_weight", self.eviction_weight),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(PolicyError::InvalidConfig {
@@ -219,6 +240,46 @@ impl CostModel {
     pub fn cost_with_credit(&self, blocks: usize, credit: f64, load: usize) -> f64 {
         (blocks as f64 - credit).max(0.0) + self.load_weight * load as f64
     }
+
+    /// This model with its load weight lowered for a fleet whose mean
+    /// cache pressure ([`pressure`]) is `fleet_pressure`, as
+    /// [`eviction_weight`](Self::eviction_weight) says.
+    pub fn under_pressure(&self, fleet_pressure: f64) -> CostModel {
+        let mut model = *self;
+        model.load_weight /= 1.0 + self.eviction_weight * fleet_pressure.clamp(0.0, 1.0);
+        model
+    }
+
+    /// The model a decision over `candidates` uses: [`under_pressure`]
+    /// of their mean cache pressure (the available ones), or this model
+    /// itself when [`eviction_weight`](Self::eviction_weight) is 0.
+    ///
+    /// [`under_pressure`]: Self::under_pressure
+    #[cfg(feature = "kv-block-index")]
+    pub(crate) fn for_fleet<B: Backend>(&self, candidates: &[B]) -> CostModel {
+        if self.eviction_weight == 0.0 {
+            return *self;
+        }
+        let (mut sum, mut count) = (0.0, 0usize);
+        for c in candidates.iter().filter(|c| c.is_available()) {
+            sum += pressure(c.cache_usage());
+            count += 1;
+        }
+        match count {
+            0 => *self,
+            n => self.under_pressure(sum / n as f64),
+        }
+    }
+}
+
+/// How close a cache `usage` (0 to 1) is to full, for
+/// [`CostModel::eviction_weight`]: 0 up to [`PRESSURE_FROM`], then rising
+/// linearly to 1 at a full cache; 0 for NaN.
+pub fn pressure(usage: f64) -> f64 {
+    if usage.is_nan() {
+        return 0.0;
+    }
+    ((usage - PRESSURE_FROM) / (1.0 - PRESSURE_FROM)).clamp(0.0, 1.0)
 }
 
 /// A candidate the policy scored.
@@ -433,6 +494,56 @@ mod tests {
     }
 
     #[test]
+    fn pressure_starts_at_four_fifths_of_the_cache_and_is_one_when_full() {
+        assert_eq!(pressure(0.0), 0.0);
+        assert_eq!(pressure(PRESSURE_FROM), 0.0);
+        assert!((pressure(0.9) - 0.5).abs() < 1e-9);
+        assert_eq!(pressure(1.0), 1.0);
+        assert_eq!(pressure(7.0), 1.0);
+        assert_eq!(pressure(f64::NAN), 0.0);
+    }
+
+    #[test]
+    fn a_fleet_short_of_cache_keeps_a_session_on_its_engine_longer() {
+        // w0 holds 60 of 100 blocks; at weight 2 a queue of 31 more
+        // requests moves the session to the idle w1 (as above).
+        let scored = [sc(0, 60, true)];
+        let candidates = fleet(&[31, 0]);
+        let model = CostModel {
+            load_weight: 2.0,
+            eviction_weight: 3.0,
+            ..CostModel::default()
+        };
+        let chosen = |m: &CostModel| least_cost(m, &candidates, 100, &scored, 0, ANY).unwrap();
+        // Caches with room: no pressure, the same choice as without it.
+        for c in &candidates {
+            c.set_cache_usage(0.5);
+        }
+        assert_eq!(model.for_fleet(&candidates), model);
+        assert_eq!(chosen(&model.for_fleet(&candidates)).index, 1);
+        // Every cache full: load counts a quarter (2 / (1 + 3)), so 31
+        // requests (15.5 blocks) no longer outweigh 60 cached blocks.
+        for c in &candidates {
+            c.set_cache_usage(1.0);
+        }
+        let pressed = model.for_fleet(&candidates);
+        assert_eq!(pressed.load_weight, 0.5);
+        assert_eq!(chosen(&pressed).index, 0);
+        // The pressure is the available candidates' mean: one full cache
+        // of two is half the pressure; an unavailable one does not count.
+        candidates[1].set_cache_usage(0.0);
+        assert_eq!(model.for_fleet(&candidates).load_weight, 2.0 / 2.5);
+        candidates[1].set_available(false);
+        assert_eq!(model.for_fleet(&candidates).load_weight, 0.5);
+        // Off: cache usage is ignored.
+        let off = CostModel {
+            eviction_weight: 0.0,
+            ..model
+        };
+        assert_eq!(off.for_fleet(&candidates), off);
+    }
+
+    #[test]
     fn equal_costs_prefer_the_longer_prefix_then_the_lighter_worker() {
         let weighted = model(1.0, 0.0);
         // w0: 10 cached, load 5 -> 90 + 5 = 95; w1: 5 cached, load 0 -> 95.
@@ -503,6 +614,18 @@ mod tests {
             match model(weight, temperature).validate() {
                 Err(PolicyError::InvalidConfig { field: f, .. }) => assert_eq!(f, field),
                 other => panic!("{weight} {temperature}: {other:?}"),
+            }
+        }
+        for eviction_weight in [-1.0, f64::NAN, f64::INFINITY] {
+            let model = CostModel {
+                eviction_weight,
+                ..CostModel::default()
+            };
+            match model.validate() {
+                Err(PolicyError::InvalidConfig { field, .. }) => {
+                    assert_eq!(field, "cost.eviction_weight")
+                }
+                other => panic!("{eviction_weight}: {other:?}"),
             }
         }
         assert!(CostModel::default().validate().is_ok());

@@ -627,6 +627,7 @@ impl KvAware {
     ) -> Option<Decision> {
         let blocks = tokens.len() / self.block_size;
         let eligible = |i: usize| !state.is_removed(candidates[i].key());
+        let model = &model.for_fleet(candidates);
         let chosen = if model.temperature > 0.0 {
             let draw = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
             cost::softmax(model, candidates, blocks, scores, draw, eligible)?

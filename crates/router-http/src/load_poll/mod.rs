@@ -512,6 +512,11 @@ impl LoadPolls {
                         Ok(report) => {
                             let in_flight = usize::try_from(report.in_flight).unwrap_or(usize::MAX);
                             worker.record_engine_load(in_flight, own);
+                            // What the cost reads as the engine's cache
+                            // pressure; a reply without it withdraws it.
+                            worker.record_engine_cache_usage(
+                                report.kv_cache_usage.unwrap_or(f64::NAN),
+                            );
                             ours.reported = Some((now, source));
                             ours.kv_cache_usage = report.kv_cache_usage;
                             ours.last_error = None;
