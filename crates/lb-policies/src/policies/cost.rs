@@ -251,19 +251,26 @@ impl CostModel {
     }
 
     /// The model a decision over `candidates` uses: [`under_pressure`]
-    /// of their mean cache pressure (the available ones), or this model
-    /// itself when [`eviction_weight`](Self::eviction_weight) is 0.
+    /// of their mean cache pressure, or this model itself when
+    /// [`eviction_weight`](Self::eviction_weight) is 0. The mean is over
+    /// the available candidates among at most [`PRESSURE_SAMPLE`] evenly
+    /// spaced ones: the fleet's pressure is a property of the fleet, and
+    /// reading every worker of a thousand would add half the decision's
+    /// cost.
     ///
     /// [`under_pressure`]: Self::under_pressure
     #[cfg(feature = "kv-block-index")]
     pub(crate) fn for_fleet<B: Backend>(&self, candidates: &[B]) -> CostModel {
-        if self.eviction_weight == 0.0 {
+        if self.eviction_weight == 0.0 || candidates.is_empty() {
             return *self;
         }
+        let stride = candidates.len().div_ceil(PRESSURE_SAMPLE);
         let (mut sum, mut count) = (0.0, 0usize);
-        for c in candidates.iter().filter(|c| c.is_available()) {
-            sum += pressure(c.cache_usage());
-            count += 1;
+        for c in candidates.iter().step_by(stride) {
+            if c.is_available() {
+                sum += pressure(c.cache_usage());
+                count += 1;
+            }
         }
         match count {
             0 => *self,
@@ -271,6 +278,11 @@ impl CostModel {
         }
     }
 }
+
+/// How many candidates at most [`CostModel::for_fleet`] reads for the
+/// fleet's mean cache pressure.
+#[cfg(feature = "kv-block-index")]
+pub(crate) const PRESSURE_SAMPLE: usize = 64;
 
 /// How close a cache `usage` (0 to 1) is to full, for
 /// [`CostModel::eviction_weight`]: 0 up to [`PRESSURE_FROM`], then rising
@@ -328,6 +340,7 @@ pub(crate) fn least_cost<B: Backend>(
     eligible: impl Fn(usize) -> bool,
 ) -> Option<Scored> {
     let n = candidates.len().max(1);
+    let model = &model.for_fleet(candidates);
     // The ordering: cost, then more saved (locality), then the fair order
     // (load, processed, rotating start).
     let key = |s: &Scored| {
@@ -520,15 +533,29 @@ mod tests {
             c.set_cache_usage(0.5);
         }
         assert_eq!(model.for_fleet(&candidates), model);
-        assert_eq!(chosen(&model.for_fleet(&candidates)).index, 1);
+        assert_eq!(chosen(&model).index, 1);
         // Every cache full: load counts a quarter (2 / (1 + 3)), so 31
         // requests (15.5 blocks) no longer outweigh 60 cached blocks.
         for c in &candidates {
             c.set_cache_usage(1.0);
         }
-        let pressed = model.for_fleet(&candidates);
-        assert_eq!(pressed.load_weight, 0.5);
-        assert_eq!(chosen(&pressed).index, 0);
+        assert_eq!(model.for_fleet(&candidates).load_weight, 0.5);
+        assert_eq!(chosen(&model).index, 0);
+        // The softmax draw weighs the same costs: at a low temperature it
+        // keeps the session too.
+        let cool = CostModel {
+            temperature: 0.01,
+            ..model
+        };
+        let drawn = softmax(
+            &cool.for_fleet(&candidates),
+            &candidates,
+            100,
+            &scored,
+            0.5,
+            ANY,
+        );
+        assert_eq!(drawn.unwrap().index, 0);
         // The pressure is the available candidates' mean: one full cache
         // of two is half the pressure; an unavailable one does not count.
         candidates[1].set_cache_usage(0.0);

@@ -627,10 +627,16 @@ impl KvAware {
     ) -> Option<Decision> {
         let blocks = tokens.len() / self.block_size;
         let eligible = |i: usize| !state.is_removed(candidates[i].key());
-        let model = &model.for_fleet(candidates);
         let chosen = if model.temperature > 0.0 {
             let draw = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-            cost::softmax(model, candidates, blocks, scores, draw, eligible)?
+            cost::softmax(
+                &model.for_fleet(candidates),
+                candidates,
+                blocks,
+                scores,
+                draw,
+                eligible,
+            )?
         } else {
             let start = self.tie_rotation.fetch_add(1, Ordering::Relaxed);
             cost::least_cost(model, candidates, blocks, scores, start, eligible)?
