@@ -245,18 +245,28 @@ struct Use<'s> {
     line: u16,
 }
 
-/// Checks `source` (as compiled into `env`) for constructs `env` cannot
-/// render. A source that does not parse here passes: compiling it already
-/// reported that.
-pub(crate) fn check(env: &Environment<'_>, source: &str) -> Result<(), Error> {
+/// Parses a chat template's source into minijinja's syntax tree, with the
+/// whitespace rules the renderer compiles it with (`trim_blocks` and
+/// `lstrip_blocks` on): the tree the direct renderer compiles and the
+/// load check walks.
+pub(crate) fn parse_template(source: &str) -> Result<ast::Stmt<'_>, minijinja::Error> {
     let whitespace = WhitespaceConfig {
         keep_trailing_newline: false,
         lstrip_blocks: true,
         trim_blocks: true,
     };
+    // A unit struct without minijinja's `custom_syntax` feature, a struct
+    // with it: `default()` builds either.
     #[allow(clippy::default_constructed_unit_structs)]
     let syntax = SyntaxConfig::default();
-    let Ok(tree) = parse(source, "chat", syntax, whitespace) else {
+    parse(source, "chat", syntax, whitespace)
+}
+
+/// Checks `source` (as compiled into `env`) for constructs `env` cannot
+/// render. A source that does not parse here passes: compiling it already
+/// reported that.
+pub(crate) fn check(env: &Environment<'_>, source: &str) -> Result<(), Error> {
+    let Ok(tree) = parse_template(source) else {
         return Ok(());
     };
     let mut walk = Walk::default();

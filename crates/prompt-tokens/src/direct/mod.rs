@@ -42,8 +42,7 @@ mod run;
 mod tree;
 mod value;
 
-use minijinja::machinery::{WhitespaceConfig, ast, parse};
-use minijinja::syntax::SyntaxConfig;
+use minijinja::machinery::ast;
 use minijinja::value::Value;
 
 use compile::{Compiler, Scope, collect_assigned};
@@ -85,17 +84,8 @@ impl DirectTemplate {
     /// `lstrip_blocks` on. `Err` names the construct that keeps the
     /// template on minijinja.
     pub(crate) fn compile(source: &str) -> Result<Self, String> {
-        let whitespace = WhitespaceConfig {
-            keep_trailing_newline: false,
-            lstrip_blocks: true,
-            trim_blocks: true,
-        };
-        // A unit struct without minijinja's `custom_syntax` feature, a
-        // struct with it: `default()` builds either.
-        #[allow(clippy::default_constructed_unit_structs)]
-        let syntax = SyntaxConfig::default();
-        let tree = parse(source, "chat", syntax, whitespace)
-            .map_err(|e| format!("does not parse: {e}"))?;
+        let tree =
+            crate::support::parse_template(source).map_err(|e| format!("does not parse: {e}"))?;
         let ast::Stmt::Template(root) = &tree else {
             return Err("the parser did not return a template".into());
         };
