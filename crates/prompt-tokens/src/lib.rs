@@ -106,6 +106,7 @@
 
 mod added;
 mod cache;
+mod clock_text;
 mod config;
 mod direct;
 mod error;
@@ -124,9 +125,11 @@ mod template;
 pub mod templates;
 pub mod testing;
 pub mod tiktoken;
+mod tojson;
 mod tokenizer;
 
 pub use cache::{CacheStats, ENTRY_OVERHEAD_BYTES, SegmentCache};
+pub use clock_text::strftime;
 pub use config::TokenizerConfig;
 pub use error::{Error, Result};
 pub use hf::SegmentMode;
@@ -138,7 +141,6 @@ pub use synthetic::{
 };
 pub use template::{
     ChatTemplate, Clock, DirectRendering, FixedClock, RenderLimits, SpecialTokens, SystemClock,
-    strftime,
 };
 pub use templates::TemplateFamily;
 pub use tokenizer::{PromptTokenizer, TokenizerOptions};

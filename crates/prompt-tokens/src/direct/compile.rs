@@ -5,7 +5,7 @@ use minijinja::value::ValueKind;
 
 use super::Name;
 use super::tree::{Cmp, Expr, FilterKind, ForLoop, LoopAttr, MacroDef, Method, Stmt, TestKind};
-use crate::template::JsonOptions;
+use crate::tojson::JsonOptions;
 
 /// minijinja's global functions other than the ones this module runs; a
 /// bare or called reference to one declines.

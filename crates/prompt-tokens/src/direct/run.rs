@@ -7,8 +7,9 @@ use minijinja::value::{Value, ValueKind};
 use super::tree::{Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Stmt, TestKind};
 use super::value::{V, compare, int};
 use super::{Declined, DirectTemplate, MAX_MACRO_DEPTH, Name, Step};
+use crate::clock_text::strftime_cached;
 use crate::request::small_map_get;
-use crate::template::{json_text, strftime_cached};
+use crate::tojson::json_text;
 
 pub(super) struct LoopState {
     index: usize,

@@ -3,7 +3,7 @@
 use minijinja::value::Value;
 
 use super::Name;
-use crate::template::JsonOptions;
+use crate::tojson::JsonOptions;
 
 pub(super) struct MacroDef {
     pub(super) params: Vec<Name>,
