@@ -189,6 +189,38 @@ fn late_decode_is_selected_after_the_prefill_response_and_counted_from_its_dispa
     s.backend.assert_balanced();
 }
 
+/// Both legs carry the client's objects with their keys in the client's
+/// order: the engine's chat template prints a dict (tool-call arguments,
+/// through `tojson`) in its insertion order, as the router's tokenizer
+/// renders it from the client's bytes; a leg that sorted the keys would
+/// make the engine compute other tokens than the ones the request was
+/// routed on.
+#[test]
+fn legs_keep_the_clients_key_order() {
+    let s = setup(vec![], FlowConfig::default());
+    s.transport
+        .push(Phase::Prefill, Step::json(nixl_prefill_answer()));
+    s.transport
+        .push(Phase::Decode, Step::chunks(&["data: a\n\n"]));
+    let client = r#"{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{"name":"f","arguments":{"zone":"z","amount":1,"currency":"EUR"}}}]},{"role":"user","content":"and?"}],"max_tokens":16,"stream":true}"#;
+    let request = PdRequest {
+        path: "/v1/chat/completions".into(),
+        body: serde_json::from_str(client).unwrap(),
+        request_id: "r1".into(),
+        forward: ForwardHeaders::new(),
+    };
+    let response = ready(s.flow.run(&Nixl, request, endpoint(P), endpoint(D))).unwrap();
+    drop(response);
+    for leg in s.transport.sent() {
+        let body = String::from_utf8(leg.body.to_vec()).unwrap();
+        assert!(
+            body.contains(r#""arguments":{"zone":"z","amount":1,"currency":"EUR"}"#),
+            "{body}"
+        );
+        assert!(body.find(r#""role""#) < body.find(r#""tool_calls""#), "{body}");
+    }
+}
+
 #[test]
 fn late_decode_with_no_decode_worker_left_fails_after_releasing_the_prefill() {
     let s = setup(vec![], FlowConfig::default());
