@@ -217,7 +217,10 @@ fn legs_keep_the_clients_key_order() {
             body.contains(r#""arguments":{"zone":"z","amount":1,"currency":"EUR"}"#),
             "{body}"
         );
-        assert!(body.find(r#""role""#) < body.find(r#""tool_calls""#), "{body}");
+        assert!(
+            body.find(r#""role""#) < body.find(r#""tool_calls""#),
+            "{body}"
+        );
     }
 }
 
