@@ -49,10 +49,47 @@ pub(crate) struct HfTokenizer {
     pub(crate) cache: SegmentCache,
     pub(crate) path: PathBuf,
     format: Format,
-    /// For a tiktoken vocabulary: tiktoken's encoding done directly on the
-    /// ranks. Always used instead of `tokenizer`, whose BPE model then has
-    /// the vocabulary but no merges (see `tiktoken::load`).
-    direct: Option<crate::tiktoken::Encoder>,
+    /// The encoder that runs instead of `tokenizer`'s pipeline, when there
+    /// is one; see [`TextEncoder`].
+    direct: Option<Direct>,
+    encoder: TextEncoder,
+}
+
+/// Which code computes the ids of the text between special tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TextEncoder {
+    /// The crate's own encoder: tiktoken's algorithm on a tiktoken
+    /// vocabulary's ranks, or byte-level BPE on a `tokenizer.json`'s merges
+    /// (the same ids as `tokenizers`, several times faster; see the crate
+    /// docs, "Encoders").
+    Direct,
+    /// The `tokenizers` pipeline, with the reason the direct encoder does
+    /// not serve this file (or that it was turned off).
+    Tokenizers(String),
+}
+
+/// The direct encoders.
+enum Direct {
+    /// tiktoken's encoding on the ranks; the `tokenizer`'s BPE model then
+    /// has the vocabulary but no merges (see `tiktoken::load`).
+    Tiktoken(crate::tiktoken::Encoder),
+    /// Byte-level BPE on a `tokenizer.json`'s merges.
+    Bpe(crate::bpe::Encoder),
+}
+
+impl Direct {
+    /// Appends the ids of `text` to `out`; false (nothing appended) when
+    /// this text needs `tokenizers` (see `bpe::Encoder::encode`).
+    fn encode(&self, text: &str, out: &mut Vec<u32>) -> bool {
+        match self {
+            Self::Tiktoken(encoder) => {
+                encoder.encode(text, out);
+                true
+            }
+            Self::Bpe(encoder) => encoder.encode(text, out),
+        }
+    }
 }
 
 /// The file a tokenizer was read from.
@@ -75,7 +112,8 @@ impl std::fmt::Debug for HfTokenizer {
 impl HfTokenizer {
     /// Loads `tokenizer.json`, or a tiktoken vocabulary when the file name
     /// ends in `.tiktoken` (see [`crate::tiktoken`]).
-    pub(crate) fn from_file(path: &Path, cache: SegmentCache) -> Result<Self> {
+    /// `direct` as for [`Self::from_bytes`].
+    pub(crate) fn from_file(path: &Path, cache: SegmentCache, direct: bool) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|source| {
             if source.kind() == std::io::ErrorKind::NotFound {
                 Error::MissingFile {
@@ -95,7 +133,7 @@ impl HfTokenizer {
             })?;
             return Self::from_tiktoken(text, path, cache);
         }
-        Self::from_bytes(&bytes, path, cache)
+        Self::from_bytes(&bytes, path, cache, direct)
     }
 
     /// A tiktoken vocabulary's text (see [`crate::tiktoken`]); `path` names
@@ -107,16 +145,41 @@ impl HfTokenizer {
                 reason,
             })?;
         let mut loaded = Self::from_tokenizer(tokenizer, path, cache, Format::Tiktoken)?;
-        loaded.direct = Some(direct);
+        loaded.direct = Some(Direct::Tiktoken(direct));
+        loaded.encoder = TextEncoder::Direct;
         Ok(loaded)
     }
 
-    pub(crate) fn from_bytes(bytes: &[u8], path: &Path, cache: SegmentCache) -> Result<Self> {
+    /// A `tokenizer.json`'s bytes; `direct` asks for the crate's own
+    /// byte-level BPE encoder where it gives the same ids.
+    pub(crate) fn from_bytes(
+        bytes: &[u8],
+        path: &Path,
+        cache: SegmentCache,
+        direct: bool,
+    ) -> Result<Self> {
         let tokenizer = Tokenizer::from_bytes(bytes).map_err(|e| Error::InvalidTokenizer {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
-        Self::from_tokenizer(tokenizer, path, cache, Format::TokenizerJson)
+        let mut loaded = Self::from_tokenizer(tokenizer, path, cache, Format::TokenizerJson)?;
+        let encoder = if !direct {
+            Err("turned off".to_owned())
+        } else if let SegmentMode::Whole(reason) = &loaded.mode {
+            // The direct encoder runs on the text between added tokens;
+            // whole-text mode exists because those cuts do not hold.
+            Err(format!("whole-text mode: {reason}"))
+        } else {
+            crate::bpe::Encoder::for_tokenizer(&loaded.tokenizer)
+        };
+        match encoder {
+            Ok(encoder) => {
+                loaded.direct = Some(Direct::Bpe(encoder));
+                loaded.encoder = TextEncoder::Direct;
+            }
+            Err(reason) => loaded.encoder = TextEncoder::Tokenizers(reason),
+        }
+        Ok(loaded)
     }
 
     fn from_tokenizer(
@@ -138,6 +201,7 @@ impl HfTokenizer {
             path: path.to_owned(),
             format,
             direct: None,
+            encoder: TextEncoder::Tokenizers("not loaded yet".to_owned()),
         })
     }
 
@@ -153,6 +217,10 @@ impl HfTokenizer {
         &self.mode
     }
 
+    pub(crate) fn encoder(&self) -> &TextEncoder {
+        &self.encoder
+    }
+
     pub(crate) fn vocab_size(&self) -> usize {
         self.tokenizer.get_vocab_size(true)
     }
@@ -163,20 +231,24 @@ impl HfTokenizer {
 
     /// The whole text in one `encode` call.
     pub(crate) fn encode_whole(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        if let Some(direct) = &self.direct {
+        // A tiktoken vocabulary has no post-processor (`add_special_tokens`
+        // adds nothing); a `tokenizer.json`'s may add tokens, which only
+        // `tokenizers` knows how to.
+        if let Some(direct) = &self.direct
+            && (!add_special_tokens || matches!(direct, Direct::Tiktoken(_)))
+        {
             // Cut at the special tokens as `tokenizers` does, encode the
-            // text between them. A tiktoken vocabulary has no
-            // post-processor: `add_special_tokens` adds nothing.
+            // text between them.
             let mut out = Vec::with_capacity(text.len() / 3);
             let mut at = 0;
             if let Some(added) = &self.splitter {
                 for found in added.find_iter(text) {
-                    direct.encode(&text[at..found.start], &mut out);
+                    self.encode_between(direct, &text[at..found.start], &mut out)?;
                     out.push(found.id);
                     at = found.end;
                 }
             }
-            direct.encode(&text[at..], &mut out);
+            self.encode_between(direct, &text[at..], &mut out)?;
             return Ok(out);
         }
         let encoding = self
@@ -184,6 +256,19 @@ impl HfTokenizer {
             .encode_fast(text, add_special_tokens)
             .map_err(|e| Error::Tokenize(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Appends the ids of `text` (between two special tokens) by `direct`,
+    /// or by `tokenizers` when `direct` declines this text.
+    fn encode_between(&self, direct: &Direct, text: &str, out: &mut Vec<u32>) -> Result<()> {
+        if !direct.encode(text, out) {
+            let encoding = self
+                .tokenizer
+                .encode_fast(text, false)
+                .map_err(|e| Error::Tokenize(e.to_string()))?;
+            out.extend_from_slice(encoding.get_ids());
+        }
+        Ok(())
     }
 
     /// The ids of a chat rendering (no special tokens added), through the
@@ -229,8 +314,8 @@ impl HfTokenizer {
         }
         if segment.len() <= DIRECT_SEGMENT_BYTES
             && let Some(direct) = &self.direct
+            && direct.encode(segment, out)
         {
-            direct.encode(segment, out);
             return Ok(());
         }
         match self.cache.get(segment) {

@@ -105,6 +105,7 @@
 #![warn(missing_docs)]
 
 mod added;
+mod bpe;
 mod cache;
 mod clock_text;
 mod config;
@@ -132,7 +133,7 @@ pub use cache::{CacheStats, ENTRY_OVERHEAD_BYTES, SegmentCache};
 pub use clock_text::strftime;
 pub use config::TokenizerConfig;
 pub use error::{Error, Result};
-pub use hf::SegmentMode;
+pub use hf::{SegmentMode, TextEncoder};
 pub use interrupt::Interrupt;
 pub use messages::ContentFormat;
 pub use request::{ChatRequest, CompletionPrompt, CompletionRequest};

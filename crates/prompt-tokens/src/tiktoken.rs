@@ -103,7 +103,7 @@ fn harmony_token(id: u32) -> String {
 
 /// GPT-2's reversible byte-to-character table: printable Latin-1 bytes map
 /// to themselves, the others to U+0100 onwards in byte order.
-fn byte_chars() -> [char; 256] {
+pub(crate) fn byte_chars() -> [char; 256] {
     let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
     let mut table = ['\0'; 256];
     let mut next = 256u32;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::cache::{CacheStats, SegmentCache};
 use crate::config::{self, TokenizerConfig};
 use crate::error::{Error, Result};
-use crate::hf::{HfTokenizer, SegmentMode};
+use crate::hf::{HfTokenizer, SegmentMode, TextEncoder};
 use crate::interrupt::Interrupt;
 use crate::messages::ContentFormat;
 use crate::request::{ChatRequest, CompletionPrompt, CompletionRequest};
@@ -29,6 +29,12 @@ pub struct TokenizerOptions {
     /// ([`ContentFormat::detect`]). Set it when the engine runs with
     /// `--chat-template-content-format string|openai`.
     pub content_format: Option<ContentFormat>,
+    /// Whether a `tokenizer.json` is encoded by the crate's own byte-level
+    /// BPE encoder where it gives the same ids as `tokenizers` (see
+    /// [`TextEncoder`]). Default true; false keeps the `tokenizers`
+    /// pipeline, for comparisons (a tiktoken vocabulary always uses its
+    /// own encoder).
+    pub direct_encoder: bool,
 }
 
 impl Default for TokenizerOptions {
@@ -39,6 +45,7 @@ impl Default for TokenizerOptions {
             limits: RenderLimits::default(),
             clock: Arc::new(SystemClock),
             content_format: None,
+            direct_encoder: true,
         }
     }
 }
@@ -88,7 +95,7 @@ impl PromptTokenizer {
     ) -> Result<Self> {
         let files = config::locate(path, chat_template_override)?;
         let cache = SegmentCache::new(options.cache_bytes, options.cache_shards);
-        let tokenizer = HfTokenizer::from_file(&files.tokenizer_json, cache)?;
+        let tokenizer = HfTokenizer::from_file(&files.tokenizer_json, cache, options.direct_encoder)?;
         Self::assemble(tokenizer, files.config, files.template_origin, options)
     }
 
@@ -100,7 +107,12 @@ impl PromptTokenizer {
         options: TokenizerOptions,
     ) -> Result<Self> {
         let cache = SegmentCache::new(options.cache_bytes, options.cache_shards);
-        let tokenizer = HfTokenizer::from_bytes(tokenizer_json, Path::new("<memory>"), cache)?;
+        let tokenizer = HfTokenizer::from_bytes(
+            tokenizer_json,
+            Path::new("<memory>"),
+            cache,
+            options.direct_encoder,
+        )?;
         Self::assemble(tokenizer, config, None, options)
     }
 
@@ -199,8 +211,12 @@ impl PromptTokenizer {
                     SegmentMode::Segments => "segment cache".to_owned(),
                     SegmentMode::Whole(reason) => format!("whole-text ({reason})"),
                 };
+                let encoder = match tokenizer.encoder() {
+                    TextEncoder::Direct => "direct encoder".to_owned(),
+                    TextEncoder::Tokenizers(reason) => format!("tokenizers encoder: {reason}"),
+                };
                 format!(
-                    "tokens ({} {}, vocab {}, {template}, {mode})",
+                    "tokens ({} {}, vocab {}, {template}, {mode}, {encoder})",
                     tokenizer.format_name(),
                     tokenizer.path.display(),
                     tokenizer.vocab_size()
@@ -218,6 +234,15 @@ impl PromptTokenizer {
     pub fn segment_mode(&self) -> Option<&SegmentMode> {
         match &self.backend {
             Backend::Hf { tokenizer, .. } => Some(tokenizer.mode()),
+            Backend::Synthetic { .. } => None,
+        }
+    }
+
+    /// Which code encodes text between special tokens (`None` for the
+    /// synthetic tokenizer).
+    pub fn text_encoder(&self) -> Option<&TextEncoder> {
+        match &self.backend {
+            Backend::Hf { tokenizer, .. } => Some(tokenizer.encoder()),
             Backend::Synthetic { .. } => None,
         }
     }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use prompt_tokens::{
     ChatRequest, ChatTemplate, FixedClock, PromptTokenizer, RenderLimits, SpecialTokens,
-    TokenizerOptions,
+    TextEncoder, TokenizerOptions,
 };
 use serde_json::Value;
 
@@ -213,6 +213,7 @@ fn every_real_model_renders_and_tokenizes_as_the_reference() {
     let mut tokens = 0;
     let mut unexpected = Vec::new();
     let mut now_agreeing = Vec::new();
+    let mut direct = Vec::new();
     for (model, expected) in models {
         let own = expected["own_template"].as_bool().expect("own_template");
         let options = TokenizerOptions {
@@ -225,6 +226,10 @@ fn every_real_model_renders_and_tokenizes_as_the_reference() {
             options,
         )
         .unwrap_or_else(|e| panic!("{model}: {e}"));
+        match tokenizer.text_encoder() {
+            Some(TextEncoder::Direct) => direct.push(model.as_str()),
+            other => eprintln!("{model}: {other:?}"),
+        }
         for (name, request) in &requests {
             cases += 1;
             let case = format!("model:{model}/{name}");
@@ -261,9 +266,16 @@ fn every_real_model_renders_and_tokenizes_as_the_reference() {
     }
     eprintln!(
         "models: {} models, {cases} cases, {tokens} tokens compared; {text_differs} texts, \
-         {ids_differ} token sequences and {refusals_differ} refusals differ",
-        models.len()
+         {ids_differ} token sequences and {refusals_differ} refusals differ; \
+         the direct encoder served {}",
+        models.len(),
+        direct.join(", ")
     );
+    // The byte-level BPE families must take the direct encoder: a change
+    // that declines them would pass the comparison above on `tokenizers`.
+    for family in ["llama3_1", "qwen3", "deepseek_v3", "mistral_nemo"] {
+        assert!(direct.contains(&family), "{family} is not on the direct encoder");
+    }
     assert_known(&unexpected, &now_agreeing);
 }
 

@@ -5,7 +5,9 @@
 //! loads it; `--vocab o200k-tokenizers`: the same vocabulary as a
 //! `tokenizer.json` through the `tokenizers` crate's pipeline; `--vocab
 //! trained`: a small BPE tokenizer.json trained at startup and the Llama 3
-//! template).
+//! template). The `tokenizer.json` vocabularies are encoded by
+//! prompt-tokens' direct byte-level BPE encoder; `--tokenizers-encoder`
+//! keeps them on the `tokenizers` pipeline instead, for comparison.
 //!
 //! ```sh
 //! cargo run --release -p router-http --example overhead -- --json
@@ -148,6 +150,9 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if args.iter().any(|a| a == "--tokenizers-encoder") {
+        let _ = tokenized::TOKENIZERS_ENCODER.set(());
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let duration = if quick {
         Duration::from_millis(400)

@@ -55,6 +55,10 @@ pub(super) fn chat_template_arg() -> Option<std::path::PathBuf> {
         .map(std::path::PathBuf::from)
 }
 
+/// Set by `--tokenizers-encoder`: `tokenizer.json` files stay on the
+/// `tokenizers` pipeline (prompt-tokens' `direct_encoder: false`).
+pub(super) static TOKENIZERS_ENCODER: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+
 /// `--model-dir` and `--chat-template` of `--vocab model`.
 pub(super) static MODEL: std::sync::OnceLock<(std::path::PathBuf, Option<std::path::PathBuf>)> =
     std::sync::OnceLock::new();
@@ -93,6 +97,7 @@ pub(super) fn tokenizer(tokens: Tokens, vocab: Vocab) -> Arc<prompt_tokens::Prom
         } else {
             prompt_tokens::TokenizerOptions::default().cache_bytes
         },
+        direct_encoder: TOKENIZERS_ENCODER.get().is_none(),
         ..prompt_tokens::TokenizerOptions::default()
     };
     let tokenizer = match vocab {
