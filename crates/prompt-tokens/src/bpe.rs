@@ -156,7 +156,12 @@ impl PieceSplit {
 
     /// The first match in `text` at or after `from`, as `tokenizers`'
     /// `find_iter` finds it.
-    fn find(&self, caches: &mut SplitCaches<'_>, text: &str, from: usize) -> Option<(usize, usize)> {
+    fn find(
+        &self,
+        caches: &mut SplitCaches<'_>,
+        text: &str,
+        from: usize,
+    ) -> Option<(usize, usize)> {
         match self {
             Self::Plain(regex) => {
                 let cache = caches.first.as_deref_mut()?;
@@ -191,13 +196,12 @@ impl PieceSplit {
         text: &str,
         at: usize,
     ) -> Option<usize> {
-        let anchored = |regex: &Option<PooledRegex>,
-                        cache: Option<&mut meta::Cache>|
-         -> Option<usize> {
-            let (regex, cache) = (regex.as_ref()?, cache?);
-            let input = Input::new(text).range(at..).anchored(Anchored::Yes);
-            regex.regex.search_with(cache, &input).map(|m| m.end())
-        };
+        let anchored =
+            |regex: &Option<PooledRegex>, cache: Option<&mut meta::Cache>| -> Option<usize> {
+                let (regex, cache) = (regex.as_ref()?, cache?);
+                let input = Input::new(text).range(at..).anchored(Anchored::Yes);
+                regex.regex.search_with(cache, &input).map(|m| m.end())
+            };
         if let Some(end) = anchored(before, caches.first.as_deref_mut()) {
             return Some(end);
         }
@@ -491,7 +495,10 @@ fn splits_of(pre: &Value) -> Result<Vec<PieceSplit>, String> {
         return Err("empty pre-tokenizer sequence".to_owned());
     };
     if last["type"].as_str() != Some("ByteLevel") {
-        return Err(format!("pre-tokenizer ends with {}, not ByteLevel", last["type"]));
+        return Err(format!(
+            "pre-tokenizer ends with {}, not ByteLevel",
+            last["type"]
+        ));
     }
     if last["add_prefix_space"].as_bool() != Some(false) {
         return Err("ByteLevel adds a prefix space".to_owned());
@@ -516,7 +523,12 @@ fn splits_of(pre: &Value) -> Result<Vec<PieceSplit>, String> {
 }
 
 /// The model's token bytes, `ignore_merges`, byte ids and merge map.
-type Model = (AHashMap<Box<[u8]>, u32>, bool, [u32; 256], AHashMap<u64, (u32, u32)>);
+type Model = (
+    AHashMap<Box<[u8]>, u32>,
+    bool,
+    [u32; 256],
+    AHashMap<u64, (u32, u32)>,
+);
 
 /// Reads a serialized BPE model (see the module docs for what it refuses).
 fn model_of(model: &Value) -> Result<Model, String> {
@@ -529,7 +541,9 @@ fn model_of(model: &Value) -> Result<Model, String> {
         }
     }
     let ignore_merges = model["ignore_merges"].as_bool().unwrap_or(false);
-    let vocab = model["vocab"].as_object().ok_or("BPE without a vocabulary")?;
+    let vocab = model["vocab"]
+        .as_object()
+        .ok_or("BPE without a vocabulary")?;
     let mut from_char: AHashMap<char, u8> = AHashMap::with_capacity(256);
     for (b, c) in crate::tiktoken::byte_chars().into_iter().enumerate() {
         from_char.insert(c, b as u8);
@@ -587,7 +601,13 @@ mod tests {
     fn branches_split_outside_groups_and_classes() {
         assert_eq!(
             top_level_branches(r"(?i:'s|'t)|[^\r\n|]?\p{L}+|\|x|\s+(?!\S)|\s+"),
-            vec![r"(?i:'s|'t)", r"[^\r\n|]?\p{L}+", r"\|x", r"\s+(?!\S)", r"\s+"]
+            vec![
+                r"(?i:'s|'t)",
+                r"[^\r\n|]?\p{L}+",
+                r"\|x",
+                r"\s+(?!\S)",
+                r"\s+"
+            ]
         );
     }
 

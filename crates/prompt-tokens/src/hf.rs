@@ -73,9 +73,9 @@ pub enum TextEncoder {
 enum Direct {
     /// tiktoken's encoding on the ranks; the `tokenizer`'s BPE model then
     /// has the vocabulary but no merges (see `tiktoken::load`).
-    Tiktoken(crate::tiktoken::Encoder),
+    Tiktoken(Box<crate::tiktoken::Encoder>),
     /// Byte-level BPE on a `tokenizer.json`'s merges.
-    Bpe(crate::bpe::Encoder),
+    Bpe(Box<crate::bpe::Encoder>),
 }
 
 impl Direct {
@@ -145,7 +145,7 @@ impl HfTokenizer {
                 reason,
             })?;
         let mut loaded = Self::from_tokenizer(tokenizer, path, cache, Format::Tiktoken)?;
-        loaded.direct = Some(Direct::Tiktoken(direct));
+        loaded.direct = Some(Direct::Tiktoken(Box::new(direct)));
         loaded.encoder = TextEncoder::Direct;
         Ok(loaded)
     }
@@ -174,7 +174,7 @@ impl HfTokenizer {
         };
         match encoder {
             Ok(encoder) => {
-                loaded.direct = Some(Direct::Bpe(encoder));
+                loaded.direct = Some(Direct::Bpe(Box::new(encoder)));
                 loaded.encoder = TextEncoder::Direct;
             }
             Err(reason) => loaded.encoder = TextEncoder::Tokenizers(reason),

@@ -95,7 +95,8 @@ impl PromptTokenizer {
     ) -> Result<Self> {
         let files = config::locate(path, chat_template_override)?;
         let cache = SegmentCache::new(options.cache_bytes, options.cache_shards);
-        let tokenizer = HfTokenizer::from_file(&files.tokenizer_json, cache, options.direct_encoder)?;
+        let tokenizer =
+            HfTokenizer::from_file(&files.tokenizer_json, cache, options.direct_encoder)?;
         Self::assemble(tokenizer, files.config, files.template_origin, options)
     }
 

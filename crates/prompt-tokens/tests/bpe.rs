@@ -30,9 +30,8 @@ fn base() -> &'static Value {
     static BASE: OnceLock<Value> = OnceLock::new();
     BASE.get_or_init(|| {
         let reference = tiktoken_rs::o200k_base().expect("tiktoken-rs o200k");
-        let ranks = format_ranks(
-            (0..30_000u32).map(|r| (reference.decode_bytes(&[r]).expect("rank"), r)),
-        );
+        let ranks =
+            format_ranks((0..30_000u32).map(|r| (reference.decode_bytes(&[r]).expect("rank"), r)));
         serde_json::from_str(&tokenizer_json(&ranks).expect("tokenizer.json")).unwrap()
     })
 }

@@ -274,7 +274,10 @@ fn every_real_model_renders_and_tokenizes_as_the_reference() {
     // The byte-level BPE families must take the direct encoder: a change
     // that declines them would pass the comparison above on `tokenizers`.
     for family in ["llama3_1", "qwen3", "deepseek_v3", "mistral_nemo"] {
-        assert!(direct.contains(&family), "{family} is not on the direct encoder");
+        assert!(
+            direct.contains(&family),
+            "{family} is not on the direct encoder"
+        );
     }
     assert_known(&unexpected, &now_agreeing);
 }
