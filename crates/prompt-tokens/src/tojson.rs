@@ -113,6 +113,13 @@ fn write_json(
             "tojson: value nested too deeply",
         ));
     }
+    // Python's json refuses a generator (jinja2's `map`, `select`, ...).
+    if crate::generators::is_generator(value) {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson: Object of type generator is not JSON serializable",
+        ));
+    }
     let newline = |out: &mut String, level: usize| {
         if let Some(indent) = &options.indent {
             out.push('\n');
