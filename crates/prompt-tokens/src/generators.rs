@@ -1,7 +1,8 @@
 //! jinja2's generator filters: `map`, `select`, `reject`, `selectattr`,
 //! `rejectattr`, `items`, `unique`, `batch` and `slice` return Python
-//! generators, not lists, and a generator is not a list in ways a chat
-//! template can see:
+//! generators, and `reverse` of a list or dict returns Python's
+//! `reversed()` iterator, not a list; and such an iterator is not a list
+//! in ways a chat template can see:
 //!
 //! - it is consumed as it is read: a second `for` over it, or a `| list`
 //!   after a `| first` or an `in`, sees only what is left;
@@ -30,11 +31,13 @@
 //! - `==` reads both sides (jinja2 compares a generator by identity), `+`
 //!   with a list concatenates and `g[1:]` slices (jinja2 raises for both):
 //!   minijinja's operators decide these, and they have no hook.
+//! - A tuple written in the template is a list here, so its `reverse`
+//!   prints as a `list_reverseiterator` (Python's `reversed` object).
 
 use std::fmt;
 use std::sync::Arc;
 
-use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Rest, Value};
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Rest, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State, filters};
 use parking_lot::Mutex;
 
@@ -42,8 +45,8 @@ use parking_lot::Mutex;
 /// width of a typical x86-64 CPython heap address).
 pub(crate) const ADDRESS: &str = "0x7f0000000000";
 
-/// Registers the generator filters and the `last` filter that refuses a
-/// generator.
+/// Registers the generator filters, `reverse`, and the `last` filter that
+/// refuses a generator.
 pub(crate) fn register(env: &mut Environment<'_>) {
     env.add_filter("map", map);
     env.add_filter("select", select);
@@ -54,44 +57,74 @@ pub(crate) fn register(env: &mut Environment<'_>) {
     env.add_filter("unique", unique);
     env.add_filter("batch", batch);
     env.add_filter("slice", slice);
+    env.add_filter("reverse", reverse);
     env.add_filter("last", last);
 }
 
-/// A Python generator's items, handed out once: each read takes the next
-/// item, from whichever loop or filter reads.
-pub(crate) struct Generator {
-    /// The Python function that made it, for its printed form
+/// Which Python object a [`Generator`] stands for.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A generator, made by the named generator function
     /// (`sync_do_map`, `select_or_reject`, ...).
-    function: &'static str,
+    Generator(&'static str),
+    /// An iterator of the named type (`list_reverseiterator`, ...).
+    Iterator(&'static str),
+}
+
+impl Kind {
+    /// Python's name of the type, as its errors spell it.
+    fn type_name(self) -> &'static str {
+        match self {
+            Kind::Generator(_) => "generator",
+            Kind::Iterator(name) => name,
+        }
+    }
+}
+
+/// A Python generator's (or iterator's) items, handed out once: each read
+/// takes the next item, from whichever loop or filter reads.
+pub(crate) struct Generator {
+    kind: Kind,
     /// The items not read yet. A lock, not a cell, because minijinja
     /// values are `Send + Sync`; renderings never share one.
     rest: Mutex<std::vec::IntoIter<Value>>,
 }
 
 impl Generator {
-    /// A generator value yielding `items`, printed as made by `function`.
-    pub(crate) fn value(function: &'static str, items: Vec<Value>) -> Value {
+    /// A generator value yielding `items`.
+    fn value(kind: Kind, items: Vec<Value>) -> Value {
         Value::from_object(Generator {
-            function,
+            kind,
             rest: Mutex::new(items.into_iter()),
         })
     }
 
-    /// A generator value yielding what iterating `iterable` yields now.
+    /// A generator made by `function`, yielding what iterating `iterable`
+    /// yields now.
     fn drain(function: &'static str, iterable: &Value) -> Result<Value, Error> {
-        Ok(Self::value(function, iterable.try_iter()?.collect()))
+        Ok(Self::value(
+            Kind::Generator(function),
+            iterable.try_iter()?.collect(),
+        ))
     }
 }
 
-/// Whether `value` is a generator (so Python refuses to serialise,
-/// measure or reverse it).
-pub(crate) fn is_generator(value: &Value) -> bool {
-    value.downcast_object_ref::<Generator>().is_some()
+/// Python's type name of `value` when it is a [`Generator`] (so Python
+/// refuses to serialise, measure or reverse it), else `None`.
+pub(crate) fn python_type(value: &Value) -> Option<&'static str> {
+    value
+        .downcast_object_ref::<Generator>()
+        .map(|g| g.kind.type_name())
 }
 
 impl fmt::Debug for Generator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "<generator object {} at {ADDRESS}>", self.function)
+        match self.kind {
+            Kind::Generator(function) => {
+                write!(f, "<generator object {function} at {ADDRESS}>")
+            }
+            Kind::Iterator(name) => write!(f, "<{name} object at {ADDRESS}>"),
+        }
     }
 }
 
@@ -152,7 +185,7 @@ impl Iterator for Reader {
 /// jinja2's `map` (`sync_do_map`).
 fn map(state: &State<'_, '_>, value: Value, args: Rest<Value>) -> Result<Value, Error> {
     Ok(Generator::value(
-        "sync_do_map",
+        Kind::Generator("sync_do_map"),
         filters::map(state, value, args)?,
     ))
 }
@@ -165,7 +198,7 @@ fn select(
     args: Rest<Value>,
 ) -> Result<Value, Error> {
     Ok(Generator::value(
-        "select_or_reject",
+        Kind::Generator("select_or_reject"),
         filters::select(state, value, test, args)?,
     ))
 }
@@ -178,7 +211,7 @@ fn reject(
     args: Rest<Value>,
 ) -> Result<Value, Error> {
     Ok(Generator::value(
-        "select_or_reject",
+        Kind::Generator("select_or_reject"),
         filters::reject(state, value, test, args)?,
     ))
 }
@@ -192,7 +225,7 @@ fn selectattr(
     args: Rest<Value>,
 ) -> Result<Value, Error> {
     Ok(Generator::value(
-        "select_or_reject",
+        Kind::Generator("select_or_reject"),
         filters::selectattr(state, value, attr, test, args)?,
     ))
 }
@@ -206,7 +239,7 @@ fn rejectattr(
     args: Rest<Value>,
 ) -> Result<Value, Error> {
     Ok(Generator::value(
-        "select_or_reject",
+        Kind::Generator("select_or_reject"),
         filters::rejectattr(state, value, attr, test, args)?,
     ))
 }
@@ -215,7 +248,7 @@ fn rejectattr(
 /// undefined value yields nothing, as jinja2's returns early for one.
 fn items(value: &Value) -> Result<Value, Error> {
     if value.is_undefined() {
-        return Ok(Generator::value("do_items", Vec::new()));
+        return Ok(Generator::value(Kind::Generator("do_items"), Vec::new()));
     }
     Generator::drain("do_items", &filters::items(value)?)
 }
@@ -248,13 +281,38 @@ fn slice(
     )
 }
 
+/// jinja2's `reverse`: a string reversed; a list's or a dict's Python
+/// `reversed()` iterator (a dict's yields its keys); a generator read
+/// into a list and reversed (minijinja's `reverse`, which reads an
+/// iterable it cannot reverse); an undefined value an empty `reversed`
+/// object; `none` refused.
+fn reverse(value: Value) -> Result<Value, Error> {
+    let reversed = |name, value: &Value| -> Result<Value, Error> {
+        let mut items: Vec<Value> = value.try_iter()?.collect();
+        items.reverse();
+        Ok(Generator::value(Kind::Iterator(name), items))
+    };
+    match value.kind() {
+        ValueKind::Seq => reversed("list_reverseiterator", &value),
+        ValueKind::Map => reversed("dict_reversekeyiterator", &value),
+        // Undefined has a length (0) and an index, so Python's
+        // `reversed()` takes it as a sequence.
+        ValueKind::Undefined => Ok(Generator::value(Kind::Iterator("reversed"), Vec::new())),
+        ValueKind::None => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "reverse: argument must be iterable",
+        )),
+        _ => filters::reverse(&value),
+    }
+}
+
 /// jinja2's `last`, which takes `next(reversed(value))`: a generator is
 /// not reversible, so it raises; anything else is minijinja's `last`.
 fn last(value: Value) -> Result<Value, Error> {
-    if is_generator(&value) {
+    if let Some(name) = python_type(&value) {
         return Err(Error::new(
             ErrorKind::InvalidOperation,
-            "'generator' object is not reversible",
+            format!("last: '{name}' object is not reversible"),
         ));
     }
     filters::last(value)

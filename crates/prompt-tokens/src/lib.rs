@@ -97,8 +97,9 @@
 //! # Known differences from Python Jinja
 //!
 //! Constants, lists and dicts print as Python's `str()` prints them, and
-//! `map`, `select` and jinja2's other generator filters return one-shot
-//! generators that `tojson`, `length` and `last` refuse, as in Python.
+//! `map`, `select`, jinja2's other generator filters and `reverse` return
+//! one-shot iterators that `tojson`, `length` and `last` refuse, as in
+//! Python.
 //! Undefined-value rules differ in corner cases, a generator's items are
 //! computed when its filter runs, and `x | safe + y` does not HTML-escape
 //! `y` as markupsafe does (the crate README lists the differences). The

@@ -50,7 +50,7 @@ fn write_repr(out: &mut String, value: &Value, depth: usize) {
         ValueKind::String => write_str_repr(out, value.as_str().unwrap_or("")),
         // A generator inside a list prints as itself, unread, as Python's
         // repr of it does.
-        ValueKind::Iterable if crate::generators::is_generator(value) => {
+        ValueKind::Iterable if crate::generators::python_type(value).is_some() => {
             let _ = write!(out, "{value}");
         }
         ValueKind::Seq | ValueKind::Iterable => {

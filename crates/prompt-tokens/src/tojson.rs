@@ -113,11 +113,12 @@ fn write_json(
             "tojson: value nested too deeply",
         ));
     }
-    // Python's json refuses a generator (jinja2's `map`, `select`, ...).
-    if crate::generators::is_generator(value) {
+    // Python's json refuses a generator (jinja2's `map`, `select`, ...)
+    // and `reversed()`'s iterators.
+    if let Some(name) = crate::generators::python_type(value) {
         return Err(minijinja::Error::new(
             ErrorKind::InvalidOperation,
-            "tojson: Object of type generator is not JSON serializable",
+            format!("tojson: Object of type {name} is not JSON serializable"),
         ));
     }
     let newline = |out: &mut String, level: usize| {

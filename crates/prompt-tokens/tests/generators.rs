@@ -1,6 +1,7 @@
 //! jinja2's `map`, `select`, `reject`, `selectattr`, `rejectattr`,
-//! `items`, `unique`, `batch` and `slice` return generators, and the
-//! renderer emulates them (module `generators`). Each case's expected text
+//! `items`, `unique`, `batch` and `slice` return generators, and its
+//! `reverse` of a list Python's `reversed()` iterator; the renderer
+//! emulates them (module `generators`). Each case's expected text
 //! is what jinja2 3.1.6 rendered in `ImmutableSandboxedEnvironment` (as
 //! transformers 4.57.1 configures it) over the same values, written in
 //! the comment above it; "raises" means jinja2 raised, with the error it
@@ -260,6 +261,59 @@ fn a_generator_prints_as_python_prints_it_but_for_the_address() {
     let printed = render("{{ d|items|string }}|{{ d|items ~ 'x' }}").unwrap();
     assert!(
         printed.starts_with("<generator object do_items at 0x") && printed.ends_with(">x"),
+        "{printed}"
+    );
+}
+
+#[test]
+fn reverse_of_a_list_or_dict_is_a_one_shot_iterator() {
+    // '[4, 3, 2, 1]|[]'
+    renders(
+        "{% set r = ns|reverse %}{{ r|list }}|{{ r|list }}",
+        "[4, 3, 2, 1]|[]",
+    );
+    // '4|[3, 2, 1]'
+    renders(
+        "{% set r = ns|reverse %}{{ r|first }}|{{ r|list }}",
+        "4|[3, 2, 1]",
+    );
+    // '44False34False24False14True'
+    renders(
+        "{% for x in ns|reverse %}{{ x }}{{ loop.length }}{{ loop.last }}{% endfor %}",
+        "44False34False24False14True",
+    );
+    // 'T' (even empty)
+    renders("{% if []|reverse %}T{% else %}F{% endif %}", "T");
+    // "['b', 'a']": a dict's keys
+    renders("{{ d|reverse|list }}", "['b', 'a']");
+    // 'cba', '[4, 3, 2, 1]', '[1, 2, 3, 4]': a string reversed, a
+    // generator or an iterator read into a list
+    renders("{{ 'abc'|reverse }}", "cba");
+    renders("{{ ns|select|reverse }}", "[4, 3, 2, 1]");
+    renders("{{ ns|reverse|reverse }}", "[1, 2, 3, 4]");
+    // '[]|T' (undefined reversed is an empty `reversed` object)
+    renders(
+        "{{ nosuch|reverse|list }}|{% if nosuch|reverse %}T{% endif %}",
+        "[]|T",
+    );
+    // TypeError: 'list_reverseiterator' object is not reversible
+    raises("{{ ns|reverse|last }}");
+    // TypeError: object of type 'list_reverseiterator' has no len()
+    raises("{{ ns|reverse|length }}");
+    // TypeError: Object of type list_reverseiterator is not JSON serializable
+    raises("{{ ns|reverse|tojson }}");
+    // FilterArgumentError: argument must be iterable
+    raises("{{ none|reverse }}");
+    // '<list_reverseiterator object at 0x7f6ad5abc400>'
+    let printed = render("{{ ns|reverse }}").unwrap();
+    assert!(
+        printed.starts_with("<list_reverseiterator object at 0x") && printed.ends_with('>'),
+        "{printed}"
+    );
+    // '<reversed object at 0x7f1e1c7cb010>'
+    let printed = render("{{ nosuch|reverse }}").unwrap();
+    assert!(
+        printed.starts_with("<reversed object at 0x") && printed.ends_with('>'),
         "{printed}"
     );
 }
