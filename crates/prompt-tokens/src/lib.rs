@@ -96,11 +96,15 @@
 //!
 //! # Known differences from Python Jinja
 //!
-//! Constants print as in Python (`True`, `False`, `None`), but a list or
-//! dict printed directly (not through `tojson`) uses double quotes where
-//! Python's `repr` uses single ones, and undefined-value rules differ in
-//! corner cases. The common template idioms (string methods, `tojson`, `loop`,
-//! `namespace`, slicing, `is string` / `is mapping` tests) behave alike.
+//! Constants, lists and dicts print as Python's `str()` prints them, and
+//! `map`, `select`, jinja2's other generator filters and `reverse` return
+//! one-shot iterators that `tojson`, `length` and `last` refuse, as in
+//! Python.
+//! Undefined-value rules differ in corner cases, a generator's items are
+//! computed when its filter runs, and `x | safe + y` does not HTML-escape
+//! `y` as markupsafe does (the crate README lists the differences). The
+//! common template idioms (string methods, `tojson`, `loop`, `namespace`,
+//! slicing, `is string` / `is mapping` tests) behave alike.
 
 #![warn(missing_docs)]
 
@@ -112,6 +116,7 @@ mod config;
 mod direct;
 mod error;
 pub mod fuzzing;
+mod generators;
 mod hf;
 mod interrupt;
 pub mod messages;

@@ -48,6 +48,11 @@ fn write_repr(out: &mut String, value: &Value, depth: usize) {
         ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
         ValueKind::Number => write_number(out, value),
         ValueKind::String => write_str_repr(out, value.as_str().unwrap_or("")),
+        // A generator inside a list prints as itself, unread, as Python's
+        // repr of it does.
+        ValueKind::Iterable if crate::generators::python_type(value).is_some() => {
+            let _ = write!(out, "{value}");
+        }
         ValueKind::Seq | ValueKind::Iterable => {
             out.push('[');
             if let Ok(items) = value.try_iter() {

@@ -5,8 +5,9 @@
 //! dict methods (minijinja-contrib's `pycompat`), a `tojson` filter that
 //! writes what Python's `json.dumps(..., ensure_ascii=False)` writes (`", "`
 //! and `": "` separators, `indent`, `sort_keys`), `raise_exception(msg)`
-//! (becomes [`Error::TemplateRaised`]) and `strftime_now(fmt)` (the date
-//! from an injectable [`Clock`]).
+//! (becomes [`Error::TemplateRaised`]), `strftime_now(fmt)` (the date
+//! from an injectable [`Clock`]), and jinja2's generator filters (`map`,
+//! `select`, ...) returning one-shot generators (module `generators`).
 //!
 //! Hostile templates and inputs are bounded three ways ([`RenderLimits`]):
 //! the template's size, minijinja's fuel (every instruction costs one unit,
@@ -158,6 +159,10 @@ impl ChatTemplate {
         // jinja2's and Python's filters, tests and string methods where
         // minijinja has none or another meaning (module `pyfilters`).
         crate::pyfilters::register(&mut env);
+        // jinja2's `map`, `select` and the other filters that return
+        // generators, read once and refused by `tojson` (module
+        // `generators`).
+        crate::generators::register(&mut env);
         // Strings (nearly everything a chat template prints) go straight to
         // the output; the default formatter sends them through `fmt`.
         // None, booleans, numbers, lists and dicts print as Python's

@@ -113,6 +113,14 @@ fn write_json(
             "tojson: value nested too deeply",
         ));
     }
+    // Python's json refuses a generator (jinja2's `map`, `select`, ...)
+    // and `reversed()`'s iterators.
+    if let Some(name) = crate::generators::python_type(value) {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: Object of type {name} is not JSON serializable"),
+        ));
+    }
     let newline = |out: &mut String, level: usize| {
         if let Some(indent) = &options.indent {
             out.push('\n');
