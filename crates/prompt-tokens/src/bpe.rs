@@ -17,7 +17,10 @@
 //! 2. **Model**: BPE on each piece: a piece that is itself a token is
 //!    emitted whole when the model has `ignore_merges`, otherwise its bytes
 //!    are merged by the ranks of the merge list with `tokenizers`' own
-//!    algorithm ([`Encoder::merge`]).
+//!    algorithm ([`Encoder::merge`]). Without `ignore_merges` (Qwen), a
+//!    piece that is a token whose own merges give back that one token is
+//!    emitted whole too: the set of such tokens is computed once at load,
+//!    so most words skip the merge loop with the same ids.
 //! 3. **Added tokens with `normalized: true`**, which `tokenizers` cuts
 //!    out of each piece after normalizing it, are cut out the same way.
 //!
@@ -281,9 +284,10 @@ struct Scratch {
 
 /// The direct encoder of one byte-level BPE `tokenizer.json`.
 pub(crate) struct Encoder {
-    /// The model's vocabulary by token bytes (for `ignore_merges`).
-    tokens: AHashMap<Box<[u8]>, u32>,
-    ignore_merges: bool,
+    /// The tokens a piece that equals one is encoded to whole: every token
+    /// with `ignore_merges`, otherwise those whose bytes merge back into
+    /// the token itself.
+    whole: AHashMap<Box<[u8]>, u32>,
     /// The id of each single byte.
     byte_ids: [u32; 256],
     /// `(left, right)` → `(rank, merged id)`, as `tokenizers` keeps them.
@@ -299,7 +303,7 @@ pub(crate) struct Encoder {
 impl std::fmt::Debug for Encoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Encoder")
-            .field("tokens", &self.tokens.len())
+            .field("whole", &self.whole.len())
             .field("merges", &self.merges.len())
             .field("splits", &self.splits.len())
             .field("nfc", &self.nfc)
@@ -343,15 +347,29 @@ impl Encoder {
             .map(|(id, token)| (token.content, id))
             .collect();
         let normalized_added = AddedTokens::new(&normalized)?;
-        Ok(Self {
-            tokens,
-            ignore_merges,
+        let mut encoder = Self {
+            whole: AHashMap::new(),
             byte_ids,
             merges,
             splits,
             nfc,
             normalized_added,
-        })
+        };
+        encoder.whole = if ignore_merges {
+            tokens
+        } else {
+            let mut scratch = Scratch::default();
+            let mut ids = Vec::new();
+            tokens
+                .into_iter()
+                .filter(|(bytes, id)| {
+                    ids.clear();
+                    encoder.encode_piece(bytes, &mut scratch, &mut ids);
+                    ids == [*id]
+                })
+                .collect()
+        };
+        Ok(encoder)
     }
 
     /// Appends the ids of `text` (a segment: no added token with
@@ -410,9 +428,7 @@ impl Encoder {
     }
 
     fn encode_piece(&self, piece: &[u8], scratch: &mut Scratch, out: &mut Vec<u32>) {
-        if self.ignore_merges
-            && let Some(&id) = self.tokens.get(piece)
-        {
+        if let Some(&id) = self.whole.get(piece) {
             out.push(id);
             return;
         }

@@ -18,11 +18,10 @@
 //!   renders, so text and errors are minijinja's either way (see
 //!   [`DirectRendering`]; differential tests and the fuzz target hold the
 //!   two equal).
-//! * **Tokenization** with the `tokenizers` crate from a `tokenizer.json`
-//!   (pure Rust: `fancy-regex`, no oniguruma) or a tiktoken-format
+//! * **Tokenization** of a `tokenizer.json` or a tiktoken-format
 //!   vocabulary ([`tiktoken`]: `*.tiktoken`, o200k pre-tokenization, the
 //!   gpt-oss harmony special tokens), or engine-sim's [`synthetic`] rule
-//!   (`chars_per_token` characters per token).
+//!   (`chars_per_token` characters per token). See "Encoders" below.
 //! * **A segment cache** ([`SegmentCache`]): a rendered chat is cut at the
 //!   tokenizer's added tokens and each piece's ids are cached, so a
 //!   multi-turn request tokenizes only its new messages — with exactly the
@@ -86,6 +85,24 @@
 //! parse and the template rendering (about a third each) and cache lookups
 //! for every segment but the new one. `examples/warm_path.rs` runs it in a loop
 //! for profiling; the README has the measurements.
+//!
+//! # Encoders
+//!
+//! The text between special tokens is encoded by the crate's own
+//! encoders where they give exactly the ids of the `tokenizers` crate
+//! ([`TextEncoder::Direct`]): tiktoken's algorithm on a tiktoken
+//! vocabulary's ranks, and byte-level BPE on a `tokenizer.json`'s merges
+//! for the shape Llama 3, Qwen 2.5 / 3, DeepSeek V3 and Mistral's Tekken
+//! publish (isolated regex splits, byte-level mapping, no normalizer or
+//! NFC): `tokenizers`' own merge order run on bytes, its split patterns on
+//! `regex-automata` with their one look-ahead branch decided by hand. A
+//! file of any other shape (SentencePiece-style `▁` normalizers, WordPiece,
+//! dropout, …) stays on the `tokenizers` pipeline (pure Rust:
+//! `fancy-regex`, no oniguruma), and [`PromptTokenizer::text_encoder`]
+//! says why; so does non-ASCII text under NFC, segment by segment.
+//! [`TokenizerOptions::direct_encoder`] turns the direct encoder off.
+//! Property tests compare it with `tokenizers` on random text, and the
+//! template corpus with Python's `tokenizers` on real models.
 //!
 //! # Concurrency
 //!
