@@ -22,9 +22,16 @@
 //! again: every segment cached) and `cold` (no cache: the whole rendering
 //! tokenized).
 //!
+//! `--model-dir DIR` instead measures a model's own `tokenizer.json` (a
+//! directory as `--tokenizer-path` takes it) on the same texts: load time
+//! and encoding by prompt-tokens' direct encoder, by prompt-tokens on the
+//! `tokenizers` pipeline (`direct_encoder: false`) and by the `tokenizers`
+//! crate itself, the ids of the three checked equal first.
+//!
 //! ```sh
 //! cargo run --release -p prompt-tokens --example o200k_throughput
 //! cargo run --release -p prompt-tokens --example o200k_throughput -- --json --rounds 11
+//! cargo run --release -p prompt-tokens --example o200k_throughput -- --model-dir target/template-corpus/models/qwen3
 //! ```
 
 use std::hint::black_box;
@@ -111,6 +118,14 @@ fn main() {
         .unwrap_or(7)
         .max(1);
 
+    if let Some(dir) = args
+        .iter()
+        .position(|a| a == "--model-dir")
+        .and_then(|i| args.get(i + 1))
+    {
+        println!("{}", model_figures(std::path::Path::new(dir), rounds));
+        return;
+    }
     let started = Instant::now();
     let reference = tiktoken_rs::o200k_base().expect("tiktoken-rs o200k_base");
     let reference_load = started.elapsed();
@@ -194,6 +209,71 @@ fn main() {
             "chat": chat,
         })
     );
+}
+
+/// The `--model-dir` figures (see the module docs).
+fn model_figures(dir: &std::path::Path, rounds: usize) -> serde_json::Value {
+    let load = |direct_encoder: bool| {
+        let started = Instant::now();
+        let options = TokenizerOptions {
+            direct_encoder,
+            ..TokenizerOptions::default()
+        };
+        let tokenizer = PromptTokenizer::from_path_with(dir, None, options).expect("model loads");
+        (tokenizer, started.elapsed())
+    };
+    let (direct, direct_load) = load(true);
+    let (pipeline, pipeline_load) = load(false);
+    let started = Instant::now();
+    let hf = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).expect("tokenizer.json");
+    let hf_load = started.elapsed();
+    let mut cases = Vec::new();
+    for (kind, source) in [("prose", PROSE), ("code_json", CODE)] {
+        for (size, len) in [("200B", 200), ("1KB", 1024), ("16KB", 16 * 1024)] {
+            let text = text_of(source, len);
+            let expected = hf.encode_fast(text.as_str(), false).expect("tokens");
+            assert_eq!(
+                direct.text_tokens(&text, false).expect("tokens"),
+                expected.get_ids()
+            );
+            assert_eq!(
+                pipeline.text_tokens(&text, false).expect("tokens"),
+                expected.get_ids()
+            );
+            let mut row = serde_json::Map::new();
+            row.insert("text".into(), json!(kind));
+            row.insert("size".into(), json!(size));
+            row.insert("tokens".into(), json!(expected.len()));
+            let encoders: [(&str, &dyn Fn() -> usize); 3] = [
+                ("direct", &|| {
+                    direct
+                        .text_tokens(black_box(&text), false)
+                        .map_or(0, |ids| ids.len())
+                }),
+                ("tokenizers_pipeline", &|| {
+                    pipeline
+                        .text_tokens(black_box(&text), false)
+                        .map_or(0, |ids| ids.len())
+                }),
+                ("tokenizers_crate", &|| {
+                    hf.encode_fast(black_box(text.as_str()), false)
+                        .map_or(0, |e| e.len())
+                }),
+            ];
+            for (name, encode) in encoders {
+                let secs = median_secs(rounds, encode);
+                row.insert(name.into(), json!((secs * 1e7).round() / 10.0));
+            }
+            cases.push(serde_json::Value::Object(row));
+        }
+    }
+    let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
+    json!({
+        "model": dir.display().to_string(),
+        "encoder": format!("{:?}", direct.text_encoder()),
+        "load_ms": {"direct": ms(direct_load), "tokenizers_pipeline": ms(pipeline_load), "tokenizers_crate": ms(hf_load)},
+        "us_per_call": cases,
+    })
 }
 
 /// Where the request number goes in the chat body.
