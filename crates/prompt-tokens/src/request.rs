@@ -240,9 +240,19 @@ impl ChatRequest {
     }
 
     /// Reads a request body that is already parsed. Object keys come in
-    /// `serde_json`'s order (see the module docs).
+    /// `serde_json`'s order (see the module docs). Give it the body's
+    /// length with [`with_body_len`](Self::with_body_len) when known.
     pub fn from_value(body: &serde_json::Value) -> Result<Self> {
         Self::deserialize(body).map_err(|e| Error::InvalidRequest(e.to_string()))
+    }
+
+    /// Sets the length of the body this request was read from, which
+    /// [`from_json`](Self::from_json) sets itself: the rendering, mostly
+    /// the messages' text, reserves about that much at once rather than
+    /// growing step by step.
+    pub fn with_body_len(mut self, bytes: usize) -> Self {
+        self.body_len = bytes;
+        self
     }
 
     /// A request with these messages (a JSON array of message objects) and
@@ -351,6 +361,12 @@ impl CompletionRequest {
     /// Parses a request body (the whole `/v1/completions` JSON).
     pub fn from_json(body: &[u8]) -> Result<Self> {
         serde_json::from_slice(body).map_err(|e| Error::InvalidRequest(e.to_string()))
+    }
+
+    /// Reads a request body that is already parsed: the request
+    /// [`from_json`](Self::from_json) gives for the same body.
+    pub fn from_value(body: &serde_json::Value) -> Result<Self> {
+        Self::deserialize(body).map_err(|e| Error::InvalidRequest(e.to_string()))
     }
 
     /// A text prompt with vLLM's default (`add_special_tokens = true`).

@@ -6,7 +6,7 @@ mod common;
 
 use common::{NOW, model_dir, options, tokenizer};
 use prompt_tokens::testing::TestTokenizerKind;
-use prompt_tokens::{ChatRequest, PromptTokenizer, SegmentMode, TemplateFamily};
+use prompt_tokens::{ChatRequest, CompletionRequest, PromptTokenizer, SegmentMode, TemplateFamily};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -378,4 +378,49 @@ fn a_template_looping_over_content_gets_parts() {
     );
     let template = template.with_content_format(ContentFormat::String);
     assert_eq!(template.render(&req).unwrap(), "<user>S:hi<user>S:a\nb");
+}
+
+/// A request read from a parsed value (the router's P/D path, one parse
+/// for routing, tokens and legs) is the request read from the body's text:
+/// the same rendering, keys in the client's order, the same ids.
+#[test]
+fn from_value_reads_the_request_from_json_reads() {
+    let t = tokenizer(TemplateFamily::Llama3, TestTokenizerKind::ByteLevelRegex);
+    let body = br#"{"model": "m", "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"type": "function",
+            "function": {"name": "get_weather", "arguments": {"zone": "b", "area": "a"}}}]}],
+        "tools": [{"type": "function", "function": {"parameters": {"type": "object"}, "name": "get_weather"}}],
+        "add_generation_prompt": true}"#;
+    let value: Value = serde_json::from_slice(body).unwrap();
+    let from_json = ChatRequest::from_json(body).unwrap();
+    let from_value = ChatRequest::from_value(&value)
+        .unwrap()
+        .with_body_len(body.len());
+    let text = t.chat_text(&from_value).unwrap();
+    assert_eq!(text, t.chat_text(&from_json).unwrap());
+    // serde_json's `preserve_order` (the workspace's): not sorted.
+    assert!(
+        text.contains(r#""parameters": {"zone": "b", "area": "a"}"#),
+        "{text}"
+    );
+    assert_eq!(
+        t.chat_tokens(&from_value).unwrap(),
+        t.chat_tokens(&from_json).unwrap()
+    );
+    for prompt in [
+        &br#"{"prompt": "abc"}"#[..],
+        br#"{"prompt": [1, 2], "add_special_tokens": false}"#,
+        br#"{"prompt": [[3, 4]]}"#,
+        br#"{"prompt": ["a", "b"]}"#,
+        br#"{"model": "m"}"#,
+    ] {
+        let value: Value = serde_json::from_slice(prompt).unwrap();
+        assert_eq!(
+            CompletionRequest::from_value(&value).ok(),
+            CompletionRequest::from_json(prompt).ok(),
+            "{}",
+            String::from_utf8_lossy(prompt)
+        );
+    }
 }

@@ -7,6 +7,19 @@
 //! keys (`user`) and the *routing text*: the text whose prefix the cache-aware
 //! policy matches against its tree.
 //!
+//! A request whose whole body is needed as a JSON value downstream (a P/D
+//! request: its prefill and decode legs are the client's body rewritten) is
+//! parsed once into that value instead, by [`ParsedBody::parse`];
+//! [`ParsedBody::extract`] reads the same views from the value, the prompt's
+//! token ids are computed from it (`tokens`), and the P/D flow rewrites it
+//! ([`ParsedBody::into_value`]). Reading from the value gives what reading
+//! the text gives: the same [`RequestInfo`], the same 400s with the same
+//! messages. Two rare kinds of body are read from the text as well: one
+//! where some object repeats a key (the value keeps the last one, where the
+//! views refuse a repeated field), and one refused for a field of the wrong
+//! type (only the text's parse says where in the body the field is, and the
+//! error message carries it).
+//!
 //! The routing text of a chat request is every message rendered in order,
 //! role and text content (text parts of multi-part content included), so that
 //! turn *n* of a conversation is a prefix of turn *n + 1*, the way the engine's
@@ -17,8 +30,10 @@
 use crate::error::ApiError;
 pub use lb_policies::RoutingInputBuf;
 use serde::Deserialize;
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -100,6 +115,13 @@ impl Extracted<'_> {
         self.info.model.as_deref()
     }
 
+    /// The routing input read so far: a chat request's stays
+    /// [`RoutingInputBuf::None`] until [`into_info`](Self::into_info).
+    #[cfg(feature = "tokens")]
+    pub(crate) fn routing(&self) -> &RoutingInputBuf {
+        &self.info.routing
+    }
+
     /// Everything but a chat request's routing text, which stays
     /// [`RoutingInputBuf::None`] (other routes carry theirs).
     pub fn without_text(self) -> RequestInfo {
@@ -133,10 +155,8 @@ fn extract_body(
             .unwrap_or_default();
         return Ok((info, None));
     }
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::InvalidRequest(
-            "the request body is empty; a JSON object is required".into(),
-        ));
+    if is_blank(body) {
+        return Err(empty_body());
     }
     // The body's UTF-8 is checked once, ASCII a word at a time; parsing
     // bytes, serde_json would check every string it borrows on its own,
@@ -148,13 +168,23 @@ fn extract_body(
             err.valid_up_to()
         ))
     })?;
-    let mut parsed: Body<'_> = serde_json::from_str(text).map_err(|err| {
+    let parsed: Body<'_> = serde_json::from_str(text).map_err(|err| {
         if err.is_data() {
             ApiError::InvalidRequest(err.to_string())
         } else {
             ApiError::InvalidJson(err.to_string())
         }
     })?;
+    read_fields(route, parsed)
+}
+
+/// The route's fields of a parsed body (text or value alike): a chat
+/// request's messages beside the info, any other route's routing input in
+/// it.
+fn read_fields(
+    route: ApiKind,
+    mut parsed: Body<'_>,
+) -> Result<(RequestInfo, Option<Vec<Message<'_>>>), ApiError> {
     let routing = match route {
         ApiKind::ChatCompletions => {
             let messages = parsed.messages.take().ok_or_else(|| missing("messages"))?;
@@ -183,6 +213,185 @@ fn extract_body(
         ApiKind::Other => RoutingInputBuf::None,
     };
     Ok((parsed.into_info(routing), None))
+}
+
+/// Whether a body is empty but for whitespace (refused on the OpenAI
+/// routes before any parse).
+fn is_blank(body: &[u8]) -> bool {
+    body.iter().all(u8::is_ascii_whitespace)
+}
+
+fn empty_body() -> ApiError {
+    ApiError::InvalidRequest("the request body is empty; a JSON object is required".into())
+}
+
+/// [`extract`] of a body that is needed as a JSON value downstream: one
+/// parse, into the value ([`ParsedBody::parse`]), from which the
+/// [`RequestInfo`] is read ([`ParsedBody::extract`]). The same answer as
+/// `extract`, the same 400s; the value goes on with the request.
+pub fn extract_parsed(route: ApiKind, body: &[u8]) -> Result<(RequestInfo, ParsedBody), ApiError> {
+    let parsed = ParsedBody::parse(body);
+    let info = parsed.extract(route, body)?.into_info();
+    Ok((info, parsed))
+}
+
+/// A request body parsed once into a JSON value, for a request whose value
+/// is needed downstream (see the module docs): the router's views, the
+/// prompt's token ids and a P/D request's legs all come from it.
+#[derive(Debug)]
+pub struct ParsedBody {
+    /// The value, or serde_json's message for a body that is not one.
+    value: Result<Value, String>,
+    /// Whether some object of the body repeats a key: the value keeps the
+    /// last, where the typed views of the text refuse a repeated field, so
+    /// views are then read from the text.
+    repeated_key: bool,
+}
+
+impl ParsedBody {
+    /// Parses `body` into the JSON value `serde_json::from_slice` gives
+    /// (with the workspace's `preserve_order`, keys in the client's order),
+    /// or its error.
+    pub fn parse(body: &[u8]) -> Self {
+        let repeated = Cell::new(false);
+        // As in `extract`: one UTF-8 check of the whole body rather than
+        // one per string; a body that fails it takes the byte parser, whose
+        // error is the one `from_slice` gives.
+        let value = match std::str::from_utf8(body) {
+            Ok(text) => parse_value(serde_json::Deserializer::from_str(text), &repeated),
+            Err(_) => parse_value(serde_json::Deserializer::from_slice(body), &repeated),
+        };
+        Self {
+            value: value.map_err(|err| err.to_string()),
+            repeated_key: repeated.get(),
+        }
+    }
+
+    /// The value, when reading the request from it is reading the body's
+    /// text: `None` for a body that is not a JSON value, and for one where
+    /// some object repeats a key (the value kept the last one; a typed
+    /// view of the text refuses the repeated field).
+    pub fn value(&self) -> Option<&Value> {
+        self.value.as_ref().ok().filter(|_| !self.repeated_key)
+    }
+
+    /// [`extract_deferred`] of `body` (the bytes this was parsed from),
+    /// read from the value: the same [`Extracted`], the same 400s with the
+    /// same messages. A body [`value`](Self::value) does not stand for is
+    /// read from the text; so is one whose fields do not read (a field of
+    /// the wrong type), only for the error's position in the text.
+    pub fn extract<'a>(
+        &'a self,
+        route: ApiKind,
+        body: &'a [u8],
+    ) -> Result<Extracted<'a>, ApiError> {
+        if route != ApiKind::Other && is_blank(body) {
+            return Err(empty_body());
+        }
+        let Some(value) = self.value() else {
+            return extract_deferred(route, body);
+        };
+        let Ok(parsed) = Body::deserialize(value) else {
+            return extract_deferred(route, body);
+        };
+        let (info, messages) = read_fields(route, parsed)?;
+        Ok(Extracted { info, messages })
+    }
+
+    /// The value, for the legs of a P/D request: a body that is not a JSON
+    /// value is a 400 `invalid_json` with serde_json's message.
+    pub fn into_value(self) -> Result<Value, ApiError> {
+        self.value.map_err(ApiError::InvalidJson)
+    }
+}
+
+/// What `serde_json::from_slice::<Value>` does, through [`ValueSeed`].
+fn parse_value<'de, R: serde_json::de::Read<'de>>(
+    mut de: serde_json::Deserializer<R>,
+    repeated: &Cell<bool>,
+) -> serde_json::Result<Value> {
+    let value = ValueSeed(repeated).deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
+}
+
+/// Builds a [`Value`] as serde_json's own `Deserialize` does (an object
+/// through [`Map::insert`]: a repeated key keeps its first place and takes
+/// the last value), and sets the flag when an object repeats a key, which
+/// serde_json's does not tell.
+#[derive(Clone, Copy)]
+struct ValueSeed<'r>(&'r Cell<bool>);
+
+impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ValueSeed<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any valid JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::from(value))
+    }
+
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<Value, E> {
+        // A float JSON cannot hold becomes null, as in serde_json's.
+        Ok(Value::from(value))
+    }
+
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::String(value.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, value: String) -> Result<Value, E> {
+        Ok(Value::String(value))
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        self.deserialize(deserializer)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(self)? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = map.next_value_seed(self)?;
+            if object.insert(key, value).is_some() {
+                self.0.set(true);
+            }
+        }
+        Ok(Value::Object(object))
+    }
 }
 
 fn missing(field: &str) -> ApiError {
@@ -814,6 +1023,156 @@ mod tests {
         );
         let info = extract(ApiKind::Other, br#"{"model":"m"}"#).unwrap();
         assert_eq!(info.model.as_deref(), Some("m"));
+    }
+
+    /// Bodies of every shape the views read or refuse: the value's reading
+    /// must be the text's, answer and error message alike.
+    const BODIES: &[&[u8]] = &[
+        br#"{"model":"m","stream":true,"user":"u","messages":[{"role":"system","content":"Be terse."},
+            {"role":"user","content":[{"type":"text","text":"Hi "},{"type":"image_url","image_url":{"url":"x"}},"there"]},
+            {"role":"assistant","content":null,"tool_calls":[{"function":{"arguments":{"b":1,"a":2}}}]}]}"#,
+        br#"{"messages":[{"role":"user","content":"tab\there \u00e9 \"q\""}],"model":"m"}"#,
+        br#"{"prompt":"hello","model":"m"}"#,
+        br#"{"prompt":["a","b"]}"#,
+        br#"{"prompt":[1,2,3]}"#,
+        br#"{"prompt":[[7,8],[9]]}"#,
+        br#"{"prompt":[[1,"x"],[2]]}"#,
+        br#"{"prompt":[1,"a"]}"#,
+        br#"{"prompt":-1}"#,
+        br#"{"input":"embed me","query":"q","text":"t","input_ids":[4,5]}"#,
+        br#"{"input_ids":[4,5]}"#,
+        br#"{"model":"m"}"#,
+        br#"{"model":5,"messages":[]}"#,
+        br#"{"model":"m","stream":"yes","prompt":"p"}"#,
+        br#"{"messages":[{"content":"x"}]}"#,
+        br#"{"messages":[{"role":"user","content":["a",7]}]}"#,
+        br#"{"messages":[{"role":"user","content":{"odd":[1,{"x":2}]}},{"role":"tool","content":7}]}"#,
+        br#"{"messages":[{"role":"user","role":"system","content":"x"}]}"#,
+        br#"{"model":"a","model":"b","prompt":"p"}"#,
+        br#"{"prompt":"p","extra":{"k":1,"k":2}}"#,
+        br#"{"input_ids":[1,2,4294967296]}"#,
+        br#"{"messages":[],"big":1e400}"#,
+        br#"["m",true]"#,
+        br#""text""#,
+        b"{\"messages\": [",
+        br#"{"prompt":"p"} trailing"#,
+        b"  ",
+        b"",
+        b"not json",
+        b"{\"model\":\"m\",\xe9\"messages\":[]}",
+        b"{\"messages\":[{\"role\":\"user\",\"content\":\"caf\x80\"}]}",
+    ];
+
+    const ROUTES: [ApiKind; 7] = [
+        ApiKind::ChatCompletions,
+        ApiKind::Completions,
+        ApiKind::Embeddings,
+        ApiKind::Rerank,
+        ApiKind::Responses,
+        ApiKind::Generate,
+        ApiKind::Other,
+    ];
+
+    /// An answer as a comparable string: the info, or the error's status
+    /// and message.
+    fn answer(result: Result<RequestInfo, ApiError>) -> String {
+        match result {
+            Ok(info) => format!("{info:?}"),
+            Err(error) => format!("{} {} {error}", error.status(), error.code()),
+        }
+    }
+
+    #[test]
+    fn the_parsed_value_reads_as_the_text_does() {
+        let nested = {
+            let mut body = String::from(r#"{"messages":[],"extra":"#);
+            body.extend(std::iter::repeat_n('[', 100_000));
+            body.extend(std::iter::repeat_n(']', 100_000));
+            body.push('}');
+            body
+        };
+        let deep_read = {
+            let mut body = String::from(r#"{"prompt":"#);
+            body.extend(std::iter::repeat_n('[', 200));
+            body.extend(std::iter::repeat_n(']', 200));
+            body.push('}');
+            body
+        };
+        let bodies = BODIES
+            .iter()
+            .copied()
+            .chain([nested.as_bytes(), deep_read.as_bytes()]);
+        for body in bodies {
+            for route in ROUTES {
+                let parsed = ParsedBody::parse(body);
+                let from_value = parsed.extract(route, body).map(Extracted::into_info);
+                assert_eq!(
+                    answer(from_value),
+                    answer(extract(route, body)),
+                    "{route:?} {}",
+                    String::from_utf8_lossy(&body[..body.len().min(120)])
+                );
+                let deferred = ParsedBody::parse(body)
+                    .extract(route, body)
+                    .map(Extracted::without_text);
+                let text = extract_deferred(route, body).map(Extracted::without_text);
+                assert_eq!(answer(deferred), answer(text), "{route:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_parsed_value_is_serde_jsons_in_the_clients_order() {
+        let nested = {
+            let mut body = String::from(r#"{"prompt":"p","extra":"#);
+            body.extend(std::iter::repeat_n('[', 200));
+            body.extend(std::iter::repeat_n(']', 200));
+            body.push('}');
+            body
+        };
+        for body in BODIES.iter().copied().chain([nested.as_bytes()]) {
+            let ours = ParsedBody::parse(body).into_value();
+            match serde_json::from_slice::<Value>(body) {
+                Ok(theirs) => {
+                    let ours = ours.unwrap();
+                    // Key order too: the legs are written from this value.
+                    assert_eq!(ours.to_string(), theirs.to_string());
+                    assert_eq!(ours, theirs);
+                }
+                Err(theirs) => {
+                    let ours = ours.unwrap_err();
+                    assert!(matches!(ours, ApiError::InvalidJson(_)), "{ours:?}");
+                    assert_eq!(
+                        ours.to_string(),
+                        ApiError::InvalidJson(theirs.to_string()).to_string()
+                    );
+                }
+            }
+        }
+        let value = ParsedBody::parse(br#"{"z":1,"a":{"y":2,"b":3}}"#)
+            .into_value()
+            .unwrap();
+        assert_eq!(value.to_string(), r#"{"z":1,"a":{"y":2,"b":3}}"#);
+    }
+
+    #[test]
+    fn a_repeated_key_anywhere_is_read_from_the_text() {
+        // serde_json keeps the last value quietly; a typed view refuses a
+        // repeated field, so the value does not stand for the body.
+        for body in [
+            &br#"{"model":"a","model":"b","prompt":"p"}"#[..],
+            br#"{"messages":[{"role":"user","content":{"k":1,"k":2}}]}"#,
+        ] {
+            let parsed = ParsedBody::parse(body);
+            assert!(parsed.value().is_none());
+            assert!(parsed.into_value().is_ok(), "the legs still get it");
+        }
+        let parsed = ParsedBody::parse(br#"{"model":"a","prompt":"p"}"#);
+        assert!(parsed.value().is_some());
+        let (info, parsed) =
+            extract_parsed(ApiKind::Completions, br#"{"model":"a","prompt":"p"}"#).unwrap();
+        assert_eq!(info.model.as_deref(), Some("a"));
+        assert!(parsed.value().is_some());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! inputs so `cargo test` exercises them too.
 
 use crate::body::{BodyEnd, Finish, GuardedBody};
-use crate::extract::{ApiKind, extract};
+use crate::extract::{ApiKind, extract, extract_parsed};
 use crate::headers::{RequestIds, strip_hop_by_hop};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -27,12 +27,24 @@ const ROUTES: [ApiKind; 7] = [
 /// Parses `data[1..]` as a body of the route chosen by `data[0]`: either a
 /// clean 400-class error or an extraction whose routing text is made only of
 /// what the body contained (never longer than a bounded multiple of it).
+/// The one parse into a JSON value (a P/D request's) reads the same: the
+/// same info, or the same error and message.
 pub fn request_body(data: &[u8]) {
     let Some((&selector, body)) = data.split_first() else {
         return;
     };
     let route = ROUTES[usize::from(selector) % ROUTES.len()];
-    match extract(route, body) {
+    let extracted = extract(route, body);
+    match (&extracted, extract_parsed(route, body)) {
+        (Ok(text), Ok((value, _))) => assert_eq!(text, &value, "read from the value"),
+        (Err(text), Err(value)) => assert_eq!(
+            (text.status(), text.to_string()),
+            (value.status(), value.to_string()),
+            "refused from the value"
+        ),
+        (text, value) => panic!("the text reads {text:?}, the value {value:?}"),
+    }
+    match extracted {
         Ok(info) => {
             // Rendering adds "role: " and "\n" per message: at most a few
             // bytes per input byte, never unbounded.

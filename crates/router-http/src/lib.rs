@@ -90,7 +90,10 @@ pub use body::{BodyEnd, BoxBody, BoxError, Finish, GuardedBody, IdleTimeout, Idl
 pub use client::{ClientConfig, UpstreamBody, UpstreamClient, UpstreamError};
 pub use config::{ConfigError, RouterConfig};
 pub use error::ApiError;
-pub use extract::{ApiKind, Extracted, RequestInfo, RoutingInputBuf, extract, extract_deferred};
+pub use extract::{
+    ApiKind, Extracted, ParsedBody, RequestInfo, RoutingInputBuf, extract, extract_deferred,
+    extract_parsed,
+};
 pub use headers::{RequestId, RequestIds};
 pub use limits::{AdmissionPermit, ConcurrencyConfig, ConcurrencyLimiter, RateLimiter};
 pub use load_poll::{LoadPollConfig, LoadPolls};

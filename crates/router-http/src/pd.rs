@@ -15,7 +15,8 @@
 //!   is queried in the background when it joins (a prefill worker whose
 //!   engine ids are not known is not selected);
 //! - the request: the client's body, headers and path become a
-//!   `PdCall`; the decode response body
+//!   `PdCall`, the body's JSON value the one parse the router's extraction
+//!   made ([`ParsedBody`]); the decode response body
 //!   owns the decode guard (inside `pd-orchestrator`'s `PdBody`) and the
 //!   router's admission permit, both released at end of stream, at a body
 //!   error, or when the client goes away;
@@ -57,6 +58,7 @@ use crate::body::{BoxError, IdleTimeout};
 use crate::client::{UpstreamClient, UpstreamError};
 use crate::config::{ConfigError, RouterConfig};
 use crate::error::ApiError;
+use crate::extract::ParsedBody;
 use crate::metrics::RouterMetrics;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
@@ -352,6 +354,9 @@ const FORWARDED: [&str; 3] = ["traceparent", "tracestate", "baggage"];
 pub(crate) struct PdArrival {
     pub(crate) parts: http::request::Parts,
     pub(crate) bytes: Bytes,
+    /// The body's one parse, which routing and tokenizing read; its value
+    /// becomes the legs.
+    pub(crate) parsed: ParsedBody,
     pub(crate) request: OwnedContext,
     /// The client's request id, the prefix of the flow's id.
     pub(crate) client_id: HeaderValue,
@@ -384,14 +389,17 @@ pub(crate) async fn proxy(
     let PdArrival {
         parts,
         bytes,
+        parsed,
         mut request,
         client_id,
         deadline,
         #[cfg(feature = "otel")]
         traced,
     } = arrival;
-    let parsed =
-        serde_json::from_slice(&bytes).map_err(|err| ApiError::InvalidJson(err.to_string()))?;
+    // Answered here, as before the parse was shared: a body that is not
+    // a JSON value (nesting past serde_json's limit in a field routing
+    // skips) got through extraction and is refused now.
+    let parsed = parsed.into_value()?;
     // A deadline spent in the router (tokenizing, parsing, queueing) is
     // the router's: no prefill or decode worker is selected or charged.
     crate::error::before_dispatch(deadline, timeout)?;

@@ -76,11 +76,12 @@
 //! ```
 
 use crate::error::ApiError;
-use crate::extract::{ApiKind, RequestInfo, RoutingInputBuf};
+use crate::extract::{ApiKind, Extracted, ParsedBody, RequestInfo, RoutingInputBuf};
 use crate::metrics::Counter;
 use bytes::Bytes;
 use prom_text::{Exposition, MetricType};
 use prompt_tokens::{ChatRequest, CompletionRequest, Error, Interrupt, PromptTokenizer};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -151,21 +152,24 @@ impl ModelTokens {
     fn ids(
         &self,
         kind: ApiKind,
-        body: &[u8],
+        body: Source<'_>,
         model: &str,
         interrupt: Option<&Interrupt>,
     ) -> Option<Result<Vec<u32>, NoIds>> {
         let tokenizer = &self.tokenizer;
         let started = Instant::now();
         let ids = match (kind, interrupt) {
-            (ApiKind::ChatCompletions, None) => {
-                ChatRequest::from_json(body).and_then(|request| tokenizer.chat_tokens(&request))
-            }
-            (ApiKind::ChatCompletions, Some(interrupt)) => ChatRequest::from_json(body)
+            (ApiKind::ChatCompletions, None) => body
+                .chat()
+                .and_then(|request| tokenizer.chat_tokens(&request)),
+            (ApiKind::ChatCompletions, Some(interrupt)) => body
+                .chat()
                 .and_then(|request| tokenizer.chat_tokens_until(&request, interrupt)),
-            (ApiKind::Completions, None) => CompletionRequest::from_json(body)
+            (ApiKind::Completions, None) => body
+                .completion()
                 .and_then(|request| tokenizer.completion_tokens(&request)),
-            (ApiKind::Completions, Some(interrupt)) => CompletionRequest::from_json(body)
+            (ApiKind::Completions, Some(interrupt)) => body
+                .completion()
                 .and_then(|request| tokenizer.completion_tokens_until(&request, interrupt)),
             _ => return None,
         };
@@ -199,6 +203,39 @@ impl ModelTokens {
     /// bodies, on the tokenizer pool for the others).
     pub fn compute_seconds(&self) -> f64 {
         self.compute_nanos.load(Ordering::Relaxed) as f64 / 1e9
+    }
+}
+
+/// What a request's token ids are computed from.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// The body's text, parsed for the prompt (the regular path, whose
+    /// one parse is into borrowed views that keep no more than the routing
+    /// text needs).
+    Text(&'a [u8]),
+    /// The value the body was parsed into ([`ParsedBody`]), and the body's
+    /// length.
+    Value(&'a Value, usize),
+}
+
+impl Source<'_> {
+    fn chat(self) -> Result<ChatRequest, Error> {
+        match self {
+            Self::Text(body) => ChatRequest::from_json(body),
+            // The value keeps the client's key order (the workspace's
+            // serde_json has `preserve_order`): the same request as the
+            // text's.
+            Self::Value(value, len) => {
+                ChatRequest::from_value(value).map(|request| request.with_body_len(len))
+            }
+        }
+    }
+
+    fn completion(self) -> Result<CompletionRequest, Error> {
+        match self {
+            Self::Text(body) => CompletionRequest::from_json(body),
+            Self::Value(value, _) => CompletionRequest::from_value(value),
+        }
     }
 }
 
@@ -299,7 +336,7 @@ impl Tokenizers {
         if kind == ApiKind::Completions && matches!(routing, RoutingInputBuf::Tokens(_)) {
             return routing;
         }
-        match entry.ids(kind, body, model, interrupt) {
+        match entry.ids(kind, Source::Text(body), model, interrupt) {
             Some(Ok(ids)) => RoutingInputBuf::Tokens(ids),
             Some(Err(_)) | None => routing,
         }
@@ -334,11 +371,30 @@ impl Tokenizers {
             return Ok(info);
         }
         let extracted = crate::extract_deferred(kind, body)?;
+        Ok(self.with_ids(kind, extracted, Source::Text(body), interrupt))
+    }
+
+    /// `extracted`'s info with the engine's token ids (computed from
+    /// `body`) as its routing input where its model has a tokenizer; its
+    /// text (a chat request's built only now) where it has none, where
+    /// the ids cannot be computed, and for a completion's ids as given.
+    fn with_ids(
+        &self,
+        kind: ApiKind,
+        extracted: Extracted<'_>,
+        body: Source<'_>,
+        interrupt: Option<&Interrupt>,
+    ) -> RequestInfo {
         let model = extracted.model().unwrap_or_default();
         let Some(entry) = self.for_model(model) else {
-            return Ok(extracted.into_info());
+            return extracted.into_info();
         };
-        Ok(match entry.ids(kind, body, model, interrupt) {
+        // Ids as given are already what the engine sees.
+        if kind == ApiKind::Completions && matches!(extracted.routing(), RoutingInputBuf::Tokens(_))
+        {
+            return extracted.into_info();
+        }
+        match entry.ids(kind, body, model, interrupt) {
             Some(Ok(ids)) => RequestInfo {
                 routing: RoutingInputBuf::Tokens(ids),
                 ..extracted.without_text()
@@ -346,7 +402,63 @@ impl Tokenizers {
             // Nobody reads a cancelled request's info: skip its text.
             Some(Err(NoIds::Cancelled)) => extracted.without_text(),
             Some(Err(NoIds::Text)) | None => extracted.into_info(),
-        })
+        }
+    }
+
+    /// [`extract`](Self::extract) of a body that is needed as a JSON value
+    /// downstream (a P/D request): one parse, into the value
+    /// ([`ParsedBody`]), from which the [`RequestInfo`] is read and the
+    /// token ids computed (`ChatRequest::from_value`,
+    /// `CompletionRequest::from_value`). The same answer as `extract`, the
+    /// same 400s; the value goes on with the request.
+    ///
+    /// Synchronous and unbounded: the router calls
+    /// [`extract_parsed_bounded`](Self::extract_parsed_bounded).
+    pub fn extract_parsed(
+        &self,
+        kind: ApiKind,
+        body: &[u8],
+    ) -> Result<(RequestInfo, ParsedBody), ApiError> {
+        Self::parsed_until(Some(self), kind, body, None)
+    }
+
+    /// One parse of `body` into a [`ParsedBody`] and its info: with token
+    /// ids from `tokenizers` (which may stop at `interrupt`), or on text
+    /// without any (a body over the budget).
+    fn parsed_until(
+        tokenizers: Option<&Self>,
+        kind: ApiKind,
+        body: &[u8],
+        interrupt: Option<&Interrupt>,
+    ) -> Result<(RequestInfo, ParsedBody), ApiError> {
+        let parsed = ParsedBody::parse(body);
+        let extracted = parsed.extract(kind, body)?;
+        let info = match tokenizers {
+            Some(tokenizers) => {
+                // A body the value does not stand for (see
+                // `ParsedBody::value`) is tokenized from its text.
+                let source = parsed
+                    .value()
+                    .map_or(Source::Text(body), |value| Source::Value(value, body.len()));
+                tokenizers.with_ids(kind, extracted, source, interrupt)
+            }
+            None => extracted.into_info(),
+        };
+        Ok((info, parsed))
+    }
+
+    /// The text path's computation for [`bounded`](Self::bounded).
+    fn text_until(
+        tokenizers: Option<&Self>,
+        kind: ApiKind,
+        body: &[u8],
+        interrupt: Option<&Interrupt>,
+    ) -> Result<(RequestInfo, ()), ApiError> {
+        let info = match tokenizers {
+            Some(tokenizers) => tokenizers.extract_until(kind, body, interrupt)?,
+            None => crate::extract(kind, body)?,
+        };
+        Ok((info, ()))
     }
 
     /// The router's [`extract`](Self::extract): the same answer, computed
@@ -371,21 +483,54 @@ impl Tokenizers {
         deadline: tokio::time::Instant,
         timeout: Duration,
     ) -> Result<RequestInfo, ApiError> {
+        let (info, ()) = self
+            .bounded(kind, body, deadline, timeout, Self::text_until)
+            .await?;
+        Ok(info)
+    }
+
+    /// The router's [`extract_parsed`](Self::extract_parsed), for a P/D
+    /// request: computed as [`extract_bounded`](Self::extract_bounded)
+    /// computes its answer (inline, on the pool, or on text past the
+    /// budget), the one parse included.
+    pub async fn extract_parsed_bounded(
+        &self,
+        kind: ApiKind,
+        body: &Bytes,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+    ) -> Result<(RequestInfo, ParsedBody), ApiError> {
+        self.bounded(kind, body, deadline, timeout, Self::parsed_until)
+            .await
+    }
+
+    /// The bounded computation behind [`extract_bounded`](Self::extract_bounded)
+    /// and [`extract_parsed_bounded`](Self::extract_parsed_bounded):
+    /// `compute` gives the info and what goes with it, with token ids from
+    /// the tokenizers it is given, or on text without any.
+    async fn bounded<T: Send + 'static>(
+        &self,
+        kind: ApiKind,
+        body: &Bytes,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+        compute: Compute<T>,
+    ) -> Result<(RequestInfo, T), ApiError> {
         let Some(pool) = &self.pool else {
-            return self.extract(kind, body);
+            return compute(Some(self), kind, body, None);
         };
         let tokenizes = matches!(kind, ApiKind::ChatCompletions | ApiKind::Completions);
         if !tokenizes || self.is_empty() || body.len() <= pool.config.inline_bytes {
-            return self.extract(kind, body);
+            return compute(Some(self), kind, body, None);
         }
         if body.len() > pool.config.max_bytes {
             // Bound before you allocate: a body past the budget is not
             // parsed for tokens at all.
-            let info = crate::extract(kind, body)?;
+            let (info, extra) = compute(None, kind, body, None)?;
             if let Some(entry) = self.for_model(info.model.as_deref().unwrap_or_default()) {
                 entry.over_budget.inc();
             }
-            return Ok(info);
+            return Ok((info, extra));
         }
         let timed_out = |phase| ApiError::RequestTimeout { phase, timeout };
         let Ok(acquired) =
@@ -395,7 +540,7 @@ impl Tokenizers {
         };
         let Ok(slot) = acquired else {
             // The semaphore is never closed; were it, compute inline.
-            return self.extract(kind, body);
+            return compute(Some(self), kind, body, None);
         };
         let interrupt = Interrupt::new()
             .with_time_limit(pool.config.max_time)
@@ -409,7 +554,7 @@ impl Tokenizers {
             // The slot is held for as long as the work runs, not as long
             // as someone waits: cancelled work still counts until it stops.
             let _slot = slot;
-            this.extract_until(kind, &job_body, Some(&interrupt))
+            compute(Some(&this), kind, &job_body, Some(&interrupt))
         });
         match tokio::time::timeout_at(deadline, job).await {
             Err(_elapsed) => Err(timed_out("while tokenizing the prompt")),
@@ -418,7 +563,7 @@ impl Tokenizers {
                 // Input never panics the tokenizer; if it did, the request
                 // still routes, on text.
                 tracing::error!(error = %join, "the tokenizer thread failed; routing on text");
-                crate::extract(kind, body)
+                compute(None, kind, body, None)
             }
         }
     }
@@ -539,6 +684,16 @@ impl Tokenizers {
         }
     }
 }
+
+/// A computation of [`Tokenizers::bounded`]: the info of `kind`'s `body`
+/// and what goes with it, with token ids from the tokenizers given (which
+/// may stop at the interrupt), on text without any.
+type Compute<T> = fn(
+    Option<&Tokenizers>,
+    ApiKind,
+    &[u8],
+    Option<&Interrupt>,
+) -> Result<(RequestInfo, T), ApiError>;
 
 /// Why a request got no token ids.
 enum NoIds {
@@ -697,6 +852,129 @@ mod tests {
             info.routing,
             RoutingInputBuf::Tokens(prompt_tokens::synthetic_tokenize("abcdefgh", 4))
         );
+    }
+
+    /// Counters of a model's entry: routed, failed, over budget, cancelled.
+    fn counts(tokenizers: &Tokenizers) -> (u64, u64, u64, u64) {
+        let entry = tokenizers.for_model("m").unwrap();
+        (
+            entry.routed(),
+            entry.failed(),
+            entry.over_budget(),
+            entry.cancelled(),
+        )
+    }
+
+    /// Bodies the text path and the parsed path must answer alike.
+    const SAME: &[(ApiKind, &[u8])] = &[
+        (ApiKind::ChatCompletions, CHAT),
+        (
+            ApiKind::ChatCompletions,
+            br#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}, "there"]},
+                {"role": "assistant", "content": "ok"}], "model": "m", "add_generation_prompt": false}"#,
+        ),
+        (ApiKind::ChatCompletions, br#"{"model": "x", "messages": [{"role": "user", "content": "Hi"}]}"#),
+        (
+            ApiKind::ChatCompletions,
+            br#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "bogus"}]}]}"#,
+        ),
+        // A repeated field the prompt's view refuses (a fallback to text
+        // either way), and a key repeated inside a message: the value kept
+        // the last of each, so both are read from the text.
+        (
+            ApiKind::ChatCompletions,
+            br#"{"model": "m", "messages": [{"role": "user", "content": "a"}], "add_generation_prompt": true, "add_generation_prompt": false}"#,
+        ),
+        (
+            ApiKind::ChatCompletions,
+            br#"{"model": "m", "messages": [{"role": "user", "content": "a", "name": "x", "name": "y"}]}"#,
+        ),
+        (ApiKind::ChatCompletions, br#"{"model": "m", "messages": [{"role": "user", "content": [7]}]}"#),
+        (ApiKind::ChatCompletions, br#"{"model": 7, "messages": []}"#),
+        (ApiKind::Completions, br#"{"model": "m", "prompt": "abcdefgh"}"#),
+        (ApiKind::Completions, br#"{"model": "m", "prompt": [7, 8, 9]}"#),
+        (ApiKind::Completions, br#"{"model": "m", "prompt": ["a", "b"]}"#),
+        (ApiKind::Completions, br#"{"model": "m"}"#),
+        (ApiKind::Generate, br#"{"model": "m", "text": "t"}"#),
+    ];
+
+    #[test]
+    fn one_parse_into_a_value_routes_as_the_text_does() {
+        for &(kind, body) in SAME {
+            let (by_text, by_value) = (synthetic(), synthetic());
+            let text = tokenizers_answer(by_text.extract(kind, body));
+            let value =
+                tokenizers_answer(by_value.extract_parsed(kind, body).map(|(info, _)| info));
+            let shown = String::from_utf8_lossy(body);
+            assert_eq!(value, text, "{kind:?} {shown}");
+            assert_eq!(counts(&by_value), counts(&by_text), "{kind:?} {shown}");
+        }
+        // The value goes on to the legs as parsed.
+        let (info, parsed) = synthetic()
+            .extract_parsed(ApiKind::ChatCompletions, CHAT)
+            .unwrap();
+        assert!(
+            matches!(info.routing, RoutingInputBuf::Tokens(_)),
+            "{info:?}"
+        );
+        assert_eq!(
+            parsed.into_value().unwrap(),
+            serde_json::from_slice::<Value>(CHAT).unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn one_parse_into_a_value_routes_as_the_text_does_on_the_pool() {
+        let config = TokenizeConfig {
+            threads: 1,
+            max_bytes: 256,
+            max_time: Duration::from_secs(60),
+            inline_bytes: 64,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let timeout = Duration::from_secs(60);
+        let chat = |len| {
+            format!(
+                r#"{{"model": "m", "messages": [{{"role": "user", "content": "{}"}}]}}"#,
+                "x".repeat(len)
+            )
+        };
+        let malformed = format!(
+            r#"{{"model": "m", "messages": [{{"role": "user", "content": [7]}}], "pad": "{}"}}"#,
+            "z".repeat(100)
+        );
+        // Inline, on the pool, over the budget, refused.
+        for body in [chat(1), chat(100), chat(300), malformed] {
+            let body = Bytes::from(body);
+            let (mut by_text, mut by_value) = (synthetic(), synthetic());
+            by_text.set_pool(&config).unwrap();
+            by_value.set_pool(&config).unwrap();
+            let kind = ApiKind::ChatCompletions;
+            let text = by_text
+                .extract_bounded(kind, &body, deadline, timeout)
+                .await;
+            let value = by_value
+                .extract_parsed_bounded(kind, &body, deadline, timeout)
+                .await;
+            if let Ok((_, parsed)) = &value {
+                assert!(parsed.value().is_some(), "one parse, kept");
+            }
+            assert_eq!(
+                tokenizers_answer(value.map(|(info, _)| info)),
+                tokenizers_answer(text),
+                "{} bytes",
+                body.len()
+            );
+            assert_eq!(counts(&by_value), counts(&by_text), "{} bytes", body.len());
+        }
+    }
+
+    /// An answer as a comparable string: the info, or the error.
+    fn tokenizers_answer(result: Result<RequestInfo, ApiError>) -> String {
+        match result {
+            Ok(info) => format!("{info:?}"),
+            Err(error) => format!("{} {error}", error.status()),
+        }
     }
 
     #[tokio::test]

@@ -148,6 +148,17 @@ async fn start(
     decode: EngineConfig,
     policy: &str,
 ) -> PdFixture {
+    start_with(connector, prefill_faults, decode, policy, |_| {}).await
+}
+
+/// [`start`] with the router's configuration changed by `configure`.
+async fn start_with(
+    connector: PdConnector,
+    prefill_faults: &[FaultConfig],
+    decode: EngineConfig,
+    policy: &str,
+    configure: impl FnOnce(&mut RouterConfig),
+) -> PdFixture {
     let registry = TransferRegistry::new();
     // The one mapping of a connector to its engines' settings (fleet-sim's,
     // which the router's command line uses too).
@@ -173,7 +184,9 @@ async fn start(
         .map(|h| worker_config(h, connector))
         .collect();
     pd.decode = decode.iter().map(|h| worker_config(h, connector)).collect();
-    let router = Router::start(router_config(pd, policy)).await.unwrap();
+    let mut config = router_config(pd, policy);
+    configure(&mut config);
+    let router = Router::start(config).await.unwrap();
     PdFixture::serve(router, prefill, decode).await
 }
 
@@ -283,6 +296,103 @@ async fn every_connector_hands_off_valid_transfers() {
         );
         fixture.shutdown().await;
     }
+}
+
+/// A P/D request is parsed once, into the value its legs are written from;
+/// routing and its token ids are read from that value. Chat and completion
+/// requests route on ids and run; a body routing reads but serde_json
+/// cannot build as a value, and one with a field of the wrong type, are the
+/// same 400s, with the same messages, as before the parse was shared.
+#[cfg(feature = "tokens")]
+#[tokio::test]
+async fn a_tokenized_request_is_routed_and_run_from_one_parse() {
+    use prompt_tokens::PromptTokenizer;
+    use router_http::ApiKind;
+    use router_http::tokens::Tokenizers;
+
+    let fixture = start_with(
+        PdConnector::Nixl,
+        &[FaultConfig::default()],
+        EngineConfig::instant(),
+        "cache_aware",
+        |config| {
+            config.tokenizers =
+                Tokenizers::default().with_default(Arc::new(PromptTokenizer::synthetic(4)));
+        },
+    )
+    .await;
+    let prompt = "Explain how a radix tree stores shared prefixes. ".repeat(4);
+    for (path, body) in [
+        ("/v1/chat/completions", chat_body(&prompt, false)),
+        ("/v1/completions", completion_body(&prompt, false)),
+    ] {
+        let (status, _, bytes) = call(
+            fixture.addr,
+            "POST",
+            path,
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{path}: {}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+    let (_, _, text) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let text = String::from_utf8_lossy(&text);
+    for series in [
+        "router_tokens_routed_total{model=\"*\"} 2",
+        "router_tokens_fallbacks_total{model=\"*\"} 0",
+    ] {
+        assert!(text.contains(series), "{series} missing:\n{text}");
+    }
+    assert_eq!(fixture.decode[0].stats().kv_transfers_valid, 2);
+
+    // Nesting past serde_json's limit in a field routing skips: routing
+    // reads the body, the legs' value cannot be built.
+    let mut deep =
+        String::from(r#"{"model":"sim-model","messages":[{"role":"user","content":"x"}],"extra":"#);
+    deep.extend(std::iter::repeat_n('[', 200));
+    deep.extend(std::iter::repeat_n(']', 200));
+    deep.push('}');
+    let typed =
+        r#"{"model":"sim-model","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#;
+    let expected = [
+        (
+            deep.clone(),
+            "invalid_json",
+            format!(
+                "request body is not valid JSON: {}",
+                serde_json::from_str::<serde_json::Value>(&deep).unwrap_err()
+            ),
+        ),
+        (
+            typed.to_owned(),
+            "invalid_request",
+            router_http::extract(ApiKind::ChatCompletions, typed.as_bytes())
+                .unwrap_err()
+                .to_string(),
+        ),
+    ];
+    for (body, code, message) in expected {
+        let (status, _, bytes) = call(
+            fixture.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let error = json(&bytes);
+        assert_eq!(error["error"]["code"], code, "{error}");
+        assert_eq!(error["error"]["message"], message, "{error}");
+    }
+    fixture.assert_loads_return_to_zero().await;
+    fixture.shutdown().await;
 }
 
 /// A slowly decoding engine: the decode load stays 1 while the client

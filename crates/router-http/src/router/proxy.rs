@@ -69,16 +69,38 @@ impl Router {
             .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
         #[cfg(feature = "otel")]
         let extract_span = traced.then(crate::otel::extract_span);
+        // A P/D request's legs are its body rewritten as a JSON value: its
+        // one parse is into that value, which routing and tokenizing read
+        // too. Any other request's is into borrowed views.
+        let two_phase = shared.pd.is_some()
+            && matches!(
+                kind,
+                ApiKind::ChatCompletions | ApiKind::Completions | ApiKind::Generate
+            );
         // Off the runtime for large bodies, bounded by the deadline and
         // cancelled if this future is dropped (the client went away).
         #[cfg(feature = "tokens")]
-        let info = shared
-            .config
-            .tokenizers
-            .extract_bounded(kind, &bytes, deadline, timeout)
-            .await?;
+        let (info, parsed) = {
+            let tokenizers = &shared.config.tokenizers;
+            if two_phase {
+                let (info, parsed) = tokenizers
+                    .extract_parsed_bounded(kind, &bytes, deadline, timeout)
+                    .await?;
+                (info, Some(parsed))
+            } else {
+                let info = tokenizers
+                    .extract_bounded(kind, &bytes, deadline, timeout)
+                    .await?;
+                (info, None)
+            }
+        };
         #[cfg(not(feature = "tokens"))]
-        let info = crate::extract(kind, &bytes)?;
+        let (info, parsed) = if two_phase {
+            let (info, parsed) = crate::extract_parsed(kind, &bytes)?;
+            (info, Some(parsed))
+        } else {
+            (crate::extract(kind, &bytes)?, None)
+        };
         // The extraction's span ends here (it is not entered: the work
         // may run on the tokenizer pool).
         #[cfg(feature = "otel")]
@@ -107,15 +129,11 @@ impl Router {
             request_id: request_id.value.to_str().ok().map(str::to_owned),
         };
         let retries = shared.retries(std::time::Instant::now());
-        if let Some(pd) = &shared.pd
-            && matches!(
-                kind,
-                ApiKind::ChatCompletions | ApiKind::Completions | ApiKind::Generate
-            )
-        {
+        if let (Some(pd), Some(parsed)) = (&shared.pd, parsed) {
             let arrival = crate::pd::PdArrival {
                 parts,
                 bytes,
+                parsed,
                 request,
                 client_id: request_id.value.clone(),
                 deadline,
