@@ -200,7 +200,11 @@ async fn workers_and_metrics_show_each_streams_state() {
     let workers = loop {
         let (_, _, bytes) = call(fixture.addr, "GET", "/workers", &[], "").await;
         let workers = json(&bytes);
-        if workers[0]["kv_events"]["state"] == "live" || tokio::time::Instant::now() > deadline {
+        // The stream leaves `replaying` a moment after the worker's first
+        // blocks arrive (the replay's answer and the live batch race).
+        let live = workers[0]["kv_events"]["state"] == "live"
+            && workers[0]["kv_events"]["streams"][0]["state"] == "live";
+        if live || tokio::time::Instant::now() > deadline {
             break workers;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
