@@ -322,6 +322,17 @@ pub struct Args {
         help_heading = "Policy"
     )]
     pub max_tree_bytes: u64,
+    /// Models each pool keeps routing state for (a policy instance with its
+    /// prefix trees and metric series), besides --kv-event-model's; a
+    /// request naming another model replaces the least recently used. Model names come from clients: this bounds what made-up names
+    /// cost when the workers do not declare their models.
+    #[arg(
+        long,
+        default_value_t = lb_policies::DEFAULT_MAX_MODELS,
+        value_name = "N",
+        help_heading = "Policy"
+    )]
+    pub max_routed_models: usize,
     /// cache_aware on token ids: the engines' KV block size (vLLM's
     /// --block-size). A token match counts in whole blocks, and
     /// --cache-threshold applies to those cached tokens. kv_aware's KV

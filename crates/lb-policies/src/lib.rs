@@ -143,6 +143,6 @@ pub use policies::round_robin::RoundRobin;
 pub use policy::{Counted, Policy, PolicyState, TreeStats};
 pub use radix_affinity::MemoryBudget;
 pub use registry::{
-    BUILTIN_POLICIES, INDEX_POLICIES, ModelPolicy, PolicyConfig, PolicyFactory, PolicyRegistry,
-    build_builtin,
+    BUILTIN_POLICIES, DEFAULT_MAX_MODELS, INDEX_POLICIES, ModelPolicy, PolicyConfig, PolicyFactory,
+    PolicyRegistry, build_builtin,
 };

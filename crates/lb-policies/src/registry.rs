@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use crate::backend::Backend;
 use crate::context::RequestContext;
@@ -185,6 +187,21 @@ pub type PolicyFactory<B> =
 /// wrapped in decision counters.
 pub type ModelPolicy<B> = Counted<Box<dyn Policy<B>>>;
 
+/// Instances created on first use that a registry keeps at most, by
+/// default (see [`PolicyRegistry::set_max_models`]).
+pub const DEFAULT_MAX_MODELS: usize = 256;
+
+/// One model's instance with what its eviction needs.
+struct Instance<B> {
+    policy: Arc<ModelPolicy<B>>,
+    /// Milliseconds since the registry's epoch at the last use (stored only
+    /// when it changed, so a hot model's line is written once a
+    /// millisecond at most).
+    last_used: AtomicU64,
+    /// Made by [`PolicyRegistry::set_model_config`]: never evicted.
+    configured: bool,
+}
+
 /// Keeps one policy instance per model id.
 ///
 /// Instances are created on a model's first use from the model's
@@ -194,13 +211,25 @@ pub type ModelPolicy<B> = Counted<Box<dyn Policy<B>>>;
 /// forwards each event to every instance, and a new instance is first told
 /// about every current member, so a policy created late starts in step with
 /// the fleet.
+///
+/// The model id comes from the request, so a client can name as many
+/// models as it likes; when the workers do not say which models they serve,
+/// nothing else stops it. Instances created on first use are therefore
+/// bounded ([`set_max_models`](Self::set_max_models), default
+/// [`DEFAULT_MAX_MODELS`]): the one a new model would exceed the bound
+/// with replaces the least recently used of them (its learned state, such
+/// as a cache tree, is dropped). Models given a configuration of their own
+/// are never evicted.
 pub struct PolicyRegistry<B> {
     default: PolicyConfig,
     per_model: RwLock<HashMap<Box<str>, PolicyConfig>>,
     factories: RwLock<HashMap<String, PolicyFactory<B>>>,
-    instances: RwLock<HashMap<Box<str>, Arc<ModelPolicy<B>>>>,
+    instances: RwLock<HashMap<Box<str>, Instance<B>>>,
     /// Lock order: `members`, then `instances`.
     members: Mutex<Vec<Arc<str>>>,
+    max_models: AtomicU64,
+    evicted: AtomicU64,
+    epoch: Instant,
 }
 
 impl<B> fmt::Debug for PolicyRegistry<B> {
@@ -239,6 +268,32 @@ impl<B: Backend> PolicyRegistry<B> {
             factories: RwLock::new(HashMap::new()),
             instances: RwLock::new(HashMap::new()),
             members: Mutex::new(Vec::new()),
+            max_models: AtomicU64::new(DEFAULT_MAX_MODELS as u64),
+            evicted: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Keeps at most `max` instances created on first use (at least one):
+    /// see the type's docs. Lowering it evicts at the next new model.
+    pub fn set_max_models(&self, max: usize) {
+        self.max_models.store(max.max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// Instances evicted to stay within [`set_max_models`](Self::set_max_models).
+    pub fn evicted_models(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn instance(&self, policy: Arc<ModelPolicy<B>>, configured: bool) -> Instance<B> {
+        Instance {
+            policy,
+            last_used: AtomicU64::new(self.now_ms()),
+            configured,
         }
     }
 
@@ -255,7 +310,8 @@ impl<B: Backend> PolicyRegistry<B> {
         let members = self.members.lock();
         let policy = self.build(&config, &members)?;
         self.per_model.write().insert(model.into(), config);
-        self.instances.write().insert(model.into(), policy);
+        let instance = self.instance(policy, true);
+        self.instances.write().insert(model.into(), instance);
         Ok(())
     }
 
@@ -277,30 +333,63 @@ impl<B: Backend> PolicyRegistry<B> {
 
     /// The policy instance for `model`, created on first use.
     pub fn policy(&self, model: &str) -> Result<Arc<ModelPolicy<B>>, PolicyError> {
-        if let Some(policy) = self.instances.read().get(model) {
-            return Ok(Arc::clone(policy));
+        if let Some(policy) = self.used(model) {
+            return Ok(policy);
         }
         let members = self.members.lock();
-        if let Some(policy) = self.instances.read().get(model) {
-            return Ok(Arc::clone(policy));
+        if let Some(policy) = self.used(model) {
+            return Ok(policy);
         }
-        let config = self
-            .per_model
-            .read()
-            .get(model)
-            .cloned()
-            .unwrap_or_else(|| self.default.clone());
+        let config = self.per_model.read().get(model).cloned();
+        let configured = config.is_some();
+        let config = config.unwrap_or_else(|| self.default.clone());
         let policy = self.build(&config, &members)?;
-        self.instances
-            .write()
-            .insert(model.into(), Arc::clone(&policy));
+        let instance = self.instance(Arc::clone(&policy), configured);
+        let mut instances = self.instances.write();
+        if !configured {
+            self.make_room(&mut instances);
+        }
+        instances.insert(model.into(), instance);
         Ok(policy)
+    }
+
+    /// `model`'s instance, its use recorded.
+    fn used(&self, model: &str) -> Option<Arc<ModelPolicy<B>>> {
+        let instances = self.instances.read();
+        let instance = instances.get(model)?;
+        let now = self.now_ms();
+        if instance.last_used.load(Ordering::Relaxed) != now {
+            instance.last_used.store(now, Ordering::Relaxed);
+        }
+        Some(Arc::clone(&instance.policy))
+    }
+
+    /// Evicts the least recently used instances created on first use until
+    /// one more fits within the bound.
+    fn make_room(&self, instances: &mut HashMap<Box<str>, Instance<B>>) {
+        let max = usize::try_from(self.max_models.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
+        loop {
+            let mut automatic = instances.iter().filter(|(_, i)| !i.configured);
+            if automatic.clone().count() < max {
+                return;
+            }
+            let Some(oldest) = automatic
+                .by_ref()
+                .min_by_key(|(_, i)| i.last_used.load(Ordering::Relaxed))
+                .map(|(model, _)| model.clone())
+            else {
+                return;
+            };
+            instances.remove(&oldest);
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Drops `model`'s instance (and its learned state, such as a cache
     /// tree). Returns whether there was one. Every distinct model id the
-    /// host routes creates an instance, so hosts validate model ids (or
-    /// remove the ones they stop serving).
+    /// host routes creates an instance, up to the bound the type's docs
+    /// describe; hosts that know their models validate model ids, or
+    /// remove the ones they stop serving.
     pub fn remove_model(&self, model: &str) -> bool {
         self.instances.write().remove(model).is_some()
     }
@@ -326,15 +415,20 @@ impl<B: Backend> PolicyRegistry<B> {
             }
             _ => {}
         }
-        for policy in self.instances.read().values() {
-            policy.on_membership(event);
+        for instance in self.instances.read().values() {
+            instance.policy.on_membership(event);
         }
     }
 
     /// Runs every instance's periodic upkeep (cache-aware eviction). Call
     /// it from the host's timer.
     pub fn maintain(&self) {
-        let policies: Vec<_> = self.instances.read().values().cloned().collect();
+        let policies: Vec<_> = self
+            .instances
+            .read()
+            .values()
+            .map(|i| Arc::clone(&i.policy))
+            .collect();
         for policy in policies {
             policy.maintain();
         }
@@ -347,8 +441,9 @@ impl<B: Backend> PolicyRegistry<B> {
             .instances
             .read()
             .iter()
-            .flat_map(|(model, policy)| {
-                policy
+            .flat_map(|(model, instance)| {
+                instance
+                    .policy
                     .affinity_sizes()
                     .into_iter()
                     .map(move |(key, size)| (model.to_string(), key, size))
@@ -365,8 +460,9 @@ impl<B: Backend> PolicyRegistry<B> {
             .instances
             .read()
             .iter()
-            .flat_map(|(model, policy)| {
-                policy
+            .flat_map(|(model, instance)| {
+                instance
+                    .policy
                     .tree_stats()
                     .into_iter()
                     .map(move |stats| (model.to_string(), stats))
@@ -383,9 +479,66 @@ impl<B: Backend> PolicyRegistry<B> {
             .instances
             .read()
             .iter()
-            .map(|(model, p)| (model.to_string(), p.name().to_owned(), p.counts()))
+            .map(|(model, i)| {
+                let p = &i.policy;
+                (model.to_string(), p.name().to_owned(), p.counts())
+            })
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod bound_tests {
+    use super::*;
+    use crate::backend::BasicBackend;
+    use crate::context::RequestContext;
+
+    /// A request for `model` with a short prompt.
+    fn select(registry: &PolicyRegistry<Arc<BasicBackend>>, model: &str) {
+        let workers = vec![Arc::new(BasicBackend::new("http://w1"))];
+        let ctx = RequestContext::new(model).with_text("hello");
+        registry.select(&workers, &ctx).expect("selects");
+    }
+
+    fn models(registry: &PolicyRegistry<Arc<BasicBackend>>) -> Vec<String> {
+        registry.counts().into_iter().map(|(m, _, _)| m).collect()
+    }
+
+    #[test]
+    fn models_named_by_clients_are_bounded_and_the_least_recently_used_goes() {
+        let registry = PolicyRegistry::new(PolicyConfig::named("cache_aware")).unwrap();
+        registry.set_max_models(2);
+        select(&registry, "a");
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        select(&registry, "b");
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        select(&registry, "a");
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        select(&registry, "c");
+        assert_eq!(models(&registry), ["a", "c"]);
+        assert_eq!(registry.evicted_models(), 1);
+        // A stream of new names never grows the registry past the bound.
+        for i in 0..100 {
+            select(&registry, &format!("x{i}"));
+        }
+        assert_eq!(models(&registry).len(), 2);
+        assert_eq!(registry.evicted_models(), 101);
+    }
+
+    #[test]
+    fn configured_models_are_never_evicted_nor_counted() {
+        let registry = PolicyRegistry::new(PolicyConfig::named("round_robin")).unwrap();
+        registry.set_max_models(1);
+        registry
+            .set_model_config("kept", PolicyConfig::named("cache_aware"))
+            .unwrap();
+        select(&registry, "kept");
+        for i in 0..10 {
+            select(&registry, &format!("x{i}"));
+        }
+        assert_eq!(models(&registry), ["kept", "x9"]);
+        assert_eq!(registry.evicted_models(), 9);
     }
 }

@@ -549,6 +549,21 @@ fn metrics(router: &Router) -> Response<BoxBody> {
         }
     }
     let mut family = exposition.family(
+        "router_policy_models_evicted_total",
+        MetricType::Counter,
+        "Models whose policy instance (prefix trees, counters) was dropped to keep the pool \
+         within --max-routed-models; a stream of made-up model names shows here.",
+    );
+    family.sample(&[("pool", &"regular")], router.policies().evicted_models());
+    if let Some(pd) = router.pd() {
+        for role in [RoleKind::Prefill, RoleKind::Decode] {
+            family.sample(
+                &[("pool", &role.as_str())],
+                pd.role(role).policies().evicted_models(),
+            );
+        }
+    }
+    let mut family = exposition.family(
         "router_cache_tree_size",
         MetricType::Gauge,
         "Symbols (chars or tokens) each worker holds in the model's cache-aware tree.",

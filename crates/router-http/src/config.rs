@@ -76,6 +76,13 @@ pub struct RouterConfig {
     pub drain_timeout: Duration,
     /// Interval of the cache-aware trees' eviction to their budget (default 120 s).
     pub eviction_interval: Duration,
+    /// Models each pool keeps a policy instance (and its prefix trees and
+    /// metric series) for, beyond those configured one by one; a request
+    /// naming a new model past it replaces the least recently used
+    /// (default [`lb_policies::DEFAULT_MAX_MODELS`]). The model id comes
+    /// from the client, so this is what bounds the state a stream of
+    /// made-up model names creates when workers do not declare theirs.
+    pub max_models: usize,
     /// Polling the engines for their own in-flight counts, so that the
     /// policies see the requests other router replicas sent (default:
     /// every 50 ms; [`LoadPollConfig::off`] turns it off). See
@@ -163,6 +170,7 @@ impl Default for RouterConfig {
             worker_startup_check_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(60),
             eviction_interval: Duration::from_secs(120),
+            max_models: lb_policies::DEFAULT_MAX_MODELS,
             load_poll: LoadPollConfig::default(),
             shutdown_grace: Duration::from_secs(30),
             pd: None,

@@ -583,3 +583,55 @@ async fn a_silent_connection_does_not_hold_up_shutdown() {
         .expect("shutdown waited for a connection that never sent a byte");
     assert_eq!(outcome, router_http::ShutdownOutcome::Drained);
 }
+
+#[tokio::test]
+async fn made_up_model_names_keep_the_routing_state_and_metrics_bounded() {
+    // The workers declare no model, so they serve any name, and the name
+    // comes from the client: before the bound every new one added a policy
+    // instance with its prefix trees and about 25 `/metrics` series.
+    let config = RouterConfig {
+        policy: lb_policies::PolicyConfig::named("cache_aware"),
+        max_models: 4,
+        ..RouterConfig::default()
+    };
+    let fixture = Fixture::start(config, vec![EngineConfig::instant()]).await;
+    for i in 0..40 {
+        let body = serde_json::json!({
+            "model": format!("made-up-{i}"),
+            "messages": [{"role": "user", "content": format!("hello {i}")}],
+            "max_tokens": 1,
+        });
+        let (status, _, _) = call(
+            fixture.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("content-type", "application/json")],
+            body.to_string(),
+        )
+        .await;
+        assert_ne!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    let (status, _, metrics) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8(metrics.to_vec()).unwrap();
+    let models: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("router_policy_decisions_total{"))
+        .filter_map(|l| l.split("model=\"").nth(1)?.split('"').next())
+        .collect();
+    // The four most recent names, nothing older.
+    let expected: std::collections::BTreeSet<String> =
+        (36..40).map(|i| format!("made-up-{i}")).collect();
+    assert_eq!(
+        models,
+        expected.iter().map(String::as_str).collect(),
+        "{text}"
+    );
+    assert!(
+        text.contains("router_policy_models_evicted_total{pool=\"regular\"} 36"),
+        "{text}"
+    );
+    // A known model still routes.
+    let (status, _, _) = chat(fixture.addr, &[]).await;
+    assert_eq!(status, StatusCode::OK);
+}

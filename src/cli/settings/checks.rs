@@ -69,6 +69,7 @@ pub(super) fn check_ranges(a: &Args) -> Result<(), CliError> {
     positive("eviction_interval_secs", a.eviction_interval_secs)?;
     positive("max_tree_size", a.max_tree_size as u64)?;
     positive("max_tree_bytes", a.max_tree_bytes)?;
+    positive("max_routed_models", a.max_routed_models as u64)?;
     positive("block_size", a.block_size as u64)?;
     positive("max_payload_size", a.max_payload_size as u64)?;
     positive("request_timeout_secs", a.request_timeout_secs)?;

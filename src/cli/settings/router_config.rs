@@ -36,6 +36,7 @@ pub(super) fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
         ..RouterConfig::default()
     };
     config.eviction_interval = Duration::from_secs(a.eviction_interval_secs);
+    config.max_models = a.max_routed_models;
     config.load_poll.interval =
         (a.load_poll_interval_ms > 0).then(|| Duration::from_millis(a.load_poll_interval_ms));
     config.load_poll.max_polls_per_sec = a.load_poll_budget;

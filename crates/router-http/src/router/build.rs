@@ -85,6 +85,7 @@ impl Router {
             None => None,
         };
         let options = config.worker_options.clone();
+        policies.set_max_models(config.max_models);
         let pool = match &config.worker_registry {
             Some(registry) if registry.role() != RoleKind::Regular => {
                 return Err(ConfigError::Worker {
@@ -109,6 +110,14 @@ impl Router {
             Some(pd) => Some(crate::pd::PdState::new(pd, &config, &client)?),
             None => None,
         };
+        if let Some(pd) = &pd {
+            for role in [RoleKind::Prefill, RoleKind::Decode] {
+                pd.pools()
+                    .role(role)
+                    .policies()
+                    .set_max_models(config.max_models);
+            }
+        }
         let shared = Shared {
             client,
             pd,
