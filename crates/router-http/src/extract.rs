@@ -1063,15 +1063,7 @@ mod tests {
         b"{\"messages\":[{\"role\":\"user\",\"content\":\"caf\x80\"}]}",
     ];
 
-    const ROUTES: [ApiKind; 7] = [
-        ApiKind::ChatCompletions,
-        ApiKind::Completions,
-        ApiKind::Embeddings,
-        ApiKind::Rerank,
-        ApiKind::Responses,
-        ApiKind::Generate,
-        ApiKind::Other,
-    ];
+    use crate::fuzzing::ROUTES;
 
     /// An answer as a comparable string: the info, or the error's status
     /// and message.

@@ -14,7 +14,8 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-const ROUTES: [ApiKind; 7] = [
+/// Every kind of route a body can arrive on.
+pub(crate) const ROUTES: [ApiKind; 7] = [
     ApiKind::ChatCompletions,
     ApiKind::Completions,
     ApiKind::Embeddings,
