@@ -53,6 +53,10 @@ pub(crate) struct HfTokenizer {
     /// is one; see [`TextEncoder`].
     direct: Option<Direct>,
     encoder: TextEncoder,
+    /// The ids the post-processor puts before and after every text when
+    /// special tokens are asked for, when they are the same whatever the
+    /// text ([`fixed_wrap`]): the direct encoder then serves those calls too.
+    special_wrap: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 /// Which code computes the ids of the text between special tokens.
@@ -176,6 +180,7 @@ impl HfTokenizer {
             Ok(encoder) => {
                 loaded.direct = Some(Direct::Bpe(Box::new(encoder)));
                 loaded.encoder = TextEncoder::Direct;
+                loaded.special_wrap = fixed_wrap(&loaded.tokenizer);
             }
             Err(reason) => loaded.encoder = TextEncoder::Tokenizers(reason),
         }
@@ -202,6 +207,7 @@ impl HfTokenizer {
             format,
             direct: None,
             encoder: TextEncoder::Tokenizers("not loaded yet".to_owned()),
+            special_wrap: None,
         })
     }
 
@@ -234,12 +240,19 @@ impl HfTokenizer {
         // A tiktoken vocabulary has no post-processor (`add_special_tokens`
         // adds nothing); a `tokenizer.json`'s may add tokens, which only
         // `tokenizers` knows how to.
+        let wrap = match (&self.direct, add_special_tokens) {
+            (Some(Direct::Bpe(_)), true) => self.special_wrap.as_ref(),
+            _ => None,
+        };
         if let Some(direct) = &self.direct
-            && (!add_special_tokens || matches!(direct, Direct::Tiktoken(_)))
+            && (!add_special_tokens || matches!(direct, Direct::Tiktoken(_)) || wrap.is_some())
         {
             // Cut at the special tokens as `tokenizers` does, encode the
             // text between them.
             let mut out = Vec::with_capacity(text.len() / 3);
+            if let Some((before, _)) = wrap {
+                out.extend_from_slice(before);
+            }
             let mut at = 0;
             if let Some(added) = &self.splitter {
                 for found in added.find_iter(text) {
@@ -249,6 +262,9 @@ impl HfTokenizer {
                 }
             }
             self.encode_between(direct, &text[at..], &mut out)?;
+            if let Some((_, after)) = wrap {
+                out.extend_from_slice(after);
+            }
             return Ok(out);
         }
         let encoding = self
@@ -329,6 +345,45 @@ impl HfTokenizer {
         }
         Ok(())
     }
+}
+
+/// The ids `tokenizer`'s post-processor adds before and after a text's
+/// when special tokens are asked for, if they are fixed: every step of it
+/// one that adds fixed tokens around the sequence (byte-level offsets,
+/// template, BERT / RoBERTa markers; no truncation, which the loader turns
+/// off), and probes of several texts agree. `None` otherwise, and then
+/// those calls stay on `tokenizers`.
+fn fixed_wrap(tokenizer: &Tokenizer) -> Option<(Vec<u32>, Vec<u32>)> {
+    fn fixed(step: &serde_json::Value) -> bool {
+        match step["type"].as_str() {
+            Some("ByteLevel" | "TemplateProcessing" | "RobertaProcessing" | "BertProcessing") => {
+                true
+            }
+            Some("Sequence") => step["processors"]
+                .as_array()
+                .is_some_and(|steps| steps.iter().all(fixed)),
+            _ => false,
+        }
+    }
+    if let Some(post) = tokenizer.get_post_processor() {
+        if !fixed(&serde_json::to_value(post).ok()?) {
+            return None;
+        }
+    }
+    let mut wrap: Option<(Vec<u32>, Vec<u32>)> = None;
+    for probe in ["a", "Hello, world!\n", " 12 x\t"] {
+        let plain = tokenizer.encode_fast(probe, false).ok()?.get_ids().to_vec();
+        let special = tokenizer.encode_fast(probe, true).ok()?.get_ids().to_vec();
+        let at = (0..=special.len().checked_sub(plain.len())?)
+            .find(|&i| special[i..i + plain.len()] == plain[..])?;
+        let this = (special[..at].to_vec(), special[at + plain.len()..].to_vec());
+        match &wrap {
+            None => wrap = Some(this),
+            Some(seen) if *seen == this => {}
+            Some(_) => return None,
+        }
+    }
+    wrap
 }
 
 /// Segments up to this many bytes skip the segment cache when the direct

@@ -100,6 +100,9 @@
 //! dropout, …) stays on the `tokenizers` pipeline (pure Rust:
 //! `fancy-regex`, no oniguruma), and [`PromptTokenizer::text_encoder`]
 //! says why; so does non-ASCII text under NFC, segment by segment.
+//! A text encoded with special tokens (a completion's prompt) takes the
+//! direct encoder too when the post-processor only puts fixed tokens
+//! around it (Llama's BOS template, Mistral's `<s>`), checked at load.
 //! [`TokenizerOptions::direct_encoder`] turns the direct encoder off.
 //! Property tests compare it with `tokenizers` on random text, and the
 //! template corpus with Python's `tokenizers` on real models.

@@ -82,9 +82,19 @@ fn variants() -> &'static [Variant] {
         vec![
             // gpt-oss / o200k: Mistral's Tekken split is the same kind.
             variant("o200k", |_| {}),
+            // Llama 3, with its post-processor: a BOS before every text
+            // when special tokens are asked for (completions).
             variant("llama3", |json| {
                 json["pre_tokenizer"] =
                     json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_PATTERN), byte_level(false)]});
+                let bos = json!({"SpecialToken": {"id": "<|startoftext|>", "type_id": 0}});
+                let a = json!({"Sequence": {"id": "A", "type_id": 0}});
+                let b = json!({"Sequence": {"id": "B", "type_id": 1}});
+                json["post_processor"] = json!({"type": "Sequence", "processors": [
+                    {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+                    {"type": "TemplateProcessing", "single": [bos, a], "pair": [bos, a, bos, b],
+                     "special_tokens": {"<|startoftext|>": {"id": "<|startoftext|>", "ids": [30000], "tokens": ["<|startoftext|>"]}}},
+                ]});
             }),
             // Qwen: NFC, single digits, and every piece merged even when it
             // is a token.
@@ -123,20 +133,31 @@ fn variants() -> &'static [Variant] {
 
 fn assert_same_ids(text: &str) -> Result<(), TestCaseError> {
     for variant in variants() {
-        let ours = variant.ours.text_tokens(text, false).expect("tokens");
-        let reference = variant
-            .reference
-            .encode_fast(text, false)
-            .expect("reference tokens");
-        prop_assert_eq!(
-            &ours,
-            &reference.get_ids().to_vec(),
-            "{} on {:?}",
-            variant.name,
-            text
-        );
+        for special in [false, true] {
+            let ours = variant.ours.text_tokens(text, special).expect("tokens");
+            let reference = variant
+                .reference
+                .encode_fast(text, special)
+                .expect("reference tokens");
+            prop_assert_eq!(
+                &ours,
+                &reference.get_ids().to_vec(),
+                "{} (special tokens {}) on {:?}",
+                variant.name,
+                special,
+                text
+            );
+        }
     }
     Ok(())
+}
+
+#[test]
+fn the_llama_post_processor_puts_its_bos_first() {
+    let llama = variants().iter().find(|v| v.name == "llama3").unwrap();
+    let ids = llama.ours.text_tokens("Hello", true).unwrap();
+    assert_eq!(ids[0], 30_000);
+    assert_eq!(&ids[1..], llama.ours.text_tokens("Hello", false).unwrap());
 }
 
 #[test]
