@@ -365,10 +365,10 @@ fn fixed_wrap(tokenizer: &Tokenizer) -> Option<(Vec<u32>, Vec<u32>)> {
             _ => false,
         }
     }
-    if let Some(post) = tokenizer.get_post_processor() {
-        if !fixed(&serde_json::to_value(post).ok()?) {
-            return None;
-        }
+    if let Some(post) = tokenizer.get_post_processor()
+        && !fixed(&serde_json::to_value(post).ok()?)
+    {
+        return None;
     }
     let mut wrap: Option<(Vec<u32>, Vec<u32>)> = None;
     for probe in ["a", "Hello, world!\n", " 12 x\t"] {
