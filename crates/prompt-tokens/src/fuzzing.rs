@@ -1,6 +1,7 @@
 //! Fuzzing entry points. The cargo-fuzz target `prompt_tokens_render` and
 //! the crate's tests call [`render`]; [`tiktoken`] is the entry point for
-//! `.tiktoken` files (its tests run it on seeds).
+//! `.tiktoken` files (its tests run it on seeds); [`bpe`] holds the direct
+//! `tokenizer.json` encoder to the `tokenizers` crate.
 
 use std::sync::Arc;
 
@@ -154,6 +155,91 @@ pub fn tiktoken(data: &[u8]) {
                 "an id outside the vocabulary (direct encoder)"
             );
         }
+    }
+}
+
+/// A small byte-level BPE vocabulary as `tokenizer.json` text in each of
+/// the shapes the direct encoder serves (see `tests/bpe.rs` for the same
+/// shapes on a real vocabulary), loaded both ways once.
+fn bpe_variants() -> &'static [(PromptTokenizer, tokenizers::Tokenizer)] {
+    use std::sync::OnceLock;
+    static VARIANTS: OnceLock<Vec<(PromptTokenizer, tokenizers::Tokenizer)>> = OnceLock::new();
+    VARIANTS.get_or_init(|| {
+        // Every byte, then tokens whose halves are earlier tokens: the
+        // merge list `tokenizer_json` derives holds several ways to some.
+        let mut ranks: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        for word in [
+            "th", "he", "the", " t", " the", "in", "ing", " a", "an", "nd", " and", "er", "re",
+            "on", " o", " on", "at", "en", "es", " s", "is", " is", "it", " i", " it", "  ",
+            "   ", "\n\n", "12", "123", "e\u{301}", "\u{e9}", "ca", "caf", "caf\u{e9}",
+        ] {
+            ranks.push(word.as_bytes().to_vec());
+        }
+        let text = crate::tiktoken::format_ranks(ranks.iter().zip(0u32..));
+        let Ok(json) = crate::tiktoken::tokenizer_json(&text) else {
+            return Vec::new();
+        };
+        let Ok(base) = serde_json::from_str::<serde_json::Value>(&json) else {
+            return Vec::new();
+        };
+        let split = |pattern: &str| {
+            serde_json::json!({"type": "Split", "pattern": {"Regex": pattern},
+                "behavior": "Isolated", "invert": false})
+        };
+        let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+            "trim_offsets": true, "use_regex": false});
+        let llama = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+        let mut shapes = vec![base.clone()];
+        let mut llama_shape = base.clone();
+        llama_shape["pre_tokenizer"] = serde_json::json!({"type": "Sequence",
+            "pretokenizers": [split(llama), byte_level.clone()]});
+        shapes.push(llama_shape.clone());
+        let mut qwen = llama_shape;
+        qwen["normalizer"] = serde_json::json!({"type": "NFC"});
+        qwen["model"]["ignore_merges"] = serde_json::json!(false);
+        shapes.push(qwen);
+        let mut digits = base;
+        digits["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+            split(r"\p{N}{1,3}"), split("[\u{4e00}-\u{9fa5}]+"), split(llama), byte_level]});
+        shapes.push(digits);
+        shapes
+            .into_iter()
+            .filter_map(|shape| {
+                let text = shape.to_string();
+                let ours = PromptTokenizer::from_parts(
+                    text.as_bytes(),
+                    crate::TokenizerConfig::default(),
+                    crate::TokenizerOptions::default(),
+                )
+                .ok()?;
+                let reference = tokenizers::Tokenizer::from_bytes(text.as_bytes()).ok()?;
+                Some((ours, reference))
+            })
+            .collect()
+    })
+}
+
+/// Encodes `data` (lossy UTF-8) with the direct byte-level BPE encoder and
+/// with the `tokenizers` crate, in every shape of [`bpe_variants`], and
+/// panics if the ids differ (or if a shape stopped taking the direct
+/// encoder).
+pub fn bpe(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let variants = bpe_variants();
+    assert_eq!(variants.len(), 4, "a fuzz vocabulary failed to load");
+    for (ours, reference) in variants {
+        assert_eq!(ours.text_encoder(), Some(&crate::TextEncoder::Direct));
+        let (Ok(ids), Ok(expected)) = (
+            ours.text_tokens(&text, false),
+            reference.encode_fast(text.as_ref(), false),
+        ) else {
+            continue;
+        };
+        assert_eq!(
+            ids,
+            expected.get_ids(),
+            "the direct encoder differs from tokenizers on {text:?}"
+        );
     }
 }
 

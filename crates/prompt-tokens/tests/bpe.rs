@@ -211,3 +211,26 @@ proptest! {
         assert_same_ids(&text)?;
     }
 }
+
+#[test]
+fn the_fuzz_entry_point_runs_on_seeds() {
+    for seed in [
+        &b""[..],
+        b"the thing is   in the caf\xc3\xa9 123456",
+        b"\xff\xfe broken utf-8 \x80",
+        b"  \n\n  12 \xe4\xb8\xad\xe6\x96\x87 e\xcc\x81 it's",
+    ] {
+        prompt_tokens::fuzzing::bpe(seed);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Arbitrary bytes through the fuzz entry point (a small vocabulary in
+    /// four shapes): what the fuzz target does, bounded, on every run.
+    #[test]
+    fn arbitrary_bytes_give_the_ids_of_tokenizers(data in proptest::collection::vec(any::<u8>(), 0..200)) {
+        prompt_tokens::fuzzing::bpe(&data);
+    }
+}
