@@ -18,7 +18,7 @@
 //!
 //! A prefill/decode request has, instead of the decisions and attempts,
 //! one client span per leg sent to an engine (each attempt of the whole
-//! request adds its pair), until the engine's response headers:
+//! request adds its pair):
 //!
 //! ```text
 //! POST /v1/chat/completions        server span
@@ -32,6 +32,27 @@
 //! `router.worker` (the worker's URL), `router.pd.phase` (`prefill` or
 //! `decode`), `router.pd.connector` and `router.pd.kv_transfer_params.bytes`
 //! (the size of the leg body's `kv_transfer_params`, when it has one).
+//!
+//! # What each span covers
+//!
+//! A streamed answer's time is in its body, so the span that carries the
+//! body the client reads lasts until that body ends:
+//!
+//! - the answering attempt (regular path) and the decode leg of the
+//!   answering pair (P/D) end with the client's response body: at its last
+//!   byte, at an upstream error or timeout mid-stream, or when the client
+//!   goes away. `router.body.end` says which (`complete`, `failed`, an
+//!   error status too, or `client_disconnected`). They ride on the body
+//!   wrapper that already holds the request's load guard and permit
+//!   ([`GuardedBody`](crate::body::GuardedBody)): no second wrapper;
+//! - an attempt that is retried or fails before an answer, and a decode
+//!   leg of an attempt that failed, end when the router gives up on them;
+//! - a prefill leg ends at its engine's response head (its short JSON body
+//!   is read inside the flow);
+//! - the server span ends after the response body, whatever ended it.
+//!
+//! Attempt and leg spans also carry `router.time_to_first_byte_ms`: from
+//! sending the request to the engine's response head (connect included).
 //!
 //! # Context in and out
 //!
@@ -721,7 +742,8 @@ pub(crate) fn record_no_decision(span: &Span, error: &dyn std::fmt::Display) {
 }
 
 /// The client span of one upstream attempt (`resend` is 0 for the first,
-/// then the retry's number) to `worker`.
+/// then the retry's number) to `worker`. The answering attempt's span ends
+/// with the response body (see [`record_body_end`]).
 pub(crate) fn attempt_span(method: &http::Method, worker: &str, resend: u32) -> Span {
     tracing::info_span!(
         target: TARGET,
@@ -735,18 +757,85 @@ pub(crate) fn attempt_span(method: &http::Method, worker: &str, resend: u32) -> 
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
         router.retry.cause = tracing::field::Empty,
+        router.time_to_first_byte_ms = tracing::field::Empty,
+        router.body.end = tracing::field::Empty,
     )
+}
+
+/// Records on an attempt or leg span the time from `sent` (just before the
+/// request went out) to its response head.
+pub(crate) fn record_first_byte(span: &Span, sent: tokio::time::Instant) {
+    span.record(
+        "router.time_to_first_byte_ms",
+        sent.elapsed().as_secs_f64() * 1000.0,
+    );
+}
+
+/// Records how the response body an attempt or decode leg span carries
+/// ended, and makes now the span's end (see [`stamp_end`]). A body that
+/// failed (upstream reset, idle or request timeout) makes the span an
+/// error; a client that went away does not (the worker did nothing wrong),
+/// it is only marked.
+pub(crate) fn record_body_end(span: &Span, end: crate::body::BodyEnd) {
+    use crate::body::BodyEnd;
+    let end = match end {
+        BodyEnd::Complete => "complete",
+        BodyEnd::Failed => {
+            span.record("otel.status_code", "ERROR");
+            "failed"
+        }
+        BodyEnd::Dropped => "client_disconnected",
+    };
+    span.record("router.body.end", end);
+    stamp_end(span);
+}
+
+/// Makes now the end of `span` as exported. `tracing-opentelemetry` ends
+/// a span at its last exit, not when its last handle drops: a span that
+/// outlives its last entry (an attempt's, held by the response body) is
+/// entered and left once more where it really ends.
+pub(crate) fn stamp_end(span: &Span) {
+    span.in_scope(|| {});
 }
 
 /// What the leg spans of a traced prefill/decode request name besides
 /// the leg itself: set around the request's run (`pd::proxy`), read when
 /// the transport sends a leg.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct PdLegs {
     /// The connector's name (`nixl`, `mooncake`, ...).
     pub(crate) connector: &'static str,
     /// The client's path, the tail of every leg's URL after the worker's.
     pub(crate) path: String,
+    /// The span of the latest decode leg that got a response head. The
+    /// transport parks it here because the decode body outlives the leg's
+    /// send: `pd::proxy` hands it to the client's response body, or ends
+    /// it when the attempt fails.
+    decode: parking_lot::Mutex<Option<Span>>,
+}
+
+impl PdLegs {
+    /// The legs of a request for `path` through `connector`.
+    pub(crate) fn new(connector: &'static str, path: String) -> Self {
+        Self {
+            connector,
+            path,
+            decode: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Keeps a decode leg's span alive past its response head. A failed
+    /// attempt's was taken when it failed, so nothing is replaced here.
+    pub(crate) fn park_decode(&self, span: Span) {
+        // Dropped outside the lock: closing a span exports it.
+        let previous = self.decode.lock().replace(span);
+        drop(previous);
+    }
+
+    /// The parked decode leg's span, if any.
+    pub(crate) fn take_decode(&self) -> Option<Span> {
+        self.decode.lock().take()
+    }
 }
 
 /// The client span of one prefill/decode leg: `phase` (`prefill` or
@@ -784,6 +873,8 @@ pub(crate) fn leg_span(legs: &PdLegs, phase: &'static str, url: &str, body: &[u8
         router.pd.kv_transfer_params.bytes = kv_bytes,
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
+        router.time_to_first_byte_ms = tracing::field::Empty,
+        router.body.end = tracing::field::Empty,
     )
 }
 
@@ -836,15 +927,31 @@ pin_project_lite::pin_project! {
     /// A response body that holds the request's server span, so that the
     /// span ends with the last byte (or when the client goes away).
     pub(crate) struct SpanBody<B> {
+        // Dropped first: an attempt span the inner body holds ends before
+        // the server span below.
         #[pin]
         inner: B,
-        span: Span,
+        span: EndsOnDrop,
     }
 }
 
 impl<B> SpanBody<B> {
     pub(crate) fn new(inner: B, span: Span) -> Self {
-        Self { inner, span }
+        Self {
+            inner,
+            span: EndsOnDrop(span),
+        }
+    }
+}
+
+/// A span whose end is when it is dropped ([`stamp_end`]), not its last
+/// poll: a client that goes away while the upstream is stalled ends the
+/// server span then.
+struct EndsOnDrop(Span);
+
+impl Drop for EndsOnDrop {
+    fn drop(&mut self) {
+        stamp_end(&self.0);
     }
 }
 
@@ -857,7 +964,7 @@ impl<B: Body> Body for SpanBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        let _entered = this.span.enter();
+        let _entered = this.span.0.enter();
         this.inner.poll_frame(cx)
     }
 

@@ -105,8 +105,9 @@ impl HyperTransport {
 #[cfg(feature = "otel")]
 tokio::task_local! {
     /// Set around a traced request's run ([`proxy`]): each of its legs
-    /// gets a client span and sends that span's context.
-    static TRACED_LEGS: crate::otel::PdLegs;
+    /// gets a client span and sends that span's context; a decode leg's
+    /// span is parked in it for the response body.
+    static TRACED_LEGS: Arc<crate::otel::PdLegs>;
 }
 
 /// A leg's response body: hyper's, with the idle timeout.
@@ -121,16 +122,21 @@ impl Transport for HyperTransport {
         let client = self.client.clone();
         let idle = self.idle;
         // The leg's span, built here: a child of the request's server
-        // span, current while the flow runs.
+        // span, current while the flow runs. A decode leg also keeps the
+        // request's legs, to park its span there at the response head
+        // (a concurrent prefill may be polled outside the scope later).
         #[cfg(feature = "otel")]
-        let span = if self.traces {
+        let (span, park) = if self.traces {
             TRACED_LEGS
                 .try_with(|legs| {
-                    crate::otel::leg_span(legs, leg.phase.as_str(), &leg.url, &leg.body)
+                    let span = crate::otel::leg_span(legs, leg.phase.as_str(), &leg.url, &leg.body);
+                    let park =
+                        (leg.phase == pd_orchestrator::Phase::Decode).then(|| Arc::clone(legs));
+                    (Some(span), park)
                 })
-                .ok()
+                .unwrap_or((None, None))
         } else {
-            None
+            (None, None)
         };
         Box::pin(async move {
             let mut request = Request::post(leg.url.as_str())
@@ -144,10 +150,17 @@ impl Transport for HyperTransport {
             #[cfg(feature = "otel")]
             let sent = match &span {
                 Some(span) => {
+                    let started = tokio::time::Instant::now();
                     let sent = tracing::Instrument::instrument(sent, span.clone()).await;
+                    crate::otel::record_first_byte(span, started);
                     match &sent {
                         Ok(response) => {
-                            crate::otel::record_attempt_status(span, response.status().as_u16())
+                            crate::otel::record_attempt_status(span, response.status().as_u16());
+                            // The decode body is the client's stream: its
+                            // span lasts as long (`proxy` takes it).
+                            if let Some(legs) = &park {
+                                legs.park_decode(span.clone());
+                            }
                         }
                         Err(err) => crate::otel::record_attempt_error(span, err),
                     }
@@ -371,6 +384,27 @@ pub(crate) struct PdArrival {
 /// rejection passed through.
 pub(crate) type PdReply = Either<IdleTimeout<DecodeBody>, Full<Bytes>>;
 
+/// What [`proxy`] answers: the response, and the span of the decode leg
+/// that produced it, which the response body ends.
+pub(crate) struct PdAnswer {
+    pub(crate) response: Response<PdReply>,
+    /// The answering decode leg's span (traced requests with a decode
+    /// answer only).
+    #[cfg(feature = "otel")]
+    pub(crate) decode_span: Option<tracing::Span>,
+}
+
+impl PdAnswer {
+    /// An answer without a decode span to hand on.
+    fn new(response: Response<PdReply>) -> Self {
+        Self {
+            response,
+            #[cfg(feature = "otel")]
+            decode_span: None,
+        }
+    }
+}
+
 /// The decode body with its boxed errors made concrete for the timeout
 /// wrapper.
 type DecodeBody = MapErr<pd_orchestrator::PdBody<LegBody, PdPools>, fn(BoxError) -> std::io::Error>;
@@ -385,7 +419,7 @@ pub(crate) async fn proxy(
     mut retries: RequestRetries<'_>,
     metrics: &RouterMetrics,
     timeout: Duration,
-) -> Result<Response<PdReply>, ApiError> {
+) -> Result<PdAnswer, ApiError> {
     let PdArrival {
         parts,
         bytes,
@@ -437,9 +471,11 @@ pub(crate) async fn proxy(
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
     #[cfg(feature = "otel")]
-    let legs = traced.then(|| crate::otel::PdLegs {
-        connector: pd.pools().connector().as_str(),
-        path: path.clone(),
+    let legs = traced.then(|| {
+        Arc::new(crate::otel::PdLegs::new(
+            pd.pools().connector().as_str(),
+            path.clone(),
+        ))
     });
     let call = PdCall {
         path,
@@ -458,15 +494,29 @@ pub(crate) async fn proxy(
         |error| {
             tracing::warn!(request_id = flow_id, %error, "prefill/decode attempt failed; retrying");
             metrics.retries.inc();
+            // The failed attempt's decode leg, if it answered, ends now.
+            #[cfg(feature = "otel")]
+            if let Some(legs) = &legs {
+                end_decode(legs, matches!(error, PdError::DecodeBodyFailed { .. }));
+            }
         },
     );
     #[cfg(feature = "otel")]
-    let outcome = match legs {
-        Some(legs) => tokio::time::timeout_at(deadline, TRACED_LEGS.scope(legs, run)).await,
+    let outcome = match &legs {
+        Some(traced) => {
+            let run = TRACED_LEGS.scope(Arc::clone(traced), run);
+            tokio::time::timeout_at(deadline, run).await
+        }
         None => tokio::time::timeout_at(deadline, run).await,
     };
     #[cfg(not(feature = "otel"))]
     let outcome = tokio::time::timeout_at(deadline, run).await;
+    // One branch when untraced.
+    #[cfg(feature = "otel")]
+    let decode_span = match &legs {
+        Some(legs) => settle_decode(legs, &outcome),
+        None => None,
+    };
     let response = match outcome {
         Err(_elapsed) => {
             return Err(ApiError::RequestTimeout {
@@ -477,7 +527,7 @@ pub(crate) async fn proxy(
         Ok(Err(RunError::Select(err))) => return Err(err.into()),
         Ok(Err(RunError::Flow(error))) => {
             tracing::warn!(request_id = flow_id, %error, "prefill/decode request failed");
-            return pd_error(error).map(|rejected| rejected.map(Either::Right));
+            return pd_error(error).map(|rejected| PdAnswer::new(rejected.map(Either::Right)));
         }
         Ok(Ok(response)) => response,
     };
@@ -486,7 +536,46 @@ pub(crate) async fn proxy(
     let mut out = Response::new(Either::Left(body));
     *out.status_mut() = response.status;
     *out.headers_mut() = response.headers;
-    Ok(out)
+    #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+    let mut answer = PdAnswer::new(out);
+    #[cfg(feature = "otel")]
+    {
+        answer.decode_span = decode_span;
+    }
+    Ok(answer)
+}
+
+/// The answering decode leg's span, for the response body to end; when
+/// the run failed, the span its last attempt parked ends now instead
+/// (marked failed when the deadline or a broken body cut the decode body
+/// it was reading).
+#[cfg(feature = "otel")]
+fn settle_decode<T>(
+    legs: &crate::otel::PdLegs,
+    outcome: &Result<Result<T, RunError>, tokio::time::error::Elapsed>,
+) -> Option<tracing::Span> {
+    match outcome {
+        Ok(Ok(_)) => return legs.take_decode(),
+        Err(_elapsed) => end_decode(legs, true),
+        Ok(Err(error)) => end_decode(
+            legs,
+            matches!(error, RunError::Flow(PdError::DecodeBodyFailed { .. })),
+        ),
+    }
+    None
+}
+
+/// Ends now the decode leg span that `legs` parked for an attempt that
+/// failed, marking it when its body failed after the head (`body_failed`).
+#[cfg(feature = "otel")]
+fn end_decode(legs: &crate::otel::PdLegs, body_failed: bool) {
+    if let Some(span) = legs.take_decode() {
+        if body_failed {
+            crate::otel::record_body_end(&span, crate::body::BodyEnd::Failed);
+        } else {
+            crate::otel::stamp_end(&span);
+        }
+    }
 }
 
 /// The decode stream as the client receives it: the whole-request deadline

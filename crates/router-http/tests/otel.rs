@@ -578,6 +578,11 @@ struct PdRouter {
 impl PdRouter {
     /// `config` with a NIXL P/D deployment of one engine per role.
     async fn start(config: RouterConfig) -> Self {
+        Self::start_with(config, FaultConfig::default()).await
+    }
+
+    /// [`start`](Self::start), the decode engine injecting `decode_faults`.
+    async fn start_with(config: RouterConfig, decode_faults: FaultConfig) -> Self {
         use engine_sim::{Role, TransferRegistry};
         use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router};
         let connector = PdConnector::Nixl;
@@ -585,10 +590,15 @@ impl PdRouter {
         let registry = TransferRegistry::new();
         let mut engines = Vec::new();
         for role in [Role::Prefill, Role::Decode] {
+            let faults = match role {
+                Role::Decode => decode_faults.clone(),
+                _ => FaultConfig::default(),
+            };
             let config = EngineConfig {
                 role,
                 kv_connector: kv,
                 moriio_mode: mode,
+                faults,
                 ..EngineConfig::instant()
             };
             let options = engine_sim::ServeOptions {
@@ -830,4 +840,216 @@ async fn the_router_samples_before_it_builds_a_span() {
     assert_eq!(spans(), 6, "ratio 1, an unsampled parent: no span");
     chat(always.addr, None).await;
     assert_eq!(spans(), 12, "ratio 1, no parent: the whole tree");
+}
+
+/// How long the engines below stall after the response head: the body's
+/// time, which the span that carries the body must cover.
+const STALL: Duration = Duration::from_millis(400);
+
+/// Less than [`STALL`]: the bound the tests assert, with room for clock
+/// reads on a loaded machine (the stall itself is never shorter).
+const STALL_BOUND_NANOS: u64 = 300_000_000;
+
+fn float_attr(span: &Span, key: &str) -> f64 {
+    match attr(span, key) {
+        Some(Value::DoubleValue(f)) => *f,
+        other => panic!("{}: {key} is {other:?}", span.name),
+    }
+}
+
+/// Nanoseconds from the span's response head (its start plus its
+/// `router.time_to_first_byte_ms`) to its end.
+fn after_head_nanos(span: &Span) -> u64 {
+    let ttfb = float_attr(span, "router.time_to_first_byte_ms");
+    assert!(ttfb >= 0.0, "{}: time to first byte {ttfb}", span.name);
+    let head = span.start_time_unix_nano + (ttfb * 1e6) as u64;
+    span.end_time_unix_nano.saturating_sub(head)
+}
+
+/// The OTLP status code of an error span.
+const STATUS_ERROR: i32 = 2;
+
+fn is_error(span: &Span) -> bool {
+    span.status.as_ref().is_some_and(|s| s.code == STATUS_ERROR)
+}
+
+/// Sends a streamed chat with `headers` on a connection of its own and
+/// returns once the response head arrived, dropping the connection (the
+/// client goes away mid-stream).
+async fn disconnect_after_head(addr: SocketAddr, headers: &[(&str, &str)]) {
+    let mut connection = common::Connection::open(addr).await;
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    let response = connection
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            &all,
+            chat_body("going away", true),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    drop(response);
+    drop(connection);
+}
+
+/// The answering attempt's span carries the streamed body: it ends at the
+/// last byte, well after the response head, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_ends_its_attempt_span_at_the_last_byte() {
+    pipeline();
+    let fixture = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
+    let trace_id = "6e0c63257de34c926f9efcd03899a1b2";
+    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+    let stall = format!("stall-after-headers={}ms", STALL.as_millis());
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("traceparent", &traceparent),
+            ("x-sim-fault", &stall),
+        ],
+        chat_body("slow stream", true),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+    assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
+    // Server, admission, read body, extract, route, attempt.
+    let spans = spans_of(&unhex(trace_id), 6).await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(spans.len(), 6, "{names:?}");
+    let attempt = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Client as i32)
+        .expect("the attempt span");
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .expect("the server span");
+    assert_eq!(int_attr(attempt, "http.response.status_code"), 200);
+    assert_eq!(str_attr(attempt, "router.body.end"), "complete");
+    assert!(!is_error(attempt));
+    // The head came at once, the last chunk after the stall.
+    let after_head = after_head_nanos(attempt);
+    assert!(
+        after_head >= STALL_BOUND_NANOS,
+        "the attempt span ended {after_head} ns after the response head"
+    );
+    assert!(server.end_time_unix_nano >= attempt.end_time_unix_nano);
+}
+
+/// A client that goes away mid-stream ends the attempt span then, marked,
+/// and not as an error of the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_mid_stream_ends_the_attempt_span_with_a_marker() {
+    pipeline();
+    let fixture = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
+    let trace_id = "5f1e2d3c4b5a69788796a5b4c3d2e1f0";
+    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+    // The engine sends the head, then nothing until the client is gone.
+    disconnect_after_head(
+        fixture.addr,
+        &[
+            ("traceparent", &traceparent),
+            ("x-sim-fault", "stall-after-headers"),
+        ],
+    )
+    .await;
+    let spans = spans_of(&unhex(trace_id), 6).await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    let attempt = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Client as i32)
+        .unwrap_or_else(|| panic!("no attempt span in {names:?}"));
+    assert_eq!(int_attr(attempt, "http.response.status_code"), 200);
+    assert_eq!(str_attr(attempt, "router.body.end"), "client_disconnected");
+    assert!(!is_error(attempt));
+    // The server span ends then too, after its child (not at its last
+    // poll, the response head).
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .unwrap_or_else(|| panic!("no server span in {names:?}"));
+    assert!(server.end_time_unix_nano >= attempt.end_time_unix_nano);
+}
+
+/// In P/D mode the decode leg carries the client's stream: its span ends
+/// at the last byte (the prefill leg's at its head), or, marked, when the
+/// client goes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decode_leg_span_ends_with_the_client_stream() {
+    pipeline();
+    let stalled = FaultConfig {
+        stall_after_headers: Some(STALL),
+        ..FaultConfig::default()
+    };
+    let pd = PdRouter::start_with(traced_config(), stalled).await;
+    let trace_id = "b7ad6b7169203331b7ad6b7169203331";
+    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+    let (status, _, body) = call(
+        pd.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("traceparent", &traceparent),
+        ],
+        chat_body("slow decode", true),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+    assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
+    // Server, admission, read body, extract, prefill, decode.
+    let spans = spans_of(&unhex(trace_id), 6).await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(spans.len(), 6, "{names:?}");
+    let leg = |name: &str| -> &Span {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name} span in {names:?}"))
+    };
+    let (prefill, decode) = (leg("prefill"), leg("decode"));
+    assert_eq!(str_attr(decode, "router.body.end"), "complete");
+    let after_head = after_head_nanos(decode);
+    assert!(
+        after_head >= STALL_BOUND_NANOS,
+        "the decode span ended {after_head} ns after its head"
+    );
+    // The prefill leg still ends at its head (its body is read inside the
+    // flow, before the decode leg is sent).
+    assert!(attr(prefill, "router.body.end").is_none());
+    assert!(prefill.end_time_unix_nano <= decode.start_time_unix_nano);
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .expect("the server span");
+    assert!(server.end_time_unix_nano >= decode.end_time_unix_nano);
+    pd.stop().await;
+
+    // The decode engine stalls until the client is gone.
+    let forever = FaultConfig {
+        stall_after_headers: Some(Duration::MAX),
+        ..FaultConfig::default()
+    };
+    let pd = PdRouter::start_with(traced_config(), forever).await;
+    let trace_id = "c8be7c827a314442c8be7c827a314442";
+    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+    disconnect_after_head(pd.addr, &[("traceparent", &traceparent)]).await;
+    let spans = spans_of(&unhex(trace_id), 6).await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    let decode = spans
+        .iter()
+        .find(|s| s.name == "decode")
+        .unwrap_or_else(|| panic!("no decode span in {names:?}"));
+    assert_eq!(str_attr(decode, "router.body.end"), "client_disconnected");
+    assert!(!is_error(decode));
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .unwrap_or_else(|| panic!("no server span in {names:?}"));
+    assert!(server.end_time_unix_nano >= decode.end_time_unix_nano);
+    pd.stop().await;
 }

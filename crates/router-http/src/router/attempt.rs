@@ -31,6 +31,9 @@ pub(super) struct Answered {
     pub(super) guard: LoadGuard,
     /// A 2xx: its breaker outcome is known only when the body ends.
     pub(super) success: bool,
+    /// The attempt's span, which ends with the response body.
+    #[cfg(feature = "otel")]
+    pub(super) span: Option<tracing::Span>,
 }
 
 /// An attempt that failed in a way another worker may fix.
@@ -158,7 +161,12 @@ impl Attempts for Regular<'_> {
         let sent = shared.client.send_before(upstream, Some(self.deadline));
         #[cfg(feature = "otel")]
         let sent = match &span {
-            Some(span) => tracing::Instrument::instrument(sent, span.clone()).await,
+            Some(span) => {
+                let started = Instant::now();
+                let sent = tracing::Instrument::instrument(sent, span.clone()).await;
+                crate::otel::record_first_byte(span, started);
+                sent
+            }
             None => sent.await,
         };
         #[cfg(not(feature = "otel"))]
@@ -204,7 +212,13 @@ impl Attempts for Regular<'_> {
             Ok(response) => {
                 let status = response.status().as_u16();
                 if !shared.config.retry.is_retryable_status(status) {
-                    return Attempted::Done(Ok(answered(response, guard)));
+                    #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+                    let mut answer = answered(response, guard);
+                    #[cfg(feature = "otel")]
+                    {
+                        answer.span = span;
+                    }
+                    return Attempted::Done(Ok(answer));
                 }
                 Cause::Status {
                     response: Box::new(response),
@@ -226,7 +240,15 @@ impl Attempts for Regular<'_> {
         let Some(backoff) = self.router.grant_retry(&mut self.retries, self.deadline) else {
             return Err(match failure.cause {
                 Cause::Send(err) => Err(answer_of(err)),
-                Cause::Status { response, guard } => Ok(answered(*response, guard)),
+                Cause::Status { response, guard } => {
+                    #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+                    let mut answer = answered(*response, guard);
+                    #[cfg(feature = "otel")]
+                    {
+                        answer.span = failure.span;
+                    }
+                    Ok(answer)
+                }
             });
         };
         let Failure {
@@ -283,5 +305,8 @@ fn answered(response: Response<UpstreamBody>, guard: LoadGuard) -> Answered {
         response,
         guard,
         success,
+        // Set by the attempt that answers, when it is traced.
+        #[cfg(feature = "otel")]
+        span: None,
     }
 }

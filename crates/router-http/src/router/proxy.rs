@@ -141,11 +141,16 @@ impl Router {
                 traced,
             };
             let timeout = shared.config.request_timeout;
-            let response = crate::pd::proxy(pd, arrival, retries, &shared.metrics, timeout).await?;
+            let answer = crate::pd::proxy(pd, arrival, retries, &shared.metrics, timeout).await?;
             // The decode guard lives inside the body (pd-orchestrator's
-            // `PdBody`); the permit goes with it.
-            let in_flight = InFlight::new(None, permit, shared, false);
-            return Ok(respond(response, in_flight, request_id));
+            // `PdBody`); the permit and the decode leg's span go with it.
+            #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+            let mut in_flight = InFlight::new(None, permit, shared, false);
+            #[cfg(feature = "otel")]
+            {
+                in_flight.span = answer.decode_span;
+            }
+            return Ok(respond(answer.response, in_flight, request_id));
         }
         // In P/D mode the other routes (models, embeddings...) go to the
         // decode workers, chosen by the decode policy.
@@ -174,7 +179,12 @@ impl Router {
         let response = answered
             .response
             .map(|body| IdleTimeout::with_deadline(body, idle, deadline));
-        let in_flight = InFlight::new(Some(answered.guard), permit, shared, answered.success);
+        #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+        let mut in_flight = InFlight::new(Some(answered.guard), permit, shared, answered.success);
+        #[cfg(feature = "otel")]
+        {
+            in_flight.span = answered.span;
+        }
         Ok(respond(response, in_flight, request_id))
     }
 
@@ -250,6 +260,11 @@ struct InFlight {
     shared: Arc<Shared>,
     /// A 2xx response's breaker outcome is known only when its body ends.
     outcome_pending: bool,
+    /// The span of the attempt (or decode leg) whose body this is: it ends
+    /// with the body, as the load does. `None` when untraced, so tracing
+    /// off adds nothing here but the empty field.
+    #[cfg(feature = "otel")]
+    span: Option<tracing::Span>,
 }
 
 impl InFlight {
@@ -264,6 +279,8 @@ impl InFlight {
             _permit: permit,
             shared: Arc::clone(shared),
             outcome_pending,
+            #[cfg(feature = "otel")]
+            span: None,
         }
     }
 }
@@ -286,7 +303,12 @@ impl Finish for InFlight {
         {
             guard.record_outcome(outcome);
         }
-        // The guard and the permit are released here, by being dropped.
+        #[cfg(feature = "otel")]
+        if let Some(span) = &self.span {
+            crate::otel::record_body_end(span, end);
+        }
+        // The guard, the permit and the span are released here, by being
+        // dropped.
     }
 }
 
