@@ -1,6 +1,9 @@
 //! The real-template corpus: every chat template a model publishes that the
 //! corpus holds, rendered with every conversation of
-//! `tests/corpus/conversations.json`, compared byte for byte with what
+//! `tests/corpus/conversations.json` (hand-written) and of the corpus
+//! directory's `generated-conversations.json` (composed from the same
+//! shapes by `tests/corpus/generate_conversations.py` with a fixed seed),
+//! compared byte for byte with what
 //! Python's reference renderer produced for the same pair (a refusal on
 //! one side must be a refusal on the other).
 //!
@@ -27,6 +30,39 @@ use serde_json::Value;
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every conversation, hand-written and generated, as the request body a
+/// client sends (`render_corpus.py`'s `request_body`: the messages, tools
+/// and documents as written, both flags spelled out), by name.
+fn conversations(dir: &Path) -> Vec<(String, String)> {
+    let fixed =
+        read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/conversations.json"));
+    let generated = read(&dir.join("generated-conversations.json"));
+    let mut all = Vec::new();
+    for text in [fixed, generated] {
+        // `preserve_order` (the workspace's serde_json) keeps each object's
+        // keys as written: an argument object's order reaches `tojson`.
+        let list: Vec<serde_json::Map<String, Value>> = serde_json::from_str(&text).unwrap();
+        for conversation in list {
+            let name = conversation["name"].as_str().expect("a name").to_owned();
+            let mut body = serde_json::Map::new();
+            for key in ["messages", "tools", "documents"] {
+                if let Some(value) = conversation.get(key) {
+                    body.insert(key.to_owned(), value.clone());
+                }
+            }
+            for flag in ["add_generation_prompt", "continue_final_message"] {
+                let value = conversation.get(flag).cloned();
+                body.insert(flag.to_owned(), value.unwrap_or(Value::Bool(false)));
+            }
+            all.push((name, Value::Object(body).to_string()));
+        }
+    }
+    let names: BTreeSet<&str> = all.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names.len(), all.len(), "conversation names repeat");
+    assert!(all.len() > 24, "no generated conversations");
+    all
 }
 
 fn special_tokens(reference: &Value) -> SpecialTokens {
@@ -72,17 +108,34 @@ fn corpus() -> Corpus {
             .filter(|line| !line.is_empty() && !line.starts_with('#'))
             .map(str::to_owned)
             .collect();
-    let requests = reference["requests"]
-        .as_object()
-        .expect("requests")
-        .iter()
+    let requests = conversations(&dir)
+        .into_iter()
         .map(|(name, body)| {
-            let body = body.as_str().expect("a body");
+            // The reference's body for the same name must be this one: the
+            // Python side read the same files (a stale expected.json, or a
+            // generated file rewritten since, fails here).
+            let want: Value = serde_json::from_str(
+                reference["requests"][name.as_str()]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{name}: not in the reference")),
+            )
+            .unwrap();
+            // Compared as text, re-serialized alike: key order counts too.
+            assert_eq!(
+                body,
+                want.to_string(),
+                "{name}: the reference rendered another request"
+            );
             let request =
                 ChatRequest::from_json(body.as_bytes()).unwrap_or_else(|e| panic!("{name}: {e}"));
-            (name.clone(), request)
+            (name, request)
         })
-        .collect();
+        .collect::<BTreeMap<_, _>>();
+    assert_eq!(
+        requests.len(),
+        reference["requests"].as_object().expect("requests").len(),
+        "the reference rendered conversations this side does not have"
+    );
     Corpus {
         dir,
         reference,

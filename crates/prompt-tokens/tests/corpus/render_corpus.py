@@ -1,8 +1,9 @@
-"""Renders every conversation of `conversations.json` with every template of
-a corpus directory through Python's reference renderer, the way vLLM calls
-it, and writes the renders as JSON for `tests/corpus.rs` to compare.
+"""Renders every conversation of `conversations.json` and of the generated
+file (`generate_conversations.py`'s) with every template of a corpus
+directory through Python's reference renderer, the way vLLM calls it, and
+writes the renders as JSON for `tests/corpus.rs` to compare.
 
-    render_corpus.py TEMPLATE_DIR MODEL_DIR OUT.json
+    render_corpus.py TEMPLATE_DIR MODEL_DIR OUT.json GENERATED.json
 
 MODEL_DIR holds one directory per model with its `tokenizer.json` and
 `tokenizer_config.json`: each model's own template (ChatML when its config
@@ -217,8 +218,13 @@ def request_body(conversation):
 
 
 def main():
-    template_dir, model_dir, out = (pathlib.Path(arg) for arg in sys.argv[1:4])
+    template_dir, model_dir, out, generated = (pathlib.Path(arg) for arg in sys.argv[1:5])
+    # The hand-written shapes first, then the generated mixes; tests/corpus.rs
+    # reads the same two files.
     conversations = json.loads((HERE / "conversations.json").read_text())
+    conversations += json.loads(generated.read_text(encoding="utf-8"))
+    names = [c["name"] for c in conversations]
+    assert len(set(names)) == len(names), "conversation names repeat"
     templates = sorted(template_dir.glob("*.jinja"))
     cases = {}
     for path in templates:
@@ -245,7 +251,8 @@ def main():
     out.write_text(json.dumps(result, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
     errors = sum(1 for case in cases.values() if "error" in case)
     print(
-        f"reference: {len(templates)} templates, {len(cases)} renders, {errors} refused; "
+        f"reference: {len(templates)} templates x {len(conversations)} conversations, "
+        f"{len(cases)} renders, {errors} refused; "
         f"{len(models)} models, tokenizers {tokenizers.__version__}"
     )
 
