@@ -220,9 +220,9 @@ fn bpe_variants() -> &'static [(PromptTokenizer, tokenizers::Tokenizer)] {
 }
 
 /// Encodes `data` (lossy UTF-8) with the direct byte-level BPE encoder and
-/// with the `tokenizers` crate, in every shape of [`bpe_variants`], and
-/// panics if the ids differ (or if a shape stopped taking the direct
-/// encoder).
+/// with the `tokenizers` crate, a small vocabulary in four `tokenizer.json`
+/// shapes, and panics if the ids differ (or if a shape stopped taking the
+/// direct encoder).
 pub fn bpe(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let variants = bpe_variants();
