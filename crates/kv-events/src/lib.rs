@@ -115,6 +115,7 @@
 mod decode;
 mod encode;
 pub mod endpoint;
+pub mod log_throttle;
 pub mod replay_buffer;
 pub mod sequencer;
 mod sync;
@@ -136,6 +137,7 @@ pub mod fuzzing;
 pub use decode::{DecodeError, DecodedBatch, decode_batch, decode_batch_with};
 pub use encode::{encode_batch, encode_batch_as};
 pub use endpoint::{ZmqEndpoint, ZmqEndpointError};
+pub use log_throttle::{DEFAULT_LOG_PERIOD, LogThrottle};
 pub use replay_buffer::ReplayBuffer;
 pub use sequencer::{
     Action, ReplayId, ResetReason, Sequencer, SequencerConfig, SequencerCounters, Source,

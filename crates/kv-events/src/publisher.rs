@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use bytes::Bytes;
 
 use crate::encode::encode_batch_as;
+use crate::log_throttle::LogThrottle;
 use crate::replay_buffer::ReplayBuffer;
 use crate::wire::{EventBatch, WireFormat};
 use crate::zmq_io::{DEFAULT_RECEIVE_HWM, POLL_INTERVAL, context, harden, last_endpoint};
@@ -280,6 +281,9 @@ impl Publisher {
 /// Answers replay requests until `stop` is set.
 fn serve_replays(router: &zmq::Socket, buffer: &ReplayBuffer<Bytes>, stop: &AtomicBool) {
     let timeout = i64::try_from(POLL_INTERVAL.as_millis()).unwrap_or(20);
+    // Anyone who reaches the replay port can send malformed requests: one
+    // warning per period, not one per request.
+    let malformed_log = LogThrottle::default();
     while !stop.load(Ordering::Acquire) {
         match router.poll(zmq::POLLIN, timeout) {
             Ok(0) => continue,
@@ -299,14 +303,22 @@ fn serve_replays(router: &zmq::Socket, buffer: &ReplayBuffer<Bytes>, stop: &Atom
         };
         // `[identity, empty delimiter, start]`, as vLLM requires.
         let [identity, delimiter, start] = request.as_slice() else {
-            tracing::warn!(
-                frames = request.len(),
-                "ignoring a replay request that is not 3 frames"
-            );
+            if let Some(suppressed) = malformed_log.admit() {
+                tracing::warn!(
+                    frames = request.len(),
+                    suppressed,
+                    "ignoring a replay request that is not 3 frames (suppressed: malformed requests not logged before it)"
+                );
+            }
             continue;
         };
         if !delimiter.is_empty() || start.len() > 8 {
-            tracing::warn!("ignoring a malformed replay request");
+            if let Some(suppressed) = malformed_log.admit() {
+                tracing::warn!(
+                    suppressed,
+                    "ignoring a malformed replay request (suppressed: malformed requests not logged before it)"
+                );
+            }
             continue;
         }
         let from = start.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));

@@ -33,6 +33,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use kv_events::LogThrottle;
 use worker_lifecycle::WorkerUrl;
 
 /// How long an address check may take by default before the registration
@@ -188,6 +190,9 @@ pub struct Registrar {
     check: Option<Arc<dyn AddressCheck>>,
     check_timeout: Duration,
     check_peer_addresses: bool,
+    /// Refusals are counted each; their warning is rate-limited, since a
+    /// peer can send refused registrations as fast as it likes.
+    refused_log: Arc<LogThrottle>,
 }
 
 impl fmt::Debug for Registrar {
@@ -209,6 +214,7 @@ impl Registrar {
             check: None,
             check_timeout: DEFAULT_CHECK_TIMEOUT,
             check_peer_addresses: false,
+            refused_log: Arc::new(LogThrottle::default()),
         }
     }
 
@@ -290,14 +296,17 @@ impl Registrar {
         };
         if let Err(refused) = &verdict {
             self.registries.count_refused();
-            tracing::warn!(
-                role = registration.role.as_str(),
-                %url,
-                field = refused.field().unwrap_or("-"),
-                reason = %refused,
-                refused_total = self.registries.refused_addresses(),
-                "ignoring a registration the address check refused"
-            );
+            if let Some(suppressed) = self.refused_log.admit() {
+                tracing::warn!(
+                    role = registration.role.as_str(),
+                    %url,
+                    field = refused.field().unwrap_or("-"),
+                    reason = %refused,
+                    refused_total = self.registries.refused_addresses(),
+                    suppressed,
+                    "ignoring a registration the address check refused (suppressed: refusals not logged before it)"
+                );
+            }
         }
         verdict
     }

@@ -50,6 +50,7 @@ use crate::message::{EngineRegistration, RegisteredRole, decode_registration, pa
 use crate::registrar::{AddressCheck, AddressRefused, DEFAULT_CHECK_TIMEOUT, Registrar};
 use crate::registries::Registries;
 use bytes::Bytes;
+use kv_events::LogThrottle;
 use kv_events::zmq_io::{Incoming, SocketThread, context, harden, last_endpoint};
 use std::collections::HashMap;
 use std::future::Future;
@@ -444,6 +445,10 @@ struct Intake {
     /// Engines with a check running, each with the newest message that
     /// arrived meanwhile.
     waiting: HashMap<EngineKey, Option<EngineRegistration>>,
+    /// Anyone who reaches the socket can send malformed messages at will:
+    /// each is counted (`router_discovery_refused_total`), and one warning
+    /// per period says how many came since the last.
+    malformed_log: LogThrottle,
 }
 
 impl Intake {
@@ -454,6 +459,7 @@ impl Intake {
             checks: JoinSet::new(),
             running: HashMap::new(),
             waiting: HashMap::new(),
+            malformed_log: LogThrottle::default(),
         }
     }
 
@@ -473,7 +479,9 @@ impl Intake {
                     Some(Err(err)) => {
                         // A peer's broken frame: count it and keep serving.
                         self.registrar.registries().count_malformed();
-                        tracing::warn!(error = %err, "ZMQ receive failed");
+                        if let Some(suppressed) = self.malformed_log.admit() {
+                            tracing::warn!(error = %err, suppressed, "ZMQ receive failed");
+                        }
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                     None => break,
@@ -486,18 +494,22 @@ impl Intake {
     /// once when there is no check, otherwise checked beside the loop.
     fn offer(&mut self, frames: &[Bytes]) {
         let registries = self.registrar.registries();
-        let registration =
-            match registries.decoded(payload_of(frames).and_then(decode_registration)) {
-                Ok(registration) => registration,
-                Err(err) => {
+        let registration = match registries
+            .decoded(payload_of(frames).and_then(decode_registration))
+        {
+            Ok(registration) => registration,
+            Err(err) => {
+                if let Some(suppressed) = self.malformed_log.admit() {
                     tracing::warn!(
                         error = %err,
                         malformed_total = registries.malformed_messages(),
-                        "ignoring a malformed ZMQ registration"
+                        suppressed,
+                        "ignoring a malformed ZMQ registration (suppressed: malformed messages not logged before it)"
                     );
-                    return;
                 }
-            };
+                return;
+            }
+        };
         if !self.registrar.has_check() {
             registries.register(&registration, Instant::now());
             return;
@@ -844,5 +856,59 @@ mod tests {
         task.await.unwrap();
         assert_eq!(registries.decode.len(), 1);
         assert_eq!(registries.malformed_messages(), 1);
+    }
+
+    /// What a `tracing` subscriber writes, kept for the test to read.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_malformed_messages_is_counted_each_and_logged_at_a_bounded_rate() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let started = std::time::Instant::now();
+        let registrar = Registrar::new(Registries::new(Duration::from_secs(60)));
+        let registries = registrar.registries().clone();
+        let (send, receive) = mpsc::channel(16);
+        let task = tokio::spawn(Intake::new(registrar, 8).run(receive));
+        const FLOOD: u64 = 2_000;
+        for i in 0..FLOOD {
+            let garbage = Bytes::from(vec![(i % 251) as u8; (i % 7) as usize]);
+            send.send(vec![Bytes::from_static(b"peer"), garbage])
+                .await
+                .unwrap();
+        }
+        drop(send);
+        task.await.unwrap();
+        let elapsed = started.elapsed();
+        // Every message is counted...
+        assert_eq!(registries.malformed_messages(), FLOOD);
+        // ...but one warning per period went out, not one per message.
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines = text
+            .lines()
+            .filter(|line| line.contains("ignoring a malformed ZMQ registration"))
+            .count() as u64;
+        let periods = elapsed.as_secs() / kv_events::DEFAULT_LOG_PERIOD.as_secs() + 1;
+        assert!(lines >= 1, "the first malformed message is logged:\n{text}");
+        assert!(
+            lines <= periods,
+            "{lines} warnings for {FLOOD} messages in {elapsed:?}:\n{text}"
+        );
     }
 }

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::transport::{LiveMsg, LiveStream, REPLAY_ANSWER_QUEUE, ReplayMsg, Transport};
 use super::{EventSink, StreamCounters, StreamEvent, StreamStatus, SubscriberConfig};
 use crate::decode::decode_batch_with;
+use crate::log_throttle::LogThrottle;
 use crate::sequencer::{Action, Sequencer};
 use crate::wire::EventBatch;
 
@@ -25,6 +26,9 @@ struct Loop<'a, S> {
     sink: &'a mut S,
     status: Arc<Mutex<StreamStatus>>,
     replay_task: Option<JoinHandle<()>>,
+    /// Undecodable batches are counted each; their warning is rate-limited
+    /// (the publisher is whatever a registration named).
+    undecodable_log: LogThrottle,
 }
 
 pub(super) async fn run<T: Transport, S: EventSink>(
@@ -48,6 +52,7 @@ pub(super) async fn run<T: Transport, S: EventSink>(
         sink,
         status,
         replay_task: None,
+        undecodable_log: LogThrottle::default(),
     };
     let (answers_tx, mut answers) = mpsc::channel(REPLAY_ANSWER_QUEUE);
     let mut failures = 0u32;
@@ -147,7 +152,15 @@ impl<S: EventSink> Loop<'_, S> {
                 // Not fed to the sequencer: the batch is lost, which the
                 // next one shows as a gap (and a replay may recover it).
                 self.counters.decode_errors += 1;
-                tracing::warn!(endpoint = %self.config.endpoint, seq, error = %e, "undecodable KV event batch");
+                if let Some(suppressed) = self.undecodable_log.admit() {
+                    tracing::warn!(
+                        endpoint = %self.config.endpoint,
+                        seq,
+                        error = %e,
+                        suppressed,
+                        "undecodable KV event batch (suppressed: earlier ones not logged)"
+                    );
+                }
             }
         }
     }
