@@ -465,10 +465,10 @@ fn for_each_subexpr<'a, 's>(expr: &'a ast::Expr<'s>, f: &mut dyn FnMut(&'a ast::
             f(&c.expr);
             call_args(&c.args, f);
         }
-        ast::Expr::List(l) => l.items.iter().for_each(|item| f(item)),
+        ast::Expr::List(l) => l.items.iter().for_each(&mut *f),
         ast::Expr::Map(m) => {
-            m.keys.iter().for_each(|key| f(key));
-            m.values.iter().for_each(|value| f(value));
+            m.keys.iter().for_each(&mut *f);
+            m.values.iter().for_each(&mut *f);
         }
     }
 }
@@ -604,6 +604,11 @@ mod tests {
                 "{{ 'a' | safe + b }}",
                 "{{ ('a' | safe ) | __markup_add( b) }}",
             ),
+            // Offsets are bytes: text before the `+` may be any UTF-8.
+            (
+                "héllo ✓ {{ 'é✓'|safe + b }}",
+                "héllo ✓ {{ ('é✓'|safe ) | __markup_add( b) }}",
+            ),
             (
                 "{{- b + 'a'|safe -}}",
                 "{{- (b ) | __markup_add( 'a'|safe) -}}",
@@ -717,11 +722,19 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::UndefinedError);
     }
 
-    /// Without a safe operand the filter is minijinja's own `+`: the
-    /// same value (and kind), or an error where `+` errs.
+    /// Without a safe operand the filter is minijinja's own `+` in the
+    /// environment chat templates render in: the same value (and kind),
+    /// or an error of the same kind where `+` errs.
     #[test]
     fn without_markup_it_is_minijinjas_plus() {
-        let env = Environment::new();
+        let template = crate::ChatTemplate::new(
+            "{{ messages }}",
+            crate::SpecialTokens::default(),
+            crate::RenderLimits::default(),
+            std::sync::Arc::new(crate::FixedClock(0)),
+        )
+        .unwrap();
+        let env = template.environment();
         let operands = [
             Value::from(1),
             Value::from(i64::MAX),

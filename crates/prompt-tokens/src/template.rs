@@ -136,7 +136,9 @@ impl fmt::Debug for ChatTemplate {
 impl ChatTemplate {
     /// Compiles `source`. Fails with [`Error::TemplateTooLarge`],
     /// [`Error::TemplateSyntax`] or, for a filter, test, method or function
-    /// this renderer does not have, [`Error::TemplateUnsupported`].
+    /// this renderer does not have, [`Error::TemplateUnsupported`] (also
+    /// for a `+` beside a `| safe` string that the load-time rewrite could
+    /// not place, which no known template has).
     pub fn new(
         source: &str,
         special: SpecialTokens,
