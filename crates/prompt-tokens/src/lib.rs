@@ -120,9 +120,10 @@
 //! `map`, `select`, jinja2's other generator filters and `reverse` return
 //! one-shot iterators that `tojson`, `length` and `last` refuse, as in
 //! Python.
-//! Undefined-value rules differ in corner cases, a generator's items are
-//! computed when its filter runs, and `x | safe + y` does not HTML-escape
-//! `y` as markupsafe does (the crate README lists the differences). The
+//! Undefined-value rules differ in corner cases and a generator's items
+//! are computed when its filter runs (the crate README lists the
+//! differences); `x | safe + y` HTML-escapes `y` as markupsafe does (a
+//! load-time rewrite of such `+`, module `markup`). The
 //! common template idioms (string methods, `tojson`, `loop`, `namespace`,
 //! slicing, `is string` / `is mapping` tests) behave alike.
 
@@ -139,6 +140,7 @@ pub mod fuzzing;
 mod generators;
 mod hf;
 mod interrupt;
+mod markup;
 pub mod messages;
 mod o200k_split;
 mod pyfilters;

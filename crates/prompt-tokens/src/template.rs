@@ -136,7 +136,9 @@ impl fmt::Debug for ChatTemplate {
 impl ChatTemplate {
     /// Compiles `source`. Fails with [`Error::TemplateTooLarge`],
     /// [`Error::TemplateSyntax`] or, for a filter, test, method or function
-    /// this renderer does not have, [`Error::TemplateUnsupported`].
+    /// this renderer does not have, [`Error::TemplateUnsupported`] (also
+    /// for a `+` beside a `| safe` string that the load-time rewrite could
+    /// not place, which no known template has).
     pub fn new(
         source: &str,
         special: SpecialTokens,
@@ -196,14 +198,29 @@ impl ChatTemplate {
             crate::rewrite::ITERABLE_GUARD,
             crate::rewrite::iterable_guard,
         );
-        env.add_template_owned(NAME, crate::rewrite::guard_for_loops(&source).into_owned())
-            .map_err(|e| Error::TemplateSyntax(describe(&e)))?;
+        // jinja2's `Markup + str` escapes the plain operand; minijinja's
+        // `+` does not, so each `+` that can meet a `| safe` string is
+        // rewritten into a filter that does (module `markup`).
+        env.add_filter(crate::markup::MARKUP_ADD, crate::markup::markup_add);
+        // jinja2's escaping filters, with markupsafe's entities.
+        env.add_filter("escape", crate::markup::escape);
+        env.add_filter("e", crate::markup::escape);
+        env.add_filter("forceescape", crate::markup::forceescape);
+        let rendered_source = crate::markup::rewrite_adds(&source)?;
+        env.add_template_owned(
+            NAME,
+            crate::rewrite::guard_for_loops(&rendered_source).into_owned(),
+        )
+        .map_err(|e| Error::TemplateSyntax(describe(&e)))?;
         // What this environment cannot render is refused now, with its
         // line, rather than on every request that reaches it.
         crate::support::check(&env, &source)?;
         Ok(Self {
             env,
-            direct: DirectTemplate::compile(&source),
+            // The same source as minijinja's: the direct renderer declines
+            // the rewritten `+` (an unknown filter to it), as it declines
+            // every `+`.
+            direct: DirectTemplate::compile(&rendered_source),
             direct_enabled: true,
             clock,
             source_len: source.len(),

@@ -6,7 +6,9 @@ use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{ErrorKind, State};
 
 /// `tojson(value, indent=None, sort_keys=False, ensure_ascii=False, separators=None)`
-/// writing Python's `json.dumps` text.
+/// writing Python's `json.dumps` text, as a plain string: transformers'
+/// `tojson` returns `json.dumps`'s `str`, not jinja2's `Markup`, so a
+/// `Markup` added to it escapes it (module `markup`).
 pub(crate) fn tojson(
     state: &State<'_, '_>,
     value: &Value,
@@ -56,7 +58,7 @@ pub(crate) fn tojson(
         sort_keys.unwrap_or(false),
         ensure_ascii.unwrap_or(false),
     );
-    json_text(value, &options).map(Value::from_safe_string)
+    json_text(value, &options).map(Value::from)
 }
 
 /// `value` as Python's `json.dumps` writes it with `options`.

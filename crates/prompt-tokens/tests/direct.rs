@@ -1067,3 +1067,24 @@ fn output_cap_matches_minijinja_at_the_threshold() {
         }
     }
 }
+
+/// A `+` beside a `| safe` string is rewritten at load into a filter the
+/// direct renderer does not know (module `markup`): it declines, and
+/// minijinja escapes as jinja2 does. The rest of the template (its `~`
+/// and plain `+`) still renders alike both ways.
+#[test]
+fn markup_concatenation_is_left_to_minijinja() {
+    let request = request(json!([{"role": "user", "content": "a & \"b\""}]));
+    let escaping = Pair::plain("{{ '<b>' | safe + messages[0].content }}");
+    let (reference, direct) = escaping.compare(&request).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(direct, None, "the direct renderer declines the rewritten +");
+    assert_eq!(reference, Ok("<b>a &amp; &#34;b&#34;".to_owned()));
+    let joining = Pair::plain("{{ '<b>' | safe ~ messages[0].content }}");
+    let (reference, direct) = joining.compare(&request).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(reference, Ok("<b>a & \"b\"".to_owned()));
+    assert_eq!(
+        direct.as_deref(),
+        Some("<b>a & \"b\""),
+        "`~` renders directly"
+    );
+}

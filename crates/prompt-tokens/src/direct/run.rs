@@ -526,7 +526,7 @@ impl<'a> Run<'a> {
             }
             FilterKind::ToJson(options) => {
                 let text = json_text(value, options).map_err(|_| Declined)?;
-                V::Own(Value::from_safe_string(text))
+                V::Own(Value::from(text))
             }
             FilterKind::Default(fallback) => {
                 if value.is_undefined() {
