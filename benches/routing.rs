@@ -56,7 +56,9 @@ use pd_orchestrator::pools::{PdConfig, PdPools, PdScope, PdWorkerConfig};
 use pd_orchestrator::{LegOutcome, PdBackend, PdConnector, Phase, PhaseGuard};
 use router_http::{ApiKind, extract};
 use serde_json::json;
-use worker_lifecycle::{Endpoint, Worker, WorkerOptions, WorkerRole, WorkerSpec};
+use worker_lifecycle::{
+    Endpoint, RandomSource, SplitMix64, Worker, WorkerOptions, WorkerRole, WorkerSpec,
+};
 
 const MODEL: &str = "llama-3.1-8b-instruct";
 const BODY_SIZES: [usize; 3] = [1 << 10, 8 << 10, 64 << 10];
@@ -64,21 +66,17 @@ const FLEET_SIZES: [usize; 3] = [8, 64, 1_000];
 const SYSTEM_PROMPTS: usize = 16;
 const MEASURED_BODIES: usize = 256;
 
-/// A tiny deterministic generator (SplitMix64), so every run routes the
-/// same bodies.
-struct Rng(u64);
+/// A deterministic generator (worker-lifecycle's SplitMix64), so every run
+/// routes the same bodies.
+struct Rng(SplitMix64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+    fn new(seed: u64) -> Self {
+        Self(SplitMix64::new(seed))
     }
 
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.0.next_u64() % n as u64) as usize
     }
 }
 
@@ -133,7 +131,7 @@ fn words(rng: &mut Rng, len: usize, out: &mut String) {
 fn system_prompts(body_size: usize) -> Vec<String> {
     (0..SYSTEM_PROMPTS)
         .map(|i| {
-            let mut rng = Rng(0x5EED_0000 + i as u64);
+            let mut rng = Rng::new(0x5EED_0000 + i as u64);
             let mut text = format!("You are assistant #{i}. ");
             words(&mut rng, body_size / 8, &mut text);
             text
@@ -145,7 +143,7 @@ fn system_prompts(body_size: usize) -> Vec<String> {
 /// of about 256 bytes each (1 KB bodies: 64) until the JSON body reaches
 /// `body_size` bytes; `extra_turns` more user turns continue it.
 fn chat_body(systems: &[String], body_size: usize, id: u64, extra_turns: usize) -> Vec<u8> {
-    let mut rng = Rng(id);
+    let mut rng = Rng::new(id);
     let system = &systems[rng.below(systems.len())];
     let turn = (body_size / 16).clamp(64, 256);
     let mut messages = vec![json!({"role": "system", "content": system})];

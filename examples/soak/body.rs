@@ -5,19 +5,9 @@ use std::io::Write as _;
 
 use bytes::Bytes;
 
-/// SplitMix64 (Steele, Lea and Flood): one add and three multiply-xorshift
-/// steps per number, plenty for making prompts distinct.
-pub(super) struct SplitMix64(pub(super) u64);
-
-impl SplitMix64 {
-    pub(super) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
+/// SplitMix64 (Steele, Lea and Flood), radix-affinity's: one add and three
+/// multiply-xorshift steps per number, plenty for making prompts distinct.
+pub(super) use radix_affinity::workload::SplitMix64;
 
 /// Plain English-like filler, ASCII without quotes or backslashes, so it is
 /// valid inside a JSON string as it is.
@@ -69,7 +59,7 @@ fn filler(len: usize, seed: u64) -> String {
     let mut rng = SplitMix64(seed);
     let mut text = String::with_capacity(len + 16);
     while text.len() < len {
-        let word = FILLER_WORDS[(rng.next() % FILLER_WORDS.len() as u64) as usize];
+        let word = FILLER_WORDS[(rng.next_u64() % FILLER_WORDS.len() as u64) as usize];
         text.push_str(word);
         text.push(' ');
     }

@@ -176,7 +176,7 @@ pub(super) async fn load_connection(
             }
         };
         loop {
-            let request = chat_request(addr, template.body(rng.next()));
+            let request = chat_request(addr, template.body(rng.next_u64()));
             if exchange(&mut sender, request, &recorder).await.is_err() {
                 break;
             }

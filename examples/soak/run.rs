@@ -228,7 +228,7 @@ pub(super) async fn run_one(
             addr,
             setup.template.clone(),
             load.clone(),
-            SplitMix64(seed).next(),
+            SplitMix64(seed).next_u64(),
         ));
     }
     probe_rt.spawn(probe_loop(

@@ -18,6 +18,10 @@
 //! works on any token ids, whichever tokenizer produced them.
 
 /// A 64-bit finaliser (splitmix64): cheap, stable and well mixed.
+///
+/// The same function as prompt-tokens' `synthetic::mix64`, which hashes
+/// the token ids and is private to that crate; this copy hashes the block
+/// chain below, engine-sim's own.
 #[inline]
 pub(crate) fn mix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -94,6 +94,10 @@ fn folded_multiply(a: u64, b: u64) -> u64 {
 }
 
 /// A bijective 64-bit finalizer (SplitMix64's).
+///
+/// A copy on purpose: this crate depends on neither crate that has a
+/// SplitMix64 (radix-affinity's `workload`, worker-lifecycle's `rng`), and
+/// one mix step is no reason for a dependency edge.
 #[inline]
 pub(crate) fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -8,6 +8,19 @@ use std::path::PathBuf;
 
 use kv_events::{decode_batch, fuzzing::decode_roundtrip, fuzzing::endpoint_parse};
 
+/// SplitMix64 from `seed`, so the inputs are the same on every run. A copy
+/// of worker-lifecycle's `SplitMix64`: kv-events is a leaf of the crate
+/// graph and takes no dependency for a test's generator.
+fn splitmix64(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
 fn corpus_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/kv_events_decode")
 }
@@ -39,15 +52,7 @@ fn seed_corpus_runs_clean() {
 
 #[test]
 fn pseudo_random_inputs_run_clean() {
-    // SplitMix64, so the inputs are the same on every run.
-    let mut state = 0x4B56_E7E5_u64;
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut next = splitmix64(0x4B56_E7E5);
     // Mutations of the seeds (byte flips, truncations) reach deeper than
     // plain random bytes.
     let seeds: Vec<Vec<u8>> = std::fs::read_dir(corpus_dir())
@@ -62,7 +67,7 @@ fn pseudo_random_inputs_run_clean() {
                 data[at] = next() as u8;
             }
         }
-        if next() % 3 == 0 && !data.is_empty() {
+        if next().is_multiple_of(3) && !data.is_empty() {
             data.truncate((next() % data.len() as u64) as usize);
         }
         decode_roundtrip(&data);
@@ -95,14 +100,7 @@ fn endpoint_seed_corpus_and_mutations_run_clean() {
         .filter(|seed| kv_events::ZmqEndpoint::parse(&String::from_utf8_lossy(seed)).is_ok())
         .count();
     assert!(parsed >= 3, "the valid seeds parse ({parsed})");
-    let mut state = 0x454E_4450_u64;
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut next = splitmix64(0x454E_4450);
     // Bytes the parser treats specially, so mutations reach its branches.
     let special = b":[]/.@%*0123456789abcdef\r\n \xff";
     for seed in &seeds {
@@ -146,14 +144,7 @@ fn zmtp_seed_corpus_and_mutations_run_clean() {
     for seed in &seeds {
         kv_events::fuzzing::zmtp_sockets(seed);
     }
-    let mut state = 0x5A4D_5450_u64;
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut next = splitmix64(0x5A4D_5450);
     for _ in 0..30 {
         let mut data = seeds[(next() % seeds.len() as u64) as usize].clone();
         for _ in 0..(1 + next() % 3) {

@@ -12,6 +12,11 @@ fn fold_mul(a: u64, b: u64) -> u64 {
 }
 
 /// The SplitMix64 finalizer: a bijective avalanche mix.
+///
+/// A copy on purpose: radix-affinity's `workload::SplitMix64` (the
+/// generator this is the output step of) exposes no finalizer, and the
+/// placement of every key rests on these exact constants, so they stay
+/// here beside the hash that every router replica must compute alike.
 pub(crate) fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(K1);
     z = (z ^ (z >> 27)).wrapping_mul(K2);

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use pd_orchestrator::fuzzing::{
     pd_bootstrap_query, pd_merge_responses, pd_rewrite_bodies, pd_sse_usage,
 };
+use worker_lifecycle::{RandomSource, SplitMix64};
 
 type Target = fn(&[u8]);
 
@@ -50,15 +51,9 @@ fn seed_corpora_run_clean() {
 /// the parsers care about, so the inputs get past `serde_json` often.
 #[test]
 fn pseudo_random_inputs_run_clean() {
-    // SplitMix64, so the inputs are the same on every run.
-    let mut state = 0x9D_5EED_u64;
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    // worker-lifecycle's SplitMix64, so the inputs are the same on every run.
+    let mut rng = SplitMix64::new(0x9D_5EED);
+    let mut next = move || rng.next_u64();
     const FRAGMENTS: [&str; 27] = [
         "{",
         "}",

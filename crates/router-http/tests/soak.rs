@@ -14,6 +14,7 @@ use http_body_util::BodyExt;
 use router_http::RouterConfig;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
+use worker_lifecycle::{RandomSource, SplitMix64};
 
 const CONCURRENCY: usize = 32;
 const MAX_IDLE_PER_WORKER: usize = 4;
@@ -42,7 +43,8 @@ async fn soak_with_random_faults_and_cancellations_leaves_no_load_behind() {
     let mut tasks = tokio::task::JoinSet::new();
     let mut outcomes = [0usize; 4]; // completed, failed, cancelled, error status
     for index in 0..requests {
-        seed = splitmix(seed);
+        // Each seed is SplitMix64's first output from the one before.
+        seed = SplitMix64::new(seed).next_u64();
         let addr = fixture.addr;
         tasks.spawn(one_request(addr, index, seed));
         if tasks.len() >= CONCURRENCY {
@@ -144,11 +146,4 @@ fn upstream_connections(engine_ports: &HashSet<u16>) -> usize {
             fields.get(3) == Some(&"01") && remote_port.is_some_and(|p| engine_ports.contains(&p))
         })
         .count()
-}
-
-fn splitmix(state: u64) -> u64 {
-    let mut z = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }

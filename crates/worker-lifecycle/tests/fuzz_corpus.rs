@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use worker_lifecycle::fuzzing::{endpoint_parse, lifecycle_ops};
+use worker_lifecycle::{RandomSource, SplitMix64};
 
 fn seeds(target: &str) -> Vec<Vec<u8>> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -26,15 +27,9 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
 }
 
 fn pseudo_random(count: usize, max_len: u64, mut each: impl FnMut(&[u8])) {
-    // SplitMix64, so the inputs are the same on every run.
-    let mut state = 0x5EED_0004_u64;
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    // worker-lifecycle's SplitMix64, so the inputs are the same on every run.
+    let mut rng = SplitMix64::new(0x5EED_0004);
+    let mut next = move || rng.next_u64();
     for _ in 0..count {
         let len = (next() % max_len) as usize;
         let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
