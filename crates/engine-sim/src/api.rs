@@ -14,7 +14,7 @@
 //! [`PromptTokenizer::completion_tokens`], and a template or tokenizer
 //! error is a 400 with its message, as vLLM answers.
 
-use prompt_tokens::{ChatRequest, CompletionRequest, PromptTokenizer};
+use prompt_tokens::{ChatRequest, CompletionPrompt, CompletionRequest, PromptTokenizer};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -153,7 +153,9 @@ struct ChatBody {
 struct CompletionBody {
     #[serde(default)]
     model: Option<String>,
-    prompt: PromptField,
+    /// Read as a [`CompletionPrompt`] after the model check (vLLM answers
+    /// an unknown model before it looks at the prompt).
+    prompt: Value,
     #[serde(default)]
     max_tokens: Option<u32>,
     #[serde(default)]
@@ -162,15 +164,6 @@ struct CompletionBody {
     stream_options: Option<StreamOptions>,
     #[serde(default)]
     kv_transfer_params: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum PromptField {
-    Text(String),
-    Tokens(Vec<u32>),
-    Texts(Vec<String>),
-    TokenLists(Vec<Vec<u32>>),
 }
 
 /// Parses a request body for `endpoint` with the synthetic tokenizer's
@@ -244,20 +237,11 @@ pub fn parse_request_with(
         Endpoint::Completions => {
             let body: CompletionBody = serde_json::from_value(value).map_err(invalid)?;
             check_model(&body.model)?;
-            let prompt = match body.prompt {
-                PromptField::Text(text) => Prompt::Text(text),
-                PromptField::Tokens(tokens) => Prompt::Tokens(tokens),
-                PromptField::Texts(mut texts) if texts.len() == 1 => {
-                    Prompt::Text(texts.pop().unwrap_or_default())
-                }
-                PromptField::TokenLists(mut lists) if lists.len() == 1 => {
-                    Prompt::Tokens(lists.pop().unwrap_or_default())
-                }
-                _ => {
-                    return Err(EngineApiError::bad_request(
-                        "engine-sim serves one prompt per request; batched prompts are not supported",
-                    ));
-                }
+            // prompt-tokens' reading, so the router and this engine accept
+            // the same prompts (one text or one id list, or a batch of one).
+            let prompt = match CompletionPrompt::deserialize(body.prompt).map_err(invalid)? {
+                CompletionPrompt::Text(text) => Prompt::Text(text),
+                CompletionPrompt::Tokens(tokens) => Prompt::Tokens(tokens),
             };
             let prompt = match tokenizer {
                 None => prompt,

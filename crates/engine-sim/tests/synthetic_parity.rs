@@ -98,11 +98,22 @@ fn completion_prompts_match_engine_sim() {
         };
         assert_eq!(ours, expected, "{body}");
     }
-    let batched = CompletionRequest::from_json(br#"{"prompt": ["a", "b"]}"#);
-    assert!(matches!(
-        batched,
-        Err(prompt_tokens::Error::InvalidRequest(_))
-    ));
+    // A batch of several prompts is refused by both, with the same reason.
+    for body in [json!({"prompt": ["a", "b"]}), json!({"prompt": [[1], [2]]})] {
+        let batched = CompletionRequest::from_json(body.to_string().as_bytes());
+        assert!(
+            matches!(&batched, Err(prompt_tokens::Error::InvalidRequest(m)) if m.contains("one prompt per request")),
+            "{body}: {batched:?}"
+        );
+        let refused = parse_request(Endpoint::Completions, body.to_string().as_bytes())
+            .expect_err("engine-sim refuses a batch");
+        assert_eq!(refused.status, 400, "{body}");
+        assert!(
+            refused.message.contains("one prompt per request"),
+            "{body}: {}",
+            refused.message
+        );
+    }
     assert_eq!(
         t.describe(),
         "synthetic (3 chars per token, engine-sim chat rendering)"

@@ -307,6 +307,8 @@ pub enum CompletionPrompt {
     Tokens(Vec<u32>),
 }
 
+/// The shapes OpenAI's `prompt` field takes: one text, one list of token
+/// ids, or a batch of either.
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum PromptField {
@@ -314,6 +316,32 @@ enum PromptField {
     Tokens(Vec<u32>),
     Texts(Vec<String>),
     TokenLists(Vec<Vec<u32>>),
+}
+
+/// Reads a completion's `prompt` field: a text or a list of token ids, or
+/// a batch of exactly one of them. A batch of several is refused (it has
+/// no single token sequence to route on or to serve as one request); the
+/// error says so. engine-sim's `/v1/completions` reads its prompt with
+/// this too, so the router and the stand-in engine accept the same
+/// prompts.
+impl<'de> Deserialize<'de> for CompletionPrompt {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(match PromptField::deserialize(deserializer)? {
+            PromptField::Text(text) => Self::Text(text),
+            PromptField::Tokens(tokens) => Self::Tokens(tokens),
+            PromptField::Texts(mut texts) if texts.len() == 1 => {
+                Self::Text(texts.pop().unwrap_or_default())
+            }
+            PromptField::TokenLists(mut lists) if lists.len() == 1 => {
+                Self::Tokens(lists.pop().unwrap_or_default())
+            }
+            _ => {
+                return Err(serde::de::Error::custom(
+                    "one prompt per request: batched prompts have no single token sequence",
+                ));
+            }
+        })
+    }
 }
 
 /// The parts of a `/v1/completions` body that decide the prompt.
@@ -330,28 +358,13 @@ impl<'de> Deserialize<'de> for CompletionRequest {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         struct Body {
-            prompt: PromptField,
+            prompt: CompletionPrompt,
             #[serde(default = "yes")]
             add_special_tokens: bool,
         }
         let body = Body::deserialize(deserializer)?;
-        let prompt = match body.prompt {
-            PromptField::Text(text) => CompletionPrompt::Text(text),
-            PromptField::Tokens(tokens) => CompletionPrompt::Tokens(tokens),
-            PromptField::Texts(mut texts) if texts.len() == 1 => {
-                CompletionPrompt::Text(texts.pop().unwrap_or_default())
-            }
-            PromptField::TokenLists(mut lists) if lists.len() == 1 => {
-                CompletionPrompt::Tokens(lists.pop().unwrap_or_default())
-            }
-            _ => {
-                return Err(serde::de::Error::custom(
-                    "one prompt per request: batched prompts have no single token sequence",
-                ));
-            }
-        };
         Ok(Self {
-            prompt,
+            prompt: body.prompt,
             add_special_tokens: body.add_special_tokens,
         })
     }
