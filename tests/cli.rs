@@ -4,6 +4,7 @@
 use affinity_router::cli::args::{Args, BackendName, LogLevel, PolicyName};
 use affinity_router::cli::settings::{self, CliError};
 use affinity_router::cli::{Mode, Settings};
+use affinity_router::http::otel::Protocol;
 use affinity_router::pd::PdConnector;
 use clap::CommandFactory;
 use std::path::PathBuf;
@@ -758,7 +759,7 @@ fn vllm_routers_trace_flags_turn_tracing_on() {
     let s = settings(&[
         "--enable-trace",
         "--otlp-traces-endpoint",
-        "collector:4318",
+        "collector:4317",
         "--otel-sampling-ratio",
         "0.25",
         "--otel-excluded-paths",
@@ -774,19 +775,87 @@ fn vllm_routers_trace_flags_turn_tracing_on() {
         ["/health", "/metrics", "/liveness"]
     );
     assert_eq!(s.router.trace.sampling_ratio, 0.25);
+    // As in vllm-router: OTLP/gRPC, a bare HOST:PORT in cleartext.
     let export = s.trace_export.unwrap();
-    assert_eq!(export.endpoint, "http://collector:4318/v1/traces");
+    assert_eq!(export.protocol, Protocol::Grpc);
+    assert_eq!(export.endpoint, "http://collector:4317");
+    assert_eq!(export.ca_file, None);
 
-    let default = settings(&["--enable-trace"]).unwrap();
+    // vllm-router's default endpoint, over gRPC.
+    let default = settings(&["--enable-trace"]).unwrap().trace_export.unwrap();
     assert_eq!(
-        default.trace_export.unwrap().endpoint,
-        "http://localhost:4318/v1/traces"
+        (default.protocol, default.endpoint.as_str()),
+        (Protocol::Grpc, "http://localhost:4317")
     );
+
+    // The endpoint's scheme says TLS or not; --otlp-traces-protocol says
+    // gRPC or HTTP/protobuf.
+    for (args, protocol, endpoint) in [
+        (
+            &["https://collector:4317"][..],
+            Protocol::Grpc,
+            "https://collector:4317",
+        ),
+        (
+            &["grpc://collector:4317"],
+            Protocol::Grpc,
+            "http://collector:4317",
+        ),
+        (
+            &["http://collector:4317", "--otlp-traces-protocol", "grpc"],
+            Protocol::Grpc,
+            "http://collector:4317",
+        ),
+        (
+            &["collector:4318", "--otlp-traces-protocol", "http/protobuf"],
+            Protocol::HttpProtobuf,
+            "http://collector:4318/v1/traces",
+        ),
+        (
+            &[
+                "https://collector/otlp/v1/traces",
+                "--otlp-traces-protocol",
+                "http/protobuf",
+            ],
+            Protocol::HttpProtobuf,
+            "https://collector/otlp/v1/traces",
+        ),
+    ] {
+        let mut argv = vec!["--enable-trace", "--otlp-traces-endpoint"];
+        argv.extend_from_slice(args);
+        let export = settings(&argv).unwrap().trace_export.unwrap();
+        assert_eq!(
+            (export.protocol, export.endpoint.as_str()),
+            (protocol, endpoint),
+            "{args:?}"
+        );
+    }
+    let http_default = settings(&["--enable-trace", "--otlp-traces-protocol", "http/protobuf"])
+        .unwrap()
+        .trace_export
+        .unwrap();
+    assert_eq!(http_default.endpoint, "http://localhost:4318/v1/traces");
+
+    // A CA file to trust for an https:// collector.
+    let ca = temp_file("otlp-ca.pem", "-----BEGIN CERTIFICATE-----\n");
+    let ca_path = ca.to_str().unwrap();
+    let tls = settings(&[
+        "--enable-trace",
+        "--otlp-traces-endpoint",
+        "https://collector:4317",
+        "--otlp-traces-ca-file",
+        ca_path,
+    ])
+    .unwrap()
+    .trace_export
+    .unwrap();
+    assert_eq!(tls.ca_file.as_deref(), Some(ca.as_path()));
 
     // The config file has the same keys as the flags.
     let file = temp_file(
         "trace.toml",
         "enable_trace = true\notlp_traces_endpoint = \"http://c:4318/v1/traces\"\n\
+         otlp_traces_protocol = \"http/protobuf\"\n\
          otel_sampling_ratio = 0.5\notel_excluded_paths = [\"/metrics\"]\n",
     );
     let from_file = settings(&["--config", file.to_str().unwrap()]).unwrap();
@@ -794,9 +863,17 @@ fn vllm_routers_trace_flags_turn_tracing_on() {
     assert_eq!(from_file.router.trace.excluded_paths, ["/metrics"]);
     assert_eq!(from_file.router.trace.sampling_ratio, 0.5);
     let export = from_file.trace_export.unwrap();
+    assert_eq!(export.protocol, Protocol::HttpProtobuf);
     assert_eq!(export.endpoint, "http://c:4318/v1/traces");
     let _ = std::fs::remove_file(file);
 
+    // Without --enable-trace the new flags are reported as ignored.
+    let ignored = settings(&["--otlp-traces-protocol", "grpc"]).unwrap();
+    assert!(ignored.trace_export.is_none());
+    assert_eq!(ignored.ignored, ["--otlp-traces-protocol"]);
+
+    let missing = std::env::temp_dir().join("affinity-router-no-such-ca.pem");
+    let missing = missing.to_str().unwrap();
     for (args, flag) in [
         (
             &["--enable-trace", "--otel-sampling-ratio", "1.5"][..],
@@ -807,8 +884,50 @@ fn vllm_routers_trace_flags_turn_tracing_on() {
             "--otel-sampling-ratio: ",
         ),
         (
-            &["--enable-trace", "--otlp-traces-endpoint", "grpc://c:4317"],
+            // A path is OTLP/HTTP's: over gRPC (the default) it is refused.
+            &[
+                "--enable-trace",
+                "--otlp-traces-endpoint",
+                "http://c:4318/v1/traces",
+            ],
             "--otlp-traces-endpoint: ",
+        ),
+        (
+            &["--enable-trace", "--otlp-traces-endpoint", "ftp://c:4317"],
+            "--otlp-traces-endpoint: ",
+        ),
+        (
+            &[
+                "--enable-trace",
+                "--otlp-traces-endpoint",
+                "grpc://c:4317",
+                "--otlp-traces-protocol",
+                "http/protobuf",
+            ],
+            "--otlp-traces-endpoint: ",
+        ),
+        (
+            &["--enable-trace", "--otlp-traces-protocol", "http/json"],
+            "--otlp-traces-protocol: ",
+        ),
+        (
+            &["--enable-trace", "--otlp-traces-protocol", "thrift"],
+            "--otlp-traces-protocol: ",
+        ),
+        (
+            // A CA file for a cleartext endpoint would secure nothing.
+            &["--enable-trace", "--otlp-traces-ca-file", ca_path],
+            "--otlp-traces-ca-file: ",
+        ),
+        (
+            &[
+                "--enable-trace",
+                "--otlp-traces-endpoint",
+                "https://c:4317",
+                "--otlp-traces-ca-file",
+                missing,
+            ],
+            "--otlp-traces-ca-file: ",
         ),
         (
             &["--enable-trace", "--otel-excluded-paths", "health"],
@@ -820,6 +939,7 @@ fn vllm_routers_trace_flags_turn_tracing_on() {
         assert!(message.starts_with(flag), "{args:?}: {message}");
         assert_eq!(err.exit_code(), 2);
     }
+    let _ = std::fs::remove_file(ca);
 }
 
 #[test]

@@ -592,17 +592,25 @@ fn two_router_processes_on_cache_aware_alone_lose_sessions() {
     );
 }
 
-/// The spans of every OTLP/HTTP export POSTed to a receiver on 127.0.0.1,
-/// decoded with the OpenTelemetry protocol's messages.
+/// The spans of every OTLP export a receiver on 127.0.0.1 got, decoded
+/// with the OpenTelemetry protocol's messages.
 type ReceivedSpans =
     std::sync::Arc<std::sync::Mutex<Vec<opentelemetry_proto::tonic::trace::v1::Span>>>;
 
-/// Starts the receiver on `runtime`; returns its address and what it got.
+/// Starts an OTLP/gRPC receiver (h2c, as vllm-router's default collector)
+/// on `runtime`: each `TraceService/Export` call's length-prefixed message
+/// is decoded, and answered with an empty response and `grpc-status: 0`
+/// in the trailers. Returns its address and what it got.
 fn otlp_receiver(runtime: &tokio::runtime::Runtime) -> (std::net::SocketAddr, ReceivedSpans) {
     use opentelemetry_proto::tonic::collector::trace::v1::{
         ExportTraceServiceRequest, ExportTraceServiceResponse,
     };
     use prost::Message as _;
+    type Frames = http_body_util::StreamBody<
+        futures_util::stream::Iter<
+            std::vec::IntoIter<Result<hyper::body::Frame<Bytes>, hyper::Error>>,
+        >,
+    >;
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
@@ -617,22 +625,42 @@ fn otlp_receiver(runtime: &tokio::runtime::Runtime) -> (std::net::SocketAddr, Re
                     hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
                         let store = store.clone();
                         async move {
+                            assert_eq!(
+                                request.uri().path(),
+                                "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+                            );
                             let body = request.into_body().collect().await?.to_bytes();
-                            if let Ok(export) = ExportTraceServiceRequest::decode(body) {
-                                let spans = export
-                                    .resource_spans
-                                    .into_iter()
-                                    .flat_map(|r| r.scope_spans)
-                                    .flat_map(|s| s.spans);
-                                store.lock().unwrap().extend(spans);
-                            }
+                            // One length-prefixed message, not compressed.
+                            assert!(body.len() >= 5 && body[0] == 0, "not a gRPC message");
+                            let export = ExportTraceServiceRequest::decode(body.slice(5..))
+                                .expect("an ExportTraceServiceRequest");
+                            let spans = export
+                                .resource_spans
+                                .into_iter()
+                                .flat_map(|r| r.scope_spans)
+                                .flat_map(|s| s.spans);
+                            store.lock().unwrap().extend(spans);
                             let answer = ExportTraceServiceResponse::default().encode_to_vec();
-                            Ok::<_, hyper::Error>(http::Response::new(Full::new(Bytes::from(
-                                answer,
-                            ))))
+                            let mut framed = vec![0];
+                            framed.extend_from_slice(&(answer.len() as u32).to_be_bytes());
+                            framed.extend_from_slice(&answer);
+                            let mut trailers = http::HeaderMap::new();
+                            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                            let frames: Vec<Result<hyper::body::Frame<Bytes>, hyper::Error>> = vec![
+                                Ok(hyper::body::Frame::data(Bytes::from(framed))),
+                                Ok(hyper::body::Frame::trailers(trailers)),
+                            ];
+                            let body: Frames =
+                                http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+                            Ok::<_, hyper::Error>(
+                                http::Response::builder()
+                                    .header("content-type", "application/grpc")
+                                    .body(body)
+                                    .unwrap(),
+                            )
                         }
                     });
-                let _ = hyper::server::conn::http1::Builder::new()
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                     .await;
             });
@@ -651,17 +679,13 @@ fn vllm_routers_trace_flags_start_and_export_the_requests_spans() {
     assert_eq!(bad.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(stderr.contains("--otel-sampling-ratio"), "{stderr}");
-    let grpc = Command::new(&binary)
-        .args([
-            "--enable-trace",
-            "--otlp-traces-endpoint",
-            "grpc://127.0.0.1:4317",
-        ])
+    let json = Command::new(&binary)
+        .args(["--enable-trace", "--otlp-traces-protocol", "http/json"])
         .output()
         .unwrap();
-    assert_eq!(grpc.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&grpc.stderr);
-    assert!(stderr.contains("--otlp-traces-endpoint"), "{stderr}");
+    assert_eq!(json.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&json.stderr);
+    assert!(stderr.contains("--otlp-traces-protocol"), "{stderr}");
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -669,7 +693,8 @@ fn vllm_routers_trace_flags_start_and_export_the_requests_spans() {
         .build()
         .unwrap();
     let (collector, received) = otlp_receiver(&runtime);
-    let endpoint = format!("http://{collector}/v1/traces");
+    // vllm-router's form: HOST:PORT, OTLP/gRPC in cleartext.
+    let endpoint = collector.to_string();
     let args = os(&[
         "--port",
         "0",

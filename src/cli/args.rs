@@ -1,6 +1,7 @@
 //! The command line, flag for flag: vllm-router's flags with its defaults,
 //! plus this router's own (`--admin-api-key`, `--shutdown-grace-period-secs`,
-//! `--config`, the simulator flags and `--log-json`).
+//! `--config`, the simulator flags, `--log-json` and the trace export's
+//! `--otlp-traces-protocol` and `--otlp-traces-ca-file`).
 //!
 //! [`Args`] is also the shape of the `--config` TOML file: every field is a
 //! key (snake_case, or the flag's kebab-case spelling), so a file and a
@@ -699,16 +700,30 @@ pub struct Args {
     #[arg(long, help_heading = "Observability")]
     pub log_json: bool,
     /// Export OpenTelemetry traces of every request (its routing decision
-    /// and upstream attempts) over OTLP/HTTP, and send each attempt's W3C
+    /// and upstream attempts) over OTLP (gRPC unless
+    /// --otlp-traces-protocol says otherwise), and send each attempt's W3C
     /// `traceparent` to the worker.
     #[arg(long, help_heading = "Observability")]
     pub enable_trace: bool,
-    /// The OTLP/HTTP (protobuf) traces endpoint, e.g.
-    /// `http://collector:4318/v1/traces`; `HOST:PORT` or a URL without a
-    /// path means `http://HOST:PORT/v1/traces` (default
-    /// `http://localhost:4318/v1/traces`). Needs --enable-trace.
+    /// The OTLP collector (default `localhost:4317`, as vllm-router). For
+    /// gRPC: `HOST:PORT`, `http://HOST:PORT` or `grpc://HOST:PORT`
+    /// (cleartext), `https://HOST:PORT` (TLS). For http/protobuf: the
+    /// traces URL (`HOST:PORT` or a URL without a path means
+    /// `/v1/traces`; default `http://localhost:4318/v1/traces`). Needs
+    /// --enable-trace.
     #[arg(long, value_name = "URL", help_heading = "Observability")]
     pub otlp_traces_endpoint: Option<String>,
+    /// The OTLP transport: `grpc` (default, as vllm-router) or
+    /// `http/protobuf` (OpenTelemetry's
+    /// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL values). Needs --enable-trace.
+    #[arg(long, value_name = "PROTOCOL", help_heading = "Observability")]
+    pub otlp_traces_protocol: Option<String>,
+    /// PEM certificates to trust for an https:// --otlp-traces-endpoint
+    /// instead of the system's roots (a private CA or a self-signed
+    /// collector). Unset: the system's roots (SSL_CERT_FILE and
+    /// SSL_CERT_DIR are honoured). Needs --enable-trace.
+    #[arg(long, value_name = "FILE", help_heading = "Observability")]
+    pub otlp_traces_ca_file: Option<String>,
     /// The fraction (0.0 to 1.0) of new traces sampled; a request that
     /// arrives with a `traceparent` follows its parent's decision. Needs
     /// --enable-trace.

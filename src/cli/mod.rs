@@ -105,8 +105,9 @@ pub fn main() -> ExitCode {
     if let Some(export) = &settings.trace_export {
         tracing::info!(
             endpoint = %export.endpoint,
+            protocol = %export.protocol,
             sampling_ratio = settings.router.trace.sampling_ratio,
-            "exporting OpenTelemetry traces (OTLP/HTTP)"
+            "exporting OpenTelemetry traces (OTLP)"
         );
     }
     let code = runtime.block_on(async move {

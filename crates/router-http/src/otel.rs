@@ -2,8 +2,9 @@
 //!
 //! The router writes its spans with `tracing`, as it writes its logs; the
 //! [`Tracing`] pipeline turns them into OpenTelemetry spans
-//! (`tracing-opentelemetry`) and exports them in batches over OTLP/HTTP
-//! with protobuf bodies. A traced request makes this tree:
+//! (`tracing-opentelemetry`) and exports them in batches over OTLP, on
+//! HTTP/protobuf or gRPC, cleartext or TLS (see [Transports](#transports)).
+//! A traced request makes this tree:
 //!
 //! ```text
 //! POST /v1/chat/completions        server span (ends with the response body)
@@ -77,6 +78,28 @@
 //! queue is full, spans are dropped; a slow or absent collector costs the
 //! export thread its timeout ([`ExportConfig::timeout`]), never a request.
 //!
+//! # Transports
+//!
+//! [`ExportConfig::protocol`] picks OTLP's transport, both on the
+//! router's own hyper client (no tonic, no reqwest):
+//!
+//! - [`Protocol::HttpProtobuf`]: a `POST` of the protobuf
+//!   `ExportTraceServiceRequest` to the endpoint's URL over HTTP/1.1,
+//!   through opentelemetry-otlp's HTTP exporter;
+//! - [`Protocol::Grpc`]: the unary call
+//!   `/opentelemetry.proto.collector.trace.v1.TraceService/Export` over
+//!   HTTP/2 (prior knowledge in cleartext, ALPN `h2` over TLS), the same
+//!   message in one gRPC length-prefixed frame. An export succeeded when
+//!   the answer is HTTP 200 with `grpc-status: 0`, in its trailers or in
+//!   the headers of a trailers-only answer; any other status is a failed
+//!   export (`export_failed` below). The collector's partial-success
+//!   details (spans it rejected inside an accepted batch) are not read.
+//!
+//! An `https://` endpoint is TLS: rustls with ring, verifying the
+//! collector against [`ExportConfig::ca_file`] or else the system's roots
+//! (`rustls-native-certs`, which honours `SSL_CERT_FILE`). An `http://`
+//! endpoint is cleartext and reads no certificate.
+//!
 //! # Dropped spans are counted
 //!
 //! Every span the pipeline is given ends in one of these counters, which
@@ -106,7 +129,7 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_http::{HeaderExtractor, HeaderInjector, HttpClient, HttpError};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
@@ -200,12 +223,74 @@ impl TraceConfig {
     }
 }
 
+/// The OTLP transport of an export (the OpenTelemetry exporter setting
+/// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, values `http/protobuf` and
+/// `grpc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Protocol {
+    /// OTLP/HTTP: a `POST` of a protobuf `ExportTraceServiceRequest` to the
+    /// endpoint's URL (usually `/v1/traces`, port 4318). The default.
+    #[default]
+    HttpProtobuf,
+    /// OTLP/gRPC: the `TraceService/Export` call over HTTP/2 (usually port
+    /// 4317), cleartext (h2c, prior knowledge) or TLS (ALPN `h2`).
+    Grpc,
+}
+
+impl Protocol {
+    /// The protocol's name in the OpenTelemetry exporter settings
+    /// (`http/protobuf`, `grpc`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HttpProtobuf => "http/protobuf",
+            Self::Grpc => "grpc",
+        }
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+
+    /// Parses an OpenTelemetry protocol name (`grpc`, `http/protobuf`).
+    /// `http/json` is named as unsupported rather than unknown.
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name {
+            "grpc" => Ok(Self::Grpc),
+            "http/protobuf" => Ok(Self::HttpProtobuf),
+            "http/json" => Err("`http/json` is not supported (use grpc or http/protobuf)".into()),
+            other => Err(format!(
+                "`{other}` is not an OTLP protocol (expected grpc or http/protobuf)"
+            )),
+        }
+    }
+}
+
 /// Where and how spans are exported ([`Tracing::start`]).
 #[derive(Debug, Clone)]
 pub struct ExportConfig {
-    /// The OTLP/HTTP traces URL, path included (e.g.
-    /// `http://collector:4318/v1/traces`). Protobuf bodies.
+    /// The collector. For [`Protocol::HttpProtobuf`], the traces URL, path
+    /// included (e.g. `http://collector:4318/v1/traces`); for
+    /// [`Protocol::Grpc`], `http://HOST:PORT` or `https://HOST:PORT`
+    /// without a path (the call's path is gRPC's). `https://` is TLS
+    /// (rustls), verified against [`ca_file`](Self::ca_file) or else the
+    /// system's roots.
     pub endpoint: String,
+    /// The OTLP transport (default [`Protocol::HttpProtobuf`]).
+    pub protocol: Protocol,
+    /// PEM certificates to trust for an `https://` endpoint instead of the
+    /// system's roots (OpenTelemetry's `OTEL_EXPORTER_OTLP_CERTIFICATE`):
+    /// a private CA, or a collector's self-signed certificate. Unset
+    /// (default): the system's roots, as `rustls-native-certs` finds them
+    /// (which honours `SSL_CERT_FILE` and `SSL_CERT_DIR`). Not read for an
+    /// `http://` endpoint.
+    pub ca_file: Option<std::path::PathBuf>,
     /// `service.name` of the exported resource (default `affinity-router`).
     pub service_name: String,
     /// Spans waiting for export at most (default 2048); more are dropped
@@ -214,7 +299,8 @@ pub struct ExportConfig {
     /// How often a batch is sent (default 5 s, or sooner when a batch of
     /// 512 is ready).
     pub scheduled_delay: Duration,
-    /// One export request's time limit, connect to last byte (default 5 s).
+    /// One export request's time limit, connect (and TLS handshake) to
+    /// last byte (default 5 s).
     pub timeout: Duration,
 }
 
@@ -222,6 +308,8 @@ impl Default for ExportConfig {
     fn default() -> Self {
         Self {
             endpoint: "http://127.0.0.1:4318/v1/traces".into(),
+            protocol: Protocol::HttpProtobuf,
+            ca_file: None,
             service_name: "affinity-router".into(),
             max_queue_size: 2048,
             scheduled_delay: Duration::from_secs(5),
@@ -234,7 +322,8 @@ impl Default for ExportConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TraceError {
-    /// The endpoint is not an `http://` URL with a host.
+    /// The endpoint is not an `http://` or `https://` URL with a host (and,
+    /// for gRPC, without a path).
     #[error("invalid OTLP traces endpoint {endpoint:?}: {reason}")]
     Endpoint {
         /// The endpoint as given.
@@ -242,13 +331,18 @@ pub enum TraceError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The certificates to trust for an `https://` endpoint could not be
+    /// loaded: an unreadable or empty [`ExportConfig::ca_file`], or no
+    /// usable system root.
+    #[error("cannot set up TLS for the OTLP export: {0}")]
+    Tls(String),
     /// The OTLP exporter refused its configuration.
     #[error("cannot build the OTLP exporter: {0}")]
     Exporter(String),
 }
 
 /// The export pipeline: a tracer provider with a batch processor feeding
-/// an OTLP/HTTP exporter. Dropping it flushes and shuts the export down
+/// an OTLP exporter (HTTP/protobuf or gRPC, see [Transports](self#transports)). Dropping it flushes and shuts the export down
 /// (bounded by [`ExportConfig::timeout`]).
 #[derive(Debug)]
 pub struct Tracing {
@@ -259,63 +353,76 @@ pub struct Tracing {
 impl Tracing {
     /// Builds the pipeline. Export requests run on `runtime` (the router's
     /// tokio runtime); the batch processor's own thread only waits for them.
+    /// Fails on an endpoint that is not an `http://` or `https://` URL
+    /// with a host (or, for gRPC, has a path), and for an `https://` one
+    /// when no certificate to trust can be loaded; nothing is started then.
     pub fn start(
         config: &ExportConfig,
         runtime: tokio::runtime::Handle,
     ) -> Result<Self, TraceError> {
+        let bad = |reason: String| TraceError::Endpoint {
+            endpoint: config.endpoint.clone(),
+            reason,
+        };
         let uri: http::Uri = config
             .endpoint
             .parse()
-            .map_err(|err: http::uri::InvalidUri| TraceError::Endpoint {
-                endpoint: config.endpoint.clone(),
-                reason: err.to_string(),
-            })?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
-            return Err(TraceError::Endpoint {
-                endpoint: config.endpoint.clone(),
-                reason: "expected http://HOST:PORT/PATH (OTLP over HTTP/protobuf; no TLS)".into(),
-            });
-        }
-        let client = ExportClient::new(runtime, config.timeout);
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_endpoint(config.endpoint.clone())
-            .with_timeout(config.timeout)
-            .with_http_client(client)
-            .build()
-            .map_err(|err| TraceError::Exporter(err.to_string()))?;
-        let capacity = config.max_queue_size.max(1);
+            .map_err(|err: http::uri::InvalidUri| bad(err.to_string()))?;
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => {
+                return Err(bad(format!(
+                    "expected an http:// or https:// URL for OTLP over {}",
+                    config.protocol
+                )));
+            }
+        };
+        let Some(authority) = uri.authority().filter(|_| uri.host().is_some()) else {
+            return Err(bad("the URL has no host".into()));
+        };
+        let tls = if tls {
+            Some(tls_config(config.ca_file.as_deref())?)
+        } else {
+            None
+        };
+        let client = ExportClient::new(runtime, config.timeout, config.protocol, tls)?;
         let counts = Arc::new(SpanCounts::default());
-        let exporter = CountingExporter {
-            inner: exporter,
-            counts: Arc::clone(&counts),
+        let provider = match config.protocol {
+            Protocol::HttpProtobuf => {
+                let exporter = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(config.endpoint.clone())
+                    .with_timeout(config.timeout)
+                    .with_http_client(client)
+                    .build()
+                    .map_err(|err| TraceError::Exporter(err.to_string()))?;
+                provider(config, exporter, &counts)
+            }
+            Protocol::Grpc => {
+                if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+                    return Err(bad(
+                        "an OTLP/gRPC endpoint is http(s)://HOST:PORT, without a path \
+                         (a path such as /v1/traces is OTLP over HTTP/protobuf)"
+                            .into(),
+                    ));
+                }
+                let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
+                let export_uri = http::Uri::builder()
+                    .scheme(scheme)
+                    .authority(authority.clone())
+                    .path_and_query(GRPC_EXPORT_PATH)
+                    .build()
+                    .map_err(|err| bad(err.to_string()))?;
+                let exporter = GrpcExporter {
+                    client,
+                    uri: export_uri,
+                    resource: Default::default(),
+                };
+                provider(config, exporter, &counts)
+            }
         };
-        let batch = BatchConfigBuilder::default()
-            .with_max_queue_size(capacity)
-            .with_max_export_batch_size(512.min(capacity))
-            .with_scheduled_delay(config.scheduled_delay)
-            .build();
-        let processor = CountingProcessor {
-            inner: BatchSpanProcessor::builder(exporter)
-                .with_batch_config(batch)
-                .build(),
-            counts: Arc::clone(&counts),
-            capacity,
-            stopped: AtomicBool::new(false),
-        };
-        // The router samples before it builds a span
-        // (`TraceConfig::sampling_ratio`): every span that reaches the
-        // pipeline is one to keep.
-        let sampler = Sampler::ParentBased(Box::new(Sampler::AlwaysOn));
-        let resource = opentelemetry_sdk::Resource::builder_empty()
-            .with_service_name(config.service_name.clone())
-            .build();
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(processor)
-            .with_sampler(sampler)
-            .with_resource(resource)
-            .build();
         Ok(Self { provider, counts })
     }
 
@@ -366,6 +473,216 @@ impl Tracing {
 impl Drop for Tracing {
     fn drop(&mut self) {
         let _ = self.provider.shutdown();
+    }
+}
+
+/// A tracer provider whose spans go through the router's bounded,
+/// counting queue ([`CountingProcessor`]) into the SDK's batch processor
+/// and `exporter`.
+fn provider<E: SpanExporter + 'static>(
+    config: &ExportConfig,
+    exporter: E,
+    counts: &Arc<SpanCounts>,
+) -> SdkTracerProvider {
+    let capacity = config.max_queue_size.max(1);
+    let exporter = CountingExporter {
+        inner: exporter,
+        counts: Arc::clone(counts),
+    };
+    let batch = BatchConfigBuilder::default()
+        .with_max_queue_size(capacity)
+        .with_max_export_batch_size(512.min(capacity))
+        .with_scheduled_delay(config.scheduled_delay)
+        .build();
+    let processor = CountingProcessor {
+        inner: BatchSpanProcessor::builder(exporter)
+            .with_batch_config(batch)
+            .build(),
+        counts: Arc::clone(counts),
+        capacity,
+        stopped: AtomicBool::new(false),
+    };
+    // The router samples before it builds a span
+    // (`TraceConfig::sampling_ratio`): every span that reaches the
+    // pipeline is one to keep.
+    let sampler = Sampler::ParentBased(Box::new(Sampler::AlwaysOn));
+    let resource = opentelemetry_sdk::Resource::builder_empty()
+        .with_service_name(config.service_name.clone())
+        .build();
+    SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_sampler(sampler)
+        .with_resource(resource)
+        .build()
+}
+
+/// The TLS client configuration of an `https://` export: rustls with
+/// ring, trusting the PEM certificates of `ca_file`, or else the system's
+/// roots.
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, TraceError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|err| TraceError::Tls(format!("{}: {err}", path.display())))?;
+            if certs.is_empty() {
+                return Err(TraceError::Tls(format!(
+                    "{}: no PEM certificate in the file",
+                    path.display()
+                )));
+            }
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|err| TraceError::Tls(format!("{}: {err}", path.display())))?;
+            }
+        }
+        None => {
+            // Certificates the system store holds but rustls cannot parse
+            // are skipped (as browsers do); none usable at all is an error.
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _ignored) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                let why = found
+                    .errors
+                    .first()
+                    .map(|err| format!(": {err}"))
+                    .unwrap_or_default();
+                return Err(TraceError::Tls(format!(
+                    "no system root certificate{why} (give the collector's CA file)"
+                )));
+            }
+        }
+    }
+    client_tls(roots)
+}
+
+/// rustls with ring (never the process's default provider), TLS 1.2 and
+/// 1.3, trusting `roots`.
+fn client_tls(roots: rustls::RootCertStore) -> Result<rustls::ClientConfig, TraceError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|err| TraceError::Tls(err.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// The path of the OTLP/gRPC trace export call.
+const GRPC_EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+/// The OTLP/gRPC span exporter: each batch is one unary
+/// `TraceService/Export` call over HTTP/2 on the router's hyper client
+/// ([`ExportClient`], which runs it on the router's runtime within the
+/// export timeout). The request body is the SDK's own conversion of the
+/// spans (`opentelemetry-proto`) in one gRPC message frame; the call
+/// succeeded when the response is HTTP 200 with `grpc-status: 0`, in its
+/// trailers or, for an answer without a body, its headers.
+#[derive(Debug)]
+struct GrpcExporter {
+    client: ExportClient,
+    /// `http(s)://HOST:PORT` with the call's path.
+    uri: http::Uri,
+    resource: opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema,
+}
+
+impl GrpcExporter {
+    /// The export call of `batch`: a gRPC length-prefixed message, not
+    /// compressed.
+    fn request(&self, batch: Vec<SpanData>) -> Result<http::Request<Bytes>, String> {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        use prost::Message as _;
+        let message = ExportTraceServiceRequest {
+            resource_spans:
+                opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope(
+                    batch,
+                    &self.resource,
+                ),
+        };
+        let message = message.encode_to_vec();
+        // A gRPC frame's length is 32 bits; a batch (at most 512 spans)
+        // is far below it, and one that is not fails as a whole.
+        let length = u32::try_from(message.len())
+            .map_err(|_| format!("a batch of {} bytes exceeds a gRPC frame", message.len()))?;
+        let mut body = Vec::with_capacity(5 + message.len());
+        body.push(0); // not compressed
+        body.extend_from_slice(&length.to_be_bytes());
+        body.extend_from_slice(&message);
+        let mut request = http::Request::new(Bytes::from(body));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = self.uri.clone();
+        let headers = request.headers_mut();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+        // The collector gives up when the router would (gRPC's timeout
+        // unit `m` is milliseconds; at most 8 digits).
+        let millis = self.client.timeout.as_millis().min(99_999_999);
+        if let Ok(value) = http::HeaderValue::from_str(&format!("{millis}m")) {
+            headers.insert("grpc-timeout", value);
+        }
+        Ok(request)
+    }
+}
+
+/// Whether a gRPC answer says the call succeeded: HTTP 200 and
+/// `grpc-status` 0 (from the trailers, or the headers of a trailers-only
+/// answer). An error names the status and the server's message.
+fn grpc_outcome(
+    status: http::StatusCode,
+    headers: &HeaderMap,
+    trailers: Option<&HeaderMap>,
+) -> Result<(), String> {
+    if status != http::StatusCode::OK {
+        return Err(format!(
+            "the collector answered HTTP {status}, not a gRPC answer"
+        ));
+    }
+    let source = trailers
+        .filter(|trailers| trailers.contains_key("grpc-status"))
+        .unwrap_or(headers);
+    let Some(code) = source.get("grpc-status") else {
+        return Err("the collector's answer has no grpc-status".into());
+    };
+    if code.as_bytes() == b"0" {
+        return Ok(());
+    }
+    let message = source
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .unwrap_or("");
+    Err(format!(
+        "grpc-status {}{}{message}",
+        String::from_utf8_lossy(code.as_bytes()),
+        if message.is_empty() { "" } else { ": " }
+    ))
+}
+
+impl SpanExporter for GrpcExporter {
+    fn export(
+        &self,
+        batch: Vec<SpanData>,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        let request = self.request(batch);
+        let client = self.client.clone();
+        async move {
+            let request = request.map_err(OTelSdkError::InternalFailure)?;
+            let (parts, _body, trailers) = client
+                .exchange(request)
+                .await
+                .map_err(|err| OTelSdkError::InternalFailure(err.to_string()))?;
+            grpc_outcome(parts.status, &parts.headers, trailers.as_ref())
+                .map_err(OTelSdkError::InternalFailure)
+        }
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.resource = resource.into();
     }
 }
 
@@ -531,14 +848,16 @@ impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
     }
 }
 
-/// The OTLP exporter's HTTP client: the request runs as a task on the
+/// The OTLP exporters' HTTP client: the request runs as a task on the
 /// router's runtime (the batch processor's thread has no runtime of its
 /// own), bounded by the export timeout, its response body by 4 MiB.
-#[derive(Debug)]
+/// HTTP/1.1 for OTLP/HTTP, HTTP/2 only for gRPC (prior knowledge over
+/// cleartext, ALPN `h2` over TLS); TLS when the endpoint is `https://`.
+#[derive(Debug, Clone)]
 struct ExportClient {
     runtime: tokio::runtime::Handle,
     client: hyper_util::client::legacy::Client<
-        hyper_util::client::legacy::connect::HttpConnector,
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
         Full<Bytes>,
     >,
     timeout: Duration,
@@ -548,41 +867,68 @@ struct ExportClient {
 /// protobuf message).
 const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
+/// A collector's answer: its head, body and trailers (gRPC's status).
+type Exchange = (http::response::Parts, Bytes, Option<HeaderMap>);
+
 impl ExportClient {
-    fn new(runtime: tokio::runtime::Handle, timeout: Duration) -> Self {
+    /// A client for `protocol`; `tls` for an `https://` endpoint (`None`:
+    /// cleartext only).
+    fn new(
+        runtime: tokio::runtime::Handle,
+        timeout: Duration,
+        protocol: Protocol,
+        tls: Option<rustls::ClientConfig>,
+    ) -> Result<Self, TraceError> {
         let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
         connector.set_connect_timeout(Some(timeout));
         connector.set_nodelay(true);
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .pool_max_idle_per_host(1)
-                .build(connector);
-        Self {
+        // https:// URLs pass through to the TLS layer.
+        connector.enforce_http(false);
+        // A cleartext endpoint never reads a certificate: its connector's
+        // TLS configuration (no roots) is never used.
+        let https_or_http = tls.is_none();
+        let tls = match tls {
+            Some(tls) => tls,
+            None => client_tls(rustls::RootCertStore::empty())?,
+        };
+        let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
+        let builder = if https_or_http {
+            builder.https_or_http()
+        } else {
+            // An https:// endpoint is never sent in cleartext.
+            builder.https_only()
+        };
+        let mut client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new());
+        client
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(1);
+        let connector = match protocol {
+            Protocol::HttpProtobuf => builder.enable_http1().wrap_connector(connector),
+            Protocol::Grpc => {
+                client.http2_only(true);
+                builder.enable_http2().wrap_connector(connector)
+            }
+        };
+        Ok(Self {
             runtime,
-            client,
+            client: client.build(connector),
             timeout,
-        }
+        })
     }
-}
 
-#[async_trait::async_trait]
-impl HttpClient for ExportClient {
-    async fn send_bytes(
-        &self,
-        request: http::Request<Bytes>,
-    ) -> Result<http::Response<Bytes>, HttpError> {
+    /// Sends `request` and reads the whole answer, on the router's
+    /// runtime, within the export timeout.
+    async fn exchange(&self, request: http::Request<Bytes>) -> Result<Exchange, HttpError> {
         let client = self.client.clone();
         let timeout = self.timeout;
         let task = self.runtime.spawn(async move {
             let exchange = async {
                 let response = client.request(request.map(Full::new)).await?;
                 let (parts, body) = response.into_parts();
-                let body = Limited::new(body, MAX_RESPONSE_BYTES)
-                    .collect()
-                    .await?
-                    .to_bytes();
-                Ok::<_, HttpError>(http::Response::from_parts(parts, body))
+                let collected = Limited::new(body, MAX_RESPONSE_BYTES).collect().await?;
+                let trailers = collected.trailers().cloned();
+                Ok::<_, HttpError>((parts, collected.to_bytes(), trailers))
             };
             match tokio::time::timeout(timeout, exchange).await {
                 Ok(result) => result,
@@ -592,6 +938,17 @@ impl HttpClient for ExportClient {
             }
         });
         task.await?
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for ExportClient {
+    async fn send_bytes(
+        &self,
+        request: http::Request<Bytes>,
+    ) -> Result<http::Response<Bytes>, HttpError> {
+        let (parts, body, _trailers) = self.exchange(request).await?;
+        Ok(http::Response::from_parts(parts, body))
     }
 }
 
@@ -974,5 +1331,56 @@ impl<B: Body> Body for SpanBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Protocol, grpc_outcome};
+    use http::{HeaderMap, HeaderValue, StatusCode};
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn a_grpc_export_succeeds_only_with_status_zero() {
+        let head = headers(&[("content-type", "application/grpc")]);
+        let ok = headers(&[("grpc-status", "0")]);
+        assert_eq!(grpc_outcome(StatusCode::OK, &head, Some(&ok)), Ok(()));
+        // Trailers-only: the status in the headers.
+        let only = headers(&[("grpc-status", "0")]);
+        assert_eq!(grpc_outcome(StatusCode::OK, &only, None), Ok(()));
+        let refused = headers(&[("grpc-status", "14"), ("grpc-message", "overloaded")]);
+        assert_eq!(
+            grpc_outcome(StatusCode::OK, &refused, None),
+            Err("grpc-status 14: overloaded".into())
+        );
+        let in_trailers = headers(&[("grpc-status", "8")]);
+        assert_eq!(
+            grpc_outcome(StatusCode::OK, &head, Some(&in_trailers)),
+            Err("grpc-status 8".into())
+        );
+        // No status at all, or not a gRPC answer.
+        assert!(grpc_outcome(StatusCode::OK, &head, Some(&HeaderMap::new())).is_err());
+        assert!(grpc_outcome(StatusCode::NOT_FOUND, &only, None).is_err());
+    }
+
+    #[test]
+    fn protocols_are_named_as_opentelemetry_names_them() {
+        for protocol in [Protocol::Grpc, Protocol::HttpProtobuf] {
+            assert_eq!(protocol.as_str().parse::<Protocol>(), Ok(protocol));
+        }
+        assert!(
+            "http/json"
+                .parse::<Protocol>()
+                .unwrap_err()
+                .contains("not supported")
+        );
+        assert!("GRPC".parse::<Protocol>().is_err());
     }
 }

@@ -1,17 +1,22 @@
 //! OpenTelemetry traces end to end: a router on 127.0.0.1 in front of an
-//! engine-sim engine, its spans exported over OTLP/HTTP (protobuf) to a
-//! receiver in this test that decodes them with the OpenTelemetry
-//! protocol's own message definitions (`opentelemetry-proto`).
+//! engine-sim engine, its spans exported over OTLP to a receiver in this
+//! test that decodes them with the OpenTelemetry protocol's own message
+//! definitions (`opentelemetry-proto`): over HTTP/protobuf (hyper's
+//! HTTP/1.1 server) and over gRPC (hyper's HTTP/2 server, the gRPC frame
+//! and trailers read and written here), each in cleartext and over TLS
+//! (rustls, with the test CA of `tests/data/otlp-tls`).
 //!
-//! The tests share one global subscriber and one export pipeline; each
+//! Most tests share one global subscriber and one export pipeline; each
 //! sends its own trace id and looks only at the spans of that trace.
+//! Tests with a pipeline of their own run on a single-threaded runtime
+//! with a thread-local subscriber.
 
 mod common;
 
 use bytes::Bytes;
 use common::{Fixture, call, chat_body};
 use engine_sim::{EngineConfig, FaultConfig};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use opentelemetry_proto::tonic::collector::trace::v1::{
@@ -22,7 +27,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use prost::Message as _;
 use router_http::RouterConfig;
-use router_http::otel::{ExportConfig, TraceConfig, Tracing};
+use router_http::otel::{ExportConfig, Protocol, TraceConfig, Tracing};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -33,60 +38,181 @@ use tracing_subscriber::layer::SubscriberExt as _;
 /// service name of its resource.
 type Received = Arc<Mutex<Vec<(String, Span)>>>;
 
+/// The path of the OTLP/gRPC trace export call.
+const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+/// How a test collector speaks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Wire {
+    /// OTLP/HTTP: `POST /v1/traces`, protobuf bodies.
+    Http,
+    /// OTLP/gRPC: `TraceService/Export` over HTTP/2, answered with
+    /// `grpc-status: 0` in the trailers.
+    Grpc,
+    /// OTLP/gRPC, every call refused with a trailers-only answer
+    /// (`grpc-status: 14`, unavailable).
+    GrpcRefusing,
+}
+
+/// The TLS files of the test collectors (see `tests/data/otlp-tls/gen.sh`).
+fn tls_file(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/otlp-tls")
+        .join(name)
+}
+
+/// A TLS acceptor with the collector's certificate for 127.0.0.1,
+/// offering h2 and http/1.1 by ALPN.
+fn tls_acceptor() -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(tls_file("collector.pem"))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(tls_file("collector.key")).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+/// Adds the spans of one decoded export to `store`.
+fn store_export(store: &Received, export: ExportTraceServiceRequest) {
+    let mut store = store.lock().unwrap();
+    for resource in export.resource_spans {
+        let service = resource
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|kv| kv.key == "service.name")
+            .and_then(|kv| kv.value.as_ref())
+            .and_then(|v| match &v.value {
+                Some(Value::StringValue(s)) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        for scope in resource.scope_spans {
+            for span in scope.spans {
+                store.push((service.clone(), span));
+            }
+        }
+    }
+}
+
+/// A response body of gRPC: data frames, then trailers.
+type GrpcBody = http_body_util::StreamBody<
+    futures_util::stream::Iter<std::vec::IntoIter<Result<hyper::body::Frame<Bytes>, hyper::Error>>>,
+>;
+
+/// Answers one request the way `wire` says.
+async fn answer(
+    wire: Wire,
+    store: Received,
+    request: http::Request<Incoming>,
+) -> Result<http::Response<GrpcBody>, hyper::Error> {
+    use hyper::body::Frame;
+    let frames = |frames: Vec<Frame<Bytes>>| {
+        http_body_util::StreamBody::new(futures_util::stream::iter(
+            frames.into_iter().map(Ok).collect::<Vec<_>>(),
+        ))
+    };
+    if wire == Wire::Http {
+        assert_eq!(request.uri().path(), "/v1/traces");
+        assert_eq!(request.headers()["content-type"], "application/x-protobuf");
+        let body = request.into_body().collect().await?.to_bytes();
+        store_export(&store, ExportTraceServiceRequest::decode(body).unwrap());
+        let answer = ExportTraceServiceResponse::default().encode_to_vec();
+        return Ok(http::Response::builder()
+            .header("content-type", "application/x-protobuf")
+            .body(frames(vec![Frame::data(Bytes::from(answer))]))
+            .unwrap());
+    }
+    // gRPC over HTTP/2: the call's path, content type and `te`.
+    assert_eq!(request.version(), http::Version::HTTP_2);
+    assert_eq!(request.method(), http::Method::POST);
+    assert_eq!(request.uri().path(), GRPC_EXPORT);
+    assert_eq!(request.headers()["content-type"], "application/grpc");
+    assert_eq!(request.headers()["te"], "trailers");
+    let body = request.into_body().collect().await?.to_bytes();
+    if wire == Wire::GrpcRefusing {
+        // Trailers-only: the status in the response headers, no body.
+        return Ok(http::Response::builder()
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "14")
+            .header("grpc-message", "collector overloaded")
+            .body(frames(Vec::new()))
+            .unwrap());
+    }
+    // One length-prefixed message, not compressed.
+    assert_eq!(body[0], 0, "compressed flag");
+    let length = u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize;
+    assert_eq!(body.len(), 5 + length);
+    store_export(
+        &store,
+        ExportTraceServiceRequest::decode(body.slice(5..)).unwrap(),
+    );
+    let message = ExportTraceServiceResponse::default().encode_to_vec();
+    let mut framed = vec![0];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    Ok(http::Response::builder()
+        .header("content-type", "application/grpc")
+        .body(frames(vec![
+            Frame::data(Bytes::from(framed)),
+            Frame::trailers(trailers),
+        ]))
+        .unwrap())
+}
+
 /// An OTLP/HTTP traces receiver on 127.0.0.1: decodes each POST to
 /// `/v1/traces` as an `ExportTraceServiceRequest` and answers 200 with an
 /// empty `ExportTraceServiceResponse`.
 async fn receiver() -> (SocketAddr, Received) {
+    collector(Wire::Http, false).await
+}
+
+/// A trace collector on 127.0.0.1 speaking `wire`, over TLS when `tls`
+/// (HTTP/1.1 and HTTP/2 both served, h2c by prior knowledge).
+async fn collector(wire: Wire, tls: bool) -> (SocketAddr, Received) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let received: Received = Arc::default();
     let store = Arc::clone(&received);
+    let acceptor = tls.then(tls_acceptor);
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
             let store = Arc::clone(&store);
+            let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 let service =
                     hyper::service::service_fn(move |request: http::Request<Incoming>| {
-                        let store = Arc::clone(&store);
-                        async move {
-                            assert_eq!(request.uri().path(), "/v1/traces");
-                            assert_eq!(request.headers()["content-type"], "application/x-protobuf");
-                            let body = request.into_body().collect().await?.to_bytes();
-                            let export = ExportTraceServiceRequest::decode(body).unwrap();
-                            let mut store = store.lock().unwrap();
-                            for resource in export.resource_spans {
-                                let service = resource
-                                    .resource
-                                    .iter()
-                                    .flat_map(|r| &r.attributes)
-                                    .find(|kv| kv.key == "service.name")
-                                    .and_then(|kv| kv.value.as_ref())
-                                    .and_then(|v| match &v.value {
-                                        Some(Value::StringValue(s)) => Some(s.clone()),
-                                        _ => None,
-                                    })
-                                    .unwrap_or_default();
-                                for scope in resource.scope_spans {
-                                    for span in scope.spans {
-                                        store.push((service.clone(), span));
-                                    }
-                                }
-                            }
-                            let answer = ExportTraceServiceResponse::default().encode_to_vec();
-                            Ok::<_, hyper::Error>(
-                                http::Response::builder()
-                                    .header("content-type", "application/x-protobuf")
-                                    .body(Full::new(Bytes::from(answer)))
-                                    .unwrap(),
-                            )
-                        }
+                        answer(wire, Arc::clone(&store), request)
                     });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let server = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                );
+                match acceptor {
+                    Some(acceptor) => {
+                        let Ok(stream) = acceptor.accept(stream).await else {
+                            return;
+                        };
+                        let _ = server.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                    None => {
+                        let _ = server.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                }
             });
         }
     });
@@ -215,14 +341,30 @@ fn traced_config() -> RouterConfig {
     config
 }
 
+/// [`traced_config`], `/metrics` excluded too: a test that scrapes the
+/// span counters while it waits adds no span of its own to them.
+fn unscraped_config() -> RouterConfig {
+    let mut config = traced_config();
+    config.trace.excluded_paths.push("/metrics".into());
+    config
+}
+
 const PARENT_SPAN: &str = "00f067aa0ba902b7";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_chat_with_one_retry_is_one_trace_continued_into_the_engine() {
     pipeline();
-    // The engine fails its first request with a retryable 503: the router
-    // retries it (the only worker, so the same one) and the second attempt
-    // streams the answer.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let fixture = streamed_chat_with_retry(traced_config(), trace_id).await;
+    let spans = spans_of(&unhex(trace_id), 8).await;
+    check_retry_trace(&spans, &fixture, trace_id);
+}
+
+/// Starts a router (`config`) in front of one engine that fails its first
+/// request with a retryable 503, and sends it a streamed chat in the trace
+/// `trace_id`: the router retries (the only worker, so the same one) and
+/// the second attempt streams the answer.
+async fn streamed_chat_with_retry(config: RouterConfig, trace_id: &str) -> Fixture {
     let engine = EngineConfig {
         faults: FaultConfig {
             fail_first: 1,
@@ -231,8 +373,7 @@ async fn a_streamed_chat_with_one_retry_is_one_trace_continued_into_the_engine()
         },
         ..EngineConfig::default()
     };
-    let fixture = Fixture::start(traced_config(), vec![engine]).await;
-    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let fixture = Fixture::start(config, vec![engine]).await;
     let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
     let (status, _, body) = call(
         fixture.addr,
@@ -249,8 +390,267 @@ async fn a_streamed_chat_with_one_retry_is_one_trace_continued_into_the_engine()
     .await;
     assert_eq!(status, 200, "{body:?}");
     assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
+    fixture
+}
 
-    let spans = spans_of(&unhex(trace_id), 8).await;
+/// A pipeline of a test's own, exporting to `endpoint` over `protocol`,
+/// its layer the subscriber of this thread while the guard lives.
+fn local_pipeline(config: ExportConfig) -> (Arc<Tracing>, tracing::subscriber::DefaultGuard) {
+    let tracing = Arc::new(Tracing::start(&config, tokio::runtime::Handle::current()).unwrap());
+    let subscriber = tracing_subscriber::registry().with(tracing.layer());
+    let guard = tracing::subscriber::set_default(subscriber);
+    (tracing, guard)
+}
+
+/// Flushes `tracing` until `received` holds `count` spans of `trace_id`
+/// (at most 20 s), and returns them.
+async fn spans_received(
+    tracing: &Arc<Tracing>,
+    received: &Received,
+    trace_id: &[u8],
+    count: usize,
+) -> Vec<Span> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let flushing = Arc::clone(tracing);
+        // A failed flush is a failed export: what the caller asserts on.
+        let _ = tokio::task::spawn_blocking(move || flushing.force_flush())
+            .await
+            .unwrap();
+        let spans: Vec<Span> = received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, span)| span.trace_id == trace_id)
+            .map(|(_, span)| span.clone())
+            .collect();
+        if spans.len() >= count || tokio::time::Instant::now() >= deadline {
+            return spans;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The same request as over OTLP/HTTP, exported over OTLP/gRPC (h2c): the
+/// collector decodes the same span tree.
+#[tokio::test(flavor = "current_thread")]
+async fn over_grpc_a_streamed_chat_with_one_retry_is_the_same_trace() {
+    let (addr, received) = collector(Wire::Grpc, false).await;
+    let (tracing, _default) = local_pipeline(ExportConfig {
+        endpoint: format!("http://{addr}"),
+        protocol: Protocol::Grpc,
+        service_name: "router-under-test".into(),
+        scheduled_delay: Duration::from_millis(20),
+        ..ExportConfig::default()
+    });
+    let router_config = RouterConfig {
+        metrics_sources: vec![tracing.metrics_source()],
+        ..unscraped_config()
+    };
+    let trace_id = "5cf92f3577b34da6a3ce929d0e0e4737";
+    let fixture = streamed_chat_with_retry(router_config, trace_id).await;
+    let spans = spans_received(&tracing, &received, &unhex(trace_id), 8).await;
+    check_retry_trace(&spans, &fixture, trace_id);
+    assert!(
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(service, _)| service == "router-under-test")
+    );
+    // Counted as exported, none dropped.
+    let counts = trace_counts(fixture.addr).await;
+    assert_eq!(counts.exported, 8, "{counts:?}");
+    assert_eq!(counts.accounted(), 8, "{counts:?}");
+    drop(fixture);
+    tokio::task::spawn_blocking(move || drop(tracing))
+        .await
+        .unwrap();
+}
+
+/// A collector over TLS, with the router trusting the test CA
+/// ([`ExportConfig::ca_file`]): over HTTPS (HTTP/protobuf) and gRPC over
+/// TLS, a traced request's six spans arrive; trusting another CA instead,
+/// the same export fails the certificate check and is counted as failed.
+#[tokio::test(flavor = "current_thread")]
+async fn over_tls_the_collector_gets_the_spans_only_from_a_router_that_trusts_it() {
+    for (protocol, wire) in [
+        (Protocol::HttpProtobuf, Wire::Http),
+        (Protocol::Grpc, Wire::Grpc),
+    ] {
+        for (ca, trusted) in [("ca.pem", true), ("other-ca.pem", false)] {
+            let (addr, received) = collector(wire, true).await;
+            let endpoint = match protocol {
+                Protocol::Grpc => format!("https://127.0.0.1:{}", addr.port()),
+                _ => format!("https://127.0.0.1:{}/v1/traces", addr.port()),
+            };
+            let (tracing, default) = local_pipeline(ExportConfig {
+                endpoint,
+                protocol,
+                ca_file: Some(tls_file(ca)),
+                scheduled_delay: Duration::from_millis(20),
+                timeout: Duration::from_secs(5),
+                ..ExportConfig::default()
+            });
+            let router_config = RouterConfig {
+                metrics_sources: vec![tracing.metrics_source()],
+                ..unscraped_config()
+            };
+            let fixture = Fixture::start(router_config, vec![EngineConfig::default()]).await;
+            let trace_id = "6df92f3577b34da6a3ce929d0e0e4738";
+            let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+            let (status, _, _) = call(
+                fixture.addr,
+                "POST",
+                "/v1/chat/completions",
+                &[
+                    ("content-type", "application/json"),
+                    ("traceparent", &traceparent),
+                ],
+                chat_body("over tls", false),
+            )
+            .await;
+            assert_eq!(status, 200);
+            let case = format!("{protocol} trusting {ca}");
+            if trusted {
+                let spans = spans_received(&tracing, &received, &unhex(trace_id), 6).await;
+                assert_eq!(spans.len(), 6, "{case}");
+                assert!(
+                    spans.iter().any(|s| s.name == "POST /v1/chat/completions"),
+                    "{case}"
+                );
+                let counts = trace_counts(fixture.addr).await;
+                assert_eq!(
+                    (counts.exported, counts.export_failed),
+                    (6, 0),
+                    "{case}: {counts:?}"
+                );
+            } else {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+                let counts = loop {
+                    let flushing = Arc::clone(&tracing);
+                    let _ = tokio::task::spawn_blocking(move || flushing.force_flush())
+                        .await
+                        .unwrap();
+                    let counts = trace_counts(fixture.addr).await;
+                    if counts.export_failed >= 6 || tokio::time::Instant::now() >= deadline {
+                        break counts;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                };
+                assert_eq!(
+                    (counts.exported, counts.export_failed),
+                    (0, 6),
+                    "{case}: {counts:?}"
+                );
+                assert!(received.lock().unwrap().is_empty(), "{case}");
+            }
+            drop(fixture);
+            drop(default);
+            tokio::task::spawn_blocking(move || drop(tracing))
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// How an OTLP/gRPC collector fails a test.
+#[derive(Debug, Clone, Copy)]
+enum Failing {
+    /// Nothing listens on the port: connections are refused.
+    Down,
+    /// Connections are accepted and never answered.
+    Hanging,
+    /// Every call is answered with a non-zero `grpc-status`.
+    Refusing,
+}
+
+/// Over gRPC, a collector that is down, hangs or refuses every call costs
+/// requests nothing, and every span is counted dropped: none exported,
+/// failed exports as `export_failed`.
+#[tokio::test(flavor = "current_thread")]
+async fn over_grpc_a_failing_collector_costs_requests_nothing_and_drops_are_counted() {
+    for failing in [Failing::Down, Failing::Hanging, Failing::Refusing] {
+        let addr = match failing {
+            Failing::Down => {
+                let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                listener.local_addr().unwrap()
+                // Dropped here: nothing listens on the port any more.
+            }
+            Failing::Hanging => {
+                let hanging = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let addr = hanging.local_addr().unwrap();
+                tokio::spawn(async move {
+                    let mut held = Vec::new();
+                    while let Ok((stream, _)) = hanging.accept().await {
+                        held.push(stream);
+                    }
+                });
+                addr
+            }
+            Failing::Refusing => collector(Wire::GrpcRefusing, false).await.0,
+        };
+        // The export's timeout (1 s) is long next to a request: 20
+        // requests that waited for the export even once each would take
+        // 20 s.
+        let (tracing, default) = local_pipeline(ExportConfig {
+            endpoint: format!("http://{addr}"),
+            protocol: Protocol::Grpc,
+            max_queue_size: 4,
+            scheduled_delay: Duration::from_millis(10),
+            timeout: Duration::from_secs(1),
+            ..ExportConfig::default()
+        });
+        let router_config = RouterConfig {
+            metrics_sources: vec![tracing.metrics_source()],
+            ..unscraped_config()
+        };
+        let fixture = Fixture::start(router_config, vec![EngineConfig::default()]).await;
+        let started = std::time::Instant::now();
+        for _ in 0..20 {
+            let (status, _, _) = call(
+                fixture.addr,
+                "POST",
+                "/v1/chat/completions",
+                &[("content-type", "application/json")],
+                chat_body("collector fails", false),
+            )
+            .await;
+            assert_eq!(status, 200, "{failing:?}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{failing:?}: {:?}",
+            started.elapsed()
+        );
+        // Every one of the 20 requests' 6 spans accounted for, none
+        // exported, failed exports counted.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let counts = loop {
+            let counts = trace_counts(fixture.addr).await;
+            if counts.export_failed > 0 && counts.accounted() == 120 && counts.queued == 0
+                || tokio::time::Instant::now() >= deadline
+            {
+                break counts;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(counts.export_failed > 0, "{failing:?}: {counts:?}");
+        assert_eq!(counts.exported, 0, "{failing:?}: {counts:?}");
+        assert_eq!(counts.accounted(), 120, "{failing:?}: {counts:?}");
+        drop(fixture);
+        drop(default);
+        tokio::task::spawn_blocking(move || drop(tracing))
+            .await
+            .unwrap();
+    }
+}
+
+/// The trace of a streamed chat with one retry (the engine's first answer
+/// a 503), as the collector decoded it: a server span continuing the
+/// client's context, the phases, two decisions and two attempts, each
+/// attempt's context received by the engine.
+fn check_retry_trace(spans: &[Span], fixture: &Fixture, trace_id: &str) {
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(spans.len(), 8, "{names:?}");
 

@@ -105,8 +105,10 @@ const IGNORED_FLAGS: [&str; 2] = ["cors_allowed_origins", "backend"];
 
 /// The trace settings, which do nothing without `--enable-trace` (as in
 /// vllm-router): reported as ignored then.
-const TRACE_FLAGS: [&str; 3] = [
+const TRACE_FLAGS: [&str; 5] = [
     "otlp_traces_endpoint",
+    "otlp_traces_protocol",
+    "otlp_traces_ca_file",
     "otel_sampling_ratio",
     "otel_excluded_paths",
 ];
