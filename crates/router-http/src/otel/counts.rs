@@ -1,0 +1,165 @@
+//! What became of every span: admitted, dropped, exported or failed.
+
+use super::*;
+
+/// What became of the spans given to a pipeline: shared by its
+/// [`CountingProcessor`] (admitted or dropped at once) and its
+/// [`CountingExporter`] (exported or failed).
+#[derive(Debug, Default)]
+pub(super) struct SpanCounts {
+    /// Spans admitted and not yet through an export.
+    pub(super) queued: AtomicUsize,
+    pub(super) exported: crate::metrics::Counter,
+    pub(super) queue_full: crate::metrics::Counter,
+    pub(super) export_failed: crate::metrics::Counter,
+    pub(super) shutdown: crate::metrics::Counter,
+}
+
+impl SpanCounts {
+    /// Takes one place in the queue, or none when `capacity` are taken.
+    fn admit(&self, capacity: usize) -> bool {
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < capacity).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// `spans` admitted spans went through an export, accepted or not.
+    fn settle(&self, spans: usize, exported: bool) {
+        let _ = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(spans))
+            });
+        let spans = u64::try_from(spans).unwrap_or(u64::MAX);
+        if exported {
+            self.exported.add(spans);
+        } else {
+            self.export_failed.add(spans);
+        }
+    }
+
+    pub(super) fn render(&self, exposition: &mut crate::metrics::Exposition<'_>) {
+        use crate::metrics::MetricType;
+        exposition
+            .family(
+                "router_trace_spans_exported_total",
+                MetricType::Counter,
+                "Trace spans the OTLP collector accepted.",
+            )
+            .sample(&[], self.exported.get());
+        let mut dropped = exposition.family(
+            "router_trace_spans_dropped_total",
+            MetricType::Counter,
+            "Trace spans that never reached the collector, by reason (queue_full: the export queue was full; export_failed: the collector refused the batch or did not answer in time; shutdown: ended after the export stopped).",
+        );
+        dropped.sample(&[("reason", &"queue_full")], self.queue_full.get());
+        dropped.sample(&[("reason", &"export_failed")], self.export_failed.get());
+        dropped.sample(&[("reason", &"shutdown")], self.shutdown.get());
+        let queued = u64::try_from(self.queued.load(Ordering::Relaxed)).unwrap_or(u64::MAX);
+        exposition
+            .family(
+                "router_trace_spans_queued",
+                MetricType::Gauge,
+                "Trace spans waiting for export or in an export under way.",
+            )
+            .sample(&[], queued);
+    }
+}
+
+/// The SDK's batch processor behind a bound of its own: a span finding
+/// `capacity` spans queued is dropped and counted, so the SDK's queue
+/// (as large) never fills and never drops a span uncounted. `on_end` is
+/// one atomic update before the SDK's non-blocking send.
+#[derive(Debug)]
+pub(super) struct CountingProcessor {
+    pub(super) inner: BatchSpanProcessor,
+    pub(super) counts: Arc<SpanCounts>,
+    pub(super) capacity: usize,
+    pub(super) stopped: AtomicBool,
+}
+
+impl SpanProcessor for CountingProcessor {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if self.stopped.load(Ordering::Relaxed) {
+            self.counts.shutdown.inc();
+        } else if self.counts.admit(self.capacity) {
+            self.inner.on_end(span);
+        } else {
+            self.counts.queue_full.inc();
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.stopped.store(true, Ordering::Relaxed);
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The OTLP exporter, counting each batch's spans as exported or failed
+/// when its export ends (or is abandoned).
+#[derive(Debug)]
+pub(super) struct CountingExporter<E> {
+    pub(super) inner: E,
+    pub(super) counts: Arc<SpanCounts>,
+}
+
+/// Settles a batch once: as its export's result, or as failed if the
+/// export future is dropped before its end.
+pub(super) struct Settle {
+    pub(super) counts: Arc<SpanCounts>,
+    pub(super) spans: usize,
+    pub(super) exported: bool,
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        self.counts.settle(self.spans, self.exported);
+    }
+}
+
+impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
+    fn export(
+        &self,
+        batch: Vec<SpanData>,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        let settle = Settle {
+            counts: Arc::clone(&self.counts),
+            spans: batch.len(),
+            exported: false,
+        };
+        let export = self.inner.export(batch);
+        async move {
+            // The whole guard moves in (not only the field written below).
+            let mut settle = settle;
+            let result = export.await;
+            settle.exported = result.is_ok();
+            result
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
