@@ -1,7 +1,21 @@
 //! Cache-aware routing: prefix affinity from a radix tree, a per-request
 //! load gate, and fair ties.
 //!
-//! # The decision
+//! # The decision on token ids: the least expected cost
+//!
+//! Token input ([`TokenChoice::Cost`], the default) is placed as `kv_aware`
+//! places it ([`cost`]): one walk of the model's token tree
+//! gives every worker its own match
+//! ([`TokenTree::prefix_match_tenants_symbols`]), counted in whole KV
+//! blocks; the worker of least `(blocks − held) + load_weight × load`
+//! takes the request (the load weight lowered under the fleet's cache
+//! pressure, a softmax draw with a temperature), then the tokens are
+//! inserted for it. Every worker is credited its own match: a template
+//! header that all workers hold counts for all of them, so it draws
+//! nobody's queue longer. [`TokenChoice::Gate`] (policy name
+//! `cache_aware_gate`) keeps the threshold gate below for tokens too.
+//!
+//! # The decision on text (and on tokens with the gate)
 //!
 //! 1. Match the request's routing text (or token ids) against the model's
 //!    tree: `(tenant, matched, input)`.
@@ -35,14 +49,17 @@
 //! request racing with a removal cannot leave the removed worker's
 //! affinity behind.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize as HintCell;
 use std::time::Duration;
 
-use radix_affinity::{Clock, MemoryBudget, PrefixMatch, TenantId, TextTree, TokenTree};
+use radix_affinity::{
+    Clock, MemoryBudget, PrefixMatch, TenantId, TenantMatches, TextTree, TokenTree,
+};
 
-use super::cost::CostModel;
+use super::cost::{self, CostModel, Scored};
 use super::{fair_least_loaded, find_candidate, min_available_load};
 use crate::backend::Backend;
 use crate::context::{RequestContext, RoutingInput};
@@ -50,6 +67,7 @@ use crate::decision::{Decision, DecisionReason};
 use crate::error::PolicyError;
 use crate::membership::MembershipEvent;
 use crate::policy::{Policy, PolicyState, TreeStats};
+use crate::rng::SharedRng;
 use crate::sync::{AtomicUsize, Mutex, Ordering, RwLock};
 
 /// How cache-aware decides that affinity must yield to load.
@@ -66,6 +84,23 @@ pub enum LoadGate {
     /// thresholds, ignore affinity for every request. For comparison in
     /// simulations; not recommended.
     FleetWide,
+}
+
+/// How cache-aware places token input (text input always goes through the
+/// threshold and [`LoadGate`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
+pub enum TokenChoice {
+    /// The worker of least expected cost ([`CostModel`]), each credited
+    /// with its own match in whole blocks, as `kv_aware` chooses (the
+    /// default; see the [module docs](self)).
+    #[default]
+    Cost,
+    /// The threshold and load gate, as for text (policy name
+    /// `cache_aware_gate`). For comparison.
+    Gate,
 }
 
 /// Default of [`CacheAwareConfig::max_tree_bytes`]: 1 GiB. A 1 KB chat
@@ -137,10 +172,15 @@ pub struct CacheAwareConfig {
     /// configuration.
     #[cfg_attr(feature = "serde", serde(skip))]
     pub tree_clock: Clock,
-    /// The expected-cost choice of `kv_aware` (its load weight and softmax
-    /// temperature); the gated policies ignore it. Default
-    /// [`CostModel::default`].
+    /// The expected-cost choice of `kv_aware` and of `cache_aware` on token
+    /// input (its load weight, cache pressure and softmax temperature);
+    /// the gated policies ignore it. Default [`CostModel::default`].
     pub cost: CostModel,
+    /// How `cache_aware` places token input: by the cost (default) or by
+    /// the threshold gate. `cache_aware_gate` forces [`TokenChoice::Gate`],
+    /// `cache_aware_fleet_gate` always gates; `kv_aware` decides tokens
+    /// itself and ignores it.
+    pub token_choice: TokenChoice,
     /// `kv_aware`'s soft session affinity: a request whose session key
     /// ([`HashKeys::first`](crate::HashKeys::first)) was placed
     /// within this long goes to the same worker, unless it is unavailable
@@ -164,6 +204,7 @@ impl Default for CacheAwareConfig {
             gate: LoadGate::PerRequest,
             tree_clock: Clock::Coarse,
             cost: CostModel::default(),
+            token_choice: TokenChoice::default(),
             session_affinity_ttl: Duration::ZERO,
         }
     }
@@ -455,6 +496,19 @@ pub struct CacheAware {
     /// then `models`.
     fleet: Mutex<Vec<(Arc<str>, bool)>>,
     rotation: AtomicUsize,
+    /// The draws of a softmax temperature (token input by cost).
+    rng: SharedRng,
+}
+
+/// Per-thread buffers of the cost choice, reused across decisions.
+#[derive(Default)]
+struct Scratch {
+    matches: TenantMatches,
+    scores: Vec<Scored>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 impl std::fmt::Debug for CacheAware {
@@ -470,6 +524,12 @@ impl CacheAware {
     /// A policy with no trees yet (each model's tree is created with its
     /// first request).
     pub fn new(config: CacheAwareConfig) -> Result<Self, PolicyError> {
+        Self::with_seed(config, crate::rng::random_seed())
+    }
+
+    /// [`new`](Self::new) with the softmax draws of a non-zero
+    /// [`CostModel::temperature`] seeded (reproducible runs).
+    pub fn with_seed(config: CacheAwareConfig, seed: u64) -> Result<Self, PolicyError> {
         config.validate()?;
         let budget = config
             .tree_budget
@@ -481,6 +541,7 @@ impl CacheAware {
             models: RwLock::new(HashMap::new()),
             fleet: Mutex::new(Vec::new()),
             rotation: AtomicUsize::new(0),
+            rng: SharedRng::new(seed),
         })
     }
 
@@ -581,12 +642,96 @@ impl CacheAware {
             .map(|(i, _)| Decision::new(i, reason))
     }
 
+    /// Whether token input is placed by the cost (else by the gate).
+    fn tokens_by_cost(&self) -> bool {
+        self.config.gate == LoadGate::PerRequest && self.config.token_choice == TokenChoice::Cost
+    }
+
+    /// The least-cost candidate for `tokens` (see the [module docs](self)).
+    /// Reasons: `cache_hit` when the winner holds a prefix and no
+    /// available candidate holds a longer one, `cache_overloaded` when one
+    /// does but its load outweighed it, `cache_low_match` when the winner
+    /// holds nothing.
+    fn decide_by_cost<B: Backend>(
+        &self,
+        state: &ModelState,
+        candidates: &[B],
+        tokens: &[u32],
+        scratch: &mut Scratch,
+    ) -> Option<Decision> {
+        let block_size = self.config.block_size;
+        let Scratch { matches, scores } = scratch;
+        state.tokens.prefix_match_tenants_symbols(tokens, matches);
+        scores.clear();
+        {
+            let table = state.members.read();
+            for (tenant, matched) in matches.iter() {
+                // Only whole blocks are reused by the engine.
+                let held = matched / block_size;
+                if held == 0 {
+                    continue;
+                }
+                let slot = table
+                    .by_token_tenant
+                    .get(tenant.index() as usize)
+                    .copied()
+                    .flatten()
+                    .map(|slot| &table.slots[slot])
+                    // Removed after its holds were read: no owner.
+                    .filter(|slot| slot.live);
+                if let Some(slot) = slot
+                    && let Some(i) = find_candidate(&slot.key, &slot.hint, candidates)
+                {
+                    scores.push(Scored::new(i, held, false));
+                }
+            }
+        }
+        let blocks = tokens.len() / block_size;
+        let model = &self.config.cost;
+        // Every scored candidate is a live member, and an unscored one is
+        // any candidate the host offers, as the gate's fallback takes.
+        let chosen = if model.temperature > 0.0 {
+            let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+            let model = model.for_fleet(candidates);
+            cost::softmax(&model, candidates, blocks, scores, draw, |_| true)?
+        } else {
+            let start = self.rotation.fetch_add(1, Ordering::Relaxed);
+            cost::least_cost(model, candidates, blocks, scores, start, |_| true)?
+        };
+        let most = scores
+            .iter()
+            .filter(|s| candidates[s.index].is_available())
+            .map(|s| s.blocks)
+            .max()
+            .unwrap_or(0);
+        let reason = if chosen.blocks < most {
+            DecisionReason::CacheOverloaded
+        } else if chosen.blocks == 0 {
+            DecisionReason::CacheLowMatch
+        } else {
+            DecisionReason::CacheHit
+        };
+        let rate = (chosen.blocks * block_size) as f64 / tokens.len() as f64;
+        Some(Decision::new(chosen.index, reason).with_match_rate(rate))
+    }
+
     fn decide<B: Backend>(
         &self,
         state: &ModelState,
         candidates: &[B],
         ctx: &RequestContext<'_>,
     ) -> Option<Decision> {
+        if let RoutingInput::Tokens(tokens) = ctx.routing
+            && !tokens.is_empty()
+            && self.tokens_by_cost()
+        {
+            return SCRATCH.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut scratch) => self.decide_by_cost(state, candidates, tokens, &mut scratch),
+                // Re-entered on this thread (a host's backend calling
+                // back): fresh buffers rather than a panic.
+                Err(_) => self.decide_by_cost(state, candidates, tokens, &mut Scratch::default()),
+            });
+        }
         if self.config.gate == LoadGate::FleetWide && self.fleet_imbalanced(candidates) {
             return self.least_loaded(candidates, DecisionReason::CacheFleetImbalance);
         }
@@ -660,9 +805,10 @@ impl<B: Backend> Policy<B> for CacheAware {
 
 impl PolicyState for CacheAware {
     fn name(&self) -> &str {
-        match self.config.gate {
-            LoadGate::PerRequest => "cache_aware",
-            LoadGate::FleetWide => "cache_aware_fleet_gate",
+        match (self.config.gate, self.config.token_choice) {
+            (LoadGate::FleetWide, _) => "cache_aware_fleet_gate",
+            (LoadGate::PerRequest, TokenChoice::Cost) => "cache_aware",
+            (LoadGate::PerRequest, TokenChoice::Gate) => "cache_aware_gate",
         }
     }
     fn on_membership(&self, event: MembershipEvent<'_>) {
