@@ -30,7 +30,7 @@ pub const BUILTIN_POLICIES: [&str; 9] = [
     "consistent_hash",
     "rendezvous_hash",
     "cache_aware",
-    "cache_aware_gate",
+    "cache_aware_cost",
     "cache_aware_fleet_gate",
 ];
 
@@ -56,8 +56,8 @@ pub struct PolicyConfig {
     /// Seed for the random policies (`random`, `power_of_two`); `None`
     /// (default) seeds differently in every process.
     pub seed: Option<u64>,
-    /// Knobs of `cache_aware` / `cache_aware_gate` / `cache_aware_fleet_gate`
-    /// (the second forces [`TokenChoice::Gate`], the third
+    /// Knobs of `cache_aware` / `cache_aware_cost` / `cache_aware_fleet_gate`
+    /// (the second forces [`TokenChoice::Cost`], the third
     /// [`LoadGate::FleetWide`]).
     pub cache_aware: CacheAwareConfig,
     /// Knobs of `consistent_hash`.
@@ -128,10 +128,10 @@ pub fn build_builtin<B: Backend>(config: &PolicyConfig) -> Result<Box<dyn Policy
         "least_loaded" => Box::new(LeastLoaded::new()),
         "consistent_hash" => Box::new(ConsistentHash::new(config.consistent_hash.clone())?),
         "rendezvous_hash" => Box::new(RendezvousHash::new()),
-        "cache_aware" | "cache_aware_gate" | "cache_aware_fleet_gate" => {
+        "cache_aware" | "cache_aware_cost" | "cache_aware_fleet_gate" => {
             let mut knobs = config.cache_aware.clone();
             match config.name.as_str() {
-                "cache_aware_gate" => knobs.token_choice = TokenChoice::Gate,
+                "cache_aware_cost" => knobs.token_choice = TokenChoice::Cost,
                 "cache_aware_fleet_gate" => knobs.gate = LoadGate::FleetWide,
                 _ => {}
             }

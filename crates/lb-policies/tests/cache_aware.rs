@@ -395,7 +395,7 @@ fn token_matches_count_in_whole_blocks() {
     let mut config = CacheAwareConfig::default();
     config.block_size = 16;
     config.cache_threshold = 0.5;
-    // The threshold is the gate's; the default cost has none.
+    // The threshold is the gate's (the default); the cost has none.
     config.token_choice = TokenChoice::Gate;
     let p = CacheAware::new(config).unwrap();
     let select_tokens = |tokens: &[u32]| {
@@ -582,7 +582,7 @@ fn affinity_sizes_follow_inserts_and_removals() {
     );
 }
 
-/// Token input under the default [`TokenChoice::Cost`] and under the gate.
+/// Token input under the cost (`cache_aware_cost`) and under the gate.
 fn token_policy(choice: TokenChoice) -> CacheAware {
     let mut config = CacheAwareConfig::default();
     config.token_choice = choice;
@@ -696,12 +696,12 @@ fn text_input_keeps_the_gate_under_the_cost() {
     assert_eq!(select(&p, &fleet, &text), (owner, DecisionReason::CacheHit));
 }
 
-/// The names: `cache_aware` places tokens by the cost, `cache_aware_gate`
-/// by the gate, each reporting its own name.
+/// The names: `cache_aware` places tokens by the gate (the default),
+/// `cache_aware_cost` by the cost, each reporting its own name.
 #[test]
-fn the_gate_is_reachable_by_name() {
+fn the_cost_is_reachable_by_name() {
     use lb_policies::{PolicyConfig, build_builtin};
-    for (name, gate) in [("cache_aware", false), ("cache_aware_gate", true)] {
+    for (name, gate) in [("cache_aware", true), ("cache_aware_cost", false)] {
         let p: Box<dyn Policy<BasicBackend>> =
             build_builtin(&PolicyConfig::named(name)).expect("builds");
         assert_eq!(p.name(), name);

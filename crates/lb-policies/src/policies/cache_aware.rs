@@ -1,21 +1,22 @@
 //! Cache-aware routing: prefix affinity from a radix tree, a per-request
 //! load gate, and fair ties.
 //!
-//! # The decision on token ids: the least expected cost
+//! # `cache_aware_cost`: token ids by the least expected cost
 //!
-//! Token input ([`TokenChoice::Cost`], the default) is placed as `kv_aware`
-//! places it ([`cost`]): one walk of the model's token tree
-//! gives every worker its own match
+//! With [`TokenChoice::Cost`] (policy name `cache_aware_cost`), token input
+//! is placed as `kv_aware` places it ([`cost`]): one walk of the model's
+//! token tree gives every worker its own match
 //! ([`TokenTree::prefix_match_tenants_symbols`]), counted in whole KV
 //! blocks; the worker of least `(blocks − held) + load_weight × load`
 //! takes the request (the load weight lowered under the fleet's cache
 //! pressure, a softmax draw with a temperature), then the tokens are
-//! inserted for it. Every worker is credited its own match: a template
-//! header that all workers hold counts for all of them, so it draws
-//! nobody's queue longer. [`TokenChoice::Gate`] (policy name
-//! `cache_aware_gate`) keeps the threshold gate below for tokens too.
+//! inserted for it. Every worker is credited its own match, so a template
+//! header that all workers hold counts for all of them. Text input keeps
+//! the gate below. Not the default: on the simulator it lost to the gate
+//! on the `templated` workload and at 1,536 blocks (docs/benchmarks.md,
+//! "cache_aware on tokens by the cost").
 //!
-//! # The decision on text (and on tokens with the gate)
+//! # The decision (the default, text and tokens)
 //!
 //! 1. Match the request's routing text (or token ids) against the model's
 //!    tree: `(tenant, matched, input)`.
@@ -93,14 +94,13 @@ pub enum LoadGate {
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum TokenChoice {
-    /// The worker of least expected cost ([`CostModel`]), each credited
-    /// with its own match in whole blocks, as `kv_aware` chooses (the
-    /// default; see the [module docs](self)).
+    /// The threshold and load gate, as for text (the default).
     #[default]
-    Cost,
-    /// The threshold and load gate, as for text (policy name
-    /// `cache_aware_gate`). For comparison.
     Gate,
+    /// The worker of least expected cost ([`CostModel`]), each credited
+    /// with its own match in whole blocks, as `kv_aware` chooses (policy
+    /// name `cache_aware_cost`; see the [module docs](self)).
+    Cost,
 }
 
 /// Default of [`CacheAwareConfig::max_tree_bytes`]: 1 GiB. A 1 KB chat
@@ -172,14 +172,14 @@ pub struct CacheAwareConfig {
     /// configuration.
     #[cfg_attr(feature = "serde", serde(skip))]
     pub tree_clock: Clock,
-    /// The expected-cost choice of `kv_aware` and of `cache_aware` on token
-    /// input (its load weight, cache pressure and softmax temperature);
+    /// The expected-cost choice of `kv_aware` and of `cache_aware_cost` on
+    /// token input (its load weight, cache pressure and softmax temperature);
     /// the gated policies ignore it. Default [`CostModel::default`].
     pub cost: CostModel,
-    /// How `cache_aware` places token input: by the cost (default) or by
-    /// the threshold gate. `cache_aware_gate` forces [`TokenChoice::Gate`],
-    /// `cache_aware_fleet_gate` always gates; `kv_aware` decides tokens
-    /// itself and ignores it.
+    /// How cache-aware places token input: by the threshold gate (the
+    /// default) or by the cost. `cache_aware_cost` forces
+    /// [`TokenChoice::Cost`]; `cache_aware_fleet_gate` always gates;
+    /// `kv_aware` decides tokens itself and ignores it.
     pub token_choice: TokenChoice,
     /// `kv_aware`'s soft session affinity: a request whose session key
     /// ([`HashKeys::first`](crate::HashKeys::first)) was placed
@@ -807,8 +807,8 @@ impl PolicyState for CacheAware {
     fn name(&self) -> &str {
         match (self.config.gate, self.config.token_choice) {
             (LoadGate::FleetWide, _) => "cache_aware_fleet_gate",
-            (LoadGate::PerRequest, TokenChoice::Cost) => "cache_aware",
-            (LoadGate::PerRequest, TokenChoice::Gate) => "cache_aware_gate",
+            (LoadGate::PerRequest, TokenChoice::Gate) => "cache_aware",
+            (LoadGate::PerRequest, TokenChoice::Cost) => "cache_aware_cost",
         }
     }
     fn on_membership(&self, event: MembershipEvent<'_>) {
