@@ -1,5 +1,6 @@
 //! Per-decision cost of `kv_aware` (feature `kv-block-index`) at 8, 64 and 1,000
-//! workers, beside `cache_aware` on the same token requests.
+//! workers, beside `cache_aware` on the same token requests (by its gate,
+//! and by the cost, `cache_aware_cost`).
 //!
 //! ```text
 //! cargo run --release -p lb-policies --features kv-block-index --example kv_aware_bench -- --json
@@ -22,7 +23,7 @@ use std::time::Instant;
 use kv_block_index::{EngineHash, IndexConfig, KvEvent, KvIndex};
 use lb_policies::{
     Backend, BasicBackend, CacheAware, CacheAwareConfig, KvAware, KvSources, KvStreams,
-    MembershipEvent, Policy, PolicyState, RequestContext,
+    MembershipEvent, Policy, PolicyState, RequestContext, TokenChoice,
 };
 use radix_affinity::workload::{self, Variant, Workload};
 
@@ -111,10 +112,14 @@ fn main() {
         )
         .expect("valid");
         let cache = CacheAware::new(CacheAwareConfig::default()).expect("valid");
+        let mut by_cost = CacheAwareConfig::default();
+        by_cost.token_choice = TokenChoice::Cost;
+        let cache_cost = CacheAware::new(by_cost).expect("valid");
         for b in &fleet {
             kv.on_membership(MembershipEvent::Added { key: b.key() });
             gate.on_membership(MembershipEvent::Added { key: b.key() });
             cache.on_membership(MembershipEvent::Added { key: b.key() });
+            cache_cost.on_membership(MembershipEvent::Added { key: b.key() });
         }
         for (n, (owner, tokens)) in warm.iter().enumerate() {
             let w = owner % workers;
@@ -133,6 +138,7 @@ fn main() {
             kv.select(&fleet[w..=w], &ctx);
             gate.select(&fleet[w..=w], &ctx);
             cache.select(&fleet[w..=w], &ctx);
+            cache_cost.select(&fleet[w..=w], &ctx);
         }
         for (label, live) in [("all_live", 2usize), ("half_live", 1), ("none_live", 0)] {
             for (i, id) in ids.iter().enumerate() {
@@ -156,6 +162,11 @@ fn main() {
         }
         let figures = run(&cache, &fleet, &route);
         rows.push((workers, "cache_aware_tokens".to_owned(), figures));
+        for b in &fleet {
+            b.set_load(0);
+        }
+        let figures = run(&cache_cost, &fleet, &route);
+        rows.push((workers, "cache_aware_cost_tokens".to_owned(), figures));
         eprintln!(
             "{workers} workers: index {} blocks, {} pairs",
             index.stats().blocks,

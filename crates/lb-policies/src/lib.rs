@@ -127,7 +127,9 @@ pub use context::{
 pub use decision::{Decision, DecisionCounters, DecisionCounts, DecisionReason};
 pub use error::PolicyError;
 pub use membership::MembershipEvent;
-pub use policies::cache_aware::{CacheAware, CacheAwareConfig, DEFAULT_MAX_TREE_BYTES, LoadGate};
+pub use policies::cache_aware::{
+    CacheAware, CacheAwareConfig, DEFAULT_MAX_TREE_BYTES, LoadGate, TokenChoice,
+};
 pub use policies::consistent_hash::{ConsistentHash, ConsistentHashConfig};
 pub use policies::cost::{
     CostModel, DEFAULT_EVICTION_WEIGHT, DEFAULT_HOST_PENALTY, DEFAULT_LOAD_WEIGHT,

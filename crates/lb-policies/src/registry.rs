@@ -11,7 +11,7 @@ use crate::context::RequestContext;
 use crate::decision::{Decision, DecisionCounts};
 use crate::error::PolicyError;
 use crate::membership::MembershipEvent;
-use crate::policies::cache_aware::{CacheAware, CacheAwareConfig, LoadGate};
+use crate::policies::cache_aware::{CacheAware, CacheAwareConfig, LoadGate, TokenChoice};
 use crate::policies::consistent_hash::{ConsistentHash, ConsistentHashConfig};
 use crate::policies::least_loaded::LeastLoaded;
 use crate::policies::power_of_two::PowerOfTwo;
@@ -22,7 +22,7 @@ use crate::policy::{Counted, Policy, PolicyState, TreeStats};
 use crate::sync::{Mutex, RwLock};
 
 /// The built-in policy names, as on the command line.
-pub const BUILTIN_POLICIES: [&str; 8] = [
+pub const BUILTIN_POLICIES: [&str; 9] = [
     "random",
     "round_robin",
     "power_of_two",
@@ -30,6 +30,7 @@ pub const BUILTIN_POLICIES: [&str; 8] = [
     "consistent_hash",
     "rendezvous_hash",
     "cache_aware",
+    "cache_aware_cost",
     "cache_aware_fleet_gate",
 ];
 
@@ -55,7 +56,8 @@ pub struct PolicyConfig {
     /// Seed for the random policies (`random`, `power_of_two`); `None`
     /// (default) seeds differently in every process.
     pub seed: Option<u64>,
-    /// Knobs of `cache_aware` / `cache_aware_fleet_gate` (the latter forces
+    /// Knobs of `cache_aware` / `cache_aware_cost` / `cache_aware_fleet_gate`
+    /// (the second forces [`TokenChoice::Cost`], the third
     /// [`LoadGate::FleetWide`]).
     pub cache_aware: CacheAwareConfig,
     /// Knobs of `consistent_hash`.
@@ -126,11 +128,17 @@ pub fn build_builtin<B: Backend>(config: &PolicyConfig) -> Result<Box<dyn Policy
         "least_loaded" => Box::new(LeastLoaded::new()),
         "consistent_hash" => Box::new(ConsistentHash::new(config.consistent_hash.clone())?),
         "rendezvous_hash" => Box::new(RendezvousHash::new()),
-        "cache_aware" => Box::new(CacheAware::new(config.cache_aware.clone())?),
-        "cache_aware_fleet_gate" => {
+        "cache_aware" | "cache_aware_cost" | "cache_aware_fleet_gate" => {
             let mut knobs = config.cache_aware.clone();
-            knobs.gate = LoadGate::FleetWide;
-            Box::new(CacheAware::new(knobs)?)
+            match config.name.as_str() {
+                "cache_aware_cost" => knobs.token_choice = TokenChoice::Cost,
+                "cache_aware_fleet_gate" => knobs.gate = LoadGate::FleetWide,
+                _ => {}
+            }
+            Box::new(match config.seed {
+                Some(seed) => CacheAware::with_seed(knobs, seed)?,
+                None => CacheAware::new(knobs)?,
+            })
         }
         "kv_aware" | "kv_aware_gate" => build_kv_aware(config)?,
         other => {

@@ -6,9 +6,10 @@ mod common;
 use common::{announce, fleet, key};
 use lb_policies::{
     Backend, BasicBackend, CacheAware, CacheAwareConfig, DecisionReason, LoadGate, MembershipEvent,
-    Policy, PolicyState, RequestContext,
+    Policy, PolicyState, RequestContext, TokenChoice,
 };
 use proptest::prelude::*;
+use radix_affinity::Clock;
 
 const MODEL: &str = "m";
 
@@ -394,6 +395,8 @@ fn token_matches_count_in_whole_blocks() {
     let mut config = CacheAwareConfig::default();
     config.block_size = 16;
     config.cache_threshold = 0.5;
+    // The threshold is the gate's (the default); the cost has none.
+    config.token_choice = TokenChoice::Gate;
     let p = CacheAware::new(config).unwrap();
     let select_tokens = |tokens: &[u32]| {
         p.select(&fleet[..], &RequestContext::new(MODEL).with_tokens(tokens))
@@ -577,4 +580,139 @@ fn affinity_sizes_follow_inserts_and_removals() {
             .all(|(k, _)| **k != *fleet[owner].key()),
         "a removed worker is no longer listed"
     );
+}
+
+/// Token input under the cost (`cache_aware_cost`) and under the gate.
+fn token_policy(choice: TokenChoice) -> CacheAware {
+    let mut config = CacheAwareConfig::default();
+    config.token_choice = choice;
+    config.tree_clock = Clock::Logical;
+    CacheAware::with_seed(config, 7).expect("default knobs are valid")
+}
+
+/// A template header of `blocks` blocks of 16 tokens, then a request's
+/// own `own` tokens starting at `tag`.
+fn templated(blocks: u32, tag: u32, own: u32) -> Vec<u32> {
+    let mut tokens: Vec<u32> = (0..blocks * 16).collect();
+    tokens.extend(tag..tag + own);
+    tokens
+}
+
+/// The case that sank a cost credited to the tree's best owner alone:
+/// every worker holds a template header, the latest holder is busy, and a
+/// new conversation on the same template arrives. Each worker is credited
+/// its own match, so the header draws nobody's queue longer and an idle
+/// worker takes it; the gate (header above the threshold) sends it to the
+/// busy latest holder.
+#[test]
+fn a_template_header_every_worker_holds_does_not_pile_requests_on_its_latest_holder() {
+    for (choice, want_latest) in [(TokenChoice::Cost, false), (TokenChoice::Gate, true)] {
+        let fleet = fleet(3);
+        let p = token_policy(choice);
+        announce(&p, &fleet);
+        // Each worker gets a conversation on the template (a one-worker
+        // slice decides the placement), worker 2 last.
+        for w in 0..3 {
+            let tokens = templated(4, 10_000 * (w as u32 + 1), 40);
+            let d = p
+                .select(
+                    &fleet[w..=w],
+                    &RequestContext::new(MODEL).with_tokens(&tokens),
+                )
+                .expect("available");
+            assert_eq!(d.index, 0);
+        }
+        let latest = 2;
+        fleet[latest].set_load(3);
+        let fresh = templated(4, 90_000, 16);
+        let d = p
+            .select(&fleet[..], &RequestContext::new(MODEL).with_tokens(&fresh))
+            .expect("available");
+        assert_eq!(
+            d.index == latest,
+            want_latest,
+            "{choice:?}: chose {} (latest holder {latest}), {d:?}",
+            d.index
+        );
+        if choice == TokenChoice::Cost {
+            assert_eq!(
+                d.reason,
+                DecisionReason::CacheHit,
+                "it holds the header too"
+            );
+            assert_eq!(d.match_permille, Some(800), "4 of 5 blocks: {d:?}");
+        }
+    }
+}
+
+/// The cost keeps a conversation on the worker holding its history while
+/// the queue there is worth less than the blocks it saves (load weight 2
+/// blocks per request), and moves it once the queue outweighs them.
+#[test]
+fn a_conversation_stays_with_its_history_until_the_queue_outweighs_it() {
+    let fleet = fleet(2);
+    let p = token_policy(TokenChoice::Cost);
+    announce(&p, &fleet);
+    // 20 blocks of history on one worker.
+    let history: Vec<u32> = (0..320).collect();
+    let owner = p
+        .select(
+            &fleet[..],
+            &RequestContext::new(MODEL).with_tokens(&history),
+        )
+        .expect("available")
+        .index;
+    // Each next turn: the history and 2 blocks of its own, 22 blocks; the
+    // owner costs 2 + 2 × load, the other worker 22.
+    for (turn, (load, stays)) in [(9, true), (11, false)].into_iter().enumerate() {
+        let mut next_turn = history.clone();
+        next_turn.extend((0..32).map(|t| 5_000 + 100 * turn as u32 + t));
+        fleet[owner].set_load(load);
+        let d = p
+            .select(
+                &fleet[..],
+                &RequestContext::new(MODEL).with_tokens(&next_turn),
+            )
+            .expect("available");
+        assert_eq!(d.index == owner, stays, "owner at load {load}: {d:?}");
+        let want = if stays {
+            DecisionReason::CacheHit
+        } else {
+            DecisionReason::CacheOverloaded
+        };
+        assert_eq!(d.reason, want, "owner at load {load}");
+    }
+}
+
+/// Text input keeps the threshold gate whatever the token choice: a long
+/// match stays on its owner although another worker is idle.
+#[test]
+fn text_input_keeps_the_gate_under_the_cost() {
+    let fleet = fleet(2);
+    let p = token_policy(TokenChoice::Cost);
+    let text = prompt(3);
+    let owner = establish(&p, &fleet, &text);
+    fleet[owner].set_load(20);
+    assert_eq!(select(&p, &fleet, &text), (owner, DecisionReason::CacheHit));
+}
+
+/// The names: `cache_aware` places tokens by the gate (the default),
+/// `cache_aware_cost` by the cost, each reporting its own name.
+#[test]
+fn the_cost_is_reachable_by_name() {
+    use lb_policies::{PolicyConfig, build_builtin};
+    for (name, gate) in [("cache_aware", true), ("cache_aware_cost", false)] {
+        let p: Box<dyn Policy<BasicBackend>> =
+            build_builtin(&PolicyConfig::named(name)).expect("builds");
+        assert_eq!(p.name(), name);
+        let fleet = fleet(2);
+        let tokens = templated(4, 10_000, 40);
+        let ctx = RequestContext::new(MODEL).with_tokens(&tokens);
+        let owner = p.select(&fleet[..], &ctx).expect("available").index;
+        fleet[owner].set_load(11);
+        let d = p.select(&fleet[..], &ctx).expect("available");
+        // All 6 blocks held: the gate stays (11 is far below its margin of
+        // 64), the cost moves (6 blocks to compute < 2 × 11 of queue).
+        assert_eq!(d.index == owner, gate, "{name}: {d:?}");
+    }
 }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::{Clock, MemoryBudget, RadixTree, Symbol, TenantId, TextTree, TokenTree};
+use crate::{Clock, MemoryBudget, RadixTree, Symbol, TenantId, TenantMatches, TextTree, TokenTree};
 
 /// One operation of a model test. Tenants are small indices into a fixed set
 /// of names interned up front.
@@ -33,7 +33,8 @@ pub enum Op {
         /// Use the `&[char]` entry point instead of `&str`.
         via_symbols: bool,
     },
-    /// `prefix_match_tenant(text, tenant)`.
+    /// `prefix_match_tenant(text, tenant)`, and every tenant's match at
+    /// once (`prefix_match_tenants`, `prefix_match_tenants_symbols`).
     MatchTenant {
         /// Text to look up.
         text: String,
@@ -203,6 +204,14 @@ impl Model {
     /// Chars of `text` that `tenant` holds.
     pub fn prefix_match_tenant(&self, text: &[char], tenant: u8) -> usize {
         self.walk(text, |n| n.owners.contains_key(&tenant)).1
+    }
+
+    /// Chars of `text` that each tenant holds, by tenant index: one
+    /// [`prefix_match_tenant`](Self::prefix_match_tenant) per tenant.
+    pub fn prefix_match_tenants(&self, text: &[char]) -> Vec<usize> {
+        (0..TENANTS)
+            .map(|t| self.prefix_match_tenant(text, t))
+            .collect()
     }
 
     /// Recounted size of `tenant`.
@@ -402,6 +411,27 @@ pub fn check_ops(ops: &[Op]) {
                     want,
                     "step {step}: token prefix_match_tenant({s:?}, {t})"
                 );
+                let want_all = model.prefix_match_tenants(&chars);
+                let mut found = TenantMatches::new();
+                text.prefix_match_tenants(s, &mut found);
+                assert_eq!(
+                    every_tenant(&found, &text_ids),
+                    (want_all.clone(), chars.len()),
+                    "step {step}: text prefix_match_tenants({s:?})"
+                );
+                text.prefix_match_tenants_symbols(&chars, &mut found);
+                assert_eq!(
+                    every_tenant(&found, &text_ids),
+                    (want_all.clone(), chars.len()),
+                    "step {step}: text prefix_match_tenants_symbols({s:?})"
+                );
+                // Reused buffer: the text lookups' matches must not linger.
+                tokens.prefix_match_tenants_symbols(&to_tokens(&chars), &mut found);
+                assert_eq!(
+                    every_tenant(&found, &token_ids),
+                    (want_all, chars.len()),
+                    "step {step}: token prefix_match_tenants_symbols({s:?})"
+                );
             }
             Op::EvictTenants(max) => {
                 text.evict_tenant_by_size(*max);
@@ -558,6 +588,28 @@ fn budgeted<S: Symbol>(
     }
     drop(tree);
     assert_eq!(budget.used(), 0, "a dropped tree gives its bytes back");
+}
+
+/// `found` as one match per harness tenant (by index), and its input
+/// length; panics if it lists a tenant twice, lists one with nothing
+/// matched, or disagrees between `get` and `iter`.
+fn every_tenant(found: &TenantMatches, ids: &[TenantId]) -> (Vec<usize>, usize) {
+    let mut listed = vec![0; ids.len()];
+    for (id, matched) in found.iter() {
+        let t = ids.iter().position(|&i| i == id).expect("a harness tenant");
+        assert_eq!(listed[t], 0, "tenant {t} listed twice");
+        assert!(matched > 0, "tenant {t} listed with nothing matched");
+        assert_eq!(
+            found.get(id),
+            matched,
+            "get and iter disagree on tenant {t}"
+        );
+        listed[t] = matched;
+    }
+    let by_get: Vec<usize> = ids.iter().map(|&id| found.get(id)).collect();
+    assert_eq!(by_get, listed, "get reports a tenant iter does not list");
+    assert_eq!(found.longest(), listed.iter().copied().max().unwrap_or(0));
+    (listed, found.input())
 }
 
 fn to_tokens(chars: &[char]) -> Vec<u32> {

@@ -209,7 +209,7 @@ pub use tenant::TenantId;
 pub use tree::EvictionRecord;
 pub use tree::{
     DEFAULT_EVICTION_SAMPLES, LOW_WATER_DIVISOR, LockWaits, PrefixMatch, REMOVAL_BATCH, RadixTree,
-    TextTree, TokenTree,
+    TenantMatches, TextTree, TokenTree,
 };
 
 /// A broken internal invariant found by [`RadixTree::validate`]; always a bug

@@ -11,7 +11,7 @@
 //!
 //! | operation | shard lock | node locks | allocates |
 //! |---|---|---|---|
-//! | `prefix_match`, `prefix_match_tenant` | shared | none | no |
+//! | `prefix_match`, `prefix_match_tenant`, `prefix_match_tenants` | shared | none | no (once the caller's buffer has grown) |
 //! | `insert` | shared | only the nodes it changes (see `shard/mod.rs`) | the new leaf's label, before any lock; a split's shorter half; a grown array |
 //! | eviction by the limits (inside `insert`, `enforce_limits`) | shared to sample candidates; exclusive for up to 32 node removals in a row | — | sample buffers |
 //! | `evict_tenant_by_size`, `evict_to_total` | shared to collect candidates; exclusive for each node removed | — | candidate heap |
@@ -157,6 +157,98 @@ pub struct PrefixMatch {
     pub matched: usize,
     /// Input length in symbols.
     pub input: usize,
+}
+
+/// Every tenant's own prefix match of one input, filled by
+/// [`RadixTree::prefix_match_tenants_symbols`] (or
+/// [`prefix_match_tenants`](RadixTree::prefix_match_tenants) for text) in
+/// one walk: for each tenant, the symbols matched down to its deepest node
+/// on the input's path, which is what
+/// [`prefix_match_tenant_symbols`](RadixTree::prefix_match_tenant_symbols)
+/// answers for that tenant alone.
+///
+/// A buffer meant to be reused: once it has grown to the tree's tenants,
+/// filling it again does not allocate, and clearing costs one write per
+/// tenant the previous input matched, not one per tenant of the tree.
+#[derive(Clone, Debug, Default)]
+pub struct TenantMatches {
+    /// Matched symbols by dense tenant index; 0 for every tenant not in
+    /// `holders`.
+    matched: Vec<usize>,
+    /// Tenants with a nonzero match, in the order the walk met them.
+    holders: Vec<TenantId>,
+    /// Input length in symbols.
+    input: usize,
+}
+
+impl TenantMatches {
+    /// An empty buffer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Symbols of the input that `tenant` holds (0 for a tenant holding
+    /// none, or one the tree does not know).
+    #[inline]
+    pub fn get(&self, tenant: TenantId) -> usize {
+        self.matched.get(tenant.0 as usize).copied().unwrap_or(0)
+    }
+
+    /// Every tenant holding at least one symbol of the input, with its
+    /// matched length, each once, in no particular order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (TenantId, usize)> + '_ {
+        self.holders
+            .iter()
+            .map(|&t| (t, self.matched[t.0 as usize]))
+    }
+
+    /// How many tenants hold at least one symbol of the input.
+    pub fn len(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// True when no tenant holds any of the input.
+    pub fn is_empty(&self) -> bool {
+        self.holders.is_empty()
+    }
+
+    /// The input's length in symbols.
+    pub fn input(&self) -> usize {
+        self.input
+    }
+
+    /// The longest match of any tenant (0 when none).
+    pub fn longest(&self) -> usize {
+        self.iter().map(|(_, m)| m).max().unwrap_or(0)
+    }
+
+    /// Forgets the previous input's matches, and makes room for `tenants`
+    /// tenants so that filling allocates nothing under the shard lock.
+    fn reset(&mut self, tenants: usize) {
+        for t in self.holders.drain(..) {
+            self.matched[t.0 as usize] = 0;
+        }
+        if self.matched.len() < tenants {
+            self.matched.resize(tenants, 0);
+        }
+        self.holders.reserve(tenants);
+        self.input = 0;
+    }
+
+    /// `tenant` holds a node ending `matched` symbols into the input. The
+    /// walk goes down, so a later call for the same tenant is deeper.
+    #[inline]
+    fn record(&mut self, tenant: u32, matched: usize) {
+        let i = tenant as usize;
+        if i >= self.matched.len() {
+            // A tenant interned after `reset` sized the buffer.
+            self.matched.resize(i + 1, 0);
+        }
+        if self.matched[i] == 0 {
+            self.holders.push(TenantId(tenant));
+        }
+        self.matched[i] = matched;
+    }
 }
 
 /// How often operations found their shard's lock held in a conflicting mode
@@ -401,6 +493,27 @@ impl<S: Symbol> RadixTree<S> {
         match S::as_units(symbols) {
             Some(units) => self.match_tenant_probe(&UnitProbe(units), tenant),
             None => self.match_tenant_probe(&SymbolProbe(symbols), tenant),
+        }
+    }
+
+    /// Every tenant's own match of `symbols` in one walk, into `out` (its
+    /// previous contents are replaced): for each tenant, how many leading
+    /// symbols it holds, as
+    /// [`prefix_match_tenant_symbols`](Self::prefix_match_tenant_symbols)
+    /// would answer for it. One shard read lock, as
+    /// [`prefix_match_symbols`](Self::prefix_match_symbols) takes; the walk
+    /// reads the owners of every node on the input's path. Does not count
+    /// as a use (no stamp changes), and allocates only when `out` is
+    /// smaller than the tree's tenants.
+    ///
+    /// Racing inserts become visible top-down (see the crate docs): a
+    /// tenant whose insert is under way may be reported with a shorter
+    /// match than it will hold, never a longer one than it holds.
+    pub fn prefix_match_tenants_symbols(&self, symbols: &[S], out: &mut TenantMatches) {
+        prefetch(symbols);
+        match S::as_units(symbols) {
+            Some(units) => self.match_tenants_probe(&UnitProbe(units), out),
+            None => self.match_tenants_probe(&SymbolProbe(symbols), out),
         }
     }
 
@@ -808,6 +921,29 @@ impl<S: Symbol> RadixTree<S> {
             .walk(probe, |n| n.owners().owner(tenant.0).is_some())
             .matched
     }
+
+    fn match_tenants_probe<P: Probe<S::Unit>>(&self, probe: &P, out: &mut TenantMatches) {
+        out.reset(self.tenants.count() as usize);
+        let Some(shard) = self.shard_for(probe) else {
+            return;
+        };
+        let end = {
+            let shard = self.read_shard(shard);
+            // A tenant holding a node holds its ancestors, so each tenant's
+            // last record on the way down is its deepest node on the path.
+            shard.walk_visiting(
+                probe,
+                |_| true,
+                |node, matched| {
+                    for owner in node.owners().iter() {
+                        out.record(owner.tenant(), matched);
+                    }
+                },
+            )
+        };
+        // As in `match_probe`: the unmatched tail is counted unlocked.
+        out.input = end.matched + probe.count_rest(end.pos);
+    }
 }
 
 impl RadixTree<char> {
@@ -829,6 +965,13 @@ impl RadixTree<char> {
     /// How many leading chars of `text` `tenant` holds (no stamp changes).
     pub fn prefix_match_tenant(&self, text: &str, tenant: TenantId) -> usize {
         self.match_tenant_probe(&UnitProbe(text.as_bytes()), tenant)
+    }
+
+    /// Every tenant's own match of `text` in one walk, in chars (see
+    /// [`prefix_match_tenants_symbols`](Self::prefix_match_tenants_symbols)).
+    pub fn prefix_match_tenants(&self, text: &str, out: &mut TenantMatches) {
+        prefetch(text.as_bytes());
+        self.match_tenants_probe(&UnitProbe(text.as_bytes()), out);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use radix_affinity::fuzzing::{Op, check_budget_ops, check_ops};
-use radix_affinity::{Clock, TextTree};
+use radix_affinity::{Clock, TenantMatches, TextTree, TokenTree};
 
 /// Texts over a small alphabet so that prefixes are shared often; built from a
 /// few stems so that long shared prefixes (system prompts) occur too.
@@ -48,6 +48,20 @@ proptest! {
 
     #[test]
     fn multibyte_text_matches_model(ops in prop::collection::vec(op(MULTIBYTE), 1..60)) {
+        check_ops(&ops);
+    }
+
+    /// Every tenant's match in one walk (`prefix_match_tenants*`, checked at
+    /// each `MatchTenant` step by `check_ops`) equals one model walk per
+    /// tenant, through inserts that split shared prefixes, evictions and
+    /// removals: sequences weighted towards those lookups.
+    #[test]
+    fn every_tenants_match_equals_a_walk_per_tenant(
+        ops in prop::collection::vec(prop_oneof![
+            3 => op(MULTIBYTE),
+            2 => (text(MULTIBYTE), 0u8..4).prop_map(|(text, tenant)| Op::MatchTenant { text, tenant }),
+        ], 1..80)
+    ) {
         check_ops(&ops);
     }
 
@@ -184,4 +198,61 @@ fn crossing_a_limit_evicts_down_to_the_low_water_mark() {
     assert_eq!(tree.tenant_size(w), limit);
     assert_eq!(tree.evicted(), 2);
     tree.validate().unwrap();
+}
+
+/// A template header every tenant holds, then each tenant's own turns: each
+/// is credited with its own match, not the best holder's.
+#[test]
+fn every_tenant_gets_its_own_match_of_a_shared_header() {
+    let tree = TextTree::with_clock(Clock::Logical);
+    let [a, b, c, d] = ["a", "b", "c", "d"].map(|n| tree.intern(n));
+    tree.insert("sys:hello there", a);
+    tree.insert("sys:help me", b);
+    tree.insert("sys:", c);
+    let mut found = TenantMatches::new();
+    tree.prefix_match_tenants("sys:hello world", &mut found);
+    assert_eq!(
+        [a, b, c, d].map(|t| found.get(t)),
+        [10, 7, 4, 0],
+        "a holds `sys:hello `, b `sys:hel`, c the header, d nothing"
+    );
+    assert_eq!(found.len(), 3);
+    assert_eq!(found.input(), 15);
+    assert_eq!(found.longest(), 10);
+    // The best-match lookup names only a: the others' matches are what it
+    // cannot say.
+    assert_eq!(tree.prefix_match("sys:hello world").tenant, Some(a));
+
+    // Reused for an input nobody holds: the earlier matches are gone.
+    tree.prefix_match_tenants("zzz", &mut found);
+    assert!(found.is_empty());
+    assert_eq!([a, b, c].map(|t| found.get(t)), [0, 0, 0]);
+    assert_eq!(found.input(), 3);
+    tree.prefix_match_tenants("", &mut found);
+    assert_eq!((found.len(), found.input()), (0, 0));
+}
+
+/// Token trees, a tenant interned after the buffer was sized, and a
+/// removed tenant: all answered as one walk per tenant would.
+#[test]
+fn every_tenants_token_match_follows_membership() {
+    let tree = TokenTree::with_clock(Clock::Logical);
+    let a = tree.intern("a");
+    tree.insert_symbols(&[1, 2, 3, 4], a);
+    let mut found = TenantMatches::new();
+    tree.prefix_match_tenants_symbols(&[1, 2, 3, 9], &mut found);
+    assert_eq!(found.iter().collect::<Vec<_>>(), vec![(a, 3)]);
+    let late = tree.intern("late");
+    tree.insert_symbols(&[1, 2], late);
+    tree.prefix_match_tenants_symbols(&[1, 2, 3, 9], &mut found);
+    assert_eq!((found.get(a), found.get(late)), (3, 2));
+    tree.remove_tenant(a);
+    tree.prefix_match_tenants_symbols(&[1, 2, 3, 9], &mut found);
+    assert_eq!((found.get(a), found.get(late)), (0, 2));
+    for t in [a, late] {
+        assert_eq!(
+            found.get(t),
+            tree.prefix_match_tenant_symbols(&[1, 2, 3, 9], t)
+        );
+    }
 }

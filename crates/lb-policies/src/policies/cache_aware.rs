@@ -1,7 +1,22 @@
 //! Cache-aware routing: prefix affinity from a radix tree, a per-request
 //! load gate, and fair ties.
 //!
-//! # The decision
+//! # `cache_aware_cost`: token ids by the least expected cost
+//!
+//! With [`TokenChoice::Cost`] (policy name `cache_aware_cost`), token input
+//! is placed as `kv_aware` places it ([`cost`]): one walk of the model's
+//! token tree gives every worker its own match
+//! ([`TokenTree::prefix_match_tenants_symbols`]), counted in whole KV
+//! blocks; the worker of least `(blocks − held) + load_weight × load`
+//! takes the request (the load weight lowered under the fleet's cache
+//! pressure, a softmax draw with a temperature), then the tokens are
+//! inserted for it. Every worker is credited its own match, so a template
+//! header that all workers hold counts for all of them. Text input keeps
+//! the gate below. Not the default: on the simulator it lost to the gate
+//! on the `templated` workload and at 1,536 blocks (docs/benchmarks.md,
+//! "cache_aware on tokens by the cost").
+//!
+//! # The decision (the default, text and tokens)
 //!
 //! 1. Match the request's routing text (or token ids) against the model's
 //!    tree: `(tenant, matched, input)`.
@@ -35,14 +50,17 @@
 //! request racing with a removal cannot leave the removed worker's
 //! affinity behind.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize as HintCell;
 use std::time::Duration;
 
-use radix_affinity::{Clock, MemoryBudget, PrefixMatch, TenantId, TextTree, TokenTree};
+use radix_affinity::{
+    Clock, MemoryBudget, PrefixMatch, TenantId, TenantMatches, TextTree, TokenTree,
+};
 
-use super::cost::CostModel;
+use super::cost::{self, CostModel, Scored};
 use super::{fair_least_loaded, find_candidate, min_available_load};
 use crate::backend::Backend;
 use crate::context::{RequestContext, RoutingInput};
@@ -50,6 +68,7 @@ use crate::decision::{Decision, DecisionReason};
 use crate::error::PolicyError;
 use crate::membership::MembershipEvent;
 use crate::policy::{Policy, PolicyState, TreeStats};
+use crate::rng::SharedRng;
 use crate::sync::{AtomicUsize, Mutex, Ordering, RwLock};
 
 /// How cache-aware decides that affinity must yield to load.
@@ -66,6 +85,22 @@ pub enum LoadGate {
     /// thresholds, ignore affinity for every request. For comparison in
     /// simulations; not recommended.
     FleetWide,
+}
+
+/// How cache-aware places token input (text input always goes through the
+/// threshold and [`LoadGate`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
+pub enum TokenChoice {
+    /// The threshold and load gate, as for text (the default).
+    #[default]
+    Gate,
+    /// The worker of least expected cost ([`CostModel`]), each credited
+    /// with its own match in whole blocks, as `kv_aware` chooses (policy
+    /// name `cache_aware_cost`; see the [module docs](self)).
+    Cost,
 }
 
 /// Default of [`CacheAwareConfig::max_tree_bytes`]: 1 GiB. A 1 KB chat
@@ -137,10 +172,15 @@ pub struct CacheAwareConfig {
     /// configuration.
     #[cfg_attr(feature = "serde", serde(skip))]
     pub tree_clock: Clock,
-    /// The expected-cost choice of `kv_aware` (its load weight and softmax
-    /// temperature); the gated policies ignore it. Default
-    /// [`CostModel::default`].
+    /// The expected-cost choice of `kv_aware` and of `cache_aware_cost` on
+    /// token input (its load weight, cache pressure and softmax temperature);
+    /// the gated policies ignore it. Default [`CostModel::default`].
     pub cost: CostModel,
+    /// How cache-aware places token input: by the threshold gate (the
+    /// default) or by the cost. `cache_aware_cost` forces
+    /// [`TokenChoice::Cost`]; `cache_aware_fleet_gate` always gates;
+    /// `kv_aware` decides tokens itself and ignores it.
+    pub token_choice: TokenChoice,
     /// `kv_aware`'s soft session affinity: a request whose session key
     /// ([`HashKeys::first`](crate::HashKeys::first)) was placed
     /// within this long goes to the same worker, unless it is unavailable
@@ -164,6 +204,7 @@ impl Default for CacheAwareConfig {
             gate: LoadGate::PerRequest,
             tree_clock: Clock::Coarse,
             cost: CostModel::default(),
+            token_choice: TokenChoice::default(),
             session_affinity_ttl: Duration::ZERO,
         }
     }
@@ -371,8 +412,9 @@ impl ModelState {
     #[cfg(feature = "kv-block-index")]
     /// For every live member `wanted(key)` accepts, how many leading
     /// `tokens` the token tree attributes to it; `each(key, hint, matched)`
-    /// is called for those with at least `min` matched: one tree walk per
-    /// wanted member.
+    /// is called for those with at least `min` matched, in no particular
+    /// order. One tree walk for all members (a walk per member cost tens of
+    /// microseconds at 1,000 workers).
     pub(crate) fn for_each_token_match(
         &self,
         tokens: &[u32],
@@ -381,16 +423,35 @@ impl ModelState {
         mut each: impl FnMut(&str, &HintCell, usize),
     ) {
         let min = min.max(1);
-        let table = self.members.read();
-        for slot in table.slots.iter().filter(|slot| slot.live) {
-            if !wanted(&slot.key) {
-                continue;
+        let mut visit = |matches: &mut TenantMatches| {
+            // Walked under the member table's read lock, as before: a
+            // removal or replacement (write lock) cannot fall between the
+            // walk and the liveness check.
+            let table = self.members.read();
+            self.tokens.prefix_match_tenants_symbols(tokens, matches);
+            for (tenant, matched) in matches.iter() {
+                if matched < min {
+                    continue;
+                }
+                let Some(slot) = table
+                    .by_token_tenant
+                    .get(tenant.index() as usize)
+                    .copied()
+                    .flatten()
+                    .map(|slot| &table.slots[slot])
+                else {
+                    continue;
+                };
+                if slot.live && wanted(&slot.key) {
+                    each(&slot.key, &slot.hint, matched);
+                }
             }
-            let matched = self.tokens.prefix_match_tenant_symbols(tokens, slot.tokens);
-            if matched >= min {
-                each(&slot.key, &slot.hint, matched);
-            }
-        }
+        };
+        MATCHES.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut matches) => visit(&mut matches),
+            // Re-entered on this thread: a fresh buffer rather than a panic.
+            Err(_) => visit(&mut TenantMatches::new()),
+        });
     }
 
     fn prefix_match(&self, input: RoutingInput<'_>) -> Option<(PrefixMatch, bool)> {
@@ -455,6 +516,23 @@ pub struct CacheAware {
     /// then `models`.
     fleet: Mutex<Vec<(Arc<str>, bool)>>,
     rotation: AtomicUsize,
+    /// The draws of a softmax temperature (token input by cost).
+    rng: SharedRng,
+}
+
+/// Per-thread buffers of the cost choice, reused across decisions.
+#[derive(Default)]
+struct Scratch {
+    matches: TenantMatches,
+    scores: Vec<Scored>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// Every member's match for kv-aware's cold workers
+    /// (`ModelState::for_each_token_match`).
+    #[cfg(feature = "kv-block-index")]
+    static MATCHES: RefCell<TenantMatches> = RefCell::new(TenantMatches::new());
 }
 
 impl std::fmt::Debug for CacheAware {
@@ -470,6 +548,12 @@ impl CacheAware {
     /// A policy with no trees yet (each model's tree is created with its
     /// first request).
     pub fn new(config: CacheAwareConfig) -> Result<Self, PolicyError> {
+        Self::with_seed(config, crate::rng::random_seed())
+    }
+
+    /// [`new`](Self::new) with the softmax draws of a non-zero
+    /// [`CostModel::temperature`] seeded (reproducible runs).
+    pub fn with_seed(config: CacheAwareConfig, seed: u64) -> Result<Self, PolicyError> {
         config.validate()?;
         let budget = config
             .tree_budget
@@ -481,6 +565,7 @@ impl CacheAware {
             models: RwLock::new(HashMap::new()),
             fleet: Mutex::new(Vec::new()),
             rotation: AtomicUsize::new(0),
+            rng: SharedRng::new(seed),
         })
     }
 
@@ -581,12 +666,96 @@ impl CacheAware {
             .map(|(i, _)| Decision::new(i, reason))
     }
 
+    /// Whether token input is placed by the cost (else by the gate).
+    fn tokens_by_cost(&self) -> bool {
+        self.config.gate == LoadGate::PerRequest && self.config.token_choice == TokenChoice::Cost
+    }
+
+    /// The least-cost candidate for `tokens` (see the [module docs](self)).
+    /// Reasons: `cache_hit` when the winner holds a prefix and no
+    /// available candidate holds a longer one, `cache_overloaded` when one
+    /// does but its load outweighed it, `cache_low_match` when the winner
+    /// holds nothing.
+    fn decide_by_cost<B: Backend>(
+        &self,
+        state: &ModelState,
+        candidates: &[B],
+        tokens: &[u32],
+        scratch: &mut Scratch,
+    ) -> Option<Decision> {
+        let block_size = self.config.block_size;
+        let Scratch { matches, scores } = scratch;
+        state.tokens.prefix_match_tenants_symbols(tokens, matches);
+        scores.clear();
+        {
+            let table = state.members.read();
+            for (tenant, matched) in matches.iter() {
+                // Only whole blocks are reused by the engine.
+                let held = matched / block_size;
+                if held == 0 {
+                    continue;
+                }
+                let slot = table
+                    .by_token_tenant
+                    .get(tenant.index() as usize)
+                    .copied()
+                    .flatten()
+                    .map(|slot| &table.slots[slot])
+                    // Removed after its holds were read: no owner.
+                    .filter(|slot| slot.live);
+                if let Some(slot) = slot
+                    && let Some(i) = find_candidate(&slot.key, &slot.hint, candidates)
+                {
+                    scores.push(Scored::new(i, held, false));
+                }
+            }
+        }
+        let blocks = tokens.len() / block_size;
+        let model = &self.config.cost;
+        // Every scored candidate is a live member, and an unscored one is
+        // any candidate the host offers, as the gate's fallback takes.
+        let chosen = if model.temperature > 0.0 {
+            let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+            let model = model.for_fleet(candidates);
+            cost::softmax(&model, candidates, blocks, scores, draw, |_| true)?
+        } else {
+            let start = self.rotation.fetch_add(1, Ordering::Relaxed);
+            cost::least_cost(model, candidates, blocks, scores, start, |_| true)?
+        };
+        let most = scores
+            .iter()
+            .filter(|s| candidates[s.index].is_available())
+            .map(|s| s.blocks)
+            .max()
+            .unwrap_or(0);
+        let reason = if chosen.blocks < most {
+            DecisionReason::CacheOverloaded
+        } else if chosen.blocks == 0 {
+            DecisionReason::CacheLowMatch
+        } else {
+            DecisionReason::CacheHit
+        };
+        let rate = (chosen.blocks * block_size) as f64 / tokens.len() as f64;
+        Some(Decision::new(chosen.index, reason).with_match_rate(rate))
+    }
+
     fn decide<B: Backend>(
         &self,
         state: &ModelState,
         candidates: &[B],
         ctx: &RequestContext<'_>,
     ) -> Option<Decision> {
+        if let RoutingInput::Tokens(tokens) = ctx.routing
+            && !tokens.is_empty()
+            && self.tokens_by_cost()
+        {
+            return SCRATCH.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut scratch) => self.decide_by_cost(state, candidates, tokens, &mut scratch),
+                // Re-entered on this thread (a host's backend calling
+                // back): fresh buffers rather than a panic.
+                Err(_) => self.decide_by_cost(state, candidates, tokens, &mut Scratch::default()),
+            });
+        }
         if self.config.gate == LoadGate::FleetWide && self.fleet_imbalanced(candidates) {
             return self.least_loaded(candidates, DecisionReason::CacheFleetImbalance);
         }
@@ -660,9 +829,10 @@ impl<B: Backend> Policy<B> for CacheAware {
 
 impl PolicyState for CacheAware {
     fn name(&self) -> &str {
-        match self.config.gate {
-            LoadGate::PerRequest => "cache_aware",
-            LoadGate::FleetWide => "cache_aware_fleet_gate",
+        match (self.config.gate, self.config.token_choice) {
+            (LoadGate::FleetWide, _) => "cache_aware_fleet_gate",
+            (LoadGate::PerRequest, TokenChoice::Gate) => "cache_aware",
+            (LoadGate::PerRequest, TokenChoice::Cost) => "cache_aware_cost",
         }
     }
     fn on_membership(&self, event: MembershipEvent<'_>) {

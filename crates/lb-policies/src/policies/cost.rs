@@ -39,11 +39,11 @@
 //! `exp(−(cost − least) / (temperature × n))`, so the temperature is in
 //! units of one whole prefill of this request.
 
-#[cfg(feature = "kv-block-index")]
 use crate::backend::Backend;
 use crate::error::PolicyError;
 
-/// Knobs of the expected-cost choice (`kv_aware`).
+/// Knobs of the expected-cost choice (`kv_aware`, and `cache_aware` on
+/// token input).
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(
     feature = "serde",
@@ -259,7 +259,6 @@ impl CostModel {
     /// cost.
     ///
     /// [`under_pressure`]: Self::under_pressure
-    #[cfg(feature = "kv-block-index")]
     pub(crate) fn for_fleet<B: Backend>(&self, candidates: &[B]) -> CostModel {
         if self.eviction_weight == 0.0 || candidates.is_empty() {
             return *self;
@@ -281,7 +280,6 @@ impl CostModel {
 
 /// How many candidates at most [`CostModel::for_fleet`] reads for the
 /// fleet's mean cache pressure.
-#[cfg(feature = "kv-block-index")]
 pub(crate) const PRESSURE_SAMPLE: usize = 64;
 
 /// How close a cache `usage` (0 to 1) is to full, for
@@ -295,7 +293,6 @@ pub fn pressure(usage: f64) -> f64 {
 }
 
 /// A candidate the policy scored.
-#[cfg(feature = "kv-block-index")]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Scored {
     /// Its index among the candidates.
@@ -309,7 +306,6 @@ pub(crate) struct Scored {
     pub(crate) credit: f64,
 }
 
-#[cfg(feature = "kv-block-index")]
 impl Scored {
     /// A candidate holding `blocks` in its device cache and nothing more.
     pub(crate) fn new(index: usize, blocks: usize, exact: bool) -> Self {
@@ -330,7 +326,6 @@ impl Scored {
 /// One pass over the scored candidates and one fair least-loaded scan of
 /// all candidates; `eligible` (a lock and a hash lookup in kv-aware) is
 /// asked only of a candidate about to win, not of every candidate.
-#[cfg(feature = "kv-block-index")]
 pub(crate) fn least_cost<B: Backend>(
     model: &CostModel,
     candidates: &[B],
@@ -403,7 +398,6 @@ pub(crate) fn least_cost<B: Backend>(
 /// candidates by one sort and a merge, and `eligible` is asked only of
 /// the drawn candidate (a draw that lands on an ineligible one, a removed
 /// worker in a stale slice, draws again over the eligible alone).
-#[cfg(feature = "kv-block-index")]
 pub(crate) fn softmax<B: Backend>(
     model: &CostModel,
     candidates: &[B],
@@ -424,7 +418,6 @@ pub(crate) fn softmax<B: Backend>(
 
 /// One softmax draw over the available candidates `keep` accepts;
 /// `by_index` is the scored candidates sorted by index, one each.
-#[cfg(feature = "kv-block-index")]
 fn draw_softmax<B: Backend>(
     model: &CostModel,
     candidates: &[B],

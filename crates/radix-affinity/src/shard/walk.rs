@@ -24,6 +24,20 @@ impl<U: Unit> Shard<U> {
         probe: &P,
         follow: impl Fn(&Node<U>) -> bool,
     ) -> WalkEnd {
+        self.walk_visiting(probe, follow, |_, _| {})
+    }
+
+    /// [`walk`](Self::walk), calling `visit(node, matched)` for every node
+    /// it enters, with the symbols matched up to and including that node's
+    /// part of the probe (a partly matched last node counts its matched
+    /// part), shallowest first.
+    #[inline]
+    pub(crate) fn walk_visiting<P: Probe<U>>(
+        &self,
+        probe: &P,
+        follow: impl Fn(&Node<U>) -> bool,
+        mut visit: impl FnMut(&Node<U>, usize),
+    ) -> WalkEnd {
         let mut node = ROOT;
         let mut pos = 0;
         let mut matched = 0;
@@ -38,6 +52,7 @@ impl<U: Unit> Shard<U> {
             }
             let step = probe.match_label(pos, view.label, view.symbols as usize);
             matched += step.symbols;
+            visit(self.node(child), matched);
             node = child;
             pos += step.advance;
             if step.label_units < view.label.len() {
