@@ -1381,6 +1381,18 @@ fn kv_aware_cost_flags_reach_the_policy_and_bad_values_are_refused() {
     ])
     .unwrap();
     assert_eq!(s.router.policy.name, "kv_aware_gate");
+    // cache_aware's cost mode by name, with the same knobs as kv_aware's.
+    let s = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--policy",
+        "cache_aware_cost",
+        "--kv-aware-load-weight",
+        "8",
+    ])
+    .unwrap();
+    assert_eq!(s.router.policy.name, "cache_aware_cost");
+    assert_eq!(s.router.policy.cache_aware.cost.load_weight, 8.0);
     for (flag, value) in [
         ("--router-temperature", "-1"),
         ("--router-temperature", "inf"),

@@ -42,6 +42,11 @@ pub enum PolicyName {
     /// kv_aware's scores placed by cache_aware's threshold and load gate
     /// instead of the least cost (for comparison).
     KvAwareGate,
+    /// cache_aware with token input placed by kv_aware's least cost, each
+    /// worker credited its own match in the radix tree; text input keeps
+    /// the gate (for comparison: the simulator keeps the gate as
+    /// cache_aware's default, see docs/policies.md).
+    CacheAwareCost,
 }
 
 impl PolicyName {
@@ -57,6 +62,7 @@ impl PolicyName {
             Self::LeastLoaded => "least_loaded",
             Self::KvAware => "kv_aware",
             Self::KvAwareGate => "kv_aware_gate",
+            Self::CacheAwareCost => "cache_aware_cost",
         }
     }
 }
