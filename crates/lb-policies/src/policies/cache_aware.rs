@@ -711,30 +711,17 @@ impl CacheAware {
             }
         }
         let blocks = tokens.len() / block_size;
-        let model = &self.config.cost;
         // Every scored candidate is a live member, and an unscored one is
         // any candidate the host offers, as the gate's fallback takes.
-        let chosen = if model.temperature > 0.0 {
-            let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-            let model = model.for_fleet(candidates);
-            cost::softmax(&model, candidates, blocks, scores, draw, |_| true)?
-        } else {
-            let start = self.rotation.fetch_add(1, Ordering::Relaxed);
-            cost::least_cost(model, candidates, blocks, scores, start, |_| true)?
-        };
-        let most = scores
-            .iter()
-            .filter(|s| candidates[s.index].is_available())
-            .map(|s| s.blocks)
-            .max()
-            .unwrap_or(0);
-        let reason = if chosen.blocks < most {
-            DecisionReason::CacheOverloaded
-        } else if chosen.blocks == 0 {
-            DecisionReason::CacheLowMatch
-        } else {
-            DecisionReason::CacheHit
-        };
+        let (chosen, reason) = cost::choose(
+            &self.config.cost,
+            candidates,
+            blocks,
+            scores,
+            &self.rng,
+            &self.rotation,
+            |_| true,
+        )?;
         let rate = (chosen.blocks * block_size) as f64 / tokens.len() as f64;
         Some(Decision::new(chosen.index, reason).with_match_rate(rate))
     }

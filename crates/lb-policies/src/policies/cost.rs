@@ -40,7 +40,10 @@
 //! units of one whole prefill of this request.
 
 use crate::backend::Backend;
+use crate::decision::DecisionReason;
 use crate::error::PolicyError;
+use crate::rng::SharedRng;
+use crate::sync::{AtomicUsize, Ordering};
 
 /// Knobs of the expected-cost choice (`kv_aware`, and `cache_aware` on
 /// token input).
@@ -316,6 +319,59 @@ impl Scored {
             credit: blocks as f64,
         }
     }
+}
+
+/// The choice both cost-placing policies make (`kv_aware`, and
+/// `cache_aware_cost` on tokens): a [`softmax`] draw from `rng` when the
+/// model's temperature is above 0 (over the model as the fleet's cache
+/// pressure scales it), else the [`least_cost`] candidate with the fair
+/// order starting at the next value of `rotation`; with its reason.
+///
+/// Reasons: `cache_overloaded` when an available candidate's caches save
+/// more than the winner's (its load outweighed it), `cache_low_match` when
+/// the winner's save nothing, else a hit: `kv_hit` when the winner was
+/// scored from the block index, `cache_hit` when from the tree. (A
+/// removed worker in a stale slice may count as the reference; only the
+/// reason could differ.)
+pub(crate) fn choose<B: Backend>(
+    model: &CostModel,
+    candidates: &[B],
+    blocks: usize,
+    scores: &[Scored],
+    rng: &SharedRng,
+    rotation: &AtomicUsize,
+    eligible: impl Fn(usize) -> bool,
+) -> Option<(Scored, DecisionReason)> {
+    let chosen = if model.temperature > 0.0 {
+        let draw = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        softmax(
+            &model.for_fleet(candidates),
+            candidates,
+            blocks,
+            scores,
+            draw,
+            eligible,
+        )?
+    } else {
+        let start = rotation.fetch_add(1, Ordering::Relaxed);
+        least_cost(model, candidates, blocks, scores, start, eligible)?
+    };
+    let most = scores
+        .iter()
+        .filter(|s| candidates[s.index].is_available())
+        .map(|s| s.credit)
+        .max_by(f64::total_cmp)
+        .unwrap_or(0.0);
+    let reason = if chosen.credit < most {
+        DecisionReason::CacheOverloaded
+    } else if chosen.credit <= 0.0 {
+        DecisionReason::CacheLowMatch
+    } else if chosen.exact {
+        DecisionReason::KvHit
+    } else {
+        DecisionReason::CacheHit
+    };
+    Some((chosen, reason))
 }
 
 /// The least-cost candidate among `scored` and the unscored candidates

@@ -627,38 +627,15 @@ impl KvAware {
     ) -> Option<Decision> {
         let blocks = tokens.len() / self.block_size;
         let eligible = |i: usize| !state.is_removed(candidates[i].key());
-        let chosen = if model.temperature > 0.0 {
-            let draw = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-            cost::softmax(
-                &model.for_fleet(candidates),
-                candidates,
-                blocks,
-                scores,
-                draw,
-                eligible,
-            )?
-        } else {
-            let start = self.tie_rotation.fetch_add(1, Ordering::Relaxed);
-            cost::least_cost(model, candidates, blocks, scores, start, eligible)?
-        };
-        // The reason's reference: the most an available worker's caches
-        // save (a removed one in a stale slice may count; only the reason
-        // could differ).
-        let most = scores
-            .iter()
-            .filter(|s| candidates[s.index].is_available())
-            .map(|s| s.credit)
-            .max_by(f64::total_cmp)
-            .unwrap_or(0.0);
-        let reason = if chosen.credit < most {
-            DecisionReason::CacheOverloaded
-        } else if chosen.credit <= 0.0 {
-            DecisionReason::CacheLowMatch
-        } else if chosen.exact {
-            DecisionReason::KvHit
-        } else {
-            DecisionReason::CacheHit
-        };
+        let (chosen, reason) = cost::choose(
+            model,
+            candidates,
+            blocks,
+            scores,
+            rng,
+            &self.tie_rotation,
+            eligible,
+        )?;
         // The match rate is the device cache's (what the engine reuses
         // without loading).
         let rate = (chosen.blocks * self.block_size) as f64 / tokens.len() as f64;
