@@ -543,6 +543,36 @@ mod tests {
     use super::*;
     use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
 
+    /// The CLI's subscriber: a filtered log layer and the pipeline's
+    /// layer, boxed in a list. The router finds the tracer through it,
+    /// and finds none under a subscriber without the pipeline's layer.
+    #[test]
+    fn the_router_finds_the_pipeline_through_a_hosts_layer_list() {
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        type Boxed = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let tracing = Tracing::start(&ExportConfig::default(), runtime.handle().clone()).unwrap();
+        let log = || -> Boxed {
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::sink)
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+                .boxed()
+        };
+        {
+            let logs_only = tracing_subscriber::registry().with(vec![log()]);
+            let _default = tracing::subscriber::set_default(logs_only);
+            assert!(current_tracer().is_none());
+        }
+        let layers: Vec<Boxed> = vec![log(), tracing.layer().boxed()];
+        let with_pipeline = tracing_subscriber::registry().with(layers);
+        let _default = tracing::subscriber::set_default(with_pipeline);
+        assert!(current_tracer().is_some());
+    }
+
     #[test]
     fn traceparent_is_w3c_hex_and_tracestate_follows_the_context() {
         let trace_id = TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
