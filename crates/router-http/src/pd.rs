@@ -576,12 +576,13 @@ fn settle_decode<T>(
 /// failed, marking it when its body failed after the head (`body_failed`).
 #[cfg(feature = "otel")]
 fn end_decode(legs: &crate::otel::PdLegs, body_failed: bool) {
-    if let Some(mut span) = legs.take_decode() {
-        if body_failed {
-            crate::otel::record_body_end(&mut span, crate::body::BodyEnd::Failed);
-        }
-        // Otherwise ended here, by being dropped.
+    let Some(mut span) = legs.take_decode() else {
+        return;
+    };
+    if body_failed {
+        crate::otel::record_body_end(&mut span, crate::body::BodyEnd::Failed);
     }
+    // Otherwise it ends here, dropped.
 }
 
 /// The decode stream as the client receives it: the whole-request deadline

@@ -87,7 +87,7 @@
 //! left on every poll of the request and every frame of its body. Built
 //! with the SDK, a span is one builder call with typed attributes and one
 //! end; the parent is the server span's context, carried explicitly with
-//! the request ([`Traced`]); nothing happens per poll or per frame.
+//! the request; nothing happens per poll or per frame.
 //!
 //! # Export never slows a request
 //!

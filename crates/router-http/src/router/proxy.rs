@@ -286,6 +286,7 @@ impl InFlight {
 }
 
 impl Finish for InFlight {
+    #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
     fn finish(mut self, end: BodyEnd) {
         let metrics = &self.shared.metrics;
         match end {
