@@ -122,11 +122,12 @@ impl Transport for HyperTransport {
         let client = self.client.clone();
         let idle = self.idle;
         // The leg's span, built here: a child of the request's server
-        // span, current while the flow runs. A decode leg also keeps the
+        // span (the request's legs carry its trace while the flow runs,
+        // `TRACED_LEGS`). A decode leg also keeps the
         // request's legs, to park its span there at the response head
         // (a concurrent prefill may be polled outside the scope later).
         #[cfg(feature = "otel")]
-        let (span, park) = if self.traces {
+        let (mut span, park) = if self.traces {
             TRACED_LEGS
                 .try_with(|legs| {
                     let span = crate::otel::leg_span(legs, leg.phase.as_str(), &leg.url, &leg.body);
@@ -148,21 +149,25 @@ impl Transport for HyperTransport {
             let request = crate::otel::with_context(span.as_ref(), request);
             let sent = client.send(request);
             #[cfg(feature = "otel")]
-            let sent = match &span {
-                Some(span) => {
+            let sent = match span.take() {
+                Some(mut span) => {
                     let started = tokio::time::Instant::now();
-                    let sent = tracing::Instrument::instrument(sent, span.clone()).await;
-                    crate::otel::record_first_byte(span, started);
+                    let sent = sent.await;
+                    crate::otel::record_first_byte(&mut span, started);
                     match &sent {
                         Ok(response) => {
-                            crate::otel::record_attempt_status(span, response.status().as_u16());
+                            crate::otel::record_attempt_status(
+                                &mut span,
+                                response.status().as_u16(),
+                            );
                             // The decode body is the client's stream: its
-                            // span lasts as long (`proxy` takes it).
+                            // span lasts as long (`proxy` takes it). A
+                            // prefill leg's ends here, at its head.
                             if let Some(legs) = &park {
-                                legs.park_decode(span.clone());
+                                legs.park_decode(span);
                             }
                         }
-                        Err(err) => crate::otel::record_attempt_error(span, err),
+                        Err(err) => crate::otel::record_attempt_error(&mut span, err),
                     }
                     sent
                 }
@@ -374,10 +379,10 @@ pub(crate) struct PdArrival {
     /// The client's request id, the prefix of the flow's id.
     pub(crate) client_id: HeaderValue,
     pub(crate) deadline: tokio::time::Instant,
-    /// Whether the request has a server span: then each leg gets a span
+    /// The request's trace, when it is traced: then each leg gets a span
     /// of its own and carries its context instead of the client's.
     #[cfg(feature = "otel")]
-    pub(crate) traced: bool,
+    pub(crate) traced: Option<crate::otel::Traced>,
 }
 
 /// A two-phase answer's body: the decode stream, or an engine's own
@@ -391,7 +396,7 @@ pub(crate) struct PdAnswer {
     /// The answering decode leg's span (traced requests with a decode
     /// answer only).
     #[cfg(feature = "otel")]
-    pub(crate) decode_span: Option<tracing::Span>,
+    pub(crate) decode_span: Option<crate::otel::OtelSpan>,
 }
 
 impl PdAnswer {
@@ -443,13 +448,14 @@ pub(crate) async fn proxy(
     if let Some(auth) = parts.headers.get(header::AUTHORIZATION) {
         forward = forward.with_authorization(auth.clone());
     }
-    // The server span's context (`Router::handle` runs this inside it);
-    // each leg replaces it with its own span's (`HyperTransport::send`).
+    // The server span's context; each leg replaces it with its own
+    // span's (`HyperTransport::send`).
     #[cfg(feature = "otel")]
     let context = traced
-        .then(|| {
+        .as_ref()
+        .map(|traced| {
             let mut context = http::HeaderMap::new();
-            crate::otel::inject(&tracing::Span::current(), &mut context);
+            crate::otel::inject_context(&traced.server_context(), &mut context);
             context
         })
         .filter(|context| !context.is_empty());
@@ -471,8 +477,9 @@ pub(crate) async fn proxy(
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
     #[cfg(feature = "otel")]
-    let legs = traced.then(|| {
+    let legs = traced.map(|traced| {
         Arc::new(crate::otel::PdLegs::new(
+            traced,
             pd.pools().connector().as_str(),
             path.clone(),
         ))
@@ -553,7 +560,7 @@ pub(crate) async fn proxy(
 fn settle_decode<T>(
     legs: &crate::otel::PdLegs,
     outcome: &Result<Result<T, RunError>, tokio::time::error::Elapsed>,
-) -> Option<tracing::Span> {
+) -> Option<crate::otel::OtelSpan> {
     match outcome {
         Ok(Ok(_)) => return legs.take_decode(),
         Err(_elapsed) => end_decode(legs, true),
@@ -569,13 +576,13 @@ fn settle_decode<T>(
 /// failed, marking it when its body failed after the head (`body_failed`).
 #[cfg(feature = "otel")]
 fn end_decode(legs: &crate::otel::PdLegs, body_failed: bool) {
-    if let Some(span) = legs.take_decode() {
-        if body_failed {
-            crate::otel::record_body_end(&span, crate::body::BodyEnd::Failed);
-        } else {
-            crate::otel::stamp_end(&span);
-        }
+    let Some(mut span) = legs.take_decode() else {
+        return;
+    };
+    if body_failed {
+        crate::otel::record_body_end(&mut span, crate::body::BodyEnd::Failed);
     }
+    // Otherwise it ends here, dropped.
 }
 
 /// The decode stream as the client receives it: the whole-request deadline

@@ -23,30 +23,32 @@ impl Router {
         B::Error: Into<BoxError>,
     {
         #[cfg(feature = "otel")]
-        if let Some(span) = crate::otel::server_span(&self.config().trace, &request) {
-            return self.handle_traced(request, span).await;
+        if let Some(traced) = crate::otel::server_span(&self.config().trace, &request) {
+            return self.handle_traced(request, traced).await;
         }
         self.handle_untraced(request).await
     }
 
-    /// [`handle`](Self::handle) inside the request's server span, which
-    /// the response body holds until its end.
+    /// [`handle`](Self::handle) with the request's server span: started
+    /// here, given to the request path in the request's extensions (the
+    /// parent of its other spans), and ended by the response body at its
+    /// end. The request's future is not instrumented: nothing is done per
+    /// poll.
     #[cfg(feature = "otel")]
     async fn handle_traced<B>(
         &self,
         mut request: Request<B>,
-        span: tracing::Span,
+        traced: crate::otel::Traced,
     ) -> Response<BoxBody>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
         use http_body_util::BodyExt as _;
-        use tracing::Instrument as _;
-        request.extensions_mut().insert(crate::otel::Traced);
-        let response = self.handle_untraced(request).instrument(span.clone()).await;
-        crate::otel::record_response(&span, response.status());
-        response.map(|body| crate::otel::SpanBody::new(body, span).boxed_unsync())
+        request.extensions_mut().insert(traced.clone());
+        let response = self.handle_untraced(request).await;
+        traced.record_response(response.status());
+        response.map(|body| crate::otel::SpanBody::new(body, traced).boxed_unsync())
     }
 
     async fn handle_untraced<B>(&self, request: Request<B>) -> Response<BoxBody>

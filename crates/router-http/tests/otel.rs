@@ -1113,33 +1113,73 @@ async fn each_leg_of_a_prefill_decode_request_is_a_span_continued_into_its_engin
     pd.stop().await;
 }
 
-/// Counts the spans the router builds (its own targets), whoever listens.
-#[derive(Clone, Default)]
-struct SpanCounter(Arc<std::sync::atomic::AtomicUsize>);
+/// A pipeline of a test's own exporting to a receiver of its own, its
+/// layer this thread's subscriber: every span a router on this thread
+/// builds reaches the receiver.
+struct SpanSink {
+    tracing: Arc<Tracing>,
+    received: Received,
+    _default: tracing::subscriber::DefaultGuard,
+}
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SpanCounter {
-    fn on_new_span(
-        &self,
-        attrs: &tracing::span::Attributes<'_>,
-        _id: &tracing::span::Id,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        if attrs.metadata().target().starts_with("router_http") {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+impl SpanSink {
+    async fn start() -> Self {
+        let (addr, received) = receiver().await;
+        let (tracing, default) = local_pipeline(ExportConfig {
+            endpoint: format!("http://{addr}/v1/traces"),
+            scheduled_delay: Duration::from_millis(20),
+            ..ExportConfig::default()
+        });
+        Self {
+            tracing,
+            received,
+            _default: default,
         }
+    }
+
+    /// The spans received, once at least `expected` arrived (flushing
+    /// until then, at most 20 s).
+    async fn count_when(&self, expected: usize) -> usize {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let flushing = Arc::clone(&self.tracing);
+            tokio::task::spawn_blocking(move || flushing.force_flush())
+                .await
+                .unwrap()
+                .unwrap();
+            let count = self.received.lock().unwrap().len();
+            if count >= expected || tokio::time::Instant::now() >= deadline {
+                return count;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The spans received, after a pause that lets a late span arrive.
+    async fn count_settled(&self) -> usize {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.count_when(0).await
+    }
+
+    /// Spans received of the trace `trace_id` (hex).
+    fn of_trace(&self, trace_id: &str) -> usize {
+        let id = unhex(trace_id);
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, span)| span.trace_id == id)
+            .count()
     }
 }
 
 /// Off means free: a router with tracing off (or an excluded path) builds
-/// no span at all, even with a subscriber that would take every span.
-/// A test runtime on this thread, so that the thread-local subscriber sees
-/// everything the router does.
+/// no span at all, even with a pipeline connected that would take every
+/// span. A test runtime on this thread, so that the thread-local
+/// subscriber (the pipeline's layer) is the router's.
 #[tokio::test(flavor = "current_thread")]
 async fn with_tracing_off_the_request_path_builds_no_span() {
-    let counter = SpanCounter::default();
-    let subscriber = tracing_subscriber::registry().with(counter.clone());
-    let _default = tracing::subscriber::set_default(subscriber);
-    let spans = || counter.0.load(std::sync::atomic::Ordering::Relaxed);
+    let sink = SpanSink::start().await;
     let traceparent = format!("00-0123456789abcdef0123456789abcdef-{PARENT_SPAN}-01");
     let headers = [
         ("content-type", "application/json"),
@@ -1158,7 +1198,7 @@ async fn with_tracing_off_the_request_path_builds_no_span() {
         .await;
         assert_eq!(status, 200);
     }
-    assert_eq!(spans(), 0);
+    assert_eq!(sink.count_settled().await, 0);
 
     // A P/D router with tracing off: no leg span either, and both legs
     // forward the client's traceparent.
@@ -1172,7 +1212,7 @@ async fn with_tracing_off_the_request_path_builds_no_span() {
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(spans(), 0, "P/D");
+    assert_eq!(sink.count_settled().await, 0, "P/D");
     for engine in &pd.engines {
         assert_eq!(engine.traceparents(), vec![traceparent.clone()]);
     }
@@ -1181,8 +1221,8 @@ async fn with_tracing_off_the_request_path_builds_no_span() {
     let on = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
     let (status, _, _) = call(on.addr, "GET", "/health", &headers, "").await;
     assert_eq!(status, 200);
-    assert_eq!(spans(), 0, "an excluded path");
-    // The control: the same subscriber sees a traced request's spans.
+    assert_eq!(sink.count_settled().await, 0, "an excluded path");
+    // The control: the same pipeline gets a traced request's spans.
     let (status, _, _) = call(
         on.addr,
         "POST",
@@ -1192,8 +1232,9 @@ async fn with_tracing_off_the_request_path_builds_no_span() {
     )
     .await;
     assert_eq!(status, 200);
+    sink.count_when(6).await;
     assert_eq!(
-        spans(),
+        sink.count_settled().await,
         6,
         "server, admission, read body, extract, decision, attempt"
     );
@@ -1204,12 +1245,11 @@ async fn with_tracing_off_the_request_path_builds_no_span() {
 /// 1 one whose `traceparent` is not sampled builds none (parent-based).
 #[tokio::test(flavor = "current_thread")]
 async fn the_router_samples_before_it_builds_a_span() {
-    let counter = SpanCounter::default();
-    let subscriber = tracing_subscriber::registry().with(counter.clone());
-    let _default = tracing::subscriber::set_default(subscriber);
-    let spans = || counter.0.load(std::sync::atomic::Ordering::Relaxed);
-    let sampled = format!("00-0123456789abcdef0123456789abcdef-{PARENT_SPAN}-01");
-    let unsampled = format!("00-0123456789abcdef0123456789abcdef-{PARENT_SPAN}-00");
+    let sink = SpanSink::start().await;
+    let sampled_trace = "0123456789abcdef0123456789abcdef";
+    let unsampled_trace = "fedcba9876543210fedcba9876543210";
+    let sampled = format!("00-{sampled_trace}-{PARENT_SPAN}-01");
+    let unsampled = format!("00-{unsampled_trace}-{PARENT_SPAN}-00");
 
     let mut never = traced_config();
     never.trace.sampling_ratio = 0.0;
@@ -1231,15 +1271,26 @@ async fn the_router_samples_before_it_builds_a_span() {
     for _ in 0..20 {
         chat(never.addr, None).await;
     }
-    assert_eq!(spans(), 0, "ratio 0, no parent: no span");
+    assert_eq!(sink.count_settled().await, 0, "ratio 0, no parent: no span");
     chat(never.addr, Some(sampled.clone())).await;
-    assert_eq!(spans(), 6, "ratio 0, a sampled parent: the whole tree");
+    sink.count_when(6).await;
+    assert_eq!(
+        sink.count_settled().await,
+        6,
+        "ratio 0, a sampled parent: the whole tree"
+    );
+    assert_eq!(sink.of_trace(sampled_trace), 6);
 
     let always = Fixture::start(traced_config(), vec![EngineConfig::default()]).await;
     chat(always.addr, Some(unsampled)).await;
-    assert_eq!(spans(), 6, "ratio 1, an unsampled parent: no span");
     chat(always.addr, None).await;
-    assert_eq!(spans(), 12, "ratio 1, no parent: the whole tree");
+    sink.count_when(12).await;
+    assert_eq!(
+        sink.count_settled().await,
+        12,
+        "ratio 1: no span for an unsampled parent, the whole tree without one"
+    );
+    assert_eq!(sink.of_trace(unsampled_trace), 0, "an unsampled parent");
 }
 
 /// How long the engines below stall after the response head: the body's

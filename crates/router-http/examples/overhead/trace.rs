@@ -1,14 +1,6 @@
 //! `--trace`: how the routers trace, and what the export costs
 
-use std::convert::Infallible;
-
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
-
-use super::threads::{spawn_runtime, thread_cpu_ns};
+use super::threads::thread_cpu_ns;
 
 /// `--trace`: how the routers trace.
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -35,6 +27,14 @@ pub(super) fn trace_mode() -> TraceMode {
 /// process's subscriber.
 #[cfg(feature = "otel")]
 pub(super) fn start_tracing(mode: TraceMode) {
+    // Here rather than at the top: a build without `otel` uses none of it.
+    use super::threads::spawn_runtime;
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::TokioIo;
+    use std::convert::Infallible;
+    use tokio::net::TcpListener;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let (endpoint, handle) = spawn_runtime("otel-export", move |rt| {

@@ -1,9 +1,13 @@
 //! OpenTelemetry traces of the request path (feature `otel`).
 //!
-//! The router writes its spans with `tracing`, as it writes its logs; the
-//! [`Tracing`] pipeline turns them into OpenTelemetry spans
-//! (`tracing-opentelemetry`) and exports them in batches over OTLP, on
+//! The router builds its spans with the OpenTelemetry SDK (explicit
+//! parents, typed attributes, each span ended once where its work ends),
+//! and the [`Tracing`] pipeline exports them in batches over OTLP, on
 //! HTTP/protobuf or gRPC, cleartext or TLS (see [Transports](#transports)).
+//! `tracing` stays the router's logging front end: a host connects a
+//! pipeline by adding [`Tracing::layer`] to its subscriber, a layer that
+//! takes no log span or event and only carries the pipeline's tracer to
+//! the router (see [Why not `tracing` spans](#why-not-tracing-spans)).
 //! A traced request makes this tree:
 //!
 //! ```text
@@ -67,9 +71,23 @@
 //!
 //! Spans are built only when [`TraceConfig::enabled`] is set and the path
 //! is not excluded: otherwise the request path creates no span and does no
-//! work beyond a flag check. A host that enables it without installing a
-//! layer ([`Tracing::layer`]) gets `tracing` spans that go nowhere (and
-//! forwards the client's `traceparent` unchanged, as with tracing off).
+//! work beyond a flag check. A host that enables it without adding a
+//! pipeline's layer ([`Tracing::layer`]) to the current subscriber builds
+//! no span either (and forwards the client's `traceparent` unchanged, as
+//! with tracing off).
+//!
+//! # Why not `tracing` spans
+//!
+//! The first version wrote these spans with `tracing` and bridged them to
+//! OpenTelemetry (`tracing-opentelemetry`). A sampled request then cost
+//! about two thirds more router CPU than an untraced one
+//! (docs/benchmarks.md, "Tracing"): each span's data was built field by
+//! field through the bridge, its values formatted, the OpenTelemetry
+//! context carried into each child, and the server span was entered and
+//! left on every poll of the request and every frame of its body. Built
+//! with the SDK, a span is one builder call with typed attributes and one
+//! end; the parent is the server span's context, carried explicitly with
+//! the request; nothing happens per poll or per frame.
 //!
 //! # Export never slows a request
 //!
@@ -127,25 +145,24 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_http::{HeaderExtractor, HeaderInjector, HttpClient, HttpError};
+use opentelemetry_http::{HeaderExtractor, HttpClient, HttpError};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
-    SpanProcessor,
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider, SpanData,
+    SpanExporter, SpanProcessor,
 };
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tracing::Span;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-/// The `tracing` target of every span the router builds for traces. A host
-/// filters its other layers on it (e.g. `router_http::otel=off` in a log
-/// filter, so that logs look as they do with tracing off).
+/// The `tracing` target the router's trace spans had when they were
+/// `tracing` spans. The router builds none with it now (its spans are the
+/// SDK's); a host's log filter that names it (`router_http::otel=off`)
+/// still parses and changes nothing.
 pub const TARGET: &str = "router_http::otel";
 
 /// Which requests get spans ([`RouterConfig::trace`](crate::RouterConfig::trace)).
@@ -176,11 +193,6 @@ impl Default for TraceConfig {
         }
     }
 }
-
-/// Marks a request the router traces (set with its server span): the
-/// request path builds its phase, decision and attempt spans only then.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Traced;
 
 /// A uniform draw in `[0, 1)` from a per-thread xorshift generator,
 /// seeded once per thread from the standard library's random hasher keys.
@@ -437,25 +449,19 @@ impl Tracing {
         })
     }
 
-    /// The `tracing` layer that turns the router's spans into OpenTelemetry
-    /// spans of this pipeline. Filtered to [`TARGET`], so that other
-    /// `tracing` spans of the host (and their log levels) do not matter.
+    /// The `tracing` layer that connects the router to this pipeline: a
+    /// router whose requests run under a subscriber with this layer
+    /// (global, or the thread's default) exports its spans here. The
+    /// layer takes no `tracing` span or event of the host (its logs are
+    /// what they are without it); it only carries the pipeline's tracer,
+    /// which the router looks up when a traced request starts.
     pub fn layer<S>(&self) -> impl tracing_subscriber::Layer<S> + Send + Sync + 'static
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
     {
-        use tracing_subscriber::Layer as _;
-        let tracer = self.provider.tracer("router-http");
-        tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_location(false)
-            .with_threads(false)
-            .with_level(false)
-            .with_target(false)
-            .with_filter(
-                tracing_subscriber::filter::Targets::new()
-                    .with_target(TARGET, tracing::Level::INFO),
-            )
+        TraceLayer {
+            tracer: self.provider.tracer("router-http"),
+        }
     }
 
     /// Exports every finished span now, waiting for the export (a test, or

@@ -1,11 +1,50 @@
-//! The spans of the request path, and the body that ends the server span
-//! with its last byte.
+//! The spans of the request path, built with the OpenTelemetry SDK
+//! directly, and the body that ends the server span with its last byte.
+//!
+//! Each span is an SDK span started with an explicit parent (the server
+//! span's context, carried in [`Traced`]) and typed attributes, and ended
+//! once where its work ends: nothing is entered or left on a poll, no
+//! attribute value is formatted unless it is an error's text, and no
+//! `tracing` span exists for a trace (see the module docs for why).
 
 use super::*;
+use opentelemetry::trace::{
+    Span as _, SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt as _,
+};
+use opentelemetry::{KeyValue, Value};
+
+/// One span of the request path, ended when it is dropped (or earlier,
+/// explicitly).
+pub(crate) type OtelSpan = opentelemetry_sdk::trace::Span;
+
+/// A request the router traces: the pipeline's tracer and the context of
+/// the request's server span, which every other span of the request has
+/// as its parent. Set in the request's extensions by `Router::handle`;
+/// the request path builds its phase, decision and attempt spans only
+/// with it.
+#[derive(Debug, Clone)]
+pub(crate) struct Traced {
+    tracer: SdkTracer,
+    /// Holds the server span (the SDK's shared span, mutable through
+    /// `span()`).
+    server: opentelemetry::Context,
+}
+
+/// The tracer of the pipeline whose [`Tracing::layer`] is in the current
+/// `tracing` dispatcher, if any: how a host connects the router to a
+/// pipeline (the same subscriber that carries its logs).
+fn current_tracer() -> Option<SdkTracer> {
+    tracing::dispatcher::get_default(|dispatch| {
+        dispatch
+            .downcast_ref::<TraceLayer>()
+            .map(|layer| layer.tracer.clone())
+    })
+}
 
 /// The server span of a request, or `None` when it is not traced (tracing
-/// off, or an excluded path). Continues the request's `traceparent`.
-pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) -> Option<Span> {
+/// off, an excluded path, not sampled, or no pipeline's layer in the
+/// current subscriber). Continues the request's `traceparent`.
+pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) -> Option<Traced> {
     let path = request.uri().path();
     if !trace.traces(path) {
         return None;
@@ -14,6 +53,7 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
     if !head_sampled(&parent, trace.sampling_ratio) {
         return None;
     }
+    let tracer = current_tracer()?;
     let method = request.method().as_str();
     // Only paths the router knows name a route: an unknown path is not a
     // low-cardinality span name.
@@ -21,189 +61,244 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
         Route::NotFound | Route::InvalidTarget | Route::WrongMethod { .. } => None,
         _ => Some(path),
     };
+    let mut attributes = Vec::with_capacity(6);
+    attributes.push(KeyValue::new(
+        "http.request.method",
+        method_value(request.method()),
+    ));
     let name = match route {
-        Some(route) => format!("{method} {route}"),
-        None => method.to_owned(),
+        Some(route) => {
+            attributes.push(KeyValue::new("http.route", route.to_owned()));
+            let mut name = String::with_capacity(method.len() + 1 + route.len());
+            name.push_str(method);
+            name.push(' ');
+            name.push_str(route);
+            std::borrow::Cow::Owned(name)
+        }
+        None => method_value_name(request.method()),
     };
-    let span = tracing::info_span!(
-        target: TARGET,
-        "request",
-        otel.name = name.as_str(),
-        otel.kind = "server",
-        otel.status_code = tracing::field::Empty,
-        http.request.method = method,
-        http.route = route,
-        url.path = path,
-        http.response.status_code = tracing::field::Empty,
-        gen_ai.request.model = tracing::field::Empty,
-        request.id = tracing::field::Empty,
-    );
+    attributes.push(KeyValue::new("url.path", path.to_owned()));
     // A request without (valid) trace context starts a new trace.
-    let _ = span.set_parent(parent);
-    Some(span)
+    let span = SpanBuilder::from_name(name)
+        .with_kind(SpanKind::Server)
+        .with_attributes(attributes)
+        .start_with_context(&tracer, &parent);
+    Some(Traced {
+        tracer,
+        server: opentelemetry::Context::new().with_span(span),
+    })
 }
 
-/// Records the response status on the server span (5xx is an error).
-pub(crate) fn record_response(span: &Span, status: http::StatusCode) {
-    span.record("http.response.status_code", i64::from(status.as_u16()));
-    if status.is_server_error() {
-        span.record("otel.status_code", "ERROR");
+/// A method as an attribute value: the common ones without allocating.
+fn method_value(method: &http::Method) -> Value {
+    Value::String(method_value_name(method).into())
+}
+
+fn method_value_name(method: &http::Method) -> std::borrow::Cow<'static, str> {
+    use http::Method;
+    let known = [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::PATCH,
+    ];
+    const NAMES: [&str; 7] = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"];
+    match known.iter().position(|m| m == method) {
+        Some(i) => std::borrow::Cow::Borrowed(NAMES[i]),
+        None => std::borrow::Cow::Owned(method.as_str().to_owned()),
+    }
+}
+
+/// An `i64` attribute from a count (saturated).
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Traced {
+    /// A span of this request, child of its server span, started now.
+    fn child(
+        &self,
+        name: impl Into<std::borrow::Cow<'static, str>>,
+        kind: SpanKind,
+        attributes: Vec<KeyValue>,
+    ) -> OtelSpan {
+        SpanBuilder::from_name(name)
+            .with_kind(kind)
+            .with_attributes(attributes)
+            .start_with_context(&self.tracer, &self.server)
+    }
+
+    /// The server span's context (for the trace context of P/D legs).
+    pub(crate) fn server_context(&self) -> SpanContext {
+        self.server.span().span_context().clone()
+    }
+
+    /// Records the response status on the server span (5xx is an error).
+    pub(crate) fn record_response(&self, status: http::StatusCode) {
+        let span = self.server.span();
+        span.set_attribute(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status.as_u16()),
+        ));
+        if status.is_server_error() {
+            span.set_status(Status::error(""));
+        }
+    }
+
+    /// Records the request's model and id on the server span.
+    pub(crate) fn record_request(&self, model: &str, request_id: &http::HeaderValue) {
+        let span = self.server.span();
+        if !model.is_empty() {
+            span.set_attribute(KeyValue::new("gen_ai.request.model", model.to_owned()));
+        }
+        if let Ok(id) = request_id.to_str() {
+            span.set_attribute(KeyValue::new("request.id", id.to_owned()));
+        }
+    }
+
+    /// Ends the server span now (the response body ended or was dropped).
+    fn end(&self) {
+        self.server.span().end();
+    }
+
+    /// The span of the body's extraction: one parse of the JSON, and for
+    /// a model with a tokenizer its chat template and tokenization.
+    pub(crate) fn extract_span(&self) -> OtelSpan {
+        self.child("extract", SpanKind::Internal, Vec::new())
+    }
+
+    /// The span of one routing decision among `candidates` workers.
+    pub(crate) fn decision_span(&self, policy: &str, candidates: usize) -> OtelSpan {
+        let mut attributes = Vec::with_capacity(5);
+        attributes.push(KeyValue::new("router.policy", policy.to_owned()));
+        attributes.push(KeyValue::new("router.candidates", count(candidates)));
+        self.child("route", SpanKind::Internal, attributes)
+    }
+
+    /// The client span of one upstream attempt (`resend` is 0 for the
+    /// first, then the retry's number) to `worker`. The answering
+    /// attempt's span ends with the response body (see
+    /// [`record_body_end`]).
+    pub(crate) fn attempt_span(
+        &self,
+        method: &http::Method,
+        worker: &str,
+        resend: u32,
+    ) -> OtelSpan {
+        let method_name = method.as_str();
+        let mut name = String::with_capacity(method_name.len() + 1 + worker.len());
+        name.push_str(method_name);
+        name.push(' ');
+        name.push_str(worker);
+        let mut attributes = Vec::with_capacity(8);
+        attributes.push(KeyValue::new("http.request.method", method_value(method)));
+        attributes.push(KeyValue::new("url.full", worker.to_owned()));
+        attributes.push(KeyValue::new(
+            "http.request.resend_count",
+            i64::from(resend),
+        ));
+        self.child(name, SpanKind::Client, attributes)
     }
 }
 
 /// Runs `future` inside an internal span named `name` (a phase of the
-/// request before routing: `admission`, `read body`) when `traced`.
+/// request before routing: `admission`, `read body`) when traced: the
+/// span starts before the first poll and ends after the output (or when
+/// the future is dropped), and is not entered in between.
 pub(crate) async fn phase<F: std::future::Future>(
-    traced: bool,
+    traced: Option<&Traced>,
     name: &'static str,
     future: F,
 ) -> F::Output {
-    if traced {
-        let span = tracing::info_span!(target: TARGET, "phase", otel.name = name);
-        tracing::Instrument::instrument(future, span).await
-    } else {
-        future.await
+    match traced {
+        Some(traced) => {
+            let span = traced.child(name, SpanKind::Internal, Vec::new());
+            let output = future.await;
+            drop(span);
+            output
+        }
+        None => future.await,
     }
-}
-
-/// The span of the body's extraction: one parse of the JSON, and for a
-/// model with a tokenizer its chat template and tokenization.
-pub(crate) fn extract_span() -> Span {
-    tracing::info_span!(
-        target: TARGET,
-        "extract",
-        router.routing_input = tracing::field::Empty,
-        router.routing_tokens = tracing::field::Empty,
-        router.routing_chars = tracing::field::Empty,
-    )
 }
 
 /// Records what the extraction gave the policies: token ids (how many),
 /// text (how long) or nothing.
-pub(crate) fn record_routing_input(span: &Span, input: &lb_policies::RoutingInputBuf) {
+pub(crate) fn record_routing_input(span: &mut OtelSpan, input: &lb_policies::RoutingInputBuf) {
     use lb_policies::RoutingInputBuf;
     match input {
         RoutingInputBuf::Tokens(ids) => {
-            span.record("router.routing_input", "tokens");
-            span.record(
-                "router.routing_tokens",
-                i64::try_from(ids.len()).unwrap_or(i64::MAX),
-            );
+            span.set_attribute(KeyValue::new("router.routing_input", "tokens"));
+            span.set_attribute(KeyValue::new("router.routing_tokens", count(ids.len())));
         }
         RoutingInputBuf::Text(text) => {
-            span.record("router.routing_input", "text");
-            span.record(
+            span.set_attribute(KeyValue::new("router.routing_input", "text"));
+            span.set_attribute(KeyValue::new(
                 "router.routing_chars",
-                i64::try_from(text.chars().count()).unwrap_or(i64::MAX),
-            );
+                count(text.chars().count()),
+            ));
         }
         RoutingInputBuf::None => {
-            span.record("router.routing_input", "none");
+            span.set_attribute(KeyValue::new("router.routing_input", "none"));
         }
     }
-}
-
-/// Records the request's model and id on the current (server) span.
-pub(crate) fn record_request(model: &str, request_id: &http::HeaderValue) {
-    let span = Span::current();
-    if !model.is_empty() {
-        span.record("gen_ai.request.model", model);
-    }
-    if let Ok(id) = request_id.to_str() {
-        span.record("request.id", id);
-    }
-}
-
-/// The span of one routing decision among `candidates` workers.
-pub(crate) fn decision_span(policy: &str, candidates: usize) -> Span {
-    tracing::info_span!(
-        target: TARGET,
-        "route",
-        otel.status_code = tracing::field::Empty,
-        router.policy = policy,
-        router.candidates = i64::try_from(candidates).unwrap_or(i64::MAX),
-        router.decision.reason = tracing::field::Empty,
-        router.decision.match_rate = tracing::field::Empty,
-        router.worker = tracing::field::Empty,
-        error.type = tracing::field::Empty,
-    )
 }
 
 /// Records a decision's outcome on its span.
 pub(crate) fn record_decision(
-    span: &Span,
-    reason: &str,
+    span: &mut OtelSpan,
+    reason: &'static str,
     match_permille: Option<u16>,
     worker: &str,
 ) {
-    span.record("router.decision.reason", reason);
+    span.set_attribute(KeyValue::new("router.decision.reason", reason));
     if let Some(permille) = match_permille {
-        span.record("router.decision.match_rate", f64::from(permille) / 1000.0);
+        span.set_attribute(KeyValue::new(
+            "router.decision.match_rate",
+            f64::from(permille) / 1000.0,
+        ));
     }
-    span.record("router.worker", worker);
+    span.set_attribute(KeyValue::new("router.worker", worker.to_owned()));
 }
 
 /// Records that no worker could be chosen.
-pub(crate) fn record_no_decision(span: &Span, error: &dyn std::fmt::Display) {
-    span.record("otel.status_code", "ERROR");
-    span.record("error.type", tracing::field::display(error));
+pub(crate) fn record_no_decision(span: &mut OtelSpan, error: &dyn std::fmt::Display) {
+    record_error(span, error);
 }
 
-/// The client span of one upstream attempt (`resend` is 0 for the first,
-/// then the retry's number) to `worker`. The answering attempt's span ends
-/// with the response body (see [`record_body_end`]).
-pub(crate) fn attempt_span(method: &http::Method, worker: &str, resend: u32) -> Span {
-    tracing::info_span!(
-        target: TARGET,
-        "attempt",
-        otel.name = %format_args!("{} {}", method.as_str(), worker),
-        otel.kind = "client",
-        otel.status_code = tracing::field::Empty,
-        http.request.method = method.as_str(),
-        url.full = worker,
-        http.request.resend_count = i64::from(resend),
-        http.response.status_code = tracing::field::Empty,
-        error.type = tracing::field::Empty,
-        router.retry.cause = tracing::field::Empty,
-        router.time_to_first_byte_ms = tracing::field::Empty,
-        router.body.end = tracing::field::Empty,
-    )
+/// Marks `span` failed, `error.type` the error's text.
+fn record_error(span: &mut OtelSpan, error: &dyn std::fmt::Display) {
+    span.set_status(Status::error(""));
+    span.set_attribute(KeyValue::new("error.type", error.to_string()));
 }
 
 /// Records on an attempt or leg span the time from `sent` (just before the
 /// request went out) to its response head.
-pub(crate) fn record_first_byte(span: &Span, sent: tokio::time::Instant) {
-    span.record(
+pub(crate) fn record_first_byte(span: &mut OtelSpan, sent: tokio::time::Instant) {
+    span.set_attribute(KeyValue::new(
         "router.time_to_first_byte_ms",
         sent.elapsed().as_secs_f64() * 1000.0,
-    );
+    ));
 }
 
 /// Records how the response body an attempt or decode leg span carries
-/// ended, and makes now the span's end (see [`stamp_end`]). A body that
-/// failed (upstream reset, idle or request timeout) makes the span an
-/// error; a client that went away does not (the worker did nothing wrong),
-/// it is only marked.
-pub(crate) fn record_body_end(span: &Span, end: crate::body::BodyEnd) {
+/// ended, and ends the span now. A body that failed (upstream reset, idle
+/// or request timeout) makes the span an error; a client that went away
+/// does not (the worker did nothing wrong), it is only marked.
+pub(crate) fn record_body_end(span: &mut OtelSpan, end: crate::body::BodyEnd) {
     use crate::body::BodyEnd;
     let end = match end {
         BodyEnd::Complete => "complete",
         BodyEnd::Failed => {
-            span.record("otel.status_code", "ERROR");
+            span.set_status(Status::error(""));
             "failed"
         }
         BodyEnd::Dropped => "client_disconnected",
     };
-    span.record("router.body.end", end);
-    stamp_end(span);
-}
-
-/// Makes now the end of `span` as exported. `tracing-opentelemetry` ends
-/// a span at its last exit, not when its last handle drops: a span that
-/// outlives its last entry (an attempt's, held by the response body) is
-/// entered and left once more where it really ends.
-pub(crate) fn stamp_end(span: &Span) {
-    span.in_scope(|| {});
+    span.set_attribute(KeyValue::new("router.body.end", end));
+    span.end();
 }
 
 /// What the leg spans of a traced prefill/decode request name besides
@@ -211,6 +306,8 @@ pub(crate) fn stamp_end(span: &Span) {
 /// the transport sends a leg.
 #[derive(Debug)]
 pub(crate) struct PdLegs {
+    /// The request's trace: every leg span is a child of its server span.
+    pub(crate) traced: Traced,
     /// The connector's name (`nixl`, `mooncake`, ...).
     pub(crate) connector: &'static str,
     /// The client's path, the tail of every leg's URL after the worker's.
@@ -219,13 +316,14 @@ pub(crate) struct PdLegs {
     /// transport parks it here because the decode body outlives the leg's
     /// send: `pd::proxy` hands it to the client's response body, or ends
     /// it when the attempt fails.
-    decode: parking_lot::Mutex<Option<Span>>,
+    decode: parking_lot::Mutex<Option<OtelSpan>>,
 }
 
 impl PdLegs {
-    /// The legs of a request for `path` through `connector`.
-    pub(crate) fn new(connector: &'static str, path: String) -> Self {
+    /// The legs of the request `traced` for `path` through `connector`.
+    pub(crate) fn new(traced: Traced, connector: &'static str, path: String) -> Self {
         Self {
+            traced,
             connector,
             path,
             decode: parking_lot::Mutex::new(None),
@@ -234,14 +332,14 @@ impl PdLegs {
 
     /// Keeps a decode leg's span alive past its response head. A failed
     /// attempt's was taken when it failed, so nothing is replaced here.
-    pub(crate) fn park_decode(&self, span: Span) {
-        // Dropped outside the lock: closing a span exports it.
+    pub(crate) fn park_decode(&self, span: OtelSpan) {
+        // Dropped outside the lock: ending a span hands it to the export.
         let previous = self.decode.lock().replace(span);
         drop(previous);
     }
 
     /// The parked decode leg's span, if any.
-    pub(crate) fn take_decode(&self) -> Option<Span> {
+    pub(crate) fn take_decode(&self) -> Option<OtelSpan> {
         self.decode.lock().take()
     }
 }
@@ -251,7 +349,7 @@ impl PdLegs {
 /// the client's path), the connector and the size of the body's
 /// `kv_transfer_params` (compact JSON, as sent; absent when the body has
 /// none). Traced requests only: the body is parsed once more here.
-pub(crate) fn leg_span(legs: &PdLegs, phase: &'static str, url: &str, body: &[u8]) -> Span {
+pub(crate) fn leg_span(legs: &PdLegs, phase: &'static str, url: &str, body: &[u8]) -> OtelSpan {
     #[derive(serde::Deserialize)]
     struct KvParams {
         kv_transfer_params: Option<serde_json::Value>,
@@ -264,76 +362,108 @@ pub(crate) fn leg_span(legs: &PdLegs, phase: &'static str, url: &str, body: &[u8
         .ok()
         .and_then(|params| params.kv_transfer_params)
         .and_then(|params| serde_json::to_vec(&params).ok())
-        .map(|bytes| i64::try_from(bytes.len()).unwrap_or(i64::MAX));
-    tracing::info_span!(
-        target: TARGET,
-        "leg",
-        otel.name = phase,
-        otel.kind = "client",
-        otel.status_code = tracing::field::Empty,
-        http.request.method = "POST",
-        url.full = url,
-        server.address = host,
-        server.port = port,
-        router.worker = worker,
-        router.pd.phase = phase,
-        router.pd.connector = legs.connector,
-        router.pd.kv_transfer_params.bytes = kv_bytes,
-        http.response.status_code = tracing::field::Empty,
-        error.type = tracing::field::Empty,
-        router.time_to_first_byte_ms = tracing::field::Empty,
-        router.body.end = tracing::field::Empty,
-    )
+        .map(|bytes| count(bytes.len()));
+    let mut attributes = Vec::with_capacity(12);
+    attributes.push(KeyValue::new("http.request.method", "POST"));
+    attributes.push(KeyValue::new("url.full", url.to_owned()));
+    if let Some(host) = host {
+        attributes.push(KeyValue::new("server.address", host.to_owned()));
+    }
+    if let Some(port) = port {
+        attributes.push(KeyValue::new("server.port", port));
+    }
+    attributes.push(KeyValue::new("router.worker", worker.to_owned()));
+    attributes.push(KeyValue::new("router.pd.phase", phase));
+    attributes.push(KeyValue::new("router.pd.connector", legs.connector));
+    if let Some(bytes) = kv_bytes {
+        attributes.push(KeyValue::new("router.pd.kv_transfer_params.bytes", bytes));
+    }
+    legs.traced.child(phase, SpanKind::Client, attributes)
 }
 
-/// Writes `span`'s context into `headers` as `traceparent` (and
-/// `tracestate`), replacing what the client sent. Nothing when the span
-/// has no OpenTelemetry context (no layer installed).
-pub(crate) fn inject(span: &Span, headers: &mut HeaderMap) {
-    let context = span.context();
-    use opentelemetry::trace::TraceContextExt as _;
-    if context.span().span_context().is_valid() {
-        TraceContextPropagator::new().inject_context(&context, &mut HeaderInjector(headers));
+/// Writes `context` into `headers` as `traceparent` (and `tracestate`
+/// when it has one), replacing what the client sent. The header is
+/// written byte by byte: it is fixed-size hex.
+pub(crate) fn inject_context(context: &SpanContext, headers: &mut HeaderMap) {
+    if !context.is_valid() {
+        return;
+    }
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    // "00-" 32 hex "-" 16 hex "-" 2 hex.
+    let mut out = [0u8; 55];
+    out[..3].copy_from_slice(b"00-");
+    let mut at = 3;
+    let mut put = |bytes: &[u8], at: &mut usize| {
+        for byte in bytes {
+            out[*at] = HEX[usize::from(byte >> 4)];
+            out[*at + 1] = HEX[usize::from(byte & 0x0f)];
+            *at += 2;
+        }
+    };
+    put(&context.trace_id().to_bytes(), &mut at);
+    let trace_end = at;
+    at += 1;
+    put(&context.span_id().to_bytes(), &mut at);
+    let span_end = at;
+    at += 1;
+    put(&[context.trace_flags().to_u8()], &mut at);
+    out[trace_end] = b'-';
+    out[span_end] = b'-';
+    if let Ok(value) = http::HeaderValue::from_bytes(&out) {
+        headers.insert(TRACEPARENT, value);
+    }
+    let state = context.trace_state().header();
+    match http::HeaderValue::from_str(&state) {
+        Ok(value) if !state.is_empty() => {
+            headers.insert(TRACESTATE, value);
+        }
+        _ => {
+            headers.remove(TRACESTATE);
+        }
     }
 }
 
-/// `request` with `span`'s context in its headers (see [`inject`]), when
-/// there is a span.
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+
+/// `request` with `span`'s context in its headers (see
+/// [`inject_context`]), when there is a span.
 pub(crate) fn with_context<B>(
-    span: Option<&Span>,
+    span: Option<&OtelSpan>,
     mut request: http::Request<B>,
 ) -> http::Request<B> {
     if let Some(span) = span {
-        inject(span, request.headers_mut());
+        inject_context(span.span_context(), request.headers_mut());
     }
     request
 }
 
 /// Records the worker's status on an attempt span (5xx is an error).
-/// Integers are recorded as `i64`: `tracing-opentelemetry` exports
-/// unsigned ones as strings.
-pub(crate) fn record_attempt_status(span: &Span, status: u16) {
-    span.record("http.response.status_code", i64::from(status));
+pub(crate) fn record_attempt_status(span: &mut OtelSpan, status: u16) {
+    span.set_attribute(KeyValue::new(
+        "http.response.status_code",
+        i64::from(status),
+    ));
     if status >= 500 {
-        span.record("otel.status_code", "ERROR");
-        span.record("error.type", tracing::field::display(status));
+        span.set_status(Status::error(""));
+        span.set_attribute(KeyValue::new("error.type", status.to_string()));
     }
 }
 
 /// Records why an attempt failed before a response.
-pub(crate) fn record_attempt_error(span: &Span, error: &dyn std::fmt::Display) {
-    span.record("otel.status_code", "ERROR");
-    span.record("error.type", tracing::field::display(error));
+pub(crate) fn record_attempt_error(span: &mut OtelSpan, error: &dyn std::fmt::Display) {
+    record_error(span, error);
 }
 
 /// Records that the request is retried after this attempt, and why.
-pub(crate) fn record_retry(span: &Span, cause: &dyn std::fmt::Display) {
-    span.record("router.retry.cause", tracing::field::display(cause));
+pub(crate) fn record_retry(span: &mut OtelSpan, cause: &dyn std::fmt::Display) {
+    span.set_attribute(KeyValue::new("router.retry.cause", cause.to_string()));
 }
 
 pin_project_lite::pin_project! {
     /// A response body that holds the request's server span, so that the
-    /// span ends with the last byte (or when the client goes away).
+    /// span ends with the last byte (or when the client goes away). It
+    /// only forwards frames: the span ends once, when the body is dropped.
     pub(crate) struct SpanBody<B> {
         // Dropped first: an attempt span the inner body holds ends before
         // the server span below.
@@ -344,22 +474,22 @@ pin_project_lite::pin_project! {
 }
 
 impl<B> SpanBody<B> {
-    pub(crate) fn new(inner: B, span: Span) -> Self {
+    pub(crate) fn new(inner: B, traced: Traced) -> Self {
         Self {
             inner,
-            span: EndsOnDrop(span),
+            span: EndsOnDrop(traced),
         }
     }
 }
 
-/// A span whose end is when it is dropped ([`stamp_end`]), not its last
-/// poll: a client that goes away while the upstream is stalled ends the
-/// server span then.
-struct EndsOnDrop(Span);
+/// A server span whose end is when it is dropped, not its last poll: a
+/// client that goes away while the upstream is stalled ends the server
+/// span then.
+struct EndsOnDrop(Traced);
 
 impl Drop for EndsOnDrop {
     fn drop(&mut self) {
-        stamp_end(&self.0);
+        self.0.end();
     }
 }
 
@@ -371,9 +501,7 @@ impl<B: Body> Body for SpanBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.project();
-        let _entered = this.span.0.enter();
-        this.inner.poll_frame(cx)
+        self.project().inner.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -382,5 +510,101 @@ impl<B: Body> Body for SpanBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// The layer of [`Tracing::layer`]: it takes no `tracing` span or event
+/// (so it costs the host's subscriber nothing); it only carries the
+/// pipeline's tracer, which the router finds in the current dispatcher
+/// ([`tracing::Dispatch::downcast_ref`]) when it starts a traced request.
+pub(crate) struct TraceLayer {
+    pub(crate) tracer: SdkTracer,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TraceLayer {
+    fn register_callsite(
+        &self,
+        _metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::never()
+    }
+
+    fn enabled(
+        &self,
+        _metadata: &tracing::Metadata<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+
+    /// The CLI's subscriber: a filtered log layer and the pipeline's
+    /// layer, boxed in a list. The router finds the tracer through it,
+    /// and finds none under a subscriber without the pipeline's layer.
+    #[test]
+    fn the_router_finds_the_pipeline_through_a_hosts_layer_list() {
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        type Boxed = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let tracing = Tracing::start(&ExportConfig::default(), runtime.handle().clone()).unwrap();
+        let log = || -> Boxed {
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::sink)
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+                .boxed()
+        };
+        {
+            let logs_only = tracing_subscriber::registry().with(vec![log()]);
+            let _default = tracing::subscriber::set_default(logs_only);
+            assert!(current_tracer().is_none());
+        }
+        let layers: Vec<Boxed> = vec![log(), tracing.layer().boxed()];
+        let with_pipeline = tracing_subscriber::registry().with(layers);
+        let _default = tracing::subscriber::set_default(with_pipeline);
+        assert!(current_tracer().is_some());
+    }
+
+    #[test]
+    fn traceparent_is_w3c_hex_and_tracestate_follows_the_context() {
+        let trace_id = TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+        let span_id = SpanId::from_hex("00f067aa0ba902b7").unwrap();
+        let state: TraceState = "vendor=abc".parse().unwrap();
+        let context = SpanContext::new(trace_id, span_id, TraceFlags::SAMPLED, false, state);
+        let mut headers = HeaderMap::new();
+        headers.insert("tracestate", http::HeaderValue::from_static("client=1"));
+        inject_context(&context, &mut headers);
+        assert_eq!(
+            headers["traceparent"],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        assert_eq!(headers["tracestate"], "vendor=abc");
+        // The propagator reads back what was written.
+        let read = TraceContextPropagator::new().extract(&HeaderExtractor(&headers));
+        assert_eq!(read.span().span_context().trace_id(), trace_id);
+        assert_eq!(read.span().span_context().span_id(), span_id);
+
+        // No state: a client's tracestate does not go on under our span.
+        let bare = SpanContext::new(
+            trace_id,
+            span_id,
+            TraceFlags::default(),
+            false,
+            TraceState::default(),
+        );
+        inject_context(&bare, &mut headers);
+        assert_eq!(
+            headers["traceparent"],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+        );
+        assert!(headers.get("tracestate").is_none());
     }
 }

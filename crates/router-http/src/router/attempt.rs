@@ -33,7 +33,7 @@ pub(super) struct Answered {
     pub(super) success: bool,
     /// The attempt's span, which ends with the response body.
     #[cfg(feature = "otel")]
-    pub(super) span: Option<tracing::Span>,
+    pub(super) span: Option<crate::otel::OtelSpan>,
 }
 
 /// An attempt that failed in a way another worker may fix.
@@ -42,7 +42,7 @@ pub(super) struct Failure {
     cause: Cause,
     /// The attempt's span, which records the retry cause if one follows.
     #[cfg(feature = "otel")]
-    span: Option<tracing::Span>,
+    span: Option<crate::otel::OtelSpan>,
 }
 
 enum Cause {
@@ -70,8 +70,9 @@ pub(super) struct Regular<'a> {
     pub(super) retries: RequestRetries<'a>,
     /// Workers that failed this request, left out of later attempts.
     pub(super) failed: Vec<Arc<Worker>>,
+    /// The request's trace, when it is traced.
     #[cfg(feature = "otel")]
-    pub(super) traced: bool,
+    pub(super) traced: Option<&'a crate::otel::Traced>,
 }
 
 impl Regular<'_> {
@@ -97,14 +98,14 @@ impl Regular<'_> {
         };
         pool.require_available(&pick)?;
         #[cfg(feature = "otel")]
-        let decision = self.traced.then(|| {
+        let mut decision = self.traced.map(|traced| {
             let policy = pool.policies().policy(self.context.model).ok();
             let name = policy.as_deref().map_or("", lb_policies::PolicyState::name);
-            crate::otel::decision_span(name, pick.workers().len())
+            traced.decision_span(name, pick.workers().len())
         });
         let reserved = pool.choose_reserved(&pick, &self.context);
         #[cfg(feature = "otel")]
-        if let Some(span) = &decision {
+        if let Some(span) = &mut decision {
             match &reserved {
                 Ok(reserved) => crate::otel::record_decision(
                     span,
@@ -141,9 +142,9 @@ impl Attempts for Regular<'_> {
         };
         let worker = Arc::clone(guard.worker());
         #[cfg(feature = "otel")]
-        let span = self
+        let mut span = self
             .traced
-            .then(|| crate::otel::attempt_span(&self.parts.method, worker.url(), n));
+            .map(|traced| traced.attempt_span(&self.parts.method, worker.url(), n));
         #[cfg(not(feature = "otel"))]
         let _ = n;
         let upstream =
@@ -160,10 +161,10 @@ impl Attempts for Regular<'_> {
         let upstream = crate::otel::with_context(span.as_ref(), upstream);
         let sent = shared.client.send_before(upstream, Some(self.deadline));
         #[cfg(feature = "otel")]
-        let sent = match &span {
+        let sent = match &mut span {
             Some(span) => {
                 let started = Instant::now();
-                let sent = tracing::Instrument::instrument(sent, span.clone()).await;
+                let sent = sent.await;
                 crate::otel::record_first_byte(span, started);
                 sent
             }
@@ -172,7 +173,7 @@ impl Attempts for Regular<'_> {
         #[cfg(not(feature = "otel"))]
         let sent = sent.await;
         #[cfg(feature = "otel")]
-        if let Some(span) = &span {
+        if let Some(span) = &mut span {
             match &sent {
                 Ok(response) => {
                     crate::otel::record_attempt_status(span, response.status().as_u16())
@@ -255,10 +256,10 @@ impl Attempts for Regular<'_> {
             worker,
             cause,
             #[cfg(feature = "otel")]
-            span,
+            mut span,
         } = failure;
         #[cfg(feature = "otel")]
-        if let Some(span) = &span {
+        if let Some(span) = &mut span {
             match &cause {
                 Cause::Send(err) => crate::otel::record_retry(span, err),
                 Cause::Status { response, .. } => crate::otel::record_retry(

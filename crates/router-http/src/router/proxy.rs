@@ -36,7 +36,7 @@ impl Router {
         // Spans of the decision and the attempts, under the server span
         // (`Router::handle`), only when this request is traced.
         #[cfg(feature = "otel")]
-        let traced = request.extensions().get::<crate::otel::Traced>().is_some();
+        let traced = request.extensions().get::<crate::otel::Traced>().cloned();
         if !self.is_accepting() {
             return Err(ApiError::ShuttingDown);
         }
@@ -50,7 +50,7 @@ impl Router {
         // and the response body (in the body wrapper).
         let admit = tokio::time::timeout_at(deadline, shared.limiter.admit());
         #[cfg(feature = "otel")]
-        let admit = crate::otel::phase(traced, "admission", admit);
+        let admit = crate::otel::phase(traced.as_ref(), "admission", admit);
         let permit = admit.await.map_err(|_elapsed| ApiError::RequestTimeout {
             phase: "waiting for admission",
             timeout,
@@ -63,12 +63,12 @@ impl Router {
             crate::payload::read_limited(body, &parts.headers, shared.config.max_payload_size),
         );
         #[cfg(feature = "otel")]
-        let read = crate::otel::phase(traced, "read body", read);
+        let read = crate::otel::phase(traced.as_ref(), "read body", read);
         let bytes = read
             .await
             .map_err(|_elapsed| ApiError::RequestBodyTimeout(body_timeout))??;
         #[cfg(feature = "otel")]
-        let extract_span = traced.then(crate::otel::extract_span);
+        let extract_span = traced.as_ref().map(crate::otel::Traced::extract_span);
         // A P/D request's legs are its body rewritten as a JSON value: its
         // one parse is into that value, which routing and tokenizing read
         // too. Any other request's is into borrowed views.
@@ -104,15 +104,15 @@ impl Router {
         // The extraction's span ends here (it is not entered: the work
         // may run on the tokenizer pool).
         #[cfg(feature = "otel")]
-        if let Some(span) = extract_span {
-            crate::otel::record_routing_input(&span, &info.routing);
+        if let Some(mut span) = extract_span {
+            crate::otel::record_routing_input(&mut span, &info.routing);
         }
         let model = info.model.unwrap_or_default();
         let routing = info.routing;
         let request_id = shared.ids.resolve(&parts.headers);
         #[cfg(feature = "otel")]
-        if traced {
-            crate::otel::record_request(&model, &request_id.value);
+        if let Some(traced) = &traced {
+            traced.record_request(&model, &request_id.value);
         }
 
         let session = parts
@@ -172,7 +172,7 @@ impl Router {
             retries,
             failed: Vec::new(),
             #[cfg(feature = "otel")]
-            traced,
+            traced: traced.as_ref(),
         };
         let answered = run_attempts(&mut attempts, ()).await?;
         let idle = shared.config.stream_idle_timeout;
@@ -264,7 +264,7 @@ struct InFlight {
     /// with the body, as the load does. `None` when untraced, so tracing
     /// off adds nothing here but the empty field.
     #[cfg(feature = "otel")]
-    span: Option<tracing::Span>,
+    span: Option<crate::otel::OtelSpan>,
 }
 
 impl InFlight {
@@ -286,7 +286,8 @@ impl InFlight {
 }
 
 impl Finish for InFlight {
-    fn finish(self, end: BodyEnd) {
+    #[cfg_attr(not(feature = "otel"), allow(unused_mut))]
+    fn finish(mut self, end: BodyEnd) {
         let metrics = &self.shared.metrics;
         match end {
             BodyEnd::Complete => metrics.bodies_completed.inc(),
@@ -304,7 +305,7 @@ impl Finish for InFlight {
             guard.record_outcome(outcome);
         }
         #[cfg(feature = "otel")]
-        if let Some(span) = &self.span {
+        if let Some(span) = &mut self.span {
             crate::otel::record_body_end(span, end);
         }
         // The guard, the permit and the span are released here, by being
