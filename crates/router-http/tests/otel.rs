@@ -1113,6 +1113,146 @@ async fn each_leg_of_a_prefill_decode_request_is_a_span_continued_into_its_engin
     pd.stop().await;
 }
 
+/// A conversation's next turn routed by `kv_aware` on token ids: the
+/// extract span says the router routed on tokens and how many (the ids the
+/// engine computes), the decision span names kv_aware, the exact-score
+/// reason and the engine that holds the conversation's blocks, and that
+/// engine continues the attempt's span.
+#[cfg(all(feature = "tokens", feature = "kv-events"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokenized_kv_aware_turn_is_traced_from_its_tokens_to_the_engine_holding_them() {
+    use lb_policies::PolicyConfig;
+    use prompt_tokens::PromptTokenizer;
+    use router_http::tokens::Tokenizers;
+
+    pipeline();
+    let engines = common::kv_engines(EngineConfig::default(), 2).await;
+    let chars_per_token = engine_sim::ModelConfig::default().chars_per_token;
+    let config = RouterConfig {
+        policy: PolicyConfig::named("kv_aware"),
+        tokenizers: Tokenizers::default()
+            .with_default(Arc::new(PromptTokenizer::synthetic(chars_per_token))),
+        kv_events: common::kv_events_config(&engines),
+        ..unscraped_config()
+    };
+    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
+    let fixture = Fixture::start_with_urls(config, Vec::new(), &urls).await;
+    let _background = fixture.router.spawn_background();
+
+    let conversation = |turns: usize| {
+        let mut messages = vec![serde_json::json!({
+            "role": "system",
+            "content": "You keep the logbook of the lighthouse at Skagen. ".repeat(16),
+        })];
+        for t in 0..turns {
+            messages.push(serde_json::json!({"role": "user", "content": format!("Entry {t}?")}));
+            messages
+                .push(serde_json::json!({"role": "assistant", "content": format!("Logged {t}.")}));
+        }
+        messages.push(serde_json::json!({"role": "user", "content": "Next entry?"}));
+        serde_json::json!({"model": "sim-model", "messages": messages, "max_tokens": 4})
+    };
+
+    // The first turn lands somewhere; wait until the router's index holds
+    // every block the engines stored, so the next turn is scored exactly.
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        conversation(0).to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+    let owner = engines
+        .iter()
+        .position(|e| e.stats().requests_finished == 1)
+        .expect("one engine served the first turn");
+    let held = engines[owner].cached_block_hashes().len() as u64;
+    assert!(held > 0);
+    let hub = fixture
+        .router
+        .kv_events()
+        .expect("kv_aware has a hub")
+        .clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while hub.index().counters().stored_blocks < held {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the index never saw the blocks"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let trace_id = "6e0c63257de34c926f9efcd03927272e";
+    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+    let next = conversation(1);
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("traceparent", &traceparent),
+        ],
+        next.to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+
+    // Server, admission, read body, extract, route, one attempt.
+    let spans = spans_of(&unhex(trace_id), 6).await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(spans.len(), 6, "{names:?}");
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .expect("the server span");
+    assert_eq!(hex(&server.parent_span_id), PARENT_SPAN);
+    let one = |name: &str| -> &Span {
+        let found: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
+        assert_eq!(found.len(), 1, "one {name} span in {names:?}");
+        found[0]
+    };
+
+    // The ids the router routed on are the ones the engine computes.
+    let extract = one("extract");
+    assert_eq!(extract.parent_span_id, server.span_id);
+    assert_eq!(str_attr(extract, "router.routing_input"), "tokens");
+    let request = prompt_tokens::ChatRequest::from_value(&next).unwrap();
+    let ids = PromptTokenizer::synthetic(chars_per_token)
+        .chat_tokens(&request)
+        .unwrap();
+    assert_eq!(int_attr(extract, "router.routing_tokens"), ids.len() as i64);
+
+    // kv_aware chose the engine holding the first turn's blocks, on their
+    // exact score, among both engines.
+    let owner_url = engines[owner].url();
+    let route = one("route");
+    assert_eq!(route.parent_span_id, server.span_id);
+    assert_eq!(str_attr(route, "router.policy"), "kv_aware");
+    assert_eq!(int_attr(route, "router.candidates"), 2);
+    assert_eq!(str_attr(route, "router.decision.reason"), "kv_hit");
+    assert_eq!(str_attr(route, "router.worker"), owner_url);
+    assert!(float_attr(route, "router.decision.match_rate") > 0.0);
+    assert!(extract.end_time_unix_nano <= route.start_time_unix_nano);
+
+    let attempt = one(&format!("POST {owner_url}"));
+    assert_eq!(attempt.parent_span_id, server.span_id);
+    assert_eq!(attempt.kind, SpanKind::Client as i32);
+    assert_eq!(int_attr(attempt, "http.response.status_code"), 200);
+    assert!(route.end_time_unix_nano <= attempt.start_time_unix_nano);
+    // The owner served both turns, and continued this one's attempt span.
+    assert_eq!(engines[owner].stats().requests_finished, 2);
+    let expected = format!("00-{trace_id}-{}-01", hex(&attempt.span_id));
+    assert_eq!(
+        engines[owner].traceparents().last(),
+        Some(&expected),
+        "{:?}",
+        engines[owner].traceparents()
+    );
+}
+
 /// A pipeline of a test's own exporting to a receiver of its own, its
 /// layer this thread's subscriber: every span a router on this thread
 /// builds reaches the receiver.
