@@ -22,9 +22,19 @@
 //!     --o200k --chat-template $T/openai-gpt-oss-120b.jinja
 //! ```
 //!
-//! `--loop PHASE SECONDS` runs one phase (`parse`, `render`, `warm`) on
-//! the 8 KB body for that long and prints nothing else: a loop for `perf
-//! record`.
+//! `--loop PHASE CALLS` runs one phase (`parse`, `render`, `warm`) on
+//! `CALLS` fresh 8 KB bodies and prints nothing else: a loop for `perf
+//! record`, or for counting instructions where the machine is too busy
+//! for timings to mean much (callgrind's inclusive counts of the phases'
+//! functions, divided by `CALLS`):
+//!
+//! ```sh
+//! valgrind --tool=callgrind --collect-atstart=no \
+//!     --toggle-collect='prompt_tokens::request::ChatRequest::from_json' \
+//!     --toggle-collect='prompt_tokens::tokenizer::PromptTokenizer::chat_tokens' \
+//!     target/release/examples/chat_phases --model-dir ... --loop warm 200
+//! callgrind_annotate --inclusive=yes callgrind.out.PID | grep -E 'from_json|chat_tokens|render_until|encode_chat'
+//! ```
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -73,7 +83,7 @@ struct Args {
     o200k: bool,
     template: Option<PathBuf>,
     rounds: usize,
-    looped: Option<(String, f64)>,
+    looped: Option<(String, usize)>,
 }
 
 fn args() -> Result<Args, String> {
@@ -94,8 +104,8 @@ fn args() -> Result<Args, String> {
             "--rounds" => out.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
             "--loop" => {
                 let phase = value()?;
-                let seconds = value()?.parse().map_err(|e| format!("--loop: {e}"))?;
-                out.looped = Some((phase, seconds));
+                let calls = value()?.parse().map_err(|e| format!("--loop: {e}"))?;
+                out.looped = Some((phase, calls));
             }
             other => return Err(format!("unknown argument {other}")),
         }
@@ -200,11 +210,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for bytes in [1024, 8192] {
         tokenizer.chat_tokens(&ChatRequest::from_json(chat_body(bytes, 0).as_bytes())?)?;
     }
-    if let Some((phase, seconds)) = &args.looped {
-        let started = Instant::now();
-        while started.elapsed().as_secs_f64() < *seconds {
-            time_phase(&tokenizer, phase, 8192, 500, &mut serial)?;
-        }
+    if let Some((phase, calls)) = &args.looped {
+        time_phase(&tokenizer, phase, 8192, *calls, &mut serial)?;
         return Ok(());
     }
     for bytes in [1024, 8192] {
