@@ -65,7 +65,19 @@ pub(crate) struct AddedTokens {
     dfa: DFA,
     ids: Vec<u32>,
     first: FirstBytes,
+    /// Each pattern's bytes, by pattern index.
+    patterns: Vec<Box<[u8]>>,
+    /// Whether no other pattern starts with this one and is longer: where
+    /// such a pattern matches, it is the longest match there, so a match
+    /// found by comparing its bytes is the automaton's (see
+    /// [`AddedTokens::find_iter`]).
+    maximal: Vec<bool>,
 }
+
+/// How many recently matched tokens [`AddedTokens::find_iter`] tries by
+/// comparison before it runs the automaton: a chat rendering repeats
+/// two or three tokens (a turn's header, its end) dozens of times.
+const RECENT: usize = 4;
 
 /// One added token found in a text: `text[start..end]` is its string.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,15 +105,19 @@ impl AddedTokens {
             .prefilter(false)
             .build(&patterns)
             .map_err(|e| e.to_string())?;
+        let maximal = maximal_patterns(&patterns);
         Ok(Some(Self {
             dfa,
             ids,
             first: FirstBytes::of(&patterns),
+            patterns: patterns.iter().map(|p| p.as_bytes().into()).collect(),
+            maximal,
         }))
     }
 
-    /// The longest token that starts at `at`, if any.
-    fn longest_at(&self, haystack: &[u8], at: usize) -> Option<Found> {
+    /// The longest token that starts at `at`, if any, with its pattern
+    /// index.
+    fn longest_at(&self, haystack: &[u8], at: usize) -> Option<(Found, usize)> {
         let mut state = self.dfa.start_state(Anchored::Yes).ok()?;
         let mut longest = None;
         for (offset, &byte) in haystack[at..].iter().enumerate() {
@@ -116,11 +132,14 @@ impl AddedTokens {
                 let pattern = self.dfa.match_pattern(state, 0);
                 // Anchored, the match ends here and starts at `at`.
                 if self.dfa.pattern_len(pattern) == offset + 1 {
-                    longest = Some(Found {
-                        start: at,
-                        end: at + offset + 1,
-                        id: self.ids[pattern.as_usize()],
-                    });
+                    longest = Some((
+                        Found {
+                            start: at,
+                            end: at + offset + 1,
+                            id: self.ids[pattern.as_usize()],
+                        },
+                        pattern.as_usize(),
+                    ));
                 }
             }
         }
@@ -129,12 +148,44 @@ impl AddedTokens {
 
     /// The tokens in `text`, in order, non-overlapping: the leftmost, the
     /// longest there, then on from its end.
+    ///
+    /// At each place a token may start, the [`RECENT`] tokens matched last
+    /// whose patterns no longer pattern extends (`maximal`) are
+    /// compared first: one that is there is the longest match there (a
+    /// longer match would be a pattern it is a proper prefix of), so it is
+    /// exactly what the automaton would find, for a `memcmp` of its bytes.
     pub(crate) fn find_iter<'t>(&'t self, text: &'t str) -> impl Iterator<Item = Found> + 't {
         let haystack = text.as_bytes();
         let mut from = 0;
+        // Pattern indices, most recent first; `usize::MAX` is empty.
+        let mut recent = [usize::MAX; RECENT];
         std::iter::from_fn(move || {
             while let Some(at) = self.first.find(haystack, from) {
-                if let Some(found) = self.longest_at(haystack, at) {
+                let rest = &haystack[at..];
+                let hit = recent.iter().position(|&p| {
+                    self.patterns
+                        .get(p)
+                        .is_some_and(|bytes| rest.starts_with(bytes))
+                });
+                let found = match hit {
+                    Some(slot) => {
+                        let pattern = recent[slot];
+                        recent[..=slot].rotate_right(1);
+                        Some(Found {
+                            start: at,
+                            end: at + self.patterns[pattern].len(),
+                            id: self.ids[pattern],
+                        })
+                    }
+                    None => self.longest_at(haystack, at).map(|(found, pattern)| {
+                        if self.maximal[pattern] {
+                            recent.rotate_right(1);
+                            recent[0] = pattern;
+                        }
+                        found
+                    }),
+                };
+                if let Some(found) = found {
                     from = found.end;
                     return Some(found);
                 }
@@ -144,6 +195,27 @@ impl AddedTokens {
             None
         })
     }
+}
+
+/// For each of `patterns`, whether no other pattern is longer and starts
+/// with it. The patterns sorted, a pattern is a proper prefix of another
+/// exactly when it is one of the next longer pattern in that order that
+/// differs from it: anything starting with it sorts right after it.
+fn maximal_patterns(patterns: &[&str]) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..patterns.len()).collect();
+    order.sort_unstable_by_key(|&i| patterns[i].as_bytes());
+    let mut maximal = vec![true; patterns.len()];
+    for (at, &i) in order.iter().enumerate() {
+        let pattern = patterns[i].as_bytes();
+        let next = order[at + 1..]
+            .iter()
+            .map(|&j| patterns[j].as_bytes())
+            .find(|other| *other != pattern);
+        if next.is_some_and(|other| other.starts_with(pattern)) {
+            maximal[i] = false;
+        }
+    }
+    maximal
 }
 
 #[cfg(test)]
@@ -250,6 +322,33 @@ mod tests {
             }
             (tokens, text)
         })
+    }
+
+    #[test]
+    fn a_pattern_is_maximal_unless_a_longer_one_starts_with_it() {
+        let patterns = ["<|e", "<|end|>", "<|end|>x", "<|e", "[b]", "<|eot|>", "<"];
+        assert_eq!(
+            maximal_patterns(&patterns),
+            [false, false, true, false, true, true, false]
+        );
+    }
+
+    #[test]
+    fn repeated_tokens_found_by_comparison_equal_the_automatons() {
+        // A chat rendering's shape: the same few tokens again and again,
+        // one of them a prefix of a longer one that appears only later.
+        let tokens = owned(&[
+            ("<|start|>", 1),
+            ("<|end|>", 2),
+            ("<|end|>!", 3),
+            ("<|eot|>", 4),
+            ("<|", 5),
+        ]);
+        let turn = "<|start|>user<|end|>\n\nhello<|eot|>";
+        let text = format!("{}<|end|>!<|end|><|<|start|", turn.repeat(50));
+        let found = ours(&tokens, &text);
+        assert_eq!(found.len(), 50 * 3 + 4);
+        assert_eq!(found, reference(&tokens, &text));
     }
 
     proptest! {

@@ -214,7 +214,8 @@ fn main() {
     if quick {
         cases.retain(|c| c.body_bytes == 1024 && c.connections != 256);
     }
-    // `--only 1KB_nonstream_32c` runs one case (for profiling).
+    // `--only 1KB_nonstream_32c` runs one case (for profiling);
+    // `--only 1KB_nonstream_32c,8KB_nonstream_32c` those two, in one run.
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -227,7 +228,10 @@ fn main() {
             if case.stream { "stream16" } else { "nonstream" },
             case.connections
         );
-        if only.as_ref().is_some_and(|only| *only != name) {
+        if only
+            .as_ref()
+            .is_some_and(|only| !only.split(',').any(|one| one == name))
+        {
             continue;
         }
         let direct = measure(case, upstream, None, duration);

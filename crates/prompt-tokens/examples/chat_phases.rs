@@ -1,0 +1,237 @@
+//! Where a warm multi-turn chat's tokenizing time goes, phase by phase, on
+//! a real model's template and tokenizer: the conversations of the
+//! router's `overhead` example (1 KB: 6 messages; 8 KB: 68), whose last
+//! message is new on every request, so the segment cache holds the rest.
+//!
+//! Per request, microseconds, the median of `--rounds` rounds:
+//!
+//! * `parse`: `ChatRequest::from_json` of the body;
+//! * `render`: `PromptTokenizer::chat_text` of the parsed request (the
+//!   chat template: message preparation, context, rendering);
+//! * `warm`: `from_json` + `chat_tokens`, the whole warm path (render,
+//!   then the rendering cut at the added tokens, every segment but the new
+//!   one found in the cache, the new one encoded).
+//!
+//! `warm - parse - render` is the segment lookups and the encoding.
+//!
+//! ```sh
+//! M=target/template-corpus/models T=target/template-corpus/templates
+//! cargo run --release -p prompt-tokens --example chat_phases -- \
+//!     --model-dir $M/llama3_1 --chat-template $T/meta-llama-Llama-3.1-8B-Instruct.jinja
+//! cargo run --release -p prompt-tokens --example chat_phases -- \
+//!     --o200k --chat-template $T/openai-gpt-oss-120b.jinja
+//! ```
+//!
+//! `--loop PHASE CALLS` runs one phase (`parse`, `render`, `warm`) on
+//! `CALLS` fresh 8 KB bodies and prints nothing else: a loop for `perf
+//! record`, or for counting instructions where the machine is too busy
+//! for timings to mean much (callgrind's inclusive counts of the phases'
+//! functions, divided by `CALLS`):
+//!
+//! ```sh
+//! valgrind --tool=callgrind --collect-atstart=no \
+//!     --toggle-collect='prompt_tokens::request::ChatRequest::from_json' \
+//!     --toggle-collect='prompt_tokens::tokenizer::PromptTokenizer::chat_tokens' \
+//!     target/release/examples/chat_phases --model-dir ... --loop warm 200
+//! callgrind_annotate --inclusive=yes callgrind.out.PID | grep -E 'from_json|chat_tokens|render_until|encode_chat'
+//! ```
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use prompt_tokens::tiktoken::{O200K_FIRST_SPECIAL_ID, format_ranks};
+use prompt_tokens::{ChatRequest, PromptTokenizer, TokenizerConfig, TokenizerOptions};
+use serde_json::{Value, json};
+
+/// A chat body of about `bytes` bytes as the overhead example sends it: a
+/// system prompt, earlier user/assistant turns while a whole one fits, the
+/// system prompt padded to the size, and a new ~200-byte question carrying
+/// `serial`.
+fn chat_body(bytes: usize, serial: u64) -> String {
+    let body = |system: &str, history: &[Value], serial: u64| {
+        let mut messages = vec![json!({"role": "system", "content": system})];
+        messages.extend(history.iter().cloned());
+        messages.push(json!({"role": "user", "content": format!(
+            "Question #{serial:09} from pool {}: which engine served the request with the \
+             longest shared prefix, how many tokens matched, and would the answer change \
+             under twice the load?", serial % 10)}));
+        json!({"model": "m", "messages": messages, "max_tokens": 16, "stream": false}).to_string()
+    };
+    let mut system = "You are a helpful assistant for an operations team. You answer \
+                      questions about request routing, caches and engines."
+        .to_owned();
+    let mut history = Vec::new();
+    let mut turn = 0;
+    while body(&system, &history, 0).len() + 300 < bytes {
+        history.push(json!({"role": "user", "content": format!(
+            "Turn {turn}: the p99 latency of engine {} rose to {} ms after the deploy; \
+             is its cache cold?", turn % 4, 180 + turn * 7)}));
+        history.push(json!({"role": "assistant", "content": format!(
+            "Probably: engine {} restarted at 10:{:02} and has served few repeated \
+             prefixes since.", turn % 4, turn % 60)}));
+        turn += 1;
+    }
+    while body(&system, &history, 0).len() < bytes {
+        system.push_str(" Be terse.");
+    }
+    body(&system, &history, serial)
+}
+
+struct Args {
+    model_dir: Option<PathBuf>,
+    o200k: bool,
+    template: Option<PathBuf>,
+    rounds: usize,
+    looped: Option<(String, usize)>,
+}
+
+fn args() -> Result<Args, String> {
+    let mut out = Args {
+        model_dir: None,
+        o200k: false,
+        template: None,
+        rounds: 7,
+        looped: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--model-dir" => out.model_dir = Some(value()?.into()),
+            "--chat-template" => out.template = Some(value()?.into()),
+            "--o200k" => out.o200k = true,
+            "--rounds" => out.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
+            "--loop" => {
+                let phase = value()?;
+                let calls = value()?.parse().map_err(|e| format!("--loop: {e}"))?;
+                out.looped = Some((phase, calls));
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if out.model_dir.is_none() && !out.o200k {
+        return Err("give --model-dir DIR or --o200k".into());
+    }
+    Ok(out)
+}
+
+fn tokenizer(args: &Args) -> Result<PromptTokenizer, Box<dyn std::error::Error>> {
+    if let Some(dir) = &args.model_dir {
+        return Ok(PromptTokenizer::from_path(dir, args.template.as_deref())?);
+    }
+    let bpe = tiktoken_rs::o200k_base()?;
+    let ranks = (0..O200K_FIRST_SPECIAL_ID)
+        .map(|rank| bpe.decode_bytes(&[rank]).map(|bytes| (bytes, rank)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let template = match &args.template {
+        Some(path) => std::fs::read_to_string(path)?,
+        None => prompt_tokens::templates::HARMONY.to_owned(),
+    };
+    let config = TokenizerConfig {
+        chat_template: Some(template),
+        ..TokenizerConfig::default()
+    };
+    Ok(PromptTokenizer::from_tiktoken(
+        &format_ranks(ranks),
+        config,
+        TokenizerOptions::default(),
+    )?)
+}
+
+/// Where the serial sits in a [`chat_body`] made with serial 0.
+const SERIAL_ZERO: &str = "#000000000";
+
+/// `count` bodies of `bytes` bytes, each with the next serial: a new last
+/// message each, as a conversation's next turn has.
+fn fresh_bodies(bytes: usize, count: usize, serial: &mut u64) -> Vec<String> {
+    let template = chat_body(bytes, 0);
+    let at = template.find(SERIAL_ZERO).unwrap_or(0);
+    (0..count)
+        .map(|_| {
+            *serial += 1;
+            let mut body = template.clone();
+            body.replace_range(at..at + SERIAL_ZERO.len(), &format!("#{:09}", *serial));
+            body
+        })
+        .collect()
+}
+
+/// Microseconds per call of `phase` over `count` fresh bodies of `bytes`
+/// bytes (made, and parsed for `render`, before the clock starts).
+fn time_phase(
+    tokenizer: &PromptTokenizer,
+    phase: &str,
+    bytes: usize,
+    count: usize,
+    serial: &mut u64,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let bodies = fresh_bodies(bytes, count, serial);
+    let parsed: Vec<ChatRequest> = if phase == "render" {
+        bodies
+            .iter()
+            .map(|b| ChatRequest::from_json(b.as_bytes()))
+            .collect::<Result<_, _>>()?
+    } else {
+        Vec::new()
+    };
+    let started = Instant::now();
+    match phase {
+        "parse" => {
+            for body in &bodies {
+                black_box(ChatRequest::from_json(black_box(body.as_bytes()))?);
+            }
+        }
+        "render" => {
+            for request in &parsed {
+                black_box(tokenizer.chat_text(black_box(request))?);
+            }
+        }
+        _ => {
+            for body in &bodies {
+                let request = ChatRequest::from_json(black_box(body.as_bytes()))?;
+                black_box(tokenizer.chat_tokens(&request)?);
+            }
+        }
+    }
+    Ok(started.elapsed().as_secs_f64() * 1e6 / count.max(1) as f64)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = args()?;
+    let tokenizer = tokenizer(&args)?;
+    let mut serial = 0;
+    // Warm the segment cache with the history every body shares.
+    for bytes in [1024, 8192] {
+        tokenizer.chat_tokens(&ChatRequest::from_json(chat_body(bytes, 0).as_bytes())?)?;
+    }
+    if let Some((phase, calls)) = &args.looped {
+        time_phase(&tokenizer, phase, 8192, *calls, &mut serial)?;
+        return Ok(());
+    }
+    for bytes in [1024, 8192] {
+        let body = chat_body(bytes, 0);
+        let messages = ChatRequest::from_json(body.as_bytes())?
+            .message_count()
+            .unwrap_or(0);
+        let mut figures = Vec::new();
+        for phase in ["parse", "render", "warm"] {
+            let rounds: Vec<f64> = (0..args.rounds.max(1))
+                // About 0.2 s a round.
+                .map(|_| time_phase(&tokenizer, phase, bytes, 8_000_000 / bytes, &mut serial))
+                .collect::<Result<_, _>>()?;
+            figures.push(format!("\"{phase}_us\": {:.1}", median(rounds)));
+        }
+        println!(
+            "{{\"body_bytes\": {}, \"messages\": {messages}, {}}}",
+            body.len(),
+            figures.join(", ")
+        );
+    }
+    Ok(())
+}
