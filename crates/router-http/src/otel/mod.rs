@@ -459,9 +459,11 @@ impl Tracing {
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
     {
+        use tracing_subscriber::Layer as _;
         TraceLayer {
             tracer: self.provider.tracer("router-http"),
         }
+        .with_filter(tracing_subscriber::filter::LevelFilter::OFF)
     }
 
     /// Exports every finished span now, waiting for the export (a test, or

@@ -513,30 +513,19 @@ impl<B: Body> Body for SpanBody<B> {
     }
 }
 
-/// The layer of [`Tracing::layer`]: it takes no `tracing` span or event
-/// (so it costs the host's subscriber nothing); it only carries the
-/// pipeline's tracer, which the router finds in the current dispatcher
+/// The layer of [`Tracing::layer`]: it only carries the pipeline's
+/// tracer, which the router finds in the current dispatcher
 /// ([`tracing::Dispatch::downcast_ref`]) when it starts a traced request.
+/// `Tracing::layer` wraps it in a per-layer filter that passes nothing:
+/// it sees no span or event of the host, and it has no say in which
+/// ones the host's other layers see. (A plain layer that answered
+/// `Interest::never()` or `enabled: false` would switch every callsite
+/// off for the whole subscriber, logs included.)
 pub(crate) struct TraceLayer {
     pub(crate) tracer: SdkTracer,
 }
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TraceLayer {
-    fn register_callsite(
-        &self,
-        _metadata: &'static tracing::Metadata<'static>,
-    ) -> tracing::subscriber::Interest {
-        tracing::subscriber::Interest::never()
-    }
-
-    fn enabled(
-        &self,
-        _metadata: &tracing::Metadata<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) -> bool {
-        false
-    }
-}
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TraceLayer {}
 
 #[cfg(test)]
 mod tests {
@@ -571,6 +560,49 @@ mod tests {
         let with_pipeline = tracing_subscriber::registry().with(layers);
         let _default = tracing::subscriber::set_default(with_pipeline);
         assert!(current_tracer().is_some());
+    }
+
+    /// Counts the events a layer is given.
+    struct CountEvents(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountEvents {
+        fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// A host that stacks the pipeline's layer on its log layer, above it
+    /// or below it, keeps every log event, and the router finds the
+    /// tracer through the stack.
+    #[test]
+    fn the_pipelines_layer_leaves_a_hosts_logs_as_they_were() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let tracing = Tracing::start(&ExportConfig::default(), runtime.handle().clone()).unwrap();
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let events = || seen.load(std::sync::atomic::Ordering::Relaxed);
+        {
+            let above = tracing_subscriber::registry()
+                .with(CountEvents(std::sync::Arc::clone(&seen)))
+                .with(tracing.layer());
+            let _default = tracing::subscriber::set_default(above);
+            tracing::info!("a host's log line");
+            tracing::debug!("and a debug one");
+            assert!(current_tracer().is_some());
+        }
+        assert_eq!(events(), 2, "the pipeline's layer above the log layer");
+        {
+            let below = tracing_subscriber::registry()
+                .with(tracing.layer())
+                .with(CountEvents(std::sync::Arc::clone(&seen)));
+            let _default = tracing::subscriber::set_default(below);
+            tracing::warn!("a host's log line");
+            assert!(current_tracer().is_some());
+        }
+        assert_eq!(events(), 3, "the pipeline's layer below the log layer");
     }
 
     #[test]
