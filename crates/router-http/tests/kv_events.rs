@@ -91,25 +91,6 @@ async fn send(fixture: &Fixture, engines: &[EngineHandle], body: String) -> usiz
     served[0]
 }
 
-/// Waits (bounded) until `fixture`'s index has applied at least `blocks`
-/// stored blocks: the engines' events are asynchronous, as in production.
-async fn wait_for_blocks(fixture: &Fixture, blocks: u64) {
-    let hub = fixture
-        .router
-        .kv_events()
-        .expect("kv_aware has a hub")
-        .clone();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while hub.index().counters().stored_blocks < blocks {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the index applied {} of {blocks} blocks",
-            hub.index().counters().stored_blocks
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Sends a chat completion through `fixture`; its status.
 async fn chat(fixture: &Fixture, body: String) -> StatusCode {
     call(fixture.addr, "POST", "/v1/chat/completions", &[], body)
@@ -143,8 +124,8 @@ async fn alternate(policy: &str, sessions: usize, turns: usize) -> Vec<Vec<usize
         if policy == "kv_aware" {
             // Both replicas have seen every block the engines stored.
             let held = engine_blocks(&engines);
-            wait_for_blocks(&a, held).await;
-            wait_for_blocks(&b, held).await;
+            common::wait_for_blocks(&a, held).await;
+            common::wait_for_blocks(&b, held).await;
         }
         for s in order {
             let engine = send(replica, &engines, turn(s, t)).await;
@@ -194,7 +175,7 @@ async fn workers_and_metrics_show_each_streams_state() {
 
     let status = chat(&fixture, turn(0, 0)).await;
     assert_eq!(status, StatusCode::OK);
-    wait_for_blocks(&fixture, engine_blocks(&engines)).await;
+    common::wait_for_blocks(&fixture, engine_blocks(&engines)).await;
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let workers = loop {
@@ -245,7 +226,7 @@ async fn a_removed_worker_leaves_the_index() {
     let (fixture, _background) = replica("kv_aware", &engines).await;
     let status = chat(&fixture, turn(1, 0)).await;
     assert_eq!(status, StatusCode::OK);
-    wait_for_blocks(&fixture, engine_blocks(&engines)).await;
+    common::wait_for_blocks(&fixture, engine_blocks(&engines)).await;
     let hub = fixture.router.kv_events().unwrap().clone();
     assert!(hub.index().stats().pairs > 0);
     let key = fixture.workers()[0].key().to_owned();

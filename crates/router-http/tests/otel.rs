@@ -1170,19 +1170,7 @@ async fn a_tokenized_kv_aware_turn_is_traced_from_its_tokens_to_the_engine_holdi
         .expect("one engine served the first turn");
     let held = engines[owner].cached_block_hashes().len() as u64;
     assert!(held > 0);
-    let hub = fixture
-        .router
-        .kv_events()
-        .expect("kv_aware has a hub")
-        .clone();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while hub.index().counters().stored_blocks < held {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the index never saw the blocks"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::wait_for_blocks(&fixture, held).await;
 
     let trace_id = "6e0c63257de34c926f9efcd03927272e";
     let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");

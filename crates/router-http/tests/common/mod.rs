@@ -222,6 +222,26 @@ pub fn kv_events_config(engines: &[EngineHandle]) -> router_http::kv_events::KvE
     config
 }
 
+/// Waits (bounded) until `fixture`'s index has applied at least `blocks`
+/// stored blocks: the engines' events are asynchronous, as in production.
+#[cfg(feature = "kv-events")]
+pub async fn wait_for_blocks(fixture: &Fixture, blocks: u64) {
+    let hub = fixture
+        .router
+        .kv_events()
+        .expect("kv_aware has a hub")
+        .clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while hub.index().counters().stored_blocks < blocks {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the index applied {} of {blocks} blocks",
+            hub.index().counters().stored_blocks
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The JSON of a body.
 pub fn json(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes)
