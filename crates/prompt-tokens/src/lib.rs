@@ -163,7 +163,9 @@ pub use error::{Error, Result};
 pub use hf::{SegmentMode, TextEncoder};
 pub use interrupt::Interrupt;
 pub use messages::ContentFormat;
-pub use request::{ChatRequest, CompletionPrompt, CompletionRequest};
+pub use request::{
+    ChatFields, ChatRequest, CompletionPrompt, CompletionRequest, Conversation, TextPieces,
+};
 pub use synthetic::{
     synthetic_chat_text, synthetic_count, synthetic_tokenize, synthetic_tokenize_into,
 };

@@ -11,12 +11,13 @@
 //! `preserve_order` feature is on), which matters only for templates that
 //! print whole objects.
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 
 use minijinja::Value;
 use minijinja::value::{Enumerator, Object, ObjectExt};
-use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::de::{self as de, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::error::{Error, Result};
@@ -27,7 +28,24 @@ pub(crate) struct TemplateValue(pub(crate) Value);
 
 impl<'de> Deserialize<'de> for TemplateValue {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        JsonSeed.deserialize(deserializer).map(TemplateValue)
+        let repeated = Cell::new(false);
+        JsonSeed(&repeated)
+            .deserialize(deserializer)
+            .map(TemplateValue)
+    }
+}
+
+/// A request's `messages` as the template sees them, and whether some
+/// object in them repeated a key (the template sees the last value; a
+/// reader of the JSON that refuses repeated fields would not read it).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MessagesValue(pub(crate) Value, bool);
+
+impl<'de> Deserialize<'de> for MessagesValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let repeated = Cell::new(false);
+        let value = JsonSeed(&repeated).deserialize(deserializer)?;
+        Ok(Self(value, repeated.get()))
     }
 }
 
@@ -104,9 +122,17 @@ pub(crate) fn small_map_get<'v>(value: &'v Value, key: &str) -> Option<Option<&'
 /// An object from its key/value pairs in order; a repeated key keeps its
 /// first position and takes the last value (as a Python dict does, and as
 /// minijinja's own map does).
-pub(crate) fn object_from_pairs(mut pairs: Vec<(Value, Value)>) -> Value {
-    if pairs.len() > SMALL_MAP_KEYS {
-        return Value::from_iter(pairs);
+pub(crate) fn object_from_pairs(pairs: Vec<(Value, Value)>) -> Value {
+    object_noting_repeats(pairs).0
+}
+
+/// [`object_from_pairs`], and whether some key was repeated.
+fn object_noting_repeats(mut pairs: Vec<(Value, Value)>) -> (Value, bool) {
+    let given = pairs.len();
+    if given > SMALL_MAP_KEYS {
+        let object = Value::from_iter(pairs);
+        let repeated = object.len() != Some(given);
+        return (object, repeated);
     }
     let mut at = 1;
     while at < pairs.len() {
@@ -117,24 +143,27 @@ pub(crate) fn object_from_pairs(mut pairs: Vec<(Value, Value)>) -> Value {
             at += 1;
         }
     }
-    Value::from_object(SmallMap { entries: pairs })
+    let repeated = pairs.len() != given;
+    (Value::from_object(SmallMap { entries: pairs }), repeated)
 }
 
 /// Deserializes any self-describing input (JSON) straight into template
 /// values: strings, numbers, booleans and `null` as minijinja's own
 /// deserializer makes them, arrays as value vectors, objects through
-/// [`object_from_pairs`].
-struct JsonSeed;
+/// [`object_from_pairs`]. Sets the flag when some object repeats a key
+/// (the value keeps the last, as a Python dict does).
+#[derive(Clone, Copy)]
+struct JsonSeed<'f>(&'f Cell<bool>);
 
-impl<'de> DeserializeSeed<'de> for JsonSeed {
+impl<'de> DeserializeSeed<'de> for JsonSeed<'_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        deserializer.deserialize_any(JsonVisitor)
+        deserializer.deserialize_any(JsonVisitor(self.0))
     }
 }
 
-struct JsonVisitor;
+struct JsonVisitor<'f>(&'f Cell<bool>);
 
 macro_rules! visit_primitive {
     ($($name:ident: $ty:ty),* $(,)?) => {
@@ -144,7 +173,7 @@ macro_rules! visit_primitive {
     };
 }
 
-impl<'de> Visitor<'de> for JsonVisitor {
+impl<'de> Visitor<'de> for JsonVisitor<'_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -172,12 +201,12 @@ impl<'de> Visitor<'de> for JsonVisitor {
     }
 
     fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        JsonSeed.deserialize(deserializer)
+        JsonSeed(self.0).deserialize(deserializer)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
-        while let Some(item) = seq.next_element_seed(JsonSeed)? {
+        while let Some(item) = seq.next_element_seed(JsonSeed(self.0))? {
             items.push(item);
         }
         Ok(Value::from(items))
@@ -185,11 +214,15 @@ impl<'de> Visitor<'de> for JsonVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(4).min(SMALL_MAP_KEYS));
-        while let Some(key) = map.next_key_seed(JsonSeed)? {
-            let value = map.next_value_seed(JsonSeed)?;
+        while let Some(key) = map.next_key_seed(JsonSeed(self.0))? {
+            let value = map.next_value_seed(JsonSeed(self.0))?;
             pairs.push((key, value));
         }
-        Ok(object_from_pairs(pairs))
+        let (object, repeated) = object_noting_repeats(pairs);
+        if repeated {
+            self.0.set(true);
+        }
+        Ok(object)
     }
 }
 
@@ -205,7 +238,7 @@ fn yes() -> bool {
 /// `add_special_tokens = false`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
-    pub(crate) messages: TemplateValue,
+    pub(crate) messages: MessagesValue,
     #[serde(default)]
     pub(crate) tools: Option<TemplateValue>,
     #[serde(default)]
@@ -258,7 +291,7 @@ impl ChatRequest {
     /// A request with these messages (a JSON array of message objects) and
     /// every other field at its default.
     pub fn new(messages: &serde_json::Value) -> Result<Self> {
-        let messages = TemplateValue::deserialize(messages)
+        let messages = MessagesValue::deserialize(messages)
             .map_err(|e| Error::InvalidRequest(e.to_string()))?;
         Ok(Self {
             messages,
@@ -294,6 +327,229 @@ impl ChatRequest {
     /// Whether the request asks for the generation prompt.
     pub fn add_generation_prompt(&self) -> bool {
         self.add_generation_prompt
+    }
+}
+
+/// The fields of a `/v1/chat/completions` body that decide the prompt,
+/// read during a parse the caller drives: a host that reads other fields of
+/// the same body (a router's `model` and `stream`) parses it once, handing
+/// each key to [`read`](Self::read), and gets from
+/// [`finish`](Self::finish) the request [`ChatRequest::from_json`] gives for
+/// that body.
+///
+/// ```
+/// use prompt_tokens::ChatFields;
+/// use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+///
+/// /// A body's `model`, with its prompt's fields, from one parse.
+/// struct ModelAndPrompt;
+///
+/// impl<'de> Visitor<'de> for ModelAndPrompt {
+///     type Value = (Option<String>, ChatFields);
+///
+///     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("a chat request")
+///     }
+///
+///     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+///         let (mut model, mut fields) = (None, ChatFields::default());
+///         while let Some(key) = map.next_key::<String>()? {
+///             if key == "model" {
+///                 model = Some(map.next_value()?);
+///             } else if !fields.read(&key, &mut map)? {
+///                 map.next_value::<IgnoredAny>()?;
+///             }
+///         }
+///         Ok((model, fields))
+///     }
+/// }
+///
+/// let body = br#"{"model": "m", "messages": [{"role": "user", "content": "Hi"}]}"#;
+/// let mut de = serde_json::Deserializer::from_slice(body);
+/// let (model, fields) = de.deserialize_map(ModelAndPrompt).unwrap();
+/// let request = fields.finish(body.len()).unwrap();
+/// assert_eq!(model.as_deref(), Some("m"));
+/// assert_eq!(request.message_count(), Some(1));
+/// ```
+#[derive(Debug, Default)]
+pub struct ChatFields {
+    messages: Option<MessagesValue>,
+    tools: Option<TemplateValue>,
+    documents: Option<TemplateValue>,
+    chat_template_kwargs: Option<TemplateValue>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: bool,
+    add_special_tokens: bool,
+    /// One bit per field read, in [`CHAT_FIELDS`]'s order.
+    seen: u8,
+}
+
+/// The fields [`ChatFields`] reads, by name.
+const CHAT_FIELDS: [&str; 7] = [
+    "messages",
+    "tools",
+    "documents",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+];
+
+impl ChatFields {
+    /// Reads the value of `key` from `map` when `key` is one of the
+    /// prompt's fields (`messages`, `tools`, `documents`,
+    /// `chat_template_kwargs`, `add_generation_prompt`,
+    /// `continue_final_message`, `add_special_tokens`) and answers `true`;
+    /// answers `false` and reads nothing for any other key, whose value the
+    /// caller reads or skips. A field given twice is an error, as it is for
+    /// [`ChatRequest::from_json`].
+    pub fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: &str,
+        map: &mut A,
+    ) -> Result<bool, A::Error> {
+        let Some(index) = CHAT_FIELDS.iter().position(|name| *name == key) else {
+            return Ok(false);
+        };
+        let bit = 1u8 << index;
+        if self.seen & bit != 0 {
+            return Err(de::Error::duplicate_field(CHAT_FIELDS[index]));
+        }
+        self.seen |= bit;
+        match index {
+            0 => self.messages = Some(map.next_value()?),
+            1 => self.tools = map.next_value()?,
+            2 => self.documents = map.next_value()?,
+            3 => self.chat_template_kwargs = map.next_value()?,
+            4 => self.add_generation_prompt = Some(map.next_value()?),
+            5 => self.continue_final_message = map.next_value()?,
+            _ => self.add_special_tokens = map.next_value()?,
+        }
+        Ok(true)
+    }
+
+    /// The request, given the length of the body read (a size hint for the
+    /// rendering); an error when the body had no `messages`.
+    pub fn finish(self, body_len: usize) -> Result<ChatRequest> {
+        let messages = self
+            .messages
+            .ok_or_else(|| Error::InvalidRequest("missing field `messages`".into()))?;
+        Ok(ChatRequest {
+            messages,
+            tools: self.tools,
+            documents: self.documents,
+            chat_template_kwargs: self.chat_template_kwargs,
+            add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
+            continue_final_message: self.continue_final_message,
+            add_special_tokens: self.add_special_tokens,
+            body_len,
+        })
+    }
+}
+
+impl ChatRequest {
+    /// The conversation as plain text, for a reader that routes or logs on
+    /// text rather than on the rendered prompt: each message's `role` and
+    /// the text of its `content` (a string; or a list whose strings and
+    /// objects' string `text` fields are its text; anything else has
+    /// none).
+    ///
+    /// `None` for messages of another shape: not a list; a message that is
+    /// not an object with a string `role`, or that has more than 16 keys;
+    /// a content list holding something other than strings and objects of
+    /// at most 16 keys; some object of the messages repeating a key.
+    pub fn conversation(&self) -> Option<Conversation<'_>> {
+        if self.messages.1 {
+            return None;
+        }
+        let messages = self.messages.0.downcast_object_ref::<Vec<Value>>()?;
+        let readable = messages.iter().all(|message| {
+            let Some(fields) = small_map_entries(message) else {
+                return false;
+            };
+            let role = fields.iter().find(|(k, _)| k.as_str() == Some("role"));
+            let role_is_text = role.is_some_and(|(_, role)| role.as_str().is_some());
+            role_is_text
+                && content_of(fields).is_none_or(|content| {
+                    content
+                        .downcast_object_ref::<Vec<Value>>()
+                        .is_none_or(|parts| parts.iter().all(part_is_readable))
+                })
+        });
+        readable.then_some(Conversation { messages })
+    }
+}
+
+/// A message's `content`, when it has one.
+fn content_of(fields: &[(Value, Value)]) -> Option<&Value> {
+    fields
+        .iter()
+        .find(|(k, _)| k.as_str() == Some("content"))
+        .map(|(_, v)| v)
+}
+
+/// Whether a content list's item is a string or a (small) object.
+fn part_is_readable(part: &Value) -> bool {
+    part.as_str().is_some() || small_map_entries(part).is_some()
+}
+
+/// The text of a content part: the string itself, or an object's string
+/// `text`.
+fn part_text(part: &Value) -> Option<&str> {
+    match small_map_get(part, "text") {
+        Some(text) => text.and_then(Value::as_str),
+        None => part.as_str(),
+    }
+}
+
+/// A chat request's messages as plain text ([`ChatRequest::conversation`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Conversation<'a> {
+    messages: &'a [Value],
+}
+
+impl<'a> Conversation<'a> {
+    /// Each message's role and the text pieces of its content, in order.
+    pub fn messages(&self) -> impl Iterator<Item = (&'a str, TextPieces<'a>)> + Clone + 'a {
+        self.messages.iter().map(|message| {
+            let fields = small_map_entries(message).unwrap_or_default();
+            let role = fields
+                .iter()
+                .find(|(k, _)| k.as_str() == Some("role"))
+                .and_then(|(_, role)| role.as_str())
+                .unwrap_or_default();
+            let pieces = match content_of(fields) {
+                Some(content) => match content.downcast_object_ref::<Vec<Value>>() {
+                    Some(parts) => Pieces::Parts(parts.iter()),
+                    None => Pieces::One(content.as_str()),
+                },
+                None => Pieces::One(None),
+            };
+            (role, TextPieces(pieces))
+        })
+    }
+}
+
+/// The text pieces of one message's content, in order.
+#[derive(Debug, Clone)]
+pub struct TextPieces<'a>(Pieces<'a>);
+
+#[derive(Debug, Clone)]
+enum Pieces<'a> {
+    /// A content that is one string, or none.
+    One(Option<&'a str>),
+    /// A content list: the text of each part that has one.
+    Parts(std::slice::Iter<'a, Value>),
+}
+
+impl<'a> Iterator for TextPieces<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        match &mut self.0 {
+            Pieces::One(text) => text.take(),
+            Pieces::Parts(parts) => parts.find_map(part_text),
+        }
     }
 }
 

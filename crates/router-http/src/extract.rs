@@ -401,15 +401,37 @@ fn missing(field: &str) -> ApiError {
 /// Renders chat messages in order as `role: text\n`, text parts of
 /// multi-part content concatenated, other parts (images, audio) skipped.
 fn render_messages(messages: &[Message<'_>]) -> String {
+    routing_text(messages.iter().map(|message| {
+        let (whole, parts) = match &message.content {
+            Content::Text(text) => (Some(&**text), &[][..]),
+            Content::Parts(parts) => (None, &parts[..]),
+            Content::Missing | Content::Other => (None, &[][..]),
+        };
+        let pieces = whole
+            .into_iter()
+            .chain(parts.iter().filter_map(|part| part.text.as_deref()));
+        (&*message.role, pieces)
+    }))
+}
+
+/// The routing text of a conversation given as each message's role and the
+/// pieces of its text: `role: text\n` per message, in order (the format of
+/// a chat request's [`RequestInfo::routing`]).
+pub(crate) fn routing_text<'t, P>(messages: impl Iterator<Item = (&'t str, P)> + Clone) -> String
+where
+    P: Iterator<Item = &'t str>,
+{
     let capacity = messages
-        .iter()
-        .map(|message| message.role.len() + 3 + message.content.text_len())
+        .clone()
+        .map(|(role, pieces)| role.len() + 3 + pieces.map(str::len).sum::<usize>())
         .sum();
     let mut text = String::with_capacity(capacity);
-    for message in messages {
-        text.push_str(&message.role);
+    for (role, pieces) in messages {
+        text.push_str(role);
         text.push_str(": ");
-        message.content.push_text(&mut text);
+        for piece in pieces {
+            text.push_str(piece);
+        }
         text.push('\n');
     }
     text
@@ -532,31 +554,6 @@ enum Content<'a> {
     Parts(Vec<ContentPart<'a>>),
     /// `null` content (assistant tool calls) and anything unexpected.
     Other,
-}
-
-impl Content<'_> {
-    fn text_len(&self) -> usize {
-        match self {
-            Self::Text(text) => text.len(),
-            Self::Parts(parts) => parts
-                .iter()
-                .map(|part| part.text.as_ref().map_or(0, |text| text.len()))
-                .sum(),
-            Self::Missing | Self::Other => 0,
-        }
-    }
-
-    fn push_text(&self, out: &mut String) {
-        match self {
-            Self::Text(text) => out.push_str(text),
-            Self::Parts(parts) => {
-                for text in parts.iter().filter_map(|part| part.text.as_deref()) {
-                    out.push_str(text);
-                }
-            }
-            Self::Missing | Self::Other => {}
-        }
-    }
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {

@@ -45,6 +45,12 @@ pub fn request_body(data: &[u8]) {
         ),
         (text, value) => panic!("the text reads {text:?}, the value {value:?}"),
     }
+    // A chat routed on tokens is read in one parse where that reads as
+    // `extract` and the prompt's own parse do.
+    #[cfg(feature = "tokens")]
+    if route == ApiKind::ChatCompletions {
+        crate::tokens::once::check_against_two_parses(body);
+    }
     match extracted {
         Ok(info) => {
             // Rendering adds "role: " and "\n" per message: at most a few

@@ -75,13 +75,17 @@
 //! assert!(config.tokenizers.for_model("any-model").is_some());
 //! ```
 
+pub(crate) mod once;
+
 use crate::error::ApiError;
 use crate::extract::{ApiKind, Extracted, ParsedBody, RequestInfo, RoutingInputBuf};
 use crate::metrics::Counter;
 use bytes::Bytes;
+use once::ChatOnce;
 use prom_text::{Exposition, MetricType};
 use prompt_tokens::{ChatRequest, CompletionRequest, Error, Interrupt, PromptTokenizer};
 use serde_json::Value;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -173,8 +177,7 @@ impl ModelTokens {
                 .and_then(|request| tokenizer.completion_tokens_until(&request, interrupt)),
             _ => return None,
         };
-        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.compute_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.add_compute(started);
         Some(match ids {
             Ok(ids) => {
                 self.routed.inc();
@@ -197,6 +200,12 @@ impl ModelTokens {
         })
     }
 
+    /// Counts the time since `started` in [`compute_seconds`](Self::compute_seconds).
+    fn add_compute(&self, started: Instant) {
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.compute_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
     /// Time spent computing requests' token ids (body parse, template
     /// rendering, tokenization), in seconds: the part of the router's CPU
     /// time that routing on tokens adds (on the request's task for small
@@ -209,25 +218,27 @@ impl ModelTokens {
 /// What a request's token ids are computed from.
 #[derive(Clone, Copy)]
 enum Source<'a> {
-    /// The body's text, parsed for the prompt (the regular path, whose
-    /// one parse is into borrowed views that keep no more than the routing
-    /// text needs).
+    /// The body's text, parsed for the prompt after `extract` read it:
+    /// a completion, and a chat [`ChatOnce`] leaves to the two parses.
     Text(&'a [u8]),
     /// The value the body was parsed into ([`ParsedBody`]), and the body's
     /// length.
     Value(&'a Value, usize),
+    /// A chat request already read ([`ChatOnce`]).
+    Request(&'a ChatRequest),
 }
 
-impl Source<'_> {
-    fn chat(self) -> Result<ChatRequest, Error> {
+impl<'a> Source<'a> {
+    fn chat(self) -> Result<Cow<'a, ChatRequest>, Error> {
         match self {
-            Self::Text(body) => ChatRequest::from_json(body),
+            Self::Text(body) => ChatRequest::from_json(body).map(Cow::Owned),
             // The value keeps the client's key order (the workspace's
             // serde_json has `preserve_order`): the same request as the
             // text's.
             Self::Value(value, len) => {
-                ChatRequest::from_value(value).map(|request| request.with_body_len(len))
+                ChatRequest::from_value(value).map(|request| Cow::Owned(request.with_body_len(len)))
             }
+            Self::Request(request) => Ok(Cow::Borrowed(request)),
         }
     }
 
@@ -235,6 +246,9 @@ impl Source<'_> {
         match self {
             Self::Text(body) => CompletionRequest::from_json(body),
             Self::Value(value, _) => CompletionRequest::from_value(value),
+            Self::Request(_) => Err(Error::InvalidRequest(
+                "a chat request is not a completion".into(),
+            )),
         }
     }
 }
@@ -370,8 +384,40 @@ impl Tokenizers {
             info.routing = self.route_until(kind, body, model, text, interrupt);
             return Ok(info);
         }
+        let started = Instant::now();
+        if let Some(once) = ChatOnce::read(body) {
+            return Ok(self.with_chat_ids(once, started, interrupt));
+        }
         let extracted = crate::extract_deferred(kind, body)?;
         Ok(self.with_ids(kind, extracted, Source::Text(body), interrupt))
+    }
+
+    /// A chat request read once ([`ChatOnce`]) with the engine's token ids
+    /// as its routing input where its model has a tokenizer, its routing
+    /// text where it has none or the ids cannot be computed. The parse,
+    /// begun at `started`, counts in the model's compute time: for a model
+    /// that routes on tokens it is the tokenizing path's parse.
+    fn with_chat_ids(
+        &self,
+        once: ChatOnce,
+        started: Instant,
+        interrupt: Option<&Interrupt>,
+    ) -> RequestInfo {
+        let model = once.info.model.as_deref().unwrap_or_default();
+        let Some(entry) = self.for_model(model) else {
+            return once.into_text_info();
+        };
+        entry.add_compute(started);
+        let source = Source::Request(&once.request);
+        match entry.ids(ApiKind::ChatCompletions, source, model, interrupt) {
+            Some(Ok(ids)) => RequestInfo {
+                routing: RoutingInputBuf::Tokens(ids),
+                ..once.info
+            },
+            // Nobody reads a cancelled request's info: skip its text.
+            Some(Err(NoIds::Cancelled)) => once.info,
+            Some(Err(NoIds::Text)) | None => once.into_text_info(),
+        }
     }
 
     /// `extracted`'s info with the engine's token ids (computed from
