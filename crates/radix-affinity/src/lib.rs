@@ -99,8 +99,9 @@
 //! Why this is safe is written beside the code that relies on it, so that a
 //! change to the code meets the argument:
 //!
-//! - `src/tree.rs`: which operation takes which lock, eviction and removal
-//!   in bounded holds, polling a taken shard lock;
+//! - `src/tree.rs`: which operation takes which lock, polling a taken
+//!   shard lock; `src/tree/evict.rs`: eviction and removal in bounded
+//!   holds;
 //! - `src/shard/mod.rs`: node versions and the walk, why that is enough, what
 //!   an insert locks, what a racing lookup can see, reclamation, and
 //!   eviction's re-validation under the exclusive lock;
