@@ -48,8 +48,14 @@ pub fn request_body(data: &[u8]) {
     // A chat routed on tokens is read in one parse where that reads as
     // `extract` and the prompt's own parse do.
     #[cfg(feature = "tokens")]
-    if route == ApiKind::ChatCompletions {
-        crate::tokens::once::check_against_two_parses(body);
+    match route {
+        ApiKind::ChatCompletions => {
+            crate::tokens::once::check_against_two_parses(body);
+        }
+        ApiKind::Completions => {
+            crate::tokens::once::check_completion_against_two_parses(body);
+        }
+        _ => {}
     }
     match extracted {
         Ok(info) => {

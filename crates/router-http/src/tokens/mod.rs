@@ -81,7 +81,7 @@ use crate::error::ApiError;
 use crate::extract::{ApiKind, Extracted, ParsedBody, RequestInfo, RoutingInputBuf};
 use crate::metrics::Counter;
 use bytes::Bytes;
-use once::ChatOnce;
+use once::{ChatOnce, CompletionOnce};
 use prom_text::{Exposition, MetricType};
 use prompt_tokens::{ChatRequest, CompletionRequest, Error, Interrupt, PromptTokenizer};
 use serde_json::Value;
@@ -218,14 +218,16 @@ impl ModelTokens {
 /// What a request's token ids are computed from.
 #[derive(Clone, Copy)]
 enum Source<'a> {
-    /// The body's text, parsed for the prompt after `extract` read it:
-    /// a completion, and a chat [`ChatOnce`] leaves to the two parses.
+    /// The body's text, parsed for the prompt after `extract` read it: a
+    /// body [`ChatOnce`] or [`CompletionOnce`] leaves to the two parses.
     Text(&'a [u8]),
     /// The value the body was parsed into ([`ParsedBody`]), and the body's
     /// length.
     Value(&'a Value, usize),
     /// A chat request already read ([`ChatOnce`]).
     Request(&'a ChatRequest),
+    /// A completion already read ([`CompletionOnce`]).
+    Completion(&'a CompletionRequest),
 }
 
 impl<'a> Source<'a> {
@@ -239,13 +241,17 @@ impl<'a> Source<'a> {
                 ChatRequest::from_value(value).map(|request| Cow::Owned(request.with_body_len(len)))
             }
             Self::Request(request) => Ok(Cow::Borrowed(request)),
+            Self::Completion(_) => Err(Error::InvalidRequest(
+                "a completion is not a chat request".into(),
+            )),
         }
     }
 
-    fn completion(self) -> Result<CompletionRequest, Error> {
+    fn completion(self) -> Result<Cow<'a, CompletionRequest>, Error> {
         match self {
-            Self::Text(body) => CompletionRequest::from_json(body),
-            Self::Value(value, _) => CompletionRequest::from_value(value),
+            Self::Text(body) => CompletionRequest::from_json(body).map(Cow::Owned),
+            Self::Value(value, _) => CompletionRequest::from_value(value).map(Cow::Owned),
+            Self::Completion(request) => Ok(Cow::Borrowed(request)),
             Self::Request(_) => Err(Error::InvalidRequest(
                 "a chat request is not a completion".into(),
             )),
@@ -377,6 +383,12 @@ impl Tokenizers {
         body: &[u8],
         interrupt: Option<&Interrupt>,
     ) -> Result<RequestInfo, ApiError> {
+        if kind == ApiKind::Completions && !self.is_empty() {
+            let started = Instant::now();
+            if let Some(once) = CompletionOnce::read(body) {
+                return Ok(self.with_completion_ids(once, started, interrupt));
+            }
+        }
         if kind != ApiKind::ChatCompletions || self.is_empty() {
             let mut info = crate::extract(kind, body)?;
             let text = std::mem::take(&mut info.routing);
@@ -390,6 +402,30 @@ impl Tokenizers {
         }
         let extracted = crate::extract_deferred(kind, body)?;
         Ok(self.with_ids(kind, extracted, Source::Text(body), interrupt))
+    }
+
+    /// A completion read once ([`CompletionOnce`]) with the engine's token
+    /// ids as its routing input where its model has a tokenizer and the
+    /// prompt is a text; its ids as given, or its text, otherwise.
+    fn with_completion_ids(
+        &self,
+        once: CompletionOnce,
+        started: Instant,
+        interrupt: Option<&Interrupt>,
+    ) -> RequestInfo {
+        let model = once.info.model.as_deref().unwrap_or_default();
+        let (Some(entry), Some(request)) = (self.for_model(model), &once.request) else {
+            return once.info;
+        };
+        entry.add_compute(started);
+        let source = Source::Completion(request);
+        match entry.ids(ApiKind::Completions, source, model, interrupt) {
+            Some(Ok(ids)) => RequestInfo {
+                routing: RoutingInputBuf::Tokens(ids),
+                ..once.info
+            },
+            Some(Err(_)) | None => once.info,
+        }
     }
 
     /// A chat request read once ([`ChatOnce`]) with the engine's token ids

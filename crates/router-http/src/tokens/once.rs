@@ -20,12 +20,18 @@
 //! twice, and messages of a shape `extract` reads differently from the
 //! template's value ([`ChatRequest::conversation`] says which). The fuzz
 //! target `request_body` and the tests below check the equality.
+//!
+//! A completion is read the same way ([`CompletionOnce`]): the router's
+//! fields, `prompt` and `add_special_tokens` in one visit, for a prompt
+//! that is one text, a batch of one text, or one list of token ids (used
+//! as given); anything else is left to `extract` and
+//! `CompletionRequest::from_json`.
 
 use std::borrow::Cow;
 use std::fmt;
 
-use prompt_tokens::{ChatFields, ChatRequest};
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use prompt_tokens::{ChatFields, ChatRequest, CompletionPrompt, CompletionRequest};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::extract::{RequestInfo, RoutingInputBuf, routing_text};
 
@@ -54,16 +60,11 @@ impl ChatOnce {
         // As in `extract`: one UTF-8 check of the whole body.
         let text = std::str::from_utf8(body).ok()?;
         let mut de = serde_json::Deserializer::from_str(text);
-        let fields = de.deserialize_map(Fields).ok()?;
+        let read = de.deserialize_map(ChatVisit).ok()?;
         de.end().ok()?;
-        let request = fields.prompt.finish(body.len()).ok()?;
+        let request = read.prompt.finish(body.len()).ok()?;
         request.conversation()?;
-        let info = RequestInfo {
-            model: fields.model.map(Cow::into_owned),
-            stream: fields.stream.unwrap_or(false),
-            user: fields.user.map(Cow::into_owned),
-            routing: RoutingInputBuf::None,
-        };
+        let info = read.router.into_info();
         Some(Self { info, request })
     }
 
@@ -86,52 +87,36 @@ impl ChatOnce {
     }
 }
 
-/// What the top-level visit reads.
-struct Read<'a> {
+/// The fields the router reads on every route: `model`, `stream`, `user`.
+#[derive(Default)]
+struct RouterFields<'a> {
     model: Option<Cow<'a, str>>,
     stream: Option<bool>,
     user: Option<Cow<'a, str>>,
-    prompt: ChatFields,
+    /// Which of the three were given, to refuse a repeat as `extract` does.
+    seen: [bool; 3],
 }
 
-/// The body's object, key by key.
-struct Fields;
-
-/// The fields `extract` reads on other routes: a chat body that has one is
-/// left to `extract`, which reads (and may refuse) it.
-const OTHER_ROUTES: [&str; 5] = ["prompt", "input", "query", "text", "input_ids"];
-
-impl<'de> Visitor<'de> for Fields {
-    type Value = Read<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a chat completion request object")
+impl<'de> RouterFields<'de> {
+    /// Reads `key`'s value when it is one of the three and answers `true`.
+    fn read<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<bool, A::Error> {
+        match key {
+            "model" => self.model = once(&mut self.seen[0], "model", map)?,
+            "stream" => self.stream = once(&mut self.seen[1], "stream", map)?,
+            "user" => self.user = once(&mut self.seen[2], "user", map)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut read = Read {
-            model: None,
-            stream: None,
-            user: None,
-            prompt: ChatFields::default(),
-        };
-        let (mut model, mut stream, mut user) = (false, false, false);
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            match &*key {
-                "model" => read.model = once(&mut model, "model", &mut map)?,
-                "stream" => read.stream = once(&mut stream, "stream", &mut map)?,
-                "user" => read.user = once(&mut user, "user", &mut map)?,
-                other if OTHER_ROUTES.contains(&other) => {
-                    return Err(de::Error::custom("a field of another route"));
-                }
-                other => {
-                    if !read.prompt.read(other, &mut map)? {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                }
-            }
+    /// The info, its routing input still [`RoutingInputBuf::None`].
+    fn into_info(self) -> RequestInfo {
+        RequestInfo {
+            model: self.model.map(Cow::into_owned),
+            stream: self.stream.unwrap_or(false),
+            user: self.user.map(Cow::into_owned),
+            routing: RoutingInputBuf::None,
         }
-        Ok(read)
     }
 }
 
@@ -145,6 +130,223 @@ fn once<'de, A: MapAccess<'de>, T: de::Deserialize<'de>>(
         return Err(de::Error::duplicate_field(name));
     }
     map.next_value()
+}
+
+/// Gives up on a body: the two parses read it.
+fn give_up<E: de::Error>() -> E {
+    E::custom("left to the two parses")
+}
+
+/// What the chat visit reads.
+struct ChatRead<'a> {
+    router: RouterFields<'a>,
+    prompt: ChatFields,
+}
+
+/// A chat body's object, key by key.
+struct ChatVisit;
+
+/// The fields `extract` reads on other routes than the chat's: a chat body
+/// that has one is left to `extract`, which reads (and may refuse) it.
+const NOT_CHAT: [&str; 5] = ["prompt", "input", "query", "text", "input_ids"];
+
+impl<'de> Visitor<'de> for ChatVisit {
+    type Value = ChatRead<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a chat completion request object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut read = ChatRead {
+            router: RouterFields::default(),
+            prompt: ChatFields::default(),
+        };
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if read.router.read(&key, &mut map)? {
+                continue;
+            }
+            if NOT_CHAT.contains(&&*key) {
+                return Err(give_up());
+            }
+            if !read.prompt.read(&key, &mut map)? {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(read)
+    }
+}
+
+/// A `/v1/completions` request's router fields and prompt, from one parse
+/// of its body (the completion's counterpart of [`ChatOnce`]).
+#[derive(Debug)]
+pub(crate) struct CompletionOnce {
+    /// The request's info: its routing input is the ids as given, or
+    /// [`RoutingInputBuf::Text`] of the prompt.
+    pub(crate) info: RequestInfo,
+    /// What decides a text prompt's ids; `None` for ids as given.
+    pub(crate) request: Option<CompletionRequest>,
+}
+
+impl CompletionOnce {
+    /// Reads a `/v1/completions` body in one parse, or `None` for a body
+    /// the two parses must read: one they refuse or read differently, a
+    /// prompt other than one text, a batch of one text or one list of
+    /// token ids, a repeated field, a field of another route.
+    pub(crate) fn read(body: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(body).ok()?;
+        let mut de = serde_json::Deserializer::from_str(text);
+        let read = de.deserialize_map(CompletionVisit).ok()?;
+        de.end().ok()?;
+        let mut info = read.router.into_info();
+        let request = match read.prompt? {
+            CompletionText::Text(text) => {
+                info.routing = RoutingInputBuf::Text(text.clone().into_owned());
+                Some(CompletionRequest {
+                    prompt: CompletionPrompt::Text(text.into_owned()),
+                    add_special_tokens: read.add_special_tokens.unwrap_or(true),
+                })
+            }
+            CompletionText::Tokens(ids) => {
+                info.routing = RoutingInputBuf::Tokens(ids);
+                None
+            }
+        };
+        Some(Self { info, request })
+    }
+}
+
+/// What the completion visit reads.
+struct CompletionRead<'a> {
+    router: RouterFields<'a>,
+    prompt: Option<CompletionText<'a>>,
+    add_special_tokens: Option<bool>,
+}
+
+/// The prompts [`CompletionOnce`] reads.
+enum CompletionText<'a> {
+    /// One text, or a batch of one text.
+    Text(Cow<'a, str>),
+    /// One list of token ids (not empty).
+    Tokens(Vec<u32>),
+}
+
+impl<'de> de::Deserialize<'de> for CompletionText<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PromptVisit;
+
+        impl<'de> Visitor<'de> for PromptVisit {
+            type Value = CompletionText<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a text or token ids")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+                Ok(CompletionText::Text(Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(CompletionText::Text(Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                match seq.next_element::<IdOrText<'de>>()? {
+                    Some(IdOrText::Text(text)) => match seq.next_element::<IgnoredAny>()? {
+                        None => Ok(CompletionText::Text(text)),
+                        // A batch of several: `extract` routes on the first,
+                        // the prompt's parse refuses it.
+                        Some(_) => Err(give_up()),
+                    },
+                    Some(IdOrText::Id(first)) => {
+                        let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(0) + 1);
+                        ids.push(first);
+                        while let Some(id) = seq.next_element::<u32>()? {
+                            ids.push(id);
+                        }
+                        Ok(CompletionText::Tokens(ids))
+                    }
+                    None => Err(give_up()),
+                }
+            }
+        }
+
+        deserializer.deserialize_any(PromptVisit)
+    }
+}
+
+/// The first element of a prompt list: a token id or a text.
+enum IdOrText<'a> {
+    Id(u32),
+    Text(Cow<'a, str>),
+}
+
+impl<'de> de::Deserialize<'de> for IdOrText<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ItemVisit;
+
+        impl<'de> Visitor<'de> for ItemVisit {
+            type Value = IdOrText<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a token id or a text")
+            }
+
+            fn visit_u64<E: de::Error>(self, id: u64) -> Result<Self::Value, E> {
+                u32::try_from(id).map(IdOrText::Id).map_err(|_| give_up())
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+                Ok(IdOrText::Text(Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(IdOrText::Text(Cow::Owned(text.to_owned())))
+            }
+        }
+
+        deserializer.deserialize_any(ItemVisit)
+    }
+}
+
+/// A completion body's object, key by key.
+struct CompletionVisit;
+
+/// The fields `extract` reads on other routes than the completion's.
+const NOT_COMPLETION: [&str; 5] = ["messages", "input", "query", "text", "input_ids"];
+
+impl<'de> Visitor<'de> for CompletionVisit {
+    type Value = CompletionRead<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a completion request object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut read = CompletionRead {
+            router: RouterFields::default(),
+            prompt: None,
+            add_special_tokens: None,
+        };
+        let (mut prompt, mut special) = (false, false);
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if read.router.read(&key, &mut map)? {
+                continue;
+            }
+            match &*key {
+                "prompt" => read.prompt = Some(once(&mut prompt, "prompt", &mut map)?),
+                "add_special_tokens" => {
+                    read.add_special_tokens =
+                        Some(once(&mut special, "add_special_tokens", &mut map)?);
+                }
+                other if NOT_COMPLETION.contains(&other) => return Err(give_up()),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(read)
+    }
 }
 
 /// Checks [`ChatOnce::read`] against the two parses for `body`: when it
@@ -170,9 +372,28 @@ pub(crate) fn check_against_two_parses(body: &[u8]) -> bool {
     true
 }
 
+/// [`check_against_two_parses`] for [`CompletionOnce::read`]: `extract`
+/// gives the same info, and `CompletionRequest::from_json` the same request
+/// for a text prompt.
+pub(crate) fn check_completion_against_two_parses(body: &[u8]) -> bool {
+    let Some(once) = CompletionOnce::read(body) else {
+        return false;
+    };
+    let shown = String::from_utf8_lossy(body);
+    let info = crate::extract(crate::ApiKind::Completions, body)
+        .unwrap_or_else(|err| panic!("read once, refused by extract ({err}): {shown}"));
+    assert_eq!(once.info, info, "the info of {shown}");
+    if let Some(request) = once.request {
+        let theirs = CompletionRequest::from_json(body)
+            .unwrap_or_else(|err| panic!("read once, not by the prompt's parse ({err}): {shown}"));
+        assert_eq!(request, theirs, "the prompt of {shown}");
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{ChatOnce, check_against_two_parses};
+    use super::{ChatOnce, check_against_two_parses, check_completion_against_two_parses};
 
     fn check(body: &str) -> bool {
         check_against_two_parses(body.as_bytes())
@@ -231,6 +452,37 @@ mod tests {
         let keys: String = (0..17).map(|i| format!(r#","k{i}":0"#)).collect();
         let body = format!(r#"{{"messages":[{{"role":"user","content":"x"{keys}}}]}}"#);
         assert!(!check(&body));
+    }
+
+    #[test]
+    fn completions_are_read_once_as_the_two_parses_read_them() {
+        let read = |body: &str| check_completion_against_two_parses(body.as_bytes());
+        for body in [
+            r#"{"model":"m","prompt":"Once upon a time","max_tokens":8}"#,
+            r#"{"prompt":["one \u00e9"],"add_special_tokens":false,"stream":true,"user":"u"}"#,
+            r#"{"prompt":[1,2,3],"model":"m"}"#,
+            r#"{"prompt":"p","temperature":0.2,"logit_bias":{"5":1}}"#,
+        ] {
+            assert!(read(body), "not read once: {body}");
+        }
+        for body in [
+            r#"{"model":"m"}"#,
+            r#"{"prompt":null}"#,
+            r#"{"prompt":["a","b"]}"#,
+            r#"{"prompt":[[1,2]]}"#,
+            r#"{"prompt":[]}"#,
+            r#"{"prompt":[1,-2]}"#,
+            r#"{"prompt":[1,"a"]}"#,
+            r#"{"prompt":[4294967296]}"#,
+            r#"{"prompt":"a","prompt":"b"}"#,
+            r#"{"prompt":"a","add_special_tokens":"yes"}"#,
+            r#"{"prompt":"a","add_special_tokens":true,"add_special_tokens":false}"#,
+            r#"{"prompt":"a","messages":[]}"#,
+            r#"{"prompt":"a","input_ids":[1]}"#,
+            r#"{"prompt":"a"} x"#,
+        ] {
+            assert!(!read(body), "read once: {body}");
+        }
     }
 
     mod generated {
