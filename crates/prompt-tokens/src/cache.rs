@@ -36,6 +36,20 @@ use parking_lot::Mutex;
 /// record, allocation headers).
 pub const ENTRY_OVERHEAD_BYTES: usize = 96;
 
+/// How the segment cache served one rendering
+/// ([`PromptTokenizer::chat_tokens_with_use`](crate::PromptTokenizer::chat_tokens_with_use)):
+/// segments (the text between two added tokens) found in the cache, and
+/// segments tokenized because it did not have them. Short segments a
+/// tiktoken vocabulary encodes directly, and renderings a tokenizer cannot
+/// cut into segments, count in neither.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentUse {
+    /// Segments whose ids came from the cache.
+    pub cache_hits: u32,
+    /// Segments tokenized on a miss (and then cached).
+    pub cache_misses: u32,
+}
+
 /// Counters of a [`SegmentCache`], for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {

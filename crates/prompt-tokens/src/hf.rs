@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
 
 use crate::added::AddedTokens;
-use crate::cache::SegmentCache;
+use crate::cache::{SegmentCache, SegmentUse};
 use crate::error::{Error, Result};
 use crate::interrupt::Interrupt;
 
@@ -294,6 +294,7 @@ impl HfTokenizer {
         &self,
         text: &str,
         interrupt: Option<&Interrupt>,
+        uses: &mut SegmentUse,
     ) -> Result<Vec<u32>> {
         if self.mode != SegmentMode::Segments {
             return self.encode_whole(text, false);
@@ -304,12 +305,12 @@ impl HfTokenizer {
         let mut at = 0;
         if let Some(added) = &self.splitter {
             for found in added.find_iter(text) {
-                self.push_segment(&text[at..found.start], &mut out, interrupt)?;
+                self.push_segment(&text[at..found.start], &mut out, interrupt, uses)?;
                 out.push(found.id);
                 at = found.end;
             }
         }
-        self.push_segment(&text[at..], &mut out, interrupt)?;
+        self.push_segment(&text[at..], &mut out, interrupt, uses)?;
         Ok(out)
     }
 
@@ -324,6 +325,7 @@ impl HfTokenizer {
         segment: &str,
         out: &mut Vec<u32>,
         interrupt: Option<&Interrupt>,
+        uses: &mut SegmentUse,
     ) -> Result<()> {
         if segment.is_empty() {
             return Ok(());
@@ -335,8 +337,12 @@ impl HfTokenizer {
             return Ok(());
         }
         match self.cache.get(segment) {
-            Some(ids) => out.extend_from_slice(&ids),
+            Some(ids) => {
+                uses.cache_hits += 1;
+                out.extend_from_slice(&ids);
+            }
             None => {
+                uses.cache_misses += 1;
                 crate::interrupt::check(interrupt)?;
                 let ids = self.encode_whole(segment, false)?;
                 out.extend_from_slice(&ids);

@@ -156,7 +156,7 @@ pub mod tiktoken;
 mod tojson;
 mod tokenizer;
 
-pub use cache::{CacheStats, ENTRY_OVERHEAD_BYTES, SegmentCache};
+pub use cache::{CacheStats, ENTRY_OVERHEAD_BYTES, SegmentCache, SegmentUse};
 pub use clock_text::strftime;
 pub use config::TokenizerConfig;
 pub use error::{Error, Result};

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::cache::{CacheStats, SegmentCache};
+use crate::cache::{CacheStats, SegmentCache, SegmentUse};
 use crate::config::{self, TokenizerConfig};
 use crate::error::{Error, Result};
 use crate::hf::{HfTokenizer, SegmentMode, TextEncoder};
@@ -301,15 +301,30 @@ impl PromptTokenizer {
         request: &ChatRequest,
         interrupt: Option<&Interrupt>,
     ) -> Result<Vec<u32>> {
+        self.chat_tokens_with_use(request, interrupt)
+            .map(|(ids, _)| ids)
+    }
+
+    /// [`chat_tokens`](Self::chat_tokens) (under `interrupt` when given),
+    /// with how the segment cache served this rendering: for a host that
+    /// reports it per request (a trace span). The cache's totals are in
+    /// [`cache_stats`](Self::cache_stats).
+    pub fn chat_tokens_with_use(
+        &self,
+        request: &ChatRequest,
+        interrupt: Option<&Interrupt>,
+    ) -> Result<(Vec<u32>, SegmentUse)> {
         let text = self.chat_text_until(request, interrupt)?;
         crate::interrupt::check_text(interrupt, text.len())?;
-        match &self.backend {
+        let mut uses = SegmentUse::default();
+        let ids = match &self.backend {
             Backend::Synthetic { chars_per_token } => {
-                Ok(synthetic::synthetic_tokenize(&text, *chars_per_token))
+                synthetic::synthetic_tokenize(&text, *chars_per_token)
             }
-            Backend::Hf { .. } if request.add_special_tokens => self.text_tokens(&text, true),
-            Backend::Hf { tokenizer, .. } => tokenizer.encode_chat(&text, interrupt),
-        }
+            Backend::Hf { .. } if request.add_special_tokens => self.text_tokens(&text, true)?,
+            Backend::Hf { tokenizer, .. } => tokenizer.encode_chat(&text, interrupt, &mut uses)?,
+        };
+        Ok((ids, uses))
     }
 
     /// [`chat_tokens`](Self::chat_tokens) without the segment cache: the

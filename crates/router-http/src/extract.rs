@@ -68,6 +68,23 @@ pub struct RequestInfo {
     pub user: Option<String>,
     /// What the cache-aware policy matches.
     pub routing: RoutingInputBuf,
+    /// For a chat request routed on token ids the router computed (feature
+    /// `tokens`), how the tokenizer's segment cache served them; `None`
+    /// otherwise.
+    pub segment_cache: Option<SegmentCacheUse>,
+}
+
+/// How the tokenizer's segment cache served one request's token ids: the
+/// rendering's segments (the text between two added tokens, about a
+/// message each) found in the cache, and those tokenized because it did
+/// not have them. A warm multi-turn chat has every earlier message a hit
+/// and its new message a miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SegmentCacheUse {
+    /// Segments whose ids came from the cache.
+    pub hits: u32,
+    /// Segments tokenized on a miss.
+    pub misses: u32,
 }
 
 /// Parses `body` as sent to `route` and extracts the [`RequestInfo`].
@@ -468,6 +485,7 @@ impl Body<'_> {
             stream: self.stream.unwrap_or(false),
             user: self.user.map(Cow::into_owned),
             routing,
+            segment_cache: None,
         }
     }
 }

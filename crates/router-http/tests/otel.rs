@@ -1241,6 +1241,79 @@ async fn a_tokenized_kv_aware_turn_is_traced_from_its_tokens_to_the_engine_holdi
     );
 }
 
+/// The extraction span says how the tokenizer's segment cache served a
+/// turn: a conversation's next turn finds its earlier messages cached and
+/// tokenizes its new one. A trained byte-level BPE with the Llama 3
+/// template (the synthetic tokenizer has no segments).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_extract_span_counts_the_segments_the_cache_served() {
+    use prompt_tokens::PromptTokenizer;
+    use prompt_tokens::testing::{TestTokenizerKind, write_model_dir};
+    use router_http::tokens::Tokenizers;
+
+    pipeline();
+    let dir = std::env::temp_dir().join(format!("otel-segments-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_model_dir(
+        &dir,
+        prompt_tokens::TemplateFamily::Llama3,
+        TestTokenizerKind::ByteLevelRegex,
+    )
+    .unwrap();
+    let tokenizer = PromptTokenizer::from_path(&dir, None).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = RouterConfig {
+        tokenizers: Tokenizers::default().with_default(Arc::new(tokenizer)),
+        ..unscraped_config()
+    };
+    let fixture = Fixture::start(config, vec![EngineConfig::default()]).await;
+    let turn = |question: &str| {
+        serde_json::json!({"model": "sim-model", "messages": [
+            {"role": "system", "content": "You answer questions about lighthouses."},
+            {"role": "user", "content": "Where is Skagen?"},
+            {"role": "assistant", "content": "At the northern tip of Denmark."},
+            {"role": "user", "content": question},
+        ]})
+        .to_string()
+    };
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        turn("How tall is its lighthouse?"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+
+    let trace_id = "0c1b0c1b0c1b0c1b0c1b0c1b0c1b0c1b";
+    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("traceparent", &traceparent),
+        ],
+        turn("When was it built?"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+    let spans = spans_of(&unhex(trace_id), 6).await;
+    let extract = spans
+        .iter()
+        .find(|s| s.name == "extract")
+        .expect("the extract span");
+    assert_eq!(str_attr(extract, "router.routing_input"), "tokens");
+    // The system message and the first exchange were tokenized by the
+    // first turn; only the new question (and what follows it) is not.
+    let hits = int_attr(extract, "router.tokens.segment_cache_hits");
+    let misses = int_attr(extract, "router.tokens.segment_cache_misses");
+    assert!(hits >= 3, "{hits} segments from the cache");
+    assert!((1..=2).contains(&misses), "{misses} segments tokenized");
+}
+
 /// A pipeline of a test's own exporting to a receiver of its own, its
 /// layer this thread's subscriber: every span a router on this thread
 /// builds reaches the receiver.

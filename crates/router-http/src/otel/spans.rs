@@ -224,11 +224,22 @@ pub(crate) async fn phase<F: std::future::Future>(
     }
 }
 
-/// Records what the extraction gave the policies: token ids (how many),
-/// text (how long) or nothing.
-pub(crate) fn record_routing_input(span: &mut OtelSpan, input: &lb_policies::RoutingInputBuf) {
+/// Records what the extraction gave the policies: token ids (how many, and
+/// for a chat how the segment cache served them), text (how long) or
+/// nothing.
+pub(crate) fn record_routing_input(span: &mut OtelSpan, info: &crate::RequestInfo) {
     use lb_policies::RoutingInputBuf;
-    match input {
+    if let Some(uses) = info.segment_cache {
+        span.set_attribute(KeyValue::new(
+            "router.tokens.segment_cache_hits",
+            i64::from(uses.hits),
+        ));
+        span.set_attribute(KeyValue::new(
+            "router.tokens.segment_cache_misses",
+            i64::from(uses.misses),
+        ));
+    }
+    match &info.routing {
         RoutingInputBuf::Tokens(ids) => {
             span.set_attribute(KeyValue::new("router.routing_input", "tokens"));
             span.set_attribute(KeyValue::new("router.routing_tokens", count(ids.len())));

@@ -105,7 +105,7 @@ impl Router {
         // may run on the tokenizer pool).
         #[cfg(feature = "otel")]
         if let Some(mut span) = extract_span {
-            crate::otel::record_routing_input(&mut span, &info.routing);
+            crate::otel::record_routing_input(&mut span, &info);
         }
         let model = info.model.unwrap_or_default();
         let routing = info.routing;

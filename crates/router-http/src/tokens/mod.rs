@@ -78,7 +78,9 @@
 pub(crate) mod once;
 
 use crate::error::ApiError;
-use crate::extract::{ApiKind, Extracted, ParsedBody, RequestInfo, RoutingInputBuf};
+use crate::extract::{
+    ApiKind, Extracted, ParsedBody, RequestInfo, RoutingInputBuf, SegmentCacheUse,
+};
 use crate::metrics::Counter;
 use bytes::Bytes;
 use once::{ChatOnce, CompletionOnce};
@@ -159,22 +161,27 @@ impl ModelTokens {
         body: Source<'_>,
         model: &str,
         interrupt: Option<&Interrupt>,
-    ) -> Option<Result<Vec<u32>, NoIds>> {
+    ) -> Option<Result<Ids, NoIds>> {
         let tokenizer = &self.tokenizer;
         let started = Instant::now();
+        let no_segments = |ids| (ids, None);
         let ids = match (kind, interrupt) {
-            (ApiKind::ChatCompletions, None) => body
-                .chat()
-                .and_then(|request| tokenizer.chat_tokens(&request)),
-            (ApiKind::ChatCompletions, Some(interrupt)) => body
-                .chat()
-                .and_then(|request| tokenizer.chat_tokens_until(&request, interrupt)),
+            (ApiKind::ChatCompletions, _) => body.chat().and_then(|request| {
+                let (ids, uses) = tokenizer.chat_tokens_with_use(&request, interrupt)?;
+                let uses = SegmentCacheUse {
+                    hits: uses.cache_hits,
+                    misses: uses.cache_misses,
+                };
+                Ok((ids, Some(uses)))
+            }),
             (ApiKind::Completions, None) => body
                 .completion()
-                .and_then(|request| tokenizer.completion_tokens(&request)),
+                .and_then(|request| tokenizer.completion_tokens(&request))
+                .map(no_segments),
             (ApiKind::Completions, Some(interrupt)) => body
                 .completion()
-                .and_then(|request| tokenizer.completion_tokens_until(&request, interrupt)),
+                .and_then(|request| tokenizer.completion_tokens_until(&request, interrupt))
+                .map(no_segments),
             _ => return None,
         };
         self.add_compute(started);
@@ -214,6 +221,9 @@ impl ModelTokens {
         self.compute_nanos.load(Ordering::Relaxed) as f64 / 1e9
     }
 }
+
+/// A request's token ids, and for a chat how the segment cache served them.
+type Ids = (Vec<u32>, Option<SegmentCacheUse>);
 
 /// What a request's token ids are computed from.
 #[derive(Clone, Copy)]
@@ -357,7 +367,7 @@ impl Tokenizers {
             return routing;
         }
         match entry.ids(kind, Source::Text(body), model, interrupt) {
-            Some(Ok(ids)) => RoutingInputBuf::Tokens(ids),
+            Some(Ok((ids, _))) => RoutingInputBuf::Tokens(ids),
             Some(Err(_)) | None => routing,
         }
     }
@@ -420,8 +430,9 @@ impl Tokenizers {
         entry.add_compute(started);
         let source = Source::Completion(request);
         match entry.ids(ApiKind::Completions, source, model, interrupt) {
-            Some(Ok(ids)) => RequestInfo {
+            Some(Ok((ids, segment_cache))) => RequestInfo {
                 routing: RoutingInputBuf::Tokens(ids),
+                segment_cache,
                 ..once.info
             },
             Some(Err(_)) | None => once.info,
@@ -446,8 +457,9 @@ impl Tokenizers {
         entry.add_compute(started);
         let source = Source::Request(&once.request);
         match entry.ids(ApiKind::ChatCompletions, source, model, interrupt) {
-            Some(Ok(ids)) => RequestInfo {
+            Some(Ok((ids, segment_cache))) => RequestInfo {
                 routing: RoutingInputBuf::Tokens(ids),
+                segment_cache,
                 ..once.info
             },
             // Nobody reads a cancelled request's info: skip its text.
@@ -477,8 +489,9 @@ impl Tokenizers {
             return extracted.into_info();
         }
         match entry.ids(kind, body, model, interrupt) {
-            Some(Ok(ids)) => RequestInfo {
+            Some(Ok((ids, segment_cache))) => RequestInfo {
                 routing: RoutingInputBuf::Tokens(ids),
+                segment_cache,
                 ..extracted.without_text()
             },
             // Nobody reads a cancelled request's info: skip its text.

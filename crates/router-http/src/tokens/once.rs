@@ -116,6 +116,7 @@ impl<'de> RouterFields<'de> {
             stream: self.stream.unwrap_or(false),
             user: self.user.map(Cow::into_owned),
             routing: RoutingInputBuf::None,
+            segment_cache: None,
         }
     }
 }
