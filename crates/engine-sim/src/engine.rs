@@ -348,6 +348,12 @@ impl Engine {
         self.waiting.len() + self.running.len()
     }
 
+    /// Requests admitted but not yet scheduled (vLLM's
+    /// `vllm:num_requests_waiting`): a part of [`in_flight`](Self::in_flight).
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
     /// A snapshot of the counters and gauges.
     pub fn stats(&self) -> EngineStats {
         let mut stats = self.stats.clone();

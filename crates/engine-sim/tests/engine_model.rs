@@ -85,6 +85,9 @@ impl Tracker {
         let stats = engine.stats();
         prop_assert!(stats.running <= 3);
         prop_assert_eq!(stats.running + stats.waiting, self.live.len());
+        // The simulator's polls read these two instead of a whole snapshot.
+        prop_assert_eq!(engine.waiting(), stats.waiting);
+        prop_assert_eq!(engine.in_flight(), self.live.len());
         prop_assert!(stats.prefix_cache_hits <= stats.prefix_cache_queries);
         prop_assert!(engine.cache().referenced_blocks() <= 24);
         Ok(())

@@ -82,7 +82,10 @@
 //! workers ([`Worker::record_engine_load`](worker_lifecycle::Worker::record_engine_load)).
 //! The load every policy then reads is the estimate of the engine's whole
 //! load: the replica's own in-flight requests now plus the others' as of
-//! the last answer. [`LoadPolling::Off`] leaves each replica with its own
+//! the last answer. The same answer carries the engine's cache usage and,
+//! apart, its waiting count
+//! ([`Worker::record_engine_waiting`](worker_lifecycle::Worker::record_engine_waiting),
+//! a policy's `Backend::waiting`). [`LoadPolling::Off`] leaves each replica with its own
 //! counts, about 1/R of each engine's load (cache-aware's absolute margin of
 //! 64 then fires R times later), and [`LoadPolling::Oracle`] shows every
 //! decision the engines' loads as they are.

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 /// One engine's answer to a load poll: (its in-flight requests, the
 /// polling replica's own in-flight requests on it when it sent the poll,
-/// its KV-cache usage).
-pub(crate) type PollAnswer = (usize, usize, f64);
+/// its KV-cache usage, how many of its in-flight requests wait to be
+/// scheduled).
+pub(crate) type PollAnswer = (usize, usize, f64, usize);
 
 /// The replicas' periodic load polls and the answers in transit.
 pub(crate) struct Polls {

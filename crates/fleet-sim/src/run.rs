@@ -365,10 +365,11 @@ impl Sim<'_> {
                 let Some((_, (replica, loads))) = polls.answers.pop_first() else {
                     break;
                 };
-                for (i, (engine_load, own, usage)) in loads.into_iter().enumerate() {
+                for (i, (engine_load, own, usage, waiting)) in loads.into_iter().enumerate() {
                     let worker = self.main.worker(replica, i);
                     worker.record_engine_load(engine_load, own);
                     worker.record_engine_cache_usage(usage);
+                    worker.record_engine_waiting(Some(waiting));
                 }
                 continue;
             }
@@ -381,6 +382,7 @@ impl Sim<'_> {
                         self.main.engines[i].in_flight(),
                         Worker::load(self.main.worker(replica, i)),
                         self.main.engines[i].cache().usage(),
+                        self.main.engines[i].waiting(),
                     )
                 })
                 .collect();
@@ -480,6 +482,7 @@ impl Sim<'_> {
                             Worker::load(worker),
                         );
                         worker.record_engine_cache_usage(self.main.engines[i].cache().usage());
+                        worker.record_engine_waiting(Some(self.main.engines[i].waiting()));
                     }
                 }
                 let context = self.context(index);

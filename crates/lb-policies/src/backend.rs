@@ -43,6 +43,15 @@ pub trait Backend {
     fn cache_usage(&self) -> f64 {
         0.0
     }
+
+    /// How many of the requests in [`load`](Self::load) the engine holds
+    /// queued, admitted but not yet scheduled (vLLM's
+    /// `vllm:num_requests_waiting`), as last reported; 0 when unknown. A
+    /// queued request is latency a new one waits behind, where a running
+    /// one shares the batch.
+    fn waiting(&self) -> usize {
+        0
+    }
 }
 
 /// Pointers to a backend are backends: a host can pass `&[&W]`, `&[Box<W>]`
@@ -65,6 +74,9 @@ macro_rules! forward_backend {
             fn cache_usage(&self) -> f64 {
                 (**self).cache_usage()
             }
+            fn waiting(&self) -> usize {
+                (**self).waiting()
+            }
         }
     )*};
 }
@@ -83,6 +95,7 @@ pub struct BasicBackend {
     available: AtomicBool,
     /// The bits of an `f64`.
     cache_usage: AtomicU64,
+    waiting: AtomicUsize,
 }
 
 impl BasicBackend {
@@ -92,6 +105,7 @@ impl BasicBackend {
             key: key.into(),
             load: AtomicUsize::new(0),
             cache_usage: AtomicU64::new(0f64.to_bits()),
+            waiting: AtomicUsize::new(0),
             processed: AtomicU64::new(0),
             available: AtomicBool::new(true),
         }
@@ -119,6 +133,11 @@ impl BasicBackend {
     /// Sets the engine's KV-cache usage, a fraction ([`Backend::cache_usage`]).
     pub fn set_cache_usage(&self, usage: f64) {
         self.cache_usage.store(usage.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Sets the engine's waiting-request count ([`Backend::waiting`]).
+    pub fn set_waiting(&self, waiting: usize) {
+        self.waiting.store(waiting, Ordering::Relaxed);
     }
 
     /// Sets the processed-request count.
@@ -162,6 +181,9 @@ impl Backend for BasicBackend {
     fn cache_usage(&self) -> f64 {
         f64::from_bits(self.cache_usage.load(Ordering::Relaxed))
     }
+    fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
 }
 
 #[cfg(test)]
@@ -172,6 +194,8 @@ mod tests {
     fn wrappers_forward_every_method() {
         let b = Arc::new(BasicBackend::new("w0").with_load(3));
         b.set_processed(9);
+        b.set_cache_usage(0.5);
+        b.set_waiting(2);
         let dynamic: Arc<dyn Backend + Send + Sync> = b.clone();
         let by_ref: &BasicBackend = &b;
         let boxed: Box<&BasicBackend> = Box::new(by_ref);
@@ -180,6 +204,8 @@ mod tests {
             assert_eq!(view.load(), 3);
             assert_eq!(view.processed(), 9);
             assert!(view.is_available());
+            assert_eq!(view.cache_usage(), 0.5);
+            assert_eq!(view.waiting(), 2);
         }
     }
 

@@ -41,6 +41,9 @@ pub(crate) struct EngineLoad {
     reported: AtomicUsize,
     /// The engine's KV-cache usage in the last report, in millionths.
     cache_usage: AtomicUsize,
+    /// The engine's waiting (queued, not yet scheduled) requests in the
+    /// last report.
+    waiting: AtomicUsize,
 }
 
 impl EngineLoad {
@@ -49,6 +52,7 @@ impl EngineLoad {
             others: AtomicUsize::new(NONE),
             reported: AtomicUsize::new(NONE),
             cache_usage: AtomicUsize::new(NONE),
+            waiting: AtomicUsize::new(NONE),
         }
     }
 
@@ -68,6 +72,22 @@ impl EngineLoad {
         self.others.store(NONE, Ordering::Relaxed);
         self.reported.store(NONE, Ordering::Relaxed);
         self.cache_usage.store(NONE, Ordering::Relaxed);
+        self.waiting.store(NONE, Ordering::Relaxed);
+    }
+
+    /// A report of the engine's waiting requests (clamped as the load
+    /// is); `None` withdraws it.
+    pub(crate) fn record_waiting(&self, waiting: Option<usize>) {
+        let stored = waiting.map_or(NONE, |w| w.min(MAX_REPORTED));
+        self.waiting.store(stored, Ordering::Relaxed);
+    }
+
+    /// The last waiting report, if one stands.
+    pub(crate) fn waiting(&self) -> Option<usize> {
+        match self.waiting.load(Ordering::Relaxed) {
+            NONE => None,
+            waiting => Some(waiting),
+        }
     }
 
     /// A report of the engine's KV-cache usage, a fraction (clamped to

@@ -50,6 +50,12 @@ impl lb_policies::Backend for Worker {
     fn cache_usage(&self) -> f64 {
         Worker::engine_cache_usage(self).unwrap_or(0.0)
     }
+
+    /// The engine's last reported waiting count
+    /// ([`Worker::engine_waiting`]), 0 without one.
+    fn waiting(&self) -> usize {
+        Worker::engine_waiting(self).unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

@@ -524,6 +524,39 @@ impl Worker {
         self.engine_load.cache_usage()
     }
 
+    /// Records how many of the engine's in-flight requests are waiting,
+    /// admitted but not yet scheduled (vLLM's `vllm:num_requests_waiting`,
+    /// from the same poll as [`record_engine_load`](Self::record_engine_load),
+    /// whose count includes them; `None` (a reply without the figure)
+    /// withdraws it. Counts above `u32::MAX` are clamped. Policies read it
+    /// as `Backend::waiting`; it is withdrawn with the load report
+    /// ([`clear_engine_load`](Self::clear_engine_load)). It changes no
+    /// load count: [`estimated_load`](Self::estimated_load) already holds
+    /// these requests.
+    ///
+    /// ```
+    /// use worker_lifecycle::{Endpoint, Worker, WorkerOptions, WorkerRole, WorkerSpec};
+    ///
+    /// let spec = WorkerSpec::new(WorkerRole::Regular, Endpoint::new("http://e:8000", None).unwrap());
+    /// let worker = Worker::new(spec, 1, &WorkerOptions::default());
+    /// assert_eq!(worker.engine_waiting(), None);
+    /// // Polled: 5 in flight, 2 of them queued.
+    /// worker.record_engine_load(5, worker.load());
+    /// worker.record_engine_waiting(Some(2));
+    /// assert_eq!((worker.estimated_load(), worker.engine_waiting()), (5, Some(2)));
+    /// worker.clear_engine_load(); // withdrawn with the load report
+    /// assert_eq!(worker.engine_waiting(), None);
+    /// ```
+    pub fn record_engine_waiting(&self, waiting: Option<usize>) {
+        self.engine_load.record_waiting(waiting);
+    }
+
+    /// The engine's waiting requests in the last report that stands, if
+    /// any.
+    pub fn engine_waiting(&self) -> Option<usize> {
+        self.engine_load.waiting()
+    }
+
     /// Withdraws the last engine report: the estimate is this router's
     /// own count again (the engine stopped answering its load polls, or
     /// answered something unusable).

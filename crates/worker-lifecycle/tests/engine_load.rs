@@ -4,7 +4,9 @@
 //!
 //! - the guards' count exact (reports never change `load`),
 //! - `estimated_load = own now + max(0, report − own when polled)` for the
-//!   last answer applied, and own counts alone after a clear.
+//!   last answer applied, and own counts alone after a clear,
+//! - the engine's waiting count as the last answer gave it (clamped),
+//!   withdrawn by a clear, and never part of the estimate twice.
 
 use proptest::prelude::*;
 use worker_lifecycle::{Endpoint, LoadGuard, Worker, WorkerOptions, WorkerRole, WorkerSpec};
@@ -17,8 +19,8 @@ enum Op {
     /// Send a poll: the replica's own count is noted now.
     Poll,
     /// The engine answers the poll at this position (modulo those
-    /// outstanding) with this in-flight count.
-    Answer(usize, usize),
+    /// outstanding) with this in-flight count, of which this many wait.
+    Answer(usize, usize, usize),
     /// The source failed: back to own counts.
     Clear,
 }
@@ -28,8 +30,12 @@ fn op() -> impl Strategy<Value = Op> {
         4 => Just(Op::Reserve),
         3 => any::<usize>().prop_map(Op::Release),
         2 => Just(Op::Poll),
-        2 => (any::<usize>(), prop_oneof![0usize..200, Just(usize::MAX), Just(u32::MAX as usize + 7)])
-            .prop_map(|(i, n)| Op::Answer(i, n)),
+        2 => (
+            any::<usize>(),
+            prop_oneof![0usize..200, Just(usize::MAX), Just(u32::MAX as usize + 7)],
+            prop_oneof![0usize..200, Just(usize::MAX)],
+        )
+            .prop_map(|(i, n, w)| Op::Answer(i, n, w.min(n))),
         1 => Just(Op::Clear),
     ]
 }
@@ -54,6 +60,7 @@ proptest! {
         // The model: the others' load of the last applied answer.
         let mut others: Option<usize> = None;
         let mut reported: Option<usize> = None;
+        let mut waiting: Option<usize> = None;
         for op in ops {
             match op {
                 Op::Reserve => held.push(worker.try_reserve().unwrap()),
@@ -63,9 +70,11 @@ proptest! {
                 }
                 Op::Release(_) => {}
                 Op::Poll => outstanding.push(worker.load()),
-                Op::Answer(i, n) if !outstanding.is_empty() => {
+                Op::Answer(i, n, w) if !outstanding.is_empty() => {
                     let own_at_poll = outstanding.remove(i % outstanding.len());
                     worker.record_engine_load(n, own_at_poll);
+                    worker.record_engine_waiting(Some(w));
+                    waiting = Some(w.min(u32::MAX as usize));
                     let clamped = n.min(u32::MAX as usize);
                     reported = Some(clamped);
                     others = Some(clamped.saturating_sub(own_at_poll));
@@ -75,11 +84,13 @@ proptest! {
                     worker.clear_engine_load();
                     others = None;
                     reported = None;
+                    waiting = None;
                 }
             }
             prop_assert_eq!(worker.load(), held.len(), "reports never change the guards' count");
             prop_assert_eq!(worker.estimated_load(), held.len() + others.unwrap_or(0));
             prop_assert_eq!(worker.engine_reported_load(), reported);
+            prop_assert_eq!(worker.engine_waiting(), waiting);
             prop_assert!(worker.estimated_load() >= worker.load());
         }
         drop(held);

@@ -15,7 +15,10 @@
 //! ```
 //!
 //! Guards never read the estimate; the load counted and released is the
-//! router's own, as before.
+//! router's own, as before. The waiting part of a vLLM engine's count is
+//! also recorded apart ([`Worker::record_engine_waiting`]: a queued
+//! request is latency a new one waits behind, where a running one shares
+//! the batch); `/get_load` replies leave it unknown.
 //!
 //! # Sources
 //!
@@ -58,6 +61,7 @@
 //! report it made is withdrawn.
 //!
 //! [`Worker::record_engine_load`]: worker_lifecycle::Worker::record_engine_load
+//! [`Worker::record_engine_waiting`]: worker_lifecycle::Worker::record_engine_waiting
 //! [`Worker::estimated_load`]: worker_lifecycle::Worker::estimated_load
 //! [`Worker::clear_engine_load`]: worker_lifecycle::Worker::clear_engine_load
 //! [`BackgroundTasks`]: crate::BackgroundTasks
@@ -512,6 +516,13 @@ impl LoadPolls {
                         Ok(report) => {
                             let in_flight = usize::try_from(report.in_flight).unwrap_or(usize::MAX);
                             worker.record_engine_load(in_flight, own);
+                            // The queued part of it, apart (vLLM's
+                            // metrics); a reply without it withdraws it.
+                            worker.record_engine_waiting(
+                                report
+                                    .waiting
+                                    .map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
+                            );
                             // What the cost reads as the engine's cache
                             // pressure; a reply without it withdraws it.
                             worker.record_engine_cache_usage(

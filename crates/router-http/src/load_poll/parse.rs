@@ -166,6 +166,9 @@ impl From<PollError> for Unusable {
 pub struct RankLoad {
     /// Requests in flight on the engine: running plus waiting.
     pub in_flight: u64,
+    /// How many of them wait to be scheduled, when the reply says
+    /// (vLLM's `vllm:num_requests_waiting`).
+    pub waiting: Option<u64>,
     /// KV-cache usage from 0.0 to 1.0, when the reply has it (vLLM's
     /// metrics).
     pub kv_cache_usage: Option<f64>,
@@ -189,6 +192,10 @@ impl EngineLoads {
             Some(rank) => self.ranks.get(&Some(rank)).copied(),
             None => self.ranks.values().copied().reduce(|a, b| RankLoad {
                 in_flight: a.in_flight.saturating_add(b.in_flight),
+                waiting: match (a.waiting, b.waiting) {
+                    (Some(x), Some(y)) => Some(x.saturating_add(y)),
+                    (x, y) => x.or(y),
+                },
                 kv_cache_usage: match (a.kv_cache_usage, b.kv_cache_usage) {
                     (Some(x), Some(y)) => Some(x.max(y)),
                     (x, y) => x.or(y),
@@ -215,6 +222,7 @@ impl EngineLoads {
         }
         let entry = self.ranks.entry(rank).or_insert(RankLoad {
             in_flight: 0,
+            waiting: None,
             kv_cache_usage: None,
         });
         entry.in_flight = entry.in_flight.saturating_add(in_flight);
@@ -262,7 +270,8 @@ struct Gauges {
 /// (series without a numeric `engine` label, one entry of no rank).
 /// `vllm:kv_cache_usage_perc`, or its older name
 /// `vllm:gpu_cache_usage_perc`, is kept for display when it lies in
-/// `[0, 1]` and ignored otherwise.
+/// `[0, 1]` and ignored otherwise. The waiting count is also kept apart
+/// ([`RankLoad::waiting`]).
 ///
 /// A text without either load family is not vLLM's ([`Unusable::Absent`]:
 /// the next source is tried). Every line must be a comment, blank, or a
@@ -316,6 +325,7 @@ pub fn parse_metrics(body: &[u8]) -> Result<EngineLoads, Unusable> {
         loads.add(rank, running + waiting)?;
         if let Some(entry) = loads.ranks.get_mut(&rank) {
             entry.kv_cache_usage = gauges.kv_usage.or(gauges.gpu_kv_usage);
+            entry.waiting = Some(waiting);
         }
     }
     if loads.is_empty() {
@@ -596,6 +606,7 @@ mod tests {
     fn vllm_metrics_give_running_plus_waiting_and_the_cache_usage() {
         let report = load(parse_metrics(VLLM.as_bytes()), None);
         assert_eq!(report.in_flight, 5);
+        assert_eq!(report.waiting, Some(2));
         assert_eq!(report.kv_cache_usage, Some(0.25));
         assert_eq!(load(parse_metrics(VLLM.as_bytes()), Some(0)).in_flight, 5);
         assert_eq!(
@@ -629,8 +640,11 @@ mod tests {
         assert_eq!(loads.len(), 2);
         assert_eq!(loads.for_rank(Some(0)).unwrap().in_flight, 2);
         assert_eq!(loads.for_rank(Some(1)).unwrap().in_flight, 5);
+        assert_eq!(loads.for_rank(Some(0)).unwrap().waiting, Some(1));
+        assert_eq!(loads.for_rank(Some(1)).unwrap().waiting, Some(0));
         let all = loads.for_rank(None).unwrap();
         assert_eq!((all.in_flight, all.kv_cache_usage), (7, Some(0.7)));
+        assert_eq!(all.waiting, Some(1));
         assert_eq!(loads.for_rank(Some(2)), Err(PollError::RankAbsent));
         // A non-numeric engine label counts in the sum but is no rank.
         let named = "vllm:num_requests_running{engine=\"e-1\"} 2\n\
@@ -791,6 +805,8 @@ mod tests {
         assert_eq!(loads.for_rank(None).unwrap().in_flight, 6);
         assert_eq!(loads.for_rank(Some(2)), Err(PollError::RankAbsent));
         assert_eq!(loads.for_rank(None).unwrap().kv_cache_usage, None);
+        // Only vLLM's metrics give the queued part apart.
+        assert_eq!(loads.for_rank(Some(0)).unwrap().waiting, None);
         let unranked = br#"[{"dp_rank": null, "num_reqs": 3, "num_waiting_reqs": 1}]"#;
         assert_eq!(load(parse_get_load(unranked), None).in_flight, 3);
         let one = br#" {"dp_rank": 2, "num_reqs": 4.0} "#;

@@ -58,6 +58,9 @@ async fn ranks_of_one_url_share_a_poll_and_get_their_own_reports() {
     assert_eq!(workers[0].estimated_load(), 4);
     assert_eq!(workers[1].engine_reported_load(), Some(2));
     assert_eq!(workers[1].estimated_load(), 2, "one of the two is ours");
+    // The queued part is kept apart, per rank.
+    assert_eq!(workers[0].engine_waiting(), Some(1));
+    assert_eq!(workers[1].engine_waiting(), Some(0));
     drop(mine);
     assert_eq!(workers[1].estimated_load(), 1);
     let status = polls.status(&workers[0]);
@@ -80,8 +83,10 @@ async fn failures_withdraw_the_report_and_no_source_backs_off() {
     );
     assert_eq!(workers[0].estimated_load(), 5);
     let failure = Failure::new(PollError::Garbage, LoadSource::Metrics, "x");
+    assert_eq!(workers[0].engine_waiting(), Some(0));
     polls.finish(&plan[0], Err(failure), start);
     assert_eq!(workers[0].engine_reported_load(), None);
+    assert_eq!(workers[0].engine_waiting(), None);
     assert_eq!(workers[0].estimated_load(), 0);
     assert_eq!(polls.errors(&workers[0], PollError::Garbage), 1);
     let status = polls.status(&workers[0]);
