@@ -669,10 +669,11 @@ fn render_server(stats: &crate::ServerStats, exposition: &mut Exposition<'_>) {
 }
 
 /// The engines' reports and the estimates the policies compare, per
-/// worker (`router_worker_engine_load` only for workers with a report).
+/// worker (`router_worker_engine_load` and `router_worker_engine_waiting`
+/// only for workers with a report).
 fn render_engine_loads(workers: &[Arc<Worker>], exposition: &mut Exposition<'_>) {
     type Read = fn(&Worker) -> Option<usize>;
-    let series: [(&str, &str, Read); 2] = [
+    let series: [(&str, &str, Read); 3] = [
         (
             "router_worker_estimated_load",
             "The load policies compare: own in-flight now plus the other routers' from the \
@@ -683,6 +684,12 @@ fn render_engine_loads(workers: &[Arc<Worker>], exposition: &mut Exposition<'_>)
             "router_worker_engine_load",
             "The engine's in-flight requests (running plus waiting) in the report that stands.",
             |w| w.engine_reported_load(),
+        ),
+        (
+            "router_worker_engine_waiting",
+            "The engine's waiting requests (queued, not yet scheduled; part of its load) in \
+             the report that stands.",
+            |w| w.engine_waiting(),
         ),
     ];
     for (name, help, read) in series {

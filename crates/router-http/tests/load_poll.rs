@@ -181,6 +181,18 @@ async fn the_estimate_counts_another_routers_requests_and_least_loaded_avoids_th
     assert!(scrape.contains(&format!(
         "router_worker_estimated_load{{url=\"{a}\",role=\"regular\",generation=\"1\"}} 4\n"
     )));
+    // The waiting share of the report, beside it in /metrics and /workers.
+    let waiting_series =
+        format!("router_worker_engine_waiting{{url=\"{a}\",role=\"regular\",generation=\"1\"}} ");
+    let waiting: usize = scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(&waiting_series))
+        .unwrap_or_else(|| panic!("no waiting series for {a}: {scrape}"))
+        .parse()
+        .unwrap();
+    assert!(waiting <= 4, "{waiting} waiting of 4");
+    let shown = engine_load(addr, &a).await;
+    assert!(shown["waiting"].as_u64().is_some_and(|w| w <= 4), "{shown}");
 
     // Every request of this router goes to B: A's estimate is 4, B's at
     // most this router's own one in flight.

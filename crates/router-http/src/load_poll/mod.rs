@@ -601,6 +601,9 @@ pub struct EngineLoadStatus {
     pub estimated_load: usize,
     /// The engine's in-flight count in the report that stands.
     pub reported: Option<usize>,
+    /// How many of those are waiting (queued, not yet scheduled), when
+    /// the report says (vLLM's `vllm:num_requests_waiting`).
+    pub waiting: Option<usize>,
     /// Where that report came from (`metrics` or `get_load`).
     pub source: Option<&'static str>,
     /// How old the report is, in milliseconds.
@@ -634,6 +637,7 @@ impl EngineLoadStatus {
             own_load: Worker::load(worker),
             estimated_load: worker.estimated_load(),
             reported: worker.engine_reported_load(),
+            waiting: worker.engine_waiting(),
             source: None,
             report_age_ms: None,
             kv_cache_usage: None,
