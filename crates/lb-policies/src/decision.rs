@@ -145,6 +145,11 @@ pub struct Decision {
     /// in thousandths of its input (0..=1000), whatever the decision; the
     /// host exports it as a match-rate histogram. `None` for other policies.
     pub match_permille: Option<u16>,
+    /// For prefix-matching policies: that best match's length in the
+    /// request's own units (token ids, whole blocks of them for a
+    /// block-matching policy, or characters of a routing text), whatever
+    /// the decision. `None` for other policies.
+    pub matched: Option<usize>,
 }
 
 impl Decision {
@@ -154,7 +159,22 @@ impl Decision {
             index,
             reason,
             match_permille: None,
+            matched: None,
         }
+    }
+
+    /// The same decision, carrying the request's best prefix match:
+    /// `matched` of its `input` units (the rate is `matched / input`, 0
+    /// for an empty input).
+    pub fn with_match(self, matched: usize, input: usize) -> Self {
+        let rate = if input == 0 {
+            0.0
+        } else {
+            matched as f64 / input as f64
+        };
+        let mut decision = self.with_match_rate(rate);
+        decision.matched = Some(matched);
+        decision
     }
 
     /// The same decision, carrying the request's prefix match rate

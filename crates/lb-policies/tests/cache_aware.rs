@@ -418,6 +418,7 @@ fn token_matches_count_in_whole_blocks() {
     let d = select_tokens(&long);
     assert_eq!((d.index, d.reason), (owner, DecisionReason::CacheHit));
     assert_eq!(d.match_permille, Some(667), "32 of 48 tokens: {d:?}");
+    assert_eq!(d.matched, Some(32), "32 of 48 tokens: {d:?}");
 
     // Shares 40 tokens of 70: 57 % in symbols, 32 cached = 46 %, below 0.5.
     let mut diluted: Vec<u32> = (0..40).collect();

@@ -404,6 +404,7 @@ fn short_or_unmatched_prompts_go_least_loaded() {
         .expect("available");
     assert_eq!((d.index, d.reason), (1, DecisionReason::CacheLowMatch));
     assert_eq!(d.match_permille, Some(100));
+    assert_eq!(d.matched, Some(4), "one block of four tokens");
     // No candidates at all.
     assert_eq!(select_in(&s.policy, &[], &p), None);
 }

@@ -1223,6 +1223,16 @@ async fn a_tokenized_kv_aware_turn_is_traced_from_its_tokens_to_the_engine_holdi
     assert_eq!(str_attr(route, "router.decision.reason"), "kv_hit");
     assert_eq!(str_attr(route, "router.worker"), owner_url);
     assert!(float_attr(route, "router.decision.match_rate") > 0.0);
+    // The match's length is in the routing input's units: token ids, of
+    // which the rate is the share.
+    let matched = int_attr(route, "router.decision.matched");
+    assert!(
+        matched > 0 && matched < ids.len() as i64,
+        "{matched} of {}",
+        ids.len()
+    );
+    let rate = matched as f64 / ids.len() as f64;
+    assert!((float_attr(route, "router.decision.match_rate") - rate).abs() <= 0.0005);
     assert!(extract.end_time_unix_nano <= route.start_time_unix_nano);
 
     let attempt = one(&format!("POST {owner_url}"));

@@ -194,6 +194,9 @@ pub struct Choice {
     /// For prefix-matching policies, the request's best prefix match in
     /// thousandths of its input.
     pub match_permille: Option<u16>,
+    /// For prefix-matching policies, that match's length in the request's
+    /// units (token ids or characters; `Decision::matched`).
+    pub matched: Option<usize>,
     /// Why the policy chose this worker.
     pub reason: lb_policies::DecisionReason,
 }
@@ -209,6 +212,9 @@ pub struct Reserved {
     /// For prefix-matching policies, the request's best prefix match in
     /// thousandths of its input.
     pub match_permille: Option<u16>,
+    /// For prefix-matching policies, that match's length in the request's
+    /// units (token ids or characters; `Decision::matched`).
+    pub matched: Option<usize>,
     /// Why the policy chose this worker.
     pub reason: lb_policies::DecisionReason,
 }
@@ -583,6 +589,7 @@ impl RolePool {
         Ok(Choice {
             worker: Arc::clone(&eligible.workers()[decision.index]),
             match_permille: decision.match_permille,
+            matched: decision.matched,
             reason: decision.reason,
         })
     }
@@ -613,6 +620,7 @@ impl RolePool {
                     return Ok(Reserved {
                         guard,
                         match_permille: decision.match_permille,
+                        matched: decision.matched,
                         reason: decision.reason,
                     });
                 }

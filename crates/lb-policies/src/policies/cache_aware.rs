@@ -722,8 +722,10 @@ impl CacheAware {
             &self.rotation,
             |_| true,
         )?;
-        let rate = (chosen.blocks * block_size) as f64 / tokens.len() as f64;
-        Some(Decision::new(chosen.index, reason).with_match_rate(rate))
+        Some(
+            Decision::new(chosen.index, reason)
+                .with_match(chosen.blocks * block_size, tokens.len()),
+        )
     }
 
     fn decide<B: Backend>(
@@ -765,7 +767,7 @@ impl CacheAware {
             _ => {
                 return self
                     .least_loaded(candidates, DecisionReason::CacheLowMatch)
-                    .map(|d| d.with_match_rate(rate));
+                    .map(|d| d.with_match(matched, found.input));
             }
         };
         let preferred = {
@@ -788,7 +790,7 @@ impl CacheAware {
         let Some(preferred) = preferred.filter(|&i| candidates[i].is_available()) else {
             return self
                 .least_loaded(candidates, DecisionReason::CacheOwnerUnavailable)
-                .map(|d| d.with_match_rate(rate));
+                .map(|d| d.with_match(matched, found.input));
         };
         if self.config.gate == LoadGate::PerRequest {
             let min_load = min_available_load(candidates);
@@ -798,10 +800,10 @@ impl CacheAware {
             {
                 return self
                     .least_loaded(candidates, DecisionReason::CacheOverloaded)
-                    .map(|d| d.with_match_rate(rate));
+                    .map(|d| d.with_match(matched, found.input));
             }
         }
-        Some(Decision::new(preferred, DecisionReason::CacheHit).with_match_rate(rate))
+        Some(Decision::new(preferred, DecisionReason::CacheHit).with_match(matched, found.input))
     }
 }
 

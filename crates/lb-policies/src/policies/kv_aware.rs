@@ -597,7 +597,7 @@ impl KvAware {
         state: &ModelState,
         candidates: &[B],
         reason: DecisionReason,
-        rate: f64,
+        (matched, input): (usize, usize),
     ) -> Option<Decision> {
         let mut decision = self.fallback.least_loaded(candidates, reason)?;
         if state.is_removed(candidates[decision.index].key()) {
@@ -607,7 +607,7 @@ impl KvAware {
                 !state.is_removed(candidates[i].key())
             })?;
         }
-        Some(decision.with_match_rate(rate))
+        Some(decision.with_match(matched, input))
     }
 
     /// The least-cost candidate (see [`cost`]), never a
@@ -638,8 +638,10 @@ impl KvAware {
         )?;
         // The match rate is the device cache's (what the engine reuses
         // without loading).
-        let rate = (chosen.blocks * self.block_size) as f64 / tokens.len() as f64;
-        Some(Decision::new(chosen.index, reason).with_match_rate(rate))
+        Some(
+            Decision::new(chosen.index, reason)
+                .with_match(chosen.blocks * self.block_size, tokens.len()),
+        )
     }
 
     fn decide_tokens<B: Backend>(
@@ -667,7 +669,8 @@ impl KvAware {
         }
         let best = self.best(candidates, &scratch.scores);
         let blocks = best.map_or(0, |s| s.blocks);
-        let rate = (blocks * self.block_size) as f64 / tokens.len() as f64;
+        let matched = (blocks * self.block_size, tokens.len());
+        let rate = matched.0 as f64 / tokens.len() as f64;
         let config = self.fallback.config();
         let Some(Scored {
             index: preferred,
@@ -675,17 +678,17 @@ impl KvAware {
             ..
         }) = best.filter(|_| blocks > 0 && rate > config.cache_threshold)
         else {
-            return self.least_loaded(state, candidates, DecisionReason::CacheLowMatch, rate);
+            return self.least_loaded(state, candidates, DecisionReason::CacheLowMatch, matched);
         };
         if config.preferred_yields(candidates[preferred].load(), min_available_load(candidates)) {
-            return self.least_loaded(state, candidates, DecisionReason::CacheOverloaded, rate);
+            return self.least_loaded(state, candidates, DecisionReason::CacheOverloaded, matched);
         }
         let reason = if exact {
             DecisionReason::KvHit
         } else {
             DecisionReason::CacheHit
         };
-        Some(Decision::new(preferred, reason).with_match_rate(rate))
+        Some(Decision::new(preferred, reason).with_match(matched.0, matched.1))
     }
 }
 

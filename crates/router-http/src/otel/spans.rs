@@ -257,11 +257,13 @@ pub(crate) fn record_routing_input(span: &mut OtelSpan, info: &crate::RequestInf
     }
 }
 
-/// Records a decision's outcome on its span.
+/// Records a decision's outcome on its span: the reason, the best prefix
+/// match (its rate in thousandths, and its length in the routing input's
+/// units) for a prefix-matching policy, and the worker.
 pub(crate) fn record_decision(
     span: &mut OtelSpan,
     reason: &'static str,
-    match_permille: Option<u16>,
+    (match_permille, matched): (Option<u16>, Option<usize>),
     worker: &str,
 ) {
     span.set_attribute(KeyValue::new("router.decision.reason", reason));
@@ -270,6 +272,9 @@ pub(crate) fn record_decision(
             "router.decision.match_rate",
             f64::from(permille) / 1000.0,
         ));
+    }
+    if let Some(matched) = matched {
+        span.set_attribute(KeyValue::new("router.decision.matched", count(matched)));
     }
     span.set_attribute(KeyValue::new("router.worker", worker.to_owned()));
 }

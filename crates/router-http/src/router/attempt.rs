@@ -110,7 +110,7 @@ impl Regular<'_> {
                 Ok(reserved) => crate::otel::record_decision(
                     span,
                     reserved.reason.as_str(),
-                    reserved.match_permille,
+                    (reserved.match_permille, reserved.matched),
                     reserved.guard.worker().url(),
                 ),
                 Err(err) => crate::otel::record_no_decision(span, err),
