@@ -467,10 +467,9 @@ impl ChatRequest {
             let Some(fields) = small_map_entries(message) else {
                 return false;
             };
-            let role = fields.iter().find(|(k, _)| k.as_str() == Some("role"));
-            let role_is_text = role.is_some_and(|(_, role)| role.as_str().is_some());
+            let role_is_text = field(fields, "role").is_some_and(|role| role.as_str().is_some());
             role_is_text
-                && content_of(fields).is_none_or(|content| {
+                && field(fields, "content").is_none_or(|content| {
                     content
                         .downcast_object_ref::<Vec<Value>>()
                         .is_none_or(|parts| parts.iter().all(part_is_readable))
@@ -480,11 +479,11 @@ impl ChatRequest {
     }
 }
 
-/// A message's `content`, when it has one.
-fn content_of(fields: &[(Value, Value)]) -> Option<&Value> {
+/// The value under `key` among an object's fields, when it has one.
+fn field<'v>(fields: &'v [(Value, Value)], key: &str) -> Option<&'v Value> {
     fields
         .iter()
-        .find(|(k, _)| k.as_str() == Some("content"))
+        .find(|(k, _)| k.as_str() == Some(key))
         .map(|(_, v)| v)
 }
 
@@ -513,12 +512,10 @@ impl<'a> Conversation<'a> {
     pub fn messages(&self) -> impl Iterator<Item = (&'a str, TextPieces<'a>)> + Clone + 'a {
         self.messages.iter().map(|message| {
             let fields = small_map_entries(message).unwrap_or_default();
-            let role = fields
-                .iter()
-                .find(|(k, _)| k.as_str() == Some("role"))
-                .and_then(|(_, role)| role.as_str())
+            let role = field(fields, "role")
+                .and_then(Value::as_str)
                 .unwrap_or_default();
-            let pieces = match content_of(fields) {
+            let pieces = match field(fields, "content") {
                 Some(content) => match content.downcast_object_ref::<Vec<Value>>() {
                     Some(parts) => Pieces::Parts(parts.iter()),
                     None => Pieces::One(content.as_str()),
