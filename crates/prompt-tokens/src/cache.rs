@@ -210,10 +210,15 @@ impl SegmentCache {
         }
         let (key, shard) = self.locate(text);
         let mut shard = shard.lock();
-        entry.stamp = shard.touch(key);
+        // The entry goes into the map with its stamp before `touch` records
+        // it: `touch` may compact the recency queue, keeping only records
+        // whose stamp the map holds, and would otherwise drop the new one,
+        // leaving an entry that eviction can never reach.
+        entry.stamp = shard.clock + 1;
         if let Some(old) = shard.map.insert(key, entry) {
             shard.bytes -= old.cost();
         }
+        shard.touch(key);
         shard.bytes += cost;
         let budget = self.shard_budget;
         shard.evict_to(budget);
@@ -283,6 +288,24 @@ mod tests {
         cache.insert("x", ids(1));
         assert!(cache.get("x").is_none());
         assert_eq!(cache.stats().entries, 0);
+    }
+
+    #[test]
+    fn an_entry_reinserted_while_the_recency_queue_compacts_stays_evictable() {
+        let per = 1 + 4 + ENTRY_OVERHEAD_BYTES;
+        // Whichever re-insert compacts the queue, the entry it leaves must
+        // still be the one evicted when another text needs the room.
+        for reinserts in 1..80 {
+            let cache = SegmentCache::new(per, 1);
+            for _ in 0..reinserts {
+                cache.insert("a", ids(1));
+            }
+            cache.insert("b", ids(1));
+            assert!(cache.get("a").is_none(), "after {reinserts}: a evicted");
+            assert_eq!(cache.get("b").as_deref(), Some(&[0][..]));
+            let stats = cache.stats();
+            assert_eq!((stats.entries, stats.bytes as usize), (1, per));
+        }
     }
 
     #[test]
