@@ -29,6 +29,10 @@ struct Loop<'a, S> {
     /// Undecodable batches are counted each; their warning is rate-limited
     /// (the publisher is whatever a registration named).
     undecodable_log: LogThrottle,
+    /// Resets are counted each ([`StreamCounters::resets`]); a publisher
+    /// that sends its sequence numbers backwards or out of order can cause
+    /// one per message, so their log line is rate-limited too.
+    reset_log: LogThrottle,
 }
 
 pub(super) async fn run<T: Transport, S: EventSink>(
@@ -53,6 +57,7 @@ pub(super) async fn run<T: Transport, S: EventSink>(
         status,
         replay_task: None,
         undecodable_log: LogThrottle::default(),
+        reset_log: LogThrottle::default(),
     };
     let (answers_tx, mut answers) = mpsc::channel(REPLAY_ANSWER_QUEUE);
     let mut failures = 0u32;
@@ -204,7 +209,14 @@ impl<S: EventSink> Loop<'_, S> {
                     });
                 }
                 Action::Reset(reason) => {
-                    tracing::info!(endpoint = %self.config.endpoint, %reason, "KV event stream reset");
+                    if let Some(suppressed) = self.reset_log.admit() {
+                        tracing::info!(
+                            endpoint = %self.config.endpoint,
+                            %reason,
+                            suppressed,
+                            "KV event stream reset (suppressed: earlier resets not logged)"
+                        );
+                    }
                     self.sink.on_event(StreamEvent::Reset { reason });
                 }
                 Action::RequestReplay { id, from } => {

@@ -379,3 +379,62 @@ fn backoff_doubles_and_caps() {
     assert_eq!(b.delay(10), Duration::from_secs(5));
     assert_eq!(b.delay(u32::MAX), Duration::from_secs(5));
 }
+
+/// What a `tracing` subscriber writes, kept for the test to read.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A publisher whose sequence numbers go back on every message resets the
+/// stream each time: every reset is counted and reaches the sink, but the
+/// log gets one line per period, not one per message.
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_resets_is_counted_each_and_logged_at_a_bounded_rate() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let started = std::time::Instant::now();
+    let mut config = SubscriberConfig::new("tcp://fake:1");
+    // Without replay each step back is one reset, and nothing waits.
+    config.sequencer.replay = false;
+    let mut rig = rig(0, config);
+    const FLOOD: u64 = 1_000;
+    for seq in (1..=FLOOD).rev() {
+        // Each message goes back from the one before.
+        rig.live.send(frames(seq)).unwrap();
+    }
+    let mut resets = 0u64;
+    while resets < FLOOD - 1 {
+        match rig.events.recv().await.unwrap() {
+            StreamEvent::Reset { .. } => resets += 1,
+            StreamEvent::Batch { .. } => {}
+        }
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(rig.status.lock().unwrap().counters.resets, FLOOD - 1);
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines = text
+        .lines()
+        .filter(|line| line.contains("KV event stream reset"))
+        .count() as u64;
+    let periods = elapsed.as_secs() / crate::DEFAULT_LOG_PERIOD.as_secs() + 1;
+    assert!(lines >= 1, "the first reset is logged:\n{text}");
+    assert!(
+        lines <= periods,
+        "{lines} lines for {FLOOD} resets in {elapsed:?}:\n{text}"
+    );
+    rig.task.abort();
+}
