@@ -43,7 +43,7 @@ pub(crate) fn register(env: &mut Environment<'_>) {
 /// jinja2's `iterable` test: whether Python's `iter()` accepts the value.
 /// Real templates guard `tools | length` with `tools is iterable`, and
 /// vLLM passes `None` for a request without tools.
-fn is_iterable(value: &Value) -> bool {
+pub(crate) fn is_iterable(value: &Value) -> bool {
     match value.kind() {
         ValueKind::None | ValueKind::Number | ValueKind::Bool => false,
         ValueKind::Undefined => true,

@@ -168,9 +168,15 @@ fn every_real_template_renders_as_the_reference_renders_it() {
     let show: Vec<String> = std::env::var("TEMPLATE_CORPUS_SHOW")
         .map(|v| v.split(',').map(str::to_owned).collect())
         .unwrap_or_default();
+    // `TEMPLATE_CORPUS_DIRECT=1` prints, per template, how many renders
+    // the direct renderer answered and why it declined the others (the
+    // most frequent reasons first): what to teach it next.
+    let breakdown = std::env::var_os("TEMPLATE_CORPUS_DIRECT").is_some();
     let mut unexpected = Vec::new();
     let mut now_agreeing = Vec::new();
     for path in &templates {
+        let (mut answered, mut renders) = (0, 0);
+        let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
         let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
         let compiled = ChatTemplate::new(
             &read(path),
@@ -210,7 +216,12 @@ fn every_real_template_renders_as_the_reference_renders_it() {
                             );
                         }
                     }
+                    renders += 1;
+                    if breakdown && let Some(reason) = template.direct_decline_reason(request) {
+                        *reasons.entry(reason).or_default() += 1;
+                    }
                     if let Some(direct) = template.render_direct(request) {
+                        answered += 1;
                         direct_answered += 1;
                         if ours.as_deref().ok() != Some(direct.as_str()) {
                             direct_disagree.push(case.clone());
@@ -231,6 +242,14 @@ fn every_real_template_renders_as_the_reference_renders_it() {
                 (false, false) => unexpected.push(format!("{case}: {outcome:?}")),
                 (true, true) => now_agreeing.push(case),
                 _ => {}
+            }
+        }
+        if breakdown {
+            let mut reasons: Vec<_> = reasons.into_iter().collect();
+            reasons.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            eprintln!("direct {stem}: {answered} of {renders}");
+            for (reason, count) in reasons.iter().take(4) {
+                eprintln!("    {count:3} {reason}");
             }
         }
     }

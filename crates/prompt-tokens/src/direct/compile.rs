@@ -124,7 +124,7 @@ impl<'s> Compiler<'s> {
                         return Err(format!("`set` of `{}`", v.id));
                     }
                     if is_builtin(v.id) {
-                        return Ok(Stmt::Decline);
+                        return Ok(decline_stmt(format!("`set` of `{}`", v.id)));
                     }
                     let value = self.expr(&s.expr)?;
                     Stmt::Set(self.name(v.id)?, value)
@@ -133,9 +133,9 @@ impl<'s> Compiler<'s> {
                     ast::Expr::Var(v) if self.readable(v.id) => {
                         Stmt::SetAttr(self.name(v.id)?, a.name.into(), self.expr(&s.expr)?)
                     }
-                    _ => Stmt::Decline,
+                    _ => decline_stmt("`set` of an attribute of an expression"),
                 },
-                _ => Stmt::Decline,
+                _ => decline_stmt("`set` of several targets"),
             },
             ast::Stmt::Macro(m) => {
                 if !top || self.is_macro(m.name).is_some() {
@@ -171,7 +171,10 @@ impl<'s> Compiler<'s> {
                     self.scope = outer;
                     body?
                 } else {
-                    vec![Stmt::Decline]
+                    vec![decline_stmt(format!(
+                        "macro `{}` with default arguments",
+                        m.name
+                    ))]
                 };
                 self.macro_names.push(m.name);
                 self.macros.push(MacroDef { params, body });
@@ -185,20 +188,23 @@ impl<'s> Compiler<'s> {
             | ast::Stmt::AutoEscape(_) => {
                 return Err("template inheritance, includes, imports or autoescape".into());
             }
-            _ => Stmt::Decline,
+            other => decline_stmt(statement_name(other)),
         })
     }
 
     fn for_loop(&mut self, f: &ast::ForLoop<'s>) -> Result<Stmt, String> {
         let ast::Expr::Var(target) = &f.target else {
-            return Ok(Stmt::Decline);
+            return Ok(decline_stmt("`for` with several targets"));
         };
         if f.recursive
             || target.id == "loop"
             || is_builtin(target.id)
             || self.is_macro(target.id).is_some()
         {
-            return Ok(Stmt::Decline);
+            return Ok(decline_stmt(format!(
+                "`for` with the target `{}` or recursive",
+                target.id
+            )));
         }
         let iter = self.expr(&f.iter)?;
         let else_body = self.block(&f.else_body, false)?;
@@ -215,7 +221,7 @@ impl<'s> Compiler<'s> {
         if filter.is_some() && used {
             // `loop` over a filtered sequence counts the kept items only;
             // left to minijinja.
-            return Ok(Stmt::Decline);
+            return Ok(decline_stmt("`loop` in a filtered `for`"));
         }
         Ok(Stmt::For(Box::new(ForLoop {
             target,
@@ -266,7 +272,7 @@ impl<'s> Compiler<'s> {
                     || !self.readable(id)
                     || (self.scope.macro_locals.is_some() && MACRO_GLOBALS.contains(&id))
                 {
-                    Expr::Decline
+                    decline(format!("the name `{id}` here"))
                 } else {
                     Expr::Var(self.name(id)?)
                 }
@@ -274,7 +280,7 @@ impl<'s> Compiler<'s> {
             ast::Expr::Const(c) => Expr::Const(c.value.clone()),
             ast::Expr::Slice(s) => {
                 if s.step.is_some() {
-                    Expr::Decline
+                    decline("a slice with a step")
                 } else {
                     let start = s.start.as_ref().map(|x| self.boxed(x)).transpose()?;
                     let stop = s.stop.as_ref().map(|x| self.boxed(x)).transpose()?;
@@ -298,12 +304,18 @@ impl<'s> Compiler<'s> {
                     ast::BinOpKind::Gt => Expr::Compare(left, Cmp::Gt, right),
                     ast::BinOpKind::Gte => Expr::Compare(left, Cmp::Gte, right),
                     ast::BinOpKind::In => Expr::Compare(left, Cmp::In, right),
-                    _ => Expr::Decline,
+                    ast::BinOpKind::Add => Expr::Add(left, right),
+                    ast::BinOpKind::Sub => decline("the operator `-`"),
+                    ast::BinOpKind::Mul => decline("the operator `*`"),
+                    ast::BinOpKind::Div => decline("the operator `/`"),
+                    ast::BinOpKind::FloorDiv => decline("the operator `//`"),
+                    ast::BinOpKind::Rem => decline("the operator `%`"),
+                    ast::BinOpKind::Pow => decline("the operator `**`"),
                 }
             }
             ast::Expr::Compare(c) => {
                 if c.ops.len() != 1 {
-                    Expr::Decline
+                    decline("a chained comparison")
                 } else {
                     let op = match c.ops[0].op {
                         ast::CompareOpKind::Eq => Cmp::Eq,
@@ -334,17 +346,18 @@ impl<'s> Compiler<'s> {
                     "mapping" => TestKind::Mapping,
                     "number" => TestKind::Number,
                     "boolean" => TestKind::Boolean,
-                    _ => return Ok(Expr::Decline),
+                    "iterable" => TestKind::Iterable,
+                    other => return Ok(decline(format!("the test `{other}`"))),
                 };
                 if !t.args.is_empty() {
-                    return Ok(Expr::Decline);
+                    return Ok(decline(format!("the test `{}` with arguments", t.name)));
                 }
                 Expr::Test(kind, self.boxed(&t.expr)?)
             }
             ast::Expr::GetAttr(a) => match &a.expr {
                 ast::Expr::Var(v) if v.id == "loop" => {
                     if self.scope.loop_depth == 0 {
-                        return Ok(Expr::Decline);
+                        return Ok(decline("`loop` outside a loop"));
                     }
                     self.scope.loop_used = true;
                     match a.name {
@@ -355,7 +368,7 @@ impl<'s> Compiler<'s> {
                         "first" => Expr::Loop(LoopAttr::First),
                         "last" => Expr::Loop(LoopAttr::Last),
                         "length" => Expr::Loop(LoopAttr::Length),
-                        _ => Expr::Decline,
+                        other => decline(format!("`loop.{other}`")),
                     }
                 }
                 base => Expr::Attr(self.boxed(base)?, a.name.into()),
@@ -370,7 +383,7 @@ impl<'s> Compiler<'s> {
                     .map(|x| self.expr(x))
                     .collect::<Result<_, _>>()?,
             ),
-            ast::Expr::Map(_) => Expr::Decline,
+            ast::Expr::Map(_) => decline("a dict literal"),
         })
     }
 
@@ -387,7 +400,10 @@ impl<'s> Compiler<'s> {
 
     fn filter(&mut self, f: &ast::Filter<'s>) -> Result<Expr, String> {
         let Some(operand) = &f.expr else {
-            return Ok(Expr::Decline);
+            return Ok(decline(format!(
+                "the filter `{}` without an operand",
+                f.name
+            )));
         };
         let kind = match (f.name, f.args.as_slice()) {
             ("trim", []) => FilterKind::Trim,
@@ -398,9 +414,9 @@ impl<'s> Compiler<'s> {
             }
             ("tojson", args) => match tojson_options(args) {
                 Some(options) => FilterKind::ToJson(options),
-                None => return Ok(Expr::Decline),
+                None => return Ok(decline("`tojson` with other arguments")),
             },
-            _ => return Ok(Expr::Decline),
+            (name, _) => return Ok(decline(format!("the filter `{name}`"))),
         };
         Ok(Expr::Filter(kind, self.boxed(operand)?))
     }
@@ -410,22 +426,22 @@ impl<'s> Compiler<'s> {
             ast::CallType::Function(name) => {
                 if let Some(index) = self.is_macro(name) {
                     let Some(args) = self.positional(&c.args)? else {
-                        return Ok(Expr::Decline);
+                        return Ok(decline(format!("macro `{name}` with keyword arguments")));
                     };
                     if args.len() > self.macros[index].params.len() {
-                        return Ok(Expr::Decline);
+                        return Ok(decline(format!("macro `{name}` with extra arguments")));
                     }
                     return Ok(Expr::CallMacro(index, args));
                 }
                 if self.assigned_outside_macros.contains(&name) {
-                    return Ok(Expr::Decline);
+                    return Ok(decline(format!("a call of the variable `{name}`")));
                 }
                 match name {
                     "namespace" => {
                         let mut fields = Vec::with_capacity(c.args.len());
                         for arg in &c.args {
                             let ast::CallArg::Kwarg(key, value) = arg else {
-                                return Ok(Expr::Decline);
+                                return Ok(decline("`namespace` with positional arguments"));
                             };
                             fields.push(((*key).into(), self.expr(value)?));
                         }
@@ -439,14 +455,16 @@ impl<'s> Compiler<'s> {
                             self.called_builtins.push(id);
                             Ok(Expr::StrftimeNow(Box::new(args.remove(0))))
                         }
-                        _ => Ok(Expr::Decline),
+                        _ => Ok(decline("`strftime_now` with other arguments")),
                     },
-                    _ => Ok(Expr::Decline),
+                    other => Ok(decline(format!("a call of `{other}`"))),
                 }
             }
             ast::CallType::Method(base, name) => {
                 let Some(mut args) = self.positional(&c.args)? else {
-                    return Ok(Expr::Decline);
+                    return Ok(decline(format!(
+                        "the method `{name}` with keyword arguments"
+                    )));
                 };
                 let method = match (name, args.len()) {
                     ("strip", 0) => Method::Strip,
@@ -454,12 +472,36 @@ impl<'s> Compiler<'s> {
                     ("rstrip", 0) => Method::RStrip,
                     ("startswith", 1) => Method::StartsWith(Box::new(args.remove(0))),
                     ("endswith", 1) => Method::EndsWith(Box::new(args.remove(0))),
-                    _ => return Ok(Expr::Decline),
+                    (other, n) => {
+                        return Ok(decline(format!("the method `{other}` with {n} arguments")));
+                    }
                 };
                 Ok(Expr::Method(self.boxed(base)?, method))
             }
-            _ => Ok(Expr::Decline),
+            _ => Ok(decline("a call of an expression")),
         }
+    }
+}
+
+/// A node that declines when reached, naming `what` for diagnostics.
+fn decline(what: impl Into<String>) -> Expr {
+    Expr::Decline(what.into().into_boxed_str())
+}
+
+/// A statement that declines when reached, naming `what`.
+fn decline_stmt(what: impl Into<String>) -> Stmt {
+    Stmt::Decline(what.into().into_boxed_str())
+}
+
+/// A statement's kind, as the template spells it, for a decline reason.
+fn statement_name(stmt: &ast::Stmt<'_>) -> &'static str {
+    match stmt {
+        ast::Stmt::WithBlock(_) => "`with`",
+        ast::Stmt::SetBlock(_) => "a block `set`",
+        ast::Stmt::FilterBlock(_) => "a `filter` block",
+        ast::Stmt::CallBlock(_) => "a `call` block",
+        ast::Stmt::Do(_) => "`do`",
+        _ => "a statement (`break`, `continue` or another)",
     }
 }
 

@@ -110,15 +110,15 @@ impl DirectTemplate {
     }
 
     /// Renders with the context `globals` (name, value pairs, each name
-    /// once), or declines.
-    pub(crate) fn render(
-        &self,
-        globals: &[(Value, Value)],
-        clock_seconds: &dyn Fn() -> i64,
+    /// once), or declines with the construct that kept it from rendering.
+    pub(crate) fn render<'t>(
+        &'t self,
+        globals: &'t [(Value, Value)],
+        clock_seconds: &'t dyn Fn() -> i64,
         max_output: usize,
         fuel: u64,
         capacity: usize,
-    ) -> Result<String, Declined> {
+    ) -> Result<String, &'t str> {
         let mut by_name: Vec<Option<&Value>> = vec![None; self.names.len()];
         for (key, value) in globals {
             let Some(key) = key.as_str() else { continue };
@@ -131,7 +131,7 @@ impl DirectTemplate {
             .iter()
             .any(|&n| by_name[usize::from(n)].is_some())
         {
-            return Err(Declined);
+            return Err("a context value shadows a function the template calls");
         }
         let mut run = Run {
             template: self,
@@ -145,8 +145,13 @@ impl DirectTemplate {
             steps_left: fuel / FUEL_PER_STEP,
             depth: 0,
             clock_seconds,
+            declined_at: None,
         };
-        run.exec(&self.body)?;
-        Ok(run.out)
+        match run.exec(&self.body) {
+            Ok(()) => Ok(run.out),
+            Err(Declined) => Err(run
+                .declined_at
+                .unwrap_or("a value, limit or operation outside the plain cases")),
+        }
     }
 }

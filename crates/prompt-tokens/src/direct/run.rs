@@ -11,6 +11,15 @@ use crate::clock_text::strftime_cached;
 use crate::request::small_map_get;
 use crate::tojson::json_text;
 
+/// A `+` chain's value so far, left to right.
+enum Sum {
+    Empty,
+    Text(String),
+    Int(i64),
+    /// Strings written straight to the output (a chain `{{ }}` prints).
+    Written,
+}
+
 pub(super) struct LoopState {
     index: usize,
     len: usize,
@@ -29,6 +38,9 @@ pub(super) struct Run<'a> {
     pub(super) steps_left: u64,
     pub(super) depth: usize,
     pub(super) clock_seconds: &'a dyn Fn() -> i64,
+    /// The construct of the `Decline` node that ended the rendering, if
+    /// one did (for diagnostics).
+    pub(super) declined_at: Option<&'a str>,
 }
 
 impl<'a> Run<'a> {
@@ -75,7 +87,10 @@ impl<'a> Run<'a> {
                     }
                 }
                 Stmt::Nothing => {}
-                Stmt::Decline => return Err(Declined),
+                Stmt::Decline(what) => {
+                    self.declined_at = Some(what);
+                    return Err(Declined);
+                }
             }
         }
         Ok(())
@@ -175,6 +190,15 @@ impl<'a> Run<'a> {
                 }
             }
             Expr::CallMacro(index, args) => self.call_macro(*index, args),
+            Expr::Add(..) => {
+                let mut sum = Sum::Empty;
+                self.add(&mut sum, e, true)?;
+                match sum {
+                    Sum::Int(n) => self.print(&Value::from(n)),
+                    Sum::Written => Ok(()),
+                    Sum::Empty | Sum::Text(_) => Err(Declined),
+                }
+            }
             Expr::Text(_, text) => {
                 self.step()?;
                 self.write(text)
@@ -337,7 +361,10 @@ impl<'a> Run<'a> {
                 let v = self.eval(inner)?;
                 if let V::Slice(_) = v {
                     // An iterable: defined, and no sequence.
-                    return Ok(V::bool(matches!(kind, TestKind::Defined)));
+                    return Ok(V::bool(matches!(
+                        kind,
+                        TestKind::Defined | TestKind::Iterable
+                    )));
                 }
                 let v = v.value()?;
                 V::bool(match kind {
@@ -349,6 +376,7 @@ impl<'a> Run<'a> {
                     TestKind::Mapping => v.kind() == ValueKind::Map,
                     TestKind::Number => v.kind() == ValueKind::Number,
                     TestKind::Boolean => v.kind() == ValueKind::Bool,
+                    TestKind::Iterable => crate::pyfilters::is_iterable(v),
                 })
             }
             Expr::Filter(kind, inner) => {
@@ -403,8 +431,64 @@ impl<'a> Run<'a> {
                     }
                 }
             }
-            Expr::Decline => return Err(Declined),
+            Expr::Add(..) => {
+                let mut sum = Sum::Empty;
+                self.add(&mut sum, e, false)?;
+                match sum {
+                    Sum::Text(text) => V::Own(Value::from(text)),
+                    Sum::Int(n) => V::Own(Value::from(n)),
+                    Sum::Empty | Sum::Written => return Err(Declined),
+                }
+            }
+            Expr::Decline(what) => {
+                self.declined_at = Some(what);
+                return Err(Declined);
+            }
         })
+    }
+
+    /// Adds `e`, a `+` chain or one operand of it, to `sum` as
+    /// minijinja's `+` does where that is plain: strings (of kind string;
+    /// safe or not, the result is a plain string) join, integers that fit
+    /// an `i64` sum without overflow; any other pair (floats, lists, a
+    /// string beside a number, undefined) declines. With `write`, a chain
+    /// of strings goes straight to the output: a later operand that is not
+    /// a string declines the whole rendering, so nothing half-written
+    /// survives.
+    fn add(&mut self, sum: &mut Sum, e: &'a Expr, write: bool) -> Step<()> {
+        if let Expr::Add(left, right) = e {
+            self.step()?;
+            self.add(sum, left, write)?;
+            return self.add(sum, right, write);
+        }
+        let v = self.eval(e)?;
+        let v = v.value()?;
+        if v.kind() == ValueKind::String {
+            let text = v.as_str().ok_or(Declined)?;
+            match sum {
+                Sum::Empty if write => {
+                    self.write(text)?;
+                    *sum = Sum::Written;
+                }
+                Sum::Written => self.write(text)?,
+                Sum::Empty => *sum = Sum::Text(text.to_owned()),
+                Sum::Text(joined) => {
+                    if joined.len().saturating_add(text.len()) > self.max_output {
+                        return Err(Declined);
+                    }
+                    joined.push_str(text);
+                }
+                Sum::Int(_) => return Err(Declined),
+            }
+            return Ok(());
+        }
+        let n = int(v).ok_or(Declined)?;
+        *sum = match *sum {
+            Sum::Empty => Sum::Int(n),
+            Sum::Int(m) => Sum::Int(m.checked_add(n).ok_or(Declined)?),
+            Sum::Text(_) | Sum::Written => return Err(Declined),
+        };
+        Ok(())
     }
 
     /// Appends `e`'s text as `~` does.

@@ -19,7 +19,8 @@ pub(super) enum Stmt {
     SetAttr(Name, Box<str>, Expr),
     /// A macro definition: macros are resolved when compiling.
     Nothing,
-    Decline,
+    /// Left to minijinja; the text names the construct.
+    Decline(Box<str>),
 }
 
 pub(super) struct ForLoop {
@@ -42,6 +43,8 @@ pub(super) enum Expr {
     Not(Box<Expr>),
     Neg(Box<Expr>),
     Concat(Box<Expr>, Box<Expr>),
+    /// `+`: two strings joined, or two integers summed.
+    Add(Box<Expr>, Box<Expr>),
     And(Box<Expr>, Box<Expr>),
     Or(Box<Expr>, Box<Expr>),
     Compare(Box<Expr>, Cmp, Box<Expr>),
@@ -53,7 +56,8 @@ pub(super) enum Expr {
     Namespace(Vec<(Box<str>, Expr)>),
     StrftimeNow(Box<Expr>),
     Method(Box<Expr>, Method),
-    Decline,
+    /// Left to minijinja; the text names the construct.
+    Decline(Box<str>),
 }
 
 #[derive(Clone, Copy)]
@@ -89,6 +93,7 @@ pub(super) enum TestKind {
     Mapping,
     Number,
     Boolean,
+    Iterable,
 }
 
 pub(super) enum FilterKind {
