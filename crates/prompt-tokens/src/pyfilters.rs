@@ -57,7 +57,7 @@ fn invalid(message: impl Into<String>) -> Error {
 
 /// Python's `str()` of `value`: strings as they are, None, booleans,
 /// numbers, lists and dicts as `pyrepr` prints them.
-fn python_text(value: &Value) -> String {
+pub(crate) fn python_text(value: &Value) -> String {
     match value.as_str() {
         Some(text) => text.to_owned(),
         None => crate::pyrepr::python_str(value).unwrap_or_else(|| value.to_string()),

@@ -635,6 +635,29 @@ const DIRECT_PROBES: &[&str] = &[
     // undefined are; none, numbers and booleans are not).
     "{% for v in [messages[0].role, messages, messages[0], none, 3, true, nothing, ''] %}\
      {{ 'i' if v is iterable else 'n' }}{% endfor %}|{{ 'i' if messages[1:] is iterable else 'n' }}|{{ 'i' if nothing is iterable else 'n' }}",
+    // `-` and `%` on integers.
+    "{{ (messages | length) - 1 }}|{{ (messages | length) % 3 }}|{{ -7 % (messages | length) }}|{{ 7 % -(messages | length) }}|\
+     {% for m in messages %}{{ loop.index0 - 1 }},{% endfor %}|{{ messages[(messages | length) - 1].role }}",
+    // A loop over `seq[::-1]`, with `loop.index0`, `loop.index` and
+    // `loop.first`, over a slice, nested in a forward loop. (minijinja
+    // 2.24 panics on `[::-1]` of an empty sequence: guarded.)
+    "{% if messages | length > 1 %}{% for m in messages[::-1] %}{{ m.role }}{{ loop.index0 }}{{ loop.index }}{{ loop.first }},{% endfor %}|\
+     {% for m in messages[1:][::-1] %}{{ m.role }},{% endfor %}|\
+     {% for m in messages %}{% for n in messages[::-1] %}{{ loop.index }}{% endfor %}{{ loop.index }};{% endfor %}{% endif %}",
+    // String methods with arguments, and a mapping's `get`.
+    "{{ messages[0].content.split(' ') }}|{{ messages[0].content.split()[-1] }}|{{ 'a,b,,c'.split(',') | length }}|\
+     {{ 'a,b,c'.split(',', 1)[1] }}|{{ 'a,b,c'.split(',', -1) | length }}|{{ ' x  y '.split() | length }}|{{ 'ab'.split('') | length }}|\
+     {{ '\n\nx\n'.strip('\n') }}|{{ 'xyaxy'.lstrip('yx') }}|{{ 'xxaxx'.rstrip('x') }}|{{ 'a-b-c'.replace('-', '+') }}|{{ 'aaa'.replace('a', '') }}|\
+     {{ messages[0].get('role') }}|{{ messages[0].get('nope') }}|{{ messages[0].get('nope', 'd') }}|{{ messages[0].get('role', 'd') }}|\
+     {{ messages[-1].get('content') }}",
+    // Tests `true` and `false`: booleans only.
+    "{{ 'T' if true is true else 'F' }}{{ 'T' if 1 is true else 'F' }}{{ 'T' if false is false else 'F' }}\
+     {{ 'T' if nothing is false else 'F' }}{{ 'T' if none is false else 'F' }}{{ 'T' if 0 is false else 'F' }}",
+    // Filters `list` and `string`, and `selectattr(..., 'equalto', ...) | list`.
+    "{{ messages | list | length }}|{{ (messages[1:] | list)[0].role }}|{{ messages[0].role | string }}|{{ (messages | length) | string }}|\
+     {{ none | string }}|{{ nothing | string }}|{{ [1, none, true] | string }}|{{ messages[0].nope | string }}|\
+     {% set users = messages | selectattr('role', 'equalto', 'user') | list %}{{ users | length }}{{ users[-1].content }}|\
+     {{ messages | selectattr('role', 'eq', 'nobody') | list | length }}|{{ messages[1:] | selectattr('role', '==', messages[0].role) | list | length }}",
     // strftime_now with the fixed clock.
     "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ 'Today: ' ~ strftime_now('%A') }}",
     // Conditional expressions, whitespace control, a trailing newline.
@@ -657,7 +680,7 @@ const DECLINED_PROBES: &[&str] = &[
     "{% for i in range(3) %}{{ i }}{% endfor %}",
     "{{ {'a': messages | length} | tojson }}",
     "{% set x %}hi {{ messages[0].role }}{% endset %}{{ x }}",
-    "{{ (messages | length) - 2 }}",
+    "{{ (messages | length) * 2 }}",
     "{% for m in messages if m.role == 'user' %}{{ loop.index }}{% endfor %}",
     "{% macro f(a='d') %}{{ a }}{% endmacro %}{{ f() }}",
     "{{ messages[0].role.upper() }}",
@@ -708,6 +731,49 @@ const ADD_PROBES: &[&str] = &[
     "{% macro m() %}<{{ messages | length }}>{% endmacro %}{{ m() + m() }}|{{ m() + 1 }}",
     "{{ 'a' + 'b' + messages[0].role + 3 }}",
 ];
+
+/// Other operands for `-`, `%`, the methods, filters and reversed loops
+/// the direct renderer runs: minijinja answers or raises, and the direct
+/// renderer equals it or declines.
+const OTHER_OPERAND_PROBES: &[&str] = &[
+    "{{ messages[0].role - 1 }}",
+    "{{ (messages | length) % 0 }}",
+    "{{ 1.5 - (messages | length) }}|{{ (messages | length) % 1.5 }}",
+    "{% set m = -9223372036854775807 - 1 + (messages | length) * 0 %}{{ m - (messages | length) }}|{{ m % -1 }}",
+    "{{ nothing - 1 }}",
+    "{{ messages[0].content.split(none, 1) }}",
+    "{{ messages[0].content.split(1) }}",
+    "{{ messages[-1].content.split(',') }}",
+    "{{ (messages[0].content | safe).split(' ') }}",
+    "{{ messages[0].content.split(' ', 9223372036854775807) }}|{{ messages[0].content.split(' ', 1.0) }}",
+    "{{ messages.get('x') }}",
+    "{{ messages[0].content.get('x') }}",
+    "{{ messages[0].get(1) }}",
+    "{% set ns = namespace(a=1) %}{{ ns.get('a') }}",
+    "{{ messages[0].content.strip(none) }}",
+    "{{ messages[0].content.strip(1) }}",
+    "{{ messages[0].content.replace('e', 1) }}",
+    "{{ messages[-1].content.replace('e', 'f') }}",
+    "{{ messages[0] | list }}|{{ 'abc' | list }}",
+    "{{ nothing | list }}",
+    "{{ none | list }}",
+    "{{ messages | selectattr('role', 'equalto', 'user') }}",
+    "{{ [1, 'a'] | selectattr('role', 'equalto', 1) | list }}",
+    "{{ messages | selectattr('content.x', 'equalto', 1) | list }}",
+    "{{ messages | selectattr('role') | list }}",
+    "{% if messages %}{% for m in messages[::-1] %}{{ loop.last }}{{ loop.length }}{% endfor %}{% endif %}",
+    "{% for m in nothing[::-1] %}x{% else %}E{% endfor %}",
+    "{% for c in messages[0].content[::-1] %}{{ c }}{% endfor %}",
+    "{% if messages %}{% for m in messages[::-2] %}{{ m.role }}{% endfor %}{% endif %}",
+    "{% if messages %}{{ messages[::-1] }}{% endif %}",
+    "{{ 'T' if (messages | length) is true else 'F' }}",
+];
+
+/// Every such probe agrees with minijinja, directly or not.
+#[test]
+fn other_operands_agree_with_minijinja() {
+    check_probes(OTHER_OPERAND_PROBES, Expect::Agrees);
+}
 
 /// Every `+` probe agrees with minijinja, directly or not.
 #[test]

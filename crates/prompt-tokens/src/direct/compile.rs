@@ -4,7 +4,9 @@ use minijinja::machinery::ast;
 use minijinja::value::ValueKind;
 
 use super::Name;
-use super::tree::{Cmp, Expr, FilterKind, ForLoop, LoopAttr, MacroDef, Method, Stmt, TestKind};
+use super::tree::{
+    Arith, Cmp, Expr, FilterKind, ForLoop, LoopAttr, MacroDef, Method, Side, Stmt, TestKind,
+};
 use crate::tojson::JsonOptions;
 
 /// minijinja's global functions other than the ones this module runs; a
@@ -69,6 +71,9 @@ pub(super) struct Scope {
     loop_depth: usize,
     /// Set when a `loop.*` attribute of the innermost loop is compiled.
     loop_used: bool,
+    /// Set when one of them needs the loop's length (`length`, `last`,
+    /// `revindex`, `revindex0`).
+    loop_len_used: bool,
 }
 
 pub(super) struct Compiler<'s> {
@@ -206,22 +211,45 @@ impl<'s> Compiler<'s> {
                 target.id
             )));
         }
-        let iter = self.expr(&f.iter)?;
+        // `seq[::-1]` is a lazy iterable in minijinja; as a loop's
+        // sequence it is read last to first.
+        let (iter, reversed) = match &f.iter {
+            ast::Expr::Slice(s)
+                if s.start.is_none()
+                    && s.stop.is_none()
+                    && s.step
+                        .as_ref()
+                        .and_then(|e| e.as_const())
+                        .and_then(|v| v.as_i64())
+                        == Some(-1) =>
+            {
+                (self.expr(&s.expr)?, true)
+            }
+            other => (self.expr(other)?, false),
+        };
         let else_body = self.block(&f.else_body, false)?;
         let target = self.name(target.id)?;
         let outer_used = self.scope.loop_used;
+        let outer_len_used = self.scope.loop_len_used;
         self.scope.loop_depth += 1;
         self.scope.loop_used = false;
+        self.scope.loop_len_used = false;
         let filter = f.filter_expr.as_ref().map(|e| self.expr(e)).transpose();
         let body = self.block(&f.body, false);
         let used = self.scope.loop_used;
+        let len_used = self.scope.loop_len_used;
         self.scope.loop_depth -= 1;
         self.scope.loop_used = outer_used;
+        self.scope.loop_len_used = outer_len_used;
         let (filter, body) = (filter?, body?);
         if filter.is_some() && used {
             // `loop` over a filtered sequence counts the kept items only;
             // left to minijinja.
             return Ok(decline_stmt("`loop` in a filtered `for`"));
+        }
+        if reversed && len_used {
+            // The reversed iterable's length is minijinja's to work out.
+            return Ok(decline_stmt("`loop.length` or `loop.last` over `[::-1]`"));
         }
         Ok(Stmt::For(Box::new(ForLoop {
             target,
@@ -229,6 +257,7 @@ impl<'s> Compiler<'s> {
             filter,
             body,
             else_body,
+            reversed,
         })))
     }
 
@@ -305,11 +334,11 @@ impl<'s> Compiler<'s> {
                     ast::BinOpKind::Gte => Expr::Compare(left, Cmp::Gte, right),
                     ast::BinOpKind::In => Expr::Compare(left, Cmp::In, right),
                     ast::BinOpKind::Add => Expr::Add(left, right),
-                    ast::BinOpKind::Sub => decline("the operator `-`"),
+                    ast::BinOpKind::Sub => Expr::Arith(Arith::Sub, left, right),
                     ast::BinOpKind::Mul => decline("the operator `*`"),
                     ast::BinOpKind::Div => decline("the operator `/`"),
                     ast::BinOpKind::FloorDiv => decline("the operator `//`"),
-                    ast::BinOpKind::Rem => decline("the operator `%`"),
+                    ast::BinOpKind::Rem => Expr::Arith(Arith::Rem, left, right),
                     ast::BinOpKind::Pow => decline("the operator `**`"),
                 }
             }
@@ -347,6 +376,8 @@ impl<'s> Compiler<'s> {
                     "number" => TestKind::Number,
                     "boolean" => TestKind::Boolean,
                     "iterable" => TestKind::Iterable,
+                    "true" => TestKind::True,
+                    "false" => TestKind::False,
                     other => return Ok(decline(format!("the test `{other}`"))),
                 };
                 if !t.args.is_empty() {
@@ -360,6 +391,9 @@ impl<'s> Compiler<'s> {
                         return Ok(decline("`loop` outside a loop"));
                     }
                     self.scope.loop_used = true;
+                    if matches!(a.name, "length" | "last" | "revindex" | "revindex0") {
+                        self.scope.loop_len_used = true;
+                    }
                     match a.name {
                         "index0" => Expr::Loop(LoopAttr::Index0),
                         "index" => Expr::Loop(LoopAttr::Index),
@@ -409,6 +443,27 @@ impl<'s> Compiler<'s> {
             ("trim", []) => FilterKind::Trim,
             ("length" | "count", []) => FilterKind::Length,
             ("safe", []) => FilterKind::Safe,
+            ("string", []) => FilterKind::String,
+            ("list", []) => {
+                if let ast::Expr::Filter(inner) = operand
+                    && inner.name == "selectattr"
+                    && let Some(source) = &inner.expr
+                    && let [
+                        ast::CallArg::Pos(ast::Expr::Const(attr)),
+                        ast::CallArg::Pos(ast::Expr::Const(test)),
+                        ast::CallArg::Pos(value),
+                    ] = inner.args.as_slice()
+                    && let Some(attr) = attr.value.as_str()
+                    && !attr.contains('.')
+                    && matches!(test.value.as_str(), Some("equalto" | "eq" | "=="))
+                {
+                    // The generator `selectattr` makes is read whole at
+                    // once by `list`: the items that pass, in order.
+                    let kind = FilterKind::SelectAttrEq(attr.into(), self.boxed(value)?);
+                    return Ok(Expr::Filter(kind, self.boxed(source)?));
+                }
+                FilterKind::List
+            }
             ("default" | "d", [ast::CallArg::Pos(fallback)]) => {
                 FilterKind::Default(self.boxed(fallback)?)
             }
@@ -472,6 +527,22 @@ impl<'s> Compiler<'s> {
                     ("rstrip", 0) => Method::RStrip,
                     ("startswith", 1) => Method::StartsWith(Box::new(args.remove(0))),
                     ("endswith", 1) => Method::EndsWith(Box::new(args.remove(0))),
+                    ("strip", 1) => Method::StripChars(Side::Both, Box::new(args.remove(0))),
+                    ("lstrip", 1) => Method::StripChars(Side::Start, Box::new(args.remove(0))),
+                    ("rstrip", 1) => Method::StripChars(Side::End, Box::new(args.remove(0))),
+                    ("split", 0..=2) => {
+                        let mut args = args.into_iter().map(Box::new);
+                        Method::Split(args.next(), args.next())
+                    }
+                    ("replace", 2) => {
+                        let new = Box::new(args.remove(1));
+                        Method::Replace(Box::new(args.remove(0)), new)
+                    }
+                    ("get", 1..=2) => {
+                        let mut args = args.into_iter().map(Box::new);
+                        let key = args.next().ok_or("a `get` without its key")?;
+                        Method::Get(key, args.next())
+                    }
                     (other, n) => {
                         return Ok(decline(format!("the method `{other}` with {n} arguments")));
                     }

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use minijinja::value::{Value, ValueKind};
 
-use super::tree::{Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Stmt, TestKind};
+use super::tree::{Arith, Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Side, Stmt, TestKind};
 use super::value::{V, compare, int};
 use super::{Declined, DirectTemplate, MAX_MACRO_DEPTH, Name, Step};
 use crate::clock_text::strftime_cached;
@@ -108,9 +108,10 @@ impl<'a> Run<'a> {
         let mut ran = false;
         for index in 0..len {
             self.step()?;
+            let at = if f.reversed { len - 1 - index } else { index };
             let item = match borrowed {
-                Some(list) => V::Ref(&list[index]),
-                None => V::Own(seq.items().ok_or(Declined)?[index].clone()),
+                Some(list) => V::Ref(&list[at]),
+                None => V::Own(seq.items().ok_or(Declined)?[at].clone()),
             };
             let mark = self.vars.len();
             self.vars.push((f.target, item));
@@ -377,6 +378,8 @@ impl<'a> Run<'a> {
                     TestKind::Number => v.kind() == ValueKind::Number,
                     TestKind::Boolean => v.kind() == ValueKind::Bool,
                     TestKind::Iterable => crate::pyfilters::is_iterable(v),
+                    TestKind::True => v.kind() == ValueKind::Bool && v.is_true(),
+                    TestKind::False => v.kind() == ValueKind::Bool && !v.is_true(),
                 })
             }
             Expr::Filter(kind, inner) => {
@@ -405,6 +408,25 @@ impl<'a> Run<'a> {
                 let format = format.value()?.as_str().ok_or(Declined)?;
                 V::Own(strftime_cached(format, (self.clock_seconds)()))
             }
+            Expr::Method(base, Method::Get(key, default)) => {
+                let base = self.eval(base)?;
+                let key = self.eval(key)?;
+                let key = key.value()?.as_str().ok_or(Declined)?;
+                // pycompat's `get` on a mapping: the value, else the
+                // default, else none.
+                let found = match &base {
+                    V::Ref(value) => small_map_get(value, key).ok_or(Declined)?.map(V::Ref),
+                    V::Own(value) => small_map_get(value, key)
+                        .ok_or(Declined)?
+                        .map(|v| V::Own(v.clone())),
+                    _ => return Err(Declined),
+                };
+                match (found, default) {
+                    (Some(v), _) => v,
+                    (None, Some(default)) => self.eval(default)?,
+                    (None, None) => V::Own(Value::from(())),
+                }
+            }
             Expr::Method(base, method) => {
                 let base = self.eval(base)?;
                 let text = base.value()?;
@@ -429,6 +451,74 @@ impl<'a> Run<'a> {
                             text.ends_with(affix)
                         })
                     }
+                    Method::StripChars(side, chars) => {
+                        let chars = self.eval(chars)?;
+                        let chars = chars.value()?;
+                        if chars.kind() != ValueKind::String {
+                            return Err(Declined);
+                        }
+                        let set: Vec<char> = chars.as_str().ok_or(Declined)?.chars().collect();
+                        let set = set.as_slice();
+                        V::Own(Value::from(match side {
+                            Side::Both => text.trim_matches(set),
+                            Side::Start => text.trim_start_matches(set),
+                            Side::End => text.trim_end_matches(set),
+                        }))
+                    }
+                    Method::Split(sep, max) => {
+                        if base.value()?.is_safe() {
+                            // minijinja keeps the pieces safe; left to it.
+                            return Err(Declined);
+                        }
+                        let sep = match sep {
+                            Some(sep) => {
+                                let sep = self.eval(sep)?;
+                                let sep = sep.value()?;
+                                if sep.is_none() {
+                                    None
+                                } else if sep.kind() == ValueKind::String {
+                                    Some(sep.as_str().ok_or(Declined)?.to_owned())
+                                } else {
+                                    return Err(Declined);
+                                }
+                            }
+                            None => None,
+                        };
+                        let max = match max {
+                            Some(max) => {
+                                let max = self.eval(max)?;
+                                Some(int(max.value()?).ok_or(Declined)?)
+                            }
+                            None => None,
+                        };
+                        // minijinja's `split`: a negative maxsplit is none,
+                        // else at most maxsplit + 1 pieces.
+                        let pieces = max.and_then(|n| usize::try_from(n).ok()?.checked_add(1));
+                        let list: Vec<Value> = match (&sep, pieces) {
+                            (None, None) => text.split_whitespace().map(Value::from).collect(),
+                            (Some(sep), None) => {
+                                text.split(sep.as_str()).map(Value::from).collect()
+                            }
+                            (Some(sep), Some(n)) => {
+                                text.splitn(n, sep.as_str()).map(Value::from).collect()
+                            }
+                            // Whitespace with a limit: left to minijinja.
+                            (None, Some(_)) => return Err(Declined),
+                        };
+                        V::Own(Value::from(list))
+                    }
+                    Method::Replace(old, new) => {
+                        let old = self.eval(old)?;
+                        let new = self.eval(new)?;
+                        let (old, new) = (old.value()?, new.value()?);
+                        if old.kind() != ValueKind::String || new.kind() != ValueKind::String {
+                            return Err(Declined);
+                        }
+                        let (old, new) =
+                            (old.as_str().ok_or(Declined)?, new.as_str().ok_or(Declined)?);
+                        V::Own(Value::from(text.replace(old, new)))
+                    }
+                    Method::Get(..) => return Err(Declined),
                 }
             }
             Expr::Add(..) => {
@@ -439,6 +529,22 @@ impl<'a> Run<'a> {
                     Sum::Int(n) => V::Own(Value::from(n)),
                     Sum::Empty | Sum::Written => return Err(Declined),
                 }
+            }
+            Expr::Arith(op, left, right) => {
+                let l = self.eval(left)?;
+                let r = self.eval(right)?;
+                let (l, r) = (
+                    int(l.value()?).ok_or(Declined)?,
+                    int(r.value()?).ok_or(Declined)?,
+                );
+                // minijinja computes in i128 and keeps an i64 when the
+                // result fits; one that does not fit declines here. `%` is
+                // Euclid's remainder, as minijinja's.
+                let n = match op {
+                    Arith::Sub => l.checked_sub(r),
+                    Arith::Rem => l.checked_rem_euclid(r),
+                };
+                V::Own(Value::from(n.ok_or(Declined)?))
             }
             Expr::Decline(what) => {
                 self.declined_at = Some(what);
@@ -574,6 +680,25 @@ impl<'a> Run<'a> {
     }
 
     fn filter(&mut self, kind: &'a FilterKind, v: V<'a>) -> Step<V<'a>> {
+        if let FilterKind::List = kind {
+            return Ok(V::Own(Value::from(v.items().ok_or(Declined)?.to_vec())));
+        }
+        if let FilterKind::SelectAttrEq(attr, wanted) = kind {
+            let list = v.items().ok_or(Declined)?.to_vec();
+            let wanted = self.eval(wanted)?;
+            let wanted = wanted.value()?;
+            let mut kept = Vec::new();
+            for item in list {
+                self.step()?;
+                // Items other than the request's objects (a string, a
+                // dict from the context) are minijinja's to look into.
+                let found = small_map_get(&item, attr).ok_or(Declined)?;
+                if found.is_some_and(|x| x == wanted) {
+                    kept.push(item);
+                }
+            }
+            return Ok(V::Own(Value::from(kept)));
+        }
         if let V::Slice(list) = v {
             return match kind {
                 FilterKind::Length => Ok(V::Own(Value::from(list.len() as i64))),
@@ -619,6 +744,14 @@ impl<'a> Run<'a> {
                     v
                 }
             }
+            FilterKind::String => {
+                if value.kind() == ValueKind::String {
+                    v
+                } else {
+                    V::Own(Value::from(crate::pyfilters::python_text(value)))
+                }
+            }
+            FilterKind::List | FilterKind::SelectAttrEq(..) => return Err(Declined),
         })
     }
 }

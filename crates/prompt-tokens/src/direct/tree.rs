@@ -29,6 +29,8 @@ pub(super) struct ForLoop {
     pub(super) filter: Option<Expr>,
     pub(super) body: Vec<Stmt>,
     pub(super) else_body: Vec<Stmt>,
+    /// `for x in seq[::-1]`: the items last to first.
+    pub(super) reversed: bool,
 }
 
 pub(super) enum Expr {
@@ -45,6 +47,8 @@ pub(super) enum Expr {
     Concat(Box<Expr>, Box<Expr>),
     /// `+`: two strings joined, or two integers summed.
     Add(Box<Expr>, Box<Expr>),
+    /// `-` or `%` between two integers.
+    Arith(Arith, Box<Expr>, Box<Expr>),
     And(Box<Expr>, Box<Expr>),
     Or(Box<Expr>, Box<Expr>),
     Compare(Box<Expr>, Cmp, Box<Expr>),
@@ -72,6 +76,12 @@ pub(super) enum LoopAttr {
 }
 
 #[derive(Clone, Copy)]
+pub(super) enum Arith {
+    Sub,
+    Rem,
+}
+
+#[derive(Clone, Copy)]
 pub(super) enum Cmp {
     Eq,
     Ne,
@@ -94,6 +104,8 @@ pub(super) enum TestKind {
     Number,
     Boolean,
     Iterable,
+    True,
+    False,
 }
 
 pub(super) enum FilterKind {
@@ -102,6 +114,13 @@ pub(super) enum FilterKind {
     Safe,
     ToJson(JsonOptions),
     Default(Box<Expr>),
+    /// jinja2's `string` (the crate's: Python's `str()`).
+    String,
+    /// `list` of a sequence: its items as a new list.
+    List,
+    /// `selectattr(name, "equalto", value) | list`: the items whose
+    /// attribute `name` equals `value`.
+    SelectAttrEq(Box<str>, Box<Expr>),
 }
 
 pub(super) enum Method {
@@ -110,4 +129,18 @@ pub(super) enum Method {
     RStrip,
     StartsWith(Box<Expr>),
     EndsWith(Box<Expr>),
+    /// `strip`, `lstrip`, `rstrip` with the characters to strip.
+    StripChars(Side, Box<Expr>),
+    /// `split()`, `split(sep)`, `split(sep, maxsplit)`.
+    Split(Option<Box<Expr>>, Option<Box<Expr>>),
+    Replace(Box<Expr>, Box<Expr>),
+    /// A mapping's `get(key)` or `get(key, default)`.
+    Get(Box<Expr>, Option<Box<Expr>>),
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Side {
+    Both,
+    Start,
+    End,
 }
