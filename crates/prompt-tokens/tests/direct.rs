@@ -658,6 +658,17 @@ const DIRECT_PROBES: &[&str] = &[
      {{ none | string }}|{{ nothing | string }}|{{ [1, none, true] | string }}|{{ messages[0].nope | string }}|\
      {% set users = messages | selectattr('role', 'equalto', 'user') | list %}{{ users | length }}{{ users[-1].content }}|\
      {{ messages | selectattr('role', 'eq', 'nobody') | list | length }}|{{ messages[1:] | selectattr('role', '==', messages[0].role) | list | length }}",
+    // `for k, v in map.items()` and `map | items`, with `loop.*`.
+    "{% for k, v in messages[0].items() %}{{ k }}={{ v }}{{ loop.index }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.revindex }};{% endfor %}|\
+     {% for k, v in messages[-1] | items %}{{ k }}{{ loop.last }}{{ loop.length }},{% endfor %}|\
+     {% for k, v in messages[0].items() if k == 'role' %}{{ v }}{% endfor %}|{% set k = 'kept' %}{% for k, v in messages[0].items() %}{% endfor %}{{ k }}",
+    // Macros with constant defaults: taken for a missing or undefined
+    // argument, not for none or false.
+    "{% macro f(a, b=false, c='d', d=none) %}[{{ a }}|{{ b }}|{{ c }}|{{ d }}]{% endmacro %}{{ f(1) }}{{ f(1, 2) }}{{ f(1, nothing, none) }}\
+     {{ f(messages[0].role, true, 'x', 0) }}{{ f() }}{{ 'in ~ ' ~ f(2) }}{{ f(1, messages[0].nope) | length }}",
+    // A macro calling itself; `join` of strings.
+    "{% macro down(n) %}{{ n }}{% if n > 0 %},{{ down(n - 1) }}{% endif %}{% endmacro %}{{ down(messages | length) }}|\
+     {{ ['a', messages[0].role, ''] | join(' | ') }}|{{ ['x', 'y'] | join }}|{{ [] | join(',') }}|{{ messages[1:] | selectattr('role', 'equalto', 'user') | list | length }}",
     // strftime_now with the fixed clock.
     "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ 'Today: ' ~ strftime_now('%A') }}",
     // Conditional expressions, whitespace control, a trailing newline.
@@ -682,7 +693,7 @@ const DECLINED_PROBES: &[&str] = &[
     "{% set x %}hi {{ messages[0].role }}{% endset %}{{ x }}",
     "{{ (messages | length) * 2 }}",
     "{% for m in messages if m.role == 'user' %}{{ loop.index }}{% endfor %}",
-    "{% macro f(a='d') %}{{ a }}{% endmacro %}{{ f() }}",
+    "{% macro f(a=messages | length) %}{{ a }}{% endmacro %}{{ f() }}",
     "{{ messages[0].role.upper() }}",
     "{% for k in messages[0] %}{{ k }}{% endfor %}",
     "{% macro f() %}{% set strftime_now = 'x' %}{{ strftime_now('%Y') }}{% endmacro %}{{ f() }}",
@@ -767,6 +778,20 @@ const OTHER_OPERAND_PROBES: &[&str] = &[
     "{% if messages %}{% for m in messages[::-2] %}{{ m.role }}{% endfor %}{% endif %}",
     "{% if messages %}{{ messages[::-1] }}{% endif %}",
     "{{ 'T' if (messages | length) is true else 'F' }}",
+    "{{ [1, 'a', none, true] | join(',') }}|{{ 'abc' | join('-') }}|{{ messages | join(',') }}",
+    "{{ ['a', 'b'] | join(1) }}|{{ nothing | join(',') }}|{{ ['a', 'b'] | join(none) }}|{{ ['a', 'b'] | join(',' | safe) }}",
+    "{% macro loop_forever(n) %}{{ loop_forever(n + 1) }}{% endmacro %}{{ loop_forever(0) }}",
+    "{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}{{ k }}:{{ v.type }}{{ loop.last }};{% endfor %}{% endfor %}",
+    "{% for m in messages %}{% for k, v in m.items() %}{% for k2, v2 in m | items %}{{ k2 }}{% endfor %}{{ v }}{% endfor %}{% endfor %}",
+    "{% for k, v in nothing.items() %}x{% else %}E{% endfor %}",
+    "{% for k, v in nothing | items %}x{% else %}E{% endfor %}",
+    "{% for k, v in messages.items() %}x{% endfor %}",
+    "{% for k, v in messages | items %}{{ k }}{% endfor %}",
+    "{% for a, b in messages %}{{ a }}{% endfor %}",
+    "{% set ns = namespace(a=1) %}{% for k, v in ns.items() %}{{ k }}{% endfor %}",
+    "{% for k, k in messages[0].items() %}{{ k }}{% endfor %}",
+    "{% for k, v in messages[0].items() if v %}{{ k }}{{ loop.index }}{% endfor %}",
+    "{% for k, v in messages[0].items() %}{{ k }}{% else %}E{% endfor %}{% for k, v in (messages | selectattr('role', 'equalto', 'x') | list) | items %}{{ k }}{% endfor %}",
 ];
 
 /// Every such probe agrees with minijinja, directly or not.

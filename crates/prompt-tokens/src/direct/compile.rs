@@ -164,7 +164,27 @@ impl<'s> Compiler<'s> {
                     params.push(self.name(v.id)?);
                     locals.push(v.id.to_owned());
                 }
-                let body = if m.defaults.is_empty() {
+                // Constant defaults only: minijinja evaluates a default
+                // inside the macro's frame, where another parameter may
+                // already be bound; a constant cannot see it.
+                let mut defaults = vec![None; params.len()];
+                let first = params.len().saturating_sub(m.defaults.len());
+                let mut constant = m.defaults.len() <= params.len();
+                for (slot, default) in defaults[first..].iter_mut().zip(&m.defaults) {
+                    *slot = default.as_const();
+                    constant &= slot.is_some();
+                }
+                // Registered before its body is compiled: a macro may call
+                // itself (minijinja's closure sees the name once defined);
+                // MAX_MACRO_DEPTH bounds the recursion.
+                let index = self.macros.len();
+                self.macro_names.push(m.name);
+                self.macros.push(MacroDef {
+                    params,
+                    defaults,
+                    body: Vec::new(),
+                });
+                let body = if constant {
                     let outer = std::mem::replace(
                         &mut self.scope,
                         Scope {
@@ -177,12 +197,11 @@ impl<'s> Compiler<'s> {
                     body?
                 } else {
                     vec![decline_stmt(format!(
-                        "macro `{}` with default arguments",
+                        "macro `{}` with a default that is not a constant",
                         m.name
                     ))]
                 };
-                self.macro_names.push(m.name);
-                self.macros.push(MacroDef { params, body });
+                self.macros[index].body = body;
                 Stmt::Nothing
             }
             ast::Stmt::Extends(_)
@@ -198,22 +217,27 @@ impl<'s> Compiler<'s> {
     }
 
     fn for_loop(&mut self, f: &ast::ForLoop<'s>) -> Result<Stmt, String> {
-        let ast::Expr::Var(target) = &f.target else {
-            return Ok(decline_stmt("`for` with several targets"));
+        // `for k, v in map.items()` / `map | items`: the pairs of a map.
+        let (target, value_target, map) = match (&f.target, items_of(&f.iter)) {
+            (ast::Expr::Var(target), _) => (target.id, None, None),
+            (ast::Expr::List(l), Some(map)) => match l.items.as_slice() {
+                [ast::Expr::Var(k), ast::Expr::Var(v)] if k.id != v.id => {
+                    (k.id, Some(v.id), Some(map))
+                }
+                _ => return Ok(decline_stmt("`for` with several targets")),
+            },
+            _ => return Ok(decline_stmt("`for` with several targets")),
         };
-        if f.recursive
-            || target.id == "loop"
-            || is_builtin(target.id)
-            || self.is_macro(target.id).is_some()
-        {
-            return Ok(decline_stmt(format!(
-                "`for` with the target `{}` or recursive",
-                target.id
-            )));
+        for id in std::iter::once(target).chain(value_target) {
+            if f.recursive || id == "loop" || is_builtin(id) || self.is_macro(id).is_some() {
+                return Ok(decline_stmt(format!(
+                    "`for` with the target `{id}` or recursive"
+                )));
+            }
         }
         // `seq[::-1]` is a lazy iterable in minijinja; as a loop's
         // sequence it is read last to first.
-        let (iter, reversed) = match &f.iter {
+        let (iter, reversed) = match map.unwrap_or(&f.iter) {
             ast::Expr::Slice(s)
                 if s.start.is_none()
                     && s.stop.is_none()
@@ -227,8 +251,12 @@ impl<'s> Compiler<'s> {
             }
             other => (self.expr(other)?, false),
         };
+        if map.is_some() && reversed {
+            return Ok(decline_stmt("`for` over the items of `[::-1]`"));
+        }
         let else_body = self.block(&f.else_body, false)?;
-        let target = self.name(target.id)?;
+        let target = self.name(target)?;
+        let value_target = value_target.map(|id| self.name(id)).transpose()?;
         let outer_used = self.scope.loop_used;
         let outer_len_used = self.scope.loop_len_used;
         self.scope.loop_depth += 1;
@@ -258,6 +286,7 @@ impl<'s> Compiler<'s> {
             body,
             else_body,
             reversed,
+            value_target,
         })))
     }
 
@@ -444,6 +473,8 @@ impl<'s> Compiler<'s> {
             ("length" | "count", []) => FilterKind::Length,
             ("safe", []) => FilterKind::Safe,
             ("string", []) => FilterKind::String,
+            ("join", []) => FilterKind::Join(None),
+            ("join", [ast::CallArg::Pos(joiner)]) => FilterKind::Join(Some(self.boxed(joiner)?)),
             ("list", []) => {
                 if let ast::Expr::Filter(inner) = operand
                     && inner.name == "selectattr"
@@ -551,6 +582,18 @@ impl<'s> Compiler<'s> {
             }
             _ => Ok(decline("a call of an expression")),
         }
+    }
+}
+
+/// The map of `map.items()` or `map | items` (no arguments).
+fn items_of<'a, 's>(iter: &'a ast::Expr<'s>) -> Option<&'a ast::Expr<'s>> {
+    match iter {
+        ast::Expr::Call(c) if c.args.is_empty() => match c.identify_call() {
+            ast::CallType::Method(base, "items") => Some(base),
+            _ => None,
+        },
+        ast::Expr::Filter(f) if f.name == "items" && f.args.is_empty() => f.expr.as_ref(),
+        _ => None,
     }
 }
 

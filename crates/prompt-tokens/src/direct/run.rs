@@ -8,7 +8,7 @@ use super::tree::{Arith, Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Side,
 use super::value::{V, compare, int};
 use super::{Declined, DirectTemplate, MAX_MACRO_DEPTH, Name, Step};
 use crate::clock_text::strftime_cached;
-use crate::request::small_map_get;
+use crate::request::{small_map_entries, small_map_get};
 use crate::tojson::json_text;
 
 /// A `+` chain's value so far, left to right.
@@ -98,6 +98,9 @@ impl<'a> Run<'a> {
 
     fn for_loop(&mut self, f: &'a ForLoop) -> Step<()> {
         let seq = self.eval(&f.iter)?;
+        if let Some(value_target) = f.value_target {
+            return self.for_pairs(f, value_target, seq);
+        }
         let borrowed = seq.borrowed_items();
         let len = match seq.items() {
             Some(list) => list.len(),
@@ -134,6 +137,56 @@ impl<'a> Run<'a> {
         self.loops.pop();
         if !ran {
             // minijinja runs `else` in the enclosing scope: its `set`s stay.
+            self.exec(&f.else_body)?;
+        }
+        Ok(())
+    }
+
+    /// `for k, v in map.items()` over one of the request's objects: its
+    /// pairs in order, as pycompat's `items()` and the `items` filter
+    /// yield them. Any other value (undefined, a dict from the context, a
+    /// namespace) is minijinja's.
+    fn for_pairs(&mut self, f: &'a ForLoop, value_target: Name, map: V<'a>) -> Step<()> {
+        let (borrowed, owned) = match map {
+            V::Ref(value) => (Some(small_map_entries(value).ok_or(Declined)?), None),
+            V::Own(value) => (
+                None,
+                Some(small_map_entries(&value).ok_or(Declined)?.to_vec()),
+            ),
+            V::Ns(_) | V::Slice(_) => return Err(Declined),
+        };
+        let len = borrowed.map_or_else(|| owned.as_ref().map_or(0, Vec::len), <[_]>::len);
+        self.loops.push(LoopState { index: 0, len });
+        let mut ran = false;
+        for index in 0..len {
+            self.step()?;
+            let (key, value) = match (borrowed, &owned) {
+                (Some(pairs), _) => (V::Ref(&pairs[index].0), V::Ref(&pairs[index].1)),
+                (None, Some(pairs)) => (
+                    V::Own(pairs[index].0.clone()),
+                    V::Own(pairs[index].1.clone()),
+                ),
+                (None, None) => return Err(Declined),
+            };
+            let mark = self.vars.len();
+            self.vars.push((f.target, key));
+            self.vars.push((value_target, value));
+            if let Some(filter) = &f.filter {
+                self.step()?;
+                if !self.test(filter)? {
+                    self.vars.truncate(mark);
+                    continue;
+                }
+            }
+            ran = true;
+            if let Some(state) = self.loops.last_mut() {
+                state.index = index;
+            }
+            self.exec(&f.body)?;
+            self.vars.truncate(mark);
+        }
+        self.loops.pop();
+        if !ran {
             self.exec(&f.else_body)?;
         }
         Ok(())
@@ -242,10 +295,15 @@ impl<'a> Run<'a> {
         let mark = self.vars.len();
         let outer_barrier = std::mem::replace(&mut self.barrier, mark);
         let mut values = values.into_iter();
-        for &param in &def.params {
+        for (&param, default) in def.params.iter().zip(&def.defaults) {
             // minijinja spends an instruction binding each parameter.
             self.step()?;
-            let value = values.next().unwrap_or_else(V::undefined);
+            let mut value = values.next().unwrap_or_else(V::undefined);
+            if let Some(default) = default
+                && value.value().is_ok_and(Value::is_undefined)
+            {
+                value = V::Ref(default);
+            }
             self.vars.push((param, value));
         }
         self.depth += 1;
@@ -699,6 +757,35 @@ impl<'a> Run<'a> {
             }
             return Ok(V::Own(Value::from(kept)));
         }
+        if let FilterKind::Join(joiner) = kind {
+            let joiner = match joiner {
+                Some(joiner) => {
+                    let joiner = self.eval(joiner)?;
+                    let joiner = joiner.value()?;
+                    if joiner.kind() != ValueKind::String {
+                        return Err(Declined);
+                    }
+                    joiner.as_str().ok_or(Declined)?.to_owned()
+                }
+                None => String::new(),
+            };
+            // With no auto-escaping minijinja joins the items' text; only
+            // strings are taken here (other items print through `Display`).
+            let mut joined = String::new();
+            for (i, item) in v.items().ok_or(Declined)?.iter().enumerate() {
+                if item.kind() != ValueKind::String {
+                    return Err(Declined);
+                }
+                if i > 0 {
+                    joined.push_str(&joiner);
+                }
+                joined.push_str(item.as_str().ok_or(Declined)?);
+                if joined.len() > self.max_output {
+                    return Err(Declined);
+                }
+            }
+            return Ok(V::Own(Value::from(joined)));
+        }
         if let V::Slice(list) = v {
             return match kind {
                 FilterKind::Length => Ok(V::Own(Value::from(list.len() as i64))),
@@ -751,7 +838,9 @@ impl<'a> Run<'a> {
                     V::Own(Value::from(crate::pyfilters::python_text(value)))
                 }
             }
-            FilterKind::List | FilterKind::SelectAttrEq(..) => return Err(Declined),
+            FilterKind::List | FilterKind::SelectAttrEq(..) | FilterKind::Join(_) => {
+                return Err(Declined);
+            }
         })
     }
 }

@@ -7,6 +7,9 @@ use crate::tojson::JsonOptions;
 
 pub(super) struct MacroDef {
     pub(super) params: Vec<Name>,
+    /// Each parameter's default, a constant, taken when the argument is
+    /// undefined (missing or passed undefined), as minijinja's prologue does.
+    pub(super) defaults: Vec<Option<Value>>,
     pub(super) body: Vec<Stmt>,
 }
 
@@ -31,6 +34,9 @@ pub(super) struct ForLoop {
     pub(super) else_body: Vec<Stmt>,
     /// `for x in seq[::-1]`: the items last to first.
     pub(super) reversed: bool,
+    /// `for k, v in map.items()` (or `map | items`): `iter` is the map,
+    /// `target` takes each key and this name its value.
+    pub(super) value_target: Option<Name>,
 }
 
 pub(super) enum Expr {
@@ -116,6 +122,8 @@ pub(super) enum FilterKind {
     Default(Box<Expr>),
     /// jinja2's `string` (the crate's: Python's `str()`).
     String,
+    /// `join` of a sequence of strings, with the joiner or none.
+    Join(Option<Box<Expr>>),
     /// `list` of a sequence: its items as a new list.
     List,
     /// `selectattr(name, "equalto", value) | list`: the items whose
