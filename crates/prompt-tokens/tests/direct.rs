@@ -669,6 +669,11 @@ const DIRECT_PROBES: &[&str] = &[
     // A macro calling itself; `join` of strings.
     "{% macro down(n) %}{{ n }}{% if n > 0 %},{{ down(n - 1) }}{% endif %}{% endmacro %}{{ down(messages | length) }}|\
      {{ ['a', messages[0].role, ''] | join(' | ') }}|{{ ['x', 'y'] | join }}|{{ [] | join(',') }}|{{ messages[1:] | selectattr('role', 'equalto', 'user') | list | length }}",
+    // A block `set` (its `set`s stay in the enclosing scope, not past a
+    // loop iteration), and `strftime_now is defined`.
+    "{% set x %}hi {{ messages[0].role }}{% set inner = 'i' %}{% endset %}{{ x }}|{{ x | length }}|{{ inner }}|{{ x + '!' }}|\
+     {% for m in messages %}{% set y %}[{{ m.role }}]{% endset %}{{ y }}{% endfor %}{{ 'D' if y is defined else 'U' }}|\
+     {{ 'd' if strftime_now is defined else 'u' }}{{ 'u' if strftime_now is undefined else 'd' }}",
     // strftime_now with the fixed clock.
     "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ 'Today: ' ~ strftime_now('%A') }}",
     // Conditional expressions, whitespace control, a trailing newline.
@@ -690,7 +695,7 @@ fn probe_templates_render_directly_and_equal_minijinja() {
 const DECLINED_PROBES: &[&str] = &[
     "{% for i in range(3) %}{{ i }}{% endfor %}",
     "{{ {'a': messages | length} | tojson }}",
-    "{% set x %}hi {{ messages[0].role }}{% endset %}{{ x }}",
+    "{% set x | upper %}hi {{ messages[0].role }}{% endset %}{{ x }}",
     "{{ (messages | length) * 2 }}",
     "{% for m in messages if m.role == 'user' %}{{ loop.index }}{% endfor %}",
     "{% macro f(a=messages | length) %}{{ a }}{% endmacro %}{{ f() }}",
@@ -780,6 +785,8 @@ const OTHER_OPERAND_PROBES: &[&str] = &[
     "{{ 'T' if (messages | length) is true else 'F' }}",
     "{{ [1, 'a', none, true] | join(',') }}|{{ 'abc' | join('-') }}|{{ messages | join(',') }}",
     "{{ ['a', 'b'] | join(1) }}|{{ nothing | join(',') }}|{{ ['a', 'b'] | join(none) }}|{{ ['a', 'b'] | join(',' | safe) }}",
+    "{% set x %}{{ messages[0].content }}{% endset %}{{ x.startswith('B') }}|{{ x | safe }}",
+    "{% set strftime_now %}x{% endset %}{{ strftime_now }}",
     "{% macro loop_forever(n) %}{{ loop_forever(n + 1) }}{% endmacro %}{{ loop_forever(0) }}",
     "{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}{{ k }}:{{ v.type }}{{ loop.last }};{% endfor %}{% endfor %}",
     "{% for m in messages %}{% for k, v in m.items() %}{% for k2, v2 in m | items %}{{ k2 }}{% endfor %}{{ v }}{% endfor %}{% endfor %}",

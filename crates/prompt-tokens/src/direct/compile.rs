@@ -1,7 +1,7 @@
 //! The compiler from minijinja's syntax tree to the program of [`super::tree`].
 
 use minijinja::machinery::ast;
-use minijinja::value::ValueKind;
+use minijinja::value::{Value, ValueKind};
 
 use super::Name;
 use super::tree::{
@@ -141,6 +141,20 @@ impl<'s> Compiler<'s> {
                     _ => decline_stmt("`set` of an attribute of an expression"),
                 },
                 _ => decline_stmt("`set` of several targets"),
+            },
+            ast::Stmt::SetBlock(s) => match (&s.target, &s.filter) {
+                (ast::Expr::Var(v), None) => {
+                    if self.is_macro(v.id).is_some() || v.id == "loop" {
+                        return Err(format!("`set` of `{}`", v.id));
+                    }
+                    if is_builtin(v.id) {
+                        return Ok(decline_stmt(format!("`set` of `{}`", v.id)));
+                    }
+                    // minijinja runs the body in the enclosing scope.
+                    let body = self.block(&s.body, false)?;
+                    Stmt::SetBlock(self.name(v.id)?, body)
+                }
+                _ => decline_stmt("a block `set` with a filter or several targets"),
             },
             ast::Stmt::Macro(m) => {
                 if !top || self.is_macro(m.name).is_some() {
@@ -395,6 +409,19 @@ impl<'s> Compiler<'s> {
             ),
             ast::Expr::Filter(f) => self.filter(f)?,
             ast::Expr::Test(t) => {
+                // `strftime_now is defined` (Llama 3.2): the function is
+                // defined unless the context shadows it, which declines.
+                if let ast::Expr::Var(v) = &t.expr
+                    && v.id == "strftime_now"
+                    && matches!(t.name, "defined" | "undefined")
+                    && t.args.is_empty()
+                    && self.readable(v.id)
+                    && !self.assigned_outside_macros.contains(&v.id)
+                {
+                    let id = self.name(v.id)?;
+                    self.called_builtins.push(id);
+                    return Ok(Expr::Const(Value::from(t.name == "defined")));
+                }
                 let kind = match t.name {
                     "defined" => TestKind::Defined,
                     "undefined" => TestKind::Undefined,

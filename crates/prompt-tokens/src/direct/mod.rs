@@ -27,6 +27,18 @@
 //!   output over the cap, a step count over its share of the fuel, or a
 //!   context that shadows a function the template calls.
 //!
+//! The subset is what real chat templates use on ordinary requests:
+//! `+` of two strings or two integers, integer `-` and `%`, slices and
+//! `seq[::-1]` as a loop's sequence, `namespace` attributes, `loop.*`,
+//! `for k, v in map.items()`, macros (constant defaults, recursion),
+//! string methods (`strip` and its kin with or without characters,
+//! `split`, `replace`, `startswith`, `endswith`), a mapping's `get`, the
+//! filters `trim`, `length`, `tojson`, `default`, `string`, `list`,
+//! `join` and `selectattr(name, "equalto", v) | list`, and the usual
+//! tests. Each declining node names its construct, so
+//! `ChatTemplate::direct_decline_reason` (and the corpus test with
+//! `TEMPLATE_CORPUS_DIRECT=1`) says what keeps a template on minijinja.
+//!
 //! Values print as the template's formatter prints them (Python's
 //! `str()` for None, booleans, numbers, lists and dicts, module `pyrepr`;
 //! `~` joins through minijinja's own `Display`, as minijinja's `~` does),

@@ -86,6 +86,14 @@ impl<'a> Run<'a> {
                         None => fields.push((attr, value)),
                     }
                 }
+                Stmt::SetBlock(name, body) => {
+                    let outer = std::mem::take(&mut self.out);
+                    let done = self.exec(body);
+                    let text = std::mem::replace(&mut self.out, outer);
+                    done?;
+                    // No auto-escaping: minijinja captures a plain string.
+                    self.vars.push((*name, V::Own(Value::from(text))));
+                }
                 Stmt::Nothing => {}
                 Stmt::Decline(what) => {
                     self.declined_at = Some(what);

@@ -20,6 +20,8 @@ pub(super) enum Stmt {
     For(Box<ForLoop>),
     Set(Name, Expr),
     SetAttr(Name, Box<str>, Expr),
+    /// `{% set x %}...{% endset %}`: the body's output, as a string.
+    SetBlock(Name, Vec<Stmt>),
     /// A macro definition: macros are resolved when compiling.
     Nothing,
     /// Left to minijinja; the text names the construct.
