@@ -1138,6 +1138,9 @@ fn fuel_threshold_for_macro_parameters_and_filtered_loops() {
          {% for m in messages %}{{ f() }}{{ f() }}{{ f() }}{% endfor %}",
         "{% for m in messages if m %}{% endfor %}",
         "{% for m in messages if m.role %}{% endfor %}",
+        "{% macro g(a1=1, a2=2, a3=3, a4=4, a5=5, a6=6, a7=7, a8=8, a9=9, a10=10, a11=11, a12=12) %}{% endmacro %}\
+         {% for m in messages %}{{ g() }}{{ g() }}{{ g() }}{% endfor %}",
+        "{% for m in messages %}{% for k, v in m.items() %}{% endfor %}{% for n in messages[::-1] %}{% endfor %}{% endfor %}",
     ]
     .iter()
     .filter_map(|source| fuel_threshold_agrees(source, req).err())
