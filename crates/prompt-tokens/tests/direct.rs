@@ -674,6 +674,10 @@ const DIRECT_PROBES: &[&str] = &[
     "{% set x %}hi {{ messages[0].role }}{% set inner = 'i' %}{% endset %}{{ x }}|{{ x | length }}|{{ inner }}|{{ x + '!' }}|\
      {% for m in messages %}{% set y %}[{{ m.role }}]{% endset %}{{ y }}{% endfor %}{{ 'D' if y is defined else 'U' }}|\
      {{ 'd' if strftime_now is defined else 'u' }}{{ 'u' if strftime_now is undefined else 'd' }}",
+    // `default(x, true)`, `upper`, `lower`, the `replace` filter.
+    "{{ '' | default('e', true) }}|{{ '' | default('e', false) }}|{{ nothing | d('u', true) }}|{{ 0 | default(5, true) }}|\
+     {{ messages[0].role | default('r', true) }}|{{ messages | default([], true) | length }}|\
+     {{ messages[0].content | upper }}|{{ 'ÉSSß' | lower }}|{{ 'straße' | upper }}|{{ messages[0].content | replace('e', '3') }}|{{ 'aaa' | replace('a', '') }}",
     // strftime_now with the fixed clock.
     "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ 'Today: ' ~ strftime_now('%A') }}",
     // Conditional expressions, whitespace control, a trailing newline.
@@ -787,6 +791,9 @@ const OTHER_OPERAND_PROBES: &[&str] = &[
     "{{ ['a', 'b'] | join(1) }}|{{ nothing | join(',') }}|{{ ['a', 'b'] | join(none) }}|{{ ['a', 'b'] | join(',' | safe) }}",
     "{% set x %}{{ messages[0].content }}{% endset %}{{ x.startswith('B') }}|{{ x | safe }}",
     "{% set strftime_now %}x{% endset %}{{ strftime_now }}",
+    "{{ 3 | upper }}|{{ nothing | upper }}|{{ ('<a>' | safe) | upper }}|{{ none | lower }}",
+    "{{ 3 | replace('3', '4') }}|{{ messages[0].content | replace(1, 2) }}|{{ nothing | replace('a', 'b') }}|{{ ('x' | safe) | replace('x', '<') }}",
+    "{{ messages[1:] | default('d', true) }}|{{ none | default('n', true) }}|{{ nothing | default('u', none) }}",
     "{% macro loop_forever(n) %}{{ loop_forever(n + 1) }}{% endmacro %}{{ loop_forever(0) }}",
     "{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}{{ k }}:{{ v.type }}{{ loop.last }};{% endfor %}{% endfor %}",
     "{% for m in messages %}{% for k, v in m.items() %}{% for k2, v2 in m | items %}{{ k2 }}{% endfor %}{{ v }}{% endfor %}{% endfor %}",

@@ -525,6 +525,25 @@ impl<'s> Compiler<'s> {
             ("default" | "d", [ast::CallArg::Pos(fallback)]) => {
                 FilterKind::Default(self.boxed(fallback)?)
             }
+            (
+                "default" | "d",
+                [
+                    ast::CallArg::Pos(fallback),
+                    ast::CallArg::Pos(ast::Expr::Const(lax)),
+                ],
+            ) if lax.value.kind() == ValueKind::Bool => {
+                let fallback = self.boxed(fallback)?;
+                if lax.value.is_true() {
+                    FilterKind::DefaultFalsy(fallback)
+                } else {
+                    FilterKind::Default(fallback)
+                }
+            }
+            ("upper", []) => FilterKind::Upper,
+            ("lower", []) => FilterKind::Lower,
+            ("replace", [ast::CallArg::Pos(old), ast::CallArg::Pos(new)]) => {
+                FilterKind::Replace(self.boxed(old)?, self.boxed(new)?)
+            }
             ("tojson", args) => match tojson_options(args) {
                 Some(options) => FilterKind::ToJson(options),
                 None => return Ok(decline("`tojson` with other arguments")),

@@ -839,6 +839,45 @@ impl<'a> Run<'a> {
                     v
                 }
             }
+            FilterKind::DefaultFalsy(fallback) => {
+                if value.is_undefined() || !value.is_true() {
+                    self.eval(fallback)?
+                } else {
+                    v
+                }
+            }
+            FilterKind::Upper | FilterKind::Lower => {
+                // minijinja keeps a safe string safe; left to it.
+                if value.kind() != ValueKind::String || value.is_safe() {
+                    return Err(Declined);
+                }
+                let text = value.as_str().ok_or(Declined)?;
+                V::Own(Value::from(if matches!(kind, FilterKind::Upper) {
+                    text.to_uppercase()
+                } else {
+                    text.to_lowercase()
+                }))
+            }
+            FilterKind::Replace(old, new) => {
+                let text = value.clone();
+                let old = self.eval(old)?;
+                let new = self.eval(new)?;
+                let (old, new) = (old.value()?, new.value()?);
+                if [&text, old, new]
+                    .iter()
+                    .any(|v| v.kind() != ValueKind::String)
+                {
+                    return Err(Declined);
+                }
+                let (text, old, new) = (
+                    text.as_str().ok_or(Declined)?,
+                    old.as_str().ok_or(Declined)?,
+                    new.as_str().ok_or(Declined)?,
+                );
+                // With no auto-escaping minijinja replaces in the text
+                // and returns a plain string.
+                V::Own(Value::from(text.replace(old, new)))
+            }
             FilterKind::String => {
                 if value.kind() == ValueKind::String {
                     v

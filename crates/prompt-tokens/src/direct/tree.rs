@@ -124,6 +124,12 @@ pub(super) enum FilterKind {
     Default(Box<Expr>),
     /// jinja2's `string` (the crate's: Python's `str()`).
     String,
+    /// `default(x, true)`: `x` for an undefined or false value.
+    DefaultFalsy(Box<Expr>),
+    Upper,
+    Lower,
+    /// The `replace(old, new)` filter on a string.
+    Replace(Box<Expr>, Box<Expr>),
     /// `join` of a sequence of strings, with the joiner or none.
     Join(Option<Box<Expr>>),
     /// `list` of a sequence: its items as a new list.
