@@ -678,6 +678,17 @@ const DIRECT_PROBES: &[&str] = &[
     "{{ '' | default('e', true) }}|{{ '' | default('e', false) }}|{{ nothing | d('u', true) }}|{{ 0 | default(5, true) }}|\
      {{ messages[0].role | default('r', true) }}|{{ messages | default([], true) | length }}|\
      {{ messages[0].content | upper }}|{{ 'ÉSSß' | lower }}|{{ 'straße' | upper }}|{{ messages[0].content | replace('e', '3') }}|{{ 'aaa' | replace('a', '') }}",
+    // `loop.previtem` / `loop.nextitem`, forward and reversed; `break`
+    // and `continue`, nested, in an `if`, and a loop's `else` after them.
+    "{% for m in messages %}{{ loop.previtem.role if loop.previtem is defined else '-' }}>{{ m.role }}>{{ loop.nextitem.role if loop.nextitem is defined else '-' }};{% endfor %}|\
+     {% if messages | length > 1 %}{% for m in messages[::-1] %}{{ loop.previtem.role if not loop.first }}/{{ loop.nextitem.role if loop.nextitem is defined }};{% endfor %}{% endif %}|\
+     {% for m in messages[1:] %}{{ 'P' if loop.previtem is undefined }}{{ m.role }}{% endfor %}",
+    "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}{{ m.role }},{% endfor %}|\
+     {% for m in messages %}{% if m.role == 'user' %}{% continue %}{% endif %}{{ m.role }},{% endfor %}|\
+     {% for m in messages %}{% for n in messages %}{% if n.role == m.role %}{% break %}{% endif %}{{ n.role[0] }}{% endfor %};{% endfor %}|\
+     {% for m in messages %}{% break %}{% else %}E{% endfor %}|{% for m in [] %}{% break %}{% else %}E{% endfor %}|\
+     {% for m in messages %}{% set x = loop.index %}{% continue %}{{ 'never' }}{% endfor %}{{ x }}|\
+     {% for k, v in messages[0].items() %}{% if k == 'content' %}{% break %}{% endif %}{{ k }}{% endfor %}",
     // strftime_now with the fixed clock.
     "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ 'Today: ' ~ strftime_now('%A') }}",
     // Conditional expressions, whitespace control, a trailing newline.
@@ -794,6 +805,8 @@ const OTHER_OPERAND_PROBES: &[&str] = &[
     "{{ 3 | upper }}|{{ nothing | upper }}|{{ ('<a>' | safe) | upper }}|{{ none | lower }}",
     "{{ 3 | replace('3', '4') }}|{{ messages[0].content | replace(1, 2) }}|{{ nothing | replace('a', 'b') }}|{{ ('x' | safe) | replace('x', '<') }}",
     "{{ messages[1:] | default('d', true) }}|{{ none | default('n', true) }}|{{ nothing | default('u', none) }}",
+    "{% for m in messages | list %}{{ loop.previtem }}{% endfor %}|{% for k, v in messages[0].items() %}{{ loop.nextitem }}{% endfor %}",
+    "{% for m in messages %}{% set x %}a{% break %}b{% endset %}{{ x }}{% endfor %}",
     "{% macro loop_forever(n) %}{{ loop_forever(n + 1) }}{% endmacro %}{{ loop_forever(0) }}",
     "{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}{{ k }}:{{ v.type }}{{ loop.last }};{% endfor %}{% endfor %}",
     "{% for m in messages %}{% for k, v in m.items() %}{% for k2, v2 in m | items %}{{ k2 }}{% endfor %}{{ v }}{% endfor %}{% endfor %}",

@@ -74,6 +74,9 @@ pub(super) struct Scope {
     /// Set when one of them needs the loop's length (`length`, `last`,
     /// `revindex`, `revindex0`).
     loop_len_used: bool,
+    /// Inside a block `set` (in this loop body): `break` and `continue`
+    /// there are left to minijinja, whose capture they would leave open.
+    in_set_block: bool,
 }
 
 pub(super) struct Compiler<'s> {
@@ -151,7 +154,10 @@ impl<'s> Compiler<'s> {
                         return Ok(decline_stmt(format!("`set` of `{}`", v.id)));
                     }
                     // minijinja runs the body in the enclosing scope.
-                    let body = self.block(&s.body, false)?;
+                    let outer = std::mem::replace(&mut self.scope.in_set_block, true);
+                    let body = self.block(&s.body, false);
+                    self.scope.in_set_block = outer;
+                    let body = body?;
                     Stmt::SetBlock(self.name(v.id)?, body)
                 }
                 _ => decline_stmt("a block `set` with a filter or several targets"),
@@ -226,6 +232,15 @@ impl<'s> Compiler<'s> {
             | ast::Stmt::AutoEscape(_) => {
                 return Err("template inheritance, includes, imports or autoescape".into());
             }
+            ast::Stmt::Break(_) | ast::Stmt::Continue(_)
+                if self.scope.loop_depth > 0 && !self.scope.in_set_block =>
+            {
+                if matches!(stmt, ast::Stmt::Break(_)) {
+                    Stmt::Break
+                } else {
+                    Stmt::Continue
+                }
+            }
             other => decline_stmt(statement_name(other)),
         })
     }
@@ -273,6 +288,7 @@ impl<'s> Compiler<'s> {
         let value_target = value_target.map(|id| self.name(id)).transpose()?;
         let outer_used = self.scope.loop_used;
         let outer_len_used = self.scope.loop_len_used;
+        let outer_in_set_block = std::mem::replace(&mut self.scope.in_set_block, false);
         self.scope.loop_depth += 1;
         self.scope.loop_used = false;
         self.scope.loop_len_used = false;
@@ -283,6 +299,7 @@ impl<'s> Compiler<'s> {
         self.scope.loop_depth -= 1;
         self.scope.loop_used = outer_used;
         self.scope.loop_len_used = outer_len_used;
+        self.scope.in_set_block = outer_in_set_block;
         let (filter, body) = (filter?, body?);
         if filter.is_some() && used {
             // `loop` over a filtered sequence counts the kept items only;
@@ -458,6 +475,8 @@ impl<'s> Compiler<'s> {
                         "first" => Expr::Loop(LoopAttr::First),
                         "last" => Expr::Loop(LoopAttr::Last),
                         "length" => Expr::Loop(LoopAttr::Length),
+                        "previtem" => Expr::Loop(LoopAttr::PrevItem),
+                        "nextitem" => Expr::Loop(LoopAttr::NextItem),
                         other => decline(format!("`loop.{other}`")),
                     }
                 }

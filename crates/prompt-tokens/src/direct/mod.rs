@@ -151,6 +151,7 @@ impl DirectTemplate {
             vars: Vec::with_capacity(16),
             barrier: 0,
             loops: Vec::with_capacity(4),
+            flow: run::Flow::Next,
             namespaces: Vec::new(),
             out: String::with_capacity(capacity.min(max_output)),
             max_output,

@@ -20,9 +20,22 @@ enum Sum {
     Written,
 }
 
-pub(super) struct LoopState {
+pub(super) struct LoopState<'a> {
     index: usize,
     len: usize,
+    /// The borrowed items of a loop over a sequence, for `previtem` and
+    /// `nextitem` (`None` for other loops: those decline).
+    items: Option<&'a [Value]>,
+    reversed: bool,
+}
+
+/// How the statements of a loop body end: on their own, or at a `break`
+/// or `continue` that the enclosing loop takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flow {
+    Next,
+    Break,
+    Continue,
 }
 
 pub(super) struct Run<'a> {
@@ -31,7 +44,9 @@ pub(super) struct Run<'a> {
     pub(super) vars: Vec<(Name, V<'a>)>,
     /// Lookups in `vars` stop here: the start of the running macro's frame.
     pub(super) barrier: usize,
-    pub(super) loops: Vec<LoopState>,
+    pub(super) loops: Vec<LoopState<'a>>,
+    /// Set by `break` / `continue` until their loop takes it.
+    pub(super) flow: Flow,
     pub(super) namespaces: Vec<Vec<(&'a str, V<'a>)>>,
     pub(super) out: String,
     pub(super) max_output: usize,
@@ -59,6 +74,10 @@ impl<'a> Run<'a> {
 
     pub(super) fn exec(&mut self, stmts: &'a [Stmt]) -> Step<()> {
         for stmt in stmts {
+            if self.flow != Flow::Next {
+                // A `break` or `continue` below: skip to the loop.
+                return Ok(());
+            }
             self.step()?;
             match stmt {
                 Stmt::Raw(text) => self.write(text)?,
@@ -95,6 +114,8 @@ impl<'a> Run<'a> {
                     self.vars.push((*name, V::Own(Value::from(text))));
                 }
                 Stmt::Nothing => {}
+                Stmt::Break => self.flow = Flow::Break,
+                Stmt::Continue => self.flow = Flow::Continue,
                 Stmt::Decline(what) => {
                     self.declined_at = Some(what);
                     return Err(Declined);
@@ -115,8 +136,13 @@ impl<'a> Run<'a> {
             None if seq.value()?.is_undefined() => 0,
             None => return Err(Declined),
         };
-        self.loops.push(LoopState { index: 0, len });
-        let mut ran = false;
+        self.loops.push(LoopState {
+            index: 0,
+            len,
+            items: borrowed,
+            reversed: f.reversed,
+        });
+        let (mut ran, mut broke) = (0usize, false);
         for index in 0..len {
             self.step()?;
             let at = if f.reversed { len - 1 - index } else { index };
@@ -135,15 +161,21 @@ impl<'a> Run<'a> {
                     continue;
                 }
             }
-            ran = true;
+            ran += 1;
             if let Some(state) = self.loops.last_mut() {
                 state.index = index;
             }
             self.exec(&f.body)?;
             self.vars.truncate(mark);
+            if std::mem::replace(&mut self.flow, Flow::Next) == Flow::Break {
+                broke = true;
+                break;
+            }
         }
         self.loops.pop();
-        if !ran {
+        // minijinja runs `else` when its loop fetched no item past the
+        // first: none at all, or a `break` in the first iteration.
+        if ran == 0 || (broke && ran == 1) {
             // minijinja runs `else` in the enclosing scope: its `set`s stay.
             self.exec(&f.else_body)?;
         }
@@ -164,8 +196,13 @@ impl<'a> Run<'a> {
             V::Ns(_) | V::Slice(_) => return Err(Declined),
         };
         let len = borrowed.map_or_else(|| owned.as_ref().map_or(0, Vec::len), <[_]>::len);
-        self.loops.push(LoopState { index: 0, len });
-        let mut ran = false;
+        self.loops.push(LoopState {
+            index: 0,
+            len,
+            items: None,
+            reversed: false,
+        });
+        let (mut ran, mut broke) = (0usize, false);
         for index in 0..len {
             self.step()?;
             let (key, value) = match (borrowed, &owned) {
@@ -186,15 +223,21 @@ impl<'a> Run<'a> {
                     continue;
                 }
             }
-            ran = true;
+            ran += 1;
             if let Some(state) = self.loops.last_mut() {
                 state.index = index;
             }
             self.exec(&f.body)?;
             self.vars.truncate(mark);
+            if std::mem::replace(&mut self.flow, Flow::Next) == Flow::Break {
+                broke = true;
+                break;
+            }
         }
         self.loops.pop();
-        if !ran {
+        // minijinja runs `else` when its loop fetched no item past the
+        // first: none at all, or a `break` in the first iteration.
+        if ran == 0 || (broke && ran == 1) {
             self.exec(&f.else_body)?;
         }
         Ok(())
@@ -346,6 +389,22 @@ impl<'a> Run<'a> {
                     LoopAttr::First => V::bool(i == 0),
                     LoopAttr::Last => V::bool(i + 1 == n),
                     LoopAttr::Length => V::Own(Value::from(n)),
+                    LoopAttr::PrevItem | LoopAttr::NextItem => {
+                        let items = state.items.ok_or(Declined)?;
+                        // The neighbour in the order the loop reads.
+                        let step = if matches!(attr, LoopAttr::PrevItem) {
+                            -1
+                        } else {
+                            1
+                        };
+                        let next = i + step;
+                        if next < 0 || next >= n {
+                            V::undefined()
+                        } else {
+                            let at = if state.reversed { n - 1 - next } else { next };
+                            V::Ref(&items[at as usize])
+                        }
+                    }
                 }
             }
             Expr::Attr(base, name) => {

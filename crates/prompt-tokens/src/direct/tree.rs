@@ -24,6 +24,9 @@ pub(super) enum Stmt {
     SetBlock(Name, Vec<Stmt>),
     /// A macro definition: macros are resolved when compiling.
     Nothing,
+    /// `{% break %}` / `{% continue %}` in a loop of the same body.
+    Break,
+    Continue,
     /// Left to minijinja; the text names the construct.
     Decline(Box<str>),
 }
@@ -81,6 +84,8 @@ pub(super) enum LoopAttr {
     First,
     Last,
     Length,
+    PrevItem,
+    NextItem,
 }
 
 #[derive(Clone, Copy)]
