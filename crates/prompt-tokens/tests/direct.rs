@@ -689,6 +689,12 @@ const DIRECT_PROBES: &[&str] = &[
      {% for m in messages %}{% break %}{% else %}E{% endfor %}|{% for m in [] %}{% break %}{% else %}E{% endfor %}|\
      {% for m in messages %}{% set x = loop.index %}{% continue %}{{ 'never' }}{% endfor %}{{ x }}|\
      {% for k, v in messages[0].items() %}{% if k == 'content' %}{% break %}{% endif %}{{ k }}{% endfor %}",
+    // `for i in range(...)` with one, two and three arguments, negative
+    // steps, empty ranges, `loop.*` and `break`; `int` of an integer.
+    "{% for i in range(messages | length) %}{{ i }}{{ messages[i].role[0] }}{{ loop.last }},{% endfor %}|{% for i in range(2, 5) %}{{ i }}{% endfor %}|\
+     {% for i in range((messages | length) - 1, -1, -1) %}{{ i }}{% endfor %}|{% for i in range(0, 10, 3) %}{{ i }}{{ loop.length }}{% endfor %}|\
+     {% for i in range(5, 5) %}x{% else %}E{% endfor %}|{% for i in range(-3) %}x{% endfor %}|{% for i in range(10, 0, -4) %}{{ i }};{% endfor %}|\
+     {% for i in range(100) %}{% if i > 2 %}{% break %}{% endif %}{{ i }}{% endfor %}|{{ (messages | length) | int }}|{{ 7 | int + 1 }}",
     // strftime_now with the fixed clock.
     "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ 'Today: ' ~ strftime_now('%A') }}",
     // Conditional expressions, whitespace control, a trailing newline.
@@ -708,7 +714,7 @@ fn probe_templates_render_directly_and_equal_minijinja() {
 /// method it does not know, iterating a mapping, a variable shadowing a
 /// function), still rendering what minijinja renders through `render`.
 const DECLINED_PROBES: &[&str] = &[
-    "{% for i in range(3) %}{{ i }}{% endfor %}",
+    "{{ range(3) | length }}",
     "{{ {'a': messages | length} | tojson }}",
     "{% set x | upper %}hi {{ messages[0].role }}{% endset %}{{ x }}",
     "{{ (messages | length) * 2 }}",
@@ -807,6 +813,12 @@ const OTHER_OPERAND_PROBES: &[&str] = &[
     "{{ messages[1:] | default('d', true) }}|{{ none | default('n', true) }}|{{ nothing | default('u', none) }}",
     "{% for m in messages | list %}{{ loop.previtem }}{% endfor %}|{% for k, v in messages[0].items() %}{{ loop.nextitem }}{% endfor %}",
     "{% for m in messages %}{% set x %}a{% break %}b{% endset %}{{ x }}{% endfor %}",
+    "{% for i in range(0) %}x{% endfor %}{% for i in range(1, 2, 0) %}x{% endfor %}",
+    "{% for i in range(200000) %}{% endfor %}",
+    "{% for i in range('3') %}{{ i }}{% endfor %}|{% for i in range(nothing) %}{{ i }}{% endfor %}",
+    "{% for i in range(9223372036854775806, 9223372036854775807) %}{{ i }}{% endfor %}",
+    "{% for i in range(3) %}{{ loop.previtem }}{% endfor %}",
+    "{{ '3' | int }}|{{ 2.5 | int }}|{{ none | int }}|{{ true | int }}|{{ nothing | int }}",
     "{% macro loop_forever(n) %}{{ loop_forever(n + 1) }}{% endmacro %}{{ loop_forever(0) }}",
     "{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}{{ k }}:{{ v.type }}{{ loop.last }};{% endfor %}{% endfor %}",
     "{% for m in messages %}{% for k, v in m.items() %}{% for k2, v2 in m | items %}{{ k2 }}{% endfor %}{{ v }}{% endfor %}{% endfor %}",
@@ -1161,6 +1173,7 @@ fn fuel_threshold_for_macro_parameters_and_filtered_loops() {
         "{% macro g(a1=1, a2=2, a3=3, a4=4, a5=5, a6=6, a7=7, a8=8, a9=9, a10=10, a11=11, a12=12) %}{% endmacro %}\
          {% for m in messages %}{{ g() }}{{ g() }}{{ g() }}{% endfor %}",
         "{% for m in messages %}{% for k, v in m.items() %}{% endfor %}{% for n in messages[::-1] %}{% endfor %}{% endfor %}",
+        "{% for i in range(500) %}{% endfor %}{% for i in range(300) %}{% continue %}{% endfor %}",
     ]
     .iter()
     .filter_map(|source| fuel_threshold_agrees(source, req).err())

@@ -264,9 +264,23 @@ impl<'s> Compiler<'s> {
                 )));
             }
         }
+        // `range(...)` as the loop's sequence: its integers, counted here.
+        let mut range = None;
+        if map.is_none()
+            && let ast::Expr::Call(c) = &f.iter
+            && let ast::CallType::Function("range") = c.identify_call()
+            && (1..=3).contains(&c.args.len())
+            && !self.assigned_outside_macros.contains(&"range")
+            && let Some(args) = self.positional(&c.args)?
+        {
+            let id = self.name("range")?;
+            self.called_builtins.push(id);
+            range = Some(args);
+        }
         // `seq[::-1]` is a lazy iterable in minijinja; as a loop's
         // sequence it is read last to first.
         let (iter, reversed) = match map.unwrap_or(&f.iter) {
+            _ if range.is_some() => (Expr::Const(Value::from(())), false),
             ast::Expr::Slice(s)
                 if s.start.is_none()
                     && s.stop.is_none()
@@ -318,6 +332,7 @@ impl<'s> Compiler<'s> {
             else_body,
             reversed,
             value_target,
+            range,
         })))
     }
 
@@ -559,6 +574,7 @@ impl<'s> Compiler<'s> {
                 }
             }
             ("upper", []) => FilterKind::Upper,
+            ("int", []) => FilterKind::Int,
             ("lower", []) => FilterKind::Lower,
             ("replace", [ast::CallArg::Pos(old), ast::CallArg::Pos(new)]) => {
                 FilterKind::Replace(self.boxed(old)?, self.boxed(new)?)

@@ -126,6 +126,9 @@ impl<'a> Run<'a> {
     }
 
     fn for_loop(&mut self, f: &'a ForLoop) -> Step<()> {
+        if let Some(args) = &f.range {
+            return self.for_range(f, args);
+        }
         let seq = self.eval(&f.iter)?;
         if let Some(value_target) = f.value_target {
             return self.for_pairs(f, value_target, seq);
@@ -177,6 +180,73 @@ impl<'a> Run<'a> {
         // first: none at all, or a `break` in the first iteration.
         if ran == 0 || (broke && ran == 1) {
             // minijinja runs `else` in the enclosing scope: its `set`s stay.
+            self.exec(&f.else_body)?;
+        }
+        Ok(())
+    }
+
+    /// `for i in range(...)`: minijinja's `range` (`range(upper)`,
+    /// `range(lower, upper[, step])`, at most 100,000 items) of integers.
+    fn for_range(&mut self, f: &'a ForLoop, args: &'a [Expr]) -> Step<()> {
+        let mut ints = [0i64; 3];
+        for (slot, arg) in ints.iter_mut().zip(args) {
+            let v = self.eval(arg)?;
+            *slot = int(v.value()?).ok_or(Declined)?;
+        }
+        let (lower, upper, step) = match args.len() {
+            1 => (0, ints[0], 1),
+            2 => (ints[0], ints[1], 1),
+            _ => (ints[0], ints[1], ints[2]),
+        };
+        // The count as minijinja's iterators give it; zero steps and
+        // oversized ranges are its errors.
+        let len = if step > 0 && upper > lower {
+            (i128::from(upper) - i128::from(lower) + i128::from(step) - 1) / i128::from(step)
+        } else if step < 0 && lower > upper {
+            (i128::from(lower) - i128::from(upper) - i128::from(step) - 1) / -i128::from(step)
+        } else if step == 0 {
+            return Err(Declined);
+        } else {
+            0
+        };
+        if len > 100_000 {
+            return Err(Declined);
+        }
+        let len = len as usize;
+        self.loops.push(LoopState {
+            index: 0,
+            len,
+            items: None,
+            reversed: false,
+        });
+        let (mut ran, mut broke) = (0usize, false);
+        for index in 0..len {
+            self.step()?;
+            let value = lower
+                .checked_add((index as i64).checked_mul(step).ok_or(Declined)?)
+                .ok_or(Declined)?;
+            let mark = self.vars.len();
+            self.vars.push((f.target, V::Own(Value::from(value))));
+            if let Some(filter) = &f.filter {
+                self.step()?;
+                if !self.test(filter)? {
+                    self.vars.truncate(mark);
+                    continue;
+                }
+            }
+            ran += 1;
+            if let Some(state) = self.loops.last_mut() {
+                state.index = index;
+            }
+            self.exec(&f.body)?;
+            self.vars.truncate(mark);
+            if std::mem::replace(&mut self.flow, Flow::Next) == Flow::Break {
+                broke = true;
+                break;
+            }
+        }
+        self.loops.pop();
+        if ran == 0 || (broke && ran == 1) {
             self.exec(&f.else_body)?;
         }
         Ok(())
@@ -936,6 +1006,14 @@ impl<'a> Run<'a> {
                 // With no auto-escaping minijinja replaces in the text
                 // and returns a plain string.
                 V::Own(Value::from(text.replace(old, new)))
+            }
+            FilterKind::Int => {
+                // An integer is returned as it is; anything else is
+                // converted by minijinja's rules, left to it.
+                if !value.is_integer() {
+                    return Err(Declined);
+                }
+                v
             }
             FilterKind::String => {
                 if value.kind() == ValueKind::String {

@@ -42,6 +42,9 @@ pub(super) struct ForLoop {
     /// `for k, v in map.items()` (or `map | items`): `iter` is the map,
     /// `target` takes each key and this name its value.
     pub(super) value_target: Option<Name>,
+    /// `for i in range(...)`: its one to three arguments (then `iter` is
+    /// unused).
+    pub(super) range: Option<Vec<Expr>>,
 }
 
 pub(super) enum Expr {
@@ -135,6 +138,8 @@ pub(super) enum FilterKind {
     Lower,
     /// The `replace(old, new)` filter on a string.
     Replace(Box<Expr>, Box<Expr>),
+    /// `int` of an integer (itself).
+    Int,
     /// `join` of a sequence of strings, with the joiner or none.
     Join(Option<Box<Expr>>),
     /// `list` of a sequence: its items as a new list.
