@@ -695,6 +695,12 @@ const DIRECT_PROBES: &[&str] = &[
      {% for i in range((messages | length) - 1, -1, -1) %}{{ i }}{% endfor %}|{% for i in range(0, 10, 3) %}{{ i }}{{ loop.length }}{% endfor %}|\
      {% for i in range(5, 5) %}x{% else %}E{% endfor %}|{% for i in range(-3) %}x{% endfor %}|{% for i in range(10, 0, -4) %}{{ i }};{% endfor %}|\
      {% for i in range(100) %}{% if i > 2 %}{% break %}{% endif %}{{ i }}{% endfor %}|{{ (messages | length) | int }}|{{ 7 | int + 1 }}",
+    // Slices of strings (by characters), `trim` of any value (Python's
+    // `str()`, stripped), `in` an undefined value.
+    "{{ messages[0].content[:4] }}|{{ messages[0].content[3:] }}|{{ messages[0].content[-3:] }}|{{ messages[0].content[:-2] }}|\
+     {{ 'héllo🙂'[1:4] }}|{{ 'abc'[5:] }}|{{ 'abc'[2:1] }}|{{ 'abc'[-99:2] }}|{{ 'abc'[:-99] }}|{{ 'abc'[none:2] }}|{{ ('abc'[1:]) | length }}|\
+     {{ none | trim }}|{{ 3 | trim }}|{{ [1, ' a '] | trim }}|{{ nothing | trim }}|{{ true | trim }}|{{ messages[-1].content | trim }}|\
+     {{ 'x' in nothing }}|{{ 'x' not in messages[0].nope }}",
     // strftime_now with the fixed clock.
     "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ 'Today: ' ~ strftime_now('%A') }}",
     // Conditional expressions, whitespace control, a trailing newline.
@@ -819,6 +825,9 @@ const OTHER_OPERAND_PROBES: &[&str] = &[
     "{% for i in range(9223372036854775806, 9223372036854775807) %}{{ i }}{% endfor %}",
     "{% for i in range(3) %}{{ loop.previtem }}{% endfor %}",
     "{{ '3' | int }}|{{ 2.5 | int }}|{{ none | int }}|{{ true | int }}|{{ nothing | int }}",
+    "{{ 'abc'[1.0:] }}|{{ 'abc'['a':] }}|{{ 'abc'[::2] }}",
+    "{{ (messages[0].content | safe)[1:] }}|{{ messages[0] | trim }}|{{ 1.5 | trim }}",
+    "{{ 'x' in none }}|{{ 1 in 'abc' }}",
     "{% macro loop_forever(n) %}{{ loop_forever(n + 1) }}{% endmacro %}{{ loop_forever(0) }}",
     "{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}{{ k }}:{{ v.type }}{{ loop.last }};{% endfor %}{% endfor %}",
     "{% for m in messages %}{% for k, v in m.items() %}{% for k2, v2 in m | items %}{{ k2 }}{% endfor %}{{ v }}{% endfor %}{% endfor %}",

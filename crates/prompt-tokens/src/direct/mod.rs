@@ -61,9 +61,18 @@ use compile::{Compiler, Scope, collect_assigned};
 use run::Run;
 use tree::{MacroDef, Stmt};
 
-/// Why a rendering was not done directly; minijinja redoes it.
+/// Why a rendering was not done directly; minijinja redoes it. Carries
+/// the place in this module that declined (for diagnostics).
 #[derive(Debug)]
-pub(crate) struct Declined;
+pub(crate) struct Declined(&'static str);
+
+/// A [`Declined`] naming the line it is made on.
+macro_rules! declined {
+    () => {
+        $crate::direct::Declined(concat!(file!(), ":", line!()))
+    };
+}
+use declined;
 
 type Step<T> = Result<T, Declined>;
 
@@ -162,9 +171,10 @@ impl DirectTemplate {
         };
         match run.exec(&self.body) {
             Ok(()) => Ok(run.out),
-            Err(Declined) => Err(run
-                .declined_at
-                .unwrap_or("a value, limit or operation outside the plain cases")),
+            // A `Decline` node names its construct; any other decline
+            // is a value, limit or operation outside the plain cases,
+            // named by the place that refused it.
+            Err(Declined(at)) => Err(run.declined_at.unwrap_or(at)),
         }
     }
 }

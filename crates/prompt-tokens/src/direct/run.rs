@@ -6,7 +6,7 @@ use minijinja::value::{Value, ValueKind};
 
 use super::tree::{Arith, Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Side, Stmt, TestKind};
 use super::value::{V, compare, int};
-use super::{Declined, DirectTemplate, MAX_MACRO_DEPTH, Name, Step};
+use super::{DirectTemplate, MAX_MACRO_DEPTH, Name, Step, declined};
 use crate::clock_text::strftime_cached;
 use crate::request::{small_map_entries, small_map_get};
 use crate::tojson::json_text;
@@ -60,13 +60,13 @@ pub(super) struct Run<'a> {
 
 impl<'a> Run<'a> {
     fn step(&mut self) -> Step<()> {
-        self.steps_left = self.steps_left.checked_sub(1).ok_or(Declined)?;
+        self.steps_left = self.steps_left.checked_sub(1).ok_or(declined!())?;
         Ok(())
     }
 
     fn write(&mut self, text: &str) -> Step<()> {
         if self.out.len().saturating_add(text.len()) > self.max_output {
-            return Err(Declined);
+            return Err(declined!());
         }
         self.out.push_str(text);
         Ok(())
@@ -96,7 +96,7 @@ impl<'a> Run<'a> {
                 }
                 Stmt::SetAttr(name, attr, e) => {
                     let V::Ns(ns) = self.lookup(*name) else {
-                        return Err(Declined);
+                        return Err(declined!());
                     };
                     let value = self.eval(e)?;
                     let fields = &mut self.namespaces[ns];
@@ -118,7 +118,7 @@ impl<'a> Run<'a> {
                 Stmt::Continue => self.flow = Flow::Continue,
                 Stmt::Decline(what) => {
                     self.declined_at = Some(what);
-                    return Err(Declined);
+                    return Err(declined!());
                 }
             }
         }
@@ -137,7 +137,7 @@ impl<'a> Run<'a> {
         let len = match seq.items() {
             Some(list) => list.len(),
             None if seq.value()?.is_undefined() => 0,
-            None => return Err(Declined),
+            None => return Err(declined!()),
         };
         self.loops.push(LoopState {
             index: 0,
@@ -151,7 +151,7 @@ impl<'a> Run<'a> {
             let at = if f.reversed { len - 1 - index } else { index };
             let item = match borrowed {
                 Some(list) => V::Ref(&list[at]),
-                None => V::Own(seq.items().ok_or(Declined)?[at].clone()),
+                None => V::Own(seq.items().ok_or(declined!())?[at].clone()),
             };
             let mark = self.vars.len();
             self.vars.push((f.target, item));
@@ -191,7 +191,7 @@ impl<'a> Run<'a> {
         let mut ints = [0i64; 3];
         for (slot, arg) in ints.iter_mut().zip(args) {
             let v = self.eval(arg)?;
-            *slot = int(v.value()?).ok_or(Declined)?;
+            *slot = int(v.value()?).ok_or(declined!())?;
         }
         let (lower, upper, step) = match args.len() {
             1 => (0, ints[0], 1),
@@ -205,12 +205,12 @@ impl<'a> Run<'a> {
         } else if step < 0 && lower > upper {
             (i128::from(lower) - i128::from(upper) - i128::from(step) - 1) / -i128::from(step)
         } else if step == 0 {
-            return Err(Declined);
+            return Err(declined!());
         } else {
             0
         };
         if len > 100_000 {
-            return Err(Declined);
+            return Err(declined!());
         }
         let len = len as usize;
         self.loops.push(LoopState {
@@ -223,8 +223,8 @@ impl<'a> Run<'a> {
         for index in 0..len {
             self.step()?;
             let value = lower
-                .checked_add((index as i64).checked_mul(step).ok_or(Declined)?)
-                .ok_or(Declined)?;
+                .checked_add((index as i64).checked_mul(step).ok_or(declined!())?)
+                .ok_or(declined!())?;
             let mark = self.vars.len();
             self.vars.push((f.target, V::Own(Value::from(value))));
             if let Some(filter) = &f.filter {
@@ -258,12 +258,12 @@ impl<'a> Run<'a> {
     /// namespace) is minijinja's.
     fn for_pairs(&mut self, f: &'a ForLoop, value_target: Name, map: V<'a>) -> Step<()> {
         let (borrowed, owned) = match map {
-            V::Ref(value) => (Some(small_map_entries(value).ok_or(Declined)?), None),
+            V::Ref(value) => (Some(small_map_entries(value).ok_or(declined!())?), None),
             V::Own(value) => (
                 None,
-                Some(small_map_entries(&value).ok_or(Declined)?.to_vec()),
+                Some(small_map_entries(&value).ok_or(declined!())?.to_vec()),
             ),
-            V::Ns(_) | V::Slice(_) => return Err(Declined),
+            V::Ns(_) | V::Slice(_) => return Err(declined!()),
         };
         let len = borrowed.map_or_else(|| owned.as_ref().map_or(0, Vec::len), <[_]>::len);
         self.loops.push(LoopState {
@@ -281,7 +281,7 @@ impl<'a> Run<'a> {
                     V::Own(pairs[index].0.clone()),
                     V::Own(pairs[index].1.clone()),
                 ),
-                (None, None) => return Err(Declined),
+                (None, None) => return Err(declined!()),
             };
             let mark = self.vars.len();
             self.vars.push((f.target, key));
@@ -321,7 +321,7 @@ impl<'a> Run<'a> {
             // A namespace is a map: true once it has a field.
             V::Ns(ns) => Ok(!self.namespaces[*ns].is_empty()),
             // minijinja's slice is a lazy iterable; left to it.
-            V::Slice(_) => Err(Declined),
+            V::Slice(_) => Err(declined!()),
         }
     }
 
@@ -371,7 +371,7 @@ impl<'a> Run<'a> {
                 match sum {
                     Sum::Int(n) => self.print(&Value::from(n)),
                     Sum::Written => Ok(()),
-                    Sum::Empty | Sum::Text(_) => Err(Declined),
+                    Sum::Empty | Sum::Text(_) => Err(declined!()),
                 }
             }
             Expr::Text(_, text) => {
@@ -398,7 +398,7 @@ impl<'a> Run<'a> {
         }
         let _ = write!(self.out, "{value}");
         if self.out.len() > self.max_output {
-            return Err(Declined);
+            return Err(declined!());
         }
         Ok(())
     }
@@ -407,7 +407,7 @@ impl<'a> Run<'a> {
         self.step()?;
         let def = &self.template.macros[index];
         if self.depth >= MAX_MACRO_DEPTH {
-            return Err(Declined);
+            return Err(declined!());
         }
         let mut values = Vec::with_capacity(def.params.len());
         for arg in args {
@@ -449,7 +449,7 @@ impl<'a> Run<'a> {
             Expr::Const(value) | Expr::Text(value, _) => V::Ref(value),
             Expr::Var(name) => self.lookup(*name),
             Expr::Loop(attr) => {
-                let state = self.loops.last().ok_or(Declined)?;
+                let state = self.loops.last().ok_or(declined!())?;
                 let (i, n) = (state.index as i64, state.len as i64);
                 match attr {
                     LoopAttr::Index0 => V::Own(Value::from(i)),
@@ -460,7 +460,7 @@ impl<'a> Run<'a> {
                     LoopAttr::Last => V::bool(i + 1 == n),
                     LoopAttr::Length => V::Own(Value::from(n)),
                     LoopAttr::PrevItem | LoopAttr::NextItem => {
-                        let items = state.items.ok_or(Declined)?;
+                        let items = state.items.ok_or(declined!())?;
                         // The neighbour in the order the loop reads.
                         let step = if matches!(attr, LoopAttr::PrevItem) {
                             -1
@@ -488,7 +488,12 @@ impl<'a> Run<'a> {
             }
             Expr::Slice(base, start, stop) => {
                 let base = self.eval(base)?;
-                let len = base.items().ok_or(Declined)?.len() as i64;
+                if let Ok(text) = base.value()
+                    && text.kind() == ValueKind::String
+                {
+                    return self.slice_text(text.as_str().ok_or(declined!())?, start, stop);
+                }
+                let len = base.items().ok_or(declined!())?.len() as i64;
                 let bound = |this: &mut Self, e: &'a Option<Box<Expr>>, default: i64| {
                     let Some(e) = e else { return Ok(default) };
                     let v = this.eval(e)?;
@@ -496,7 +501,7 @@ impl<'a> Run<'a> {
                     if v.is_none() {
                         return Ok(default);
                     }
-                    let i = int(v).ok_or(Declined)?;
+                    let i = int(v).ok_or(declined!())?;
                     Ok(if i < 0 { (len + i).max(0) } else { i.min(len) })
                 };
                 let from = bound(self, start, 0)?;
@@ -504,13 +509,13 @@ impl<'a> Run<'a> {
                 let range = from as usize..to as usize;
                 // minijinja's slice is a lazy iterable (not a sequence to
                 // `is sequence`): modelled only as a view of borrowed items.
-                V::Slice(&base.borrowed_items().ok_or(Declined)?[range])
+                V::Slice(&base.borrowed_items().ok_or(declined!())?[range])
             }
             Expr::Not(inner) => V::bool(!self.test(inner)?),
             Expr::Neg(inner) => {
                 let v = self.eval(inner)?;
-                let n = int(v.value()?).ok_or(Declined)?;
-                V::Own(Value::from(n.checked_neg().ok_or(Declined)?))
+                let n = int(v.value()?).ok_or(declined!())?;
+                V::Own(Value::from(n.checked_neg().ok_or(declined!())?))
             }
             Expr::Concat(left, right) => {
                 let mut text = String::new();
@@ -600,21 +605,21 @@ impl<'a> Run<'a> {
             }
             Expr::StrftimeNow(format) => {
                 let format = self.eval(format)?;
-                let format = format.value()?.as_str().ok_or(Declined)?;
+                let format = format.value()?.as_str().ok_or(declined!())?;
                 V::Own(strftime_cached(format, (self.clock_seconds)()))
             }
             Expr::Method(base, Method::Get(key, default)) => {
                 let base = self.eval(base)?;
                 let key = self.eval(key)?;
-                let key = key.value()?.as_str().ok_or(Declined)?;
+                let key = key.value()?.as_str().ok_or(declined!())?;
                 // pycompat's `get` on a mapping: the value, else the
                 // default, else none.
                 let found = match &base {
-                    V::Ref(value) => small_map_get(value, key).ok_or(Declined)?.map(V::Ref),
+                    V::Ref(value) => small_map_get(value, key).ok_or(declined!())?.map(V::Ref),
                     V::Own(value) => small_map_get(value, key)
-                        .ok_or(Declined)?
+                        .ok_or(declined!())?
                         .map(|v| V::Own(v.clone())),
-                    _ => return Err(Declined),
+                    _ => return Err(declined!()),
                 };
                 match (found, default) {
                     (Some(v), _) => v,
@@ -626,9 +631,9 @@ impl<'a> Run<'a> {
                 let base = self.eval(base)?;
                 let text = base.value()?;
                 if text.kind() != ValueKind::String {
-                    return Err(Declined);
+                    return Err(declined!());
                 }
-                let text = text.as_str().ok_or(Declined)?;
+                let text = text.as_str().ok_or(declined!())?;
                 match method {
                     Method::Strip => V::Own(Value::from(text.trim())),
                     Method::LStrip => V::Own(Value::from(text.trim_start())),
@@ -637,9 +642,9 @@ impl<'a> Run<'a> {
                         let arg = self.eval(arg)?;
                         let arg = arg.value()?;
                         if arg.kind() != ValueKind::String {
-                            return Err(Declined);
+                            return Err(declined!());
                         }
-                        let affix = arg.as_str().ok_or(Declined)?;
+                        let affix = arg.as_str().ok_or(declined!())?;
                         V::bool(if matches!(method, Method::StartsWith(_)) {
                             text.starts_with(affix)
                         } else {
@@ -650,9 +655,9 @@ impl<'a> Run<'a> {
                         let chars = self.eval(chars)?;
                         let chars = chars.value()?;
                         if chars.kind() != ValueKind::String {
-                            return Err(Declined);
+                            return Err(declined!());
                         }
-                        let set: Vec<char> = chars.as_str().ok_or(Declined)?.chars().collect();
+                        let set: Vec<char> = chars.as_str().ok_or(declined!())?.chars().collect();
                         let set = set.as_slice();
                         V::Own(Value::from(match side {
                             Side::Both => text.trim_matches(set),
@@ -663,7 +668,7 @@ impl<'a> Run<'a> {
                     Method::Split(sep, max) => {
                         if base.value()?.is_safe() {
                             // minijinja keeps the pieces safe; left to it.
-                            return Err(Declined);
+                            return Err(declined!());
                         }
                         let sep = match sep {
                             Some(sep) => {
@@ -672,9 +677,9 @@ impl<'a> Run<'a> {
                                 if sep.is_none() {
                                     None
                                 } else if sep.kind() == ValueKind::String {
-                                    Some(sep.as_str().ok_or(Declined)?.to_owned())
+                                    Some(sep.as_str().ok_or(declined!())?.to_owned())
                                 } else {
-                                    return Err(Declined);
+                                    return Err(declined!());
                                 }
                             }
                             None => None,
@@ -682,7 +687,7 @@ impl<'a> Run<'a> {
                         let max = match max {
                             Some(max) => {
                                 let max = self.eval(max)?;
-                                Some(int(max.value()?).ok_or(Declined)?)
+                                Some(int(max.value()?).ok_or(declined!())?)
                             }
                             None => None,
                         };
@@ -698,7 +703,7 @@ impl<'a> Run<'a> {
                                 text.splitn(n, sep.as_str()).map(Value::from).collect()
                             }
                             // Whitespace with a limit: left to minijinja.
-                            (None, Some(_)) => return Err(Declined),
+                            (None, Some(_)) => return Err(declined!()),
                         };
                         V::Own(Value::from(list))
                     }
@@ -707,13 +712,15 @@ impl<'a> Run<'a> {
                         let new = self.eval(new)?;
                         let (old, new) = (old.value()?, new.value()?);
                         if old.kind() != ValueKind::String || new.kind() != ValueKind::String {
-                            return Err(Declined);
+                            return Err(declined!());
                         }
-                        let (old, new) =
-                            (old.as_str().ok_or(Declined)?, new.as_str().ok_or(Declined)?);
+                        let (old, new) = (
+                            old.as_str().ok_or(declined!())?,
+                            new.as_str().ok_or(declined!())?,
+                        );
                         V::Own(Value::from(text.replace(old, new)))
                     }
-                    Method::Get(..) => return Err(Declined),
+                    Method::Get(..) => return Err(declined!()),
                 }
             }
             Expr::Add(..) => {
@@ -722,15 +729,15 @@ impl<'a> Run<'a> {
                 match sum {
                     Sum::Text(text) => V::Own(Value::from(text)),
                     Sum::Int(n) => V::Own(Value::from(n)),
-                    Sum::Empty | Sum::Written => return Err(Declined),
+                    Sum::Empty | Sum::Written => return Err(declined!()),
                 }
             }
             Expr::Arith(op, left, right) => {
                 let l = self.eval(left)?;
                 let r = self.eval(right)?;
                 let (l, r) = (
-                    int(l.value()?).ok_or(Declined)?,
-                    int(r.value()?).ok_or(Declined)?,
+                    int(l.value()?).ok_or(declined!())?,
+                    int(r.value()?).ok_or(declined!())?,
                 );
                 // minijinja computes in i128 and keeps an i64 when the
                 // result fits; one that does not fit declines here. `%` is
@@ -739,13 +746,56 @@ impl<'a> Run<'a> {
                     Arith::Sub => l.checked_sub(r),
                     Arith::Rem => l.checked_rem_euclid(r),
                 };
-                V::Own(Value::from(n.ok_or(Declined)?))
+                V::Own(Value::from(n.ok_or(declined!())?))
             }
             Expr::Decline(what) => {
                 self.declined_at = Some(what);
-                return Err(Declined);
+                return Err(declined!());
             }
         })
+    }
+
+    /// `text[start:stop]` as minijinja slices a string: by characters,
+    /// with its offsets (`get_offset_and_len`); a plain string.
+    fn slice_text(
+        &mut self,
+        text: &str,
+        start: &'a Option<Box<Expr>>,
+        stop: &'a Option<Box<Expr>>,
+    ) -> Step<V<'a>> {
+        let mut bound = |e: &'a Option<Box<Expr>>| -> Step<Option<i64>> {
+            let Some(e) = e else { return Ok(None) };
+            let v = self.eval(e)?;
+            let v = v.value()?;
+            if v.is_none() {
+                return Ok(None);
+            }
+            int(v).map(Some).ok_or(declined!())
+        };
+        let (start, stop) = (bound(start)?.unwrap_or(0), bound(stop)?);
+        let (from, take) = if start < 0 || stop.is_none_or(|x| x < 0) {
+            let end = text.chars().count() as i64;
+            let from = if start < 0 {
+                (end + start).max(0)
+            } else {
+                start
+            };
+            let to = match stop {
+                None => end,
+                Some(x) if x < 0 => (end + x).max(0),
+                Some(x) => x,
+            };
+            (from, (to - from).max(0))
+        } else {
+            let stop = stop.unwrap_or(0);
+            (start, (stop - start).max(0))
+        };
+        let piece: String = text
+            .chars()
+            .skip(usize::try_from(from).map_err(|_| declined!())?)
+            .take(usize::try_from(take).map_err(|_| declined!())?)
+            .collect();
+        Ok(V::Own(Value::from(piece)))
     }
 
     /// Adds `e`, a `+` chain or one operand of it, to `sum` as
@@ -765,7 +815,7 @@ impl<'a> Run<'a> {
         let v = self.eval(e)?;
         let v = v.value()?;
         if v.kind() == ValueKind::String {
-            let text = v.as_str().ok_or(Declined)?;
+            let text = v.as_str().ok_or(declined!())?;
             match sum {
                 Sum::Empty if write => {
                     self.write(text)?;
@@ -775,19 +825,19 @@ impl<'a> Run<'a> {
                 Sum::Empty => *sum = Sum::Text(text.to_owned()),
                 Sum::Text(joined) => {
                     if joined.len().saturating_add(text.len()) > self.max_output {
-                        return Err(Declined);
+                        return Err(declined!());
                     }
                     joined.push_str(text);
                 }
-                Sum::Int(_) => return Err(Declined),
+                Sum::Int(_) => return Err(declined!()),
             }
             return Ok(());
         }
-        let n = int(v).ok_or(Declined)?;
+        let n = int(v).ok_or(declined!())?;
         *sum = match *sum {
             Sum::Empty => Sum::Int(n),
-            Sum::Int(m) => Sum::Int(m.checked_add(n).ok_or(Declined)?),
-            Sum::Text(_) | Sum::Written => return Err(Declined),
+            Sum::Int(m) => Sum::Int(m.checked_add(n).ok_or(declined!())?),
+            Sum::Text(_) | Sum::Written => return Err(declined!()),
         };
         Ok(())
     }
@@ -815,7 +865,7 @@ impl<'a> Run<'a> {
             }
         }
         if text.len() > self.max_output {
-            return Err(Declined);
+            return Err(declined!());
         }
         Ok(())
     }
@@ -831,15 +881,15 @@ impl<'a> Run<'a> {
                 if let Some(found) = small_map_get(value, name) {
                     return Ok(found.map_or_else(V::undefined, V::Ref));
                 }
-                value.get_attr(name).map(V::Own).map_err(|_| Declined)
+                value.get_attr(name).map(V::Own).map_err(|_| declined!())
             }
             V::Own(value) => {
                 if let Some(found) = small_map_get(&value, name) {
                     return Ok(found.map_or_else(V::undefined, |v| V::Own(v.clone())));
                 }
-                value.get_attr(name).map(V::Own).map_err(|_| Declined)
+                value.get_attr(name).map(V::Own).map_err(|_| declined!())
             }
-            V::Slice(_) => Err(Declined),
+            V::Slice(_) => Err(declined!()),
         }
     }
 
@@ -847,7 +897,7 @@ impl<'a> Run<'a> {
         if let (V::Slice(_), Some(i)) = (&base, int(key))
             && i < 0
         {
-            return Err(Declined);
+            return Err(declined!());
         }
         if let (Some(list), Some(i)) = (base.borrowed_items(), int(key)) {
             let len = list.len() as i64;
@@ -865,21 +915,21 @@ impl<'a> Run<'a> {
             return Ok(found.map_or_else(V::undefined, V::Ref));
         }
         match base {
-            V::Ns(_) | V::Slice(_) => Err(Declined),
+            V::Ns(_) | V::Slice(_) => Err(declined!()),
             other => other
                 .value()?
                 .get_item(key)
                 .map(V::Own)
-                .map_err(|_| Declined),
+                .map_err(|_| declined!()),
         }
     }
 
     fn filter(&mut self, kind: &'a FilterKind, v: V<'a>) -> Step<V<'a>> {
         if let FilterKind::List = kind {
-            return Ok(V::Own(Value::from(v.items().ok_or(Declined)?.to_vec())));
+            return Ok(V::Own(Value::from(v.items().ok_or(declined!())?.to_vec())));
         }
         if let FilterKind::SelectAttrEq(attr, wanted) = kind {
-            let list = v.items().ok_or(Declined)?.to_vec();
+            let list = v.items().ok_or(declined!())?.to_vec();
             let wanted = self.eval(wanted)?;
             let wanted = wanted.value()?;
             let mut kept = Vec::new();
@@ -887,7 +937,7 @@ impl<'a> Run<'a> {
                 self.step()?;
                 // Items other than the request's objects (a string, a
                 // dict from the context) are minijinja's to look into.
-                let found = small_map_get(&item, attr).ok_or(Declined)?;
+                let found = small_map_get(&item, attr).ok_or(declined!())?;
                 if found.is_some_and(|x| x == wanted) {
                     kept.push(item);
                 }
@@ -900,25 +950,25 @@ impl<'a> Run<'a> {
                     let joiner = self.eval(joiner)?;
                     let joiner = joiner.value()?;
                     if joiner.kind() != ValueKind::String {
-                        return Err(Declined);
+                        return Err(declined!());
                     }
-                    joiner.as_str().ok_or(Declined)?.to_owned()
+                    joiner.as_str().ok_or(declined!())?.to_owned()
                 }
                 None => String::new(),
             };
             // With no auto-escaping minijinja joins the items' text; only
             // strings are taken here (other items print through `Display`).
             let mut joined = String::new();
-            for (i, item) in v.items().ok_or(Declined)?.iter().enumerate() {
+            for (i, item) in v.items().ok_or(declined!())?.iter().enumerate() {
                 if item.kind() != ValueKind::String {
-                    return Err(Declined);
+                    return Err(declined!());
                 }
                 if i > 0 {
                     joined.push_str(&joiner);
                 }
-                joined.push_str(item.as_str().ok_or(Declined)?);
+                joined.push_str(item.as_str().ok_or(declined!())?);
                 if joined.len() > self.max_output {
-                    return Err(Declined);
+                    return Err(declined!());
                 }
             }
             return Ok(V::Own(Value::from(joined)));
@@ -927,38 +977,39 @@ impl<'a> Run<'a> {
             return match kind {
                 FilterKind::Length => Ok(V::Own(Value::from(list.len() as i64))),
                 FilterKind::Default(_) => Ok(v),
-                _ => Err(Declined),
+                _ => Err(declined!()),
             };
         }
         let value = v.value()?;
         Ok(match kind {
-            FilterKind::Trim => {
-                if value.kind() != ValueKind::String {
-                    return Err(Declined);
+            // The crate's `trim`: Python's `str()` of the value, stripped.
+            FilterKind::Trim => match value.as_str() {
+                Some(text) if value.kind() == ValueKind::String => {
+                    V::Own(Value::from(crate::template::python_strip(text)))
                 }
-                V::Own(Value::from(crate::template::python_strip(
-                    value.as_str().ok_or(Declined)?,
-                )))
-            }
+                _ => V::Own(Value::from(crate::template::python_strip(
+                    &crate::pyfilters::python_text(value),
+                ))),
+            },
             FilterKind::Length => match value.kind() {
                 ValueKind::String => V::Own(Value::from(
-                    value.as_str().ok_or(Declined)?.chars().count() as i64,
+                    value.as_str().ok_or(declined!())?.chars().count() as i64,
                 )),
                 ValueKind::Seq | ValueKind::Map => {
-                    V::Own(Value::from(value.len().ok_or(Declined)? as i64))
+                    V::Own(Value::from(value.len().ok_or(declined!())? as i64))
                 }
-                _ => return Err(Declined),
+                _ => return Err(declined!()),
             },
             FilterKind::Safe => {
                 if value.kind() != ValueKind::String {
-                    return Err(Declined);
+                    return Err(declined!());
                 }
                 V::Own(Value::from_safe_string(
-                    value.as_str().ok_or(Declined)?.to_owned(),
+                    value.as_str().ok_or(declined!())?.to_owned(),
                 ))
             }
             FilterKind::ToJson(options) => {
-                let text = json_text(value, options).map_err(|_| Declined)?;
+                let text = json_text(value, options).map_err(|_| declined!())?;
                 V::Own(Value::from(text))
             }
             FilterKind::Default(fallback) => {
@@ -978,9 +1029,9 @@ impl<'a> Run<'a> {
             FilterKind::Upper | FilterKind::Lower => {
                 // minijinja keeps a safe string safe; left to it.
                 if value.kind() != ValueKind::String || value.is_safe() {
-                    return Err(Declined);
+                    return Err(declined!());
                 }
-                let text = value.as_str().ok_or(Declined)?;
+                let text = value.as_str().ok_or(declined!())?;
                 V::Own(Value::from(if matches!(kind, FilterKind::Upper) {
                     text.to_uppercase()
                 } else {
@@ -996,12 +1047,12 @@ impl<'a> Run<'a> {
                     .iter()
                     .any(|v| v.kind() != ValueKind::String)
                 {
-                    return Err(Declined);
+                    return Err(declined!());
                 }
                 let (text, old, new) = (
-                    text.as_str().ok_or(Declined)?,
-                    old.as_str().ok_or(Declined)?,
-                    new.as_str().ok_or(Declined)?,
+                    text.as_str().ok_or(declined!())?,
+                    old.as_str().ok_or(declined!())?,
+                    new.as_str().ok_or(declined!())?,
                 );
                 // With no auto-escaping minijinja replaces in the text
                 // and returns a plain string.
@@ -1011,7 +1062,7 @@ impl<'a> Run<'a> {
                 // An integer is returned as it is; anything else is
                 // converted by minijinja's rules, left to it.
                 if !value.is_integer() {
-                    return Err(Declined);
+                    return Err(declined!());
                 }
                 v
             }
@@ -1023,7 +1074,7 @@ impl<'a> Run<'a> {
                 }
             }
             FilterKind::List | FilterKind::SelectAttrEq(..) | FilterKind::Join(_) => {
-                return Err(Declined);
+                return Err(declined!());
             }
         })
     }
