@@ -701,6 +701,9 @@ const DIRECT_PROBES: &[&str] = &[
      {{ 'héllo🙂'[1:4] }}|{{ 'abc'[5:] }}|{{ 'abc'[2:1] }}|{{ 'abc'[-99:2] }}|{{ 'abc'[:-99] }}|{{ 'abc'[none:2] }}|{{ ('abc'[1:]) | length }}|\
      {{ none | trim }}|{{ 3 | trim }}|{{ [1, ' a '] | trim }}|{{ nothing | trim }}|{{ true | trim }}|{{ messages[-1].content | trim }}|\
      {{ 'x' in nothing }}|{{ 'x' not in messages[0].nope }}",
+    // A loop over a mapping: its keys, with `loop.*` and a filter.
+    "{% for k in messages[0] %}{{ k }}{{ loop.index }}{{ loop.last }}{{ loop.length }},{% endfor %}|\
+     {% for k in messages[-1] if k != 'role' %}{{ k }};{% endfor %}|{% for k in messages[0] %}{% break %}{% else %}E{% endfor %}",
     // strftime_now with the fixed clock.
     "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ 'Today: ' ~ strftime_now('%A') }}",
     // Conditional expressions, whitespace control, a trailing newline.
@@ -715,10 +718,11 @@ fn probe_templates_render_directly_and_equal_minijinja() {
     check_probes(DIRECT_PROBES, Expect::Direct);
 }
 
-/// Probes the direct renderer must decline (`range`, a map literal, block
-/// `set`, arithmetic, `loop` in a filtered loop, a macro with defaults, a
-/// method it does not know, iterating a mapping, a variable shadowing a
-/// function), still rendering what minijinja renders through `render`.
+/// Probes the direct renderer must decline (`range` outside a loop, a map
+/// literal, a filtered block `set`, `*`, `loop` in a filtered loop, a
+/// macro default that is not a constant, a method it does not know, a
+/// variable shadowing a function), still rendering what minijinja renders
+/// through `render`.
 const DECLINED_PROBES: &[&str] = &[
     "{{ range(3) | length }}",
     "{{ {'a': messages | length} | tojson }}",
@@ -727,7 +731,6 @@ const DECLINED_PROBES: &[&str] = &[
     "{% for m in messages if m.role == 'user' %}{{ loop.index }}{% endfor %}",
     "{% macro f(a=messages | length) %}{{ a }}{% endmacro %}{{ f() }}",
     "{{ messages[0].role.upper() }}",
-    "{% for k in messages[0] %}{{ k }}{% endfor %}",
     "{% macro f() %}{% set strftime_now = 'x' %}{{ strftime_now('%Y') }}{% endmacro %}{{ f() }}",
     "{% for namespace in messages %}{% set ns = namespace(a=1) %}{{ ns.a }}{% endfor %}",
 ];
@@ -828,6 +831,7 @@ const OTHER_OPERAND_PROBES: &[&str] = &[
     "{{ 'abc'[1.0:] }}|{{ 'abc'['a':] }}|{{ 'abc'[::2] }}",
     "{{ (messages[0].content | safe)[1:] }}|{{ messages[0] | trim }}|{{ 1.5 | trim }}",
     "{{ 'x' in none }}|{{ 1 in 'abc' }}",
+    "{% for k in messages[0] %}{{ loop.previtem }}{% endfor %}|{% set ns = namespace(a=1) %}{% for k in ns %}{{ k }}{% endfor %}",
     "{% macro loop_forever(n) %}{{ loop_forever(n + 1) }}{% endmacro %}{{ loop_forever(0) }}",
     "{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}{{ k }}:{{ v.type }}{{ loop.last }};{% endfor %}{% endfor %}",
     "{% for m in messages %}{% for k, v in m.items() %}{% for k2, v2 in m | items %}{{ k2 }}{% endfor %}{{ v }}{% endfor %}{% endfor %}",

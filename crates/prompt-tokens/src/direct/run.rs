@@ -130,8 +130,14 @@ impl<'a> Run<'a> {
             return self.for_range(f, args);
         }
         let seq = self.eval(&f.iter)?;
-        if let Some(value_target) = f.value_target {
-            return self.for_pairs(f, value_target, seq);
+        if f.value_target.is_some() {
+            return self.for_pairs(f, f.value_target, seq);
+        }
+        // A mapping (one of the request's objects) iterates its keys.
+        if let Ok(value) = seq.value()
+            && small_map_entries(value).is_some()
+        {
+            return self.for_pairs(f, None, seq);
         }
         let borrowed = seq.borrowed_items();
         let len = match seq.items() {
@@ -254,9 +260,10 @@ impl<'a> Run<'a> {
 
     /// `for k, v in map.items()` over one of the request's objects: its
     /// pairs in order, as pycompat's `items()` and the `items` filter
-    /// yield them. Any other value (undefined, a dict from the context, a
-    /// namespace) is minijinja's.
-    fn for_pairs(&mut self, f: &'a ForLoop, value_target: Name, map: V<'a>) -> Step<()> {
+    /// yield them; without `value_target`, `for k in map`: its keys. Any
+    /// other value (undefined, a dict from the context, a namespace) is
+    /// minijinja's.
+    fn for_pairs(&mut self, f: &'a ForLoop, value_target: Option<Name>, map: V<'a>) -> Step<()> {
         let (borrowed, owned) = match map {
             V::Ref(value) => (Some(small_map_entries(value).ok_or(declined!())?), None),
             V::Own(value) => (
@@ -285,7 +292,9 @@ impl<'a> Run<'a> {
             };
             let mark = self.vars.len();
             self.vars.push((f.target, key));
-            self.vars.push((value_target, value));
+            if let Some(value_target) = value_target {
+                self.vars.push((value_target, value));
+            }
             if let Some(filter) = &f.filter {
                 self.step()?;
                 if !self.test(filter)? {
