@@ -704,6 +704,10 @@ const DIRECT_PROBES: &[&str] = &[
     // A loop over a mapping: its keys, with `loop.*` and a filter.
     "{% for k in messages[0] %}{{ k }}{{ loop.index }}{{ loop.last }}{{ loop.length }},{% endfor %}|\
      {% for k in messages[-1] if k != 'role' %}{{ k }};{% endfor %}|{% for k in messages[0] %}{% break %}{% else %}E{% endfor %}",
+    // A loop over `selectattr(name, 'equalto', v)`: the items that pass.
+    "{% for m in messages | selectattr('role', 'equalto', 'user') %}{{ m.content }}{{ loop.index }}{{ loop.first }};{% endfor %}|\
+     {% for m in messages | selectattr('role', 'eq', 'nobody') %}x{% else %}E{% endfor %}|\
+     {% for m in messages %}{% for n in messages | selectattr('role', '==', m.role) %}{{ loop.index0 }}{% endfor %}{% endfor %}",
     // strftime_now with the fixed clock.
     "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ 'Today: ' ~ strftime_now('%A') }}",
     // Conditional expressions, whitespace control, a trailing newline.
@@ -832,6 +836,9 @@ const OTHER_OPERAND_PROBES: &[&str] = &[
     "{{ (messages[0].content | safe)[1:] }}|{{ messages[0] | trim }}|{{ 1.5 | trim }}",
     "{{ 'x' in none }}|{{ 1 in 'abc' }}",
     "{% for k in messages[0] %}{{ loop.previtem }}{% endfor %}|{% set ns = namespace(a=1) %}{% for k in ns %}{{ k }}{% endfor %}",
+    "{% for m in messages | selectattr('role', 'equalto', 'user') %}{{ loop.last }}{{ loop.length }}{% endfor %}",
+    "{% for m in messages | selectattr('nope', 'equalto', nothing) %}{{ m.role }}{% endfor %}|{{ messages | selectattr('nope', 'equalto', nothing) | list | length }}",
+    "{% for m in messages | selectattr('role', 'equalto', 'user') %}{{ loop.previtem }}{% endfor %}",
     "{% macro loop_forever(n) %}{{ loop_forever(n + 1) }}{% endmacro %}{{ loop_forever(0) }}",
     "{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}{{ k }}:{{ v.type }}{{ loop.last }};{% endfor %}{% endfor %}",
     "{% for m in messages %}{% for k, v in m.items() %}{% for k2, v2 in m | items %}{{ k2 }}{% endfor %}{{ v }}{% endfor %}{% endfor %}",

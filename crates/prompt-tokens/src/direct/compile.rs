@@ -277,10 +277,21 @@ impl<'s> Compiler<'s> {
             self.called_builtins.push(id);
             range = Some(args);
         }
+        // A loop over `selectattr(...)` reads the crate's generator: the
+        // items that pass, of a length minijinja does not know.
+        let mut generator = None;
+        if map.is_none()
+            && range.is_none()
+            && let ast::Expr::Filter(inner) = &f.iter
+        {
+            generator = self.select_attr_eq(inner)?;
+        }
+        let unsized_iter = generator.is_some();
         // `seq[::-1]` is a lazy iterable in minijinja; as a loop's
         // sequence it is read last to first.
         let (iter, reversed) = match map.unwrap_or(&f.iter) {
             _ if range.is_some() => (Expr::Const(Value::from(())), false),
+            _ if generator.is_some() => (generator.take().ok_or("no generator")?, false),
             ast::Expr::Slice(s)
                 if s.start.is_none()
                     && s.stop.is_none()
@@ -320,9 +331,11 @@ impl<'s> Compiler<'s> {
             // left to minijinja.
             return Ok(decline_stmt("`loop` in a filtered `for`"));
         }
-        if reversed && len_used {
-            // The reversed iterable's length is minijinja's to work out.
-            return Ok(decline_stmt("`loop.length` or `loop.last` over `[::-1]`"));
+        if (reversed || unsized_iter) && len_used {
+            // An iterable's length is minijinja's to work out.
+            return Ok(decline_stmt(
+                "`loop.length` or `loop.last` over `[::-1]` or `selectattr`",
+            ));
         }
         Ok(Stmt::For(Box::new(ForLoop {
             target,
@@ -537,22 +550,12 @@ impl<'s> Compiler<'s> {
             ("join", []) => FilterKind::Join(None),
             ("join", [ast::CallArg::Pos(joiner)]) => FilterKind::Join(Some(self.boxed(joiner)?)),
             ("list", []) => {
+                // The generator `selectattr` makes is read whole at once
+                // by `list`: the items that pass, in order.
                 if let ast::Expr::Filter(inner) = operand
-                    && inner.name == "selectattr"
-                    && let Some(source) = &inner.expr
-                    && let [
-                        ast::CallArg::Pos(ast::Expr::Const(attr)),
-                        ast::CallArg::Pos(ast::Expr::Const(test)),
-                        ast::CallArg::Pos(value),
-                    ] = inner.args.as_slice()
-                    && let Some(attr) = attr.value.as_str()
-                    && !attr.contains('.')
-                    && matches!(test.value.as_str(), Some("equalto" | "eq" | "=="))
+                    && let Some(select) = self.select_attr_eq(inner)?
                 {
-                    // The generator `selectattr` makes is read whole at
-                    // once by `list`: the items that pass, in order.
-                    let kind = FilterKind::SelectAttrEq(attr.into(), self.boxed(value)?);
-                    return Ok(Expr::Filter(kind, self.boxed(source)?));
+                    return Ok(select);
                 }
                 FilterKind::List
             }
@@ -586,6 +589,34 @@ impl<'s> Compiler<'s> {
             (name, _) => return Ok(decline(format!("the filter `{name}`"))),
         };
         Ok(Expr::Filter(kind, self.boxed(operand)?))
+    }
+
+    /// `seq | selectattr(name, "equalto", value)` (a plain attribute
+    /// name, the test `equalto`, `eq` or `==`) as the list of the items
+    /// that pass; `None` for any other `selectattr`.
+    fn select_attr_eq(&mut self, f: &ast::Filter<'s>) -> Result<Option<Expr>, String> {
+        if f.name != "selectattr" {
+            return Ok(None);
+        }
+        let Some(source) = &f.expr else {
+            return Ok(None);
+        };
+        let [
+            ast::CallArg::Pos(ast::Expr::Const(attr)),
+            ast::CallArg::Pos(ast::Expr::Const(test)),
+            ast::CallArg::Pos(value),
+        ] = f.args.as_slice()
+        else {
+            return Ok(None);
+        };
+        let Some(attr) = attr.value.as_str() else {
+            return Ok(None);
+        };
+        if attr.contains('.') || !matches!(test.value.as_str(), Some("equalto" | "eq" | "==")) {
+            return Ok(None);
+        }
+        let kind = FilterKind::SelectAttrEq(attr.into(), self.boxed(value)?);
+        Ok(Some(Expr::Filter(kind, self.boxed(source)?)))
     }
 
     fn call(&mut self, c: &ast::Call<'s>) -> Result<Expr, String> {

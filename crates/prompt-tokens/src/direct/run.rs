@@ -941,6 +941,11 @@ impl<'a> Run<'a> {
             let list = v.items().ok_or(declined!())?.to_vec();
             let wanted = self.eval(wanted)?;
             let wanted = wanted.value()?;
+            if wanted.is_undefined() {
+                // An absent attribute is undefined too: minijinja's to
+                // compare.
+                return Err(declined!());
+            }
             let mut kept = Vec::new();
             for item in list {
                 self.step()?;
