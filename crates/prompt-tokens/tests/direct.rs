@@ -701,6 +701,10 @@ const DIRECT_PROBES: &[&str] = &[
      {{ 'héllo🙂'[1:4] }}|{{ 'abc'[5:] }}|{{ 'abc'[2:1] }}|{{ 'abc'[-99:2] }}|{{ 'abc'[:-99] }}|{{ 'abc'[none:2] }}|{{ ('abc'[1:]) | length }}|\
      {{ none | trim }}|{{ 3 | trim }}|{{ [1, ' a '] | trim }}|{{ nothing | trim }}|{{ true | trim }}|{{ messages[-1].content | trim }}|\
      {{ 'x' in nothing }}|{{ 'x' not in messages[0].nope }}",
+    // `for k, v in map | dictsort`: sorted by key, case-insensitively.
+    "{% for k, v in messages[0] | dictsort %}{{ k }}={{ v }}{{ loop.index }}{{ loop.last }};{% endfor %}|\
+     {% for m in messages %}{% for k, v in m | dictsort %}{{ k }},{% endfor %}{% for c in m.tool_calls or [] %}\
+     {% for k, v in c.function.arguments | dictsort %}{{ k }}:{{ v }};{% endfor %}{% endfor %}{% endfor %}",
     // A loop over a mapping: its keys, with `loop.*` and a filter.
     "{% for k in messages[0] %}{{ k }}{{ loop.index }}{{ loop.last }}{{ loop.length }},{% endfor %}|\
      {% for k in messages[-1] if k != 'role' %}{{ k }};{% endfor %}|{% for k in messages[0] %}{% break %}{% else %}E{% endfor %}",
@@ -839,6 +843,9 @@ const OTHER_OPERAND_PROBES: &[&str] = &[
     "{% for m in messages | selectattr('role', 'equalto', 'user') %}{{ loop.last }}{{ loop.length }}{% endfor %}",
     "{% for m in messages | selectattr('nope', 'equalto', nothing) %}{{ m.role }}{% endfor %}|{{ messages | selectattr('nope', 'equalto', nothing) | list | length }}",
     "{% for m in messages | selectattr('role', 'equalto', 'user') %}{{ loop.previtem }}{% endfor %}",
+    "{% for k, v in messages | dictsort %}{{ k }}{% endfor %}",
+    "{% for k, v in nothing | dictsort %}{{ k }}{% else %}E{% endfor %}",
+    "{% for k, v in messages[0] | dictsort(reverse=true) %}{{ k }}{% endfor %}|{% for k in messages[0] | dictsort %}{{ k }}{% endfor %}",
     "{% macro loop_forever(n) %}{{ loop_forever(n + 1) }}{% endmacro %}{{ loop_forever(0) }}",
     "{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}{{ k }}:{{ v.type }}{{ loop.last }};{% endfor %}{% endfor %}",
     "{% for m in messages %}{% for k, v in m.items() %}{% for k2, v2 in m | items %}{{ k2 }}{% endfor %}{{ v }}{% endfor %}{% endfor %}",
@@ -1272,4 +1279,30 @@ fn markup_concatenation_is_left_to_minijinja() {
         Some("<b>a & \"b\""),
         "`~` renders directly"
     );
+}
+
+/// `dictsort` orders keys as minijinja does (ASCII case folded, ties in
+/// the map's order), on keys where the folding decides: the direct
+/// renderer answers and equals minijinja.
+#[test]
+fn dictsort_loops_order_keys_as_minijinja_does() {
+    let pair = Pair::plain(
+        "{% for t in tools %}{% for k, v in t.function.parameters.properties | dictsort %}{{ k }}={{ v.type }};{% endfor %}{% endfor %}",
+    );
+    let properties = json!({
+        "b": {"type": "string"}, "A": {"type": "integer"}, "a": {"type": "number"},
+        "_u": {"type": "string"}, "Z": {"type": "boolean"}, "é": {"type": "string"},
+        "E": {"type": "string"}, "10": {"type": "string"}, "9": {"type": "string"}
+    });
+    let req = request(json!([{"role": "user", "content": "x"}]))
+        .with_tools(&json!([{"type": "function", "function": {
+            "name": "f", "description": "d",
+            "parameters": {"type": "object", "properties": properties}}}]))
+        .expect("tools");
+    let (reference, direct) = pair.compare(&req).expect("agreement");
+    assert_eq!(
+        reference.as_deref(),
+        Ok("10=string;9=string;_u=string;A=integer;a=number;b=string;E=string;Z=boolean;é=string;")
+    );
+    assert_eq!(direct, reference.ok());
 }

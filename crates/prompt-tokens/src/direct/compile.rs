@@ -257,6 +257,8 @@ impl<'s> Compiler<'s> {
             },
             _ => return Ok(decline_stmt("`for` with several targets")),
         };
+        let sorted =
+            map.is_some() && matches!(&f.iter, ast::Expr::Filter(s) if s.name == "dictsort");
         for id in std::iter::once(target).chain(value_target) {
             if f.recursive || id == "loop" || is_builtin(id) || self.is_macro(id).is_some() {
                 return Ok(decline_stmt(format!(
@@ -345,6 +347,7 @@ impl<'s> Compiler<'s> {
             else_body,
             reversed,
             value_target,
+            sorted,
             range,
         })))
     }
@@ -697,14 +700,17 @@ impl<'s> Compiler<'s> {
     }
 }
 
-/// The map of `map.items()` or `map | items` (no arguments).
+/// The map of `map.items()`, `map | items` or `map | dictsort` (no
+/// arguments).
 fn items_of<'a, 's>(iter: &'a ast::Expr<'s>) -> Option<&'a ast::Expr<'s>> {
     match iter {
         ast::Expr::Call(c) if c.args.is_empty() => match c.identify_call() {
             ast::CallType::Method(base, "items") => Some(base),
             _ => None,
         },
-        ast::Expr::Filter(f) if f.name == "items" && f.args.is_empty() => f.expr.as_ref(),
+        ast::Expr::Filter(f) if matches!(f.name, "items" | "dictsort") && f.args.is_empty() => {
+            f.expr.as_ref()
+        }
         _ => None,
     }
 }

@@ -264,7 +264,7 @@ impl<'a> Run<'a> {
     /// other value (undefined, a dict from the context, a namespace) is
     /// minijinja's.
     fn for_pairs(&mut self, f: &'a ForLoop, value_target: Option<Name>, map: V<'a>) -> Step<()> {
-        let (borrowed, owned) = match map {
+        let (mut borrowed, mut owned) = match map {
             V::Ref(value) => (Some(small_map_entries(value).ok_or(declined!())?), None),
             V::Own(value) => (
                 None,
@@ -272,6 +272,22 @@ impl<'a> Run<'a> {
             ),
             V::Ns(_) | V::Slice(_) => return Err(declined!()),
         };
+        if f.sorted {
+            // minijinja's `dictsort`: a stable sort on the keys compared
+            // case-insensitively (ASCII, its `unicode` feature being off);
+            // only string keys are taken here.
+            let mut pairs = match (borrowed, owned) {
+                (Some(pairs), _) => pairs.to_vec(),
+                (None, Some(pairs)) => pairs,
+                (None, None) => return Err(declined!()),
+            };
+            if pairs.iter().any(|(k, _)| k.kind() != ValueKind::String) {
+                return Err(declined!());
+            }
+            pairs.sort_by_cached_key(|(k, _)| k.as_str().unwrap_or_default().to_ascii_lowercase());
+            borrowed = None;
+            owned = Some(pairs);
+        }
         let len = borrowed.map_or_else(|| owned.as_ref().map_or(0, Vec::len), <[_]>::len);
         self.loops.push(LoopState {
             index: 0,

@@ -42,6 +42,8 @@ pub(super) struct ForLoop {
     /// `for k, v in map.items()` (or `map | items`): `iter` is the map,
     /// `target` takes each key and this name its value.
     pub(super) value_target: Option<Name>,
+    /// `map | dictsort`: the pairs sorted by key as minijinja sorts them.
+    pub(super) sorted: bool,
     /// `for i in range(...)`: its one to three arguments (then `iter` is
     /// unused).
     pub(super) range: Option<Vec<Expr>>,
