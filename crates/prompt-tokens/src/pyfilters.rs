@@ -43,7 +43,7 @@ pub(crate) fn register(env: &mut Environment<'_>) {
 /// jinja2's `iterable` test: whether Python's `iter()` accepts the value.
 /// Real templates guard `tools | length` with `tools is iterable`, and
 /// vLLM passes `None` for a request without tools.
-fn is_iterable(value: &Value) -> bool {
+pub(crate) fn is_iterable(value: &Value) -> bool {
     match value.kind() {
         ValueKind::None | ValueKind::Number | ValueKind::Bool => false,
         ValueKind::Undefined => true,
@@ -57,7 +57,7 @@ fn invalid(message: impl Into<String>) -> Error {
 
 /// Python's `str()` of `value`: strings as they are, None, booleans,
 /// numbers, lists and dicts as `pyrepr` prints them.
-fn python_text(value: &Value) -> String {
+pub(crate) fn python_text(value: &Value) -> String {
     match value.as_str() {
         Some(text) => text.to_owned(),
         None => crate::pyrepr::python_str(value).unwrap_or_else(|| value.to_string()),

@@ -295,11 +295,42 @@ impl ChatTemplate {
     /// `request` itself, `None` when the template or this request is
     /// outside what it handles (then [`render`](Self::render) asks
     /// minijinja). For differential tests and diagnostics; `render` is
-    /// the API. Ignores `continue_final_message`.
+    /// the API. Prepares the request as `render` does, so with
+    /// `continue_final_message` the text is cut at the final message.
     pub fn render_direct(&self, request: &ChatRequest) -> Option<String> {
         let direct = self.direct.as_ref().ok()?;
-        let messages = messages::prepare(&request.messages.0, self.content_format).ok()?;
-        self.run_direct(direct, &self.context(request, messages).ok()?, request)
+        let (ctx, final_text) = self.prepare(request).ok()?;
+        let mut text = self.run_direct(direct, &ctx, request)?;
+        if let Some(final_text) = &final_text {
+            cut_at_continue_tag(&mut text, final_text).ok()?;
+        }
+        Some(text)
+    }
+
+    /// Why the direct renderer declines `request`: `None` when it renders
+    /// it, else the construct (or the kind of value) it left to minijinja.
+    /// A diagnostic for choosing what to teach the direct renderer next;
+    /// the wording is not stable.
+    #[doc(hidden)]
+    pub fn direct_decline_reason(&self, request: &ChatRequest) -> Option<String> {
+        let direct = match &self.direct {
+            Ok(direct) => direct,
+            Err(reason) => return Some(format!("template: {reason}")),
+        };
+        let ctx = match self.prepare(request) {
+            Ok((ctx, _)) => ctx,
+            Err(e) => return Some(format!("request: {e}")),
+        };
+        direct
+            .render(
+                &ctx,
+                &|| self.clock.now_unix_seconds(),
+                self.limits.max_output_bytes,
+                self.limits.fuel,
+                self.output_hint(request),
+            )
+            .err()
+            .map(str::to_owned)
     }
 
     /// `direct`'s rendering of the context `ctx` under this template's
@@ -339,21 +370,7 @@ impl ChatTemplate {
         request: &ChatRequest,
         interrupt: Option<&Interrupt>,
     ) -> Result<String> {
-        if request.add_generation_prompt && request.continue_final_message {
-            return Err(Error::InvalidRequest(
-                "add_generation_prompt and continue_final_message cannot both be true".into(),
-            ));
-        }
-        let mut messages = messages::prepare(&request.messages.0, self.content_format)?;
-        let final_text = if request.continue_final_message {
-            let (tagged, final_text) = tag_final_message(&messages)?;
-            messages = tagged;
-            Some(final_text)
-        } else {
-            None
-        };
-        crate::interrupt::check(interrupt)?;
-        let ctx = self.context(request, messages)?;
+        let (ctx, final_text) = self.prepare_until(request, interrupt)?;
         if self.direct_enabled
             && let Ok(direct) = &self.direct
             && let Some(mut text) = self.run_direct(direct, &ctx, request)
@@ -389,6 +406,37 @@ impl ChatTemplate {
             cut_at_continue_tag(&mut text, final_text)?;
         }
         Ok(text)
+    }
+
+    /// The rendering's context, and the final message's text when the
+    /// request continues it (its message then carries the cut tag).
+    fn prepare(&self, request: &ChatRequest) -> Result<Prepared> {
+        self.prepare_until(request, None)
+    }
+
+    /// [`prepare`](Self::prepare) with `interrupt`'s checkpoint after the
+    /// messages are prepared.
+    fn prepare_until(
+        &self,
+        request: &ChatRequest,
+        interrupt: Option<&Interrupt>,
+    ) -> Result<Prepared> {
+        if request.add_generation_prompt && request.continue_final_message {
+            return Err(Error::InvalidRequest(
+                "add_generation_prompt and continue_final_message cannot both be true".into(),
+            ));
+        }
+        let mut messages = messages::prepare(&request.messages.0, self.content_format)?;
+        let final_text = if request.continue_final_message {
+            let (tagged, final_text) = tag_final_message(&messages)?;
+            messages = tagged;
+            Some(final_text)
+        } else {
+            None
+        };
+        crate::interrupt::check(interrupt)?;
+        let ctx = self.context(request, messages)?;
+        Ok((ctx, final_text))
     }
 
     /// The rendering's context as (name, value) pairs, each name once:
@@ -666,6 +714,10 @@ fn python_space(c: char) -> bool {
 pub(crate) fn python_strip(text: &str) -> &str {
     text.trim_matches(python_space)
 }
+
+/// A rendering's context (name, value pairs) and, with
+/// `continue_final_message`, the final message's text to cut at.
+type Prepared = (Vec<(Value, Value)>, Option<String>);
 
 struct CappedWriter {
     buf: Vec<u8>,

@@ -168,9 +168,15 @@ fn every_real_template_renders_as_the_reference_renders_it() {
     let show: Vec<String> = std::env::var("TEMPLATE_CORPUS_SHOW")
         .map(|v| v.split(',').map(str::to_owned).collect())
         .unwrap_or_default();
+    // `TEMPLATE_CORPUS_DIRECT=1` prints, per template, how many renders
+    // the direct renderer answered and why it declined the others (the
+    // most frequent reasons first): what to teach it next.
+    let breakdown = std::env::var_os("TEMPLATE_CORPUS_DIRECT").is_some();
     let mut unexpected = Vec::new();
     let mut now_agreeing = Vec::new();
     for path in &templates {
+        let (mut answered, mut renders) = (0, 0);
+        let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
         let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
         let compiled = ChatTemplate::new(
             &read(path),
@@ -210,7 +216,12 @@ fn every_real_template_renders_as_the_reference_renders_it() {
                             );
                         }
                     }
+                    renders += 1;
+                    if breakdown && let Some(reason) = template.direct_decline_reason(request) {
+                        *reasons.entry(reason).or_default() += 1;
+                    }
                     if let Some(direct) = template.render_direct(request) {
+                        answered += 1;
                         direct_answered += 1;
                         if ours.as_deref().ok() != Some(direct.as_str()) {
                             direct_disagree.push(case.clone());
@@ -231,6 +242,14 @@ fn every_real_template_renders_as_the_reference_renders_it() {
                 (false, false) => unexpected.push(format!("{case}: {outcome:?}")),
                 (true, true) => now_agreeing.push(case),
                 _ => {}
+            }
+        }
+        if breakdown {
+            let mut reasons: Vec<_> = reasons.into_iter().collect();
+            reasons.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            eprintln!("direct {stem}: {answered} of {renders}");
+            for (reason, count) in reasons.iter().take(4) {
+                eprintln!("    {count:3} {reason}");
             }
         }
     }
@@ -349,4 +368,112 @@ fn assert_known(unexpected: &[String], now_agreeing: &[String]) {
         unexpected.len(),
         unexpected.join("\n")
     );
+}
+
+/// Hostile variants of a conversation: the first or the last message's
+/// content replaced by a value of another shape (a number past 64 bits,
+/// null, a list of parts, an object, a boolean, padded and special-token
+/// text), its role changed, or its content removed.
+fn hostile_variants(body: &str) -> Vec<String> {
+    let contents = [
+        serde_json::json!(18446744073709551616u128 as f64),
+        serde_json::json!(-9223372036854775808i64),
+        Value::Null,
+        serde_json::json!([{"type": "text", "text": " a "}, {"type": "text", "text": "b\n"}]),
+        serde_json::json!({"content": "nested"}),
+        serde_json::json!(true),
+        serde_json::json!("  <|im_end|> é 🙂 </think>\n"),
+        serde_json::json!(""),
+    ];
+    let original: Value = serde_json::from_str(body).expect("a body");
+    let count = original["messages"].as_array().map_or(0, Vec::len);
+    let mut out = Vec::new();
+    for at in [0, count.saturating_sub(1)] {
+        if count == 0 {
+            break;
+        }
+        for content in &contents {
+            let mut body = original.clone();
+            body["messages"][at]["content"] = content.clone();
+            out.push(body.to_string());
+        }
+        for role in ["tool", "developer", "assistant"] {
+            let mut body = original.clone();
+            body["messages"][at]["role"] = Value::from(role);
+            out.push(body.to_string());
+        }
+        let mut body = original.clone();
+        if let Some(message) = body["messages"][at].as_object_mut() {
+            message.remove("content");
+        }
+        out.push(body.to_string());
+    }
+    out
+}
+
+/// The direct renderer on every real template, over hostile variants of
+/// the hand-written conversations: whenever it answers, its text is
+/// minijinja's (it may decline anything). Prints how often it answered.
+#[test]
+#[ignore = "needs the corpus: run scripts/template-corpus"]
+fn the_direct_renderer_equals_minijinja_on_hostile_variants() {
+    let dir = PathBuf::from(std::env::var("TEMPLATE_CORPUS").expect("TEMPLATE_CORPUS is set"));
+    let reference: Value = serde_json::from_str(&read(&dir.join("expected.json"))).unwrap();
+    let tokens = special_tokens(&reference);
+    let fixed: Vec<serde_json::Map<String, Value>> = serde_json::from_str(&read(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/conversations.json"),
+    ))
+    .unwrap();
+    let mut requests = Vec::new();
+    for conversation in fixed {
+        let mut body = serde_json::Map::new();
+        for key in ["messages", "tools", "documents", "add_generation_prompt"] {
+            if let Some(value) = conversation.get(key) {
+                body.insert(key.to_owned(), value.clone());
+            }
+        }
+        for variant in hostile_variants(&Value::Object(body).to_string()) {
+            if let Ok(request) = ChatRequest::from_json(variant.as_bytes()) {
+                requests.push((variant, request));
+            }
+        }
+    }
+    let mut templates: Vec<PathBuf> = std::fs::read_dir(dir.join("templates"))
+        .expect("templates")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "jinja"))
+        .collect();
+    templates.sort();
+    let (mut answered, mut renders, mut disagree) = (0, 0, Vec::new());
+    for path in &templates {
+        let source = read(path);
+        let compile = || {
+            ChatTemplate::new(
+                &source,
+                tokens.clone(),
+                RenderLimits::default(),
+                Arc::new(FixedClock(0)),
+            )
+        };
+        let (Ok(direct), Ok(reference)) = (compile(), compile()) else {
+            continue;
+        };
+        let reference = reference.with_direct_rendering(false);
+        for (body, request) in &requests {
+            renders += 1;
+            if let Some(text) = direct.render_direct(request) {
+                answered += 1;
+                if reference.render(request).ok().as_deref() != Some(text.as_str()) {
+                    disagree.push(format!("{}: {body}", path.display()));
+                }
+            }
+        }
+    }
+    eprintln!(
+        "hostile variants: {} requests x {} templates; direct renderer answered {answered} of {renders}, {} disagreeing",
+        requests.len(),
+        templates.len(),
+        disagree.len()
+    );
+    assert!(disagree.is_empty(), "{disagree:#?}");
 }

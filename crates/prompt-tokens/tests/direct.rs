@@ -99,9 +99,7 @@ impl Pair {
     /// Renders `request` three ways and checks they agree: `render_direct`
     /// (when it answers) and `render` both equal minijinja's rendering.
     /// Returns the reference outcome and the direct renderer's answer, or
-    /// a description of the disagreement. (`render_direct` ignores
-    /// `continue_final_message`: use [`compare_render`](Self::compare_render)
-    /// for requests that set it.)
+    /// a description of the disagreement.
     fn compare(&self, request: &ChatRequest) -> Result<(Outcome, Option<String>), String> {
         let reference = self.compare_render(request)?;
         let direct = self.direct.render_direct(request);
@@ -438,16 +436,8 @@ fn random_requests_render_the_same_directly_and_through_minijinja() {
     let rendered = Cell::new(0usize);
     let direct = Cell::new(0usize);
     let result = runner.run(&body_strategy(), |body| {
-        let continues = body["continue_final_message"] == Value::Bool(true);
         let req = body_request(body);
         for (family, pair) in shipped_pairs() {
-            if continues {
-                // The direct text is cut by `render`, not `render_direct`.
-                pair.compare_render(&req)
-                    .map(drop)
-                    .map_err(|e| TestCaseError::fail(format!("{family:?}: {e}")))?;
-                continue;
-            }
             let (reference, answer) = pair
                 .compare(&req)
                 .map_err(|e| TestCaseError::fail(format!("{family:?}: {e}")))?;
@@ -634,6 +624,94 @@ const DIRECT_PROBES: &[&str] = &[
     // Methods.
     "{{ messages[0].content.strip() }}|{{ ' a '.strip() }}|{{ ' a '.lstrip() }}.|{{ ' a '.rstrip() }}|\
      {{ 'y' if messages[0].content.startswith('Be') else 'n' }}{{ 'y' if messages[0].content.endswith('ed  ') else 'n' }}",
+    // `+`: strings join (printed straight or kept in a variable),
+    // integers sum, inside a macro, a condition and a loop.
+    "{{ '<' + messages[0].role + '>' }}|{{ (messages | length) + 2 }}|{{ (messages | length) + (messages | length) + -10 }}|\
+     {% set s = messages[0].role + ':' + messages[-1].role %}{{ s }}|{{ s + '' }}|{{ ('[' + s + ']') | length }}|\
+     {% macro wrap(x) %}{{ '(' + x + ')' }}{% endmacro %}{{ wrap(messages[0].role) + '!' }}|\
+     {% for m in messages %}{{ m.role + '=' + (loop.index + 1 | string if false else m.role) }};{% endfor %}|\
+     {{ 'y' if messages[0].role + 'x' == messages[0].role ~ 'x' else 'n' }}",
+    // `is iterable` as jinja2 decides it (strings, lists, maps and
+    // undefined are; none, numbers and booleans are not).
+    "{% for v in [messages[0].role, messages, messages[0], none, 3, true, nothing, ''] %}\
+     {{ 'i' if v is iterable else 'n' }}{% endfor %}|{{ 'i' if messages[1:] is iterable else 'n' }}|{{ 'i' if nothing is iterable else 'n' }}",
+    // `-` and `%` on integers.
+    "{{ (messages | length) - 1 }}|{{ (messages | length) % 3 }}|{{ -7 % (messages | length) }}|{{ 7 % -(messages | length) }}|\
+     {% for m in messages %}{{ loop.index0 - 1 }},{% endfor %}|{{ messages[(messages | length) - 1].role }}",
+    // A loop over `seq[::-1]`, with `loop.index0`, `loop.index` and
+    // `loop.first`, over a slice, nested in a forward loop. (minijinja
+    // 2.24 panics on `[::-1]` of an empty sequence: guarded.)
+    "{% if messages | length > 1 %}{% for m in messages[::-1] %}{{ m.role }}{{ loop.index0 }}{{ loop.index }}{{ loop.first }},{% endfor %}|\
+     {% for m in messages[1:][::-1] %}{{ m.role }},{% endfor %}|\
+     {% for m in messages %}{% for n in messages[::-1] %}{{ loop.index }}{% endfor %}{{ loop.index }};{% endfor %}{% endif %}",
+    // String methods with arguments, and a mapping's `get`.
+    "{{ messages[0].content.split(' ') }}|{{ messages[0].content.split()[-1] }}|{{ 'a,b,,c'.split(',') | length }}|\
+     {{ 'a,b,c'.split(',', 1)[1] }}|{{ 'a,b,c'.split(',', -1) | length }}|{{ ' x  y '.split() | length }}|{{ 'ab'.split('') | length }}|\
+     {{ '\n\nx\n'.strip('\n') }}|{{ 'xyaxy'.lstrip('yx') }}|{{ 'xxaxx'.rstrip('x') }}|{{ 'a-b-c'.replace('-', '+') }}|{{ 'aaa'.replace('a', '') }}|\
+     {{ messages[0].get('role') }}|{{ messages[0].get('nope') }}|{{ messages[0].get('nope', 'd') }}|{{ messages[0].get('role', 'd') }}|\
+     {{ messages[-1].get('content') }}",
+    // Tests `true` and `false`: booleans only.
+    "{{ 'T' if true is true else 'F' }}{{ 'T' if 1 is true else 'F' }}{{ 'T' if false is false else 'F' }}\
+     {{ 'T' if nothing is false else 'F' }}{{ 'T' if none is false else 'F' }}{{ 'T' if 0 is false else 'F' }}",
+    // Filters `list` and `string`, and `selectattr(..., 'equalto', ...) | list`.
+    "{{ messages | list | length }}|{{ (messages[1:] | list)[0].role }}|{{ messages[0].role | string }}|{{ (messages | length) | string }}|\
+     {{ none | string }}|{{ nothing | string }}|{{ [1, none, true] | string }}|{{ messages[0].nope | string }}|\
+     {% set users = messages | selectattr('role', 'equalto', 'user') | list %}{{ users | length }}{{ users[-1].content }}|\
+     {{ messages | selectattr('role', 'eq', 'nobody') | list | length }}|{{ messages[1:] | selectattr('role', '==', messages[0].role) | list | length }}",
+    // `for k, v in map.items()` and `map | items`, with `loop.*`.
+    "{% for k, v in messages[0].items() %}{{ k }}={{ v }}{{ loop.index }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.revindex }};{% endfor %}|\
+     {% for k, v in messages[-1] | items %}{{ k }}{{ loop.last }}{{ loop.length }},{% endfor %}|\
+     {% for k, v in messages[0].items() if k == 'role' %}{{ v }}{% endfor %}|{% set k = 'kept' %}{% for k, v in messages[0].items() %}{% endfor %}{{ k }}",
+    // Macros with constant defaults: taken for a missing or undefined
+    // argument, not for none or false.
+    "{% macro f(a, b=false, c='d', d=none) %}[{{ a }}|{{ b }}|{{ c }}|{{ d }}]{% endmacro %}{{ f(1) }}{{ f(1, 2) }}{{ f(1, nothing, none) }}\
+     {{ f(messages[0].role, true, 'x', 0) }}{{ f() }}{{ 'in ~ ' ~ f(2) }}{{ f(1, messages[0].nope) | length }}",
+    // A macro calling itself; `join` of strings.
+    "{% macro down(n) %}{{ n }}{% if n > 0 %},{{ down(n - 1) }}{% endif %}{% endmacro %}{{ down(messages | length) }}|\
+     {{ ['a', messages[0].role, ''] | join(' | ') }}|{{ ['x', 'y'] | join }}|{{ [] | join(',') }}|{{ messages[1:] | selectattr('role', 'equalto', 'user') | list | length }}",
+    // A block `set` (its `set`s stay in the enclosing scope, not past a
+    // loop iteration), and `strftime_now is defined`.
+    "{% set x %}hi {{ messages[0].role }}{% set inner = 'i' %}{% endset %}{{ x }}|{{ x | length }}|{{ inner }}|{{ x + '!' }}|\
+     {% for m in messages %}{% set y %}[{{ m.role }}]{% endset %}{{ y }}{% endfor %}{{ 'D' if y is defined else 'U' }}|\
+     {{ 'd' if strftime_now is defined else 'u' }}{{ 'u' if strftime_now is undefined else 'd' }}",
+    // `default(x, true)`, `upper`, `lower`, the `replace` filter.
+    "{{ '' | default('e', true) }}|{{ '' | default('e', false) }}|{{ nothing | d('u', true) }}|{{ 0 | default(5, true) }}|\
+     {{ messages[0].role | default('r', true) }}|{{ messages | default([], true) | length }}|\
+     {{ messages[0].content | upper }}|{{ 'ÉSSß' | lower }}|{{ 'straße' | upper }}|{{ messages[0].content | replace('e', '3') }}|{{ 'aaa' | replace('a', '') }}",
+    // `loop.previtem` / `loop.nextitem`, forward and reversed; `break`
+    // and `continue`, nested, in an `if`, and a loop's `else` after them.
+    "{% for m in messages %}{{ loop.previtem.role if loop.previtem is defined else '-' }}>{{ m.role }}>{{ loop.nextitem.role if loop.nextitem is defined else '-' }};{% endfor %}|\
+     {% if messages | length > 1 %}{% for m in messages[::-1] %}{{ loop.previtem.role if not loop.first }}/{{ loop.nextitem.role if loop.nextitem is defined }};{% endfor %}{% endif %}|\
+     {% for m in messages[1:] %}{{ 'P' if loop.previtem is undefined }}{{ m.role }}{% endfor %}",
+    "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}{{ m.role }},{% endfor %}|\
+     {% for m in messages %}{% if m.role == 'user' %}{% continue %}{% endif %}{{ m.role }},{% endfor %}|\
+     {% for m in messages %}{% for n in messages %}{% if n.role == m.role %}{% break %}{% endif %}{{ n.role[0] }}{% endfor %};{% endfor %}|\
+     {% for m in messages %}{% break %}{% else %}E{% endfor %}|{% for m in [] %}{% break %}{% else %}E{% endfor %}|\
+     {% for m in messages %}{% set x = loop.index %}{% continue %}{{ 'never' }}{% endfor %}{{ x }}|\
+     {% for k, v in messages[0].items() %}{% if k == 'content' %}{% break %}{% endif %}{{ k }}{% endfor %}",
+    // `for i in range(...)` with one, two and three arguments, negative
+    // steps, empty ranges, `loop.*` and `break`; `int` of an integer.
+    "{% for i in range(messages | length) %}{{ i }}{{ messages[i].role[0] }}{{ loop.last }},{% endfor %}|{% for i in range(2, 5) %}{{ i }}{% endfor %}|\
+     {% for i in range((messages | length) - 1, -1, -1) %}{{ i }}{% endfor %}|{% for i in range(0, 10, 3) %}{{ i }}{{ loop.length }}{% endfor %}|\
+     {% for i in range(5, 5) %}x{% else %}E{% endfor %}|{% for i in range(-3) %}x{% endfor %}|{% for i in range(10, 0, -4) %}{{ i }};{% endfor %}|\
+     {% for i in range(100) %}{% if i > 2 %}{% break %}{% endif %}{{ i }}{% endfor %}|{{ (messages | length) | int }}|{{ 7 | int + 1 }}",
+    // Slices of strings (by characters), `trim` of any value (Python's
+    // `str()`, stripped), `in` an undefined value.
+    "{{ messages[0].content[:4] }}|{{ messages[0].content[3:] }}|{{ messages[0].content[-3:] }}|{{ messages[0].content[:-2] }}|\
+     {{ 'héllo🙂'[1:4] }}|{{ 'abc'[5:] }}|{{ 'abc'[2:1] }}|{{ 'abc'[-99:2] }}|{{ 'abc'[:-99] }}|{{ 'abc'[none:2] }}|{{ ('abc'[1:]) | length }}|\
+     {{ none | trim }}|{{ 3 | trim }}|{{ [1, ' a '] | trim }}|{{ nothing | trim }}|{{ true | trim }}|{{ messages[-1].content | trim }}|\
+     {{ 'x' in nothing }}|{{ 'x' not in messages[0].nope }}",
+    // `for k, v in map | dictsort`: sorted by key, case-insensitively.
+    "{% for k, v in messages[0] | dictsort %}{{ k }}={{ v }}{{ loop.index }}{{ loop.last }};{% endfor %}|\
+     {% for m in messages %}{% for k, v in m | dictsort %}{{ k }},{% endfor %}{% for c in m.tool_calls or [] %}\
+     {% for k, v in c.function.arguments | dictsort %}{{ k }}:{{ v }};{% endfor %}{% endfor %}{% endfor %}",
+    // A loop over a mapping: its keys, with `loop.*` and a filter.
+    "{% for k in messages[0] %}{{ k }}{{ loop.index }}{{ loop.last }}{{ loop.length }},{% endfor %}|\
+     {% for k in messages[-1] if k != 'role' %}{{ k }};{% endfor %}|{% for k in messages[0] %}{% break %}{% else %}E{% endfor %}",
+    // A loop over `selectattr(name, 'equalto', v)`: the items that pass.
+    "{% for m in messages | selectattr('role', 'equalto', 'user') %}{{ m.content }}{{ loop.index }}{{ loop.first }};{% endfor %}|\
+     {% for m in messages | selectattr('role', 'eq', 'nobody') %}x{% else %}E{% endfor %}|\
+     {% for m in messages %}{% for n in messages | selectattr('role', '==', m.role) %}{{ loop.index0 }}{% endfor %}{% endfor %}",
     // strftime_now with the fixed clock.
     "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ 'Today: ' ~ strftime_now('%A') }}",
     // Conditional expressions, whitespace control, a trailing newline.
@@ -648,19 +726,19 @@ fn probe_templates_render_directly_and_equal_minijinja() {
     check_probes(DIRECT_PROBES, Expect::Direct);
 }
 
-/// Probes the direct renderer must decline (`range`, a map literal, block
-/// `set`, arithmetic, `loop` in a filtered loop, a macro with defaults, a
-/// method it does not know, iterating a mapping, a variable shadowing a
-/// function), still rendering what minijinja renders through `render`.
+/// Probes the direct renderer must decline (`range` outside a loop, a map
+/// literal, a filtered block `set`, `*`, `loop` in a filtered loop, a
+/// macro default that is not a constant, a method it does not know, a
+/// variable shadowing a function), still rendering what minijinja renders
+/// through `render`.
 const DECLINED_PROBES: &[&str] = &[
-    "{% for i in range(3) %}{{ i }}{% endfor %}",
+    "{{ range(3) | length }}",
     "{{ {'a': messages | length} | tojson }}",
-    "{% set x %}hi {{ messages[0].role }}{% endset %}{{ x }}",
-    "{{ (messages | length) + 2 }}",
+    "{% set x | upper %}hi {{ messages[0].role }}{% endset %}{{ x }}",
+    "{{ (messages | length) * 2 }}",
     "{% for m in messages if m.role == 'user' %}{{ loop.index }}{% endfor %}",
-    "{% macro f(a='d') %}{{ a }}{% endmacro %}{{ f() }}",
+    "{% macro f(a=messages | length) %}{{ a }}{% endmacro %}{{ f() }}",
     "{{ messages[0].role.upper() }}",
-    "{% for k in messages[0] %}{{ k }}{% endfor %}",
     "{% macro f() %}{% set strftime_now = 'x' %}{{ strftime_now('%Y') }}{% endmacro %}{{ f() }}",
     "{% for namespace in messages %}{% set ns = namespace(a=1) %}{{ ns.a }}{% endfor %}",
 ];
@@ -683,6 +761,116 @@ const PRINTED_VALUE_PROBES: &[&str] = &[
     "{{ messages[1:] }}|{{ messages[5:] }}|{{ [messages[0].role, 1, none, true, nothing] }}",
     "{{ tools }}|{{ messages[-1].tool_calls }}",
 ];
+
+/// `+` on operands other than two strings or two integers (a float, a
+/// list, none, undefined, a boolean, a safe string, a null content, an
+/// overflowing sum): minijinja answers or raises, and the direct
+/// renderer equals it or declines.
+const ADD_PROBES: &[&str] = &[
+    "{{ messages[0].role + 1 }}",
+    "{{ 1 + messages[0].role }}",
+    "{{ (messages | length) + 1.5 }}|{{ 0.5 + (messages | length) }}",
+    "{{ messages + messages }}|{{ (messages + messages) | length }}",
+    "{{ messages[1:] + [1] }}",
+    "{{ nothing + 'x' }}|{{ 'x' + nothing }}",
+    "{{ none + 'x' }}",
+    "{{ true + (messages | length) }}",
+    "{{ messages[-1].content + '!' }}",
+    "{% set big = 9223372036854775807 %}{{ big + (messages | length) }}",
+    "{{ -9223372036854775807 - 1 + (messages | length) * 0 }}",
+    "{{ ('<b>' | safe) + messages[0].role }}|{{ messages[0].role + ('<b>' | safe) }}",
+    "{% set x = messages[0].role | safe %}{{ x + '<i>' }}",
+    "{{ messages[0] + messages[0] }}",
+    "{% set ns = namespace(a='x') %}{{ ns + 'y' }}|{{ ns.a + 'y' }}",
+    "{% macro m() %}<{{ messages | length }}>{% endmacro %}{{ m() + m() }}|{{ m() + 1 }}",
+    "{{ 'a' + 'b' + messages[0].role + 3 }}",
+];
+
+/// Other operands for `-`, `%`, the methods, filters and reversed loops
+/// the direct renderer runs: minijinja answers or raises, and the direct
+/// renderer equals it or declines.
+const OTHER_OPERAND_PROBES: &[&str] = &[
+    "{{ messages[0].role - 1 }}",
+    "{{ (messages | length) % 0 }}",
+    "{{ 1.5 - (messages | length) }}|{{ (messages | length) % 1.5 }}",
+    "{% set m = -9223372036854775807 - 1 + (messages | length) * 0 %}{{ m - (messages | length) }}|{{ m % -1 }}",
+    "{{ nothing - 1 }}",
+    "{{ messages[0].content.split(none, 1) }}",
+    "{{ messages[0].content.split(1) }}",
+    "{{ messages[-1].content.split(',') }}",
+    "{{ (messages[0].content | safe).split(' ') }}",
+    "{{ messages[0].content.split(' ', 9223372036854775807) }}|{{ messages[0].content.split(' ', 1.0) }}",
+    "{{ messages.get('x') }}",
+    "{{ messages[0].content.get('x') }}",
+    "{{ messages[0].get(1) }}",
+    "{% set ns = namespace(a=1) %}{{ ns.get('a') }}",
+    "{{ messages[0].content.strip(none) }}",
+    "{{ messages[0].content.strip(1) }}",
+    "{{ messages[0].content.replace('e', 1) }}",
+    "{{ messages[-1].content.replace('e', 'f') }}",
+    "{{ messages[0] | list }}|{{ 'abc' | list }}",
+    "{{ nothing | list }}",
+    "{{ none | list }}",
+    "{{ messages | selectattr('role', 'equalto', 'user') }}",
+    "{{ [1, 'a'] | selectattr('role', 'equalto', 1) | list }}",
+    "{{ messages | selectattr('content.x', 'equalto', 1) | list }}",
+    "{{ messages | selectattr('role') | list }}",
+    "{% if messages %}{% for m in messages[::-1] %}{{ loop.last }}{{ loop.length }}{% endfor %}{% endif %}",
+    "{% for m in nothing[::-1] %}x{% else %}E{% endfor %}",
+    "{% for c in messages[0].content[::-1] %}{{ c }}{% endfor %}",
+    "{% if messages %}{% for m in messages[::-2] %}{{ m.role }}{% endfor %}{% endif %}",
+    "{% if messages %}{{ messages[::-1] }}{% endif %}",
+    "{{ 'T' if (messages | length) is true else 'F' }}",
+    "{{ [1, 'a', none, true] | join(',') }}|{{ 'abc' | join('-') }}|{{ messages | join(',') }}",
+    "{{ ['a', 'b'] | join(1) }}|{{ nothing | join(',') }}|{{ ['a', 'b'] | join(none) }}|{{ ['a', 'b'] | join(',' | safe) }}",
+    "{% set x %}{{ messages[0].content }}{% endset %}{{ x.startswith('B') }}|{{ x | safe }}",
+    "{% set strftime_now %}x{% endset %}{{ strftime_now }}",
+    "{{ 3 | upper }}|{{ nothing | upper }}|{{ ('<a>' | safe) | upper }}|{{ none | lower }}",
+    "{{ 3 | replace('3', '4') }}|{{ messages[0].content | replace(1, 2) }}|{{ nothing | replace('a', 'b') }}|{{ ('x' | safe) | replace('x', '<') }}",
+    "{{ messages[1:] | default('d', true) }}|{{ none | default('n', true) }}|{{ nothing | default('u', none) }}",
+    "{% for m in messages | list %}{{ loop.previtem }}{% endfor %}|{% for k, v in messages[0].items() %}{{ loop.nextitem }}{% endfor %}",
+    "{% for m in messages %}{% set x %}a{% break %}b{% endset %}{{ x }}{% endfor %}",
+    "{% for i in range(0) %}x{% endfor %}{% for i in range(1, 2, 0) %}x{% endfor %}",
+    "{% for i in range(200000) %}{% endfor %}",
+    "{% for i in range('3') %}{{ i }}{% endfor %}|{% for i in range(nothing) %}{{ i }}{% endfor %}",
+    "{% for i in range(9223372036854775806, 9223372036854775807) %}{{ i }}{% endfor %}",
+    "{% for i in range(3) %}{{ loop.previtem }}{% endfor %}",
+    "{{ '3' | int }}|{{ 2.5 | int }}|{{ none | int }}|{{ true | int }}|{{ nothing | int }}",
+    "{{ 'abc'[1.0:] }}|{{ 'abc'['a':] }}|{{ 'abc'[::2] }}",
+    "{{ (messages[0].content | safe)[1:] }}|{{ messages[0] | trim }}|{{ 1.5 | trim }}",
+    "{{ 'x' in none }}|{{ 1 in 'abc' }}",
+    "{% for k in messages[0] %}{{ loop.previtem }}{% endfor %}|{% set ns = namespace(a=1) %}{% for k in ns %}{{ k }}{% endfor %}",
+    "{% for m in messages | selectattr('role', 'equalto', 'user') %}{{ loop.last }}{{ loop.length }}{% endfor %}",
+    "{% for m in messages | selectattr('nope', 'equalto', nothing) %}{{ m.role }}{% endfor %}|{{ messages | selectattr('nope', 'equalto', nothing) | list | length }}",
+    "{% for m in messages | selectattr('role', 'equalto', 'user') %}{{ loop.previtem }}{% endfor %}",
+    "{% for k, v in messages | dictsort %}{{ k }}{% endfor %}",
+    "{% for k, v in nothing | dictsort %}{{ k }}{% else %}E{% endfor %}",
+    "{% for k, v in messages[0] | dictsort(reverse=true) %}{{ k }}{% endfor %}|{% for k in messages[0] | dictsort %}{{ k }}{% endfor %}",
+    "{% macro loop_forever(n) %}{{ loop_forever(n + 1) }}{% endmacro %}{{ loop_forever(0) }}",
+    "{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}{{ k }}:{{ v.type }}{{ loop.last }};{% endfor %}{% endfor %}",
+    "{% for m in messages %}{% for k, v in m.items() %}{% for k2, v2 in m | items %}{{ k2 }}{% endfor %}{{ v }}{% endfor %}{% endfor %}",
+    "{% for k, v in nothing.items() %}x{% else %}E{% endfor %}",
+    "{% for k, v in nothing | items %}x{% else %}E{% endfor %}",
+    "{% for k, v in messages.items() %}x{% endfor %}",
+    "{% for k, v in messages | items %}{{ k }}{% endfor %}",
+    "{% for a, b in messages %}{{ a }}{% endfor %}",
+    "{% set ns = namespace(a=1) %}{% for k, v in ns.items() %}{{ k }}{% endfor %}",
+    "{% for k, k in messages[0].items() %}{{ k }}{% endfor %}",
+    "{% for k, v in messages[0].items() if v %}{{ k }}{{ loop.index }}{% endfor %}",
+    "{% for k, v in messages[0].items() %}{{ k }}{% else %}E{% endfor %}{% for k, v in (messages | selectattr('role', 'equalto', 'x') | list) | items %}{{ k }}{% endfor %}",
+];
+
+/// Every such probe agrees with minijinja, directly or not.
+#[test]
+fn other_operands_agree_with_minijinja() {
+    check_probes(OTHER_OPERAND_PROBES, Expect::Agrees);
+}
+
+/// Every `+` probe agrees with minijinja, directly or not.
+#[test]
+fn additions_of_other_operands_agree_with_minijinja() {
+    check_probes(ADD_PROBES, Expect::Agrees);
+}
 
 /// Every printed-value probe agrees with minijinja, directly or not.
 #[test]
@@ -1009,6 +1197,10 @@ fn fuel_threshold_for_macro_parameters_and_filtered_loops() {
          {% for m in messages %}{{ f() }}{{ f() }}{{ f() }}{% endfor %}",
         "{% for m in messages if m %}{% endfor %}",
         "{% for m in messages if m.role %}{% endfor %}",
+        "{% macro g(a1=1, a2=2, a3=3, a4=4, a5=5, a6=6, a7=7, a8=8, a9=9, a10=10, a11=11, a12=12) %}{% endmacro %}\
+         {% for m in messages %}{{ g() }}{{ g() }}{{ g() }}{% endfor %}",
+        "{% for m in messages %}{% for k, v in m.items() %}{% endfor %}{% for n in messages[::-1] %}{% endfor %}{% endfor %}",
+        "{% for i in range(500) %}{% endfor %}{% for i in range(300) %}{% continue %}{% endfor %}",
     ]
     .iter()
     .filter_map(|source| fuel_threshold_agrees(source, req).err())
@@ -1087,4 +1279,30 @@ fn markup_concatenation_is_left_to_minijinja() {
         Some("<b>a & \"b\""),
         "`~` renders directly"
     );
+}
+
+/// `dictsort` orders keys as minijinja does (ASCII case folded, ties in
+/// the map's order), on keys where the folding decides: the direct
+/// renderer answers and equals minijinja.
+#[test]
+fn dictsort_loops_order_keys_as_minijinja_does() {
+    let pair = Pair::plain(
+        "{% for t in tools %}{% for k, v in t.function.parameters.properties | dictsort %}{{ k }}={{ v.type }};{% endfor %}{% endfor %}",
+    );
+    let properties = json!({
+        "b": {"type": "string"}, "A": {"type": "integer"}, "a": {"type": "number"},
+        "_u": {"type": "string"}, "Z": {"type": "boolean"}, "é": {"type": "string"},
+        "E": {"type": "string"}, "10": {"type": "string"}, "9": {"type": "string"}
+    });
+    let req = request(json!([{"role": "user", "content": "x"}]))
+        .with_tools(&json!([{"type": "function", "function": {
+            "name": "f", "description": "d",
+            "parameters": {"type": "object", "properties": properties}}}]))
+        .expect("tools");
+    let (reference, direct) = pair.compare(&req).expect("agreement");
+    assert_eq!(
+        reference.as_deref(),
+        Ok("10=string;9=string;_u=string;A=integer;a=number;b=string;E=string;Z=boolean;é=string;")
+    );
+    assert_eq!(direct, reference.ok());
 }

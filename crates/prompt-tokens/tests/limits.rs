@@ -151,10 +151,31 @@ fn fuzz_entry_point_on_seeds() {
         b"{{ strftime_now('%Y %-d %q %') }}\0[{\"role\": 1, \"content\": {\"type\": \"text\"}}]",
         b"\xff\xfe{{\0\xff",
         b"{{ messages[0].content.split().join() }}\0[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]",
+        // The constructs real templates use, on the direct renderer.
+        b"{% set ns = namespace(i=0) %}{% for m in messages[::-1] %}{% set ns.i = ns.i + 1 %}{{ m.role + ':' + m.content.strip() }}{% endfor %}\
+          {{ ns.i - 1 }}{% for k, v in messages[0].items() %}{{ k }}{% endfor %}{{ messages[0].content.split(' ', 1)[-1] }}\0\
+          [{\"role\":\"user\",\"content\":\" a b \"},{\"role\":\"assistant\",\"content\":\"\\u00e9\"}]",
+        b"{% macro f(x, y=none) %}{{ x + (y or '') }}{% endmacro %}{{ f(messages[0].content, 1) }}{{ f('a') }}\
+          {% set b %}{{ messages | length }}{% endset %}{{ b + '!' }}\0[{\"role\":\"user\",\"content\":7}]",
     ];
     for seed in seeds {
         prompt_tokens::fuzzing::render(seed);
     }
+    // The committed seed corpus of the cargo-fuzz target.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus/prompt_tokens_render");
+    let mut committed = 0;
+    for entry in std::fs::read_dir(&dir).expect("the render seed corpus") {
+        let path = entry.expect("a seed").path();
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("seed-"))
+        {
+            prompt_tokens::fuzzing::render(&std::fs::read(&path).expect("a seed"));
+            committed += 1;
+        }
+    }
+    assert!(committed >= 3, "{committed} committed seeds");
     // A template past the fuzz limits' cap is refused, not rendered.
     let big = [
         b"x".repeat(prompt_tokens::fuzzing::FUZZ_LIMITS.max_template_bytes + 1),

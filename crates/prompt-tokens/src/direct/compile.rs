@@ -1,10 +1,12 @@
 //! The compiler from minijinja's syntax tree to the program of [`super::tree`].
 
 use minijinja::machinery::ast;
-use minijinja::value::ValueKind;
+use minijinja::value::{Value, ValueKind};
 
 use super::Name;
-use super::tree::{Cmp, Expr, FilterKind, ForLoop, LoopAttr, MacroDef, Method, Stmt, TestKind};
+use super::tree::{
+    Arith, Cmp, Expr, FilterKind, ForLoop, LoopAttr, MacroDef, Method, Side, Stmt, TestKind,
+};
 use crate::tojson::JsonOptions;
 
 /// minijinja's global functions other than the ones this module runs; a
@@ -69,6 +71,12 @@ pub(super) struct Scope {
     loop_depth: usize,
     /// Set when a `loop.*` attribute of the innermost loop is compiled.
     loop_used: bool,
+    /// Set when one of them needs the loop's length (`length`, `last`,
+    /// `revindex`, `revindex0`).
+    loop_len_used: bool,
+    /// Inside a block `set` (in this loop body): `break` and `continue`
+    /// there are left to minijinja, whose capture they would leave open.
+    in_set_block: bool,
 }
 
 pub(super) struct Compiler<'s> {
@@ -124,7 +132,7 @@ impl<'s> Compiler<'s> {
                         return Err(format!("`set` of `{}`", v.id));
                     }
                     if is_builtin(v.id) {
-                        return Ok(Stmt::Decline);
+                        return Ok(decline_stmt(format!("`set` of `{}`", v.id)));
                     }
                     let value = self.expr(&s.expr)?;
                     Stmt::Set(self.name(v.id)?, value)
@@ -133,9 +141,26 @@ impl<'s> Compiler<'s> {
                     ast::Expr::Var(v) if self.readable(v.id) => {
                         Stmt::SetAttr(self.name(v.id)?, a.name.into(), self.expr(&s.expr)?)
                     }
-                    _ => Stmt::Decline,
+                    _ => decline_stmt("`set` of an attribute of an expression"),
                 },
-                _ => Stmt::Decline,
+                _ => decline_stmt("`set` of several targets"),
+            },
+            ast::Stmt::SetBlock(s) => match (&s.target, &s.filter) {
+                (ast::Expr::Var(v), None) => {
+                    if self.is_macro(v.id).is_some() || v.id == "loop" {
+                        return Err(format!("`set` of `{}`", v.id));
+                    }
+                    if is_builtin(v.id) {
+                        return Ok(decline_stmt(format!("`set` of `{}`", v.id)));
+                    }
+                    // minijinja runs the body in the enclosing scope.
+                    let outer = std::mem::replace(&mut self.scope.in_set_block, true);
+                    let body = self.block(&s.body, false);
+                    self.scope.in_set_block = outer;
+                    let body = body?;
+                    Stmt::SetBlock(self.name(v.id)?, body)
+                }
+                _ => decline_stmt("a block `set` with a filter or several targets"),
             },
             ast::Stmt::Macro(m) => {
                 if !top || self.is_macro(m.name).is_some() {
@@ -159,7 +184,27 @@ impl<'s> Compiler<'s> {
                     params.push(self.name(v.id)?);
                     locals.push(v.id.to_owned());
                 }
-                let body = if m.defaults.is_empty() {
+                // Constant defaults only: minijinja evaluates a default
+                // inside the macro's frame, where another parameter may
+                // already be bound; a constant cannot see it.
+                let mut defaults = vec![None; params.len()];
+                let first = params.len().saturating_sub(m.defaults.len());
+                let mut constant = m.defaults.len() <= params.len();
+                for (slot, default) in defaults[first..].iter_mut().zip(&m.defaults) {
+                    *slot = default.as_const();
+                    constant &= slot.is_some();
+                }
+                // Registered before its body is compiled: a macro may call
+                // itself (minijinja's closure sees the name once defined);
+                // MAX_MACRO_DEPTH bounds the recursion.
+                let index = self.macros.len();
+                self.macro_names.push(m.name);
+                self.macros.push(MacroDef {
+                    params,
+                    defaults,
+                    body: Vec::new(),
+                });
+                let body = if constant {
                     let outer = std::mem::replace(
                         &mut self.scope,
                         Scope {
@@ -171,10 +216,12 @@ impl<'s> Compiler<'s> {
                     self.scope = outer;
                     body?
                 } else {
-                    vec![Stmt::Decline]
+                    vec![decline_stmt(format!(
+                        "macro `{}` with a default that is not a constant",
+                        m.name
+                    ))]
                 };
-                self.macro_names.push(m.name);
-                self.macros.push(MacroDef { params, body });
+                self.macros[index].body = body;
                 Stmt::Nothing
             }
             ast::Stmt::Extends(_)
@@ -185,37 +232,112 @@ impl<'s> Compiler<'s> {
             | ast::Stmt::AutoEscape(_) => {
                 return Err("template inheritance, includes, imports or autoescape".into());
             }
-            _ => Stmt::Decline,
+            ast::Stmt::Break(_) | ast::Stmt::Continue(_)
+                if self.scope.loop_depth > 0 && !self.scope.in_set_block =>
+            {
+                if matches!(stmt, ast::Stmt::Break(_)) {
+                    Stmt::Break
+                } else {
+                    Stmt::Continue
+                }
+            }
+            other => decline_stmt(statement_name(other)),
         })
     }
 
     fn for_loop(&mut self, f: &ast::ForLoop<'s>) -> Result<Stmt, String> {
-        let ast::Expr::Var(target) = &f.target else {
-            return Ok(Stmt::Decline);
+        // `for k, v in map.items()` / `map | items`: the pairs of a map.
+        let (target, value_target, map) = match (&f.target, items_of(&f.iter)) {
+            (ast::Expr::Var(target), _) => (target.id, None, None),
+            (ast::Expr::List(l), Some(map)) => match l.items.as_slice() {
+                [ast::Expr::Var(k), ast::Expr::Var(v)] if k.id != v.id => {
+                    (k.id, Some(v.id), Some(map))
+                }
+                _ => return Ok(decline_stmt("`for` with several targets")),
+            },
+            _ => return Ok(decline_stmt("`for` with several targets")),
         };
-        if f.recursive
-            || target.id == "loop"
-            || is_builtin(target.id)
-            || self.is_macro(target.id).is_some()
-        {
-            return Ok(Stmt::Decline);
+        let sorted =
+            map.is_some() && matches!(&f.iter, ast::Expr::Filter(s) if s.name == "dictsort");
+        for id in std::iter::once(target).chain(value_target) {
+            if f.recursive || id == "loop" || is_builtin(id) || self.is_macro(id).is_some() {
+                return Ok(decline_stmt(format!(
+                    "`for` with the target `{id}` or recursive"
+                )));
+            }
         }
-        let iter = self.expr(&f.iter)?;
+        // `range(...)` as the loop's sequence: its integers, counted here.
+        let mut range = None;
+        if map.is_none()
+            && let ast::Expr::Call(c) = &f.iter
+            && let ast::CallType::Function("range") = c.identify_call()
+            && (1..=3).contains(&c.args.len())
+            && !self.assigned_outside_macros.contains(&"range")
+            && let Some(args) = self.positional(&c.args)?
+        {
+            let id = self.name("range")?;
+            self.called_builtins.push(id);
+            range = Some(args);
+        }
+        // A loop over `selectattr(...)` reads the crate's generator: the
+        // items that pass, of a length minijinja does not know.
+        let mut generator = None;
+        if map.is_none()
+            && range.is_none()
+            && let ast::Expr::Filter(inner) = &f.iter
+        {
+            generator = self.select_attr_eq(inner)?;
+        }
+        let unsized_iter = generator.is_some();
+        // `seq[::-1]` is a lazy iterable in minijinja; as a loop's
+        // sequence it is read last to first.
+        let (iter, reversed) = match map.unwrap_or(&f.iter) {
+            _ if range.is_some() => (Expr::Const(Value::from(())), false),
+            _ if generator.is_some() => (generator.take().ok_or("no generator")?, false),
+            ast::Expr::Slice(s)
+                if s.start.is_none()
+                    && s.stop.is_none()
+                    && s.step
+                        .as_ref()
+                        .and_then(|e| e.as_const())
+                        .and_then(|v| v.as_i64())
+                        == Some(-1) =>
+            {
+                (self.expr(&s.expr)?, true)
+            }
+            other => (self.expr(other)?, false),
+        };
+        if map.is_some() && reversed {
+            return Ok(decline_stmt("`for` over the items of `[::-1]`"));
+        }
         let else_body = self.block(&f.else_body, false)?;
-        let target = self.name(target.id)?;
+        let target = self.name(target)?;
+        let value_target = value_target.map(|id| self.name(id)).transpose()?;
         let outer_used = self.scope.loop_used;
+        let outer_len_used = self.scope.loop_len_used;
+        let outer_in_set_block = std::mem::replace(&mut self.scope.in_set_block, false);
         self.scope.loop_depth += 1;
         self.scope.loop_used = false;
+        self.scope.loop_len_used = false;
         let filter = f.filter_expr.as_ref().map(|e| self.expr(e)).transpose();
         let body = self.block(&f.body, false);
         let used = self.scope.loop_used;
+        let len_used = self.scope.loop_len_used;
         self.scope.loop_depth -= 1;
         self.scope.loop_used = outer_used;
+        self.scope.loop_len_used = outer_len_used;
+        self.scope.in_set_block = outer_in_set_block;
         let (filter, body) = (filter?, body?);
         if filter.is_some() && used {
             // `loop` over a filtered sequence counts the kept items only;
             // left to minijinja.
-            return Ok(Stmt::Decline);
+            return Ok(decline_stmt("`loop` in a filtered `for`"));
+        }
+        if (reversed || unsized_iter) && len_used {
+            // An iterable's length is minijinja's to work out.
+            return Ok(decline_stmt(
+                "`loop.length` or `loop.last` over `[::-1]` or `selectattr`",
+            ));
         }
         Ok(Stmt::For(Box::new(ForLoop {
             target,
@@ -223,6 +345,10 @@ impl<'s> Compiler<'s> {
             filter,
             body,
             else_body,
+            reversed,
+            value_target,
+            sorted,
+            range,
         })))
     }
 
@@ -266,7 +392,7 @@ impl<'s> Compiler<'s> {
                     || !self.readable(id)
                     || (self.scope.macro_locals.is_some() && MACRO_GLOBALS.contains(&id))
                 {
-                    Expr::Decline
+                    decline(format!("the name `{id}` here"))
                 } else {
                     Expr::Var(self.name(id)?)
                 }
@@ -274,7 +400,7 @@ impl<'s> Compiler<'s> {
             ast::Expr::Const(c) => Expr::Const(c.value.clone()),
             ast::Expr::Slice(s) => {
                 if s.step.is_some() {
-                    Expr::Decline
+                    decline("a slice with a step")
                 } else {
                     let start = s.start.as_ref().map(|x| self.boxed(x)).transpose()?;
                     let stop = s.stop.as_ref().map(|x| self.boxed(x)).transpose()?;
@@ -298,12 +424,18 @@ impl<'s> Compiler<'s> {
                     ast::BinOpKind::Gt => Expr::Compare(left, Cmp::Gt, right),
                     ast::BinOpKind::Gte => Expr::Compare(left, Cmp::Gte, right),
                     ast::BinOpKind::In => Expr::Compare(left, Cmp::In, right),
-                    _ => Expr::Decline,
+                    ast::BinOpKind::Add => Expr::Add(left, right),
+                    ast::BinOpKind::Sub => Expr::Arith(Arith::Sub, left, right),
+                    ast::BinOpKind::Mul => decline("the operator `*`"),
+                    ast::BinOpKind::Div => decline("the operator `/`"),
+                    ast::BinOpKind::FloorDiv => decline("the operator `//`"),
+                    ast::BinOpKind::Rem => Expr::Arith(Arith::Rem, left, right),
+                    ast::BinOpKind::Pow => decline("the operator `**`"),
                 }
             }
             ast::Expr::Compare(c) => {
                 if c.ops.len() != 1 {
-                    Expr::Decline
+                    decline("a chained comparison")
                 } else {
                     let op = match c.ops[0].op {
                         ast::CompareOpKind::Eq => Cmp::Eq,
@@ -325,6 +457,19 @@ impl<'s> Compiler<'s> {
             ),
             ast::Expr::Filter(f) => self.filter(f)?,
             ast::Expr::Test(t) => {
+                // `strftime_now is defined` (Llama 3.2): the function is
+                // defined unless the context shadows it, which declines.
+                if let ast::Expr::Var(v) = &t.expr
+                    && v.id == "strftime_now"
+                    && matches!(t.name, "defined" | "undefined")
+                    && t.args.is_empty()
+                    && self.readable(v.id)
+                    && !self.assigned_outside_macros.contains(&v.id)
+                {
+                    let id = self.name(v.id)?;
+                    self.called_builtins.push(id);
+                    return Ok(Expr::Const(Value::from(t.name == "defined")));
+                }
                 let kind = match t.name {
                     "defined" => TestKind::Defined,
                     "undefined" => TestKind::Undefined,
@@ -334,19 +479,25 @@ impl<'s> Compiler<'s> {
                     "mapping" => TestKind::Mapping,
                     "number" => TestKind::Number,
                     "boolean" => TestKind::Boolean,
-                    _ => return Ok(Expr::Decline),
+                    "iterable" => TestKind::Iterable,
+                    "true" => TestKind::True,
+                    "false" => TestKind::False,
+                    other => return Ok(decline(format!("the test `{other}`"))),
                 };
                 if !t.args.is_empty() {
-                    return Ok(Expr::Decline);
+                    return Ok(decline(format!("the test `{}` with arguments", t.name)));
                 }
                 Expr::Test(kind, self.boxed(&t.expr)?)
             }
             ast::Expr::GetAttr(a) => match &a.expr {
                 ast::Expr::Var(v) if v.id == "loop" => {
                     if self.scope.loop_depth == 0 {
-                        return Ok(Expr::Decline);
+                        return Ok(decline("`loop` outside a loop"));
                     }
                     self.scope.loop_used = true;
+                    if matches!(a.name, "length" | "last" | "revindex" | "revindex0") {
+                        self.scope.loop_len_used = true;
+                    }
                     match a.name {
                         "index0" => Expr::Loop(LoopAttr::Index0),
                         "index" => Expr::Loop(LoopAttr::Index),
@@ -355,7 +506,9 @@ impl<'s> Compiler<'s> {
                         "first" => Expr::Loop(LoopAttr::First),
                         "last" => Expr::Loop(LoopAttr::Last),
                         "length" => Expr::Loop(LoopAttr::Length),
-                        _ => Expr::Decline,
+                        "previtem" => Expr::Loop(LoopAttr::PrevItem),
+                        "nextitem" => Expr::Loop(LoopAttr::NextItem),
+                        other => decline(format!("`loop.{other}`")),
                     }
                 }
                 base => Expr::Attr(self.boxed(base)?, a.name.into()),
@@ -370,7 +523,7 @@ impl<'s> Compiler<'s> {
                     .map(|x| self.expr(x))
                     .collect::<Result<_, _>>()?,
             ),
-            ast::Expr::Map(_) => Expr::Decline,
+            ast::Expr::Map(_) => decline("a dict literal"),
         })
     }
 
@@ -387,22 +540,86 @@ impl<'s> Compiler<'s> {
 
     fn filter(&mut self, f: &ast::Filter<'s>) -> Result<Expr, String> {
         let Some(operand) = &f.expr else {
-            return Ok(Expr::Decline);
+            return Ok(decline(format!(
+                "the filter `{}` without an operand",
+                f.name
+            )));
         };
         let kind = match (f.name, f.args.as_slice()) {
             ("trim", []) => FilterKind::Trim,
             ("length" | "count", []) => FilterKind::Length,
             ("safe", []) => FilterKind::Safe,
+            ("string", []) => FilterKind::String,
+            ("join", []) => FilterKind::Join(None),
+            ("join", [ast::CallArg::Pos(joiner)]) => FilterKind::Join(Some(self.boxed(joiner)?)),
+            ("list", []) => {
+                // The generator `selectattr` makes is read whole at once
+                // by `list`: the items that pass, in order.
+                if let ast::Expr::Filter(inner) = operand
+                    && let Some(select) = self.select_attr_eq(inner)?
+                {
+                    return Ok(select);
+                }
+                FilterKind::List
+            }
             ("default" | "d", [ast::CallArg::Pos(fallback)]) => {
                 FilterKind::Default(self.boxed(fallback)?)
             }
+            (
+                "default" | "d",
+                [
+                    ast::CallArg::Pos(fallback),
+                    ast::CallArg::Pos(ast::Expr::Const(lax)),
+                ],
+            ) if lax.value.kind() == ValueKind::Bool => {
+                let fallback = self.boxed(fallback)?;
+                if lax.value.is_true() {
+                    FilterKind::DefaultFalsy(fallback)
+                } else {
+                    FilterKind::Default(fallback)
+                }
+            }
+            ("upper", []) => FilterKind::Upper,
+            ("int", []) => FilterKind::Int,
+            ("lower", []) => FilterKind::Lower,
+            ("replace", [ast::CallArg::Pos(old), ast::CallArg::Pos(new)]) => {
+                FilterKind::Replace(self.boxed(old)?, self.boxed(new)?)
+            }
             ("tojson", args) => match tojson_options(args) {
                 Some(options) => FilterKind::ToJson(options),
-                None => return Ok(Expr::Decline),
+                None => return Ok(decline("`tojson` with other arguments")),
             },
-            _ => return Ok(Expr::Decline),
+            (name, _) => return Ok(decline(format!("the filter `{name}`"))),
         };
         Ok(Expr::Filter(kind, self.boxed(operand)?))
+    }
+
+    /// `seq | selectattr(name, "equalto", value)` (a plain attribute
+    /// name, the test `equalto`, `eq` or `==`) as the list of the items
+    /// that pass; `None` for any other `selectattr`.
+    fn select_attr_eq(&mut self, f: &ast::Filter<'s>) -> Result<Option<Expr>, String> {
+        if f.name != "selectattr" {
+            return Ok(None);
+        }
+        let Some(source) = &f.expr else {
+            return Ok(None);
+        };
+        let [
+            ast::CallArg::Pos(ast::Expr::Const(attr)),
+            ast::CallArg::Pos(ast::Expr::Const(test)),
+            ast::CallArg::Pos(value),
+        ] = f.args.as_slice()
+        else {
+            return Ok(None);
+        };
+        let Some(attr) = attr.value.as_str() else {
+            return Ok(None);
+        };
+        if attr.contains('.') || !matches!(test.value.as_str(), Some("equalto" | "eq" | "==")) {
+            return Ok(None);
+        }
+        let kind = FilterKind::SelectAttrEq(attr.into(), self.boxed(value)?);
+        Ok(Some(Expr::Filter(kind, self.boxed(source)?)))
     }
 
     fn call(&mut self, c: &ast::Call<'s>) -> Result<Expr, String> {
@@ -410,22 +627,22 @@ impl<'s> Compiler<'s> {
             ast::CallType::Function(name) => {
                 if let Some(index) = self.is_macro(name) {
                     let Some(args) = self.positional(&c.args)? else {
-                        return Ok(Expr::Decline);
+                        return Ok(decline(format!("macro `{name}` with keyword arguments")));
                     };
                     if args.len() > self.macros[index].params.len() {
-                        return Ok(Expr::Decline);
+                        return Ok(decline(format!("macro `{name}` with extra arguments")));
                     }
                     return Ok(Expr::CallMacro(index, args));
                 }
                 if self.assigned_outside_macros.contains(&name) {
-                    return Ok(Expr::Decline);
+                    return Ok(decline(format!("a call of the variable `{name}`")));
                 }
                 match name {
                     "namespace" => {
                         let mut fields = Vec::with_capacity(c.args.len());
                         for arg in &c.args {
                             let ast::CallArg::Kwarg(key, value) = arg else {
-                                return Ok(Expr::Decline);
+                                return Ok(decline("`namespace` with positional arguments"));
                             };
                             fields.push(((*key).into(), self.expr(value)?));
                         }
@@ -439,14 +656,16 @@ impl<'s> Compiler<'s> {
                             self.called_builtins.push(id);
                             Ok(Expr::StrftimeNow(Box::new(args.remove(0))))
                         }
-                        _ => Ok(Expr::Decline),
+                        _ => Ok(decline("`strftime_now` with other arguments")),
                     },
-                    _ => Ok(Expr::Decline),
+                    other => Ok(decline(format!("a call of `{other}`"))),
                 }
             }
             ast::CallType::Method(base, name) => {
                 let Some(mut args) = self.positional(&c.args)? else {
-                    return Ok(Expr::Decline);
+                    return Ok(decline(format!(
+                        "the method `{name}` with keyword arguments"
+                    )));
                 };
                 let method = match (name, args.len()) {
                     ("strip", 0) => Method::Strip,
@@ -454,12 +673,67 @@ impl<'s> Compiler<'s> {
                     ("rstrip", 0) => Method::RStrip,
                     ("startswith", 1) => Method::StartsWith(Box::new(args.remove(0))),
                     ("endswith", 1) => Method::EndsWith(Box::new(args.remove(0))),
-                    _ => return Ok(Expr::Decline),
+                    ("strip", 1) => Method::StripChars(Side::Both, Box::new(args.remove(0))),
+                    ("lstrip", 1) => Method::StripChars(Side::Start, Box::new(args.remove(0))),
+                    ("rstrip", 1) => Method::StripChars(Side::End, Box::new(args.remove(0))),
+                    ("split", 0..=2) => {
+                        let mut args = args.into_iter().map(Box::new);
+                        Method::Split(args.next(), args.next())
+                    }
+                    ("replace", 2) => {
+                        let new = Box::new(args.remove(1));
+                        Method::Replace(Box::new(args.remove(0)), new)
+                    }
+                    ("get", 1..=2) => {
+                        let mut args = args.into_iter().map(Box::new);
+                        let key = args.next().ok_or("a `get` without its key")?;
+                        Method::Get(key, args.next())
+                    }
+                    (other, n) => {
+                        return Ok(decline(format!("the method `{other}` with {n} arguments")));
+                    }
                 };
                 Ok(Expr::Method(self.boxed(base)?, method))
             }
-            _ => Ok(Expr::Decline),
+            _ => Ok(decline("a call of an expression")),
         }
+    }
+}
+
+/// The map of `map.items()`, `map | items` or `map | dictsort` (no
+/// arguments).
+fn items_of<'a, 's>(iter: &'a ast::Expr<'s>) -> Option<&'a ast::Expr<'s>> {
+    match iter {
+        ast::Expr::Call(c) if c.args.is_empty() => match c.identify_call() {
+            ast::CallType::Method(base, "items") => Some(base),
+            _ => None,
+        },
+        ast::Expr::Filter(f) if matches!(f.name, "items" | "dictsort") && f.args.is_empty() => {
+            f.expr.as_ref()
+        }
+        _ => None,
+    }
+}
+
+/// A node that declines when reached, naming `what` for diagnostics.
+fn decline(what: impl Into<String>) -> Expr {
+    Expr::Decline(what.into().into_boxed_str())
+}
+
+/// A statement that declines when reached, naming `what`.
+fn decline_stmt(what: impl Into<String>) -> Stmt {
+    Stmt::Decline(what.into().into_boxed_str())
+}
+
+/// A statement's kind, as the template spells it, for a decline reason.
+fn statement_name(stmt: &ast::Stmt<'_>) -> &'static str {
+    match stmt {
+        ast::Stmt::WithBlock(_) => "`with`",
+        ast::Stmt::SetBlock(_) => "a block `set`",
+        ast::Stmt::FilterBlock(_) => "a `filter` block",
+        ast::Stmt::CallBlock(_) => "a `call` block",
+        ast::Stmt::Do(_) => "`do`",
+        _ => "a statement (`break`, `continue` or another)",
     }
 }
 

@@ -27,6 +27,18 @@
 //!   output over the cap, a step count over its share of the fuel, or a
 //!   context that shadows a function the template calls.
 //!
+//! The subset is what real chat templates use on ordinary requests:
+//! `+` of two strings or two integers, integer `-` and `%`, slices and
+//! `seq[::-1]` as a loop's sequence, `namespace` attributes, `loop.*`,
+//! `for k, v in map.items()`, macros (constant defaults, recursion),
+//! string methods (`strip` and its kin with or without characters,
+//! `split`, `replace`, `startswith`, `endswith`), a mapping's `get`, the
+//! filters `trim`, `length`, `tojson`, `default`, `string`, `list`,
+//! `join` and `selectattr(name, "equalto", v) | list`, and the usual
+//! tests. Each declining node names its construct, so
+//! `ChatTemplate::direct_decline_reason` (and the corpus test with
+//! `TEMPLATE_CORPUS_DIRECT=1`) says what keeps a template on minijinja.
+//!
 //! Values print as the template's formatter prints them (Python's
 //! `str()` for None, booleans, numbers, lists and dicts, module `pyrepr`;
 //! `~` joins through minijinja's own `Display`, as minijinja's `~` does),
@@ -49,9 +61,18 @@ use compile::{Compiler, Scope, collect_assigned};
 use run::Run;
 use tree::{MacroDef, Stmt};
 
-/// Why a rendering was not done directly; minijinja redoes it.
+/// Why a rendering was not done directly; minijinja redoes it. Carries
+/// the place in this module that declined (for diagnostics).
 #[derive(Debug)]
-pub(crate) struct Declined;
+pub(crate) struct Declined(&'static str);
+
+/// A [`Declined`] naming the line it is made on.
+macro_rules! declined {
+    () => {
+        $crate::direct::Declined(concat!(file!(), ":", line!()))
+    };
+}
+use declined;
 
 type Step<T> = Result<T, Declined>;
 
@@ -110,15 +131,15 @@ impl DirectTemplate {
     }
 
     /// Renders with the context `globals` (name, value pairs, each name
-    /// once), or declines.
-    pub(crate) fn render(
-        &self,
-        globals: &[(Value, Value)],
-        clock_seconds: &dyn Fn() -> i64,
+    /// once), or declines with the construct that kept it from rendering.
+    pub(crate) fn render<'t>(
+        &'t self,
+        globals: &'t [(Value, Value)],
+        clock_seconds: &'t dyn Fn() -> i64,
         max_output: usize,
         fuel: u64,
         capacity: usize,
-    ) -> Result<String, Declined> {
+    ) -> Result<String, &'t str> {
         let mut by_name: Vec<Option<&Value>> = vec![None; self.names.len()];
         for (key, value) in globals {
             let Some(key) = key.as_str() else { continue };
@@ -131,7 +152,7 @@ impl DirectTemplate {
             .iter()
             .any(|&n| by_name[usize::from(n)].is_some())
         {
-            return Err(Declined);
+            return Err("a context value shadows a function the template calls");
         }
         let mut run = Run {
             template: self,
@@ -139,14 +160,21 @@ impl DirectTemplate {
             vars: Vec::with_capacity(16),
             barrier: 0,
             loops: Vec::with_capacity(4),
+            flow: run::Flow::Next,
             namespaces: Vec::new(),
             out: String::with_capacity(capacity.min(max_output)),
             max_output,
             steps_left: fuel / FUEL_PER_STEP,
             depth: 0,
             clock_seconds,
+            declined_at: None,
         };
-        run.exec(&self.body)?;
-        Ok(run.out)
+        match run.exec(&self.body) {
+            Ok(()) => Ok(run.out),
+            // A `Decline` node names its construct; any other decline
+            // is a value, limit or operation outside the plain cases,
+            // named by the place that refused it.
+            Err(Declined(at)) => Err(run.declined_at.unwrap_or(at)),
+        }
     }
 }

@@ -4,16 +4,38 @@ use std::fmt::Write as _;
 
 use minijinja::value::{Value, ValueKind};
 
-use super::tree::{Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Stmt, TestKind};
+use super::tree::{Arith, Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Side, Stmt, TestKind};
 use super::value::{V, compare, int};
-use super::{Declined, DirectTemplate, MAX_MACRO_DEPTH, Name, Step};
+use super::{DirectTemplate, MAX_MACRO_DEPTH, Name, Step, declined};
 use crate::clock_text::strftime_cached;
-use crate::request::small_map_get;
+use crate::request::{small_map_entries, small_map_get};
 use crate::tojson::json_text;
 
-pub(super) struct LoopState {
+/// A `+` chain's value so far, left to right.
+enum Sum {
+    Empty,
+    Text(String),
+    Int(i64),
+    /// Strings written straight to the output (a chain `{{ }}` prints).
+    Written,
+}
+
+pub(super) struct LoopState<'a> {
     index: usize,
     len: usize,
+    /// The borrowed items of a loop over a sequence, for `previtem` and
+    /// `nextitem` (`None` for other loops: those decline).
+    items: Option<&'a [Value]>,
+    reversed: bool,
+}
+
+/// How the statements of a loop body end: on their own, or at a `break`
+/// or `continue` that the enclosing loop takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flow {
+    Next,
+    Break,
+    Continue,
 }
 
 pub(super) struct Run<'a> {
@@ -22,24 +44,29 @@ pub(super) struct Run<'a> {
     pub(super) vars: Vec<(Name, V<'a>)>,
     /// Lookups in `vars` stop here: the start of the running macro's frame.
     pub(super) barrier: usize,
-    pub(super) loops: Vec<LoopState>,
+    pub(super) loops: Vec<LoopState<'a>>,
+    /// Set by `break` / `continue` until their loop takes it.
+    pub(super) flow: Flow,
     pub(super) namespaces: Vec<Vec<(&'a str, V<'a>)>>,
     pub(super) out: String,
     pub(super) max_output: usize,
     pub(super) steps_left: u64,
     pub(super) depth: usize,
     pub(super) clock_seconds: &'a dyn Fn() -> i64,
+    /// The construct of the `Decline` node that ended the rendering, if
+    /// one did (for diagnostics).
+    pub(super) declined_at: Option<&'a str>,
 }
 
 impl<'a> Run<'a> {
     fn step(&mut self) -> Step<()> {
-        self.steps_left = self.steps_left.checked_sub(1).ok_or(Declined)?;
+        self.steps_left = self.steps_left.checked_sub(1).ok_or(declined!())?;
         Ok(())
     }
 
     fn write(&mut self, text: &str) -> Step<()> {
         if self.out.len().saturating_add(text.len()) > self.max_output {
-            return Err(Declined);
+            return Err(declined!());
         }
         self.out.push_str(text);
         Ok(())
@@ -47,6 +74,10 @@ impl<'a> Run<'a> {
 
     pub(super) fn exec(&mut self, stmts: &'a [Stmt]) -> Step<()> {
         for stmt in stmts {
+            if self.flow != Flow::Next {
+                // A `break` or `continue` below: skip to the loop.
+                return Ok(());
+            }
             self.step()?;
             match stmt {
                 Stmt::Raw(text) => self.write(text)?,
@@ -65,7 +96,7 @@ impl<'a> Run<'a> {
                 }
                 Stmt::SetAttr(name, attr, e) => {
                     let V::Ns(ns) = self.lookup(*name) else {
-                        return Err(Declined);
+                        return Err(declined!());
                     };
                     let value = self.eval(e)?;
                     let fields = &mut self.namespaces[ns];
@@ -74,28 +105,59 @@ impl<'a> Run<'a> {
                         None => fields.push((attr, value)),
                     }
                 }
+                Stmt::SetBlock(name, body) => {
+                    let outer = std::mem::take(&mut self.out);
+                    let done = self.exec(body);
+                    let text = std::mem::replace(&mut self.out, outer);
+                    done?;
+                    // No auto-escaping: minijinja captures a plain string.
+                    self.vars.push((*name, V::Own(Value::from(text))));
+                }
                 Stmt::Nothing => {}
-                Stmt::Decline => return Err(Declined),
+                Stmt::Break => self.flow = Flow::Break,
+                Stmt::Continue => self.flow = Flow::Continue,
+                Stmt::Decline(what) => {
+                    self.declined_at = Some(what);
+                    return Err(declined!());
+                }
             }
         }
         Ok(())
     }
 
     fn for_loop(&mut self, f: &'a ForLoop) -> Step<()> {
+        if let Some(args) = &f.range {
+            return self.for_range(f, args);
+        }
         let seq = self.eval(&f.iter)?;
+        if f.value_target.is_some() {
+            return self.for_pairs(f, f.value_target, seq);
+        }
+        // A mapping (one of the request's objects) iterates its keys.
+        if let Ok(value) = seq.value()
+            && small_map_entries(value).is_some()
+        {
+            return self.for_pairs(f, None, seq);
+        }
         let borrowed = seq.borrowed_items();
         let len = match seq.items() {
             Some(list) => list.len(),
             None if seq.value()?.is_undefined() => 0,
-            None => return Err(Declined),
+            None => return Err(declined!()),
         };
-        self.loops.push(LoopState { index: 0, len });
-        let mut ran = false;
+        self.loops.push(LoopState {
+            index: 0,
+            len,
+            items: borrowed,
+            reversed: f.reversed,
+        });
+        let (mut ran, mut broke) = (0usize, false);
         for index in 0..len {
             self.step()?;
+            let at = if f.reversed { len - 1 - index } else { index };
             let item = match borrowed {
-                Some(list) => V::Ref(&list[index]),
-                None => V::Own(seq.items().ok_or(Declined)?[index].clone()),
+                Some(list) => V::Ref(&list[at]),
+                None => V::Own(seq.items().ok_or(declined!())?[at].clone()),
             };
             let mark = self.vars.len();
             self.vars.push((f.target, item));
@@ -108,16 +170,169 @@ impl<'a> Run<'a> {
                     continue;
                 }
             }
-            ran = true;
+            ran += 1;
             if let Some(state) = self.loops.last_mut() {
                 state.index = index;
             }
             self.exec(&f.body)?;
             self.vars.truncate(mark);
+            if std::mem::replace(&mut self.flow, Flow::Next) == Flow::Break {
+                broke = true;
+                break;
+            }
         }
         self.loops.pop();
-        if !ran {
+        // minijinja runs `else` when its loop fetched no item past the
+        // first: none at all, or a `break` in the first iteration.
+        if ran == 0 || (broke && ran == 1) {
             // minijinja runs `else` in the enclosing scope: its `set`s stay.
+            self.exec(&f.else_body)?;
+        }
+        Ok(())
+    }
+
+    /// `for i in range(...)`: minijinja's `range` (`range(upper)`,
+    /// `range(lower, upper[, step])`, at most 100,000 items) of integers.
+    fn for_range(&mut self, f: &'a ForLoop, args: &'a [Expr]) -> Step<()> {
+        let mut ints = [0i64; 3];
+        for (slot, arg) in ints.iter_mut().zip(args) {
+            let v = self.eval(arg)?;
+            *slot = int(v.value()?).ok_or(declined!())?;
+        }
+        let (lower, upper, step) = match args.len() {
+            1 => (0, ints[0], 1),
+            2 => (ints[0], ints[1], 1),
+            _ => (ints[0], ints[1], ints[2]),
+        };
+        // The count as minijinja's iterators give it; zero steps and
+        // oversized ranges are its errors.
+        let len = if step > 0 && upper > lower {
+            (i128::from(upper) - i128::from(lower) + i128::from(step) - 1) / i128::from(step)
+        } else if step < 0 && lower > upper {
+            (i128::from(lower) - i128::from(upper) - i128::from(step) - 1) / -i128::from(step)
+        } else if step == 0 {
+            return Err(declined!());
+        } else {
+            0
+        };
+        if len > 100_000 {
+            return Err(declined!());
+        }
+        let len = len as usize;
+        self.loops.push(LoopState {
+            index: 0,
+            len,
+            items: None,
+            reversed: false,
+        });
+        let (mut ran, mut broke) = (0usize, false);
+        for index in 0..len {
+            self.step()?;
+            let value = lower
+                .checked_add((index as i64).checked_mul(step).ok_or(declined!())?)
+                .ok_or(declined!())?;
+            let mark = self.vars.len();
+            self.vars.push((f.target, V::Own(Value::from(value))));
+            if let Some(filter) = &f.filter {
+                self.step()?;
+                if !self.test(filter)? {
+                    self.vars.truncate(mark);
+                    continue;
+                }
+            }
+            ran += 1;
+            if let Some(state) = self.loops.last_mut() {
+                state.index = index;
+            }
+            self.exec(&f.body)?;
+            self.vars.truncate(mark);
+            if std::mem::replace(&mut self.flow, Flow::Next) == Flow::Break {
+                broke = true;
+                break;
+            }
+        }
+        self.loops.pop();
+        if ran == 0 || (broke && ran == 1) {
+            self.exec(&f.else_body)?;
+        }
+        Ok(())
+    }
+
+    /// `for k, v in map.items()` over one of the request's objects: its
+    /// pairs in order, as pycompat's `items()` and the `items` filter
+    /// yield them; without `value_target`, `for k in map`: its keys. Any
+    /// other value (undefined, a dict from the context, a namespace) is
+    /// minijinja's.
+    fn for_pairs(&mut self, f: &'a ForLoop, value_target: Option<Name>, map: V<'a>) -> Step<()> {
+        let (mut borrowed, mut owned) = match map {
+            V::Ref(value) => (Some(small_map_entries(value).ok_or(declined!())?), None),
+            V::Own(value) => (
+                None,
+                Some(small_map_entries(&value).ok_or(declined!())?.to_vec()),
+            ),
+            V::Ns(_) | V::Slice(_) => return Err(declined!()),
+        };
+        if f.sorted {
+            // minijinja's `dictsort`: a stable sort on the keys compared
+            // case-insensitively (ASCII, its `unicode` feature being off);
+            // only string keys are taken here.
+            let mut pairs = match (borrowed, owned) {
+                (Some(pairs), _) => pairs.to_vec(),
+                (None, Some(pairs)) => pairs,
+                (None, None) => return Err(declined!()),
+            };
+            if pairs.iter().any(|(k, _)| k.kind() != ValueKind::String) {
+                return Err(declined!());
+            }
+            pairs.sort_by_cached_key(|(k, _)| k.as_str().unwrap_or_default().to_ascii_lowercase());
+            borrowed = None;
+            owned = Some(pairs);
+        }
+        let len = borrowed.map_or_else(|| owned.as_ref().map_or(0, Vec::len), <[_]>::len);
+        self.loops.push(LoopState {
+            index: 0,
+            len,
+            items: None,
+            reversed: false,
+        });
+        let (mut ran, mut broke) = (0usize, false);
+        for index in 0..len {
+            self.step()?;
+            let (key, value) = match (borrowed, &owned) {
+                (Some(pairs), _) => (V::Ref(&pairs[index].0), V::Ref(&pairs[index].1)),
+                (None, Some(pairs)) => (
+                    V::Own(pairs[index].0.clone()),
+                    V::Own(pairs[index].1.clone()),
+                ),
+                (None, None) => return Err(declined!()),
+            };
+            let mark = self.vars.len();
+            self.vars.push((f.target, key));
+            if let Some(value_target) = value_target {
+                self.vars.push((value_target, value));
+            }
+            if let Some(filter) = &f.filter {
+                self.step()?;
+                if !self.test(filter)? {
+                    self.vars.truncate(mark);
+                    continue;
+                }
+            }
+            ran += 1;
+            if let Some(state) = self.loops.last_mut() {
+                state.index = index;
+            }
+            self.exec(&f.body)?;
+            self.vars.truncate(mark);
+            if std::mem::replace(&mut self.flow, Flow::Next) == Flow::Break {
+                broke = true;
+                break;
+            }
+        }
+        self.loops.pop();
+        // minijinja runs `else` when its loop fetched no item past the
+        // first: none at all, or a `break` in the first iteration.
+        if ran == 0 || (broke && ran == 1) {
             self.exec(&f.else_body)?;
         }
         Ok(())
@@ -131,7 +346,7 @@ impl<'a> Run<'a> {
             // A namespace is a map: true once it has a field.
             V::Ns(ns) => Ok(!self.namespaces[*ns].is_empty()),
             // minijinja's slice is a lazy iterable; left to it.
-            V::Slice(_) => Err(Declined),
+            V::Slice(_) => Err(declined!()),
         }
     }
 
@@ -175,6 +390,15 @@ impl<'a> Run<'a> {
                 }
             }
             Expr::CallMacro(index, args) => self.call_macro(*index, args),
+            Expr::Add(..) => {
+                let mut sum = Sum::Empty;
+                self.add(&mut sum, e, true)?;
+                match sum {
+                    Sum::Int(n) => self.print(&Value::from(n)),
+                    Sum::Written => Ok(()),
+                    Sum::Empty | Sum::Text(_) => Err(declined!()),
+                }
+            }
             Expr::Text(_, text) => {
                 self.step()?;
                 self.write(text)
@@ -199,7 +423,7 @@ impl<'a> Run<'a> {
         }
         let _ = write!(self.out, "{value}");
         if self.out.len() > self.max_output {
-            return Err(Declined);
+            return Err(declined!());
         }
         Ok(())
     }
@@ -208,7 +432,7 @@ impl<'a> Run<'a> {
         self.step()?;
         let def = &self.template.macros[index];
         if self.depth >= MAX_MACRO_DEPTH {
-            return Err(Declined);
+            return Err(declined!());
         }
         let mut values = Vec::with_capacity(def.params.len());
         for arg in args {
@@ -217,10 +441,15 @@ impl<'a> Run<'a> {
         let mark = self.vars.len();
         let outer_barrier = std::mem::replace(&mut self.barrier, mark);
         let mut values = values.into_iter();
-        for &param in &def.params {
+        for (&param, default) in def.params.iter().zip(&def.defaults) {
             // minijinja spends an instruction binding each parameter.
             self.step()?;
-            let value = values.next().unwrap_or_else(V::undefined);
+            let mut value = values.next().unwrap_or_else(V::undefined);
+            if let Some(default) = default
+                && value.value().is_ok_and(Value::is_undefined)
+            {
+                value = V::Ref(default);
+            }
             self.vars.push((param, value));
         }
         self.depth += 1;
@@ -245,7 +474,7 @@ impl<'a> Run<'a> {
             Expr::Const(value) | Expr::Text(value, _) => V::Ref(value),
             Expr::Var(name) => self.lookup(*name),
             Expr::Loop(attr) => {
-                let state = self.loops.last().ok_or(Declined)?;
+                let state = self.loops.last().ok_or(declined!())?;
                 let (i, n) = (state.index as i64, state.len as i64);
                 match attr {
                     LoopAttr::Index0 => V::Own(Value::from(i)),
@@ -255,6 +484,22 @@ impl<'a> Run<'a> {
                     LoopAttr::First => V::bool(i == 0),
                     LoopAttr::Last => V::bool(i + 1 == n),
                     LoopAttr::Length => V::Own(Value::from(n)),
+                    LoopAttr::PrevItem | LoopAttr::NextItem => {
+                        let items = state.items.ok_or(declined!())?;
+                        // The neighbour in the order the loop reads.
+                        let step = if matches!(attr, LoopAttr::PrevItem) {
+                            -1
+                        } else {
+                            1
+                        };
+                        let next = i + step;
+                        if next < 0 || next >= n {
+                            V::undefined()
+                        } else {
+                            let at = if state.reversed { n - 1 - next } else { next };
+                            V::Ref(&items[at as usize])
+                        }
+                    }
                 }
             }
             Expr::Attr(base, name) => {
@@ -268,7 +513,12 @@ impl<'a> Run<'a> {
             }
             Expr::Slice(base, start, stop) => {
                 let base = self.eval(base)?;
-                let len = base.items().ok_or(Declined)?.len() as i64;
+                if let Ok(text) = base.value()
+                    && text.kind() == ValueKind::String
+                {
+                    return self.slice_text(text.as_str().ok_or(declined!())?, start, stop);
+                }
+                let len = base.items().ok_or(declined!())?.len() as i64;
                 let bound = |this: &mut Self, e: &'a Option<Box<Expr>>, default: i64| {
                     let Some(e) = e else { return Ok(default) };
                     let v = this.eval(e)?;
@@ -276,7 +526,7 @@ impl<'a> Run<'a> {
                     if v.is_none() {
                         return Ok(default);
                     }
-                    let i = int(v).ok_or(Declined)?;
+                    let i = int(v).ok_or(declined!())?;
                     Ok(if i < 0 { (len + i).max(0) } else { i.min(len) })
                 };
                 let from = bound(self, start, 0)?;
@@ -284,13 +534,13 @@ impl<'a> Run<'a> {
                 let range = from as usize..to as usize;
                 // minijinja's slice is a lazy iterable (not a sequence to
                 // `is sequence`): modelled only as a view of borrowed items.
-                V::Slice(&base.borrowed_items().ok_or(Declined)?[range])
+                V::Slice(&base.borrowed_items().ok_or(declined!())?[range])
             }
             Expr::Not(inner) => V::bool(!self.test(inner)?),
             Expr::Neg(inner) => {
                 let v = self.eval(inner)?;
-                let n = int(v.value()?).ok_or(Declined)?;
-                V::Own(Value::from(n.checked_neg().ok_or(Declined)?))
+                let n = int(v.value()?).ok_or(declined!())?;
+                V::Own(Value::from(n.checked_neg().ok_or(declined!())?))
             }
             Expr::Concat(left, right) => {
                 let mut text = String::new();
@@ -337,7 +587,10 @@ impl<'a> Run<'a> {
                 let v = self.eval(inner)?;
                 if let V::Slice(_) = v {
                     // An iterable: defined, and no sequence.
-                    return Ok(V::bool(matches!(kind, TestKind::Defined)));
+                    return Ok(V::bool(matches!(
+                        kind,
+                        TestKind::Defined | TestKind::Iterable
+                    )));
                 }
                 let v = v.value()?;
                 V::bool(match kind {
@@ -349,6 +602,9 @@ impl<'a> Run<'a> {
                     TestKind::Mapping => v.kind() == ValueKind::Map,
                     TestKind::Number => v.kind() == ValueKind::Number,
                     TestKind::Boolean => v.kind() == ValueKind::Bool,
+                    TestKind::Iterable => crate::pyfilters::is_iterable(v),
+                    TestKind::True => v.kind() == ValueKind::Bool && v.is_true(),
+                    TestKind::False => v.kind() == ValueKind::Bool && !v.is_true(),
                 })
             }
             Expr::Filter(kind, inner) => {
@@ -374,16 +630,35 @@ impl<'a> Run<'a> {
             }
             Expr::StrftimeNow(format) => {
                 let format = self.eval(format)?;
-                let format = format.value()?.as_str().ok_or(Declined)?;
+                let format = format.value()?.as_str().ok_or(declined!())?;
                 V::Own(strftime_cached(format, (self.clock_seconds)()))
+            }
+            Expr::Method(base, Method::Get(key, default)) => {
+                let base = self.eval(base)?;
+                let key = self.eval(key)?;
+                let key = key.value()?.as_str().ok_or(declined!())?;
+                // pycompat's `get` on a mapping: the value, else the
+                // default, else none.
+                let found = match &base {
+                    V::Ref(value) => small_map_get(value, key).ok_or(declined!())?.map(V::Ref),
+                    V::Own(value) => small_map_get(value, key)
+                        .ok_or(declined!())?
+                        .map(|v| V::Own(v.clone())),
+                    _ => return Err(declined!()),
+                };
+                match (found, default) {
+                    (Some(v), _) => v,
+                    (None, Some(default)) => self.eval(default)?,
+                    (None, None) => V::Own(Value::from(())),
+                }
             }
             Expr::Method(base, method) => {
                 let base = self.eval(base)?;
                 let text = base.value()?;
                 if text.kind() != ValueKind::String {
-                    return Err(Declined);
+                    return Err(declined!());
                 }
-                let text = text.as_str().ok_or(Declined)?;
+                let text = text.as_str().ok_or(declined!())?;
                 match method {
                     Method::Strip => V::Own(Value::from(text.trim())),
                     Method::LStrip => V::Own(Value::from(text.trim_start())),
@@ -392,19 +667,204 @@ impl<'a> Run<'a> {
                         let arg = self.eval(arg)?;
                         let arg = arg.value()?;
                         if arg.kind() != ValueKind::String {
-                            return Err(Declined);
+                            return Err(declined!());
                         }
-                        let affix = arg.as_str().ok_or(Declined)?;
+                        let affix = arg.as_str().ok_or(declined!())?;
                         V::bool(if matches!(method, Method::StartsWith(_)) {
                             text.starts_with(affix)
                         } else {
                             text.ends_with(affix)
                         })
                     }
+                    Method::StripChars(side, chars) => {
+                        let chars = self.eval(chars)?;
+                        let chars = chars.value()?;
+                        if chars.kind() != ValueKind::String {
+                            return Err(declined!());
+                        }
+                        let set: Vec<char> = chars.as_str().ok_or(declined!())?.chars().collect();
+                        let set = set.as_slice();
+                        V::Own(Value::from(match side {
+                            Side::Both => text.trim_matches(set),
+                            Side::Start => text.trim_start_matches(set),
+                            Side::End => text.trim_end_matches(set),
+                        }))
+                    }
+                    Method::Split(sep, max) => {
+                        if base.value()?.is_safe() {
+                            // minijinja keeps the pieces safe; left to it.
+                            return Err(declined!());
+                        }
+                        let sep = match sep {
+                            Some(sep) => {
+                                let sep = self.eval(sep)?;
+                                let sep = sep.value()?;
+                                if sep.is_none() {
+                                    None
+                                } else if sep.kind() == ValueKind::String {
+                                    Some(sep.as_str().ok_or(declined!())?.to_owned())
+                                } else {
+                                    return Err(declined!());
+                                }
+                            }
+                            None => None,
+                        };
+                        let max = match max {
+                            Some(max) => {
+                                let max = self.eval(max)?;
+                                Some(int(max.value()?).ok_or(declined!())?)
+                            }
+                            None => None,
+                        };
+                        // minijinja's `split`: a negative maxsplit is none,
+                        // else at most maxsplit + 1 pieces.
+                        let pieces = max.and_then(|n| usize::try_from(n).ok()?.checked_add(1));
+                        let list: Vec<Value> = match (&sep, pieces) {
+                            (None, None) => text.split_whitespace().map(Value::from).collect(),
+                            (Some(sep), None) => {
+                                text.split(sep.as_str()).map(Value::from).collect()
+                            }
+                            (Some(sep), Some(n)) => {
+                                text.splitn(n, sep.as_str()).map(Value::from).collect()
+                            }
+                            // Whitespace with a limit: left to minijinja.
+                            (None, Some(_)) => return Err(declined!()),
+                        };
+                        V::Own(Value::from(list))
+                    }
+                    Method::Replace(old, new) => {
+                        let old = self.eval(old)?;
+                        let new = self.eval(new)?;
+                        let (old, new) = (old.value()?, new.value()?);
+                        if old.kind() != ValueKind::String || new.kind() != ValueKind::String {
+                            return Err(declined!());
+                        }
+                        let (old, new) = (
+                            old.as_str().ok_or(declined!())?,
+                            new.as_str().ok_or(declined!())?,
+                        );
+                        V::Own(Value::from(text.replace(old, new)))
+                    }
+                    Method::Get(..) => return Err(declined!()),
                 }
             }
-            Expr::Decline => return Err(Declined),
+            Expr::Add(..) => {
+                let mut sum = Sum::Empty;
+                self.add(&mut sum, e, false)?;
+                match sum {
+                    Sum::Text(text) => V::Own(Value::from(text)),
+                    Sum::Int(n) => V::Own(Value::from(n)),
+                    Sum::Empty | Sum::Written => return Err(declined!()),
+                }
+            }
+            Expr::Arith(op, left, right) => {
+                let l = self.eval(left)?;
+                let r = self.eval(right)?;
+                let (l, r) = (
+                    int(l.value()?).ok_or(declined!())?,
+                    int(r.value()?).ok_or(declined!())?,
+                );
+                // minijinja computes in i128 and keeps an i64 when the
+                // result fits; one that does not fit declines here. `%` is
+                // Euclid's remainder, as minijinja's.
+                let n = match op {
+                    Arith::Sub => l.checked_sub(r),
+                    Arith::Rem => l.checked_rem_euclid(r),
+                };
+                V::Own(Value::from(n.ok_or(declined!())?))
+            }
+            Expr::Decline(what) => {
+                self.declined_at = Some(what);
+                return Err(declined!());
+            }
         })
+    }
+
+    /// `text[start:stop]` as minijinja slices a string: by characters,
+    /// with its offsets (`get_offset_and_len`); a plain string.
+    fn slice_text(
+        &mut self,
+        text: &str,
+        start: &'a Option<Box<Expr>>,
+        stop: &'a Option<Box<Expr>>,
+    ) -> Step<V<'a>> {
+        let mut bound = |e: &'a Option<Box<Expr>>| -> Step<Option<i64>> {
+            let Some(e) = e else { return Ok(None) };
+            let v = self.eval(e)?;
+            let v = v.value()?;
+            if v.is_none() {
+                return Ok(None);
+            }
+            int(v).map(Some).ok_or(declined!())
+        };
+        let (start, stop) = (bound(start)?.unwrap_or(0), bound(stop)?);
+        let (from, take) = if start < 0 || stop.is_none_or(|x| x < 0) {
+            let end = text.chars().count() as i64;
+            let from = if start < 0 {
+                (end + start).max(0)
+            } else {
+                start
+            };
+            let to = match stop {
+                None => end,
+                Some(x) if x < 0 => (end + x).max(0),
+                Some(x) => x,
+            };
+            (from, (to - from).max(0))
+        } else {
+            let stop = stop.unwrap_or(0);
+            (start, (stop - start).max(0))
+        };
+        let piece: String = text
+            .chars()
+            .skip(usize::try_from(from).map_err(|_| declined!())?)
+            .take(usize::try_from(take).map_err(|_| declined!())?)
+            .collect();
+        Ok(V::Own(Value::from(piece)))
+    }
+
+    /// Adds `e`, a `+` chain or one operand of it, to `sum` as
+    /// minijinja's `+` does where that is plain: strings (of kind string;
+    /// safe or not, the result is a plain string) join, integers that fit
+    /// an `i64` sum without overflow; any other pair (floats, lists, a
+    /// string beside a number, undefined) declines. With `write`, a chain
+    /// of strings goes straight to the output: a later operand that is not
+    /// a string declines the whole rendering, so nothing half-written
+    /// survives.
+    fn add(&mut self, sum: &mut Sum, e: &'a Expr, write: bool) -> Step<()> {
+        if let Expr::Add(left, right) = e {
+            self.step()?;
+            self.add(sum, left, write)?;
+            return self.add(sum, right, write);
+        }
+        let v = self.eval(e)?;
+        let v = v.value()?;
+        if v.kind() == ValueKind::String {
+            let text = v.as_str().ok_or(declined!())?;
+            match sum {
+                Sum::Empty if write => {
+                    self.write(text)?;
+                    *sum = Sum::Written;
+                }
+                Sum::Written => self.write(text)?,
+                Sum::Empty => *sum = Sum::Text(text.to_owned()),
+                Sum::Text(joined) => {
+                    if joined.len().saturating_add(text.len()) > self.max_output {
+                        return Err(declined!());
+                    }
+                    joined.push_str(text);
+                }
+                Sum::Int(_) => return Err(declined!()),
+            }
+            return Ok(());
+        }
+        let n = int(v).ok_or(declined!())?;
+        *sum = match *sum {
+            Sum::Empty => Sum::Int(n),
+            Sum::Int(m) => Sum::Int(m.checked_add(n).ok_or(declined!())?),
+            Sum::Text(_) | Sum::Written => return Err(declined!()),
+        };
+        Ok(())
     }
 
     /// Appends `e`'s text as `~` does.
@@ -430,7 +890,7 @@ impl<'a> Run<'a> {
             }
         }
         if text.len() > self.max_output {
-            return Err(Declined);
+            return Err(declined!());
         }
         Ok(())
     }
@@ -446,15 +906,15 @@ impl<'a> Run<'a> {
                 if let Some(found) = small_map_get(value, name) {
                     return Ok(found.map_or_else(V::undefined, V::Ref));
                 }
-                value.get_attr(name).map(V::Own).map_err(|_| Declined)
+                value.get_attr(name).map(V::Own).map_err(|_| declined!())
             }
             V::Own(value) => {
                 if let Some(found) = small_map_get(&value, name) {
                     return Ok(found.map_or_else(V::undefined, |v| V::Own(v.clone())));
                 }
-                value.get_attr(name).map(V::Own).map_err(|_| Declined)
+                value.get_attr(name).map(V::Own).map_err(|_| declined!())
             }
-            V::Slice(_) => Err(Declined),
+            V::Slice(_) => Err(declined!()),
         }
     }
 
@@ -462,7 +922,7 @@ impl<'a> Run<'a> {
         if let (V::Slice(_), Some(i)) = (&base, int(key))
             && i < 0
         {
-            return Err(Declined);
+            return Err(declined!());
         }
         if let (Some(list), Some(i)) = (base.borrowed_items(), int(key)) {
             let len = list.len() as i64;
@@ -480,52 +940,106 @@ impl<'a> Run<'a> {
             return Ok(found.map_or_else(V::undefined, V::Ref));
         }
         match base {
-            V::Ns(_) | V::Slice(_) => Err(Declined),
+            V::Ns(_) | V::Slice(_) => Err(declined!()),
             other => other
                 .value()?
                 .get_item(key)
                 .map(V::Own)
-                .map_err(|_| Declined),
+                .map_err(|_| declined!()),
         }
     }
 
     fn filter(&mut self, kind: &'a FilterKind, v: V<'a>) -> Step<V<'a>> {
+        if let FilterKind::List = kind {
+            return Ok(V::Own(Value::from(v.items().ok_or(declined!())?.to_vec())));
+        }
+        if let FilterKind::SelectAttrEq(attr, wanted) = kind {
+            let list = v.items().ok_or(declined!())?.to_vec();
+            let wanted = self.eval(wanted)?;
+            let wanted = wanted.value()?;
+            if wanted.is_undefined() {
+                // An absent attribute is undefined too: minijinja's to
+                // compare.
+                return Err(declined!());
+            }
+            let mut kept = Vec::new();
+            for item in list {
+                self.step()?;
+                // Items other than the request's objects (a string, a
+                // dict from the context) are minijinja's to look into.
+                let found = small_map_get(&item, attr).ok_or(declined!())?;
+                if found.is_some_and(|x| x == wanted) {
+                    kept.push(item);
+                }
+            }
+            return Ok(V::Own(Value::from(kept)));
+        }
+        if let FilterKind::Join(joiner) = kind {
+            let joiner = match joiner {
+                Some(joiner) => {
+                    let joiner = self.eval(joiner)?;
+                    let joiner = joiner.value()?;
+                    if joiner.kind() != ValueKind::String {
+                        return Err(declined!());
+                    }
+                    joiner.as_str().ok_or(declined!())?.to_owned()
+                }
+                None => String::new(),
+            };
+            // With no auto-escaping minijinja joins the items' text; only
+            // strings are taken here (other items print through `Display`).
+            let mut joined = String::new();
+            for (i, item) in v.items().ok_or(declined!())?.iter().enumerate() {
+                if item.kind() != ValueKind::String {
+                    return Err(declined!());
+                }
+                if i > 0 {
+                    joined.push_str(&joiner);
+                }
+                joined.push_str(item.as_str().ok_or(declined!())?);
+                if joined.len() > self.max_output {
+                    return Err(declined!());
+                }
+            }
+            return Ok(V::Own(Value::from(joined)));
+        }
         if let V::Slice(list) = v {
             return match kind {
                 FilterKind::Length => Ok(V::Own(Value::from(list.len() as i64))),
                 FilterKind::Default(_) => Ok(v),
-                _ => Err(Declined),
+                _ => Err(declined!()),
             };
         }
         let value = v.value()?;
         Ok(match kind {
-            FilterKind::Trim => {
-                if value.kind() != ValueKind::String {
-                    return Err(Declined);
+            // The crate's `trim`: Python's `str()` of the value, stripped.
+            FilterKind::Trim => match value.as_str() {
+                Some(text) if value.kind() == ValueKind::String => {
+                    V::Own(Value::from(crate::template::python_strip(text)))
                 }
-                V::Own(Value::from(crate::template::python_strip(
-                    value.as_str().ok_or(Declined)?,
-                )))
-            }
+                _ => V::Own(Value::from(crate::template::python_strip(
+                    &crate::pyfilters::python_text(value),
+                ))),
+            },
             FilterKind::Length => match value.kind() {
                 ValueKind::String => V::Own(Value::from(
-                    value.as_str().ok_or(Declined)?.chars().count() as i64,
+                    value.as_str().ok_or(declined!())?.chars().count() as i64,
                 )),
                 ValueKind::Seq | ValueKind::Map => {
-                    V::Own(Value::from(value.len().ok_or(Declined)? as i64))
+                    V::Own(Value::from(value.len().ok_or(declined!())? as i64))
                 }
-                _ => return Err(Declined),
+                _ => return Err(declined!()),
             },
             FilterKind::Safe => {
                 if value.kind() != ValueKind::String {
-                    return Err(Declined);
+                    return Err(declined!());
                 }
                 V::Own(Value::from_safe_string(
-                    value.as_str().ok_or(Declined)?.to_owned(),
+                    value.as_str().ok_or(declined!())?.to_owned(),
                 ))
             }
             FilterKind::ToJson(options) => {
-                let text = json_text(value, options).map_err(|_| Declined)?;
+                let text = json_text(value, options).map_err(|_| declined!())?;
                 V::Own(Value::from(text))
             }
             FilterKind::Default(fallback) => {
@@ -534,6 +1048,63 @@ impl<'a> Run<'a> {
                 } else {
                     v
                 }
+            }
+            FilterKind::DefaultFalsy(fallback) => {
+                if value.is_undefined() || !value.is_true() {
+                    self.eval(fallback)?
+                } else {
+                    v
+                }
+            }
+            FilterKind::Upper | FilterKind::Lower => {
+                // minijinja keeps a safe string safe; left to it.
+                if value.kind() != ValueKind::String || value.is_safe() {
+                    return Err(declined!());
+                }
+                let text = value.as_str().ok_or(declined!())?;
+                V::Own(Value::from(if matches!(kind, FilterKind::Upper) {
+                    text.to_uppercase()
+                } else {
+                    text.to_lowercase()
+                }))
+            }
+            FilterKind::Replace(old, new) => {
+                let text = value.clone();
+                let old = self.eval(old)?;
+                let new = self.eval(new)?;
+                let (old, new) = (old.value()?, new.value()?);
+                if [&text, old, new]
+                    .iter()
+                    .any(|v| v.kind() != ValueKind::String)
+                {
+                    return Err(declined!());
+                }
+                let (text, old, new) = (
+                    text.as_str().ok_or(declined!())?,
+                    old.as_str().ok_or(declined!())?,
+                    new.as_str().ok_or(declined!())?,
+                );
+                // With no auto-escaping minijinja replaces in the text
+                // and returns a plain string.
+                V::Own(Value::from(text.replace(old, new)))
+            }
+            FilterKind::Int => {
+                // An integer is returned as it is; anything else is
+                // converted by minijinja's rules, left to it.
+                if !value.is_integer() {
+                    return Err(declined!());
+                }
+                v
+            }
+            FilterKind::String => {
+                if value.kind() == ValueKind::String {
+                    v
+                } else {
+                    V::Own(Value::from(crate::pyfilters::python_text(value)))
+                }
+            }
+            FilterKind::List | FilterKind::SelectAttrEq(..) | FilterKind::Join(_) => {
+                return Err(declined!());
             }
         })
     }

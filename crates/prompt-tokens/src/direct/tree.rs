@@ -7,6 +7,9 @@ use crate::tojson::JsonOptions;
 
 pub(super) struct MacroDef {
     pub(super) params: Vec<Name>,
+    /// Each parameter's default, a constant, taken when the argument is
+    /// undefined (missing or passed undefined), as minijinja's prologue does.
+    pub(super) defaults: Vec<Option<Value>>,
     pub(super) body: Vec<Stmt>,
 }
 
@@ -17,9 +20,15 @@ pub(super) enum Stmt {
     For(Box<ForLoop>),
     Set(Name, Expr),
     SetAttr(Name, Box<str>, Expr),
+    /// `{% set x %}...{% endset %}`: the body's output, as a string.
+    SetBlock(Name, Vec<Stmt>),
     /// A macro definition: macros are resolved when compiling.
     Nothing,
-    Decline,
+    /// `{% break %}` / `{% continue %}` in a loop of the same body.
+    Break,
+    Continue,
+    /// Left to minijinja; the text names the construct.
+    Decline(Box<str>),
 }
 
 pub(super) struct ForLoop {
@@ -28,6 +37,16 @@ pub(super) struct ForLoop {
     pub(super) filter: Option<Expr>,
     pub(super) body: Vec<Stmt>,
     pub(super) else_body: Vec<Stmt>,
+    /// `for x in seq[::-1]`: the items last to first.
+    pub(super) reversed: bool,
+    /// `for k, v in map.items()` (or `map | items`): `iter` is the map,
+    /// `target` takes each key and this name its value.
+    pub(super) value_target: Option<Name>,
+    /// `map | dictsort`: the pairs sorted by key as minijinja sorts them.
+    pub(super) sorted: bool,
+    /// `for i in range(...)`: its one to three arguments (then `iter` is
+    /// unused).
+    pub(super) range: Option<Vec<Expr>>,
 }
 
 pub(super) enum Expr {
@@ -42,6 +61,10 @@ pub(super) enum Expr {
     Not(Box<Expr>),
     Neg(Box<Expr>),
     Concat(Box<Expr>, Box<Expr>),
+    /// `+`: two strings joined, or two integers summed.
+    Add(Box<Expr>, Box<Expr>),
+    /// `-` or `%` between two integers.
+    Arith(Arith, Box<Expr>, Box<Expr>),
     And(Box<Expr>, Box<Expr>),
     Or(Box<Expr>, Box<Expr>),
     Compare(Box<Expr>, Cmp, Box<Expr>),
@@ -53,7 +76,8 @@ pub(super) enum Expr {
     Namespace(Vec<(Box<str>, Expr)>),
     StrftimeNow(Box<Expr>),
     Method(Box<Expr>, Method),
-    Decline,
+    /// Left to minijinja; the text names the construct.
+    Decline(Box<str>),
 }
 
 #[derive(Clone, Copy)]
@@ -65,6 +89,14 @@ pub(super) enum LoopAttr {
     First,
     Last,
     Length,
+    PrevItem,
+    NextItem,
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Arith {
+    Sub,
+    Rem,
 }
 
 #[derive(Clone, Copy)]
@@ -89,6 +121,9 @@ pub(super) enum TestKind {
     Mapping,
     Number,
     Boolean,
+    Iterable,
+    True,
+    False,
 }
 
 pub(super) enum FilterKind {
@@ -97,6 +132,23 @@ pub(super) enum FilterKind {
     Safe,
     ToJson(JsonOptions),
     Default(Box<Expr>),
+    /// jinja2's `string` (the crate's: Python's `str()`).
+    String,
+    /// `default(x, true)`: `x` for an undefined or false value.
+    DefaultFalsy(Box<Expr>),
+    Upper,
+    Lower,
+    /// The `replace(old, new)` filter on a string.
+    Replace(Box<Expr>, Box<Expr>),
+    /// `int` of an integer (itself).
+    Int,
+    /// `join` of a sequence of strings, with the joiner or none.
+    Join(Option<Box<Expr>>),
+    /// `list` of a sequence: its items as a new list.
+    List,
+    /// `selectattr(name, "equalto", value) | list`: the items whose
+    /// attribute `name` equals `value`.
+    SelectAttrEq(Box<str>, Box<Expr>),
 }
 
 pub(super) enum Method {
@@ -105,4 +157,18 @@ pub(super) enum Method {
     RStrip,
     StartsWith(Box<Expr>),
     EndsWith(Box<Expr>),
+    /// `strip`, `lstrip`, `rstrip` with the characters to strip.
+    StripChars(Side, Box<Expr>),
+    /// `split()`, `split(sep)`, `split(sep, maxsplit)`.
+    Split(Option<Box<Expr>>, Option<Box<Expr>>),
+    Replace(Box<Expr>, Box<Expr>),
+    /// A mapping's `get(key)` or `get(key, default)`.
+    Get(Box<Expr>, Option<Box<Expr>>),
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Side {
+    Both,
+    Start,
+    End,
 }

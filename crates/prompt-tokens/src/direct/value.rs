@@ -3,7 +3,7 @@
 use minijinja::value::{Value, ValueKind};
 
 use super::tree::Cmp;
-use super::{Declined, Step};
+use super::{Step, declined};
 use crate::request::small_map_entries;
 
 static UNDEFINED: Value = Value::UNDEFINED;
@@ -25,7 +25,7 @@ impl<'a> V<'a> {
         match self {
             V::Ref(v) => Ok(v),
             V::Own(v) => Ok(v),
-            V::Ns(_) | V::Slice(_) => Err(Declined),
+            V::Ns(_) | V::Slice(_) => Err(declined!()),
         }
     }
 
@@ -82,7 +82,10 @@ pub(super) fn compare(left: &Value, op: Cmp, right: &Value) -> Step<bool> {
         Cmp::Eq => left == right,
         Cmp::Ne => left != right,
         Cmp::Lt | Cmp::Lte | Cmp::Gt | Cmp::Gte => {
-            let (l, r) = (int(left).ok_or(Declined)?, int(right).ok_or(Declined)?);
+            let (l, r) = (
+                int(left).ok_or(declined!())?,
+                int(right).ok_or(declined!())?,
+            );
             match op {
                 Cmp::Lt => l < r,
                 Cmp::Lte => l <= r,
@@ -98,18 +101,22 @@ pub(super) fn compare(left: &Value, op: Cmp, right: &Value) -> Step<bool> {
 }
 
 fn contains(container: &Value, item: &Value) -> Step<bool> {
+    // minijinja: nothing is in an undefined value.
+    if container.is_undefined() {
+        return Ok(false);
+    }
     if let Some(list) = items(container) {
         return Ok(list.iter().any(|x| x == item));
     }
     if container.kind() == ValueKind::String && item.kind() == ValueKind::String {
         let (haystack, needle) = (
-            container.as_str().ok_or(Declined)?,
-            item.as_str().ok_or(Declined)?,
+            container.as_str().ok_or(declined!())?,
+            item.as_str().ok_or(declined!())?,
         );
         return Ok(haystack.contains(needle));
     }
     if let Some(entries) = small_map_entries(container) {
         return Ok(entries.iter().any(|(k, _)| k == item));
     }
-    Err(Declined)
+    Err(declined!())
 }
