@@ -391,7 +391,19 @@ impl ChatTemplate {
             max: self.limits.max_output_bytes,
             overflow: false,
         };
-        if let Err(e) = template.render_captured_to(ctx, &mut out) {
+        // minijinja has panicked on input (2.24 reverses an empty sequence
+        // or string, `[][::-1]`, by indexing into it); a request must get
+        // an error, so its panics end this rendering only. Nothing it
+        // touched outlives the call but `out`, which is discarded then.
+        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            template.render_captured_to(ctx, &mut out)
+        }));
+        let Ok(rendered) = rendered else {
+            return Err(Error::Render(
+                "internal error of the template engine (minijinja panicked)".into(),
+            ));
+        };
+        if let Err(e) = rendered {
             return Err(if out.overflow {
                 Error::OutputTooLarge {
                     max: self.limits.max_output_bytes,

@@ -184,3 +184,38 @@ fn fuzz_entry_point_on_seeds() {
     .concat();
     prompt_tokens::fuzzing::render(&big);
 }
+
+/// minijinja 2.24 panics when it reverses an empty sequence or string
+/// (`[][::-1]`: its backwards range yields index 0 of nothing), and six of
+/// the corpus's templates loop over `messages[::-1]`. Whatever minijinja
+/// does, a request gets an error, never a panic: the router then routes
+/// it on text.
+#[test]
+fn a_panic_inside_minijinja_is_an_error_not_a_panic() {
+    let reverse_messages = "{% for m in messages[::-1] %}{{ m.role }}{% endfor %}";
+    let reverse_content = "{{ messages[0].content[::-1] }}";
+    let render = |source: &str, messages: serde_json::Value| {
+        let t = compile(source, RenderLimits::default())
+            .unwrap()
+            .with_direct_rendering(false);
+        let request = ChatRequest::new(&messages).unwrap();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.render(&request)))
+            .unwrap_or_else(|_| panic!("rendering {source} of {messages} panicked"))
+    };
+    for (source, messages) in [
+        (reverse_messages, json!([])),
+        (reverse_content, json!([{"role": "user", "content": ""}])),
+    ] {
+        match render(source, messages) {
+            Err(Error::Render(message)) => assert!(
+                message.contains("internal error of the template engine"),
+                "{message}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+    // What minijinja does not panic on still renders.
+    let one = json!([{"role": "user", "content": "ab"}]);
+    assert_eq!(render(reverse_messages, one.clone()).unwrap(), "user");
+    assert_eq!(render(reverse_content, one).unwrap(), "ba");
+}
