@@ -107,6 +107,11 @@ impl std::error::Error for Raised {}
 
 const NAME: &str = "chat";
 
+/// The message of the [`Error::Render`] a rendering ends with when
+/// minijinja panics (see [`ChatTemplate::render`]).
+pub(crate) const ENGINE_PANICKED: &str =
+    "internal error of the template engine (minijinja panicked)";
+
 /// A compiled chat template with its limits, clock and special tokens.
 /// `Send + Sync`; rendering takes `&self`.
 pub struct ChatTemplate {
@@ -399,9 +404,7 @@ impl ChatTemplate {
             template.render_captured_to(ctx, &mut out)
         }));
         let Ok(rendered) = rendered else {
-            return Err(Error::Render(
-                "internal error of the template engine (minijinja panicked)".into(),
-            ));
+            return Err(Error::Render(ENGINE_PANICKED.into()));
         };
         if let Err(e) = rendered {
             return Err(if out.overflow {
