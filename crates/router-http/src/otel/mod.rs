@@ -351,9 +351,6 @@ pub enum TraceError {
     /// usable system root.
     #[error("cannot set up TLS for the OTLP export: {0}")]
     Tls(String),
-    /// The OTLP exporter refused its configuration.
-    #[error("cannot build the OTLP exporter: {0}")]
-    Exporter(String),
 }
 
 /// The export pipeline: a tracer provider with a batch processor feeding
