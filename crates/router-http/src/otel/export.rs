@@ -152,8 +152,9 @@ impl SpanExporter for GrpcExporter {
         &self,
         batch: Vec<SpanData>,
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        // Encoded now: the batch is freed when this returns, before the
+        // exchange.
         let request = self.request(&batch);
-        drop(batch);
         let client = self.client.clone();
         async move {
             let request = request.map_err(OTelSdkError::InternalFailure)?;
@@ -207,8 +208,9 @@ impl SpanExporter for HttpExporter {
         &self,
         batch: Vec<SpanData>,
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        // Encoded now: the batch is freed when this returns, before the
+        // exchange.
         let request = self.request(&batch);
-        drop(batch);
         let client = self.client.clone();
         async move {
             let (parts, _body, _trailers) = client
