@@ -52,6 +52,8 @@ enum Wire {
     /// OTLP/gRPC, every call refused with a trailers-only answer
     /// (`grpc-status: 14`, unavailable).
     GrpcRefusing,
+    /// OTLP/HTTP, every export decoded and answered with this status.
+    HttpStatus(u16),
 }
 
 /// The TLS files of the test collectors (see `tests/data/otlp-tls/gen.sh`).
@@ -122,13 +124,19 @@ async fn answer(
             frames.into_iter().map(Ok).collect::<Vec<_>>(),
         ))
     };
-    if wire == Wire::Http {
+    if let Wire::Http | Wire::HttpStatus(_) = wire {
+        assert_eq!(request.method(), http::Method::POST);
         assert_eq!(request.uri().path(), "/v1/traces");
         assert_eq!(request.headers()["content-type"], "application/x-protobuf");
         let body = request.into_body().collect().await?.to_bytes();
         store_export(&store, ExportTraceServiceRequest::decode(body).unwrap());
         let answer = ExportTraceServiceResponse::default().encode_to_vec();
+        let status = match wire {
+            Wire::HttpStatus(status) => status,
+            _ => 200,
+        };
         return Ok(http::Response::builder()
+            .status(status)
             .header("content-type", "application/x-protobuf")
             .body(frames(vec![Frame::data(Bytes::from(answer))]))
             .unwrap());
@@ -964,6 +972,65 @@ async fn exported_spans_are_counted_as_the_collector_decoded_them() {
     tokio::task::spawn_blocking(move || drop(tracing))
         .await
         .unwrap();
+}
+
+/// Over OTLP/HTTP, any 2xx answer is an export (the spans counted
+/// exported) and any other status a failed one (counted `export_failed`),
+/// the collector having received and decoded the same spans either way.
+#[tokio::test(flavor = "current_thread")]
+async fn over_http_a_2xx_answer_is_an_export_and_any_other_a_failed_one() {
+    for status in [202_u16, 500, 404] {
+        let (addr, received) = collector(Wire::HttpStatus(status), false).await;
+        let (tracing, default) = local_pipeline(ExportConfig {
+            endpoint: format!("http://{addr}/v1/traces"),
+            scheduled_delay: Duration::from_millis(10),
+            timeout: Duration::from_secs(2),
+            ..ExportConfig::default()
+        });
+        let router_config = RouterConfig {
+            metrics_sources: vec![tracing.metrics_source()],
+            ..unscraped_config()
+        };
+        let fixture = Fixture::start(router_config, vec![EngineConfig::default()]).await;
+        for _ in 0..5 {
+            let (answered, _, _) = call(
+                fixture.addr,
+                "POST",
+                "/v1/chat/completions",
+                &[("content-type", "application/json")],
+                chat_body("http status", false),
+            )
+            .await;
+            assert_eq!(answered, 200, "collector answering {status}");
+        }
+        // Five requests of six spans each, all sent, none left queued.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let counts = loop {
+            let counts = trace_counts(fixture.addr).await;
+            if counts.accounted() == 30 && counts.queued == 0
+                || tokio::time::Instant::now() >= deadline
+            {
+                break counts;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            received.lock().unwrap().len(),
+            30,
+            "collector answering {status}"
+        );
+        let expected = if status < 300 { (30, 0) } else { (0, 30) };
+        assert_eq!(
+            (counts.exported, counts.export_failed),
+            expected,
+            "collector answering {status}: {counts:?}"
+        );
+        drop(fixture);
+        drop(default);
+        tokio::task::spawn_blocking(move || drop(tracing))
+            .await
+            .unwrap();
+    }
 }
 
 /// A P/D router on 127.0.0.1 (NIXL) in front of a prefill and a decode

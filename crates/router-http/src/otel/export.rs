@@ -67,42 +67,35 @@ pub(super) const GRPC_EXPORT_PATH: &str =
 /// The OTLP/gRPC span exporter: each batch is one unary
 /// `TraceService/Export` call over HTTP/2 on the router's hyper client
 /// ([`ExportClient`], which runs it on the router's runtime within the
-/// export timeout). The request body is the SDK's own conversion of the
-/// spans (`opentelemetry-proto`) in one gRPC message frame; the call
-/// succeeded when the response is HTTP 200 with `grpc-status: 0`, in its
-/// trailers or, for an answer without a body, its headers.
+/// export timeout). The request body is the batch's
+/// `ExportTraceServiceRequest` ([`TraceEncoder`]) in one gRPC message
+/// frame; the call succeeded when the response is HTTP 200 with
+/// `grpc-status: 0`, in its trailers or, for an answer without a body,
+/// its headers.
 #[derive(Debug)]
 pub(super) struct GrpcExporter {
     pub(super) client: ExportClient,
     /// `http(s)://HOST:PORT` with the call's path.
     pub(super) uri: http::Uri,
-    pub(super) resource:
-        opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema,
+    /// Reused from batch to batch (the batch processor exports one at a
+    /// time, so the lock is never contended).
+    pub(super) encoder: parking_lot::Mutex<TraceEncoder>,
 }
 
 impl GrpcExporter {
     /// The export call of `batch`: a gRPC length-prefixed message, not
     /// compressed.
-    fn request(&self, batch: Vec<SpanData>) -> Result<http::Request<Bytes>, String> {
-        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-        use prost::Message as _;
-        let message = ExportTraceServiceRequest {
-            resource_spans:
-                opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope(
-                    batch,
-                    &self.resource,
-                ),
+    fn request(&self, batch: &[SpanData]) -> Result<http::Request<Bytes>, String> {
+        let body = {
+            let mut encoder = self.encoder.lock();
+            // A gRPC frame's length is 32 bits; a batch (at most 512
+            // spans) is far below it, and one that is not fails as a whole.
+            let frame = encoder
+                .encode_grpc_frame(batch)
+                .ok_or_else(|| format!("a batch of {} spans exceeds a gRPC frame", batch.len()))?;
+            Bytes::copy_from_slice(frame)
         };
-        let message = message.encode_to_vec();
-        // A gRPC frame's length is 32 bits; a batch (at most 512 spans)
-        // is far below it, and one that is not fails as a whole.
-        let length = u32::try_from(message.len())
-            .map_err(|_| format!("a batch of {} bytes exceeds a gRPC frame", message.len()))?;
-        let mut body = Vec::with_capacity(5 + message.len());
-        body.push(0); // not compressed
-        body.extend_from_slice(&length.to_be_bytes());
-        body.extend_from_slice(&message);
-        let mut request = http::Request::new(Bytes::from(body));
+        let mut request = http::Request::new(body);
         *request.method_mut() = http::Method::POST;
         *request.uri_mut() = self.uri.clone();
         let headers = request.headers_mut();
@@ -159,7 +152,9 @@ impl SpanExporter for GrpcExporter {
         &self,
         batch: Vec<SpanData>,
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-        let request = self.request(batch);
+        // Encoded now: the batch is freed when this returns, before the
+        // exchange.
+        let request = self.request(&batch);
         let client = self.client.clone();
         async move {
             let request = request.map_err(OTelSdkError::InternalFailure)?;
@@ -173,7 +168,68 @@ impl SpanExporter for GrpcExporter {
     }
 
     fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
-        self.resource = resource.into();
+        self.encoder.get_mut().set_resource(resource);
+    }
+}
+
+/// The OTLP/HTTP span exporter: each batch is a `POST` of its protobuf
+/// `ExportTraceServiceRequest` ([`TraceEncoder`]) to the endpoint's URL as
+/// configured, on the router's hyper client over HTTP/1.1. The export
+/// succeeded when the collector answers 2xx; any other status, or no
+/// answer within the timeout, is a failed export (not retried: the
+/// batch's spans are counted `export_failed`, as over gRPC). The
+/// collector's partial-success details are not read.
+#[derive(Debug)]
+pub(super) struct HttpExporter {
+    pub(super) client: ExportClient,
+    /// The endpoint, path included, used as given.
+    pub(super) uri: http::Uri,
+    /// Reused from batch to batch, as [`GrpcExporter`]'s.
+    pub(super) encoder: parking_lot::Mutex<TraceEncoder>,
+}
+
+impl HttpExporter {
+    /// The `POST` of `batch`.
+    fn request(&self, batch: &[SpanData]) -> http::Request<Bytes> {
+        let body = Bytes::copy_from_slice(self.encoder.lock().encode(batch));
+        let mut request = http::Request::new(body);
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = self.uri.clone();
+        request.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/x-protobuf"),
+        );
+        request
+    }
+}
+
+impl SpanExporter for HttpExporter {
+    fn export(
+        &self,
+        batch: Vec<SpanData>,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        // Encoded now: the batch is freed when this returns, before the
+        // exchange.
+        let request = self.request(&batch);
+        let client = self.client.clone();
+        async move {
+            let (parts, _body, _trailers) = client
+                .exchange(request)
+                .await
+                .map_err(|err| OTelSdkError::InternalFailure(err.to_string()))?;
+            if parts.status.is_success() {
+                Ok(())
+            } else {
+                Err(OTelSdkError::InternalFailure(format!(
+                    "the collector answered HTTP {}",
+                    parts.status
+                )))
+            }
+        }
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.encoder.get_mut().set_resource(resource);
     }
 }
 
@@ -267,16 +323,5 @@ impl ExportClient {
             }
         });
         task.await?
-    }
-}
-
-#[async_trait::async_trait]
-impl HttpClient for ExportClient {
-    async fn send_bytes(
-        &self,
-        request: http::Request<Bytes>,
-    ) -> Result<http::Response<Bytes>, HttpError> {
-        let (parts, body, _trailers) = self.exchange(request).await?;
-        Ok(http::Response::from_parts(parts, body))
     }
 }

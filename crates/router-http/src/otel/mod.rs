@@ -99,11 +99,15 @@
 //! # Transports
 //!
 //! [`ExportConfig::protocol`] picks OTLP's transport, both on the
-//! router's own hyper client (no tonic, no reqwest):
+//! router's own hyper client (no tonic, no reqwest), both sending the
+//! batch's protobuf `ExportTraceServiceRequest` as [`TraceEncoder`]
+//! writes it (straight from the SDK's span data, with no intermediate
+//! messages):
 //!
-//! - [`Protocol::HttpProtobuf`]: a `POST` of the protobuf
-//!   `ExportTraceServiceRequest` to the endpoint's URL over HTTP/1.1,
-//!   through opentelemetry-otlp's HTTP exporter;
+//! - [`Protocol::HttpProtobuf`]: a `POST` of the message to the
+//!   endpoint's URL, as configured, over HTTP/1.1 (`content-type:
+//!   application/x-protobuf`); any 2xx answer is a successful export,
+//!   anything else a failed one (`export_failed` below), not retried;
 //! - [`Protocol::Grpc`]: the unary call
 //!   `/opentelemetry.proto.collector.trace.v1.TraceService/Export` over
 //!   HTTP/2 (prior knowledge in cleartext, ALPN `h2` over TLS), the same
@@ -145,8 +149,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_http::{HeaderExtractor, HttpClient, HttpError};
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_http::{HeaderExtractor, HttpError};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
@@ -348,9 +351,6 @@ pub enum TraceError {
     /// usable system root.
     #[error("cannot set up TLS for the OTLP export: {0}")]
     Tls(String),
-    /// The OTLP exporter refused its configuration.
-    #[error("cannot build the OTLP exporter: {0}")]
-    Exporter(String),
 }
 
 /// The export pipeline: a tracer provider with a batch processor feeding
@@ -402,14 +402,13 @@ impl Tracing {
         let counts = Arc::new(SpanCounts::default());
         let provider = match config.protocol {
             Protocol::HttpProtobuf => {
-                let exporter = opentelemetry_otlp::SpanExporter::builder()
-                    .with_http()
-                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                    .with_endpoint(config.endpoint.clone())
-                    .with_timeout(config.timeout)
-                    .with_http_client(client)
-                    .build()
-                    .map_err(|err| TraceError::Exporter(err.to_string()))?;
+                // The URL as configured, path included (a host's default
+                // of `/v1/traces` is applied before it gets here).
+                let exporter = HttpExporter {
+                    client,
+                    uri,
+                    encoder: Default::default(),
+                };
                 provider(config, exporter, &counts)
             }
             Protocol::Grpc => {
@@ -430,7 +429,7 @@ impl Tracing {
                 let exporter = GrpcExporter {
                     client,
                     uri: export_uri,
-                    resource: Default::default(),
+                    encoder: Default::default(),
                 };
                 provider(config, exporter, &counts)
             }
@@ -525,11 +524,14 @@ fn provider<E: SpanExporter + 'static>(
 }
 
 mod counts;
+mod encode;
 mod export;
 mod spans;
 
+pub use encode::TraceEncoder;
+
 use counts::{CountingExporter, CountingProcessor, SpanCounts};
-use export::{ExportClient, GRPC_EXPORT_PATH, GrpcExporter, tls_config};
+use export::{ExportClient, GRPC_EXPORT_PATH, GrpcExporter, HttpExporter, tls_config};
 pub(crate) use spans::*;
 
 #[cfg(test)]
