@@ -128,6 +128,12 @@ async fn answer(
         assert_eq!(request.method(), http::Method::POST);
         assert_eq!(request.uri().path(), "/v1/traces");
         assert_eq!(request.headers()["content-type"], "application/x-protobuf");
+        assert!(
+            request.headers()["user-agent"]
+                .to_str()
+                .unwrap()
+                .starts_with("affinity-router-otlp/")
+        );
         let body = request.into_body().collect().await?.to_bytes();
         store_export(&store, ExportTraceServiceRequest::decode(body).unwrap());
         let answer = ExportTraceServiceResponse::default().encode_to_vec();
@@ -147,6 +153,12 @@ async fn answer(
     assert_eq!(request.uri().path(), GRPC_EXPORT);
     assert_eq!(request.headers()["content-type"], "application/grpc");
     assert_eq!(request.headers()["te"], "trailers");
+    assert!(
+        request.headers()["user-agent"]
+            .to_str()
+            .unwrap()
+            .starts_with("affinity-router-otlp/")
+    );
     let body = request.into_body().collect().await?.to_bytes();
     if wire == Wire::GrpcRefusing {
         // Trailers-only: the status in the response headers, no body.

@@ -64,6 +64,10 @@ pub(super) fn client_tls(roots: rustls::RootCertStore) -> Result<rustls::ClientC
 pub(super) const GRPC_EXPORT_PATH: &str =
     "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
+/// The `User-Agent` of the exports (OTLP asks exporters to name
+/// themselves, so a collector's logs say who sent a batch).
+const USER_AGENT: &str = concat!("affinity-router-otlp/", env!("CARGO_PKG_VERSION"));
+
 /// The OTLP/gRPC span exporter: each batch is one unary
 /// `TraceService/Export` call over HTTP/2 on the router's hyper client
 /// ([`ExportClient`], which runs it on the router's runtime within the
@@ -104,6 +108,10 @@ impl GrpcExporter {
             http::HeaderValue::from_static("application/grpc"),
         );
         headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+        headers.insert(
+            http::header::USER_AGENT,
+            http::HeaderValue::from_static(USER_AGENT),
+        );
         // The collector gives up when the router would (gRPC's timeout
         // unit `m` is milliseconds; at most 8 digits).
         let millis = self.client.timeout.as_millis().min(99_999_999);
@@ -195,9 +203,14 @@ impl HttpExporter {
         let mut request = http::Request::new(body);
         *request.method_mut() = http::Method::POST;
         *request.uri_mut() = self.uri.clone();
-        request.headers_mut().insert(
+        let headers = request.headers_mut();
+        headers.insert(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/x-protobuf"),
+        );
+        headers.insert(
+            http::header::USER_AGENT,
+            http::HeaderValue::from_static(USER_AGENT),
         );
         request
     }
