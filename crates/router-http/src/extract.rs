@@ -57,6 +57,14 @@ pub enum ApiKind {
     Other,
 }
 
+/// The longest `model` a request may name, in bytes. Model ids are short
+/// (a Hugging Face id, a served name, a local path); the name becomes a
+/// label of the router's per-model `/metrics` series, a key of its
+/// per-model state (up to `--max-routed-models` of them) and a span
+/// attribute, so an unbounded one would let a client make every scrape
+/// and that state megabytes larger. A longer one is answered 400.
+pub const MAX_MODEL_BYTES: usize = 1024;
+
 /// Everything the router reads from a request body.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RequestInfo {

@@ -91,8 +91,8 @@ pub use client::{ClientConfig, UpstreamBody, UpstreamClient, UpstreamError};
 pub use config::{ConfigError, RouterConfig};
 pub use error::ApiError;
 pub use extract::{
-    ApiKind, Extracted, ParsedBody, RequestInfo, RoutingInputBuf, SegmentCacheUse, extract,
-    extract_deferred, extract_parsed,
+    ApiKind, Extracted, MAX_MODEL_BYTES, ParsedBody, RequestInfo, RoutingInputBuf, SegmentCacheUse,
+    extract, extract_deferred, extract_parsed,
 };
 pub use headers::{RequestId, RequestIds};
 pub use limits::{AdmissionPermit, ConcurrencyConfig, ConcurrencyLimiter, RateLimiter};

@@ -635,3 +635,55 @@ async fn made_up_model_names_keep_the_routing_state_and_metrics_bounded() {
     let (status, _, _) = chat(fixture.addr, &[]).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// A model name is a label of the per-model `/metrics` series and a key of
+/// per-model state: a client naming a 5 MB model made every scrape 125 MB.
+/// A name over the bound is a 400 naming the field, reaches no worker and
+/// adds no series; one at the bound is routed as usual.
+#[tokio::test]
+async fn a_model_name_over_the_bound_is_refused_and_adds_no_state() {
+    let fixture = Fixture::start(RouterConfig::default(), vec![EngineConfig::instant()]).await;
+    let body = |model: &str| {
+        serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "prompt": "hi",
+            "max_tokens": 2,
+        })
+        .to_string()
+    };
+    let long = "m".repeat(router_http::MAX_MODEL_BYTES + 1);
+    let headers = [("content-type", "application/json")];
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let (status, _, answer) = call(fixture.addr, "POST", path, &headers, body(&long)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+        let answer = json(&answer);
+        assert_eq!(answer["error"]["code"], "invalid_request", "{path}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("`model` is 1025 bytes long"), "{message}");
+    }
+    assert_eq!(
+        fixture.workers()[0].processed(),
+        0,
+        "nothing reached the worker"
+    );
+    let (_, _, metrics) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        !metrics.contains(&long[..64]),
+        "no series for the long name"
+    );
+    // At the bound: routed (engine-sim answers its 404 for an unknown model).
+    let at_bound = "m".repeat(router_http::MAX_MODEL_BYTES);
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &headers,
+        body(&at_bound),
+    )
+    .await;
+    assert_ne!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(fixture.workers()[0].processed(), 1);
+    fixture.assert_all_loads_return_to_zero().await;
+}

@@ -108,6 +108,13 @@ impl Router {
             crate::otel::record_routing_input(&mut span, &info);
         }
         let model = info.model.unwrap_or_default();
+        if model.len() > crate::MAX_MODEL_BYTES {
+            return Err(ApiError::InvalidRequest(format!(
+                "`model` is {} bytes long; at most {} are accepted",
+                model.len(),
+                crate::MAX_MODEL_BYTES
+            )));
+        }
         let routing = info.routing;
         let request_id = shared.ids.resolve(&parts.headers);
         #[cfg(feature = "otel")]
