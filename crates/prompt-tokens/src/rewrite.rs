@@ -44,16 +44,20 @@ fn rewrite_statements(source: &str, rewrite: impl Fn(&str) -> Option<String>) ->
     while let Some(open) = rest.find("{%") {
         // A comment that starts first hides its tags.
         if let Some(comment) = rest[..open].find("{#") {
-            let end = rest[comment..]
+            // The close is searched after the opening, as minijinja's
+            // lexer does: `{#}` opens a comment and does not close it.
+            let end = rest[comment + 2..]
                 .find("#}")
-                .map_or(rest.len(), |e| comment + e + 2);
+                .map_or(rest.len(), |e| comment + 2 + e + 2);
             out.push_str(&rest[..end]);
             rest = &rest[end..];
             continue;
         }
         out.push_str(&rest[..open]);
         let tag = &rest[open..];
-        let Some(close) = tag.find("%}") else {
+        // After the opening `{%`: in `{%}` the `%}` overlaps it and
+        // closes nothing.
+        let Some(close) = tag[2..].find("%}").map(|at| at + 2) else {
             out.push_str(tag);
             rest = "";
             break;
@@ -129,7 +133,7 @@ fn find_endraw(tag: &str) -> Option<usize> {
     let mut from = 2;
     while let Some(at) = tag[from..].find("{%") {
         let start = from + at;
-        let close = start + tag[start..].find("%}")?;
+        let close = start + 2 + tag[start + 2..].find("%}")?;
         let body = tag[start + 2..close].trim_start_matches(['-', '+']).trim();
         let body = body.trim_end_matches(['-', '+']).trim_end();
         if body == "endraw" {
@@ -267,6 +271,35 @@ mod tests {
         ] {
             assert_eq!(guard_for_loops(source), source);
         }
+    }
+
+    /// `{%}` and `{#}` open a tag without closing it (minijinja's lexer
+    /// looks for the close after the opening); the rewrites read them so,
+    /// and never slice inside them (the fuzz target found `{%}` panicking
+    /// both walkers).
+    #[test]
+    fn an_opening_that_overlaps_its_close_closes_nothing() {
+        for (source, want) in [
+            // The first tag runs to the first `%}` after `{%`: a syntax
+            // error for minijinja, left as written.
+            (
+                "{%} {% for x in y %}x{% endfor %}",
+                "{%} {% for x in y %}x{% endfor %}",
+            ),
+            (
+                "{%} %}{% for x in y %}x{% endfor %}",
+                "{%} %}{% for x in (y) | __python_iterable %}x{% endfor %}",
+            ),
+            ("{#} {% for x in y %} #}", "{#} {% for x in y %} #}"),
+            ("{% raw %}{%}{% endraw %}", "{% raw %}{%}{% endraw %}"),
+            ("{%}", "{%}"),
+        ] {
+            assert_eq!(guard_for_loops(source), want, "{source}");
+        }
+        assert_eq!(
+            generation_tags("{%} %}{% generation %}a{% endgeneration %}"),
+            "{%} %}{% if true %}a{% endif %}"
+        );
     }
 
     #[test]
