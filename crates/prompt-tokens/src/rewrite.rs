@@ -35,33 +35,41 @@ pub(crate) fn generation_tags(source: &str) -> Cow<'_, str> {
 }
 
 /// `source` with the inside of each `{% ... %}` statement replaced by what
-/// `rewrite` returns for it (`None`: left as written). Comments and
-/// `{% raw %}` blocks are copied unchanged.
+/// `rewrite` returns for it (`None`: left as written). Comments, `{% raw
+/// %}` blocks and `{{ ... }}` expressions are copied unchanged, and a tag
+/// ends where minijinja's lexer ends it: at its first `%}` outside string
+/// literals and brackets, so a `{%` or `%}` inside a string is text.
 fn rewrite_statements(source: &str, rewrite: impl Fn(&str) -> Option<String>) -> Cow<'_, str> {
     let mut out = String::with_capacity(source.len() + 256);
     let mut rest = source;
     let mut changed = false;
-    while let Some(open) = rest.find("{%") {
-        // A comment that starts first hides its tags.
-        if let Some(comment) = rest[..open].find("{#") {
-            // The close is searched after the opening, as minijinja's
-            // lexer does: `{#}` opens a comment and does not close it.
-            let end = rest[comment + 2..]
-                .find("#}")
-                .map_or(rest.len(), |e| comment + 2 + e + 2);
-            out.push_str(&rest[..end]);
-            rest = &rest[end..];
+    while let Some(open) = rest.find('{') {
+        let delimiter = rest.as_bytes().get(open + 1).copied();
+        if !matches!(delimiter, Some(b'%' | b'{' | b'#')) {
+            out.push_str(&rest[..=open]);
+            rest = &rest[open + 1..];
             continue;
         }
         out.push_str(&rest[..open]);
         let tag = &rest[open..];
-        // After the opening `{%`: in `{%}` the `%}` overlaps it and
-        // closes nothing.
-        let Some(close) = tag[2..].find("%}").map(|at| at + 2) else {
+        let end = match delimiter {
+            // A comment ends at the first `#}` after its opening (`{#}`
+            // opens one and does not close it).
+            Some(b'#') => tag[2..].find("#}").map(|at| at + 2),
+            Some(b'{') => block_end(tag, b'}'),
+            _ => block_end(tag, b'%'),
+        };
+        let Some(close) = end else {
+            // Never closed: minijinja refuses it; left as written.
             out.push_str(tag);
             rest = "";
             break;
         };
+        if delimiter != Some(b'%') {
+            out.push_str(&tag[..close + 2]);
+            rest = &tag[close + 2..];
+            continue;
+        }
         let inner = &tag[2..close];
         let body = inner.trim_start_matches(['-', '+']).trim_start();
         if is_keyword_at(body, "raw") {
@@ -88,6 +96,44 @@ fn rewrite_statements(source: &str, rewrite: impl Fn(&str) -> Option<String>) ->
     } else {
         Cow::Borrowed(source)
     }
+}
+
+/// Where the tag or expression opening at the start of `text` (`{%` or
+/// `{{`) closes: the offset of its closing `%}` or `}}` (`first` is its
+/// first byte), as minijinja's lexer finds it. The search starts after the
+/// opening and skips string literals (quotes with backslash escapes) and
+/// anything inside brackets, braces or parentheses; `None` when the tag
+/// never closes there.
+fn block_end(text: &str, first: u8) -> Option<usize> {
+    let bytes = text.as_bytes();
+    let mut balance = 0isize;
+    let mut at = 2;
+    while at < bytes.len() {
+        match bytes[at] {
+            quote @ (b'"' | b'\'') => {
+                // Past the closing quote; an unclosed string never ends.
+                at += 1;
+                loop {
+                    match bytes.get(at)? {
+                        b'\\' => at += 2,
+                        &b if b == quote => break,
+                        _ => at += 1,
+                    }
+                }
+            }
+            b'}' if first == b'}' && balance == 0 && bytes.get(at + 1) == Some(&b'}') => {
+                return Some(at);
+            }
+            b'%' if first == b'%' && balance == 0 && bytes.get(at + 1) == Some(&b'}') => {
+                return Some(at);
+            }
+            b'(' | b'[' | b'{' => balance += 1,
+            b')' | b']' | b'}' => balance -= 1,
+            _ => {}
+        }
+        at += 1;
+    }
+    None
 }
 
 /// The filter [`guard_for_loops`] puts on every loop's sequence.
@@ -139,7 +185,8 @@ fn find_endraw(tag: &str) -> Option<usize> {
         if body == "endraw" {
             return Some(close + 2);
         }
-        from = close + 2;
+        // Raw text is not lexed: the next `{%` may start inside this one.
+        from = start + 2;
     }
     None
 }
@@ -286,9 +333,10 @@ mod tests {
                 "{%} {% for x in y %}x{% endfor %}",
                 "{%} {% for x in y %}x{% endfor %}",
             ),
+            // The `}` is a closing brace to the lexer: the tag never ends.
             (
                 "{%} %}{% for x in y %}x{% endfor %}",
-                "{%} %}{% for x in (y) | __python_iterable %}x{% endfor %}",
+                "{%} %}{% for x in y %}x{% endfor %}",
             ),
             ("{#} {% for x in y %} #}", "{#} {% for x in y %} #}"),
             ("{% raw %}{%}{% endraw %}", "{% raw %}{%}{% endraw %}"),
@@ -297,9 +345,43 @@ mod tests {
             assert_eq!(guard_for_loops(source), want, "{source}");
         }
         assert_eq!(
-            generation_tags("{%} %}{% generation %}a{% endgeneration %}"),
-            "{%} %}{% if true %}a{% endif %}"
+            generation_tags("{#}#}{% generation %}a{% endgeneration %}{%}"),
+            "{#}#}{% if true %}a{% endif %}{%}"
         );
+    }
+
+    /// A tag ends at its first `%}` outside strings and brackets, as
+    /// minijinja lexes it, so tags written inside a string literal or an
+    /// expression are text (the fuzz target found a `{% for %}` inside a
+    /// `set` string rewritten: the rendering then printed the guard).
+    #[test]
+    fn tags_inside_strings_and_expressions_are_text() {
+        for source in [
+            r#"{% set s = "a %} {% for x in y %} b" %}{{ s }}"#,
+            r#"{% set s = 'it\'s %}{% for x in y %}' %}"#,
+            "{{ '{% for x in y %}' }}",
+            "{{ {'a': {'b': '%}'}} }}{{ \"}}{% for x in y %}\" }}",
+            "{# {% for x in y %} #}{#} {% for x in y %} #}",
+            "{% raw %}{%{% endraw %}",
+        ] {
+            assert_eq!(guard_for_loops(source), source, "{source}");
+        }
+        for (source, want) in [
+            (
+                r#"{% set s = "%}" %}{% for x in y %}"#,
+                r#"{% set s = "%}" %}{% for x in (y) | __python_iterable %}"#,
+            ),
+            (
+                "{% for x in {'a': 1} %}{{ x }}{% endfor %}",
+                "{% for x in ({'a': 1}) | __python_iterable %}{{ x }}{% endfor %}",
+            ),
+            (
+                "{% raw %}{%{% endraw %}{% for x in y %}",
+                "{% raw %}{%{% endraw %}{% for x in (y) | __python_iterable %}",
+            ),
+        ] {
+            assert_eq!(guard_for_loops(source), want, "{source}");
+        }
     }
 
     #[test]
