@@ -244,6 +244,47 @@ pub const ENGINE_POST_PATHS: [&str; 10] = [
     "/invocations",
 ];
 
+/// The paths [`Route::of`] routes besides [`ENGINE_POST_PATHS`], so that a
+/// known path can be named by a `&'static str` ([`Route::known_path`]).
+const ROUTER_PATHS: [&str; 17] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/rerank",
+    "/v1/responses",
+    "/generate",
+    "/v1/models",
+    "/health",
+    "/liveness",
+    "/readiness",
+    "/metrics",
+    "/list_workers",
+    "/workers",
+    "/add_worker",
+    "/register",
+    "/remove_worker",
+];
+
+/// Every path [`Route::known_path`] knows, in the order of its indices.
+pub(crate) fn known_paths() -> impl Iterator<Item = &'static str> {
+    ROUTER_PATHS.iter().chain(ENGINE_POST_PATHS.iter()).copied()
+}
+
+impl Route {
+    /// A path the router routes, spelled as its route (without a
+    /// trailing `/`), and its position in [`known_paths`]; `None` for any
+    /// other path. A trace names a request's route with it without
+    /// allocating: it runs on every traced request.
+    pub(crate) fn known_path(path: &str) -> Option<(usize, &'static str)> {
+        let path = path
+            .strip_suffix('/')
+            .filter(|p| !p.is_empty())
+            .unwrap_or(path);
+        known_paths().enumerate().find(|(_, known)| *known == path)
+    }
+}
+
 /// Whether `path` has a `.` or `..` segment, also percent-encoded: such a
 /// path names another path once normalized, and is never forwarded.
 fn has_dot_segment(path: &str) -> bool {
@@ -404,6 +445,22 @@ mod tests {
                 "{path}"
             );
         }
+    }
+
+    #[test]
+    fn every_known_path_is_routed_and_named_by_itself() {
+        for (index, path) in known_paths().enumerate() {
+            let routed = [Method::GET, Method::POST]
+                .iter()
+                .any(|method| !matches!(Route::of(method, path), Route::NotFound));
+            assert!(routed, "{path} is not routed");
+            assert_eq!(Route::known_path(path), Some((index, path)));
+            let slashed = format!("{path}/");
+            assert_eq!(Route::known_path(&slashed), Some((index, path)));
+        }
+        assert_eq!(Route::known_path("/v1/chat"), None);
+        assert_eq!(Route::known_path("/"), None);
+        assert_eq!(Route::known_path(""), None);
     }
 
     #[test]

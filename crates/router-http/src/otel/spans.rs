@@ -54,30 +54,30 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
         return None;
     }
     let tracer = current_tracer()?;
-    let method = request.method().as_str();
     // Only paths the router knows name a route: an unknown path is not a
-    // low-cardinality span name.
-    let route = match Route::of(request.method(), path) {
+    // low-cardinality span name. A known path's route and span name are
+    // static strings (no allocation on the request path).
+    let known = match Route::of(request.method(), path) {
         Route::NotFound | Route::InvalidTarget | Route::WrongMethod { .. } => None,
-        _ => Some(path),
+        _ => Route::known_path(path),
     };
-    let mut attributes = Vec::with_capacity(6);
+    let mut attributes = Vec::with_capacity(4);
     attributes.push(KeyValue::new(
         "http.request.method",
         method_value(request.method()),
     ));
-    let name = match route {
-        Some(route) => {
-            attributes.push(KeyValue::new("http.route", route.to_owned()));
-            let mut name = String::with_capacity(method.len() + 1 + route.len());
-            name.push_str(method);
-            name.push(' ');
-            name.push_str(route);
-            std::borrow::Cow::Owned(name)
+    let name = match known {
+        Some((index, route)) => {
+            attributes.push(KeyValue::new("http.route", route));
+            server_span_name(request.method(), index, route)
         }
         None => method_value_name(request.method()),
     };
-    attributes.push(KeyValue::new("url.path", path.to_owned()));
+    let url_path = match known {
+        Some((_, route)) if route == path => Value::from(route),
+        _ => Value::from(path.to_owned()),
+    };
+    attributes.push(KeyValue::new("url.path", url_path));
     // A request without (valid) trace context starts a new trace.
     let span = SpanBuilder::from_name(name)
         .with_kind(SpanKind::Server)
@@ -87,6 +87,35 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
         tracer,
         server: opentelemetry::Context::new().with_span(span),
     })
+}
+
+/// `"{method} {route}"`, the server span's name for a known route (the
+/// one at `index` of [`known_paths`](crate::routes::known_paths)): a
+/// static string for the methods routes take, made once per process.
+fn server_span_name(
+    method: &http::Method,
+    index: usize,
+    route: &'static str,
+) -> std::borrow::Cow<'static, str> {
+    use http::Method;
+    use std::sync::OnceLock;
+    const METHODS: [Method; 3] = [Method::GET, Method::POST, Method::DELETE];
+    static NAMES: OnceLock<Vec<[&'static str; 3]>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        crate::routes::known_paths()
+            .map(|path| {
+                METHODS.map(|method| {
+                    // A few dozen short strings, leaked once: they name
+                    // spans for the life of the process.
+                    &*Box::leak(format!("{method} {path}").into_boxed_str())
+                })
+            })
+            .collect()
+    });
+    match METHODS.iter().position(|m| m == method) {
+        Some(m) => std::borrow::Cow::Borrowed(names[index][m]),
+        None => std::borrow::Cow::Owned(format!("{method} {route}")),
+    }
 }
 
 /// A method as an attribute value: the common ones without allocating.
@@ -173,7 +202,13 @@ impl Traced {
     /// The span of one routing decision among `candidates` workers.
     pub(crate) fn decision_span(&self, policy: &str, candidates: usize) -> OtelSpan {
         let mut attributes = Vec::with_capacity(5);
-        attributes.push(KeyValue::new("router.policy", policy.to_owned()));
+        // A built-in policy's name is a static string (no allocation).
+        let policy = lb_policies::BUILTIN_POLICIES
+            .iter()
+            .chain(lb_policies::INDEX_POLICIES.iter())
+            .find(|name| **name == policy)
+            .map_or_else(|| Value::from(policy.to_owned()), |name| Value::from(*name));
+        attributes.push(KeyValue::new("router.policy", policy));
         attributes.push(KeyValue::new("router.candidates", count(candidates)));
         self.child("route", SpanKind::Internal, attributes)
     }
@@ -188,11 +223,9 @@ impl Traced {
         worker: &str,
         resend: u32,
     ) -> OtelSpan {
-        let method_name = method.as_str();
-        let mut name = String::with_capacity(method_name.len() + 1 + worker.len());
-        name.push_str(method_name);
-        name.push(' ');
-        name.push_str(worker);
+        // HTTP client spans are named by their method alone (OpenTelemetry's
+        // semantic conventions: the URL is not a low-cardinality name); the
+        // worker is `url.full`.
         let mut attributes = Vec::with_capacity(8);
         attributes.push(KeyValue::new("http.request.method", method_value(method)));
         attributes.push(KeyValue::new("url.full", worker.to_owned()));
@@ -200,7 +233,7 @@ impl Traced {
             "http.request.resend_count",
             i64::from(resend),
         ));
-        self.child(name, SpanKind::Client, attributes)
+        self.child(method_value_name(method), SpanKind::Client, attributes)
     }
 }
 
