@@ -1,12 +1,13 @@
 //! OpenTelemetry traces of the request path (feature `otel`).
 //!
-//! The router builds its spans with the OpenTelemetry SDK (explicit
-//! parents, typed attributes, each span ended once where its work ends),
-//! and the [`Tracing`] pipeline exports them in batches over OTLP, on
+//! The router writes its spans as the OpenTelemetry SDK's span records
+//! (explicit parents, typed attributes, each span ended once where its
+//! work ends; not through the SDK's tracer, see `spans.rs`), and the
+//! [`Tracing`] pipeline exports them in batches over OTLP, on
 //! HTTP/protobuf or gRPC, cleartext or TLS (see [Transports](#transports)).
 //! `tracing` stays the router's logging front end: a host connects a
 //! pipeline by adding [`Tracing::layer`] to its subscriber, a layer that
-//! takes no log span or event and only carries the pipeline's tracer to
+//! takes no log span or event and only carries the pipeline (its span sink) to
 //! the router (see [Why not `tracing` spans](#why-not-tracing-spans)).
 //! A traced request makes this tree:
 //!
@@ -84,10 +85,15 @@
 //! (docs/benchmarks.md, "Tracing"): each span's data was built field by
 //! field through the bridge, its values formatted, the OpenTelemetry
 //! context carried into each child, and the server span was entered and
-//! left on every poll of the request and every frame of its body. Built
-//! with the SDK, a span is one builder call with typed attributes and one
-//! end; the parent is the server span's context, carried explicitly with
-//! the request; nothing happens per poll or per frame.
+//! left on every poll of the request and every frame of its body. Here a
+//! span is one record with typed attributes, filled in place and handed
+//! to the batch processor once when it ends; the parent is the server
+//! span's context, carried explicitly with the request; nothing happens
+//! per poll or per frame. The SDK's own tracer is not used either: it
+//! samples, draws ids and wraps each span in a shared object that the
+//! router does not need (it samples before building anything and knows
+//! every parent), and writing the record directly takes about a third of
+//! its instructions per span (docs/benchmarks.md, "Tracing").
 //!
 //! # Export never slows a request
 //!
@@ -148,13 +154,11 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_http::{HeaderExtractor, HttpError};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider, SpanData,
-    SpanExporter, SpanProcessor,
+    BatchConfigBuilder, BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor,
 };
 use std::pin::Pin;
 use std::sync::Arc;
@@ -197,9 +201,10 @@ impl Default for TraceConfig {
     }
 }
 
-/// A uniform draw in `[0, 1)` from a per-thread xorshift generator,
-/// seeded once per thread from the standard library's random hasher keys.
-fn uniform() -> f64 {
+/// A draw from a per-thread xorshift generator, seeded once per thread
+/// from the standard library's random hasher keys: span and trace ids,
+/// and the sampling draw. Never 0 (a xorshift state never is).
+fn random_u64() -> u64 {
     use std::cell::Cell;
     use std::hash::{BuildHasher, Hasher};
     thread_local! {
@@ -215,8 +220,13 @@ fn uniform() -> f64 {
         x ^= x >> 7;
         x ^= x << 17;
         state.set(x);
-        (x >> 11) as f64 / (1u64 << 53) as f64
+        x
     })
+}
+
+/// A uniform draw in `[0, 1)` (see [`random_u64`]).
+fn uniform() -> f64 {
+    (random_u64() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Whether a request with this parent context is sampled: the parent's
@@ -353,12 +363,12 @@ pub enum TraceError {
     Tls(String),
 }
 
-/// The export pipeline: a tracer provider with a batch processor feeding
-/// an OTLP exporter (HTTP/protobuf or gRPC, see [Transports](self#transports)). Dropping it flushes and shuts the export down
+/// The export pipeline: a bounded, counting queue in front of the SDK's batch
+/// processor, feeding an OTLP exporter (HTTP/protobuf or gRPC, see [Transports](self#transports)). Dropping it flushes and shuts the export down
 /// (bounded by [`ExportConfig::timeout`]).
 #[derive(Debug)]
 pub struct Tracing {
-    provider: SdkTracerProvider,
+    sink: Arc<SpanSink>,
     counts: Arc<SpanCounts>,
 }
 
@@ -400,7 +410,7 @@ impl Tracing {
         };
         let client = ExportClient::new(runtime, config.timeout, config.protocol, tls)?;
         let counts = Arc::new(SpanCounts::default());
-        let provider = match config.protocol {
+        let sink = match config.protocol {
             Protocol::HttpProtobuf => {
                 // The URL as configured, path included (a host's default
                 // of `/v1/traces` is applied before it gets here).
@@ -409,7 +419,7 @@ impl Tracing {
                     uri,
                     encoder: Default::default(),
                 };
-                provider(config, exporter, &counts)
+                span_sink(config, exporter, &counts)
             }
             Protocol::Grpc => {
                 if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
@@ -431,10 +441,13 @@ impl Tracing {
                     uri: export_uri,
                     encoder: Default::default(),
                 };
-                provider(config, exporter, &counts)
+                span_sink(config, exporter, &counts)
             }
         };
-        Ok(Self { provider, counts })
+        Ok(Self {
+            sink: Arc::new(sink),
+            counts,
+        })
     }
 
     /// The pipeline's span counters as `/metrics` series (see the module
@@ -452,7 +465,7 @@ impl Tracing {
     /// router whose requests run under a subscriber with this layer
     /// (global, or the thread's default) exports its spans here. The
     /// layer takes no `tracing` span or event of the host (its logs are
-    /// what they are without it); it only carries the pipeline's tracer,
+    /// what they are without it); it only carries the pipeline's span sink,
     /// which the router looks up when a traced request starts.
     pub fn layer<S>(&self) -> impl tracing_subscriber::Layer<S> + Send + Sync + 'static
     where
@@ -460,7 +473,7 @@ impl Tracing {
     {
         use tracing_subscriber::Layer as _;
         TraceLayer {
-            tracer: self.provider.tracer("router-http"),
+            sink: Arc::clone(&self.sink),
         }
         .with_filter(tracing_subscriber::filter::LevelFilter::OFF)
     }
@@ -468,29 +481,36 @@ impl Tracing {
     /// Exports every finished span now, waiting for the export (a test, or
     /// before a planned stop). Errors are the exporter's, as text.
     pub fn force_flush(&self) -> Result<(), String> {
-        self.provider.force_flush().map_err(|err| err.to_string())
+        self.sink
+            .processor
+            .force_flush()
+            .map_err(|err| err.to_string())
     }
 
     /// Flushes and stops the export; later spans are dropped.
     pub fn shutdown(&self) -> Result<(), String> {
-        self.provider.shutdown().map_err(|err| err.to_string())
+        self.sink
+            .processor
+            .shutdown()
+            .map_err(|err| err.to_string())
     }
 }
 
 impl Drop for Tracing {
     fn drop(&mut self) {
-        let _ = self.provider.shutdown();
+        let _ = self.sink.processor.shutdown();
     }
 }
 
-/// A tracer provider whose spans go through the router's bounded,
-/// counting queue ([`CountingProcessor`]) into the SDK's batch processor
-/// and `exporter`.
-fn provider<E: SpanExporter + 'static>(
+/// The sink of a pipeline: the router's bounded, counting queue
+/// ([`CountingProcessor`]) in front of the SDK's batch processor and
+/// `exporter`, which exports with the pipeline's resource (its service
+/// name).
+fn span_sink<E: SpanExporter + 'static>(
     config: &ExportConfig,
     exporter: E,
     counts: &Arc<SpanCounts>,
-) -> SdkTracerProvider {
+) -> SpanSink {
     let capacity = config.max_queue_size.max(1);
     let exporter = CountingExporter {
         inner: exporter,
@@ -501,7 +521,7 @@ fn provider<E: SpanExporter + 'static>(
         .with_max_export_batch_size(512.min(capacity))
         .with_scheduled_delay(config.scheduled_delay)
         .build();
-    let processor = CountingProcessor {
+    let mut processor = CountingProcessor {
         inner: BatchSpanProcessor::builder(exporter)
             .with_batch_config(batch)
             .build(),
@@ -509,18 +529,14 @@ fn provider<E: SpanExporter + 'static>(
         capacity,
         stopped: AtomicBool::new(false),
     };
-    // The router samples before it builds a span
-    // (`TraceConfig::sampling_ratio`): every span that reaches the
-    // pipeline is one to keep.
-    let sampler = Sampler::ParentBased(Box::new(Sampler::AlwaysOn));
     let resource = opentelemetry_sdk::Resource::builder_empty()
         .with_service_name(config.service_name.clone())
         .build();
-    SdkTracerProvider::builder()
-        .with_span_processor(processor)
-        .with_sampler(sampler)
-        .with_resource(resource)
-        .build()
+    processor.set_resource(&resource);
+    SpanSink {
+        processor,
+        scope: opentelemetry::InstrumentationScope::builder("router-http").build(),
+    }
 }
 
 mod counts;

@@ -1,43 +1,186 @@
-//! The spans of the request path, built with the OpenTelemetry SDK
-//! directly, and the body that ends the server span with its last byte.
+//! The spans of the request path, and the body that ends the server span
+//! with its last byte.
 //!
-//! Each span is an SDK span started with an explicit parent (the server
-//! span's context, carried in [`Traced`]) and typed attributes, and ended
-//! once where its work ends: nothing is entered or left on a poll, no
-//! attribute value is formatted unless it is an error's text, and no
-//! `tracing` span exists for a trace (see the module docs for why).
+//! Each span is the SDK's finished-span record ([`SpanData`]) filled in
+//! place: started with an explicit parent (the server span's context,
+//! carried in [`Traced`]) and typed attributes, and handed to the
+//! pipeline's processor once, where its work ends. Nothing is entered or
+//! left on a poll, no attribute value is formatted unless it is an
+//! error's text, and no `tracing` span exists for a trace (see the module
+//! docs for why).
+//!
+//! # Why not the SDK's tracer
+//!
+//! The SDK's `Tracer` builds each span through its sampler, id generator
+//! and a shared `Span` wrapper, and converts it to a [`SpanData`] when it
+//! ends. The router has already sampled (before it builds anything) and
+//! knows every span's parent, so it writes the record directly: about a
+//! third of the instructions per span (docs/benchmarks.md, "Tracing"). The
+//! SDK's batch processor, the exporters and the encoder take the same
+//! records as before.
 
 use super::*;
+use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry::trace::{
-    Span as _, SpanBuilder, SpanContext, SpanKind, Status, TraceContextExt as _,
+    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
 };
-use opentelemetry::{KeyValue, Value};
+use opentelemetry::{InstrumentationScope, KeyValue, Value};
+use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
+use std::time::SystemTime;
 
-/// One span of the request path, ended when it is dropped (or earlier,
-/// explicitly).
-pub(crate) type OtelSpan = opentelemetry_sdk::trace::Span;
+/// Most attributes one span keeps (the SDK's default limit); more are
+/// counted as dropped.
+const MAX_ATTRIBUTES: usize = 128;
 
-/// A request the router traces: the pipeline's tracer and the context of
-/// the request's server span, which every other span of the request has
-/// as its parent. Set in the request's extensions by `Router::handle`;
-/// the request path builds its phase, decision and attempt spans only
-/// with it.
-#[derive(Debug, Clone)]
-pub(crate) struct Traced {
-    tracer: SdkTracer,
-    /// Holds the server span (the SDK's shared span, mutable through
-    /// `span()`).
-    server: opentelemetry::Context,
+/// Where a pipeline's spans go: its processor, and the instrumentation
+/// scope every span names.
+#[derive(Debug)]
+pub(crate) struct SpanSink {
+    pub(super) processor: CountingProcessor,
+    pub(super) scope: InstrumentationScope,
 }
 
-/// The tracer of the pipeline whose [`Tracing::layer`] is in the current
+/// One span of the request path, handed to its pipeline when it is ended
+/// or dropped.
+#[derive(Debug)]
+pub(crate) struct OtelSpan {
+    /// `None` once ended.
+    data: Option<Box<SpanData>>,
+    context: SpanContext,
+    sink: Arc<SpanSink>,
+}
+
+impl OtelSpan {
+    /// A span started now under `parent` (`parent_is_remote` when it is
+    /// the client's), in `parent`'s trace when that is valid, else in a
+    /// new one.
+    fn start(
+        sink: &Arc<SpanSink>,
+        parent: &SpanContext,
+        parent_is_remote: bool,
+        name: std::borrow::Cow<'static, str>,
+        kind: SpanKind,
+        attributes: Vec<KeyValue>,
+    ) -> OtelSpan {
+        // Every span the router builds is sampled: it decided before
+        // building any (`head_sampled`). A parent's other flags carry on.
+        let (trace_id, parent_span_id, flags, state) = if parent.is_valid() {
+            (
+                parent.trace_id(),
+                parent.span_id(),
+                parent.trace_flags().with_sampled(true),
+                parent.trace_state().clone(),
+            )
+        } else {
+            let id = (u128::from(random_u64()) << 64) | u128::from(random_u64());
+            (
+                TraceId::from(id),
+                SpanId::INVALID,
+                TraceFlags::SAMPLED,
+                TraceState::default(),
+            )
+        };
+        let context = SpanContext::new(trace_id, SpanId::from(random_u64()), flags, false, state);
+        let now = SystemTime::now();
+        let data = SpanData {
+            span_context: context.clone(),
+            parent_span_id,
+            parent_span_is_remote: parent_is_remote && parent.is_valid(),
+            span_kind: kind,
+            name,
+            start_time: now,
+            end_time: now,
+            attributes,
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: Status::Unset,
+            instrumentation_scope: sink.scope.clone(),
+        };
+        OtelSpan {
+            data: Some(Box::new(data)),
+            context,
+            sink: Arc::clone(sink),
+        }
+    }
+
+    /// Adds an attribute (dropped, and counted so, past
+    /// [`MAX_ATTRIBUTES`]; none once the span ended).
+    pub(crate) fn set_attribute(&mut self, attribute: KeyValue) {
+        if let Some(data) = &mut self.data {
+            if data.attributes.len() < MAX_ATTRIBUTES {
+                data.attributes.push(attribute);
+            } else {
+                data.dropped_attributes_count = data.dropped_attributes_count.saturating_add(1);
+            }
+        }
+    }
+
+    /// Sets the status when it ranks above the current one (Ok above
+    /// Error above Unset, as the SDK's spans do).
+    pub(crate) fn set_status(&mut self, status: Status) {
+        if let Some(data) = &mut self.data
+            && status > data.status
+        {
+            data.status = status;
+        }
+    }
+
+    /// The span's context (its trace, its id), for a `traceparent`.
+    pub(crate) fn span_context(&self) -> &SpanContext {
+        &self.context
+    }
+
+    /// Ends the span now and hands it to the pipeline; later calls do
+    /// nothing.
+    pub(crate) fn end(&mut self) {
+        if let Some(mut data) = self.data.take() {
+            data.end_time = SystemTime::now();
+            self.sink.processor.on_end(*data);
+        }
+    }
+}
+
+impl Drop for OtelSpan {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// A random id word from the per-thread generator (never 0).
+fn random_u64() -> u64 {
+    super::random_u64()
+}
+
+/// A request the router traces: the pipeline it exports to and the
+/// request's server span, which every other span of the request has as
+/// its parent. Set in the request's extensions by `Router::handle`; the
+/// request path builds its phase, decision and attempt spans only with
+/// it.
+#[derive(Debug, Clone)]
+pub(crate) struct Traced {
+    server: Arc<ServerSpan>,
+}
+
+/// A request's server span, shared by the clones of its [`Traced`]: its
+/// context (read without a lock) and the span itself, ended once by the
+/// body that carries the response.
+#[derive(Debug)]
+struct ServerSpan {
+    context: SpanContext,
+    /// The pipeline, for the request's other spans.
+    sink: Arc<SpanSink>,
+    span: parking_lot::Mutex<OtelSpan>,
+}
+
+/// The sink of the pipeline whose [`Tracing::layer`] is in the current
 /// `tracing` dispatcher, if any: how a host connects the router to a
 /// pipeline (the same subscriber that carries its logs).
-fn current_tracer() -> Option<SdkTracer> {
+fn current_sink() -> Option<Arc<SpanSink>> {
     tracing::dispatcher::get_default(|dispatch| {
         dispatch
             .downcast_ref::<TraceLayer>()
-            .map(|layer| layer.tracer.clone())
+            .map(|layer| Arc::clone(&layer.sink))
     })
 }
 
@@ -53,7 +196,7 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
     if !head_sampled(&parent, trace.sampling_ratio) {
         return None;
     }
-    let tracer = current_tracer()?;
+    let sink = current_sink()?;
     // Only paths the router knows name a route: an unknown path is not a
     // low-cardinality span name. A known path's route and span name are
     // static strings (no allocation on the request path).
@@ -79,13 +222,21 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
     };
     attributes.push(KeyValue::new("url.path", url_path));
     // A request without (valid) trace context starts a new trace.
-    let span = SpanBuilder::from_name(name)
-        .with_kind(SpanKind::Server)
-        .with_attributes(attributes)
-        .start_with_context(&tracer, &parent);
+    let remote = parent.span();
+    let span = OtelSpan::start(
+        &sink,
+        remote.span_context(),
+        true,
+        name,
+        SpanKind::Server,
+        attributes,
+    );
     Some(Traced {
-        tracer,
-        server: opentelemetry::Context::new().with_span(span),
+        server: Arc::new(ServerSpan {
+            context: span.span_context().clone(),
+            sink,
+            span: parking_lot::Mutex::new(span),
+        }),
     })
 }
 
@@ -154,20 +305,24 @@ impl Traced {
         kind: SpanKind,
         attributes: Vec<KeyValue>,
     ) -> OtelSpan {
-        SpanBuilder::from_name(name)
-            .with_kind(kind)
-            .with_attributes(attributes)
-            .start_with_context(&self.tracer, &self.server)
+        OtelSpan::start(
+            &self.server.sink,
+            &self.server.context,
+            false,
+            name.into(),
+            kind,
+            attributes,
+        )
     }
 
     /// The server span's context (for the trace context of P/D legs).
     pub(crate) fn server_context(&self) -> SpanContext {
-        self.server.span().span_context().clone()
+        self.server.context.clone()
     }
 
     /// Records the response status on the server span (5xx is an error).
     pub(crate) fn record_response(&self, status: http::StatusCode) {
-        let span = self.server.span();
+        let mut span = self.server.span.lock();
         span.set_attribute(KeyValue::new(
             "http.response.status_code",
             i64::from(status.as_u16()),
@@ -179,7 +334,7 @@ impl Traced {
 
     /// Records the request's model and id on the server span.
     pub(crate) fn record_request(&self, model: &str, request_id: &http::HeaderValue) {
-        let span = self.server.span();
+        let mut span = self.server.span.lock();
         if !model.is_empty() {
             span.set_attribute(KeyValue::new("gen_ai.request.model", model.to_owned()));
         }
@@ -190,7 +345,7 @@ impl Traced {
 
     /// Ends the server span now (the response body ended or was dropped).
     fn end(&self) {
-        self.server.span().end();
+        self.server.span.lock().end();
     }
 
     /// The span of the body's extraction: one parse of the JSON, and for
@@ -563,7 +718,7 @@ impl<B: Body> Body for SpanBody<B> {
 }
 
 /// The layer of [`Tracing::layer`]: it only carries the pipeline's
-/// tracer, which the router finds in the current dispatcher
+/// span sink, which the router finds in the current dispatcher
 /// ([`tracing::Dispatch::downcast_ref`]) when it starts a traced request.
 /// `Tracing::layer` wraps it in a per-layer filter that passes nothing:
 /// it sees no span or event of the host, and it has no say in which
@@ -571,7 +726,7 @@ impl<B: Body> Body for SpanBody<B> {
 /// `Interest::never()` or `enabled: false` would switch every callsite
 /// off for the whole subscriber, logs included.)
 pub(crate) struct TraceLayer {
-    pub(crate) tracer: SdkTracer,
+    pub(crate) sink: Arc<SpanSink>,
 }
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TraceLayer {}
@@ -582,7 +737,7 @@ mod tests {
     use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
 
     /// The CLI's subscriber: a filtered log layer and the pipeline's
-    /// layer, boxed in a list. The router finds the tracer through it,
+    /// layer, boxed in a list. The router finds the sink through it,
     /// and finds none under a subscriber without the pipeline's layer.
     #[test]
     fn the_router_finds_the_pipeline_through_a_hosts_layer_list() {
@@ -603,12 +758,12 @@ mod tests {
         {
             let logs_only = tracing_subscriber::registry().with(vec![log()]);
             let _default = tracing::subscriber::set_default(logs_only);
-            assert!(current_tracer().is_none());
+            assert!(current_sink().is_none());
         }
         let layers: Vec<Boxed> = vec![log(), tracing.layer().boxed()];
         let with_pipeline = tracing_subscriber::registry().with(layers);
         let _default = tracing::subscriber::set_default(with_pipeline);
-        assert!(current_tracer().is_some());
+        assert!(current_sink().is_some());
     }
 
     /// Counts the events a layer is given.
@@ -622,7 +777,7 @@ mod tests {
 
     /// A host that stacks the pipeline's layer on its log layer, above it
     /// or below it, keeps every log event, and the router finds the
-    /// tracer through the stack.
+    /// sink through the stack.
     #[test]
     fn the_pipelines_layer_leaves_a_hosts_logs_as_they_were() {
         use tracing_subscriber::layer::SubscriberExt as _;
@@ -640,7 +795,7 @@ mod tests {
             let _default = tracing::subscriber::set_default(above);
             tracing::info!("a host's log line");
             tracing::debug!("and a debug one");
-            assert!(current_tracer().is_some());
+            assert!(current_sink().is_some());
         }
         assert_eq!(events(), 2, "the pipeline's layer above the log layer");
         {
@@ -649,9 +804,133 @@ mod tests {
                 .with(CountEvents(std::sync::Arc::clone(&seen)));
             let _default = tracing::subscriber::set_default(below);
             tracing::warn!("a host's log line");
-            assert!(current_tracer().is_some());
+            assert!(current_sink().is_some());
         }
         assert_eq!(events(), 3, "the pipeline's layer below the log layer");
+    }
+
+    /// An exporter that keeps what it is given.
+    #[derive(Debug, Clone, Default)]
+    struct Kept(Arc<parking_lot::Mutex<Vec<SpanData>>>);
+
+    impl SpanExporter for Kept {
+        fn export(
+            &self,
+            batch: Vec<SpanData>,
+        ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+            self.0.lock().extend(batch);
+            std::future::ready(Ok(()))
+        }
+    }
+
+    fn kept_sink() -> (Arc<SpanSink>, Kept) {
+        let kept = Kept::default();
+        let counts = Arc::new(SpanCounts::default());
+        let sink = super::super::span_sink(&ExportConfig::default(), kept.clone(), &counts);
+        (Arc::new(sink), kept)
+    }
+
+    /// The records the router writes are what the SDK's spans were: ids
+    /// in the parent's trace (or a new one), the parent's id and
+    /// remoteness, the scope, times in order, the status ranked, the
+    /// attributes bounded, and one hand-over per span.
+    #[test]
+    fn spans_are_recorded_as_the_sdk_records_them() {
+        let (sink, kept) = kept_sink();
+        let trace_id = TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+        let client = SpanContext::new(
+            trace_id,
+            SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+            TraceFlags::new(0x03),
+            true,
+            "vendor=abc".parse().unwrap(),
+        );
+        let mut server = OtelSpan::start(
+            &sink,
+            &client,
+            true,
+            "POST /v1/chat/completions".into(),
+            SpanKind::Server,
+            vec![KeyValue::new("a", 1)],
+        );
+        let server_context = server.span_context().clone();
+        let mut child = OtelSpan::start(
+            &sink,
+            &server_context,
+            false,
+            "route".into(),
+            SpanKind::Internal,
+            Vec::new(),
+        );
+        for n in 0..MAX_ATTRIBUTES + 3 {
+            child.set_attribute(KeyValue::new("n", n as i64));
+        }
+        child.set_status(Status::error("first"));
+        child.set_status(Status::Unset);
+        child.end();
+        child.end();
+        drop(child);
+        let root = OtelSpan::start(
+            &sink,
+            &SpanContext::empty_context(),
+            true,
+            "GET".into(),
+            SpanKind::Server,
+            Vec::new(),
+        );
+        let root_context = root.span_context().clone();
+        drop(root);
+        server.set_status(Status::Ok);
+        server.set_status(Status::error("after ok"));
+        drop(server);
+        sink.processor.force_flush().unwrap();
+
+        let spans = kept.0.lock();
+        assert_eq!(spans.len(), 3, "each span handed over once");
+        let (child, root, server) = (&spans[0], &spans[1], &spans[2]);
+        assert_eq!(server.span_context.trace_id(), trace_id);
+        assert_eq!(server.parent_span_id, client.span_id());
+        assert!(server.parent_span_is_remote);
+        assert_eq!(server.span_context.trace_flags(), TraceFlags::new(0x03));
+        assert_eq!(server.span_context.trace_state().header(), "vendor=abc");
+        assert_eq!(server.status, Status::Ok);
+        assert_eq!(server.span_kind, SpanKind::Server);
+        assert_eq!(server.instrumentation_scope.name(), "router-http");
+        assert!(server.start_time <= server.end_time);
+
+        assert_eq!(child.span_context.trace_id(), trace_id);
+        assert_eq!(child.parent_span_id, server.span_context.span_id());
+        assert!(!child.parent_span_is_remote);
+        assert_ne!(child.span_context.span_id(), server.span_context.span_id());
+        assert_eq!(child.attributes.len(), MAX_ATTRIBUTES);
+        assert_eq!(child.dropped_attributes_count, 3);
+        assert_eq!(child.status, Status::error("first"));
+        assert!(child.end_time <= server.end_time);
+
+        assert!(root_context.is_valid() && root_context.is_sampled());
+        assert_ne!(root.span_context.trace_id(), trace_id);
+        assert_eq!(root.parent_span_id, SpanId::INVALID);
+        assert!(!root.parent_span_is_remote);
+    }
+
+    /// Ids come from each thread's generator: distinct, never zero.
+    #[test]
+    fn span_and_trace_ids_are_distinct_and_valid() {
+        let (sink, _kept) = kept_sink();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..1000 {
+            let span = OtelSpan::start(
+                &sink,
+                &SpanContext::empty_context(),
+                false,
+                "x".into(),
+                SpanKind::Internal,
+                Vec::new(),
+            );
+            let context = span.span_context();
+            assert!(context.is_valid());
+            assert!(seen.insert(context.span_id()), "a span id came twice");
+        }
     }
 
     #[test]
