@@ -548,6 +548,8 @@ pub use encode::TraceEncoder;
 
 use counts::{CountingExporter, CountingProcessor, SpanCounts};
 use export::{ExportClient, GRPC_EXPORT_PATH, GrpcExporter, HttpExporter, tls_config};
+#[doc(hidden)]
+pub use spans::trace_one_request_for_bench;
 pub(crate) use spans::*;
 
 #[cfg(test)]

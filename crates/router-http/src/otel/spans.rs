@@ -731,6 +731,56 @@ pub(crate) struct TraceLayer {
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TraceLayer {}
 
+/// Builds, records and ends the spans of one regular chat request as the
+/// request path does (server span, admission, read body, extract, one
+/// decision, one attempt whose answer ends with its body), under the
+/// pipeline whose layer is in the current subscriber; `false` when there
+/// is none. For `examples/span_cost.rs` (the instructions the request
+/// path spends on spans), not part of the crate's API.
+#[doc(hidden)]
+pub fn trace_one_request_for_bench(config: &TraceConfig) -> bool {
+    use std::future::Future as _;
+    let request = http::Request::post("/v1/chat/completions")
+        .header("x-request-id", "bench-request-1")
+        .body(())
+        .expect("a valid request");
+    let Some(traced) = server_span(config, &request) else {
+        return false;
+    };
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for name in ["admission", "read body"] {
+        let phase = std::pin::pin!(phase(Some(&traced), name, std::future::ready(())));
+        let _ = phase.poll(&mut cx);
+    }
+    let mut extract = traced.extract_span();
+    let info = crate::RequestInfo {
+        model: Some("bench-model".into()),
+        stream: false,
+        user: None,
+        routing: lb_policies::RoutingInputBuf::Text("user: hello".into()),
+        segment_cache: None,
+    };
+    record_routing_input(&mut extract, &info);
+    drop(extract);
+    traced.record_request(
+        "bench-model",
+        request.headers().get("x-request-id").expect("set"),
+    );
+    let worker = "http://127.0.0.1:8001";
+    let mut decision = traced.decision_span("cache_aware", 2);
+    record_decision(&mut decision, "cache_hit", (Some(640), Some(512)), worker);
+    drop(decision);
+    let mut attempt = traced.attempt_span(request.method(), worker, 0);
+    let mut headers = HeaderMap::new();
+    inject_context(attempt.span_context(), &mut headers);
+    record_first_byte(&mut attempt, tokio::time::Instant::now());
+    record_attempt_status(&mut attempt, 200);
+    record_body_end(&mut attempt, crate::body::BodyEnd::Complete);
+    traced.record_response(http::StatusCode::OK);
+    drop(SpanBody::new(http_body_util::Empty::<Bytes>::new(), traced));
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
