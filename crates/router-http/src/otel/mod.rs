@@ -92,8 +92,8 @@
 //! per poll or per frame. The SDK's own tracer is not used either: it
 //! samples, draws ids and wraps each span in a shared object that the
 //! router does not need (it samples before building anything and knows
-//! every parent), and writing the record directly takes about a third of
-//! its instructions per span (docs/benchmarks.md, "Tracing").
+//! every parent); writing the record directly takes a quarter fewer
+//! instructions per request (docs/benchmarks.md, "Tracing").
 //!
 //! # Export never slows a request
 //!

@@ -14,10 +14,11 @@
 //! The SDK's `Tracer` builds each span through its sampler, id generator
 //! and a shared `Span` wrapper, and converts it to a [`SpanData`] when it
 //! ends. The router has already sampled (before it builds anything) and
-//! knows every span's parent, so it writes the record directly: about a
-//! third of the instructions per span (docs/benchmarks.md, "Tracing"). The
-//! SDK's batch processor, the exporters and the encoder take the same
-//! records as before.
+//! knows every span's parent, so it writes the record directly, when the
+//! span ends: a quarter fewer instructions for a request's spans
+//! (`examples/span_cost.rs`; docs/benchmarks.md, "Tracing"). The SDK's
+//! batch processor, the exporters and the encoder take the same records
+//! as before.
 
 use super::*;
 use opentelemetry::trace::TraceContextExt as _;
@@ -41,13 +42,22 @@ pub(crate) struct SpanSink {
 }
 
 /// One span of the request path, handed to its pipeline when it is ended
-/// or dropped.
+/// or dropped. Its fields are the record's; the record itself
+/// ([`SpanData`]) is made once, when the span ends (no allocation for the
+/// span itself, one move into the processor).
 #[derive(Debug)]
 pub(crate) struct OtelSpan {
-    /// `None` once ended.
-    data: Option<Box<SpanData>>,
     context: SpanContext,
-    sink: Arc<SpanSink>,
+    parent_span_id: SpanId,
+    parent_is_remote: bool,
+    kind: SpanKind,
+    name: std::borrow::Cow<'static, str>,
+    start: SystemTime,
+    attributes: Vec<KeyValue>,
+    dropped_attributes: u32,
+    status: Status,
+    /// `None` once ended.
+    sink: Option<Arc<SpanSink>>,
 }
 
 impl OtelSpan {
@@ -80,49 +90,38 @@ impl OtelSpan {
                 TraceState::default(),
             )
         };
-        let context = SpanContext::new(trace_id, SpanId::from(random_u64()), flags, false, state);
-        let now = SystemTime::now();
-        let data = SpanData {
-            span_context: context.clone(),
-            parent_span_id,
-            parent_span_is_remote: parent_is_remote && parent.is_valid(),
-            span_kind: kind,
-            name,
-            start_time: now,
-            end_time: now,
-            attributes,
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
-            status: Status::Unset,
-            instrumentation_scope: sink.scope.clone(),
-        };
         OtelSpan {
-            data: Some(Box::new(data)),
-            context,
-            sink: Arc::clone(sink),
+            context: SpanContext::new(trace_id, SpanId::from(random_u64()), flags, false, state),
+            parent_span_id,
+            parent_is_remote: parent_is_remote && parent.is_valid(),
+            kind,
+            name,
+            start: SystemTime::now(),
+            attributes,
+            dropped_attributes: 0,
+            status: Status::Unset,
+            sink: Some(Arc::clone(sink)),
         }
     }
 
     /// Adds an attribute (dropped, and counted so, past
     /// [`MAX_ATTRIBUTES`]; none once the span ended).
     pub(crate) fn set_attribute(&mut self, attribute: KeyValue) {
-        if let Some(data) = &mut self.data {
-            if data.attributes.len() < MAX_ATTRIBUTES {
-                data.attributes.push(attribute);
-            } else {
-                data.dropped_attributes_count = data.dropped_attributes_count.saturating_add(1);
-            }
+        if self.sink.is_none() {
+            return;
+        }
+        if self.attributes.len() < MAX_ATTRIBUTES {
+            self.attributes.push(attribute);
+        } else {
+            self.dropped_attributes = self.dropped_attributes.saturating_add(1);
         }
     }
 
     /// Sets the status when it ranks above the current one (Ok above
     /// Error above Unset, as the SDK's spans do).
     pub(crate) fn set_status(&mut self, status: Status) {
-        if let Some(data) = &mut self.data
-            && status > data.status
-        {
-            data.status = status;
+        if self.sink.is_some() && status > self.status {
+            self.status = status;
         }
     }
 
@@ -131,13 +130,28 @@ impl OtelSpan {
         &self.context
     }
 
-    /// Ends the span now and hands it to the pipeline; later calls do
-    /// nothing.
+    /// Ends the span now and hands its record to the pipeline; later
+    /// calls do nothing.
     pub(crate) fn end(&mut self) {
-        if let Some(mut data) = self.data.take() {
-            data.end_time = SystemTime::now();
-            self.sink.processor.on_end(*data);
-        }
+        let Some(sink) = self.sink.take() else {
+            return;
+        };
+        let data = SpanData {
+            span_context: self.context.clone(),
+            parent_span_id: self.parent_span_id,
+            parent_span_is_remote: self.parent_is_remote,
+            span_kind: self.kind.clone(),
+            name: std::mem::take(&mut self.name),
+            start_time: self.start,
+            end_time: SystemTime::now(),
+            attributes: std::mem::take(&mut self.attributes),
+            dropped_attributes_count: self.dropped_attributes,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: std::mem::replace(&mut self.status, Status::Unset),
+            instrumentation_scope: sink.scope.clone(),
+        };
+        sink.processor.on_end(data);
     }
 }
 
