@@ -145,22 +145,44 @@ impl<'a> Run<'a> {
             None if seq.value()?.is_undefined() => 0,
             None => return Err(declined!()),
         };
-        self.loops.push(LoopState {
-            index: 0,
-            len,
-            items: borrowed,
-            reversed: f.reversed,
-        });
-        let (mut ran, mut broke) = (0usize, false);
-        for index in 0..len {
-            self.step()?;
+        self.iterate(f, len, borrowed, f.reversed, |run, index| {
             let at = if f.reversed { len - 1 - index } else { index };
             let item = match borrowed {
                 Some(list) => V::Ref(&list[at]),
                 None => V::Own(seq.items().ok_or(declined!())?[at].clone()),
             };
+            run.vars.push((f.target, item));
+            Ok(())
+        })
+    }
+
+    /// The iterations of a loop of `len` items, as minijinja runs them:
+    /// `bind` pushes the loop variables of the `index`th item (in the
+    /// order the loop reads), the filter (if any) skips an item, the
+    /// body runs with `loop.*` set, `break` and `continue` end an
+    /// iteration, and `else` runs when no item past the first was
+    /// fetched. `items` are the borrowed items for `loop.previtem` and
+    /// `loop.nextitem` (`None`: those decline). One copy for every kind
+    /// of loop, so the kinds cannot drift apart.
+    fn iterate(
+        &mut self,
+        f: &'a ForLoop,
+        len: usize,
+        items: Option<&'a [Value]>,
+        reversed: bool,
+        mut bind: impl FnMut(&mut Self, usize) -> Step<()>,
+    ) -> Step<()> {
+        self.loops.push(LoopState {
+            index: 0,
+            len,
+            items,
+            reversed,
+        });
+        let (mut ran, mut broke) = (0usize, false);
+        for index in 0..len {
+            self.step()?;
             let mark = self.vars.len();
-            self.vars.push((f.target, item));
+            bind(self, index)?;
             if let Some(filter) = &f.filter {
                 // minijinja runs a filtered loop's items twice: once to
                 // filter, once for the body.
@@ -183,9 +205,9 @@ impl<'a> Run<'a> {
         }
         self.loops.pop();
         // minijinja runs `else` when its loop fetched no item past the
-        // first: none at all, or a `break` in the first iteration.
+        // first: none at all, or a `break` in the first iteration; it
+        // runs it in the enclosing scope, so its `set`s stay.
         if ran == 0 || (broke && ran == 1) {
-            // minijinja runs `else` in the enclosing scope: its `set`s stay.
             self.exec(&f.else_body)?;
         }
         Ok(())
@@ -219,43 +241,13 @@ impl<'a> Run<'a> {
             return Err(declined!());
         }
         let len = len as usize;
-        self.loops.push(LoopState {
-            index: 0,
-            len,
-            items: None,
-            reversed: false,
-        });
-        let (mut ran, mut broke) = (0usize, false);
-        for index in 0..len {
-            self.step()?;
+        self.iterate(f, len, None, false, |run, index| {
             let value = lower
                 .checked_add((index as i64).checked_mul(step).ok_or(declined!())?)
                 .ok_or(declined!())?;
-            let mark = self.vars.len();
-            self.vars.push((f.target, V::Own(Value::from(value))));
-            if let Some(filter) = &f.filter {
-                self.step()?;
-                if !self.test(filter)? {
-                    self.vars.truncate(mark);
-                    continue;
-                }
-            }
-            ran += 1;
-            if let Some(state) = self.loops.last_mut() {
-                state.index = index;
-            }
-            self.exec(&f.body)?;
-            self.vars.truncate(mark);
-            if std::mem::replace(&mut self.flow, Flow::Next) == Flow::Break {
-                broke = true;
-                break;
-            }
-        }
-        self.loops.pop();
-        if ran == 0 || (broke && ran == 1) {
-            self.exec(&f.else_body)?;
-        }
-        Ok(())
+            run.vars.push((f.target, V::Own(Value::from(value))));
+            Ok(())
+        })
     }
 
     /// `for k, v in map.items()` over one of the request's objects: its
@@ -289,15 +281,7 @@ impl<'a> Run<'a> {
             owned = Some(pairs);
         }
         let len = borrowed.map_or_else(|| owned.as_ref().map_or(0, Vec::len), <[_]>::len);
-        self.loops.push(LoopState {
-            index: 0,
-            len,
-            items: None,
-            reversed: false,
-        });
-        let (mut ran, mut broke) = (0usize, false);
-        for index in 0..len {
-            self.step()?;
+        self.iterate(f, len, None, false, |run, index| {
             let (key, value) = match (borrowed, &owned) {
                 (Some(pairs), _) => (V::Ref(&pairs[index].0), V::Ref(&pairs[index].1)),
                 (None, Some(pairs)) => (
@@ -306,36 +290,12 @@ impl<'a> Run<'a> {
                 ),
                 (None, None) => return Err(declined!()),
             };
-            let mark = self.vars.len();
-            self.vars.push((f.target, key));
+            run.vars.push((f.target, key));
             if let Some(value_target) = value_target {
-                self.vars.push((value_target, value));
+                run.vars.push((value_target, value));
             }
-            if let Some(filter) = &f.filter {
-                self.step()?;
-                if !self.test(filter)? {
-                    self.vars.truncate(mark);
-                    continue;
-                }
-            }
-            ran += 1;
-            if let Some(state) = self.loops.last_mut() {
-                state.index = index;
-            }
-            self.exec(&f.body)?;
-            self.vars.truncate(mark);
-            if std::mem::replace(&mut self.flow, Flow::Next) == Flow::Break {
-                broke = true;
-                break;
-            }
-        }
-        self.loops.pop();
-        // minijinja runs `else` when its loop fetched no item past the
-        // first: none at all, or a `break` in the first iteration.
-        if ran == 0 || (broke && ran == 1) {
-            self.exec(&f.else_body)?;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Whether `v` is true as minijinja's `if` decides.
