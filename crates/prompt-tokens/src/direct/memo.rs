@@ -214,38 +214,49 @@ impl Memo {
         }
     }
 
-    fn shard(&self, shard_key: u64) -> &Mutex<Shard> {
-        &self.shards[(shard_key % SHARDS as u64) as usize]
+    /// A key's shard, by the key itself: conversations that share a
+    /// system prompt (most of an application's) spread over every shard.
+    fn shard(&self, key: u64) -> &Mutex<Shard> {
+        // The high bits: the map hashes the key again for its own buckets.
+        &self.shards[(key >> 60) as usize % SHARDS]
     }
 
     /// The entry stored under `key`, if any (a candidate: the caller
     /// compares its bytes).
-    pub(super) fn get(&self, shard_key: u64, key: u64) -> Option<Arc<Entry>> {
-        let shard = self.shard(shard_key).lock();
+    pub(super) fn get(&self, key: u64) -> Option<Arc<Entry>> {
+        let shard = self.shard(key).lock();
         let entry = shard.map.get(&key)?;
         entry.referenced.store(true, Ordering::Relaxed);
         Some(entry.clone())
     }
 
-    /// Stores `entry` under each of `keys`, evicting the oldest entries
-    /// not used since they were last passed over, down to the budget.
-    pub(super) fn insert(&self, shard_key: u64, keys: &[u64], entry: Entry) {
+    /// Stores `entry` under each of `keys` (each in its key's shard,
+    /// charged there in full), evicting in each the oldest entries not
+    /// used since they were last passed over, down to the budget.
+    pub(super) fn insert(&self, keys: &[u64], entry: Entry) {
         let entry = Arc::new(entry);
         let charge = entry.charge();
         if charge > self.shard_budget {
             return;
         }
-        let mut shard = self.shard(shard_key).lock();
         for &key in keys {
+            let mut shard = self.shard(key).lock();
             match shard.map.insert(key, entry.clone()) {
                 Some(old) => shard.bytes -= old.charge(),
                 None => shard.order.push_back(key),
             }
             shard.bytes += charge;
+            shard.evict(self.shard_budget);
         }
+    }
+}
+
+impl Shard {
+    fn evict(&mut self, budget: usize) {
+        let shard = self;
         // Each key is passed over at most twice (its mark is cleared the
         // first time), so this ends.
-        while shard.bytes > self.shard_budget {
+        while shard.bytes > budget {
             let Some(key) = shard.order.pop_front() else {
                 break;
             };
@@ -389,9 +400,9 @@ mod tests {
                 0,
                 Vec::new(),
             );
-            memo.insert(i, &[i, i + 1_000_000], entry);
+            memo.insert(&[i << 58, (i + 1_000_000) << 58], entry);
             assert!(memo.stats().bytes <= SHARDS * 8192);
         }
-        assert!(memo.get(199, 199).is_some());
+        assert!(memo.get(199 << 58).is_some());
     }
 }

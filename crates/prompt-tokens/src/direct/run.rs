@@ -96,7 +96,6 @@ struct Session<'a> {
     bounds: Vec<usize>,
     /// The key's hash through each item.
     hashes: Vec<u64>,
-    shard_key: u64,
     /// `out.len()` at the loop's start.
     pre_len: usize,
     steps_start: u64,
@@ -424,7 +423,6 @@ impl<'a> Run<'a> {
         let mut session = Session {
             memo,
             loop_id,
-            shard_key: hashes[0],
             items,
             bounds,
             hashes,
@@ -439,7 +437,7 @@ impl<'a> Run<'a> {
         // The longest stored prefix first; a state is used only for
         // `k` below the item count (module docs: `loop.last`).
         for k in (1..list.len()).rev() {
-            let Some(entry) = memo.get(session.shard_key, session.hashes[k]) else {
+            let Some(entry) = memo.get(session.hashes[k]) else {
                 continue;
             };
             let Some((point, namespaces)) = self.memo_match(&session, &entry, k) else {
@@ -669,7 +667,7 @@ impl<'a> Run<'a> {
             session.ns_start.len(),
             session.points,
         );
-        session.memo.insert(session.shard_key, &keys, entry);
+        session.memo.insert(&keys, entry);
     }
 
     /// Whether `v` is true as minijinja's `if` decides.
