@@ -40,7 +40,7 @@
 //! lookup or insert, never for a rendering.
 
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -276,7 +276,7 @@ impl Shard {
 
 /// The hasher of keys: fixed seeds, so a key means the same in every
 /// thread (the bytes are compared on a hit in any case).
-pub(super) fn key_hasher() -> impl Hasher + Clone {
+pub(super) fn key_hasher() -> ahash::AHasher {
     ahash::RandomState::with_seeds(
         0x243f_6a88_85a3_08d3,
         0x1319_8a2e_0370_7344,

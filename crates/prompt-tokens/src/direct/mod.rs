@@ -198,6 +198,7 @@ impl DirectTemplate {
             messages,
             rec: None,
             capturing: 0,
+            encoded: None,
         };
         match run.exec(&self.body) {
             Ok(()) => Ok(run.out),

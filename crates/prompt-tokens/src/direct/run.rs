@@ -6,6 +6,19 @@ use std::hash::Hasher as _;
 use minijinja::value::{Value, ValueKind};
 
 use super::memo::{Entry, Memo, Point, Stored, encode, key_hasher};
+
+/// A run of the request's messages encoded for the memo's key (module
+/// `memo`), kept for the rendering's next memoized loop over the same
+/// items (templates that loop over the messages twice: a check, then the
+/// rendering).
+pub(super) struct Encoded<'a> {
+    list: &'a [Value],
+    /// The canonical encoding, and its length after each item.
+    items: Vec<u8>,
+    bounds: Vec<usize>,
+    /// The hasher after each item (the loop and the cap are added last).
+    hashers: Vec<ahash::AHasher>,
+}
 use super::tree::{Arith, Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Side, Stmt, TestKind};
 use super::value::{V, compare, int, vec_items};
 use super::{DirectTemplate, MAX_MACRO_DEPTH, Name, Step, declined};
@@ -68,6 +81,8 @@ pub(super) struct Run<'a> {
     /// How many captures (`set` blocks, macro calls as values) are open:
     /// a loop inside one is not memoized.
     pub(super) capturing: usize,
+    /// The last memoized loop's items, encoded.
+    pub(super) encoded: Option<Encoded<'a>>,
 }
 
 /// What the iterations of the memoized loop read from outside themselves
@@ -91,9 +106,8 @@ pub(super) struct Recording {
 struct Session<'a> {
     memo: &'a Memo,
     loop_id: usize,
-    /// The items' canonical encoding, and its length after each item.
-    items: Vec<u8>,
-    bounds: Vec<usize>,
+    /// The items' canonical encoding.
+    enc: Encoded<'a>,
     /// The key's hash through each item.
     hashes: Vec<u64>,
     /// `out.len()` at the loop's start.
@@ -405,26 +419,42 @@ impl<'a> Run<'a> {
             return Ok(None);
         };
         let loop_id = std::ptr::from_ref(f) as usize;
-        let mut items = Vec::with_capacity(list.len() * 160);
-        let mut bounds = Vec::with_capacity(list.len());
-        let mut hashes = Vec::with_capacity(list.len());
-        let mut hasher = key_hasher();
-        hasher.write_usize(loop_id);
-        hasher.write_usize(self.max_output);
-        for item in list {
-            let from = items.len();
-            if !encode(&mut items, item) {
-                return Ok(None);
+        let enc = match self.encoded.take() {
+            Some(enc) if std::ptr::eq(enc.list, list) => enc,
+            _ => {
+                let mut enc = Encoded {
+                    list,
+                    items: Vec::with_capacity(list.len() * 160),
+                    bounds: Vec::with_capacity(list.len()),
+                    hashers: Vec::with_capacity(list.len()),
+                };
+                let mut hasher = key_hasher();
+                for item in list {
+                    let from = enc.items.len();
+                    if !encode(&mut enc.items, item) {
+                        return Ok(None);
+                    }
+                    hasher.write(&enc.items[from..]);
+                    enc.bounds.push(enc.items.len());
+                    enc.hashers.push(hasher.clone());
+                }
+                enc
             }
-            hasher.write(&items[from..]);
-            bounds.push(items.len());
-            hashes.push(hasher.clone().finish());
-        }
+        };
+        let hashes = enc
+            .hashers
+            .iter()
+            .map(|hasher| {
+                let mut hasher = hasher.clone();
+                hasher.write_usize(loop_id);
+                hasher.write_usize(self.max_output);
+                hasher.finish()
+            })
+            .collect();
         let mut session = Session {
             memo,
             loop_id,
-            items,
-            bounds,
+            enc,
             hashes,
             pre_len: self.out.len(),
             steps_start: self.steps_left,
@@ -494,8 +524,8 @@ impl<'a> Run<'a> {
             return None;
         }
         let point = entry.points.iter().find(|p| p.k == k)?;
-        if point.items_len != session.bounds[k]
-            || entry.items.get(..point.items_len)? != &session.items[..point.items_len]
+        if point.items_len != session.enc.bounds[k]
+            || entry.items.get(..point.items_len)? != &session.enc.items[..point.items_len]
         {
             return None;
         }
@@ -637,7 +667,7 @@ impl<'a> Run<'a> {
         session.reads = reads;
         session.points.push(Point {
             k: index,
-            items_len: session.bounds[index],
+            items_len: session.enc.bounds[index],
             text_len: self.out.len() - session.pre_len,
             steps: session.steps_start - self.steps_left,
             ran,
@@ -648,26 +678,37 @@ impl<'a> Run<'a> {
     /// Ends the memoized loop: stores the states it noted.
     fn memo_end(&mut self, session: Session<'a>) {
         self.rec = None;
-        let Some(last) = session.points.last() else {
-            return;
-        };
-        let Some(text) = self
-            .out
-            .get(session.pre_len..session.pre_len + last.text_len)
-        else {
-            return;
-        };
-        let keys: Vec<u64> = session.points.iter().map(|p| session.hashes[p.k]).collect();
-        let entry = Entry::new(
-            session.loop_id,
-            self.max_output,
-            session.items[..last.items_len].into(),
-            text.into(),
-            session.reads,
-            session.ns_start.len(),
-            session.points,
-        );
-        session.memo.insert(&keys, entry);
+        let Session {
+            memo,
+            loop_id,
+            enc,
+            hashes,
+            pre_len,
+            ns_start,
+            points,
+            reads,
+            ..
+        } = session;
+        if let Some(&Point {
+            items_len,
+            text_len,
+            ..
+        }) = points.last()
+            && let Some(text) = self.out.get(pre_len..pre_len + text_len)
+        {
+            let keys: Vec<u64> = points.iter().map(|p| hashes[p.k]).collect();
+            let entry = Entry::new(
+                loop_id,
+                self.max_output,
+                enc.items[..items_len].into(),
+                text.into(),
+                reads,
+                ns_start.len(),
+                points,
+            );
+            memo.insert(&keys, entry);
+        }
+        self.encoded = Some(enc);
     }
 
     /// Whether `v` is true as minijinja's `if` decides.
