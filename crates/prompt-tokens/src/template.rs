@@ -311,8 +311,9 @@ impl ChatTemplate {
     /// by hash, and an iteration that reads what cannot be keyed
     /// (`loop.length`, `loop.revindex`, the whole messages list, the
     /// clock) makes the rendering store nothing. The bound counts the
-    /// stored text and keys, over 16 shards, each evicting the entries
-    /// least recently used first.
+    /// stored text and keys, over 16 shards, each evicting its oldest
+    /// entries first unless used since they were last passed over (a
+    /// second-chance FIFO, close to least-recently-used).
     pub fn with_render_memo(mut self, bytes: usize) -> Self {
         if let Ok(direct) = &mut self.direct {
             direct.set_memo_bytes(bytes);
