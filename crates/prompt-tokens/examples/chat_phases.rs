@@ -23,7 +23,8 @@
 //! ```
 //!
 //! `--loop PHASE CALLS` runs one phase (`parse`, `render`, `warm`) on
-//! `CALLS` fresh 8 KB bodies and prints nothing else: a loop for `perf
+//! `CALLS` fresh 8 KB bodies (`--bytes N`: of N bytes) and prints nothing
+//! else: a loop for `perf
 //! record`, or for counting instructions where the machine is too busy
 //! for timings to mean much (callgrind's inclusive counts of the phases'
 //! functions, divided by `CALLS`):
@@ -35,6 +36,9 @@
 //!     target/release/examples/chat_phases --model-dir ... --loop warm 200
 //! callgrind_annotate --inclusive=yes callgrind.out.PID | grep -E 'from_json|chat_tokens|render_until|encode_chat'
 //! ```
+//!
+//! `--memo-bytes N` bounds the chat template's render memo
+//! (`TokenizerOptions::render_memo_bytes`; 0 turns it off, to compare).
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -84,6 +88,8 @@ struct Args {
     template: Option<PathBuf>,
     rounds: usize,
     looped: Option<(String, usize)>,
+    loop_bytes: usize,
+    memo_bytes: usize,
 }
 
 fn args() -> Result<Args, String> {
@@ -93,6 +99,8 @@ fn args() -> Result<Args, String> {
         template: None,
         rounds: 7,
         looped: None,
+        loop_bytes: 8192,
+        memo_bytes: prompt_tokens::DEFAULT_RENDER_MEMO_BYTES,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -101,6 +109,12 @@ fn args() -> Result<Args, String> {
             "--model-dir" => out.model_dir = Some(value()?.into()),
             "--chat-template" => out.template = Some(value()?.into()),
             "--o200k" => out.o200k = true,
+            "--bytes" => {
+                out.loop_bytes = value()?.parse().map_err(|e| format!("--bytes: {e}"))?;
+            }
+            "--memo-bytes" => {
+                out.memo_bytes = value()?.parse().map_err(|e| format!("--memo-bytes: {e}"))?;
+            }
             "--rounds" => out.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
             "--loop" => {
                 let phase = value()?;
@@ -117,8 +131,16 @@ fn args() -> Result<Args, String> {
 }
 
 fn tokenizer(args: &Args) -> Result<PromptTokenizer, Box<dyn std::error::Error>> {
+    let options = TokenizerOptions {
+        render_memo_bytes: args.memo_bytes,
+        ..TokenizerOptions::default()
+    };
     if let Some(dir) = &args.model_dir {
-        return Ok(PromptTokenizer::from_path(dir, args.template.as_deref())?);
+        return Ok(PromptTokenizer::from_path_with(
+            dir,
+            args.template.as_deref(),
+            options,
+        )?);
     }
     let bpe = tiktoken_rs::o200k_base()?;
     let ranks = (0..O200K_FIRST_SPECIAL_ID)
@@ -135,7 +157,7 @@ fn tokenizer(args: &Args) -> Result<PromptTokenizer, Box<dyn std::error::Error>>
     Ok(PromptTokenizer::from_tiktoken(
         &format_ranks(ranks),
         config,
-        TokenizerOptions::default(),
+        options,
     )?)
 }
 
@@ -211,7 +233,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokenizer.chat_tokens(&ChatRequest::from_json(chat_body(bytes, 0).as_bytes())?)?;
     }
     if let Some((phase, calls)) = &args.looped {
-        time_phase(&tokenizer, phase, 8192, *calls, &mut serial)?;
+        time_phase(&tokenizer, phase, args.loop_bytes, *calls, &mut serial)?;
         return Ok(());
     }
     for bytes in [1024, 8192] {

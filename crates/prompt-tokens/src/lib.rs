@@ -17,7 +17,10 @@
 //!   (a rare construct, an error, a limit) it declines and minijinja
 //!   renders, so text and errors are minijinja's either way (see
 //!   [`DirectRendering`]; differential tests and the fuzz target hold the
-//!   two equal).
+//!   two equal). A **render memo** keeps the state the template's loop
+//!   over the messages reached, so a conversation's next turn renders
+//!   only its new messages, byte for byte as a full rendering
+//!   ([`ChatTemplate::with_render_memo`]).
 //! * **Tokenization** of a `tokenizer.json` or a tiktoken-format
 //!   vocabulary ([`tiktoken`]: `*.tiktoken`, o200k pre-tokenization, the
 //!   gpt-oss harmony special tokens), or engine-sim's [`synthetic`] rule
@@ -159,6 +162,7 @@ mod tokenizer;
 pub use cache::{CacheStats, ENTRY_OVERHEAD_BYTES, SegmentCache, SegmentUse};
 pub use clock_text::strftime;
 pub use config::TokenizerConfig;
+pub use direct::{DEFAULT_RENDER_MEMO_BYTES, RenderMemoStats};
 pub use error::{Error, Result};
 pub use hf::{SegmentMode, TextEncoder};
 pub use interrupt::Interrupt;

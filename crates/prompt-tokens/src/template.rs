@@ -296,6 +296,37 @@ impl ChatTemplate {
         self
     }
 
+    /// Bounds the render memo to `bytes` (0 turns it off; the default is
+    /// [`DEFAULT_RENDER_MEMO_BYTES`](crate::DEFAULT_RENDER_MEMO_BYTES)).
+    ///
+    /// A conversation's next request repeats every earlier message, and
+    /// the template's loop over the messages would print each again. The
+    /// direct renderer keeps, per template, the state its top-level loop
+    /// over the messages reached after all but the last one or two
+    /// messages (the text printed, the namespace attributes set), keyed by
+    /// those messages and by every value the loop's iterations read from
+    /// outside themselves; a rendering whose loop starts in a state it
+    /// finds resumes there and renders only what follows. The text is the
+    /// full rendering's, byte for byte: the key is compared exactly, not
+    /// by hash, and an iteration that reads what cannot be keyed
+    /// (`loop.length`, `loop.revindex`, the whole messages list, the
+    /// clock) makes the rendering store nothing. The bound counts the
+    /// stored text and keys, over 16 shards, each evicting its oldest
+    /// entries first unless used since they were last passed over (a
+    /// second-chance FIFO, close to least-recently-used).
+    pub fn with_render_memo(mut self, bytes: usize) -> Self {
+        if let Ok(direct) = &mut self.direct {
+            direct.set_memo_bytes(bytes);
+        }
+        self
+    }
+
+    /// How the render memo has served; `None` when the template has none
+    /// (turned off, or the template does not render directly).
+    pub fn render_memo_stats(&self) -> Option<crate::RenderMemoStats> {
+        self.direct.as_ref().ok()?.memo_stats()
+    }
+
     /// The direct renderer alone: `Some` with its text when it renders
     /// `request` itself, `None` when the template or this request is
     /// outside what it handles (then [`render`](Self::render) asks

@@ -35,6 +35,13 @@ pub struct TokenizerOptions {
     /// pipeline, for comparisons (a tiktoken vocabulary always uses its
     /// own encoder).
     pub direct_encoder: bool,
+    /// The bound, in bytes, of the chat template's render memo: the
+    /// states of earlier renderings' message loops, so a conversation's
+    /// next turn renders only its new messages (see
+    /// [`ChatTemplate::with_render_memo`]). Default
+    /// [`DEFAULT_RENDER_MEMO_BYTES`](crate::DEFAULT_RENDER_MEMO_BYTES)
+    /// (32 MiB); 0 turns it off.
+    pub render_memo_bytes: usize,
 }
 
 impl Default for TokenizerOptions {
@@ -46,6 +53,7 @@ impl Default for TokenizerOptions {
             clock: Arc::new(SystemClock),
             content_format: None,
             direct_encoder: true,
+            render_memo_bytes: crate::DEFAULT_RENDER_MEMO_BYTES,
         }
     }
 }
@@ -141,12 +149,15 @@ impl PromptTokenizer {
         options: TokenizerOptions,
     ) -> Result<Self> {
         let template = match &config.chat_template {
-            Some(source) => Some(ChatTemplate::new(
-                source,
-                config.special.clone(),
-                options.limits,
-                Arc::clone(&options.clock),
-            )?),
+            Some(source) => Some(
+                ChatTemplate::new(
+                    source,
+                    config.special.clone(),
+                    options.limits,
+                    Arc::clone(&options.clock),
+                )?
+                .with_render_memo(options.render_memo_bytes),
+            ),
             None => None,
         };
         let template = match (template, options.content_format) {

@@ -477,3 +477,126 @@ fn the_direct_renderer_equals_minijinja_on_hostile_variants() {
     );
     assert!(disagree.is_empty(), "{disagree:#?}");
 }
+
+/// The bodies of a conversation's turns as its client sends them, one per
+/// prefix of its messages (two messages or more), the whole one last.
+fn prefixes(body: &Value) -> Vec<Value> {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    (2..=messages.len())
+        .map(|m| {
+            let mut turn = body.clone();
+            turn["messages"] = Value::Array(messages[..m].to_vec());
+            turn
+        })
+        .collect()
+}
+
+/// Variants of a whole conversation the memo must not be fooled by, each
+/// rendered after its prefixes: an earlier message edited, the last one
+/// replaced, the tools changed, the flags flipped.
+fn memo_variants(body: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    if messages.len() >= 2 {
+        for at in [0, messages.len() / 2, messages.len() - 1] {
+            let mut edited = body.clone();
+            if let Some(Value::String(text)) = edited["messages"][at].get_mut("content") {
+                text.push_str(" (edited)");
+                out.push(edited);
+            }
+        }
+    }
+    let mut tools = body.clone();
+    match tools.get("tools") {
+        Some(Value::Array(list)) if !list.is_empty() => {
+            tools.as_object_mut().expect("an object").remove("tools");
+        }
+        _ => {
+            tools["tools"] = serde_json::json!([{"type": "function", "function": {
+                "name": "lookup", "description": "Looks a word up.",
+                "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}]);
+        }
+    }
+    out.push(tools);
+    for flag in ["add_generation_prompt", "continue_final_message"] {
+        let mut flipped = body.clone();
+        let on = flipped[flag].as_bool().unwrap_or(false);
+        flipped[flag] = Value::Bool(!on);
+        out.push(flipped);
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs the corpus: run scripts/template-corpus"]
+fn the_render_memo_renders_every_turn_as_a_cold_rendering_does() {
+    let dir = PathBuf::from(std::env::var("TEMPLATE_CORPUS").expect("TEMPLATE_CORPUS is set"));
+    let reference: Value = serde_json::from_str(&read(&dir.join("expected.json"))).unwrap();
+    let tokens = special_tokens(&reference);
+    let bodies: Vec<(String, Value)> = conversations(&dir)
+        .into_iter()
+        .map(|(name, body)| (name, serde_json::from_str(&body).unwrap()))
+        .collect();
+    let mut templates: Vec<PathBuf> = std::fs::read_dir(dir.join("templates"))
+        .expect("templates")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "jinja"))
+        .collect();
+    templates.sort();
+    let outcome = |template: &ChatTemplate, body: &Value| {
+        let request = ChatRequest::from_json(body.to_string().as_bytes());
+        request.map_err(|e| e.to_string()).and_then(|request| {
+            template
+                .render(&request)
+                .map_err(|e| format!("refused: {e}"))
+        })
+    };
+    let (mut renders, mut differ, mut hit_templates) = (0, Vec::new(), Vec::new());
+    let (mut lookups, mut hits) = (0, 0);
+    for path in &templates {
+        let source = read(path);
+        let compile = || {
+            ChatTemplate::new(
+                &source,
+                tokens.clone(),
+                RenderLimits::default(),
+                Arc::new(FixedClock(0)),
+            )
+        };
+        let (Ok(memo), Ok(cold)) = (compile(), compile()) else {
+            continue;
+        };
+        // The cold side renders everything from scratch (directly where
+        // it can: the differential tests hold that equal to minijinja).
+        let cold = cold.with_render_memo(0);
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        for (conversation, body) in &bodies {
+            let turns = prefixes(body);
+            for turn in turns.iter().chain(&memo_variants(body)) {
+                renders += 1;
+                let (got, want) = (outcome(&memo, turn), outcome(&cold, turn));
+                if got != want {
+                    differ.push(format!(
+                        "{name}/{conversation}: {turn}\n  memo: {got:?}\n  cold: {want:?}"
+                    ));
+                }
+            }
+        }
+        let stats = memo.render_memo_stats().unwrap_or_default();
+        lookups += stats.lookups;
+        hits += stats.hits;
+        if stats.hits > 0 {
+            hit_templates.push(format!("{name} ({} of {})", stats.hits, stats.lookups));
+        }
+    }
+    println!(
+        "render memo: {renders} renders over {} templates, {} differences; {hits} of {lookups} \
+         loop lookups resumed a stored state, on {} templates:\n  {}",
+        templates.len(),
+        differ.len(),
+        hit_templates.len(),
+        hit_templates.join("\n  ")
+    );
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+    assert!(hits > 0, "the memo never resumed a rendering");
+}

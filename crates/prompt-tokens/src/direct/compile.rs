@@ -85,6 +85,10 @@ pub(super) struct Compiler<'s> {
     pub(super) macro_names: Vec<&'s str>,
     pub(super) assigned_outside_macros: Vec<&'s str>,
     pub(super) called_builtins: Vec<Name>,
+    /// Every namespace attribute the template names (`namespace(a=...)`,
+    /// `set ns.a = ...`), once each: the render memo stores attribute
+    /// names as text and finds them here again.
+    pub(super) ns_fields: Vec<Box<str>>,
     pub(super) scope: Scope,
 }
 
@@ -96,6 +100,12 @@ impl<'s> Compiler<'s> {
         let at = Name::try_from(self.names.len()).map_err(|_| "too many names".to_owned())?;
         self.names.push(id.into());
         Ok(at)
+    }
+
+    fn ns_field(&mut self, field: &str) {
+        if !self.ns_fields.iter().any(|f| **f == *field) {
+            self.ns_fields.push(field.into());
+        }
     }
 
     fn is_macro(&self, id: &str) -> Option<usize> {
@@ -139,6 +149,7 @@ impl<'s> Compiler<'s> {
                 }
                 ast::Expr::GetAttr(a) => match &a.expr {
                     ast::Expr::Var(v) if self.readable(v.id) => {
+                        self.ns_field(a.name);
                         Stmt::SetAttr(self.name(v.id)?, a.name.into(), self.expr(&s.expr)?)
                     }
                     _ => decline_stmt("`set` of an attribute of an expression"),
@@ -644,6 +655,7 @@ impl<'s> Compiler<'s> {
                             let ast::CallArg::Kwarg(key, value) = arg else {
                                 return Ok(decline("`namespace` with positional arguments"));
                             };
+                            self.ns_field(key);
                             fields.push(((*key).into(), self.expr(value)?));
                         }
                         let id = self.name(name)?;

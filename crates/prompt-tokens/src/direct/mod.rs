@@ -50,6 +50,7 @@
 //! and a fuzz target hold it to that.
 
 mod compile;
+mod memo;
 mod run;
 mod tree;
 mod value;
@@ -58,6 +59,8 @@ use minijinja::machinery::ast;
 use minijinja::value::Value;
 
 use compile::{Compiler, Scope, collect_assigned};
+use memo::Memo;
+pub use memo::{DEFAULT_RENDER_MEMO_BYTES, RenderMemoStats};
 use run::Run;
 use tree::{MacroDef, Stmt};
 
@@ -98,6 +101,11 @@ pub(crate) struct DirectTemplate {
     /// `strftime_now`): a context value of the same name would shadow
     /// them in minijinja, so a rendering with one declines.
     called_builtins: Vec<Name>,
+    /// The namespace attributes the template names (module `memo`).
+    ns_fields: Vec<Box<str>>,
+    /// The states of earlier renderings' message loops (module `memo`);
+    /// `None` when turned off.
+    memo: Option<Memo>,
 }
 
 impl DirectTemplate {
@@ -118,6 +126,7 @@ impl DirectTemplate {
             macro_names: Vec::new(),
             assigned_outside_macros: assigned,
             called_builtins: Vec::new(),
+            ns_fields: Vec::new(),
             scope: Scope::default(),
         };
         let body = compiler.block(&root.children, true)?;
@@ -127,7 +136,20 @@ impl DirectTemplate {
             macros,
             names: compiler.names,
             called_builtins: compiler.called_builtins,
+            ns_fields: compiler.ns_fields,
+            memo: Memo::new(DEFAULT_RENDER_MEMO_BYTES),
         })
+    }
+
+    /// Bounds the render memo to `bytes` (0: no memo); stored states are
+    /// dropped.
+    pub(crate) fn set_memo_bytes(&mut self, bytes: usize) {
+        self.memo = Memo::new(bytes);
+    }
+
+    /// The render memo's counters; `None` without a memo.
+    pub(crate) fn memo_stats(&self) -> Option<RenderMemoStats> {
+        self.memo.as_ref().map(Memo::stats)
     }
 
     /// Renders with the context `globals` (name, value pairs, each name
@@ -141,8 +163,12 @@ impl DirectTemplate {
         capacity: usize,
     ) -> Result<String, &'t str> {
         let mut by_name: Vec<Option<&Value>> = vec![None; self.names.len()];
+        let mut messages = None;
         for (key, value) in globals {
             let Some(key) = key.as_str() else { continue };
+            if key == "messages" {
+                messages = value::vec_items(value);
+            }
             if let Some(at) = self.names.iter().position(|n| **n == *key) {
                 by_name[at] = Some(value);
             }
@@ -168,6 +194,11 @@ impl DirectTemplate {
             depth: 0,
             clock_seconds,
             declined_at: None,
+            memo: self.memo.as_ref(),
+            messages,
+            rec: None,
+            capturing: 0,
+            encoded: None,
         };
         match run.exec(&self.body) {
             Ok(()) => Ok(run.out),

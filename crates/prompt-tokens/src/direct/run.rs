@@ -1,11 +1,26 @@
 //! The evaluator: one rendering of a compiled template.
 
 use std::fmt::Write as _;
+use std::hash::Hasher as _;
 
 use minijinja::value::{Value, ValueKind};
 
+use super::memo::{Entry, Memo, Point, Stored, encode, key_hasher};
+
+/// A run of the request's messages encoded for the memo's key (module
+/// `memo`), kept for the rendering's next memoized loop over the same
+/// items (templates that loop over the messages twice: a check, then the
+/// rendering).
+pub(super) struct Encoded<'a> {
+    list: &'a [Value],
+    /// The canonical encoding, and its length after each item.
+    items: Vec<u8>,
+    bounds: Vec<usize>,
+    /// The hasher after each item (the loop and the cap are added last).
+    hashers: Vec<ahash::AHasher>,
+}
 use super::tree::{Arith, Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Side, Stmt, TestKind};
-use super::value::{V, compare, int};
+use super::value::{V, compare, int, vec_items};
 use super::{DirectTemplate, MAX_MACRO_DEPTH, Name, Step, declined};
 use crate::clock_text::strftime_cached;
 use crate::request::{small_map_entries, small_map_get};
@@ -56,6 +71,53 @@ pub(super) struct Run<'a> {
     /// The construct of the `Decline` node that ended the rendering, if
     /// one did (for diagnostics).
     pub(super) declined_at: Option<&'a str>,
+    /// The template's render memo, if it has one.
+    pub(super) memo: Option<&'a Memo>,
+    /// The items of the context's `messages`: a top-level loop over them
+    /// (or a slice of them) is the one the memo resumes.
+    pub(super) messages: Option<&'a [Value]>,
+    /// What the memoized loop's iterations read, while one runs.
+    pub(super) rec: Option<Recording>,
+    /// How many captures (`set` blocks, macro calls as values) are open:
+    /// a loop inside one is not memoized.
+    pub(super) capturing: usize,
+    /// The last memoized loop's items, encoded.
+    pub(super) encoded: Option<Encoded<'a>>,
+}
+
+/// What the iterations of the memoized loop read from outside themselves
+/// (module `memo`).
+pub(super) struct Recording {
+    /// `loops.len()` while the memoized loop is the innermost.
+    depth: usize,
+    /// `vars.len()` at the loop's start: a name found below it is read
+    /// from outside the iterations.
+    mark: usize,
+    /// The names read from outside (variables below `mark`, context
+    /// values, names bound to nothing), each once.
+    reads: Vec<Name>,
+    /// Set when an iteration read what the memo cannot key on
+    /// (`loop.length`, `loop.revindex`, the clock): nothing is stored.
+    spoiled: bool,
+}
+
+/// One rendering's use of the memo for one loop: the items' key, and the
+/// states to store when the loop ends.
+struct Session<'a> {
+    memo: &'a Memo,
+    loop_id: usize,
+    /// The items' canonical encoding.
+    enc: Encoded<'a>,
+    /// The key's hash through each item.
+    hashes: Vec<u64>,
+    /// `out.len()` at the loop's start.
+    pre_len: usize,
+    steps_start: u64,
+    /// The namespaces as they were at the loop's start.
+    ns_start: Vec<Vec<(&'a str, V<'a>)>>,
+    mark: usize,
+    points: Vec<Point>,
+    reads: Vec<(Name, Box<[u8]>)>,
 }
 
 impl<'a> Run<'a> {
@@ -107,7 +169,9 @@ impl<'a> Run<'a> {
                 }
                 Stmt::SetBlock(name, body) => {
                     let outer = std::mem::take(&mut self.out);
+                    self.capturing += 1;
                     let done = self.exec(body);
+                    self.capturing -= 1;
                     let text = std::mem::replace(&mut self.out, outer);
                     done?;
                     // No auto-escaping: minijinja captures a plain string.
@@ -145,22 +209,60 @@ impl<'a> Run<'a> {
             None if seq.value()?.is_undefined() => 0,
             None => return Err(declined!()),
         };
-        self.loops.push(LoopState {
-            index: 0,
-            len,
-            items: borrowed,
-            reversed: f.reversed,
-        });
-        let (mut ran, mut broke) = (0usize, false);
-        for index in 0..len {
-            self.step()?;
+        let memo_items = borrowed.filter(|list| !f.reversed && self.resumable(list));
+        self.iterate(f, len, borrowed, f.reversed, memo_items, |run, index| {
             let at = if f.reversed { len - 1 - index } else { index };
             let item = match borrowed {
                 Some(list) => V::Ref(&list[at]),
                 None => V::Own(seq.items().ok_or(declined!())?[at].clone()),
             };
+            run.vars.push((f.target, item));
+            Ok(())
+        })
+    }
+
+    /// The iterations of a loop of `len` items, as minijinja runs them:
+    /// `bind` pushes the loop variables of the `index`th item (in the
+    /// order the loop reads), the filter (if any) skips an item, the
+    /// body runs with `loop.*` set, `break` and `continue` end an
+    /// iteration, and `else` runs when no item past the first was
+    /// fetched. `items` are the borrowed items for `loop.previtem` and
+    /// `loop.nextitem` (`None`: those decline). One copy for every kind
+    /// of loop, so the kinds cannot drift apart.
+    fn iterate(
+        &mut self,
+        f: &'a ForLoop,
+        len: usize,
+        items: Option<&'a [Value]>,
+        reversed: bool,
+        memo_items: Option<&'a [Value]>,
+        mut bind: impl FnMut(&mut Self, usize) -> Step<()>,
+    ) -> Step<()> {
+        self.loops.push(LoopState {
+            index: 0,
+            len,
+            items,
+            reversed,
+        });
+        let (mut ran, mut broke) = (0usize, false);
+        let mut start = 0;
+        let mut session = None;
+        if let Some(list) = memo_items {
+            session = self.memo_begin(f, list, &mut start, &mut ran)?;
+        }
+        for index in start..len {
+            // The states stored: after all items but the last, and but
+            // the last two (a conversation's next request repeats them
+            // all, a retried or edited last message all but it).
+            if let Some(session) = &mut session
+                && index > start
+                && index + 2 >= len
+            {
+                self.memo_point(session, index, ran);
+            }
+            self.step()?;
             let mark = self.vars.len();
-            self.vars.push((f.target, item));
+            bind(self, index)?;
             if let Some(filter) = &f.filter {
                 // minijinja runs a filtered loop's items twice: once to
                 // filter, once for the body.
@@ -182,10 +284,13 @@ impl<'a> Run<'a> {
             }
         }
         self.loops.pop();
+        if let Some(session) = session {
+            self.memo_end(session);
+        }
         // minijinja runs `else` when its loop fetched no item past the
-        // first: none at all, or a `break` in the first iteration.
+        // first: none at all, or a `break` in the first iteration; it
+        // runs it in the enclosing scope, so its `set`s stay.
         if ran == 0 || (broke && ran == 1) {
-            // minijinja runs `else` in the enclosing scope: its `set`s stay.
             self.exec(&f.else_body)?;
         }
         Ok(())
@@ -219,43 +324,13 @@ impl<'a> Run<'a> {
             return Err(declined!());
         }
         let len = len as usize;
-        self.loops.push(LoopState {
-            index: 0,
-            len,
-            items: None,
-            reversed: false,
-        });
-        let (mut ran, mut broke) = (0usize, false);
-        for index in 0..len {
-            self.step()?;
+        self.iterate(f, len, None, false, None, |run, index| {
             let value = lower
                 .checked_add((index as i64).checked_mul(step).ok_or(declined!())?)
                 .ok_or(declined!())?;
-            let mark = self.vars.len();
-            self.vars.push((f.target, V::Own(Value::from(value))));
-            if let Some(filter) = &f.filter {
-                self.step()?;
-                if !self.test(filter)? {
-                    self.vars.truncate(mark);
-                    continue;
-                }
-            }
-            ran += 1;
-            if let Some(state) = self.loops.last_mut() {
-                state.index = index;
-            }
-            self.exec(&f.body)?;
-            self.vars.truncate(mark);
-            if std::mem::replace(&mut self.flow, Flow::Next) == Flow::Break {
-                broke = true;
-                break;
-            }
-        }
-        self.loops.pop();
-        if ran == 0 || (broke && ran == 1) {
-            self.exec(&f.else_body)?;
-        }
-        Ok(())
+            run.vars.push((f.target, V::Own(Value::from(value))));
+            Ok(())
+        })
     }
 
     /// `for k, v in map.items()` over one of the request's objects: its
@@ -289,15 +364,7 @@ impl<'a> Run<'a> {
             owned = Some(pairs);
         }
         let len = borrowed.map_or_else(|| owned.as_ref().map_or(0, Vec::len), <[_]>::len);
-        self.loops.push(LoopState {
-            index: 0,
-            len,
-            items: None,
-            reversed: false,
-        });
-        let (mut ran, mut broke) = (0usize, false);
-        for index in 0..len {
-            self.step()?;
+        self.iterate(f, len, None, false, None, |run, index| {
             let (key, value) = match (borrowed, &owned) {
                 (Some(pairs), _) => (V::Ref(&pairs[index].0), V::Ref(&pairs[index].1)),
                 (None, Some(pairs)) => (
@@ -306,36 +373,342 @@ impl<'a> Run<'a> {
                 ),
                 (None, None) => return Err(declined!()),
             };
-            let mark = self.vars.len();
-            self.vars.push((f.target, key));
+            run.vars.push((f.target, key));
             if let Some(value_target) = value_target {
-                self.vars.push((value_target, value));
+                run.vars.push((value_target, value));
             }
-            if let Some(filter) = &f.filter {
-                self.step()?;
-                if !self.test(filter)? {
-                    self.vars.truncate(mark);
-                    continue;
+            Ok(())
+        })
+    }
+
+    /// Whether a loop over `list` is one the memo resumes: the template
+    /// has a memo, the loop is at the top level (no macro, loop or
+    /// capture around it), and `list` is the request's messages or a
+    /// slice of them, two or more.
+    fn resumable(&self, list: &[Value]) -> bool {
+        self.memo.is_some()
+            && self.rec.is_none()
+            && self.depth == 0
+            && self.loops.is_empty()
+            && self.capturing == 0
+            && list.len() >= 2
+            && self.is_messages(list)
+    }
+
+    /// Whether `list` lies within the request's messages.
+    fn is_messages(&self, list: &[Value]) -> bool {
+        self.messages.is_some_and(|all| {
+            let range = all.as_ptr_range();
+            let inner = list.as_ptr_range();
+            range.start <= inner.start && inner.end <= range.end && !list.is_empty()
+        })
+    }
+
+    /// Starts the memo's session for the loop `f` over `list`: the items'
+    /// key, and, when a stored state matches, the rendering resumed from
+    /// it (`start` and `ran` set to its iteration and count). `None`
+    /// when an item cannot be keyed.
+    fn memo_begin(
+        &mut self,
+        f: &'a ForLoop,
+        list: &'a [Value],
+        start: &mut usize,
+        ran: &mut usize,
+    ) -> Step<Option<Session<'a>>> {
+        let Some(memo) = self.memo else {
+            return Ok(None);
+        };
+        let loop_id = std::ptr::from_ref(f) as usize;
+        let enc = match self.encoded.take() {
+            Some(enc) if std::ptr::eq(enc.list, list) => enc,
+            _ => {
+                let mut enc = Encoded {
+                    list,
+                    items: Vec::with_capacity(list.len() * 160),
+                    bounds: Vec::with_capacity(list.len()),
+                    hashers: Vec::with_capacity(list.len()),
+                };
+                let mut hasher = key_hasher();
+                for item in list {
+                    let from = enc.items.len();
+                    if !encode(&mut enc.items, item) {
+                        return Ok(None);
+                    }
+                    hasher.write(&enc.items[from..]);
+                    enc.bounds.push(enc.items.len());
+                    enc.hashers.push(hasher.clone());
+                }
+                enc
+            }
+        };
+        let hashes = enc
+            .hashers
+            .iter()
+            .map(|hasher| {
+                let mut hasher = hasher.clone();
+                hasher.write_usize(loop_id);
+                hasher.write_usize(self.max_output);
+                hasher.finish()
+            })
+            .collect();
+        let mut session = Session {
+            memo,
+            loop_id,
+            enc,
+            hashes,
+            pre_len: self.out.len(),
+            steps_start: self.steps_left,
+            ns_start: self.namespaces.clone(),
+            mark: self.vars.len(),
+            points: Vec::new(),
+            reads: Vec::new(),
+        };
+        let mut reads = Vec::new();
+        // The longest stored prefix first; a state is used only for
+        // `k` below the item count (module docs: `loop.last`).
+        for k in (1..list.len()).rev() {
+            let Some(entry) = memo.get(session.hashes[k]) else {
+                continue;
+            };
+            let Some((point, namespaces)) = self.memo_match(&session, &entry, k) else {
+                continue;
+            };
+            let text = &entry.text[..point.text_len];
+            if self.out.len().saturating_add(text.len()) > self.max_output {
+                return Err(declined!());
+            }
+            self.steps_left = self
+                .steps_left
+                .checked_sub(point.steps)
+                .ok_or(declined!())?;
+            self.out.push_str(text);
+            for (at, fields) in namespaces {
+                if at < self.namespaces.len() {
+                    self.namespaces[at] = fields;
+                } else {
+                    self.namespaces.push(fields);
                 }
             }
-            ran += 1;
-            if let Some(state) = self.loops.last_mut() {
-                state.index = index;
-            }
-            self.exec(&f.body)?;
-            self.vars.truncate(mark);
-            if std::mem::replace(&mut self.flow, Flow::Next) == Flow::Break {
-                broke = true;
-                break;
+            *start = k;
+            *ran = point.ran;
+            reads = entry.reads.iter().map(|(name, _)| *name).collect();
+            session.reads = entry.reads.clone();
+            break;
+        }
+        memo.count(*start > 0);
+        self.rec = Some(Recording {
+            depth: self.loops.len(),
+            mark: session.mark,
+            reads,
+            spoiled: false,
+        });
+        Ok(Some(session))
+    }
+
+    /// The stored state of `entry` after `k` iterations, with its
+    /// namespaces ready to install, when it applies to this rendering:
+    /// the same loop, output cap and namespace count, items `0..=k`
+    /// equal byte for byte, and every name the iterations read encoding
+    /// as it did.
+    #[allow(clippy::type_complexity)] // reason: a private pair, read at one call
+    fn memo_match<'e>(
+        &self,
+        session: &Session<'a>,
+        entry: &'e Entry,
+        k: usize,
+    ) -> Option<(&'e Point, Vec<(usize, Vec<(&'a str, V<'a>)>)>)> {
+        if entry.loop_id != session.loop_id
+            || entry.max_output != self.max_output
+            || entry.ns_count != session.ns_start.len()
+        {
+            return None;
+        }
+        let point = entry.points.iter().find(|p| p.k == k)?;
+        if point.items_len != session.enc.bounds[k]
+            || entry.items.get(..point.items_len)? != &session.enc.items[..point.items_len]
+        {
+            return None;
+        }
+        let mut buf = Vec::new();
+        let mut reach = Vec::new();
+        for (name, bytes) in &entry.reads {
+            buf.clear();
+            let value = self.outer(*name, session.mark);
+            if !self.encode_v(&mut buf, &value, &session.ns_start, &mut reach, 0)
+                || buf.as_slice() != &**bytes
+            {
+                return None;
             }
         }
-        self.loops.pop();
-        // minijinja runs `else` when its loop fetched no item past the
-        // first: none at all, or a `break` in the first iteration.
-        if ran == 0 || (broke && ran == 1) {
-            self.exec(&f.else_body)?;
+        let mut namespaces = Vec::with_capacity(point.namespaces.len());
+        let mut next_new = session.ns_start.len();
+        for (at, fields) in &point.namespaces {
+            if *at >= session.ns_start.len() {
+                // Made by the iterations: appended in order.
+                if *at != next_new {
+                    return None;
+                }
+                next_new += 1;
+            }
+            let mut installed = Vec::with_capacity(fields.len());
+            for (key, value) in fields {
+                let key = self.template.ns_fields.iter().find(|f| ***f == **key)?;
+                installed.push((
+                    &**key,
+                    match value {
+                        Stored::Value(v) => V::Own(v.clone()),
+                        Stored::Ns(i) => V::Ns(*i),
+                    },
+                ));
+            }
+            namespaces.push((*at, installed));
         }
-        Ok(())
+        Some((point, namespaces))
+    }
+
+    /// Appends the canonical encoding of `v` (module `memo`), a namespace
+    /// as it was at the loop's start (`ns_start`), noting the namespaces
+    /// it reaches in `reach`. `false` for what cannot be encoded: the
+    /// request's messages list or a slice of it (its later items are not
+    /// in the key), or a value of another kind.
+    fn encode_v(
+        &self,
+        buf: &mut Vec<u8>,
+        v: &V<'a>,
+        ns_start: &[Vec<(&'a str, V<'a>)>],
+        reach: &mut Vec<usize>,
+        depth: usize,
+    ) -> bool {
+        if depth > 8 {
+            return false;
+        }
+        match v {
+            V::Ref(value) => self.encode_plain(buf, value),
+            V::Own(value) => self.encode_plain(buf, value),
+            V::Slice(list) => {
+                if self.is_messages(list) {
+                    return false;
+                }
+                buf.push(10);
+                buf.extend_from_slice(&(list.len() as u64).to_le_bytes());
+                list.iter().all(|item| encode(buf, item))
+            }
+            V::Ns(at) => {
+                let Some(fields) = ns_start.get(*at) else {
+                    return false;
+                };
+                buf.push(11);
+                buf.extend_from_slice(&(*at as u64).to_le_bytes());
+                buf.extend_from_slice(&(fields.len() as u64).to_le_bytes());
+                if !reach.contains(at) {
+                    reach.push(*at);
+                }
+                for (key, value) in fields {
+                    buf.extend_from_slice(&(key.len() as u64).to_le_bytes());
+                    buf.extend_from_slice(key.as_bytes());
+                    if !self.encode_v(buf, value, ns_start, reach, depth + 1) {
+                        return false;
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// [`encode`], but `false` for the request's messages list.
+    fn encode_plain(&self, buf: &mut Vec<u8>, value: &Value) -> bool {
+        if vec_items(value).is_some_and(|list| self.is_messages(list)) {
+            return false;
+        }
+        encode(buf, value)
+    }
+
+    /// Notes the state after the first `index` iterations, unless they
+    /// read what the memo cannot key on.
+    fn memo_point(&mut self, session: &mut Session<'a>, index: usize, ran: usize) {
+        let Some(rec) = &self.rec else { return };
+        if rec.spoiled {
+            return;
+        }
+        let mut reads = Vec::with_capacity(rec.reads.len());
+        let mut reach = Vec::new();
+        let mut buf = Vec::new();
+        for &name in &rec.reads {
+            buf.clear();
+            let value = self.outer(name, session.mark);
+            if !self.encode_v(&mut buf, &value, &session.ns_start, &mut reach, 0) {
+                if let Some(rec) = &mut self.rec {
+                    rec.spoiled = true;
+                }
+                return;
+            }
+            reads.push((name, buf.as_slice().into()));
+        }
+        // The namespaces the iterations can have changed: those reached
+        // from what they read, and those they made.
+        reach.retain(|&at| at < session.ns_start.len());
+        reach.sort_unstable();
+        reach.extend(session.ns_start.len()..self.namespaces.len());
+        let mut namespaces = Vec::with_capacity(reach.len());
+        for at in reach {
+            let mut fields = Vec::new();
+            for (key, value) in &self.namespaces[at] {
+                let stored = match value {
+                    V::Ns(i) => Stored::Ns(*i),
+                    V::Ref(v) if scalar(v) => Stored::Value((*v).clone()),
+                    V::Own(v) if scalar(v) => Stored::Value(v.clone()),
+                    // Sequences and maps keep borrowed items; not stored.
+                    _ => return,
+                };
+                fields.push(((*key).into(), stored));
+            }
+            namespaces.push((at, fields));
+        }
+        session.reads = reads;
+        session.points.push(Point {
+            k: index,
+            items_len: session.enc.bounds[index],
+            text_len: self.out.len() - session.pre_len,
+            steps: session.steps_start - self.steps_left,
+            ran,
+            namespaces,
+        });
+    }
+
+    /// Ends the memoized loop: stores the states it noted.
+    fn memo_end(&mut self, session: Session<'a>) {
+        self.rec = None;
+        let Session {
+            memo,
+            loop_id,
+            enc,
+            hashes,
+            pre_len,
+            ns_start,
+            points,
+            reads,
+            ..
+        } = session;
+        if let Some(&Point {
+            items_len,
+            text_len,
+            ..
+        }) = points.last()
+            && let Some(text) = self.out.get(pre_len..pre_len + text_len)
+        {
+            let keys: Vec<u64> = points.iter().map(|p| hashes[p.k]).collect();
+            let entry = Entry::new(
+                loop_id,
+                self.max_output,
+                enc.items[..items_len].into(),
+                text.into(),
+                reads,
+                ns_start.len(),
+                points,
+            );
+            memo.insert(&keys, entry);
+        }
+        self.encoded = Some(enc);
     }
 
     /// Whether `v` is true as minijinja's `if` decides.
@@ -356,11 +729,30 @@ impl<'a> Run<'a> {
         self.truthy(&v)
     }
 
-    fn lookup(&self, name: Name) -> V<'a> {
-        for (n, value) in self.vars[self.barrier..].iter().rev() {
-            if *n == name {
-                return value.clone();
+    fn lookup(&mut self, name: Name) -> V<'a> {
+        let frame = &self.vars[self.barrier..];
+        if let Some(at) = frame.iter().rposition(|(n, _)| *n == name) {
+            if let Some(rec) = &mut self.rec
+                && self.barrier + at < rec.mark
+            {
+                rec.read(name);
             }
+            return frame[at].1.clone();
+        }
+        if let Some(rec) = &mut self.rec {
+            rec.read(name);
+        }
+        match self.globals[usize::from(name)] {
+            Some(value) => V::Ref(value),
+            None => V::undefined(),
+        }
+    }
+
+    /// `name`'s value as the memoized loop's iterations find it outside
+    /// themselves: below `mark` (the top level's frame), else the context.
+    fn outer(&self, name: Name, mark: usize) -> V<'a> {
+        if let Some((_, value)) = self.vars[..mark].iter().rev().find(|(n, _)| *n == name) {
+            return value.clone();
         }
         match self.globals[usize::from(name)] {
             Some(value) => V::Ref(value),
@@ -462,7 +854,9 @@ impl<'a> Run<'a> {
 
     fn capture_macro(&mut self, index: usize, args: &'a [Expr]) -> Step<V<'a>> {
         let outer = std::mem::take(&mut self.out);
+        self.capturing += 1;
         let done = self.call_macro(index, args);
+        self.capturing -= 1;
         let text = std::mem::replace(&mut self.out, outer);
         done?;
         Ok(V::Own(Value::from(text)))
@@ -474,6 +868,16 @@ impl<'a> Run<'a> {
             Expr::Const(value) | Expr::Text(value, _) => V::Ref(value),
             Expr::Var(name) => self.lookup(*name),
             Expr::Loop(attr) => {
+                if let Some(rec) = &mut self.rec
+                    && self.loops.len() == rec.depth
+                    && matches!(
+                        attr,
+                        LoopAttr::Length | LoopAttr::RevIndex | LoopAttr::RevIndex0
+                    )
+                {
+                    // Every iteration's value depends on the item count.
+                    rec.spoiled = true;
+                }
                 let state = self.loops.last().ok_or(declined!())?;
                 let (i, n) = (state.index as i64, state.len as i64);
                 match attr {
@@ -629,6 +1033,9 @@ impl<'a> Run<'a> {
                 V::Ns(self.namespaces.len() - 1)
             }
             Expr::StrftimeNow(format) => {
+                if let Some(rec) = &mut self.rec {
+                    rec.spoiled = true;
+                }
                 let format = self.eval(format)?;
                 let format = format.value()?.as_str().ok_or(declined!())?;
                 V::Own(strftime_cached(format, (self.clock_seconds)()))
@@ -1107,5 +1514,26 @@ impl<'a> Run<'a> {
                 return Err(declined!());
             }
         })
+    }
+}
+
+/// Whether a namespace attribute's value may be stored as it is: a
+/// scalar behaves the same borrowed or owned.
+fn scalar(value: &Value) -> bool {
+    matches!(
+        value.kind(),
+        ValueKind::Undefined
+            | ValueKind::None
+            | ValueKind::Bool
+            | ValueKind::Number
+            | ValueKind::String
+    )
+}
+
+impl Recording {
+    fn read(&mut self, name: Name) {
+        if !self.reads.contains(&name) {
+            self.reads.push(name);
+        }
     }
 }

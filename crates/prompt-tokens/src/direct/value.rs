@@ -59,6 +59,10 @@ impl<'a> V<'a> {
 
 /// The items of a sequence value, when it is one minijinja would index
 /// and iterate as a plain vector.
+pub(super) fn vec_items(value: &Value) -> Option<&[Value]> {
+    items(value)
+}
+
 fn items(value: &Value) -> Option<&[Value]> {
     if value.kind() != ValueKind::Seq {
         return None;
