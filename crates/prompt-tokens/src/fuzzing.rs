@@ -22,10 +22,14 @@ const FUZZ_CLOCK: i64 = 1_700_000_000;
 
 /// Decodes `data` as `template source NUL request JSON` (lossy UTF-8) and
 /// renders it under [`FUZZ_LIMITS`]; then renders the request with each of
-/// the crate's templates and the synthetic tokenizer. Panics only if a
+/// the crate's templates and the synthetic tokenizer. Before the request
+/// itself, each template renders the request's earlier turns (its
+/// messages cut after each of the first ones), so that its render memo
+/// holds states the request's rendering may resume from. Panics only if a
 /// limit is not respected (an output over the cap) or if the direct
-/// renderer disagrees with minijinja (its text, or `render`'s result with
-/// it on, differs from a rendering with it off); errors are expected.
+/// renderer or the memo disagrees with minijinja (a text, or `render`'s
+/// result, differs from a rendering with the direct renderer off);
+/// errors are expected.
 pub fn render(data: &[u8]) {
     let (template, body) = match data.iter().position(|b| *b == 0) {
         Some(at) => (&data[..at], &data[at + 1..]),
@@ -52,11 +56,13 @@ pub fn render(data: &[u8]) {
         ..SpecialTokens::default()
     };
     let clock = Arc::new(FixedClock(FUZZ_CLOCK));
+    let turns = earlier_turns(body);
     let mut sources: Vec<&str> = vec![&template];
     sources.extend(TemplateFamily::ALL.iter().map(|f| f.template()));
     for source in sources {
         match ChatTemplate::new(source, special.clone(), FUZZ_LIMITS, clock.clone()) {
             Ok(compiled) => {
+                check_earlier_turns(source, &compiled, &turns, &special);
                 let rendered = compiled.render(&request);
                 if let Ok(text) = &rendered {
                     assert!(
@@ -75,6 +81,75 @@ pub fn render(data: &[u8]) {
     if let Ok(tokens) = synthetic.chat_tokens(&request) {
         let text = synthetic.chat_text(&request).unwrap_or_default();
         assert_eq!(tokens.len(), crate::synthetic_count(&text, 4));
+    }
+}
+
+/// Most earlier turns rendered before a request (each a rendering of
+/// every template, so the target stays fast).
+const MAX_EARLIER_TURNS: usize = 6;
+
+/// The request in `body` (a request object with a `messages` array) cut
+/// after each of its first messages: the turns of the conversation that
+/// led to it, shortest first. Empty when `body` is not such an object or
+/// a cut is not a valid request.
+fn earlier_turns(body: &[u8]) -> Vec<ChatRequest> {
+    let Ok(serde_json::Value::Object(object)) = serde_json::from_slice::<serde_json::Value>(body)
+    else {
+        return Vec::new();
+    };
+    let Some(serde_json::Value::Array(messages)) = object.get("messages") else {
+        return Vec::new();
+    };
+    (1..messages.len())
+        .take(MAX_EARLIER_TURNS)
+        .filter_map(|cut| {
+            let mut turn = object.clone();
+            turn.insert(
+                "messages".into(),
+                serde_json::Value::Array(messages[..cut].to_vec()),
+            );
+            let bytes = serde_json::to_vec(&serde_json::Value::Object(turn)).ok()?;
+            ChatRequest::from_json(&bytes).ok()
+        })
+        .collect()
+}
+
+/// Renders each of `turns` with `compiled` (as shipped: direct renderer
+/// and render memo on, the memo filling as a conversation's turns
+/// arrive) and holds each to minijinja's rendering of it.
+fn check_earlier_turns(
+    source: &str,
+    compiled: &ChatTemplate,
+    turns: &[ChatRequest],
+    special: &SpecialTokens,
+) {
+    if turns.is_empty() {
+        return;
+    }
+    let Ok(reference) = ChatTemplate::new(
+        source,
+        special.clone(),
+        FUZZ_LIMITS,
+        Arc::new(FixedClock(FUZZ_CLOCK)),
+    ) else {
+        panic!("the template compiled once and not twice: {source:?}");
+    };
+    let reference = reference.with_direct_rendering(false);
+    for turn in turns {
+        let expected = reference.render(turn);
+        if matches!(&expected, Err(Error::Render(m)) if m == crate::template::ENGINE_PANICKED) {
+            continue;
+        }
+        let got = compiled.render(turn);
+        let same = match (&got, &expected) {
+            (Ok(a), Ok(b)) => a == b,
+            (Err(a), Err(b)) => a.to_string() == b.to_string(),
+            _ => false,
+        };
+        assert!(
+            same,
+            "an earlier turn rendered with the memo differs from minijinja's\n  template: {source:?}\n  render():  {got:?}\n  minijinja: {expected:?}"
+        );
     }
 }
 
