@@ -246,6 +246,7 @@ pub const ENGINE_POST_PATHS: [&str; 10] = [
 
 /// The paths [`Route::of`] routes besides [`ENGINE_POST_PATHS`], so that a
 /// known path can be named by a `&'static str` ([`Route::known_path`]).
+#[cfg(feature = "otel")]
 const ROUTER_PATHS: [&str; 17] = [
     "/v1/chat/completions",
     "/v1/completions",
@@ -267,10 +268,12 @@ const ROUTER_PATHS: [&str; 17] = [
 ];
 
 /// Every path [`Route::known_path`] knows, in the order of its indices.
+#[cfg(feature = "otel")]
 pub(crate) fn known_paths() -> impl Iterator<Item = &'static str> {
     ROUTER_PATHS.iter().chain(ENGINE_POST_PATHS.iter()).copied()
 }
 
+#[cfg(feature = "otel")]
 impl Route {
     /// A path the router routes, spelled as its route (without a
     /// trailing `/`), and its position in [`known_paths`]; `None` for any
@@ -448,6 +451,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "otel")]
     fn every_known_path_is_routed_and_named_by_itself() {
         for (index, path) in known_paths().enumerate() {
             let routed = [Method::GET, Method::POST]
