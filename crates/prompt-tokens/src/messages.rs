@@ -221,7 +221,11 @@ fn find_top_level(text: &str, needle: &str) -> Option<usize> {
                 b'\'' | b'"' => quote = Some(b),
                 b'(' | b'[' | b'{' => depth += 1,
                 b')' | b']' | b'}' => depth = depth.saturating_sub(1),
-                _ if depth == 0 && text[i..].starts_with(needle) => return Some(i),
+                // Compared as bytes: `i` may be inside a multi-byte
+                // character (slicing the text there would panic). The
+                // needles are ASCII, so a match starts on a character
+                // boundary and the offset is one the callers can slice at.
+                _ if depth == 0 && bytes[i..].starts_with(needle.as_bytes()) => return Some(i),
                 _ => {}
             },
         }
@@ -650,6 +654,26 @@ fn replace_field(object: &Value, key: &str, value: Value) -> Value {
 mod tests {
     use super::*;
     use crate::request::TemplateValue;
+
+    /// An expression with a multi-byte character outside quotes and
+    /// brackets (a template that minijinja loads, in a `set` the detection
+    /// reads) is scanned, not sliced inside the character: cargo fuzz
+    /// found the panic (`start byte index 6 is not a char boundary`).
+    #[test]
+    fn expressions_with_non_ascii_text_are_scanned_without_a_panic() {
+        assert_eq!(find_top_level("names\u{fffd}ace(x) | y", "|"), Some(15));
+        assert_eq!(find_top_level("caf\u{e9} is defined", " is "), Some(5));
+        assert_eq!(find_top_level("\u{e9}\u{e9}", "|"), None);
+        assert!(!refers_to("caf\u{e9} | length", "messages", None));
+        assert!(refers_to(
+            "messages | selectattr('r', '\u{e9}')",
+            "messages",
+            None
+        ));
+        let template =
+            "{% set x = caf\u{e9} | length %}{% for m in messages %}{{ m.content }}{% endfor %}";
+        let _ = ContentFormat::detect(template);
+    }
 
     fn messages(json: &str) -> Value {
         serde_json::from_str::<TemplateValue>(json).unwrap().0
