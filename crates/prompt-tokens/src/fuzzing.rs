@@ -126,28 +126,15 @@ fn check_earlier_turns(
     if turns.is_empty() {
         return;
     }
-    let Ok(reference) = ChatTemplate::new(
-        source,
-        special.clone(),
-        FUZZ_LIMITS,
-        Arc::new(FixedClock(FUZZ_CLOCK)),
-    ) else {
-        panic!("the template compiled once and not twice: {source:?}");
-    };
-    let reference = reference.with_direct_rendering(false);
+    let reference = minijinja_reference(source, special);
     for turn in turns {
         let expected = reference.render(turn);
         if matches!(&expected, Err(Error::Render(m)) if m == crate::template::ENGINE_PANICKED) {
             continue;
         }
         let got = compiled.render(turn);
-        let same = match (&got, &expected) {
-            (Ok(a), Ok(b)) => a == b,
-            (Err(a), Err(b)) => a.to_string() == b.to_string(),
-            _ => false,
-        };
         assert!(
-            same,
+            same_result(&got, &expected),
             "an earlier turn rendered with the memo differs from minijinja's\n  template: {source:?}\n  render():  {got:?}\n  minijinja: {expected:?}"
         );
     }
@@ -166,15 +153,7 @@ fn check_direct_rendering(
     request: &ChatRequest,
     special: &SpecialTokens,
 ) {
-    let Ok(reference) = ChatTemplate::new(
-        source,
-        special.clone(),
-        FUZZ_LIMITS,
-        Arc::new(FixedClock(FUZZ_CLOCK)),
-    ) else {
-        panic!("the template compiled once and not twice: {source:?}");
-    };
-    let reference = reference.with_direct_rendering(false);
+    let reference = minijinja_reference(source, special);
     let expected = reference.render(request);
     if matches!(&expected, Err(Error::Render(m)) if m == crate::template::ENGINE_PANICKED) {
         // minijinja panicked (a bug of its own, caught): no reference to
@@ -187,15 +166,33 @@ fn check_direct_rendering(
             "direct rendering differs from minijinja's\n  template: {source:?}\n  direct:    {direct:?}\n  minijinja: {expected:?}"
         );
     }
-    let same = match (rendered, &expected) {
+    assert!(
+        same_result(rendered, &expected),
+        "render() with the direct renderer differs from minijinja's\n  template: {source:?}\n  render():  {rendered:?}\n  minijinja: {expected:?}"
+    );
+}
+
+/// `source` compiled again with the direct renderer off: minijinja's
+/// rendering, the reference the direct renderer and the memo are held to.
+fn minijinja_reference(source: &str, special: &SpecialTokens) -> ChatTemplate {
+    let Ok(reference) = ChatTemplate::new(
+        source,
+        special.clone(),
+        FUZZ_LIMITS,
+        Arc::new(FixedClock(FUZZ_CLOCK)),
+    ) else {
+        panic!("the template compiled once and not twice: {source:?}");
+    };
+    reference.with_direct_rendering(false)
+}
+
+/// Whether two renderings agree: the same text, or errors of the same text.
+fn same_result(a: &crate::Result<String>, b: &crate::Result<String>) -> bool {
+    match (a, b) {
         (Ok(a), Ok(b)) => a == b,
         (Err(a), Err(b)) => a.to_string() == b.to_string(),
         _ => false,
-    };
-    assert!(
-        same,
-        "render() with the direct renderer differs from minijinja's\n  template: {source:?}\n  render():  {rendered:?}\n  minijinja: {expected:?}"
-    );
+    }
 }
 
 /// Loads `data` (lossy UTF-8) as a `.tiktoken` file and, when it loads,
