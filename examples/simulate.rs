@@ -141,6 +141,21 @@ struct Args {
     /// prefill of the request; 0 (default) takes the least cost.
     #[arg(long)]
     router_temperature: Option<f64>,
+    /// kv_aware's overload state: the mean of the engines' waiting counts
+    /// at which it enters (0: never; default: lb-policies'
+    /// `DEFAULT_OVERLOAD_ENTER`).
+    #[arg(long)]
+    overload_enter: Option<f64>,
+    /// kv_aware's overload state: the mean waiting count at which it
+    /// leaves (default: lb-policies' `DEFAULT_OVERLOAD_LEAVE`).
+    #[arg(long)]
+    overload_leave: Option<f64>,
+    /// Whether the router replicas share their routing choices, as
+    /// replicas started with `--router-peers` do: `off`, or the
+    /// milliseconds from a choice to its arrival at the other replicas
+    /// (default 10: the router's 5 ms batches plus a network hop).
+    #[arg(long, default_value = "10", value_parser = parse_sync)]
+    replica_sync_ms: SyncSpec,
     /// Milliseconds from sending a load poll to applying its answers.
     #[arg(long, default_value_t = 1.0)]
     load_poll_delay_ms: f64,
@@ -156,6 +171,25 @@ enum PollSpec {
     Off,
     Oracle,
     Every(f64),
+}
+
+/// `--replica-sync-ms`: off, or a delay in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SyncSpec {
+    Off,
+    After(f64),
+}
+
+fn parse_sync(s: &str) -> Result<SyncSpec, String> {
+    match s {
+        "off" => Ok(SyncSpec::Off),
+        ms => match ms.parse::<f64>() {
+            Ok(ms) if ms.is_finite() && ms >= 0.0 => Ok(SyncSpec::After(ms)),
+            _ => Err(format!(
+                "expected off or a number of milliseconds >= 0, got {s:?}"
+            )),
+        },
+    }
 }
 
 fn parse_polling(s: &str) -> Result<PollSpec, String> {
@@ -355,6 +389,16 @@ fn build_scenarios(args: &Args, selected: &[&str]) -> Result<Vec<Scenario>, Stri
     if let Some(temperature) = args.router_temperature {
         base.cache_aware.cost.temperature = temperature;
     }
+    if let Some(enter) = args.overload_enter {
+        base.cache_aware.cost.overload_enter = enter;
+    }
+    if let Some(leave) = args.overload_leave {
+        base.cache_aware.cost.overload_leave = leave;
+    }
+    base.replica_sync = match args.replica_sync_ms {
+        SyncSpec::Off => None,
+        SyncSpec::After(ms) => Some(std::time::Duration::from_secs_f64(ms / 1e3)),
+    };
     base.cache_aware
         .cost
         .validate()

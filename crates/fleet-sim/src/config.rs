@@ -68,8 +68,15 @@ pub struct SimConfig {
     /// index fed by the same engine events) and its own
     /// [`Worker`](worker_lifecycle::Worker) objects for the same engines,
     /// so it knows only its own in-flight count per engine, as a real
-    /// replica does. The replicas share no state.
+    /// replica does. What they share is [`replica_sync`](Self::replica_sync).
     pub replicas: usize,
+    /// Whether the replicas share their routing choices, as router
+    /// replicas started with `--router-peers` do: `Some(delay)`, each
+    /// choice reaches every other replica's policy
+    /// ([`PolicyRegistry::learn_choice`](lb_policies::PolicyRegistry::learn_choice))
+    /// `delay` after it was made; `None`, they share nothing. Default
+    /// [`DEFAULT_REPLICA_SYNC`].
+    pub replica_sync: Option<Duration>,
     /// `kv_aware`: how long after the end of the scheduler step that
     /// changed an engine's cache the routers see the change. Default 5 ms
     /// (see the [module docs](super#engine-kv-events-and-router-replicas)).
@@ -79,6 +86,11 @@ pub struct SimConfig {
     /// default poll interval.
     pub load_polling: LoadPolling,
 }
+
+/// The default [`SimConfig::replica_sync`]: 10 ms, the router's peer
+/// batch interval (5 ms) plus a hop on one network and the peer's
+/// handling, rounded up.
+pub const DEFAULT_REPLICA_SYNC: Option<Duration> = Some(Duration::from_millis(10));
 
 /// The default [`SimConfig::load_polling`]: every 50 ms, as the router
 /// polls by default, with answers applied 1 ms after the poll (a scrape
@@ -131,6 +143,7 @@ impl Default for SimConfig {
             replicas: 1,
             kv_event_delay: DEFAULT_KV_EVENT_DELAY,
             load_polling: DEFAULT_LOAD_POLLING,
+            replica_sync: DEFAULT_REPLICA_SYNC,
         }
     }
 }

@@ -148,8 +148,8 @@ pub mod trace;
 pub mod workload;
 
 pub use config::{
-    DEFAULT_KV_EVENT_DELAY, DEFAULT_LOAD_POLLING, LoadPolling, PdSplit, RoutingSource, RunReport,
-    SimConfig, SimError, split_policy,
+    DEFAULT_KV_EVENT_DELAY, DEFAULT_LOAD_POLLING, DEFAULT_REPLICA_SYNC, LoadPolling, PdSplit,
+    RoutingSource, RunReport, SimConfig, SimError, split_policy,
 };
 pub use deployment::for_deployment;
 pub use metrics::{LoadTimeline, PolicyMetrics, percentile};

@@ -1,7 +1,7 @@
 //! The discrete-event loop: engines on one virtual clock, requests placed
 //! by the production policies and load-guarded by production workers.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use engine_sim::{
 };
 use lb_policies::{
     Backend, INDEX_POLICIES, OwnedContext, PolicyConfig, PolicyRegistry, RequestContext,
-    RoutingInputBuf,
+    RoutingInput, RoutingInputBuf,
 };
 use pd_orchestrator::pools::{PdConfig, PdLease, PdPools, PdScope, PdTarget, PdWorkerConfig};
 use pd_orchestrator::{LegOutcome, PdBackend, PdConnector, Phase, PhaseGuard};
@@ -120,7 +120,15 @@ struct Sim<'a> {
     oracle_load: bool,
     /// Requests placed on each main-pool engine.
     placed: Vec<usize>,
+    /// [`SimConfig::replica_sync`]: the delay, and the choices on their
+    /// way to the other replicas (due time, replica that made it, trace
+    /// index, worker key), in due order.
+    sync: Option<(Duration, VecDeque<SharedChoice>)>,
 }
+
+/// A routing choice on its way to the other replicas: when it is due, the
+/// replica that made it, the request's trace index and the worker's key.
+type SharedChoice = (Duration, usize, usize, Arc<str>);
 
 /// Replays `trace` with `policy` placing every request (the prefill leg
 /// under P/D) and returns what it measured. `policy` is a policy name as on
@@ -294,6 +302,10 @@ pub fn simulate(
         },
         oracle_load: config.load_polling == LoadPolling::Oracle && config.pd.is_none(),
         placed: vec![0; main_engines],
+        sync: config
+            .replica_sync
+            .filter(|_| config.replicas > 1 && config.pd.is_none())
+            .map(|delay| (delay, VecDeque::new())),
     };
     for (index, request) in trace.trace.requests.iter().enumerate() {
         sim.run_until(request.arrival);
@@ -523,15 +535,44 @@ impl Sim<'_> {
         }
     }
 
+    /// Hands every shared choice due by `at` to the replicas that did not
+    /// make it ([`SimConfig::replica_sync`]). Choices matter only to
+    /// decisions, so delivering them just before each decision is the
+    /// same as delivering them on time.
+    fn deliver_choices(&mut self, at: Duration) {
+        let (Some((_, queue)), Placement::Regular(pools)) = (self.sync.as_mut(), &self.placement)
+        else {
+            return;
+        };
+        while let Some((_, origin, index, key)) = queue.front().filter(|c| c.0 <= at).cloned() {
+            queue.pop_front();
+            let request = &self.trace.trace.requests[index];
+            let input = match self.routing {
+                RoutingSource::Text => RoutingInput::Text(&request.prompt),
+                RoutingSource::Tokens => RoutingInput::Tokens(self.trace.tokens(index)),
+            };
+            for (replica, pool) in pools.iter().enumerate() {
+                if replica != origin {
+                    pool.policies().learn_choice(MODEL, input, &key);
+                }
+            }
+        }
+    }
+
     fn dispatch(&mut self, index: usize) {
         let at = self.trace.trace.requests[index].arrival;
         if let Some(feed) = self.kv.as_mut() {
             feed.deliver(at);
         }
+        self.deliver_choices(at);
         let Some((worker, flight)) = self.place(index) else {
             self.tally.rejected += 1;
             return;
         };
+        if let Some((delay, queue)) = self.sync.as_mut() {
+            let key: Arc<str> = self.main.worker(0, worker).key().into();
+            queue.push_back((at + *delay, index % self.replicas, index, key));
+        }
         // Routing loss: what the chosen cache held against the best one,
         // read before the engine admits the request.
         let hashes = &self.trace.hashes[index];

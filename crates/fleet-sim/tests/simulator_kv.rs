@@ -79,14 +79,15 @@ fn kv_aware_routes_on_tokens_from_the_engines_events() {
         round_robin.metrics.hit_rate
     );
     // Events that arrive only after the run are no help: every decision
-    // is then a low match, placed by load alone.
-    let blind = run(
-        "kv_aware",
-        &SimConfig {
-            kv_event_delay: Duration::from_secs(3_600),
-            ..config.clone()
-        },
-    );
+    // is then a low match, placed by load alone (the overload state off:
+    // under it the fallback tree's memory would place sessions, as
+    // cache_aware's does).
+    let mut blind_config = SimConfig {
+        kv_event_delay: Duration::from_secs(3_600),
+        ..config.clone()
+    };
+    blind_config.cache_aware.cost.overload_enter = 0.0;
+    let blind = run("kv_aware", &blind_config);
     assert_eq!(count(&blind, "kv_hit"), 0, "{:?}", blind.decisions);
     assert!(
         blind.metrics.hit_rate < kv.metrics.hit_rate - 0.2,
@@ -102,7 +103,11 @@ fn kv_aware_routes_on_tokens_from_the_engines_events() {
 #[test]
 fn with_four_replicas_kv_aware_keeps_its_hits_and_cache_aware_loses_them() {
     let one = pressured(1);
-    let four = pressured(4);
+    // Replicas that do not share their routing choices.
+    let four = SimConfig {
+        replica_sync: None,
+        ..pressured(4)
+    };
     let cache_1 = run("cache_aware:tokens", &one).metrics;
     let cache_4 = run("cache_aware:tokens", &four).metrics;
     let kv_1 = run("kv_aware", &one).metrics;
@@ -129,6 +134,40 @@ fn with_four_replicas_kv_aware_keeps_its_hits_and_cache_aware_loses_them() {
         cache_4.hit_rate
     );
     assert!(kv_4.routing_loss < 0.03, "{kv_4:?}");
+}
+
+#[test]
+fn replicas_that_share_their_choices_keep_cache_awares_hits() {
+    let one = pressured(1);
+    let alone = SimConfig {
+        replica_sync: None,
+        ..pressured(4)
+    };
+    // The default: every choice reaches the other replicas 10 ms later.
+    let shared = pressured(4);
+    assert_eq!(shared.replica_sync, Some(Duration::from_millis(10)));
+    let cache_1 = run("cache_aware:tokens", &one).metrics;
+    let cache_alone = run("cache_aware:tokens", &alone).metrics;
+    let cache_shared = run("cache_aware:tokens", &shared).metrics;
+    eprintln!("R=1 {cache_1:?}\nR=4 alone {cache_alone:?}\nR=4 shared {cache_shared:?}");
+    // Each tree learns every replica's choices, so the four trees are one
+    // memory again: the hit rate of one replica, not of four strangers.
+    assert!(
+        cache_shared.hit_rate > cache_alone.hit_rate + 0.05,
+        "shared {:.3} vs alone {:.3}",
+        cache_shared.hit_rate,
+        cache_alone.hit_rate
+    );
+    assert!(
+        (cache_shared.hit_rate - cache_1.hit_rate).abs() < 0.03,
+        "shared {:.3} vs one replica {:.3}",
+        cache_shared.hit_rate,
+        cache_1.hit_rate
+    );
+    assert!(
+        cache_shared.routing_loss < cache_alone.routing_loss,
+        "{cache_shared:?} vs {cache_alone:?}"
+    );
 }
 
 /// 4 engines of the default model near their capacity: where a replica

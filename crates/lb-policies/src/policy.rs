@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::backend::Backend;
-use crate::context::RequestContext;
+use crate::context::{RequestContext, RoutingInput};
 use crate::decision::{Decision, DecisionCounters, DecisionCounts};
 use crate::membership::MembershipEvent;
 
@@ -20,6 +20,19 @@ pub trait PolicyState: Send + Sync {
     /// ignore it (the default).
     fn on_membership(&self, event: MembershipEvent<'_>) {
         let _ = event;
+    }
+
+    /// Learns a choice another router replica made: it sent `input`, a
+    /// request for `model`, to `worker` (a member key). Prefix policies
+    /// record it as they record their own choices, so replicas that share
+    /// their choices keep one memory of where each prefix went. A worker
+    /// that is not a live member, or a model this policy has not routed,
+    /// is ignored: a peer never adds members or models. Returns whether
+    /// the choice was recorded; the default (stateless policies) records
+    /// nothing.
+    fn learn_choice(&self, model: &str, input: RoutingInput<'_>, worker: &str) -> bool {
+        let _ = (model, input, worker);
+        false
     }
 
     /// Periodic upkeep the host calls from its own timer (cache-aware evicts
@@ -101,6 +114,9 @@ macro_rules! forward_policy {
             fn maintain(&self) {
                 (**self).maintain()
             }
+            fn learn_choice(&self, model: &str, input: RoutingInput<'_>, worker: &str) -> bool {
+                (**self).learn_choice(model, input, worker)
+            }
             fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
                 (**self).affinity_sizes()
             }
@@ -169,6 +185,9 @@ impl<P: PolicyState + ?Sized> PolicyState for Counted<P> {
     }
     fn maintain(&self) {
         self.inner.maintain()
+    }
+    fn learn_choice(&self, model: &str, input: RoutingInput<'_>, worker: &str) -> bool {
+        self.inner.learn_choice(model, input, worker)
     }
     fn affinity_sizes(&self) -> Vec<(Arc<str>, usize)> {
         self.inner.affinity_sizes()

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::backend::Backend;
-use crate::context::RequestContext;
+use crate::context::{RequestContext, RoutingInput};
 use crate::decision::{Decision, DecisionCounts};
 use crate::error::PolicyError;
 use crate::membership::MembershipEvent;
@@ -391,6 +391,18 @@ impl<B: Backend> PolicyRegistry<B> {
             instances.remove(&oldest);
             self.evicted.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Hands a choice another router replica made to `model`'s instance
+    /// ([`PolicyState::learn_choice`]), if this registry has one: a peer
+    /// never creates an instance. Returns whether it was recorded.
+    pub fn learn_choice(&self, model: &str, input: RoutingInput<'_>, worker: &str) -> bool {
+        let policy = self
+            .instances
+            .read()
+            .get(model)
+            .map(|i| Arc::clone(&i.policy));
+        policy.is_some_and(|p| p.learn_choice(model, input, worker))
     }
 
     /// Drops `model`'s instance (and its learned state, such as a cache

@@ -9,10 +9,10 @@
 #[cfg(not(loom))]
 pub(crate) use parking_lot::{Mutex, RwLock};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// loom's reader-writer lock with parking_lot's infallible signatures.
 #[cfg(loom)]

@@ -470,6 +470,27 @@ impl ModelState {
         }
     }
 
+    /// Inserts the routing input another replica sent to `key`, if `key`
+    /// is a live member (never admitting one). Returns whether it did.
+    pub(crate) fn record_peer_choice(&self, input: RoutingInput<'_>, key: &str) -> bool {
+        let empty = match input {
+            RoutingInput::None => true,
+            RoutingInput::Text(text) => text.is_empty(),
+            RoutingInput::Tokens(tokens) => tokens.is_empty(),
+        };
+        if empty {
+            return false;
+        }
+        let table = self.members.read();
+        match table.by_key.get(key).map(|&slot| &table.slots[slot]) {
+            Some(slot) if slot.live => {
+                self.insert(input, slot);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Inserts the routing input for the chosen worker if it is a member
     /// (admitting a worker never announced by an event, refusing a removed
     /// one).
@@ -614,6 +635,12 @@ impl CacheAware {
     /// Whether `model` has a tree yet.
     pub fn has_model(&self, model: &str) -> bool {
         self.models.read().contains_key(model)
+    }
+
+    /// `model`'s state if a request for it was routed (or a choice
+    /// recorded) already; never creates one.
+    fn existing_model(&self, model: &str) -> Option<Arc<ModelState>> {
+        self.models.read().get(model).cloned()
     }
 
     pub(crate) fn model(&self, model: &str) -> Arc<ModelState> {
@@ -824,6 +851,11 @@ impl PolicyState for CacheAware {
             (LoadGate::PerRequest, TokenChoice::Cost) => "cache_aware_cost",
         }
     }
+    fn learn_choice(&self, model: &str, input: RoutingInput<'_>, worker: &str) -> bool {
+        self.existing_model(model)
+            .is_some_and(|state| state.record_peer_choice(input, worker))
+    }
+
     fn on_membership(&self, event: MembershipEvent<'_>) {
         let mut fleet = self.fleet.lock();
         let key = event.key();

@@ -78,10 +78,33 @@ pub struct CostModel {
     /// less than it is on an idle fleet. 0 ignores cache usage. Finite and
     /// non-negative. Default [`DEFAULT_EVICTION_WEIGHT`].
     pub eviction_weight: f64,
+    /// The overload state's entry level: the mean over the available
+    /// candidates of the engines' reported waiting counts
+    /// ([`Backend::waiting`]) at which `kv_aware` enters its overload
+    /// state. Under it a decision is the threshold gate's (as
+    /// `kv_aware_gate`), with the worker the fallback tree last sent the
+    /// request's longest prefix to credited with that prefix: when every
+    /// engine has a queue, a session sent back where its history went
+    /// waits no longer than elsewhere and computes less. 0 never enters
+    /// (always the least cost). Finite and non-negative. Default
+    /// [`DEFAULT_OVERLOAD_ENTER`].
+    pub overload_enter: f64,
+    /// The overload state's exit level: it is left when the mean waiting
+    /// count falls to this. At most [`overload_enter`](Self::overload_enter)
+    /// (hysteresis: a burst does not flip the state back and forth).
+    /// Default [`DEFAULT_OVERLOAD_LEAVE`].
+    pub overload_leave: f64,
 }
 
+/// Default [`CostModel::overload_enter`]: a mean of 16 waiting requests
+/// per engine (docs/policies.md gives the measurements).
+pub const DEFAULT_OVERLOAD_ENTER: f64 = 16.0;
+
+/// Default [`CostModel::overload_leave`].
+pub const DEFAULT_OVERLOAD_LEAVE: f64 = 4.0;
+
 /// Default [`CostModel::eviction_weight`].
-pub const DEFAULT_EVICTION_WEIGHT: f64 = 3.0;
+pub const DEFAULT_EVICTION_WEIGHT: f64 = 0.0;
 
 /// The KV-cache usage from which a block costs extra
 /// ([`CostModel::eviction_weight`]).
@@ -97,6 +120,8 @@ impl Default for CostModel {
             temperature: 0.0,
             penalties: TierPenalties::default(),
             eviction_weight: DEFAULT_EVICTION_WEIGHT,
+            overload_enter: DEFAULT_OVERLOAD_ENTER,
+            overload_leave: DEFAULT_OVERLOAD_LEAVE,
         }
     }
 }
@@ -208,6 +233,8 @@ impl CostModel {
             ("cost.load_weight", self.load_weight),
             ("cost.temperature", self.temperature),
             ("cost.eviction_weight", self.eviction_weight),
+            ("cost.overload_enter", self.overload_enter),
+            ("cost.overload_leave", self.overload_leave),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(PolicyError::InvalidConfig {
@@ -215,6 +242,15 @@ impl CostModel {
                     reason: format!("must be a finite number >= 0, got {value}"),
                 });
             }
+        }
+        if self.overload_enter > 0.0 && self.overload_leave > self.overload_enter {
+            return Err(PolicyError::InvalidConfig {
+                field: "cost.overload_leave",
+                reason: format!(
+                    "must be at most cost.overload_enter ({}), got {}",
+                    self.overload_enter, self.overload_leave
+                ),
+            });
         }
         for (field, value) in [
             ("cost.penalties.host", self.penalties.host),

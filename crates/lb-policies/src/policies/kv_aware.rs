@@ -124,7 +124,7 @@ use crate::error::PolicyError;
 use crate::membership::MembershipEvent;
 use crate::policy::{Policy, PolicyState};
 use crate::rng::SharedRng;
-use crate::sync::{AtomicU64, AtomicUsize, Ordering, RwLock};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, RwLock};
 
 use std::sync::atomic::AtomicUsize as HintCell;
 use std::time::Instant;
@@ -342,6 +342,8 @@ pub struct KvAware {
     choice: Choice,
     /// Soft session affinity, when its TTL is set.
     sessions: Option<SessionTable>,
+    /// The overload state of the cost mode ([`CostModel::overload_enter`]).
+    overloaded: AtomicBool,
 }
 
 /// How [`KvAware`] places token input once every candidate is scored.
@@ -426,6 +428,7 @@ impl KvAware {
             tie_rotation: AtomicUsize::new(0),
             choice,
             sessions: (!session_ttl.is_zero()).then(|| SessionTable::new(session_ttl)),
+            overloaded: AtomicBool::new(false),
         })
     }
 
@@ -644,6 +647,78 @@ impl KvAware {
         )
     }
 
+    /// Whether the fleet is in the overload state now
+    /// ([`CostModel::overload_enter`]), updating it from the mean of the
+    /// candidates' reported waiting counts (the available ones among at
+    /// most [`cost::PRESSURE_SAMPLE`] evenly spaced).
+    fn overload_state<B: Backend>(&self, model: &CostModel, candidates: &[B]) -> bool {
+        if model.overload_enter <= 0.0 || candidates.is_empty() {
+            return false;
+        }
+        let stride = candidates.len().div_ceil(cost::PRESSURE_SAMPLE);
+        let (mut sum, mut count) = (0usize, 0usize);
+        for c in candidates.iter().step_by(stride) {
+            if c.is_available() {
+                sum = sum.saturating_add(c.waiting());
+                count += 1;
+            }
+        }
+        if count == 0 {
+            return self.overloaded.load(Ordering::Relaxed);
+        }
+        let mean = sum as f64 / count as f64;
+        let was = self.overloaded.load(Ordering::Relaxed);
+        let now = if was {
+            mean > model.overload_leave
+        } else {
+            mean >= model.overload_enter
+        };
+        if now != was {
+            self.overloaded.store(now, Ordering::Relaxed);
+        }
+        now
+    }
+
+    /// Credits the worker the fallback tree names for the request's
+    /// longest prefix (where this router, or a peer replica that shared
+    /// its choices, last sent it) with that prefix, where it is longer
+    /// than what the block index says the worker holds. Under overload a
+    /// session's history is often evicted or still queued, so the index
+    /// names no holder and the decision would fall to load alone,
+    /// scattering sessions over a fleet where every engine has a queue.
+    fn credit_tree<B: Backend>(
+        &self,
+        state: &ModelState,
+        candidates: &[B],
+        tokens: &[u32],
+        scores: &mut Vec<Score>,
+    ) {
+        let block_size = self.block_size;
+        state.best_token_match(tokens, |owner, matched| {
+            let blocks = matched / block_size;
+            let Some((key, hint)) = owner.filter(|_| blocks > 0) else {
+                return;
+            };
+            let Some(i) = find_candidate(key, hint, candidates) else {
+                return;
+            };
+            if !candidates[i].is_available() || state.is_removed(key) {
+                return;
+            }
+            match scores.iter_mut().find(|s| s.index == i) {
+                Some(s) if s.blocks >= blocks => {}
+                Some(s) => *s = Scored::new(i, blocks, false),
+                None => scores.push(Scored::new(i, blocks, false)),
+            }
+        });
+    }
+
+    /// Whether the cost mode's overload state is on (always false for
+    /// `kv_aware_gate` and with [`CostModel::overload_enter`] 0).
+    pub fn is_overloaded(&self) -> bool {
+        self.overloaded.load(Ordering::Relaxed)
+    }
+
     fn decide_tokens<B: Backend>(
         &self,
         state: &ModelState,
@@ -665,7 +740,12 @@ impl KvAware {
             &mut scratch.lower,
         );
         if let Choice::LeastCost(model, rng) = &self.choice {
-            return self.least_cost(state, candidates, tokens, &scratch.scores, model, rng);
+            if !self.overload_state(model, candidates) {
+                return self.least_cost(state, candidates, tokens, &scratch.scores, model, rng);
+            }
+            // Overloaded: the gate's decision, with the tree's memory of
+            // where this prefix went.
+            self.credit_tree(state, candidates, tokens, &mut scratch.scores);
         }
         let best = self.best(candidates, &scratch.scores);
         let blocks = best.map_or(0, |s| s.blocks);
@@ -796,6 +876,10 @@ impl PolicyState for KvAware {
             }
         }
         resolved.recount(&self.sources.streams);
+    }
+
+    fn learn_choice(&self, model: &str, input: RoutingInput<'_>, worker: &str) -> bool {
+        self.fallback.learn_choice(model, input, worker)
     }
 
     fn maintain(&self) {
