@@ -1505,3 +1505,104 @@ fn kv_aware_session_affinity_ttl_sets_how_long_an_idle_session_sticks() {
         assert_eq!(err.exit_code(), 2, "{value}");
     }
 }
+
+#[test]
+fn router_peers_share_choices_with_a_token_and_refuse_without_one() {
+    // Off by default: no peers, no token, no endpoint.
+    let s = settings(&["--worker-urls", "http://127.0.0.1:9"]).unwrap();
+    assert!(s.router.peers.urls.is_empty());
+    assert_eq!(s.router.peers.token, None);
+    let s = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--router-peers",
+        "http://10.0.0.2:30000",
+        "http://10.0.0.3:30000",
+        "--router-peer-token",
+        "s3cret",
+        "--router-peer-batch-ms",
+        "20",
+    ])
+    .unwrap();
+    let peers = &s.router.peers;
+    assert_eq!(
+        peers.urls,
+        ["http://10.0.0.2:30000", "http://10.0.0.3:30000"]
+    );
+    assert_eq!(peers.token.as_deref(), Some("s3cret"));
+    assert_eq!(peers.batch_interval, std::time::Duration::from_millis(20));
+    // Peers without a token, a peer that is not an http:// URL, a zero
+    // interval: refused, naming the setting.
+    for args in [
+        &["--router-peers", "http://10.0.0.2:30000"][..],
+        &[
+            "--router-peers",
+            "ftp://10.0.0.2",
+            "--router-peer-token",
+            "t",
+        ],
+        &[
+            "--router-peers",
+            "http://10.0.0.2:30000",
+            "--router-peer-token",
+            "t",
+            "--router-peer-batch-ms",
+            "0",
+        ],
+    ] {
+        let mut all = vec!["--worker-urls", "http://127.0.0.1:9"];
+        all.extend_from_slice(args);
+        let message = settings(&all).unwrap_err().to_string();
+        assert!(
+            message.starts_with("--router-peers:"),
+            "{args:?}: {message}"
+        );
+    }
+}
+
+#[test]
+fn kv_aware_overload_flags_set_the_state_and_bad_values_are_refused() {
+    let s = settings(&["--worker-urls", "http://127.0.0.1:9"]).unwrap();
+    let cost = s.router.policy.cache_aware.cost;
+    assert_eq!(
+        (cost.overload_enter, cost.overload_leave),
+        (
+            lb_policies::DEFAULT_OVERLOAD_ENTER,
+            lb_policies::DEFAULT_OVERLOAD_LEAVE
+        )
+    );
+    let s = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--policy",
+        "kv_aware",
+        "--kv-aware-overload-enter",
+        "24",
+        "--kv-aware-overload-leave",
+        "8",
+    ])
+    .unwrap();
+    let cost = s.router.policy.cache_aware.cost;
+    assert_eq!((cost.overload_enter, cost.overload_leave), (24.0, 8.0));
+    let message = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--kv-aware-overload-enter",
+        "-1",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(message.starts_with("--kv-aware-overload-enter: must be a finite number >= 0"));
+    // Leaving above entering is no hysteresis.
+    let message = settings(&[
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--kv-aware-overload-enter",
+        "4",
+        "--kv-aware-overload-leave",
+        "8",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(message.contains("overload_leave"), "{message}");
+}

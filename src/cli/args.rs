@@ -273,6 +273,18 @@ pub struct Args {
     /// ignores cache usage.
     #[arg(long, default_value_t = lb_policies::DEFAULT_EVICTION_WEIGHT, help_heading = "Policy")]
     pub kv_aware_eviction_weight: f64,
+    /// kv_aware: the mean number of requests waiting per engine (their
+    /// polled vllm:num_requests_waiting) at which the fleet counts as
+    /// overloaded; then a request goes to the worker holding (or last sent)
+    /// its longest prefix unless the load gate (--balance-abs-threshold,
+    /// --balance-rel-threshold) says it yields, instead of the least cost.
+    /// 0 never.
+    #[arg(long, default_value_t = lb_policies::DEFAULT_OVERLOAD_ENTER, value_name = "REQUESTS", help_heading = "Policy")]
+    pub kv_aware_overload_enter: f64,
+    /// kv_aware: the mean waiting count at which the overload ends (at most
+    /// --kv-aware-overload-enter).
+    #[arg(long, default_value_t = lb_policies::DEFAULT_OVERLOAD_LEAVE, value_name = "REQUESTS", help_heading = "Policy")]
+    pub kv_aware_overload_leave: f64,
     /// kv_aware: softmax temperature over the workers' costs, in units of
     /// one whole prefill of the request; 0 always takes the least cost
     /// (vllm-router's and Dynamo's flag).
@@ -374,6 +386,34 @@ pub struct Args {
         help_heading = "Engine-reported load"
     )]
     pub load_poll_budget: u32,
+
+    // ----- Router replicas -----
+    /// The other router replicas behind the same load balancer
+    /// (http://host:port): this replica posts each of its routing choices
+    /// to them every --router-peer-batch-ms, so every replica's prefix tree
+    /// learns where the fleet sent each prefix, as one router's would.
+    /// Needs --router-peer-token.
+    #[arg(long, num_args = 1.., value_name = "URL", help_heading = "Router replicas")]
+    pub router_peers: Vec<String>,
+    /// The replicas' shared secret (or the ROUTER_PEER_TOKEN environment
+    /// variable): peers present it to POST /peer_choices, which exists
+    /// only when it is set.
+    #[arg(
+        long,
+        env = "ROUTER_PEER_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN",
+        help_heading = "Router replicas"
+    )]
+    pub router_peer_token: Option<String>,
+    /// Milliseconds between two batches of choices to the peers.
+    #[arg(
+        long,
+        default_value_t = 5,
+        value_name = "MS",
+        help_heading = "Router replicas"
+    )]
+    pub router_peer_batch_ms: u64,
 
     // ----- Prefill/decode -----
     /// Route prefill and decode to separate engines (vLLM P/D disaggregation).

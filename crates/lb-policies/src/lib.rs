@@ -133,7 +133,8 @@ pub use policies::cache_aware::{
 pub use policies::consistent_hash::{ConsistentHash, ConsistentHashConfig};
 pub use policies::cost::{
     CostModel, DEFAULT_EVICTION_WEIGHT, DEFAULT_HOST_PENALTY, DEFAULT_LOAD_WEIGHT,
-    DEFAULT_LOWER_PENALTY, LowerPrefix, PRESSURE_FROM, TierPenalties, pressure,
+    DEFAULT_LOWER_PENALTY, DEFAULT_OVERLOAD_ENTER, DEFAULT_OVERLOAD_LEAVE, LowerPrefix,
+    PRESSURE_FROM, TierPenalties, pressure,
 };
 #[cfg(feature = "kv-block-index")]
 pub use policies::kv_aware::{KvAware, KvSources, KvStreams};

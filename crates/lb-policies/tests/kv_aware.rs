@@ -864,3 +864,79 @@ fn a_session_idle_past_the_ttl_is_placed_by_cost_again() {
     );
     assert!(plain.policy.session_stats().is_none());
 }
+
+/// Under overload (the engines' mean waiting count at the entry level) a
+/// session whose history no engine's events name goes back to the worker
+/// this policy last sent it to, as long as the gate lets it; outside
+/// overload the least cost places it by load. A choice learned from a
+/// peer replica counts as one's own; one for an unknown worker is
+/// ignored.
+#[test]
+fn under_overload_the_tree_sends_a_session_back_where_it_went() {
+    let s = setup(3);
+    for w in 0..3 {
+        s.live(w, true);
+    }
+    let history = prompt(7, 6);
+    // First turn: nothing cached, nobody loaded: some worker.
+    let (first, _) = s.select(&history);
+    // The next turn, longer, while that worker is busier than the others
+    // and nothing is cached anywhere (the history was evicted, or is
+    // still queued).
+    let mut next = history.clone();
+    next.extend(prompt(8, 2));
+    s.fleet[first].set_load(8);
+    let (moved, reason) = s.select(&next);
+    assert_ne!(moved, first, "outside overload the least cost moves it");
+    assert_eq!(reason, DecisionReason::CacheLowMatch);
+    assert!(!s.policy.is_overloaded());
+    // Every engine with a queue: the overload state.
+    for b in &s.fleet {
+        b.set_waiting(lb_policies::DEFAULT_OVERLOAD_ENTER as usize);
+    }
+    // The tree names the worker last sent this prefix (now `moved`).
+    let (back, reason) = s.select(&next);
+    assert!(s.policy.is_overloaded());
+    assert_eq!(back, moved, "under overload the session goes where it went");
+    assert_eq!(reason, DecisionReason::CacheHit);
+    // Below the entry level but above the exit level it stays on.
+    for b in &s.fleet {
+        b.set_waiting(lb_policies::DEFAULT_OVERLOAD_LEAVE as usize + 1);
+    }
+    s.select(&next);
+    assert!(s.policy.is_overloaded());
+    for b in &s.fleet {
+        b.set_waiting(lb_policies::DEFAULT_OVERLOAD_LEAVE as usize);
+    }
+    s.select(&next);
+    assert!(!s.policy.is_overloaded(), "left at the exit level");
+
+    // A second replica that learned the choice from its peer does the same.
+    let peer = setup(3);
+    for w in 0..3 {
+        peer.live(w, true);
+    }
+    // It routes the model once (a replica learns only models it routes).
+    peer.select(&prompt(1, 2));
+    let worker = key(moved);
+    assert!(!peer.policy.learn_choice(
+        MODEL,
+        lb_policies::RoutingInput::Tokens(&next),
+        "regular:http://10.0.0.99:8000#1"
+    ));
+    assert!(!peer.policy.learn_choice(
+        "another-model",
+        lb_policies::RoutingInput::Tokens(&next),
+        &worker
+    ));
+    assert!(
+        peer.policy
+            .learn_choice(MODEL, lb_policies::RoutingInput::Tokens(&next), &worker)
+    );
+    for b in &peer.fleet {
+        b.set_waiting(lb_policies::DEFAULT_OVERLOAD_ENTER as usize);
+    }
+    peer.fleet[moved].set_load(4);
+    let (chosen, reason) = peer.select(&next);
+    assert_eq!((chosen, reason), (moved, DecisionReason::CacheHit));
+}

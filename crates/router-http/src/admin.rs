@@ -120,6 +120,7 @@ where
             let timeout = config.request_body_timeout.min(config.request_timeout);
             crate::register::handle(config.register_hook.as_ref(), timeout, request).await
         }
+        Route::PeerChoices => peer_choices(router, request).await,
         Route::ServerOptions => {
             let mut response = Response::new(full(Bytes::new()));
             response.headers_mut().insert(
@@ -147,6 +148,44 @@ fn shortened(text: &str) -> String {
         Some((end, _)) => format!("{}…", &text[..end]),
         None => text.to_owned(),
     }
+}
+
+/// `POST /peer_choices`: a peer replica's batch of routing choices,
+/// recorded whole or not at all (see [`crate::peers`]).
+async fn peer_choices<B>(
+    router: &Router,
+    request: Request<B>,
+) -> Result<Response<BoxBody>, ApiError>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let Some(peers) = router.peers().filter(|p| p.accepts()) else {
+        return Err(ApiError::NotFound(crate::peers::PEER_CHOICES_PATH.into()));
+    };
+    if !peers.authorized(crate::bearer::bearer(request.headers())) {
+        return Err(ApiError::Unauthorized);
+    }
+    let config = router.config();
+    let timeout = config.request_body_timeout.min(config.request_timeout);
+    let (parts, body) = request.into_parts();
+    let read =
+        crate::payload::read_limited(body, &parts.headers, crate::peers::MAX_PEER_BODY_BYTES);
+    let body = match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(err)) => {
+            if matches!(err, ApiError::PayloadTooLarge { .. }) {
+                peers.refused_too_large();
+            }
+            return Err(err);
+        }
+        Err(_elapsed) => return Err(ApiError::RequestBodyTimeout(timeout)),
+    };
+    let received = peers.receive(router.policies(), router.workers(), &body)?;
+    Ok(json(
+        StatusCode::OK,
+        &serde_json::json!({"recorded": received.recorded, "ignored": received.ignored}),
+    ))
 }
 
 fn readiness(router: &Router) -> Response<BoxBody> {
@@ -531,6 +570,9 @@ fn metrics(router: &Router) -> Response<BoxBody> {
     let all = router.all_workers();
     render_workers(&all, &mut exposition);
     render_engine_loads(&all, &mut exposition);
+    if let Some(peers) = router.peers() {
+        peers.render(&mut exposition);
+    }
     if let Some(polls) = router.load_polls() {
         polls.render(&mut exposition);
     }

@@ -88,6 +88,9 @@ pub struct RouterConfig {
     /// every 50 ms; [`LoadPollConfig::off`] turns it off). See
     /// [`crate::load_poll`].
     pub load_poll: LoadPollConfig,
+    /// Sharing routing choices with the other router replicas (default:
+    /// none). See [`crate::peers`].
+    pub peers: crate::peers::PeerConfig,
     /// After a shutdown signal, how long in-flight requests may take to
     /// finish before their connections are dropped (default 30 s).
     pub shutdown_grace: Duration,
@@ -172,6 +175,7 @@ impl Default for RouterConfig {
             eviction_interval: Duration::from_secs(120),
             max_models: lb_policies::DEFAULT_MAX_MODELS,
             load_poll: LoadPollConfig::default(),
+            peers: crate::peers::PeerConfig::default(),
             shutdown_grace: Duration::from_secs(30),
             pd: None,
             worker_registry: None,
@@ -227,6 +231,9 @@ pub enum ConfigError {
     /// a connector missing the facts it needs).
     #[error("invalid prefill/decode configuration: {0}")]
     Pd(String),
+    /// The peer replicas' settings are invalid.
+    #[error("invalid router peers: {0}")]
+    Peers(String),
     /// A Mooncake prefill engine's bootstrap server could not be queried at
     /// startup.
     #[error("prefill/decode startup failed: {0}")]

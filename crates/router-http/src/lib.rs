@@ -55,6 +55,7 @@
 
 pub mod admin;
 pub mod allow;
+mod bearer;
 pub mod body;
 pub mod client;
 pub mod config;
@@ -75,6 +76,7 @@ pub mod metrics;
 pub mod otel;
 mod payload;
 pub mod pd;
+pub mod peers;
 mod probe;
 pub mod register;
 pub mod router;
@@ -98,6 +100,7 @@ pub use headers::{RequestId, RequestIds};
 pub use limits::{AdmissionPermit, ConcurrencyConfig, ConcurrencyLimiter, RateLimiter};
 pub use load_poll::{LoadPollConfig, LoadPolls};
 pub use pd::{PdConfig, PdConnector, PdPools, PdWorkerConfig};
+pub use peers::{PeerConfig, PeerSync};
 pub use probe::HttpProbe;
 pub use register::{RegisterFuture, RegisterHook};
 pub use router::{BackgroundTasks, Router};

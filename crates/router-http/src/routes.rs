@@ -53,6 +53,9 @@ pub enum Route {
     Workers,
     /// `POST /register`: discovery registration over HTTP.
     Register,
+    /// `POST /peer_choices`: routing choices from a peer replica (see
+    /// `crate::peers`); needs the peer token, 404 without one configured.
+    PeerChoices,
     /// A known path with a method it does not take: 405 with `Allow`.
     WrongMethod {
         /// The methods the path takes, as an `Allow` header value.
@@ -71,7 +74,7 @@ pub enum Route {
 impl Route {
     /// Every route, in the order of [`Route::index`] (a
     /// [`Route::WrongMethod`] of any `allow` stands for all of them).
-    pub const ALL: [Route; 21] = [
+    pub const ALL: [Route; 22] = [
         Self::Proxy(ApiKind::ChatCompletions),
         Self::Proxy(ApiKind::Completions),
         Self::Proxy(ApiKind::Embeddings),
@@ -89,6 +92,7 @@ impl Route {
         Self::ListWorkers,
         Self::Workers,
         Self::Register,
+        Self::PeerChoices,
         Self::WrongMethod { allow: "" },
         Self::NotFound,
         Self::ServerOptions,
@@ -116,10 +120,11 @@ impl Route {
             Self::ListWorkers => 14,
             Self::Workers => 15,
             Self::Register => 16,
-            Self::WrongMethod { .. } => 17,
-            Self::NotFound => 18,
-            Self::ServerOptions => 19,
-            Self::InvalidTarget => 20,
+            Self::PeerChoices => 17,
+            Self::WrongMethod { .. } => 18,
+            Self::NotFound => 19,
+            Self::ServerOptions => 20,
+            Self::InvalidTarget => 21,
         }
     }
 
@@ -172,6 +177,7 @@ impl Route {
             "/workers" => get(Self::Workers),
             "/add_worker" => post(Self::AddWorker),
             "/register" => post(Self::Register),
+            "/peer_choices" => post(Self::PeerChoices),
             "/remove_worker" => Some((
                 "POST, DELETE",
                 matches!(*method, Method::POST | Method::DELETE).then_some(Self::RemoveWorker),
@@ -220,6 +226,7 @@ impl Route {
             Self::ListWorkers => "list_workers",
             Self::Workers => "workers",
             Self::Register => "register",
+            Self::PeerChoices => "peer_choices",
             Self::WrongMethod { .. } => "method_not_allowed",
             Self::NotFound => "not_found",
             Self::ServerOptions => "server_options",
@@ -247,7 +254,7 @@ pub const ENGINE_POST_PATHS: [&str; 10] = [
 /// The paths [`Route::of`] routes besides [`ENGINE_POST_PATHS`], so that a
 /// known path can be named by a `&'static str` ([`Route::known_path`]).
 #[cfg(feature = "otel")]
-const ROUTER_PATHS: [&str; 17] = [
+const ROUTER_PATHS: [&str; 18] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/embeddings",
@@ -265,6 +272,7 @@ const ROUTER_PATHS: [&str; 17] = [
     "/add_worker",
     "/register",
     "/remove_worker",
+    "/peer_choices",
 ];
 
 /// Every path [`Route::known_path`] knows, in the order of its indices.

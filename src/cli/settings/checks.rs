@@ -55,6 +55,8 @@ pub(super) fn check_ranges(a: &Args) -> Result<(), CliError> {
     };
     non_negative("kv_aware_load_weight", a.kv_aware_load_weight)?;
     non_negative("kv_aware_eviction_weight", a.kv_aware_eviction_weight)?;
+    non_negative("kv_aware_overload_enter", a.kv_aware_overload_enter)?;
+    non_negative("kv_aware_overload_leave", a.kv_aware_overload_leave)?;
     non_negative("router_temperature", a.router_temperature)?;
     fraction("cache_threshold", a.cache_threshold)?;
     fraction("kv_penalty_host", a.kv_penalty_host)?;

@@ -16,6 +16,8 @@ pub(super) fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
     cache.balance_rel_threshold = a.balance_rel_threshold;
     cache.cost.load_weight = a.kv_aware_load_weight;
     cache.cost.eviction_weight = a.kv_aware_eviction_weight;
+    cache.cost.overload_enter = a.kv_aware_overload_enter;
+    cache.cost.overload_leave = a.kv_aware_overload_leave;
     cache.cost.temperature = a.router_temperature;
     cache.session_affinity_ttl =
         std::time::Duration::from_secs(a.kv_aware_session_affinity_ttl_secs);
@@ -40,6 +42,16 @@ pub(super) fn router_config(a: &Args) -> Result<RouterConfig, CliError> {
     config.load_poll.interval =
         (a.load_poll_interval_ms > 0).then(|| Duration::from_millis(a.load_poll_interval_ms));
     config.load_poll.max_polls_per_sec = a.load_poll_budget;
+    config.peers = router_http::PeerConfig {
+        urls: a.router_peers.clone(),
+        token: a.router_peer_token.clone(),
+        batch_interval: Duration::from_millis(a.router_peer_batch_ms),
+        ..router_http::PeerConfig::default()
+    };
+    config
+        .peers
+        .validate()
+        .map_err(|err| CliError::invalid("router_peers", err))?;
     config.max_payload_size = a.max_payload_size;
     config.concurrency = ConcurrencyConfig {
         max_concurrent: a.max_concurrent_requests,

@@ -117,6 +117,13 @@ impl Regular<'_> {
             }
         }
         let reserved = reserved?;
+        if let Some(peers) = &self.router.shared.peers {
+            peers.share(
+                self.context.model,
+                reserved.guard.worker(),
+                self.context.routing,
+            );
+        }
         if let Some(permille) = reserved.match_permille {
             self.router
                 .shared

@@ -2,9 +2,9 @@
 //! does not leak a key through response timing.
 
 use super::Router;
+use crate::bearer::{bearer, same_key};
 use crate::error::ApiError;
 use crate::routes::Route;
-use http::header;
 
 impl Router {
     /// Checks the credential `route` needs: the inference key for proxied
@@ -36,55 +36,5 @@ impl Router {
             }
             Some(_) => Err(ApiError::Unauthorized),
         }
-    }
-}
-
-/// Compares a presented key with the configured one in time that depends
-/// only on their lengths, so response timing does not reveal how many
-/// leading characters of a guess were right.
-fn same_key(presented: &str, key: &str) -> bool {
-    let (presented, key) = (presented.as_bytes(), key.as_bytes());
-    if presented.len() != key.len() {
-        return false;
-    }
-    let difference = presented
-        .iter()
-        .zip(key)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-    // Keep the optimizer from turning the fold into an early exit.
-    std::hint::black_box(difference) == 0
-}
-
-fn bearer(headers: &http::HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then_some(token.trim())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use http::header::HeaderValue;
-
-    #[test]
-    fn keys_match_only_when_equal() {
-        assert!(same_key("secret-key", "secret-key"));
-        assert!(!same_key("secret-kez", "secret-key"));
-        assert!(!same_key("secret", "secret-key"));
-        assert!(!same_key("", "k"));
-    }
-
-    #[test]
-    fn bearer_tokens_are_read_case_insensitively() {
-        let mut headers = http::HeaderMap::new();
-        headers.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("bearer  k1"),
-        );
-        assert_eq!(bearer(&headers), Some("k1"));
-        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic k1"));
-        assert_eq!(bearer(&headers), None);
     }
 }

@@ -74,6 +74,16 @@ impl Router {
                 members,
             ));
         }
+        if let Some(peers) = shared
+            .peers
+            .as_ref()
+            .filter(|p| !p.config().urls.is_empty())
+        {
+            tasks.push(crate::peers::spawn(
+                Arc::clone(peers),
+                self.client().clone(),
+            ));
+        }
         // Nothing without the `kv-events` feature (the hub type is then
         // uninhabited).
         if let Some(hub) = &shared.kv {

@@ -134,6 +134,9 @@ impl Router {
             startup: crate::startup::StartupGate::new(),
             kv,
             load_poll: crate::load_poll::LoadPolls::new(config.load_poll.clone()),
+            peers: crate::peers::PeerSync::new(config.peers.clone())
+                .map_err(ConfigError::Peers)?
+                .map(Arc::new),
             config,
         };
         Ok(Self {

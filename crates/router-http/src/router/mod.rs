@@ -101,6 +101,8 @@ struct Shared {
     kv: Option<crate::kv_wiring::KvHub>,
     /// The engines' load polls, unless polling is off.
     load_poll: Option<Arc<crate::load_poll::LoadPolls>>,
+    /// Choice sharing with the peer replicas, when configured.
+    peers: Option<Arc<crate::peers::PeerSync>>,
 }
 
 impl Router {
@@ -141,6 +143,12 @@ impl Router {
     /// errors), unless polling is off ([`RouterConfig::load_poll`]).
     pub fn load_polls(&self) -> Option<&Arc<crate::load_poll::LoadPolls>> {
         self.shared.load_poll.as_ref()
+    }
+
+    /// Choice sharing with the other router replicas, when configured
+    /// ([`RouterConfig::peers`]).
+    pub fn peers(&self) -> Option<&Arc<crate::peers::PeerSync>> {
+        self.shared.peers.as_ref()
     }
 
     /// The router's own counters.
