@@ -402,3 +402,59 @@ async fn serve_worker(
         });
     }
 }
+
+/// Reads `data` as a peer replica's batch of routing choices
+/// ([`crate::peers`]) into a cache_aware pool of two workers serving model
+/// `m` (whose endpoints are `http://127.0.0.1:1` and `http://127.0.0.1:2`).
+/// Never a panic; a refused batch changes no tree; an accepted one
+/// accounts for every choice it carried (recorded or ignored); the same
+/// bytes are accepted or refused the same way twice.
+pub fn peer_batch(data: &[u8]) {
+    use lb_policies::{PolicyConfig, PolicyRegistry, PolicyState};
+    use worker_lifecycle::{Endpoint, RoleKind, RolePool, WorkerOptions, WorkerRole, WorkerSpec};
+    let Ok(registry) = PolicyRegistry::new(PolicyConfig::named("cache_aware")) else {
+        return;
+    };
+    let Ok(pool) = RolePool::fixed(RoleKind::Regular, WorkerOptions::default(), registry) else {
+        return;
+    };
+    for url in ["http://127.0.0.1:1", "http://127.0.0.1:2"] {
+        let Ok(endpoint) = Endpoint::new(url, None) else {
+            return;
+        };
+        if pool
+            .add(WorkerSpec::new(WorkerRole::Regular, endpoint).with_model("m"))
+            .is_err()
+        {
+            return;
+        }
+    }
+    let Ok(policy) = pool.policies().policy("m") else {
+        return;
+    };
+    let config = crate::peers::PeerConfig {
+        token: Some("t".into()),
+        ..crate::peers::PeerConfig::default()
+    };
+    let Ok(Some(sync)) = crate::peers::PeerSync::new(config) else {
+        return;
+    };
+    let bytes = || -> u64 { policy.tree_stats().iter().map(|s| s.bytes).sum() };
+    let before = bytes();
+    let first = sync.receive(pool.policies(), pool.workers(), data);
+    match &first {
+        Ok(received) => {
+            let choices = serde_json::from_slice::<serde_json::Value>(data)
+                .ok()
+                .and_then(|v| v["choices"].as_array().map(Vec::len));
+            assert_eq!(
+                Some(received.recorded + received.ignored),
+                choices.map(|n| n as u64),
+                "every choice accounted for"
+            );
+        }
+        Err(_) => assert_eq!(bytes(), before, "a refused batch changed the tree"),
+    }
+    let second = sync.receive(pool.policies(), pool.workers(), data);
+    assert_eq!(first.is_ok(), second.is_ok(), "not deterministic");
+}

@@ -523,6 +523,11 @@ impl PeerSync {
 /// [`MAX_CHOICES_PER_BATCH`] choices, each with exactly one of `text` and
 /// `tokens`, non-empty, and non-empty `model` and `worker`.
 fn parse_batch(body: &[u8]) -> Result<WireBatch<'_>, String> {
+    // serde would also read a struct from an array (`[[]]`): a batch is an
+    // object, as peers send it.
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err("invalid peer batch: expected a JSON object".into());
+    }
     let batch: WireBatch<'_> =
         serde_json::from_slice(body).map_err(|err| format!("invalid peer batch: {err}"))?;
     if batch.choices.len() > MAX_CHOICES_PER_BATCH {
@@ -628,6 +633,7 @@ mod tests {
             br#"{"choices":[{"model":"m","worker":"http://a:1","tokens":[4294967296]}]}"#,
             br#"{"choices":[{"model":"m","worker":"w","text":"x","extra":1}]}"#,
             br#"{"choices":{}}"#,
+            b"[[]]",
             b"\xff\xfe",
             b"",
         ] {

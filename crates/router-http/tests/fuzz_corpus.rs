@@ -7,12 +7,13 @@ use worker_lifecycle::{RandomSource, SplitMix64};
 
 type Target = fn(&[u8]);
 
-const TARGETS: [(&str, Target); 5] = [
+const TARGETS: [(&str, Target); 6] = [
     ("router_request_body", fuzzing::request_body),
     ("router_headers", fuzzing::headers),
     ("router_sse_passthrough", fuzzing::sse_passthrough),
     ("router_request_path", fuzzing::request_path),
     ("router_load_report", fuzzing::load_report),
+    ("router_peer_batch", fuzzing::peer_batch),
 ];
 
 #[test]
