@@ -72,8 +72,12 @@
 //! a real replica knows only its own in-flight requests (the load
 //! timeline and `final_loads` report the engines' true load, the sum). For
 //! `kv_aware` each replica has its own block index, fed the same events
-//! at the same times, as independent subscribers would be. The replicas
-//! share nothing but the engines.
+//! at the same times, as independent subscribers would be. Besides the
+//! engines the replicas share only their routing choices
+//! ([`SimConfig::replica_sync`], default [`DEFAULT_REPLICA_SYNC`]: each
+//! choice reaches the other replicas' trees 10 ms later, as router
+//! replicas started with `--router-peers` tell each other); `None`
+//! shares nothing.
 //!
 //! **Engine-reported load** ([`SimConfig::load_polling`], default
 //! [`DEFAULT_LOAD_POLLING`]: every 50 ms, as the router polls): each

@@ -12,7 +12,9 @@
 //! (as engine events, 16-token blocks) on its owner `owner(sp) % workers`
 //! and routed once to it, so the index and the fallback tree agree. Three
 //! fleets: every stream live, half live (even workers), none live (all
-//! cold: the approximate tree decides). Decisions are timed one by one;
+//! cold: the approximate tree decides), and every stream live with every
+//! engine reporting a queue (`kv_aware_overloaded`: the overload state,
+//! the gate plus the tree's memory). Decisions are timed one by one;
 //! loads are live as in `decision_bench`. Prints one JSON line with
 //! `--json`, else a table; decision reasons go to stderr.
 
@@ -155,6 +157,19 @@ fn main() {
                 }
                 let figures = run(&gate, &fleet, &route);
                 rows.push((workers, "kv_aware_gate_all_live".to_owned(), figures));
+                // The overload state: every engine reports a queue, so
+                // each decision is the gate's plus a walk of the tree for
+                // the worker last sent the prefix.
+                for b in &fleet {
+                    b.set_load(0);
+                    b.set_waiting(lb_policies::DEFAULT_OVERLOAD_ENTER as usize);
+                }
+                let figures = run(&kv, &fleet, &route);
+                assert!(kv.is_overloaded(), "the bench's fleet is overloaded");
+                rows.push((workers, "kv_aware_overloaded".to_owned(), figures));
+                for b in &fleet {
+                    b.set_waiting(0);
+                }
             }
         }
         for b in &fleet {
