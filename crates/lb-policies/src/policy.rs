@@ -26,8 +26,9 @@ pub trait PolicyState: Send + Sync {
     /// request for `model`, to `worker` (a member key). Prefix policies
     /// record it as they record their own choices, so replicas that share
     /// their choices keep one memory of where each prefix went. A worker
-    /// that is not a live member, or a model this policy has not routed,
-    /// is ignored: a peer never adds members or models. Returns whether
+    /// that is not a live member is ignored: a peer never adds members
+    /// ([`PolicyRegistry::learn_choice`](crate::PolicyRegistry::learn_choice)
+    /// also ignores a model without an instance). Returns whether
     /// the choice was recorded; the default (stateless policies) records
     /// nothing.
     fn learn_choice(&self, model: &str, input: RoutingInput<'_>, worker: &str) -> bool {

@@ -916,18 +916,11 @@ fn under_overload_the_tree_sends_a_session_back_where_it_went() {
     for w in 0..3 {
         peer.live(w, true);
     }
-    // It routes the model once (a replica learns only models it routes).
-    peer.select(&prompt(1, 2));
     let worker = key(moved);
     assert!(!peer.policy.learn_choice(
         MODEL,
         lb_policies::RoutingInput::Tokens(&next),
         "regular:http://10.0.0.99:8000#1"
-    ));
-    assert!(!peer.policy.learn_choice(
-        "another-model",
-        lb_policies::RoutingInput::Tokens(&next),
-        &worker
     ));
     assert!(
         peer.policy

@@ -242,3 +242,32 @@ fn kv_aware_is_known_and_its_feature_is_named() {
         assert!(err.to_string().contains("kv-block-index"), "{err}");
     }
 }
+
+/// A peer replica's choice reaches the instance of its model and is
+/// recorded for a member; a model without an instance, or a worker that
+/// is not a member, records nothing and creates nothing.
+#[test]
+fn a_peers_choice_reaches_its_models_instance_only() {
+    let registry =
+        PolicyRegistry::<BasicBackend>::new(PolicyConfig::named("cache_aware")).expect("valid");
+    let fleet = fleet(2);
+    for b in &fleet {
+        registry.on_membership(MembershipEvent::Added { key: b.key() });
+    }
+    let text = lb_policies::RoutingInput::Text("user: a prefix a peer routed");
+    // No instance for the model yet: nothing, and still no instance.
+    assert!(!registry.learn_choice("m", text, &key(1)));
+    assert!(registry.counts().is_empty(), "no instance was made");
+    let policy = registry.policy("m").expect("builds");
+    assert!(!registry.learn_choice("m", text, "http://not-a-member:1"));
+    assert!(policy.tree_stats().iter().all(|s| s.bytes == 0));
+    assert!(registry.learn_choice("m", text, &key(1)));
+    assert!(policy.tree_stats().iter().any(|s| s.bytes > 0));
+    // The learned prefix now routes to that worker.
+    let ctx = RequestContext::new("m").with_text("user: a prefix a peer routed, and more");
+    let decision = registry.select(&fleet, &ctx).expect("ok").expect("up");
+    assert_eq!(
+        (decision.index, decision.reason),
+        (1, DecisionReason::CacheHit)
+    );
+}

@@ -419,10 +419,12 @@ impl PeerSync {
         Ok(received)
     }
 
-    /// Takes the queued choices and cuts them into batch bodies of at most
-    /// about [`MAX_BATCH_BYTES`] and [`MAX_CHOICES_PER_BATCH`] choices
-    /// each; choices past the first batches wait for the next round.
-    fn take_batches(&self) -> Vec<(Bytes, u64)> {
+    /// Takes the queued choices as batch bodies (JSON, as
+    /// [`PEER_CHOICES_PATH`] takes them) of at most about
+    /// [`MAX_BATCH_BYTES`] and [`MAX_CHOICES_PER_BATCH`] choices each, with
+    /// the number of choices in each. What the sender posts every batch
+    /// interval; a host that carries choices its own way calls it itself.
+    pub fn take_batches(&self) -> Vec<(Bytes, u64)> {
         let taken = std::mem::take(&mut *self.pending.lock());
         if taken.is_empty() {
             return Vec::new();

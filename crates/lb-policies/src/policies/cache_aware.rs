@@ -637,12 +637,6 @@ impl CacheAware {
         self.models.read().contains_key(model)
     }
 
-    /// `model`'s state if a request for it was routed (or a choice
-    /// recorded) already; never creates one.
-    fn existing_model(&self, model: &str) -> Option<Arc<ModelState>> {
-        self.models.read().get(model).cloned()
-    }
-
     pub(crate) fn model(&self, model: &str) -> Arc<ModelState> {
         if let Some(state) = self.models.read().get(model) {
             return Arc::clone(state);
@@ -852,8 +846,10 @@ impl PolicyState for CacheAware {
         }
     }
     fn learn_choice(&self, model: &str, input: RoutingInput<'_>, worker: &str) -> bool {
-        self.existing_model(model)
-            .is_some_and(|state| state.record_peer_choice(input, worker))
+        // The model's state as a request for it would make it: the
+        // registry hands a choice only to the instance of a model it
+        // routes.
+        self.model(model).record_peer_choice(input, worker)
     }
 
     fn on_membership(&self, event: MembershipEvent<'_>) {
