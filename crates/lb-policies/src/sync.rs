@@ -8,11 +8,16 @@
 
 #[cfg(not(loom))]
 pub(crate) use parking_lot::{Mutex, RwLock};
+/// kv-aware's overload state.
+#[cfg(all(not(loom), feature = "kv-block-index"))]
+pub(crate) use std::sync::atomic::AtomicBool;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+#[cfg(all(loom, feature = "kv-block-index"))]
+pub(crate) use loom::sync::atomic::AtomicBool;
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// loom's reader-writer lock with parking_lot's infallible signatures.
 #[cfg(loom)]
