@@ -263,6 +263,15 @@ impl CacheAwareConfig {
     }
 }
 
+/// Whether `input` carries nothing to record (no text, no tokens).
+fn is_empty(input: RoutingInput<'_>) -> bool {
+    match input {
+        RoutingInput::None => true,
+        RoutingInput::Text(text) => text.is_empty(),
+        RoutingInput::Tokens(tokens) => tokens.is_empty(),
+    }
+}
+
 /// What a model's member table knows about one worker key.
 #[derive(Debug)]
 struct Slot {
@@ -473,12 +482,7 @@ impl ModelState {
     /// Inserts the routing input another replica sent to `key`, if `key`
     /// is a live member (never admitting one). Returns whether it did.
     pub(crate) fn record_peer_choice(&self, input: RoutingInput<'_>, key: &str) -> bool {
-        let empty = match input {
-            RoutingInput::None => true,
-            RoutingInput::Text(text) => text.is_empty(),
-            RoutingInput::Tokens(tokens) => tokens.is_empty(),
-        };
-        if empty {
+        if is_empty(input) {
             return false;
         }
         let table = self.members.read();
@@ -495,12 +499,7 @@ impl ModelState {
     /// (admitting a worker never announced by an event, refusing a removed
     /// one).
     pub(crate) fn record_choice(&self, input: RoutingInput<'_>, key: &str) {
-        let empty = match input {
-            RoutingInput::None => true,
-            RoutingInput::Text(text) => text.is_empty(),
-            RoutingInput::Tokens(tokens) => tokens.is_empty(),
-        };
-        if empty {
+        if is_empty(input) {
             return;
         }
         {
