@@ -36,6 +36,24 @@
 //! 4. The tokens are recorded in the embedded tree for the chosen worker,
 //!    so the fallback stays warm for the moment a stream is lost.
 //!
+//! **Under overload** step 3 changes. When the mean of the polled waiting
+//! counts of the available candidates (at most 64 read, evenly spaced)
+//! reaches [`CostModel::overload_enter`] (default
+//! [`DEFAULT_OVERLOAD_ENTER`](crate::DEFAULT_OVERLOAD_ENTER)), the policy
+//! enters an overload state it leaves only when that mean falls to
+//! [`CostModel::overload_leave`]
+//! ([`DEFAULT_OVERLOAD_LEAVE`](crate::DEFAULT_OVERLOAD_LEAVE));
+//! [`KvAware::is_overloaded`] reads it.
+//! In that state the decision is `kv_aware_gate`'s (below), and the worker
+//! the fallback tree names for the request's longest prefix is credited
+//! with that prefix wherever the index says it holds less. Outside it,
+//! the least cost decides. Why: when every engine has a queue, a
+//! session's next turn often arrives while its history is still queued
+//! (or already evicted), so no engine's events name it and the cost would
+//! place it by load alone, scattering sessions; the tree (this router's
+//! choices and those peer replicas shared) sends it where its history
+//! went (docs/policies.md has the measurements).
+//!
 //! Reasons: [`DecisionReason::KvHit`] when the winner holds the longest
 //! prefix (exact score), [`DecisionReason::CacheHit`] (scored from the
 //! tree), [`DecisionReason::CacheOverloaded`] when a longer prefix lost to
