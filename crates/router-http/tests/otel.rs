@@ -666,6 +666,54 @@ async fn over_grpc_a_failing_collector_costs_requests_nothing_and_drops_are_coun
     }
 }
 
+/// `max_export_batch_size` spans waiting are sent at once, long before the
+/// scheduled delay: one chat's six spans, with a batch of six and a delay
+/// of an hour, reach the collector without a flush.
+#[tokio::test(flavor = "current_thread")]
+async fn a_full_batch_is_sent_without_waiting_for_the_delay() {
+    let (addr, received) = collector(Wire::Http, false).await;
+    let (tracing, _default) = local_pipeline(ExportConfig {
+        endpoint: format!("http://{addr}/v1/traces"),
+        max_queue_size: 64,
+        max_export_batch_size: 6,
+        scheduled_delay: Duration::from_secs(3600),
+        ..ExportConfig::default()
+    });
+    let router_config = RouterConfig {
+        metrics_sources: vec![tracing.metrics_source()],
+        ..unscraped_config()
+    };
+    let fixture = Fixture::start(router_config, vec![EngineConfig::default()]).await;
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        chat_body("one batch", false),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while received.lock().unwrap().len() < 6 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let names: Vec<String> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, span)| span.name.clone())
+        .collect();
+    assert_eq!(names.len(), 6, "{names:?}");
+    assert!(
+        names.iter().any(|name| name == "POST /v1/chat/completions"),
+        "{names:?}"
+    );
+    drop(fixture);
+    tokio::task::spawn_blocking(move || drop(tracing))
+        .await
+        .unwrap();
+}
+
 /// The trace of a streamed chat with one retry (the engine's first answer
 /// a 503), as the collector decoded it: a server span continuing the
 /// client's context, the phases, two decisions and two attempts, each

@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::threads::{spawn_runtime, thread_cpu_ns, thread_id, thread_user_system_ticks};
 use super::tokenized::{SERIAL, Tokens, Vocab, make_chat_bodies, tokenizer, with_serial};
-use super::trace::{TraceMode, export_cpu_ns, trace_mode};
+use super::trace::{TraceMode, collector_cpu_ns, export_cpu_ns, trace_mode};
 use super::{Case, Measured};
 
 pub(super) fn measure(
@@ -118,55 +118,65 @@ fn measure_bodies(
             .and_then(|t| t.for_model("m"))
             .map(|entry| entry.compute_seconds())
     };
-    let (latencies, requests, elapsed, (cpu_ns, ticks), lookups, (compute, export_ns)) =
-        spawn_runtime("loadgen", move |rt| {
-            rt.block_on(async move {
-                // Warm-up: connections open, pools filled, the segment cache
-                // holding the bodies' shared messages.
-                run_load(
-                    target,
-                    case,
-                    bodies.clone(),
-                    Duration::from_millis(200),
-                    unique,
-                )
-                .await;
-                let stats = || stats_tokenizer.as_ref().map(|t| t.cache_stats());
-                let stats_before = stats();
-                let cpu_before = router_tid.map(thread_cpu_ns);
-                let ticks_before = router_tid.map(thread_user_system_ticks);
-                let compute_before = compute_seconds();
-                let export_before = export_cpu_ns();
-                let started = Instant::now();
-                let latencies = run_load(target, case, bodies, duration, unique).await;
-                let elapsed = started.elapsed();
-                let cpu = router_tid
-                    .map(thread_cpu_ns)
-                    .zip(cpu_before)
-                    .map(|(a, b)| a - b);
-                let ticks = router_tid
-                    .map(thread_user_system_ticks)
-                    .zip(ticks_before)
-                    .map(|((user, system), (user0, system0))| (user - user0, system - system0));
-                let lookups = stats().zip(stats_before).map(|(after, before)| {
-                    (after.hits - before.hits, after.misses - before.misses)
-                });
-                let compute = compute_seconds()
-                    .zip(compute_before)
-                    .map(|(after, before)| after - before);
-                let requests = latencies.len();
-                let export = (trace_mode() != TraceMode::Off && router_tid.is_some())
-                    .then(|| export_cpu_ns().saturating_sub(export_before));
-                (
-                    latencies,
-                    requests,
-                    elapsed,
-                    (cpu, ticks),
-                    lookups,
-                    (compute, export),
-                )
-            })
-        });
+    let (
+        latencies,
+        requests,
+        elapsed,
+        (cpu_ns, ticks),
+        lookups,
+        (compute, export_ns, collector_ns),
+    ) = spawn_runtime("loadgen", move |rt| {
+        rt.block_on(async move {
+            // Warm-up: connections open, pools filled, the segment cache
+            // holding the bodies' shared messages.
+            run_load(
+                target,
+                case,
+                bodies.clone(),
+                Duration::from_millis(200),
+                unique,
+            )
+            .await;
+            let stats = || stats_tokenizer.as_ref().map(|t| t.cache_stats());
+            let stats_before = stats();
+            let cpu_before = router_tid.map(thread_cpu_ns);
+            let ticks_before = router_tid.map(thread_user_system_ticks);
+            let compute_before = compute_seconds();
+            let export_before = export_cpu_ns();
+            let collector_before = collector_cpu_ns();
+            let started = Instant::now();
+            let latencies = run_load(target, case, bodies, duration, unique).await;
+            let elapsed = started.elapsed();
+            let cpu = router_tid
+                .map(thread_cpu_ns)
+                .zip(cpu_before)
+                .map(|(a, b)| a - b);
+            let ticks = router_tid
+                .map(thread_user_system_ticks)
+                .zip(ticks_before)
+                .map(|((user, system), (user0, system0))| (user - user0, system - system0));
+            let lookups = stats()
+                .zip(stats_before)
+                .map(|(after, before)| (after.hits - before.hits, after.misses - before.misses));
+            let compute = compute_seconds()
+                .zip(compute_before)
+                .map(|(after, before)| after - before);
+            let requests = latencies.len();
+            let export = (trace_mode() != TraceMode::Off && router_tid.is_some())
+                .then(|| export_cpu_ns().saturating_sub(export_before));
+            let collector = export
+                .is_some()
+                .then(|| collector_cpu_ns().saturating_sub(collector_before));
+            (
+                latencies,
+                requests,
+                elapsed,
+                (cpu, ticks),
+                lookups,
+                (compute, export, collector),
+            )
+        })
+    });
     let mut sorted = latencies;
     sorted.sort_unstable();
     let pick = |q: f64| {
@@ -187,6 +197,8 @@ fn measure_bodies(
             .map(|(hits, misses)| hits as f64 / (hits + misses) as f64),
         tokenize_us_per_req: compute.map(|s| s * 1e6 / requests.max(1) as f64),
         export_cpu_us_per_req: export_ns.map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),
+        collector_cpu_us_per_req: collector_ns
+            .map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),
     }
 }
 

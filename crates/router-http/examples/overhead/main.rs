@@ -25,7 +25,12 @@
 //! `down` exports to a closed port and `hanging` to a collector that
 //! accepts and never answers. `export_cpu_us_per_req` is then the CPU of
 //! the export threads (the SDK's batch processor and the export runtime)
-//! per request, beside the router thread's own.
+//! per request, beside the router thread's own; `collector_cpu_us_per_req`
+//! is the in-process collector's, on a thread of its own and not part of
+//! the router's cost (until 2026-12-06 it ran on the export runtime and
+//! was counted in `export_cpu_us_per_req`). `--trace-batch N` and
+//! `--trace-queue N` set the export's batch and queue sizes
+//! (`ExportConfig::max_export_batch_size` and `max_queue_size`).
 //!
 //! `--sustain SECS` instead runs cache_aware at 32 connections with a unique
 //! 1 KB prompt per request for SECS seconds, evicting the tree every 10 s to
@@ -97,6 +102,9 @@ struct Measured {
     tokenize_us_per_req: Option<f64>,
     /// With `--trace`: the export threads' CPU time per request.
     export_cpu_us_per_req: Option<f64>,
+    /// With `--trace`: the in-process collector's CPU time per request
+    /// (not the router's: a real collector is another process).
+    collector_cpu_us_per_req: Option<f64>,
 }
 
 fn main() {
@@ -120,7 +128,20 @@ fn main() {
     };
     let _ = TRACE.set(trace);
     if trace != TraceMode::Off {
-        start_tracing(trace);
+        let number = |flag: &str| {
+            let value = args
+                .iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1))?;
+            match value.parse::<usize>() {
+                Ok(n) if n > 0 => Some(n),
+                _ => {
+                    eprintln!("{flag} {value}: expected a positive number");
+                    std::process::exit(2);
+                }
+            }
+        };
+        start_tracing(trace, number("--trace-batch"), number("--trace-queue"));
     }
     let vocab = match args
         .iter()
@@ -257,6 +278,9 @@ fn main() {
             }
             if let Some(us) = routed.export_cpu_us_per_req {
                 figures["export_cpu_us_per_req"] = round3(us).into();
+            }
+            if let Some(us) = routed.collector_cpu_us_per_req {
+                figures["collector_cpu_us_per_req"] = round3(us).into();
             }
             figures
         };

@@ -26,7 +26,7 @@ pub(super) fn trace_mode() -> TraceMode {
 /// Starts the export pipeline for `mode` and installs its layer as the
 /// process's subscriber.
 #[cfg(feature = "otel")]
-pub(super) fn start_tracing(mode: TraceMode) {
+pub(super) fn start_tracing(mode: TraceMode, batch: Option<usize>, queue: Option<usize>) {
     // Here rather than at the top: a build without `otel` uses none of it.
     use super::threads::spawn_runtime;
     use bytes::Bytes;
@@ -37,9 +37,11 @@ pub(super) fn start_tracing(mode: TraceMode) {
     use tokio::net::TcpListener;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let (endpoint, handle) = spawn_runtime("otel-export", move |rt| {
-        let handle = rt.handle().clone();
-        let endpoint = rt.block_on(async move {
+    // The collector runs on a runtime of its own, named so that
+    // `export_cpu_ns` does not count it: a real collector is another
+    // process, and its reading of the batches is not the router's cost.
+    let endpoint = spawn_runtime("collector", move |rt| {
+        rt.block_on(async move {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("addr");
             match mode {
@@ -71,12 +73,16 @@ pub(super) fn start_tracing(mode: TraceMode) {
                 }
             }
             format!("http://{addr}/v1/traces")
-        });
-        (endpoint, handle)
+        })
     });
+    // The exporter's HTTP client runs here (router-http's export runtime).
+    let handle = spawn_runtime("otel-export", |rt| rt.handle().clone());
+    let defaults = router_http::otel::ExportConfig::default();
     let config = router_http::otel::ExportConfig {
         endpoint,
-        ..router_http::otel::ExportConfig::default()
+        max_export_batch_size: batch.unwrap_or(defaults.max_export_batch_size),
+        max_queue_size: queue.unwrap_or(defaults.max_queue_size),
+        ..defaults
     };
     let tracing = router_http::otel::Tracing::start(&config, handle).expect("tracing");
     tracing_subscriber::registry().with(tracing.layer()).init();
@@ -86,14 +92,24 @@ pub(super) fn start_tracing(mode: TraceMode) {
 }
 
 #[cfg(not(feature = "otel"))]
-pub(super) fn start_tracing(_: TraceMode) {
+pub(super) fn start_tracing(_: TraceMode, _: Option<usize>, _: Option<usize>) {
     eprintln!("--trace needs router-http's feature otel (cargo run --features otel ...)");
     std::process::exit(2);
 }
 
 /// On-CPU nanoseconds of the export threads (the SDK's batch processor
-/// and the `otel-export` runtime).
+/// and the `otel-export` runtime; not the in-process collector's).
 pub(super) fn export_cpu_ns() -> u64 {
+    named_threads_cpu_ns(|name| name.starts_with("otel") || name.starts_with("OpenTelemetry"))
+}
+
+/// On-CPU nanoseconds of the in-process collector that `--trace on`
+/// exports to: reported apart, since a real collector is another process.
+pub(super) fn collector_cpu_ns() -> u64 {
+    named_threads_cpu_ns(|name| name == "collector")
+}
+
+fn named_threads_cpu_ns(wanted: impl Fn(&str) -> bool) -> u64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return 0;
     };
@@ -101,8 +117,7 @@ pub(super) fn export_cpu_ns() -> u64 {
         .flatten()
         .filter_map(|task| {
             let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
-            let name = comm.trim();
-            (name.starts_with("otel") || name.starts_with("OpenTelemetry"))
+            wanted(comm.trim())
                 .then(|| task.file_name().to_str()?.parse::<u32>().ok())
                 .flatten()
         })

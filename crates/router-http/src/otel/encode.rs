@@ -488,18 +488,25 @@ impl TraceEncoder {
         self.tag(number, LEN);
     }
 
-    #[inline]
+    #[inline(always)]
     fn tag(&mut self, number: u32, wire_type: u32) {
         self.varint(u64::from((number << 3) | wire_type));
     }
 
-    #[inline]
+    /// Always inlined so that a constant (every tag here) folds to its one
+    /// byte; the rare longer varint is a call.
+    #[inline(always)]
     fn varint(&mut self, value: u64) {
         // Most varints here (tags, small lengths) are one byte.
         if value < 0x80 {
             self.byte(value as u8);
-            return;
+        } else {
+            self.long_varint(value);
         }
+    }
+
+    #[inline(never)]
+    fn long_varint(&mut self, value: u64) {
         let length = (64 - value.leading_zeros() as usize).div_ceil(7);
         if self.start < length {
             self.grow(length);
@@ -514,7 +521,7 @@ impl TraceEncoder {
         self.buf[self.start + length - 1] &= 0x7f;
     }
 
-    #[inline]
+    #[inline(always)]
     fn byte(&mut self, byte: u8) {
         if self.start == 0 {
             self.grow(1);

@@ -321,8 +321,12 @@ pub struct ExportConfig {
     /// Spans waiting for export at most (default 2048); more are dropped
     /// (and counted, see [`Tracing::metrics_source`]).
     pub max_queue_size: usize,
-    /// How often a batch is sent (default 5 s, or sooner when a batch of
-    /// 512 is ready).
+    /// Spans in one export request at most (default 512; at most
+    /// [`max_queue_size`](Self::max_queue_size)). A batch is sent as soon as
+    /// this many spans wait.
+    pub max_export_batch_size: usize,
+    /// How often a batch is sent (default 5 s, or sooner when a full batch
+    /// is ready).
     pub scheduled_delay: Duration,
     /// One export request's time limit, connect (and TLS handshake) to
     /// last byte (default 5 s).
@@ -337,6 +341,7 @@ impl Default for ExportConfig {
             ca_file: None,
             service_name: "affinity-router".into(),
             max_queue_size: 2048,
+            max_export_batch_size: 512,
             scheduled_delay: Duration::from_secs(5),
             timeout: Duration::from_secs(5),
         }
@@ -518,7 +523,7 @@ fn span_sink<E: SpanExporter + 'static>(
     };
     let batch = BatchConfigBuilder::default()
         .with_max_queue_size(capacity)
-        .with_max_export_batch_size(512.min(capacity))
+        .with_max_export_batch_size(config.max_export_batch_size.clamp(1, capacity))
         .with_scheduled_delay(config.scheduled_delay)
         .build();
     let mut processor = CountingProcessor {
