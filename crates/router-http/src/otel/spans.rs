@@ -218,7 +218,10 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
         Route::NotFound | Route::InvalidTarget | Route::WrongMethod { .. } => None,
         _ => Route::known_path(path),
     };
-    let mut attributes = Vec::with_capacity(4);
+    // Sized for every attribute the span gets (these three, then the
+    // status, the model and the request id): no regrowth on the request
+    // path.
+    let mut attributes = Vec::with_capacity(6);
     attributes.push(KeyValue::new(
         "http.request.method",
         method_value(request.method()),
@@ -365,12 +368,15 @@ impl Traced {
     /// The span of the body's extraction: one parse of the JSON, and for
     /// a model with a tokenizer its chat template and tokenization.
     pub(crate) fn extract_span(&self) -> OtelSpan {
-        self.child("extract", SpanKind::Internal, Vec::new())
+        // At most four attributes (`record_routing_input`).
+        self.child("extract", SpanKind::Internal, Vec::with_capacity(4))
     }
 
     /// The span of one routing decision among `candidates` workers.
     pub(crate) fn decision_span(&self, policy: &str, candidates: usize) -> OtelSpan {
-        let mut attributes = Vec::with_capacity(5);
+        // These two, then the decision's four (`record_decision`) or its
+        // error.
+        let mut attributes = Vec::with_capacity(6);
         // A built-in policy's name is a static string (no allocation).
         let policy = lb_policies::BUILTIN_POLICIES
             .iter()
