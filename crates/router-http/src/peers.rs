@@ -153,8 +153,10 @@ struct WireChoice<'a> {
     worker: Cow<'a, str>,
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     text: Option<Cow<'a, str>>,
+    /// Borrowed from the queue when sent (no copy of the ids); always
+    /// owned when received (JSON numbers are parsed, not borrowed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    tokens: Option<Vec<u32>>,
+    tokens: Option<Cow<'a, [u32]>>,
 }
 
 /// A batch as it travels.
@@ -188,7 +190,7 @@ impl Pending {
     fn wire(&self) -> WireChoice<'_> {
         let (text, tokens) = match &self.input {
             RoutingInputBuf::Text(text) => (Some(Cow::Borrowed(text.as_str())), None),
-            RoutingInputBuf::Tokens(tokens) => (None, Some(tokens.clone())),
+            RoutingInputBuf::Tokens(tokens) => (None, Some(Cow::Borrowed(tokens.as_slice()))),
             RoutingInputBuf::None => (None, None),
         };
         WireChoice {
