@@ -302,23 +302,32 @@ impl CostModel {
         if self.eviction_weight == 0.0 || candidates.is_empty() {
             return *self;
         }
-        let stride = candidates.len().div_ceil(PRESSURE_SAMPLE);
-        let (mut sum, mut count) = (0.0, 0usize);
-        for c in candidates.iter().step_by(stride) {
-            if c.is_available() {
-                sum += pressure(c.cache_usage());
-                count += 1;
-            }
-        }
-        match count {
-            0 => *self,
-            n => self.under_pressure(sum / n as f64),
+        match fleet_mean(candidates, |c| pressure(c.cache_usage())) {
+            None => *self,
+            Some(mean) => self.under_pressure(mean),
         }
     }
 }
 
+/// The mean of `read` over the available candidates among at most
+/// [`PRESSURE_SAMPLE`] evenly spaced ones (`None` when none of those is
+/// available): a property of the fleet read at a bounded cost, however
+/// many workers it has.
+pub(crate) fn fleet_mean<B: Backend>(candidates: &[B], read: impl Fn(&B) -> f64) -> Option<f64> {
+    let stride = candidates.len().div_ceil(PRESSURE_SAMPLE).max(1);
+    let (mut sum, mut count) = (0.0, 0usize);
+    for c in candidates.iter().step_by(stride) {
+        if c.is_available() {
+            sum += read(c);
+            count += 1;
+        }
+    }
+    (count > 0).then(|| sum / count as f64)
+}
+
 /// How many candidates at most [`CostModel::for_fleet`] reads for the
-/// fleet's mean cache pressure.
+/// fleet's mean cache pressure (and `kv_aware` for its mean waiting
+/// count, [`fleet_mean`]).
 pub(crate) const PRESSURE_SAMPLE: usize = 64;
 
 /// How close a cache `usage` (0 to 1) is to full, for

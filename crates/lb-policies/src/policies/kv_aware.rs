@@ -673,18 +673,9 @@ impl KvAware {
         if model.overload_enter <= 0.0 || candidates.is_empty() {
             return false;
         }
-        let stride = candidates.len().div_ceil(cost::PRESSURE_SAMPLE);
-        let (mut sum, mut count) = (0usize, 0usize);
-        for c in candidates.iter().step_by(stride) {
-            if c.is_available() {
-                sum = sum.saturating_add(c.waiting());
-                count += 1;
-            }
-        }
-        if count == 0 {
+        let Some(mean) = cost::fleet_mean(candidates, |c| c.waiting() as f64) else {
             return self.overloaded.load(Ordering::Relaxed);
-        }
-        let mean = sum as f64 / count as f64;
+        };
         let was = self.overloaded.load(Ordering::Relaxed);
         let now = if was {
             mean > model.overload_leave
