@@ -1306,3 +1306,35 @@ fn dictsort_loops_order_keys_as_minijinja_does() {
     );
     assert_eq!(direct, reference.ok());
 }
+
+/// Macros reading names the top level assigns (minijinja's closures):
+/// the top level's current value, else the context's; never a loop's or
+/// another macro's binding.
+const CLOSURE_PROBES: &[&str] = &[
+    "{% set x = 'a' %}{% macro f() %}{{ x }}{% endmacro %}{{ f() }}{% set x = 'b' %}{{ f() }}",
+    "{% macro f() %}[{{ x }}]{% endmacro %}{{ f() }}{% set x = 1 %}{{ f() }}",
+    "{% set x = 'top' %}{% macro f() %}{{ x }}{% endmacro %}{% for m in messages %}{% set x = m.role %}{{ f() }}{{ x }}{% endfor %}{{ f() }}",
+    "{% macro f() %}{{ messages | length }}{% endmacro %}{{ f() }}{% set messages = [] %}{{ f() }}",
+    "{% set ns = namespace(n=0) %}{% macro inc() %}{% set ns.n = ns.n + 1 %}{% endmacro %}{{ inc() }}{{ inc() }}{{ ns.n }}",
+    "{% macro f(list) %}{% for m in list if m.role %}{{ m.role }}{% endfor %}{% endmacro %}{% for m in messages %}{{ f(messages) }}{% endfor %}",
+    "{% set x = 1 %}{% macro g() %}{{ x }}{% endmacro %}{% macro f(x) %}{{ x }}{{ g() }}{% endmacro %}{{ f(2) }}",
+    "{% set x = 1 %}{% macro f() %}{{ x }}{% endmacro %}{% set y %}{% set x = 'in' %}{{ f() }}{% endset %}{{ y }}{{ f() }}",
+    "{% set x = 1 %}{% macro f() %}{{ x }}{% endmacro %}{% if messages %}{% set x = 2 %}{% endif %}{{ f() }}",
+    "{% macro f() %}{{ x }}{% endmacro %}{% for m in messages %}{% if loop.first %}{% set x = 5 %}{% endif %}{% endfor %}{{ f() }}",
+    "{% set x = 'a' %}{% macro f(n) %}{{ x }}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(2) }}",
+];
+
+/// Closures whose value depends on when the top level stored the name:
+/// left to minijinja.
+const CLOSURE_DECLINED_PROBES: &[&str] = &[
+    "{% set x = 1 %}{% macro f() %}{% if messages %}{% set x = 2 %}{% endif %}{{ x }}{% endmacro %}{{ f() }}",
+    "{% set m = 1 %}{% macro f() %}{% for m in messages %}{% endfor %}{{ m }}{% endmacro %}{{ f() }}",
+];
+
+/// A macro reads the top level's names as minijinja's closure does, and
+/// declines where that depends on the order of stores.
+#[test]
+fn macros_read_the_top_levels_names_as_minijinjas_closures() {
+    check_probes(CLOSURE_PROBES, Expect::Direct);
+    check_probes(CLOSURE_DECLINED_PROBES, Expect::Declines);
+}

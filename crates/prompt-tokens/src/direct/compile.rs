@@ -62,10 +62,29 @@ pub(super) fn collect_assigned<'s>(stmts: &[ast::Stmt<'s>], into: &mut Vec<&'s s
     }
 }
 
+/// How a variable is read where it is named (see `Compiler::reading`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// The innermost frames that bind it, then the context.
+    Plain,
+    /// From the enclosing macro's closure: the top level's frame, then
+    /// the context.
+    Closure,
+    /// Left to minijinja.
+    No,
+}
+
 #[derive(Default, Clone)]
 pub(super) struct Scope {
-    /// Inside a macro body: its parameters.
+    /// Inside a macro body: its parameters, and the targets of the loops
+    /// (within the macro) around the node: names bound in the macro's
+    /// own frames wherever they are read here.
     macro_locals: Option<Vec<String>>,
+    /// Inside a macro body: every name the body assigns (`set`, loop
+    /// targets, block `set`s). One of them read where it may be unbound
+    /// is left to minijinja: its fallback there is the macro's closure
+    /// or the context, depending on when the top level stored it.
+    macro_assigned: Vec<String>,
     /// How many `for` loops enclose the node, within the macro or the
     /// top level.
     loop_depth: usize,
@@ -148,9 +167,15 @@ impl<'s> Compiler<'s> {
                     Stmt::Set(self.name(v.id)?, value)
                 }
                 ast::Expr::GetAttr(a) => match &a.expr {
-                    ast::Expr::Var(v) if self.readable(v.id) => {
+                    ast::Expr::Var(v) if self.reading(v.id) != Reading::No => {
                         self.ns_field(a.name);
-                        Stmt::SetAttr(self.name(v.id)?, a.name.into(), self.expr(&s.expr)?)
+                        let from_closure = self.reading(v.id) == Reading::Closure;
+                        Stmt::SetAttr {
+                            name: self.name(v.id)?,
+                            from_closure,
+                            attr: a.name.into(),
+                            value: self.expr(&s.expr)?,
+                        }
                     }
                     _ => decline_stmt("`set` of an attribute of an expression"),
                 },
@@ -216,10 +241,13 @@ impl<'s> Compiler<'s> {
                     body: Vec::new(),
                 });
                 let body = if constant {
+                    let mut assigned = Vec::new();
+                    collect_assigned(&m.body, &mut assigned);
                     let outer = std::mem::replace(
                         &mut self.scope,
                         Scope {
                             macro_locals: Some(locals),
+                            macro_assigned: assigned.into_iter().map(str::to_owned).collect(),
                             ..Scope::default()
                         },
                     );
@@ -322,6 +350,7 @@ impl<'s> Compiler<'s> {
             return Ok(decline_stmt("`for` over the items of `[::-1]`"));
         }
         let else_body = self.block(&f.else_body, false)?;
+        let (target_id, value_target_id) = (target, value_target);
         let target = self.name(target)?;
         let value_target = value_target.map(|id| self.name(id)).transpose()?;
         let outer_used = self.scope.loop_used;
@@ -330,8 +359,21 @@ impl<'s> Compiler<'s> {
         self.scope.loop_depth += 1;
         self.scope.loop_used = false;
         self.scope.loop_len_used = false;
+        // Inside a macro, the loop's targets are bound in its frame for
+        // the filter and the body.
+        let bound_before = self.scope.macro_locals.as_ref().map(Vec::len);
+        if let Some(locals) = &mut self.scope.macro_locals {
+            locals.extend(
+                std::iter::once(target_id)
+                    .chain(value_target_id)
+                    .map(str::to_owned),
+            );
+        }
         let filter = f.filter_expr.as_ref().map(|e| self.expr(e)).transpose();
         let body = self.block(&f.body, false);
+        if let (Some(locals), Some(len)) = (&mut self.scope.macro_locals, bound_before) {
+            locals.truncate(len);
+        }
         let used = self.scope.loop_used;
         let len_used = self.scope.loop_len_used;
         self.scope.loop_depth -= 1;
@@ -363,15 +405,32 @@ impl<'s> Compiler<'s> {
         })))
     }
 
-    /// Whether a variable may be read here: inside a macro, only its
-    /// parameters and names the template never assigns outside macros
-    /// (anything else would be minijinja's closure of the macro).
+    /// Whether a variable may be read here as a plain variable.
     fn readable(&self, id: &str) -> bool {
-        match &self.scope.macro_locals {
-            Some(locals) => {
-                locals.iter().any(|l| l == id) || !self.assigned_outside_macros.contains(&id)
-            }
-            None => true,
+        self.reading(id) == Reading::Plain
+    }
+
+    /// How a variable is read here. Outside macros, and inside one for
+    /// its parameters, the targets of its loops around the node and the
+    /// names the template never assigns outside macros: plainly (its
+    /// frames, then the context). A name the top level assigns and the
+    /// macro never does: from the macro's closure. minijinja encloses
+    /// such a name when it defines the macro and, the macro being defined
+    /// at the top level, every later store of the top level's frame
+    /// updates the closure, so the macro sees the top level's current
+    /// value, else the context's (module `run`, `closure`). Anything else
+    /// (a name both the macro and the top level assign, read where the
+    /// macro may not have bound it) is left to minijinja.
+    fn reading(&self, id: &str) -> Reading {
+        let Some(locals) = &self.scope.macro_locals else {
+            return Reading::Plain;
+        };
+        if locals.iter().any(|l| l == id) || !self.assigned_outside_macros.contains(&id) {
+            Reading::Plain
+        } else if !self.scope.macro_assigned.iter().any(|a| a == id) {
+            Reading::Closure
+        } else {
+            Reading::No
         }
     }
 
@@ -400,10 +459,12 @@ impl<'s> Compiler<'s> {
                     || id == "strftime_now"
                     || OTHER_GLOBALS.contains(&id)
                     || self.is_macro(id).is_some()
-                    || !self.readable(id)
+                    || self.reading(id) == Reading::No
                     || (self.scope.macro_locals.is_some() && MACRO_GLOBALS.contains(&id))
                 {
                     decline(format!("the name `{id}` here"))
+                } else if self.reading(id) == Reading::Closure {
+                    Expr::Closure(self.name(id)?)
                 } else {
                     Expr::Var(self.name(id)?)
                 }

@@ -30,7 +30,8 @@
 //! The subset is what real chat templates use on ordinary requests:
 //! `+` of two strings or two integers, integer `-` and `%`, slices and
 //! `seq[::-1]` as a loop's sequence, `namespace` attributes, `loop.*`,
-//! `for k, v in map.items()`, macros (constant defaults, recursion),
+//! `for k, v in map.items()`, macros (constant defaults, recursion,
+//! names read from the top level as minijinja's closures read them),
 //! string methods (`strip` and its kin with or without characters,
 //! `split`, `replace`, `startswith`, `endswith`), a mapping's `get`, the
 //! filters `trim`, `length`, `tojson`, `default`, `string`, `list`,
@@ -185,6 +186,7 @@ impl DirectTemplate {
             globals: by_name,
             vars: Vec::with_capacity(16),
             barrier: 0,
+            top_end: 0,
             loops: Vec::with_capacity(4),
             flow: run::Flow::Next,
             namespaces: Vec::new(),

@@ -59,6 +59,10 @@ pub(super) struct Run<'a> {
     pub(super) vars: Vec<(Name, V<'a>)>,
     /// Lookups in `vars` stop here: the start of the running macro's frame.
     pub(super) barrier: usize,
+    /// While a loop or a macro runs: the length of `vars` when the
+    /// outermost one began, the end of the top level's frame (what a
+    /// macro's closure reads).
+    pub(super) top_end: usize,
     pub(super) loops: Vec<LoopState<'a>>,
     /// Set by `break` / `continue` until their loop takes it.
     pub(super) flow: Flow,
@@ -156,11 +160,21 @@ impl<'a> Run<'a> {
                     let value = self.eval(e)?;
                     self.vars.push((*name, value));
                 }
-                Stmt::SetAttr(name, attr, e) => {
-                    let V::Ns(ns) = self.lookup(*name) else {
+                Stmt::SetAttr {
+                    name,
+                    from_closure,
+                    attr,
+                    value,
+                } => {
+                    let base = if *from_closure {
+                        self.closure(*name)
+                    } else {
+                        self.lookup(*name)
+                    };
+                    let V::Ns(ns) = base else {
                         return Err(declined!());
                     };
-                    let value = self.eval(e)?;
+                    let value = self.eval(value)?;
                     let fields = &mut self.namespaces[ns];
                     match fields.iter_mut().find(|(k, _)| *k == &**attr) {
                         Some(slot) => slot.1 = value,
@@ -238,6 +252,9 @@ impl<'a> Run<'a> {
         memo_items: Option<&'a [Value]>,
         mut bind: impl FnMut(&mut Self, usize) -> Step<()>,
     ) -> Step<()> {
+        if self.at_top() {
+            self.top_end = self.vars.len();
+        }
         self.loops.push(LoopState {
             index: 0,
             len,
@@ -748,6 +765,36 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// `name` as a macro reads it from its closure: the top level's
+    /// current binding, else the context's value. minijinja's closure
+    /// holds the value the name had when the macro was defined (the top
+    /// level's or the context's) and takes every later store of the top
+    /// level's frame; loops and macros store in frames of their own.
+    fn closure(&mut self, name: Name) -> V<'a> {
+        if let Some(rec) = &mut self.rec {
+            // Read from outside the memoized loop's iterations, which
+            // run at the top level: its mark is the top level's end.
+            rec.read(name);
+        }
+        self.outer(name, self.top_len())
+    }
+
+    /// How many of `vars` are the top level's frame: all of them at the
+    /// top level, else those before the outermost loop or macro began.
+    fn top_len(&self) -> usize {
+        if self.at_top() {
+            self.vars.len()
+        } else {
+            self.top_end.min(self.vars.len())
+        }
+    }
+
+    /// Whether the running statement is in the top level's frame (no
+    /// loop or macro around it).
+    fn at_top(&self) -> bool {
+        self.depth == 0 && self.loops.is_empty()
+    }
+
     /// `name`'s value as the memoized loop's iterations find it outside
     /// themselves: below `mark` (the top level's frame), else the context.
     fn outer(&self, name: Name, mark: usize) -> V<'a> {
@@ -831,6 +878,9 @@ impl<'a> Run<'a> {
             values.push(self.eval(arg)?);
         }
         let mark = self.vars.len();
+        if self.at_top() {
+            self.top_end = mark;
+        }
         let outer_barrier = std::mem::replace(&mut self.barrier, mark);
         let mut values = values.into_iter();
         for (&param, default) in def.params.iter().zip(&def.defaults) {
@@ -867,6 +917,7 @@ impl<'a> Run<'a> {
         Ok(match e {
             Expr::Const(value) | Expr::Text(value, _) => V::Ref(value),
             Expr::Var(name) => self.lookup(*name),
+            Expr::Closure(name) => self.closure(*name),
             Expr::Loop(attr) => {
                 if let Some(rec) = &mut self.rec
                     && self.loops.len() == rec.depth

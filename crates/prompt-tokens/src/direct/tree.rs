@@ -19,7 +19,14 @@ pub(super) enum Stmt {
     If(Expr, Vec<Stmt>, Vec<Stmt>),
     For(Box<ForLoop>),
     Set(Name, Expr),
-    SetAttr(Name, Box<str>, Expr),
+    /// `set name.attr = value` on a namespace; `from_closure`: `name` is
+    /// read as [`Expr::Closure`] reads it.
+    SetAttr {
+        name: Name,
+        from_closure: bool,
+        attr: Box<str>,
+        value: Expr,
+    },
     /// `{% set x %}...{% endset %}`: the body's output, as a string.
     SetBlock(Name, Vec<Stmt>),
     /// A macro definition: macros are resolved when compiling.
@@ -54,6 +61,9 @@ pub(super) enum Expr {
     /// A string constant: its value, and its text to print as is.
     Text(Value, Box<str>),
     Var(Name),
+    /// A name a macro reads from the top level (minijinja's closure): the
+    /// top level's current binding, else the context's value.
+    Closure(Name),
     Loop(LoopAttr),
     Attr(Box<Expr>, Box<str>),
     Item(Box<Expr>, Box<Expr>),
