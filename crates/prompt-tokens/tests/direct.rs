@@ -1338,3 +1338,45 @@ fn macros_read_the_top_levels_names_as_minijinjas_closures() {
     check_probes(CLOSURE_PROBES, Expect::Direct);
     check_probes(CLOSURE_DECLINED_PROBES, Expect::Declines);
 }
+
+/// `dictsort` loops over mappings other than the request's objects (a
+/// constant dict literal, keys of several kinds): the pairs in the order
+/// minijinja's `dictsort` gives them.
+const DICTSORT_PROBES: &[&str] = &[
+    "{% set d = {0: 0, 512: 128, 16384: 1024, 2048: 512} %}{% for k, v in d | dictsort %}{{ k }}={{ v }};{{ loop.last }}{% endfor %}{{ d[512] }}",
+    "{% for k, v in {'b': 1, 'A': 'x', 'a': 2, 10: 2, '10': 3, 0: 4} | dictsort %}{{ k }}:{{ v }}|{{ loop.index }}{% endfor %}",
+    "{% for k, v in {} | dictsort %}x{% else %}E{% endfor %}",
+    "{% for k, v in {'z': 1, 'y': 2} | dictsort %}{% if loop.first %}{{ k }}{% endif %}{{ loop.revindex }}{% endfor %}",
+];
+
+#[test]
+fn dictsort_loops_over_other_mappings_agree_with_minijinja() {
+    check_probes(DICTSORT_PROBES, Expect::Direct);
+    // Floats and lists print through minijinja either way.
+    check_probe(
+        "{% for k, v in {'b': 1, 'A': [1, 'x'], 'a': none, 10: 2, '10': 3, 1.5: 4} | dictsort %}{{ k }}:{{ v }}|{{ loop.index }}{% endfor %}",
+        Expect::Agrees,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let pair = Pair::plain(
+        "{% for t in tools %}{% for k, v in t.function.parameters.properties | dictsort %}{{ k }}={{ v.type }};{% endfor %}{% endfor %}",
+    );
+    // More properties than the crate's small maps hold: a map of
+    // minijinja's own.
+    let properties: serde_json::Map<String, Value> = (0..40)
+        .map(|i| {
+            (
+                format!("{}{i}", if i % 3 == 0 { 'B' } else { 'a' }),
+                json!({"type": "string"}),
+            )
+        })
+        .collect();
+    let req = request(json!([{"role": "user", "content": "x"}]))
+        .with_tools(&json!([{"type": "function", "function": {
+            "name": "f", "description": "d",
+            "parameters": {"type": "object", "properties": properties}}}]))
+        .expect("tools");
+    let (reference, direct) = pair.compare(&req).expect("agreement");
+    assert!(reference.is_ok());
+    assert_eq!(direct, reference.ok());
+}

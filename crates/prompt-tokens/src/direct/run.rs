@@ -89,6 +89,21 @@ pub(super) struct Run<'a> {
     pub(super) encoded: Option<Encoded<'a>>,
 }
 
+/// The key/value pairs of the mapping `map` in the order minijinja's
+/// `dictsort` filter (no arguments) gives them, computed by that filter.
+fn dictsort_pairs(map: &Value) -> Step<Vec<(Value, Value)>> {
+    let no_arguments = minijinja::value::Kwargs::from_iter(std::iter::empty::<(&str, Value)>());
+    let sorted = minijinja::filters::dictsort(map, no_arguments).map_err(|_| declined!())?;
+    let pairs = sorted.try_iter().map_err(|_| declined!())?;
+    pairs
+        .map(|pair| {
+            let key = pair.get_item(&Value::from(0)).map_err(|_| declined!())?;
+            let value = pair.get_item(&Value::from(1)).map_err(|_| declined!())?;
+            Ok((key, value))
+        })
+        .collect()
+}
+
 /// What the iterations of the memoized loop read from outside themselves
 /// (module `memo`).
 pub(super) struct Recording {
@@ -356,6 +371,23 @@ impl<'a> Run<'a> {
     /// other value (undefined, a dict from the context, a namespace) is
     /// minijinja's.
     fn for_pairs(&mut self, f: &'a ForLoop, value_target: Option<Name>, map: V<'a>) -> Step<()> {
+        if f.sorted
+            && let Ok(value) = map.value()
+            && value.kind() == ValueKind::Map
+            && small_map_entries(value).is_none()
+        {
+            // Any other mapping (a dict literal, one from the context):
+            // its pairs as minijinja's own `dictsort` sorts them.
+            let pairs = dictsort_pairs(value)?;
+            return self.iterate(f, pairs.len(), None, false, None, |run, index| {
+                let (key, value) = pairs.get(index).ok_or(declined!())?;
+                run.vars.push((f.target, V::Own(key.clone())));
+                if let Some(value_target) = value_target {
+                    run.vars.push((value_target, V::Own(value.clone())));
+                }
+                Ok(())
+            });
+        }
         let (mut borrowed, mut owned) = match map {
             V::Ref(value) => (Some(small_map_entries(value).ok_or(declined!())?), None),
             V::Own(value) => (
