@@ -726,14 +726,13 @@ fn probe_templates_render_directly_and_equal_minijinja() {
     check_probes(DIRECT_PROBES, Expect::Direct);
 }
 
-/// Probes the direct renderer must decline (`range` outside a loop, a map
-/// literal, a filtered block `set`, `*`, `loop` in a filtered loop, a
+/// Probes the direct renderer must decline (`range` outside a loop, a
+/// filtered block `set`, `*`, `loop` in a filtered loop, a
 /// macro default that is not a constant, a method it does not know, a
 /// variable shadowing a function), still rendering what minijinja renders
 /// through `render`.
 const DECLINED_PROBES: &[&str] = &[
     "{{ range(3) | length }}",
-    "{{ {'a': messages | length} | tojson }}",
     "{% set x | upper %}hi {{ messages[0].role }}{% endset %}{{ x }}",
     "{{ (messages | length) * 2 }}",
     "{% for m in messages if m.role == 'user' %}{{ loop.index }}{% endfor %}",
@@ -1379,4 +1378,30 @@ fn dictsort_loops_over_other_mappings_agree_with_minijinja() {
     let (reference, direct) = pair.compare(&req).expect("agreement");
     assert!(reference.is_ok());
     assert_eq!(direct, reference.ok());
+}
+
+/// Dict literals with values computed at run time: built as minijinja's
+/// `BuildMap` builds them (literal order, a repeated key keeps its place
+/// and takes the last value).
+const DICT_LITERAL_PROBES: &[&str] = &[
+    "{% set d = {'role': messages[0].role, 'content': messages[0].content} %}{{ d.role }}|{{ d['content'] }}|{{ d.nope is defined }}",
+    "{{ {'a': messages | length} | tojson }}",
+    "{% macro f(m) %}{{ m.role }}:{{ m.content }}{% endmacro %}{{ f({'role': 'x', 'content': messages[-1].content}) }}",
+    "{% set d = {'a': 1, 'b': messages | length, 'a': 3} %}{{ d | tojson }}{{ d | length }}",
+    "{{ {'k': messages[0].role} is mapping }}{{ {messages[0].role: 1}[messages[0].role] }}",
+];
+
+/// Uses of a dict literal the direct renderer may leave to minijinja.
+const DICT_LITERAL_AGREE_PROBES: &[&str] = &[
+    "{{ {'a': messages | length} }}",
+    "{% for k, v in {'a': messages | length}.items() %}{{ k }}{{ v }}{% endfor %}",
+    "{{ 'a' in {'a': messages | length} }}",
+    "{% set ns = namespace(a=1) %}{{ {'n': ns}.n.a }}",
+    "{{ {'s': messages[1:]}.s | length }}",
+];
+
+#[test]
+fn dict_literals_agree_with_minijinja() {
+    check_probes(DICT_LITERAL_PROBES, Expect::Direct);
+    check_probes(DICT_LITERAL_AGREE_PROBES, Expect::Agrees);
 }

@@ -595,7 +595,13 @@ impl<'s> Compiler<'s> {
                     .map(|x| self.expr(x))
                     .collect::<Result<_, _>>()?,
             ),
-            ast::Expr::Map(_) => decline("a dict literal"),
+            ast::Expr::Map(m) => {
+                let mut pairs = Vec::with_capacity(m.keys.len());
+                for (key, value) in m.keys.iter().zip(&m.values) {
+                    pairs.push((self.expr(key)?, self.expr(value)?));
+                }
+                Expr::Map(pairs)
+            }
         })
     }
 

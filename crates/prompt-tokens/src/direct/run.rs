@@ -1105,6 +1105,18 @@ impl<'a> Run<'a> {
                 }
                 V::Own(Value::from(list))
             }
+            Expr::Map(pairs) => {
+                // As minijinja's `BuildMap`: each key, then its value, in
+                // the literal's order, into its own map (a repeated key
+                // keeps its first place and takes the last value).
+                let mut entries = Vec::with_capacity(pairs.len());
+                for (key, value) in pairs {
+                    let key = self.eval(key)?.value()?.clone();
+                    let value = self.eval(value)?.value()?.clone();
+                    entries.push((key, value));
+                }
+                V::Own(Value::from_iter(entries))
+            }
             Expr::CallMacro(index, args) => self.capture_macro(*index, args)?,
             Expr::Namespace(fields) => {
                 let mut values = Vec::with_capacity(fields.len());

@@ -82,6 +82,8 @@ pub(super) enum Expr {
     Test(TestKind, Box<Expr>),
     Filter(FilterKind, Box<Expr>),
     List(Vec<Expr>),
+    /// A dict literal that is not a constant: its key and value pairs.
+    Map(Vec<(Expr, Expr)>),
     CallMacro(usize, Vec<Expr>),
     Namespace(Vec<(Box<str>, Expr)>),
     StrftimeNow(Box<Expr>),
