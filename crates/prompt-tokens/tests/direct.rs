@@ -1405,3 +1405,39 @@ fn dict_literals_agree_with_minijinja() {
     check_probes(DICT_LITERAL_PROBES, Expect::Direct);
     check_probes(DICT_LITERAL_AGREE_PROBES, Expect::Agrees);
 }
+
+/// `+` of sequences: minijinja's lazy concatenation (an iterable of known
+/// length), made a list once nested past its maximal depth.
+const SEQUENCE_ADD_PROBES: &[&str] = &[
+    "{% set ns = namespace(l=[]) %}{% for m in messages %}{% set ns.l = ns.l + [m.role] %}{% endfor %}{{ ns.l | join(',') }}|{{ ns.l | length }}|{{ ns.l is sequence }}|{{ ns.l is iterable }}|{{ ns.l is defined }}|{% if ns.l %}T{% endif %}|{{ 'user' in ns.l }}{{ 'x' not in ns.l }}|{% for r in ns.l %}{{ loop.index }}{{ r }}{{ loop.last }}{% endfor %}",
+    "{% set e = messages[:0] + [] %}{% if e %}T{% else %}F{% endif %}{{ e | length }}{% for x in e %}x{% else %}E{% endfor %}",
+    "{% set x = messages + messages %}{{ x | length }}{% for m in x %}{{ m.role }}{% endfor %}",
+    "{% set x = messages[1:] + ['a'] + [] %}{{ x | length }}{{ x | list | length }}",
+    "{% set ns = namespace(l=[]) %}{% for i in range(70) %}{% set ns.l = ns.l + [i] %}{% if ns.l is sequence %}S{% else %}I{% endif %}{% endfor %}{{ ns.l | length }}",
+    "{% set ns = namespace(l=[]) %}{% for i in range(40) %}{% set ns.l = ns.l + [i] + [i] %}{{ ns.l is sequence }}{% endfor %}",
+    "{% macro f(l) %}{% for x in l %}{{ x }}{% endfor %}{% endmacro %}{{ f([messages[0].role] + ['b']) }}{{ f(['c'] + [messages[0].role] | default(['e'])) }}{{ f(([messages[0].role] + ['b']) | default(['e'])) }}",
+    "{% set l = ['a'] + [messages[0].role] %}{{ l | list | tojson }}{{ (l | list)[1] }}",
+];
+
+/// Uses of a concatenation the direct renderer may leave to minijinja.
+const SEQUENCE_ADD_AGREE_PROBES: &[&str] = &[
+    "{{ [1] + [2] }}",
+    "{{ ([1] + [2])[0] }}|{{ ([1] + [2]).x }}",
+    "{{ [1] + 'a' }}",
+    "{{ 'a' + [1] }}",
+    "{{ ([1] + [2]) | tojson }}",
+    "{{ ([1] + ([2] + [3])) | length }}",
+    "{{ ([1] + [2]) == [1, 2] }}",
+    "{{ [1] + none }}",
+    "{{ [1] + messages[0] }}",
+    "{{ (([1] + [2]) + 3) | length }}",
+    "{{ ([1] + [2]) | first }}",
+    // Folded by minijinja's compiler into a constant of its own.
+    "{{ ([] + []) | length }}{% if [] + [] %}T{% endif %}",
+];
+
+#[test]
+fn sequence_additions_agree_with_minijinja() {
+    check_probes(SEQUENCE_ADD_PROBES, Expect::Direct);
+    check_probes(SEQUENCE_ADD_AGREE_PROBES, Expect::Agrees);
+}

@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 use std::hash::Hasher as _;
+use std::rc::Rc;
 
 use minijinja::value::{Value, ValueKind};
 
@@ -20,7 +21,7 @@ pub(super) struct Encoded<'a> {
     hashers: Vec<ahash::AHasher>,
 }
 use super::tree::{Arith, Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Side, Stmt, TestKind};
-use super::value::{V, compare, int, vec_items};
+use super::value::{Chain, MERGE_MAX_DEPTH, V, compare, int, vec_items};
 use super::{DirectTemplate, MAX_MACRO_DEPTH, Name, Step, declined};
 use crate::clock_text::strftime_cached;
 use crate::request::{small_map_entries, small_map_get};
@@ -33,7 +34,14 @@ enum Sum {
     Int(i64),
     /// Strings written straight to the output (a chain `{{ }}` prints).
     Written,
+    /// Sequences joined: the items so far, and the depth minijinja counts
+    /// for the concatenation (0: a plain sequence).
+    List(Vec<Value>, usize),
 }
+
+/// The most items a `+` of sequences makes here: each `+` copies them,
+/// so longer concatenations are left to minijinja.
+const MAX_CHAIN_ITEMS: usize = 4096;
 
 pub(super) struct LoopState<'a> {
     index: usize,
@@ -87,6 +95,17 @@ pub(super) struct Run<'a> {
     pub(super) capturing: usize,
     /// The last memoized loop's items, encoded.
     pub(super) encoded: Option<Encoded<'a>>,
+}
+
+/// An operand of `+` that minijinja concatenates as a sequence (a plain
+/// list, a slice, a chain): its items and its concatenation depth.
+fn sequence_operand<'v>(v: &'v V<'_>) -> Option<(&'v [Value], usize)> {
+    match v {
+        V::Chain(chain) => Some((&chain.items, chain.depth)),
+        V::Slice(list) => Some((list, 0)),
+        V::Ref(_) | V::Own(_) => v.items().map(|items| (items, 0)),
+        V::Ns(_) => None,
+    }
 }
 
 /// The key/value pairs of the mapping `map` in the order minijinja's
@@ -394,7 +413,7 @@ impl<'a> Run<'a> {
                 None,
                 Some(small_map_entries(&value).ok_or(declined!())?.to_vec()),
             ),
-            V::Ns(_) | V::Slice(_) => return Err(declined!()),
+            V::Ns(_) | V::Slice(_) | V::Chain(_) => return Err(declined!()),
         };
         if f.sorted {
             // minijinja's `dictsort`: a stable sort on the keys compared
@@ -634,6 +653,14 @@ impl<'a> Run<'a> {
         match v {
             V::Ref(value) => self.encode_plain(buf, value),
             V::Own(value) => self.encode_plain(buf, value),
+            V::Chain(chain) => {
+                // Its items and its depth (which decides when a later `+`
+                // makes a list) are all it is.
+                buf.push(12);
+                buf.extend_from_slice(&(chain.depth as u64).to_le_bytes());
+                buf.extend_from_slice(&(chain.items.len() as u64).to_le_bytes());
+                chain.items.iter().all(|item| encode(buf, item))
+            }
             V::Slice(list) => {
                 if self.is_messages(list) {
                     return false;
@@ -769,6 +796,8 @@ impl<'a> Run<'a> {
             V::Ns(ns) => Ok(!self.namespaces[*ns].is_empty()),
             // minijinja's slice is a lazy iterable; left to it.
             V::Slice(_) => Err(declined!()),
+            // Its `+` of sequences knows its length: true when not empty.
+            V::Chain(chain) => Ok(!chain.items.is_empty()),
         }
     }
 
@@ -867,7 +896,7 @@ impl<'a> Run<'a> {
                 match sum {
                     Sum::Int(n) => self.print(&Value::from(n)),
                     Sum::Written => Ok(()),
-                    Sum::Empty | Sum::Text(_) => Err(declined!()),
+                    Sum::Empty | Sum::Text(_) | Sum::List(..) => Err(declined!()),
                 }
             }
             Expr::Text(_, text) => {
@@ -1072,7 +1101,7 @@ impl<'a> Run<'a> {
             }
             Expr::Test(kind, inner) => {
                 let v = self.eval(inner)?;
-                if let V::Slice(_) = v {
+                if let V::Slice(_) | V::Chain(_) = v {
                     // An iterable: defined, and no sequence.
                     return Ok(V::bool(matches!(
                         kind,
@@ -1256,6 +1285,9 @@ impl<'a> Run<'a> {
                 match sum {
                     Sum::Text(text) => V::Own(Value::from(text)),
                     Sum::Int(n) => V::Own(Value::from(n)),
+                    // Materialized by minijinja: a plain list.
+                    Sum::List(items, 0) => V::Own(Value::from(items)),
+                    Sum::List(items, depth) => V::Chain(Rc::new(Chain { items, depth })),
                     Sum::Empty | Sum::Written => return Err(declined!()),
                 }
             }
@@ -1337,9 +1369,32 @@ impl<'a> Run<'a> {
         if let Expr::Add(left, right) = e {
             self.step()?;
             self.add(sum, left, write)?;
+            if matches!(sum, Sum::List(..)) && matches!(**right, Expr::Add(..)) {
+                // `a + (b + c)` of sequences nests unlike a left-to-right
+                // chain: minijinja's depth is not the one counted here.
+                return Err(declined!());
+            }
             return self.add(sum, right, write);
         }
         let v = self.eval(e)?;
+        if let Some((items, depth)) = sequence_operand(&v) {
+            // minijinja's `+` of two sequences or iterables: a lazy
+            // concatenation one level deeper than its deeper operand,
+            // made a list at once past its maximal depth.
+            match sum {
+                Sum::Empty => *sum = Sum::List(items.to_vec(), depth),
+                Sum::List(joined, joined_depth) => {
+                    if joined.len().saturating_add(items.len()) > MAX_CHAIN_ITEMS {
+                        return Err(declined!());
+                    }
+                    joined.extend_from_slice(items);
+                    let nested = (*joined_depth).max(depth) + 1;
+                    *joined_depth = if nested > MERGE_MAX_DEPTH { 0 } else { nested };
+                }
+                _ => return Err(declined!()),
+            }
+            return Ok(());
+        }
         let v = v.value()?;
         if v.kind() == ValueKind::String {
             let text = v.as_str().ok_or(declined!())?;
@@ -1356,7 +1411,7 @@ impl<'a> Run<'a> {
                     }
                     joined.push_str(text);
                 }
-                Sum::Int(_) => return Err(declined!()),
+                Sum::Int(_) | Sum::List(..) => return Err(declined!()),
             }
             return Ok(());
         }
@@ -1364,7 +1419,7 @@ impl<'a> Run<'a> {
         *sum = match *sum {
             Sum::Empty => Sum::Int(n),
             Sum::Int(m) => Sum::Int(m.checked_add(n).ok_or(declined!())?),
-            Sum::Text(_) | Sum::Written => return Err(declined!()),
+            Sum::Text(_) | Sum::Written | Sum::List(..) => return Err(declined!()),
         };
         Ok(())
     }
@@ -1416,7 +1471,7 @@ impl<'a> Run<'a> {
                 }
                 value.get_attr(name).map(V::Own).map_err(|_| declined!())
             }
-            V::Slice(_) => Err(declined!()),
+            V::Slice(_) | V::Chain(_) => Err(declined!()),
         }
     }
 
@@ -1442,7 +1497,7 @@ impl<'a> Run<'a> {
             return Ok(found.map_or_else(V::undefined, V::Ref));
         }
         match base {
-            V::Ns(_) | V::Slice(_) => Err(declined!()),
+            V::Ns(_) | V::Slice(_) | V::Chain(_) => Err(declined!()),
             other => other
                 .value()?
                 .get_item(key)
@@ -1505,9 +1560,11 @@ impl<'a> Run<'a> {
             }
             return Ok(V::Own(Value::from(joined)));
         }
-        if let V::Slice(list) = v {
+        if let V::Slice(_) | V::Chain(_) = v {
+            // An iterable of known length.
+            let len = v.items().ok_or(declined!())?.len();
             return match kind {
-                FilterKind::Length => Ok(V::Own(Value::from(list.len() as i64))),
+                FilterKind::Length => Ok(V::Own(Value::from(len as i64))),
                 FilterKind::Default(_) => Ok(v),
                 _ => Err(declined!()),
             };
