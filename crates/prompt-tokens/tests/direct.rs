@@ -1441,3 +1441,25 @@ fn sequence_additions_agree_with_minijinja() {
     check_probes(SEQUENCE_ADD_PROBES, Expect::Direct);
     check_probes(SEQUENCE_ADD_AGREE_PROBES, Expect::Agrees);
 }
+
+/// An integer index into minijinja's iterables (a slice, a `+` of
+/// sequences) takes the `nth` item, a negative one counted back from the
+/// length; past either end it is undefined.
+#[test]
+fn iterables_index_as_minijinja_does() {
+    check_probes(
+        &[
+            "{% set rest = messages[1:] %}{{ rest[-1].role }}|{{ rest[0].role }}|{{ rest[-9] is defined }}|{{ rest[9] is defined }}|{{ rest[-(rest | length)].role }}",
+            "{% set l = [messages[0].role] + ['b'] %}{{ l[0] }}{{ l[-1] }}{{ l[1] }}|{{ l[2] is defined }}{{ l[-3] is defined }}",
+            "{% set m = messages[1:] if messages[0].role == 'system' else messages %}{% if m[-1].role == 'assistant' %}A{% endif %}{% set m = m[:-1] %}{{ m | length }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{{ messages[1:][9223372036854775807] is defined }}|{{ messages[1:]['x'] }}|{{ messages[1:][1.0] }}",
+            "{% set l = [1] + [2] %}{{ l['x'] }}|{{ l[true] }}",
+        ],
+        Expect::Agrees,
+    );
+}

@@ -1476,10 +1476,25 @@ impl<'a> Run<'a> {
     }
 
     fn item(&self, base: V<'a>, key: &Value) -> Step<V<'a>> {
-        if let (V::Slice(_), Some(i)) = (&base, int(key))
-            && i < 0
+        if let Some(i) = int(key)
+            && matches!(base, V::Slice(_) | V::Chain(_))
         {
-            return Err(declined!());
+            // minijinja's iterables (a slice, a `+` of sequences) have no
+            // items of their own: an integer index takes the `nth` item,
+            // a negative one counted back from their known length.
+            let len = base.items().map_or(0, <[Value]>::len) as i64;
+            let at = if i < 0 { len + i } else { i };
+            let Ok(at) = usize::try_from(at) else {
+                return Ok(V::undefined());
+            };
+            return Ok(match &base {
+                V::Slice(list) => list.get(at).map_or_else(V::undefined, V::Ref),
+                V::Chain(chain) => chain
+                    .items
+                    .get(at)
+                    .map_or_else(V::undefined, |item| V::Own(item.clone())),
+                _ => return Err(declined!()),
+            });
         }
         if let (Some(list), Some(i)) = (base.borrowed_items(), int(key)) {
             let len = list.len() as i64;

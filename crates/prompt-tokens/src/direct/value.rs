@@ -25,8 +25,8 @@ pub(super) enum V<'a> {
 }
 
 /// What minijinja's `+` makes of two sequences (its `MergeSeq`): an
-/// iterable, not a sequence (`is sequence` is false, an index finds
-/// nothing), of known length, true when not empty. Held here as its
+/// iterable, not a sequence (`is sequence` is false, an index takes the
+/// `nth` item), of known length, true when not empty. Held here as its
 /// items, flattened, and the nesting depth minijinja counts: a `+` whose
 /// result would nest deeper than [`MERGE_MAX_DEPTH`] makes a plain list.
 pub(super) struct Chain {
