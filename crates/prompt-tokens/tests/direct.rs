@@ -1463,3 +1463,24 @@ fn iterables_index_as_minijinja_does() {
         Expect::Agrees,
     );
 }
+
+/// A name a macro sets at its body's own level is bound in its frame for
+/// the statements after it, even where the top level assigns it too.
+#[test]
+fn a_macros_own_sets_bind_its_later_reads() {
+    check_probes(
+        &[
+            "{% set ns = namespace(a=0) %}{% macro f() %}{% set ns = namespace(a=5) %}{% for m in messages %}{% set ns.a = ns.a + 1 %}{% endfor %}{{ ns.a }}{% endmacro %}{{ f() }}{{ ns.a }}",
+            "{% set x = 'top' %}{% macro f() %}{{ x }}{% endmacro %}{% macro g() %}{% set x = 'g' %}{{ x }}{{ f() }}{% endmacro %}{{ g() }}",
+            "{% set x = 1 %}{% macro f() %}{% set x %}in{% endset %}{% if messages %}{{ x }}{% endif %}{% endmacro %}{{ f() }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{% set x = 1 %}{% macro f() %}{{ x }}{% set x = 2 %}{{ x }}{% endmacro %}{{ f() }}",
+            "{% set x = 1 %}{% macro f() %}{% if messages %}{% set x = 2 %}{% endif %}{{ x }}{% endmacro %}{{ f() }}",
+        ],
+        Expect::Declines,
+    );
+}

@@ -139,6 +139,29 @@ impl<'s> Compiler<'s> {
         stmts.iter().map(|s| self.stmt(s, top)).collect()
     }
 
+    /// A macro's body: its statements, each name a statement at the
+    /// body's own level sets (`set x = ...`, a block `set`) bound in the
+    /// macro's frame for the statements after it, wherever they read it
+    /// (loops and conditionals inside see the macro's frame).
+    fn macro_body(&mut self, stmts: &[ast::Stmt<'s>]) -> Result<Vec<Stmt>, String> {
+        let mut body = Vec::with_capacity(stmts.len());
+        for stmt in stmts {
+            body.push(self.stmt(stmt, false)?);
+            let target = match stmt {
+                ast::Stmt::Set(s) => &s.target,
+                ast::Stmt::SetBlock(s) => &s.target,
+                _ => continue,
+            };
+            if let ast::Expr::Var(v) = target
+                && let Some(locals) = &mut self.scope.macro_locals
+                && !locals.iter().any(|l| l == v.id)
+            {
+                locals.push(v.id.to_owned());
+            }
+        }
+        Ok(body)
+    }
+
     fn stmt(&mut self, stmt: &ast::Stmt<'s>, top: bool) -> Result<Stmt, String> {
         Ok(match stmt {
             ast::Stmt::Template(t) => {
@@ -251,7 +274,7 @@ impl<'s> Compiler<'s> {
                             ..Scope::default()
                         },
                     );
-                    let body = self.block(&m.body, false);
+                    let body = self.macro_body(&m.body);
                     self.scope = outer;
                     body?
                 } else {
