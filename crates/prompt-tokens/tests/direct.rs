@@ -1484,3 +1484,27 @@ fn a_macros_own_sets_bind_its_later_reads() {
         Expect::Declines,
     );
 }
+
+/// A string's `format(...)`: pycompat's `str.format`, minijinja's own
+/// `format_filter`; errors and other bases are minijinja's.
+#[test]
+fn string_format_agrees_with_minijinja() {
+    check_probes(
+        &[
+            "{% set t = ':x' %}{{ '<a{}>'.format(t) }}|{{ '{} {}'.format(messages[0].role, messages | length) }}|{{ '{1}-{0}'.format('a', messages[0].role) }}|{{ '{{}}'.format() }}|{{ ('<b>{}' | safe).format(messages[0].role) }}",
+            "{{ '{:>6}|{:<4}|{:^5}'.format(messages[0].role, 'ab', messages | length) }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{{ '{}'.format() }}",
+            "{{ '{x}'.format(x=messages[0].role) }}",
+            "{{ messages.format(1) }}|{{ (messages | length).format() }}",
+            "{{ '{:.2f}|{!r}'.format(1.5, messages[0].role) }}",
+            "{{ '{}'.format(messages[1:]) }}|{{ '{0[role]}'.format(messages[0]) }}",
+            "{{ '{}{}'.format(nothing, none) }}",
+        ],
+        Expect::Agrees,
+    );
+}

@@ -786,6 +786,7 @@ impl<'s> Compiler<'s> {
                         let new = Box::new(args.remove(1));
                         Method::Replace(Box::new(args.remove(0)), new)
                     }
+                    ("format", _) => Method::Format(std::mem::take(&mut args)),
                     ("get", 1..=2) => {
                         let mut args = args.into_iter().map(Box::new);
                         let key = args.next().ok_or("a `get` without its key")?;

@@ -1277,6 +1277,24 @@ impl<'a> Run<'a> {
                         V::Own(Value::from(text.replace(old, new)))
                     }
                     Method::Get(..) => return Err(declined!()),
+                    Method::Format(args) => {
+                        // pycompat's `str.format` is minijinja's own
+                        // `format_filter` in its `str.format` style.
+                        let mut values = Vec::with_capacity(args.len());
+                        for arg in args {
+                            values.push(self.eval(arg)?.value()?.clone());
+                        }
+                        let text = minijinja::format_filter(
+                            minijinja::FormatStyle::StrFormat,
+                            text,
+                            &values,
+                        )
+                        .map_err(|_| declined!())?;
+                        if text.len() > self.max_output {
+                            return Err(declined!());
+                        }
+                        V::Own(Value::from(text))
+                    }
                 }
             }
             Expr::Add(..) => {

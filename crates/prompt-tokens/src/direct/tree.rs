@@ -176,6 +176,8 @@ pub(super) enum Method {
     Replace(Box<Expr>, Box<Expr>),
     /// A mapping's `get(key)` or `get(key, default)`.
     Get(Box<Expr>, Option<Box<Expr>>),
+    /// A string's `format(...)` with positional arguments.
+    Format(Vec<Expr>),
 }
 
 #[derive(Clone, Copy)]
