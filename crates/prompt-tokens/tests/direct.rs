@@ -1508,3 +1508,24 @@ fn string_format_agrees_with_minijinja() {
         Expect::Agrees,
     );
 }
+
+/// `in` a mapping of minijinja's own (a dict literal, a constant): its
+/// keys, as minijinja's lookup finds them.
+#[test]
+fn membership_in_other_mappings_agrees_with_minijinja() {
+    check_probes(
+        &[
+            "{% set nd = {} %}{{ messages[0].role in nd }}|{% set d = {'user': 1, messages[0].role: 2} %}{{ 'user' in d }}{{ 'x' not in d }}{{ messages[0].role in d }}",
+            "{% set d = {'a': 'x', 'b': 'y'} %}{% for k in ['a', 'c'] %}{{ k in d }}{% endfor %}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{% set d = {'a': nothing} %}{{ 'a' in d }}|{{ 'b' in d }}",
+            "{% set d = {1: 'x', 'a': 2} %}{{ 'a' in d }}|{{ 1 in d }}",
+            "{% set d = {'a': messages | length} %}{{ 1 in d }}|{{ none in d }}",
+        ],
+        Expect::Agrees,
+    );
+}

@@ -143,5 +143,29 @@ fn contains(container: &Value, item: &Value) -> Step<bool> {
     if let Some(entries) = small_map_entries(container) {
         return Ok(entries.iter().any(|(k, _)| k == item));
     }
+    if container.kind() == ValueKind::Map && item.kind() == ValueKind::String {
+        // Any other mapping here is minijinja's own (a dict literal, a
+        // large object of the request): minijinja asks it for the key.
+        // A key equal to `item` among its keys is what its lookup finds;
+        // found, the value it holds must be defined to tell it apart from
+        // a missing one, else this declines.
+        let keys = container.try_iter().map_err(|_| declined!())?;
+        let mut found = false;
+        for key in keys {
+            if key.kind() != ValueKind::String {
+                return Err(declined!());
+            }
+            found |= key == *item;
+        }
+        if found
+            && container
+                .get_item(item)
+                .map_err(|_| declined!())?
+                .is_undefined()
+        {
+            return Err(declined!());
+        }
+        return Ok(found);
+    }
     Err(declined!())
 }
