@@ -1529,3 +1529,26 @@ fn membership_in_other_mappings_agrees_with_minijinja() {
         Expect::Agrees,
     );
 }
+
+/// A macro calling one the template defines later: minijinja's closure
+/// finds it once the later definition has run; before, the call fails.
+/// Reading such a name otherwise is left to minijinja.
+#[test]
+fn macros_call_macros_defined_later_as_minijinja_does() {
+    check_probes(
+        &[
+            "{% macro f(x) %}[{{ g(x) }}]{% endmacro %}{% macro g(y) %}{{ y }}{% endmacro %}{{ f(messages[0].role) }}",
+            "{% macro even(n) %}{% if n == 0 %}E{% else %}{{ odd(n - 1) }}{% endif %}{% endmacro %}{% macro odd(n) %}{% if n == 0 %}O{% else %}{{ even(n - 1) }}{% endif %}{% endmacro %}{{ even(messages | length) }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{% macro f() %}{{ g() }}{% endmacro %}{{ f() }}{% macro g() %}x{% endmacro %}",
+            "{% macro f() %}{{ g is defined }}{% endmacro %}{% macro g() %}x{% endmacro %}{{ f() }}",
+            "{% macro f(g) %}{{ g() }}{% endmacro %}{% macro g() %}x{% endmacro %}{{ f(1) }}",
+            "{% macro f() %}{{ g(1, 2) }}{% endmacro %}{% macro g(a) %}x{% endmacro %}{{ f() }}",
+        ],
+        Expect::Declines,
+    );
+}

@@ -102,6 +102,9 @@ pub(super) struct Compiler<'s> {
     pub(super) names: Vec<Box<str>>,
     pub(super) macros: Vec<MacroDef>,
     pub(super) macro_names: Vec<&'s str>,
+    /// Every macro the template defines at its top level, in order, with
+    /// its parameter count: a macro's index is its place here.
+    pub(super) top_macros: Vec<(&'s str, usize)>,
     pub(super) assigned_outside_macros: Vec<&'s str>,
     pub(super) called_builtins: Vec<Name>,
     /// Every namespace attribute the template names (`namespace(a=...)`,
@@ -129,6 +132,20 @@ impl<'s> Compiler<'s> {
 
     fn is_macro(&self, id: &str) -> Option<usize> {
         self.macro_names.iter().position(|n| *n == id)
+    }
+
+    /// A macro the template defines later at its top level, named inside
+    /// a macro body where no local shadows it: minijinja's closure of the
+    /// macro being compiled takes the name once the later macro is
+    /// defined (its store at the top level), so a call finds it if the
+    /// definition has run by then (checked when rendering).
+    fn later_macro(&self, id: &str) -> Option<(usize, usize)> {
+        let locals = self.scope.macro_locals.as_ref()?;
+        if locals.iter().any(|l| l == id) || self.scope.macro_assigned.iter().any(|a| a == id) {
+            return None;
+        }
+        let at = self.top_macros.iter().position(|(n, _)| *n == id)?;
+        (at >= self.macro_names.len()).then(|| (at, self.top_macros[at].1))
     }
 
     pub(super) fn block(
@@ -284,7 +301,7 @@ impl<'s> Compiler<'s> {
                     ))]
                 };
                 self.macros[index].body = body;
-                Stmt::Nothing
+                Stmt::DefineMacro
             }
             ast::Stmt::Extends(_)
             | ast::Stmt::Block(_)
@@ -482,6 +499,8 @@ impl<'s> Compiler<'s> {
                     || id == "strftime_now"
                     || OTHER_GLOBALS.contains(&id)
                     || self.is_macro(id).is_some()
+                    || (self.scope.macro_locals.is_some()
+                        && self.top_macros.iter().any(|(n, _)| *n == id))
                     || self.reading(id) == Reading::No
                     || (self.scope.macro_locals.is_some() && MACRO_GLOBALS.contains(&id))
                 {
@@ -731,6 +750,15 @@ impl<'s> Compiler<'s> {
                         return Ok(decline(format!("macro `{name}` with keyword arguments")));
                     };
                     if args.len() > self.macros[index].params.len() {
+                        return Ok(decline(format!("macro `{name}` with extra arguments")));
+                    }
+                    return Ok(Expr::CallMacro(index, args));
+                }
+                if let Some((index, params)) = self.later_macro(name) {
+                    let Some(args) = self.positional(&c.args)? else {
+                        return Ok(decline(format!("macro `{name}` with keyword arguments")));
+                    };
+                    if args.len() > params {
                         return Ok(decline(format!("macro `{name}` with extra arguments")));
                     }
                     return Ok(Expr::CallMacro(index, args));

@@ -121,10 +121,19 @@ impl DirectTemplate {
         };
         let mut assigned = Vec::new();
         collect_assigned(&root.children, &mut assigned);
+        let top_macros = root
+            .children
+            .iter()
+            .filter_map(|stmt| match stmt {
+                ast::Stmt::Macro(m) => Some((m.name, m.args.len())),
+                _ => None,
+            })
+            .collect();
         let mut compiler = Compiler {
             names: Vec::new(),
             macros: Vec::new(),
             macro_names: Vec::new(),
+            top_macros,
             assigned_outside_macros: assigned,
             called_builtins: Vec::new(),
             ns_fields: Vec::new(),
@@ -186,6 +195,7 @@ impl DirectTemplate {
             globals: by_name,
             vars: Vec::with_capacity(16),
             barrier: 0,
+            macros_defined: 0,
             top_end: 0,
             loops: Vec::with_capacity(4),
             flow: run::Flow::Next,

@@ -67,6 +67,10 @@ pub(super) struct Run<'a> {
     pub(super) vars: Vec<(Name, V<'a>)>,
     /// Lookups in `vars` stop here: the start of the running macro's frame.
     pub(super) barrier: usize,
+    /// How many of the top level's macros are defined so far (they are
+    /// defined in order): a call of a later one declines (minijinja has
+    /// no such name yet).
+    pub(super) macros_defined: usize,
     /// While a loop or a macro runs: the length of `vars` when the
     /// outermost one began, the end of the top level's frame (what a
     /// macro's closure reads).
@@ -225,7 +229,7 @@ impl<'a> Run<'a> {
                     // No auto-escaping: minijinja captures a plain string.
                     self.vars.push((*name, V::Own(Value::from(text))));
                 }
-                Stmt::Nothing => {}
+                Stmt::DefineMacro => self.macros_defined += 1,
                 Stmt::Break => self.flow = Flow::Break,
                 Stmt::Continue => self.flow = Flow::Continue,
                 Stmt::Decline(what) => {
@@ -930,7 +934,10 @@ impl<'a> Run<'a> {
 
     fn call_macro(&mut self, index: usize, args: &'a [Expr]) -> Step<()> {
         self.step()?;
-        let def = &self.template.macros[index];
+        if index >= self.macros_defined {
+            return Err(declined!());
+        }
+        let def = self.template.macros.get(index).ok_or(declined!())?;
         if self.depth >= MAX_MACRO_DEPTH {
             return Err(declined!());
         }

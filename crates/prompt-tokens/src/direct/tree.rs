@@ -29,8 +29,9 @@ pub(super) enum Stmt {
     },
     /// `{% set x %}...{% endset %}`: the body's output, as a string.
     SetBlock(Name, Vec<Stmt>),
-    /// A macro definition: macros are resolved when compiling.
-    Nothing,
+    /// A macro definition (the next of the top level's, in order):
+    /// macros are resolved when compiling; this marks it defined.
+    DefineMacro,
     /// `{% break %}` / `{% continue %}` in a loop of the same body.
     Break,
     Continue,
