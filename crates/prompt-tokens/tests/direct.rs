@@ -1552,3 +1552,29 @@ fn macros_call_macros_defined_later_as_minijinja_does() {
         Expect::Declines,
     );
 }
+
+/// Keyword arguments of a macro call bind its parameters by name, as
+/// minijinja's macro binds them; arguments it refuses decline.
+#[test]
+fn macro_keyword_arguments_agree_with_minijinja() {
+    let f = "{% macro f(a, b='B', c='C') %}{{ a }}{{ b }}{{ c }}{% endmacro %}";
+    let direct = [
+        format!("{f}{{{{ f(messages[0].role, c='x') }}}}|{{{{ f(c=1, a=2) }}}}|{{{{ f(b=none) }}}}|{{{{ f(c=nothing) }}}}"),
+        "{% macro g() %}{{ h(y='k') }}{% endmacro %}{% macro h(x='d', y='e') %}{{ x }}{{ y }}{% endmacro %}{{ g() }}".to_owned(),
+        "{% set ns = namespace(n=0) %}{% macro bump() %}{% set ns.n = ns.n + 1 %}{{ ns.n }}{% endmacro %}{% macro f(a, b) %}{{ a }}{{ b }}{% endmacro %}{{ f(b=bump(), a=bump()) }}".to_owned(),
+    ];
+    let declined = [
+        format!("{f}{{{{ f(d=1) }}}}"),
+        format!("{f}{{{{ f(1, a=2) }}}}"),
+        format!("{f}{{{{ f(1, 2, 3, 4) }}}}"),
+        format!("{f}{{{{ f(*messages) }}}}"),
+    ];
+    check_probes(
+        &direct.iter().map(String::as_str).collect::<Vec<_>>(),
+        Expect::Direct,
+    );
+    check_probes(
+        &declined.iter().map(String::as_str).collect::<Vec<_>>(),
+        Expect::Declines,
+    );
+}

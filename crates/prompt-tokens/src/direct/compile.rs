@@ -103,8 +103,8 @@ pub(super) struct Compiler<'s> {
     pub(super) macros: Vec<MacroDef>,
     pub(super) macro_names: Vec<&'s str>,
     /// Every macro the template defines at its top level, in order, with
-    /// its parameter count: a macro's index is its place here.
-    pub(super) top_macros: Vec<(&'s str, usize)>,
+    /// its parameters' names: a macro's index is its place here.
+    pub(super) top_macros: Vec<(&'s str, Vec<&'s str>)>,
     pub(super) assigned_outside_macros: Vec<&'s str>,
     pub(super) called_builtins: Vec<Name>,
     /// Every namespace attribute the template names (`namespace(a=...)`,
@@ -139,13 +139,13 @@ impl<'s> Compiler<'s> {
     /// macro being compiled takes the name once the later macro is
     /// defined (its store at the top level), so a call finds it if the
     /// definition has run by then (checked when rendering).
-    fn later_macro(&self, id: &str) -> Option<(usize, usize)> {
+    fn later_macro(&self, id: &str) -> Option<usize> {
         let locals = self.scope.macro_locals.as_ref()?;
         if locals.iter().any(|l| l == id) || self.scope.macro_assigned.iter().any(|a| a == id) {
             return None;
         }
         let at = self.top_macros.iter().position(|(n, _)| *n == id)?;
-        (at >= self.macro_names.len()).then(|| (at, self.top_macros[at].1))
+        (at >= self.macro_names.len()).then_some(at)
     }
 
     pub(super) fn block(
@@ -742,26 +742,53 @@ impl<'s> Compiler<'s> {
         Ok(Some(Expr::Filter(kind, self.boxed(source)?)))
     }
 
+    /// A call of the top level's macro `index`: each argument with the
+    /// parameter it binds, positional ones in order, keyword ones by name,
+    /// as minijinja's macro binds them. Arguments minijinja refuses (too
+    /// many, a keyword naming no parameter or one already given) decline.
+    fn macro_call(
+        &mut self,
+        name: &str,
+        index: usize,
+        args: &[ast::CallArg<'s>],
+    ) -> Result<Expr, String> {
+        let params = self
+            .top_macros
+            .get(index)
+            .map(|(_, params)| params.clone())
+            .ok_or("a macro outside the top level's")?;
+        let mut bound = Vec::with_capacity(args.len());
+        let mut taken = vec![false; params.len()];
+        for (at, arg) in args.iter().enumerate() {
+            let (slot, value) = match arg {
+                ast::CallArg::Pos(value) => (at, value),
+                ast::CallArg::Kwarg(key, value) => {
+                    let Some(slot) = params.iter().position(|p| p == key) else {
+                        return Ok(decline(format!("macro `{name}` with an unknown keyword")));
+                    };
+                    (slot, value)
+                }
+                _ => {
+                    return Ok(decline(format!("macro `{name}` with spread arguments")));
+                }
+            };
+            match taken.get_mut(slot) {
+                Some(slot_taken) if !*slot_taken => *slot_taken = true,
+                Some(_) => {
+                    return Ok(decline(format!("macro `{name}` with a duplicate argument")));
+                }
+                None => return Ok(decline(format!("macro `{name}` with extra arguments"))),
+            }
+            bound.push((slot, self.expr(value)?));
+        }
+        Ok(Expr::CallMacro(index, bound))
+    }
+
     fn call(&mut self, c: &ast::Call<'s>) -> Result<Expr, String> {
         match c.identify_call() {
             ast::CallType::Function(name) => {
-                if let Some(index) = self.is_macro(name) {
-                    let Some(args) = self.positional(&c.args)? else {
-                        return Ok(decline(format!("macro `{name}` with keyword arguments")));
-                    };
-                    if args.len() > self.macros[index].params.len() {
-                        return Ok(decline(format!("macro `{name}` with extra arguments")));
-                    }
-                    return Ok(Expr::CallMacro(index, args));
-                }
-                if let Some((index, params)) = self.later_macro(name) {
-                    let Some(args) = self.positional(&c.args)? else {
-                        return Ok(decline(format!("macro `{name}` with keyword arguments")));
-                    };
-                    if args.len() > params {
-                        return Ok(decline(format!("macro `{name}` with extra arguments")));
-                    }
-                    return Ok(Expr::CallMacro(index, args));
+                if let Some(index) = self.is_macro(name).or_else(|| self.later_macro(name)) {
+                    return self.macro_call(name, index, &c.args);
                 }
                 if self.assigned_outside_macros.contains(&name) {
                     return Ok(decline(format!("a call of the variable `{name}`")));

@@ -125,7 +125,17 @@ impl DirectTemplate {
             .children
             .iter()
             .filter_map(|stmt| match stmt {
-                ast::Stmt::Macro(m) => Some((m.name, m.args.len())),
+                ast::Stmt::Macro(m) => Some((
+                    m.name,
+                    m.args
+                        .iter()
+                        .map(|arg| match arg {
+                            ast::Expr::Var(v) => v.id,
+                            // Such a macro is refused when compiled.
+                            _ => "",
+                        })
+                        .collect(),
+                )),
                 _ => None,
             })
             .collect();

@@ -932,7 +932,7 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    fn call_macro(&mut self, index: usize, args: &'a [Expr]) -> Step<()> {
+    fn call_macro(&mut self, index: usize, args: &'a [(usize, Expr)]) -> Step<()> {
         self.step()?;
         if index >= self.macros_defined {
             return Err(declined!());
@@ -941,9 +941,12 @@ impl<'a> Run<'a> {
         if self.depth >= MAX_MACRO_DEPTH {
             return Err(declined!());
         }
-        let mut values = Vec::with_capacity(def.params.len());
-        for arg in args {
-            values.push(self.eval(arg)?);
+        // Evaluated in the call's order, each into its parameter's slot
+        // (the rest undefined, as minijinja leaves them).
+        let mut values = vec![V::undefined(); def.params.len()];
+        for (slot, arg) in args {
+            let value = self.eval(arg)?;
+            *values.get_mut(*slot).ok_or(declined!())? = value;
         }
         let mark = self.vars.len();
         if self.at_top() {
@@ -970,7 +973,7 @@ impl<'a> Run<'a> {
         done
     }
 
-    fn capture_macro(&mut self, index: usize, args: &'a [Expr]) -> Step<V<'a>> {
+    fn capture_macro(&mut self, index: usize, args: &'a [(usize, Expr)]) -> Step<V<'a>> {
         let outer = std::mem::take(&mut self.out);
         self.capturing += 1;
         let done = self.call_macro(index, args);

@@ -85,7 +85,9 @@ pub(super) enum Expr {
     List(Vec<Expr>),
     /// A dict literal that is not a constant: its key and value pairs.
     Map(Vec<(Expr, Expr)>),
-    CallMacro(usize, Vec<Expr>),
+    /// A call of the top level's macro of that index: each argument with
+    /// the parameter it binds, in the call's order.
+    CallMacro(usize, Vec<(usize, Expr)>),
     Namespace(Vec<(Box<str>, Expr)>),
     StrftimeNow(Box<Expr>),
     Method(Box<Expr>, Method),
