@@ -1578,3 +1578,23 @@ fn macro_keyword_arguments_agree_with_minijinja() {
         Expect::Declines,
     );
 }
+
+/// A name set in a conditional's or a loop's statements inside a macro is
+/// bound for the statements after it in the same list.
+#[test]
+fn sets_in_a_macros_nested_statements_bind_the_reads_after_them() {
+    check_probes(
+        &[
+            "{% set ns = namespace(a='top') %}{% macro f(m) %}{% if m is mapping %}{% set ns = namespace(a=0) %}{% for k, v in m | dictsort %}{% set ns.a = ns.a + 1 %}{% endfor %}{{ ns.a }}{% else %}-{% endif %}{% endmacro %}{{ f(messages[0]) }}{{ f(1) }}{{ ns.a }}",
+            "{% set x = 'top' %}{% macro f() %}{% for m in messages %}{% set x = m.role %}{{ x }}{% endfor %}{% endmacro %}{{ f() }}{{ x }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{% set x = 'top' %}{% macro f() %}{% if messages %}{% set x = 'in' %}{% endif %}{{ x }}{% endmacro %}{{ f() }}",
+            "{% set x = 'top' %}{% macro f() %}{% for m in messages %}{% set x = m.role %}{% endfor %}{{ x }}{% endmacro %}{{ f() }}",
+        ],
+        Expect::Declines,
+    );
+}

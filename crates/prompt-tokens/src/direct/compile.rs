@@ -148,22 +148,28 @@ impl<'s> Compiler<'s> {
         (at >= self.macro_names.len()).then_some(at)
     }
 
+    /// A list of statements. Inside a macro, each name a statement of the
+    /// list sets (`set x = ...`, a block `set`) is bound, in the frame the
+    /// list runs in (the macro's or a loop's), for the statements after it
+    /// in the list, wherever they read it (loops and conditionals inside
+    /// see that frame); past the list's end it may be unbound.
     pub(super) fn block(
         &mut self,
         stmts: &[ast::Stmt<'s>],
         top: bool,
     ) -> Result<Vec<Stmt>, String> {
-        stmts.iter().map(|s| self.stmt(s, top)).collect()
-    }
-
-    /// A macro's body: its statements, each name a statement at the
-    /// body's own level sets (`set x = ...`, a block `set`) bound in the
-    /// macro's frame for the statements after it, wherever they read it
-    /// (loops and conditionals inside see the macro's frame).
-    fn macro_body(&mut self, stmts: &[ast::Stmt<'s>]) -> Result<Vec<Stmt>, String> {
-        let mut body = Vec::with_capacity(stmts.len());
+        let bound_before = self.scope.macro_locals.as_ref().map(Vec::len);
+        let mut out = Vec::with_capacity(stmts.len());
         for stmt in stmts {
-            body.push(self.stmt(stmt, false)?);
+            let compiled = self.stmt(stmt, top);
+            let compiled = match compiled {
+                Ok(compiled) => compiled,
+                Err(e) => {
+                    self.unbind_to(bound_before);
+                    return Err(e);
+                }
+            };
+            out.push(compiled);
             let target = match stmt {
                 ast::Stmt::Set(s) => &s.target,
                 ast::Stmt::SetBlock(s) => &s.target,
@@ -176,7 +182,15 @@ impl<'s> Compiler<'s> {
                 locals.push(v.id.to_owned());
             }
         }
-        Ok(body)
+        self.unbind_to(bound_before);
+        Ok(out)
+    }
+
+    /// Forgets the names bound inside a macro since it had `len` of them.
+    fn unbind_to(&mut self, len: Option<usize>) {
+        if let (Some(locals), Some(len)) = (&mut self.scope.macro_locals, len) {
+            locals.truncate(len);
+        }
     }
 
     fn stmt(&mut self, stmt: &ast::Stmt<'s>, top: bool) -> Result<Stmt, String> {
@@ -291,7 +305,7 @@ impl<'s> Compiler<'s> {
                             ..Scope::default()
                         },
                     );
-                    let body = self.macro_body(&m.body);
+                    let body = self.block(&m.body, false);
                     self.scope = outer;
                     body?
                 } else {
