@@ -1598,3 +1598,22 @@ fn sets_in_a_macros_nested_statements_bind_the_reads_after_them() {
         Expect::Declines,
     );
 }
+
+/// `min` and `max` of a sequence of integers; other items are minijinja's.
+#[test]
+fn min_and_max_of_integers_agree_with_minijinja() {
+    check_probes(
+        &[
+            "{% set n = messages | length %}{{ [n, 3] | min }}|{{ [n, 3, -1] | max }}|{{ [n] | min }}|{{ messages[:0] | min is defined }}|{{ [n, n] | max }}",
+            "{% set l = [messages | length, 2] + [0] %}{{ l | min }}{{ l | max }}{{ messages[:0] | max is defined }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{{ [messages | length, 1.5] | min }}|{{ ['b', messages[0].role] | max }}|{{ nothing | min }}|{{ [messages | length, none] | max }}",
+            "{{ messages | min }}|{{ [messages | length, true] | max }}",
+        ],
+        Expect::Agrees,
+    );
+}

@@ -714,6 +714,8 @@ impl<'s> Compiler<'s> {
                 }
             }
             ("upper", []) => FilterKind::Upper,
+            ("min", []) => FilterKind::MinMax(false),
+            ("max", []) => FilterKind::MinMax(true),
             ("int", []) => FilterKind::Int,
             ("lower", []) => FilterKind::Lower,
             ("replace", [ast::CallArg::Pos(old), ast::CallArg::Pos(new)]) => {

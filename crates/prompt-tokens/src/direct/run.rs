@@ -1603,6 +1603,22 @@ impl<'a> Run<'a> {
             }
             return Ok(V::Own(Value::from(joined)));
         }
+        if let FilterKind::MinMax(largest) = kind {
+            // minijinja's `min` / `max`: the items' least or greatest
+            // under its ordering of values, undefined when there are
+            // none; taken here for integers only, whose order is theirs.
+            let items = v.items().ok_or(declined!())?;
+            let mut best: Option<(&Value, i64)> = None;
+            for item in items {
+                let n = int(item).ok_or(declined!())?;
+                // Rust's `min` keeps the first least item and `max` the
+                // last greatest: equal integers are the same value anyway.
+                if best.is_none_or(|(_, b)| if *largest { n >= b } else { n < b }) {
+                    best = Some((item, n));
+                }
+            }
+            return Ok(best.map_or_else(V::undefined, |(item, _)| V::Own(item.clone())));
+        }
         if let V::Slice(_) | V::Chain(_) = v {
             // An iterable of known length.
             let len = v.items().ok_or(declined!())?.len();
@@ -1705,7 +1721,10 @@ impl<'a> Run<'a> {
                     V::Own(Value::from(crate::pyfilters::python_text(value)))
                 }
             }
-            FilterKind::List | FilterKind::SelectAttrEq(..) | FilterKind::Join(_) => {
+            FilterKind::List
+            | FilterKind::SelectAttrEq(..)
+            | FilterKind::Join(_)
+            | FilterKind::MinMax(_) => {
                 return Err(declined!());
             }
         })

@@ -161,6 +161,8 @@ pub(super) enum FilterKind {
     Join(Option<Box<Expr>>),
     /// `list` of a sequence: its items as a new list.
     List,
+    /// `min` (false) or `max` (true) of a sequence of integers.
+    MinMax(bool),
     /// `selectattr(name, "equalto", value) | list`: the items whose
     /// attribute `name` equals `value`.
     SelectAttrEq(Box<str>, Box<Expr>),
