@@ -918,9 +918,9 @@ fn raise_exception_declines_and_render_returns_minijinjas_error() {
 
 /// Inheritance and includes are never compiled for the direct path, nor
 /// macros it cannot resolve statically (defined in a block, a parameter
-/// shadowing a function): the template reports why, and `render` is
-/// minijinja's (an error for the first four, as there is no other
-/// template to extend or include).
+/// shadowing a function other than `namespace`): the template reports
+/// why, and `render` is minijinja's (an error for the first four, as
+/// there is no other template to extend or include).
 #[test]
 fn extends_and_include_are_unsupported_and_render_as_minijinja() {
     for source in [
@@ -929,7 +929,7 @@ fn extends_and_include_are_unsupported_and_render_as_minijinja() {
         "{% block body %}x{% endblock %}",
         "{% import 'macros' as m %}{{ m.f() }}",
         "{% if messages %}{% macro f() %}x{% endmacro %}{% endif %}{{ f() }}",
-        "{% macro f(namespace) %}{{ namespace }}{% endmacro %}{{ f('n') }}",
+        "{% macro f(range) %}{{ range }}{% endmacro %}{{ f('n') }}",
     ] {
         let pair = Pair::plain(source);
         assert!(
@@ -1615,5 +1615,25 @@ fn min_and_max_of_integers_agree_with_minijinja() {
             "{{ messages | min }}|{{ [messages | length, true] | max }}",
         ],
         Expect::Agrees,
+    );
+}
+
+/// A macro parameter named `namespace` reads as the parameter; a call of
+/// a macro's parameter or local (shadowing a function or a macro) is left
+/// to minijinja.
+#[test]
+fn macro_locals_shadow_functions_and_macros() {
+    check_probes(
+        &[
+            "{% macro f(fns, namespace='functions') %}{{ 'namespace ' + namespace }}{{ fns | length }}{% endmacro %}{{ f(messages) }}|{{ f(messages, messages[0].role) }}|{{ f(messages, namespace='x') }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{% macro g() %}G{% endmacro %}{% macro f(g) %}{{ g() }}{% endmacro %}{{ f(messages) }}",
+            "{% macro f(namespace) %}{% set ns = namespace(a=1) %}{{ ns.a }}{% endmacro %}{{ f(messages) }}",
+        ],
+        Expect::Declines,
     );
 }

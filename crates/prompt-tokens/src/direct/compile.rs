@@ -268,7 +268,9 @@ impl<'s> Compiler<'s> {
                     let ast::Expr::Var(v) = arg else {
                         return Err(format!("macro `{}` has an unusual parameter", m.name));
                     };
-                    if is_builtin(v.id) {
+                    // A parameter may shadow `namespace` (its calls in the
+                    // body then decline); the other functions, not.
+                    if is_builtin(v.id) && v.id != "namespace" {
                         return Err(format!("macro `{}` has a parameter `{}`", m.name, v.id));
                     }
                     params.push(self.name(v.id)?);
@@ -459,6 +461,16 @@ impl<'s> Compiler<'s> {
         })))
     }
 
+    /// Whether `id` is, inside a macro, one of its parameters or a name
+    /// its body assigns.
+    fn is_macro_local(&self, id: &str) -> bool {
+        self.scope
+            .macro_locals
+            .as_ref()
+            .is_some_and(|locals| locals.iter().any(|l| l == id))
+            || self.scope.macro_assigned.iter().any(|a| a == id)
+    }
+
     /// Whether a variable may be read here as a plain variable.
     fn readable(&self, id: &str) -> bool {
         self.reading(id) == Reading::Plain
@@ -509,7 +521,7 @@ impl<'s> Compiler<'s> {
             ast::Expr::Var(v) => {
                 let id = v.id;
                 if id == "loop"
-                    || id == "namespace"
+                    || (id == "namespace" && !self.is_macro_local(id))
                     || id == "strftime_now"
                     || OTHER_GLOBALS.contains(&id)
                     || self.is_macro(id).is_some()
@@ -803,6 +815,11 @@ impl<'s> Compiler<'s> {
     fn call(&mut self, c: &ast::Call<'s>) -> Result<Expr, String> {
         match c.identify_call() {
             ast::CallType::Function(name) => {
+                if self.is_macro_local(name) {
+                    // A parameter or a local of the macro shadows any
+                    // function or macro of that name.
+                    return Ok(decline(format!("a call of the local `{name}`")));
+                }
                 if let Some(index) = self.is_macro(name).or_else(|| self.later_macro(name)) {
                     return self.macro_call(name, index, &c.args);
                 }
