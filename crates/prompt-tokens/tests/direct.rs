@@ -726,14 +726,13 @@ fn probe_templates_render_directly_and_equal_minijinja() {
     check_probes(DIRECT_PROBES, Expect::Direct);
 }
 
-/// Probes the direct renderer must decline (`range` outside a loop, a map
-/// literal, a filtered block `set`, `*`, `loop` in a filtered loop, a
+/// Probes the direct renderer must decline (`range` outside a loop, a
+/// filtered block `set`, `*`, `loop` in a filtered loop, a
 /// macro default that is not a constant, a method it does not know, a
 /// variable shadowing a function), still rendering what minijinja renders
 /// through `render`.
 const DECLINED_PROBES: &[&str] = &[
     "{{ range(3) | length }}",
-    "{{ {'a': messages | length} | tojson }}",
     "{% set x | upper %}hi {{ messages[0].role }}{% endset %}{{ x }}",
     "{{ (messages | length) * 2 }}",
     "{% for m in messages if m.role == 'user' %}{{ loop.index }}{% endfor %}",
@@ -919,9 +918,9 @@ fn raise_exception_declines_and_render_returns_minijinjas_error() {
 
 /// Inheritance and includes are never compiled for the direct path, nor
 /// macros it cannot resolve statically (defined in a block, a parameter
-/// shadowing a function): the template reports why, and `render` is
-/// minijinja's (an error for the first four, as there is no other
-/// template to extend or include).
+/// shadowing a function other than `namespace`): the template reports
+/// why, and `render` is minijinja's (an error for the first four, as
+/// there is no other template to extend or include).
 #[test]
 fn extends_and_include_are_unsupported_and_render_as_minijinja() {
     for source in [
@@ -930,7 +929,7 @@ fn extends_and_include_are_unsupported_and_render_as_minijinja() {
         "{% block body %}x{% endblock %}",
         "{% import 'macros' as m %}{{ m.f() }}",
         "{% if messages %}{% macro f() %}x{% endmacro %}{% endif %}{{ f() }}",
-        "{% macro f(namespace) %}{{ namespace }}{% endmacro %}{{ f('n') }}",
+        "{% macro f(range) %}{{ range }}{% endmacro %}{{ f('n') }}",
     ] {
         let pair = Pair::plain(source);
         assert!(
@@ -1305,4 +1304,336 @@ fn dictsort_loops_order_keys_as_minijinja_does() {
         Ok("10=string;9=string;_u=string;A=integer;a=number;b=string;E=string;Z=boolean;é=string;")
     );
     assert_eq!(direct, reference.ok());
+}
+
+/// Macros reading names the top level assigns (minijinja's closures):
+/// the top level's current value, else the context's; never a loop's or
+/// another macro's binding.
+const CLOSURE_PROBES: &[&str] = &[
+    "{% set x = 'a' %}{% macro f() %}{{ x }}{% endmacro %}{{ f() }}{% set x = 'b' %}{{ f() }}",
+    "{% macro f() %}[{{ x }}]{% endmacro %}{{ f() }}{% set x = 1 %}{{ f() }}",
+    "{% set x = 'top' %}{% macro f() %}{{ x }}{% endmacro %}{% for m in messages %}{% set x = m.role %}{{ f() }}{{ x }}{% endfor %}{{ f() }}",
+    "{% macro f() %}{{ messages | length }}{% endmacro %}{{ f() }}{% set messages = [] %}{{ f() }}",
+    "{% set ns = namespace(n=0) %}{% macro inc() %}{% set ns.n = ns.n + 1 %}{% endmacro %}{{ inc() }}{{ inc() }}{{ ns.n }}",
+    "{% macro f(list) %}{% for m in list if m.role %}{{ m.role }}{% endfor %}{% endmacro %}{% for m in messages %}{{ f(messages) }}{% endfor %}",
+    "{% set x = 1 %}{% macro g() %}{{ x }}{% endmacro %}{% macro f(x) %}{{ x }}{{ g() }}{% endmacro %}{{ f(2) }}",
+    "{% set x = 1 %}{% macro f() %}{{ x }}{% endmacro %}{% set y %}{% set x = 'in' %}{{ f() }}{% endset %}{{ y }}{{ f() }}",
+    "{% set x = 1 %}{% macro f() %}{{ x }}{% endmacro %}{% if messages %}{% set x = 2 %}{% endif %}{{ f() }}",
+    "{% macro f() %}{{ x }}{% endmacro %}{% for m in messages %}{% if loop.first %}{% set x = 5 %}{% endif %}{% endfor %}{{ f() }}",
+    "{% set x = 'a' %}{% macro f(n) %}{{ x }}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(2) }}",
+];
+
+/// Closures whose value depends on when the top level stored the name:
+/// left to minijinja.
+const CLOSURE_DECLINED_PROBES: &[&str] = &[
+    "{% set x = 1 %}{% macro f() %}{% if messages %}{% set x = 2 %}{% endif %}{{ x }}{% endmacro %}{{ f() }}",
+    "{% set m = 1 %}{% macro f() %}{% for m in messages %}{% endfor %}{{ m }}{% endmacro %}{{ f() }}",
+];
+
+/// A macro reads the top level's names as minijinja's closure does, and
+/// declines where that depends on the order of stores.
+#[test]
+fn macros_read_the_top_levels_names_as_minijinjas_closures() {
+    check_probes(CLOSURE_PROBES, Expect::Direct);
+    check_probes(CLOSURE_DECLINED_PROBES, Expect::Declines);
+}
+
+/// `dictsort` loops over mappings other than the request's objects (a
+/// constant dict literal, keys of several kinds): the pairs in the order
+/// minijinja's `dictsort` gives them.
+const DICTSORT_PROBES: &[&str] = &[
+    "{% set d = {0: 0, 512: 128, 16384: 1024, 2048: 512} %}{% for k, v in d | dictsort %}{{ k }}={{ v }};{{ loop.last }}{% endfor %}{{ d[512] }}",
+    "{% for k, v in {'b': 1, 'A': 'x', 'a': 2, 10: 2, '10': 3, 0: 4} | dictsort %}{{ k }}:{{ v }}|{{ loop.index }}{% endfor %}",
+    "{% for k, v in {} | dictsort %}x{% else %}E{% endfor %}",
+    "{% for k, v in {'z': 1, 'y': 2} | dictsort %}{% if loop.first %}{{ k }}{% endif %}{{ loop.revindex }}{% endfor %}",
+];
+
+#[test]
+fn dictsort_loops_over_other_mappings_agree_with_minijinja() {
+    check_probes(DICTSORT_PROBES, Expect::Direct);
+    // Floats and lists print through minijinja either way.
+    check_probe(
+        "{% for k, v in {'b': 1, 'A': [1, 'x'], 'a': none, 10: 2, '10': 3, 1.5: 4} | dictsort %}{{ k }}:{{ v }}|{{ loop.index }}{% endfor %}",
+        Expect::Agrees,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let pair = Pair::plain(
+        "{% for t in tools %}{% for k, v in t.function.parameters.properties | dictsort %}{{ k }}={{ v.type }};{% endfor %}{% endfor %}",
+    );
+    // More properties than the crate's small maps hold: a map of
+    // minijinja's own.
+    let properties: serde_json::Map<String, Value> = (0..40)
+        .map(|i| {
+            (
+                format!("{}{i}", if i % 3 == 0 { 'B' } else { 'a' }),
+                json!({"type": "string"}),
+            )
+        })
+        .collect();
+    let req = request(json!([{"role": "user", "content": "x"}]))
+        .with_tools(&json!([{"type": "function", "function": {
+            "name": "f", "description": "d",
+            "parameters": {"type": "object", "properties": properties}}}]))
+        .expect("tools");
+    let (reference, direct) = pair.compare(&req).expect("agreement");
+    assert!(reference.is_ok());
+    assert_eq!(direct, reference.ok());
+}
+
+/// Dict literals with values computed at run time: built as minijinja's
+/// `BuildMap` builds them (literal order, a repeated key keeps its place
+/// and takes the last value).
+const DICT_LITERAL_PROBES: &[&str] = &[
+    "{% set d = {'role': messages[0].role, 'content': messages[0].content} %}{{ d.role }}|{{ d['content'] }}|{{ d.nope is defined }}",
+    "{{ {'a': messages | length} | tojson }}",
+    "{% macro f(m) %}{{ m.role }}:{{ m.content }}{% endmacro %}{{ f({'role': 'x', 'content': messages[-1].content}) }}",
+    "{% set d = {'a': 1, 'b': messages | length, 'a': 3} %}{{ d | tojson }}{{ d | length }}",
+    "{{ {'k': messages[0].role} is mapping }}{{ {messages[0].role: 1}[messages[0].role] }}",
+];
+
+/// Uses of a dict literal the direct renderer may leave to minijinja.
+const DICT_LITERAL_AGREE_PROBES: &[&str] = &[
+    "{{ {'a': messages | length} }}",
+    "{% for k, v in {'a': messages | length}.items() %}{{ k }}{{ v }}{% endfor %}",
+    "{{ 'a' in {'a': messages | length} }}",
+    "{% set ns = namespace(a=1) %}{{ {'n': ns}.n.a }}",
+    "{{ {'s': messages[1:]}.s | length }}",
+];
+
+#[test]
+fn dict_literals_agree_with_minijinja() {
+    check_probes(DICT_LITERAL_PROBES, Expect::Direct);
+    check_probes(DICT_LITERAL_AGREE_PROBES, Expect::Agrees);
+}
+
+/// `+` of sequences: minijinja's lazy concatenation (an iterable of known
+/// length), made a list once nested past its maximal depth.
+const SEQUENCE_ADD_PROBES: &[&str] = &[
+    "{% set ns = namespace(l=[]) %}{% for m in messages %}{% set ns.l = ns.l + [m.role] %}{% endfor %}{{ ns.l | join(',') }}|{{ ns.l | length }}|{{ ns.l is sequence }}|{{ ns.l is iterable }}|{{ ns.l is defined }}|{% if ns.l %}T{% endif %}|{{ 'user' in ns.l }}{{ 'x' not in ns.l }}|{% for r in ns.l %}{{ loop.index }}{{ r }}{{ loop.last }}{% endfor %}",
+    "{% set e = messages[:0] + [] %}{% if e %}T{% else %}F{% endif %}{{ e | length }}{% for x in e %}x{% else %}E{% endfor %}",
+    "{% set x = messages + messages %}{{ x | length }}{% for m in x %}{{ m.role }}{% endfor %}",
+    "{% set x = messages[1:] + ['a'] + [] %}{{ x | length }}{{ x | list | length }}",
+    "{% set ns = namespace(l=[]) %}{% for i in range(70) %}{% set ns.l = ns.l + [i] %}{% if ns.l is sequence %}S{% else %}I{% endif %}{% endfor %}{{ ns.l | length }}",
+    "{% set ns = namespace(l=[]) %}{% for i in range(40) %}{% set ns.l = ns.l + [i] + [i] %}{{ ns.l is sequence }}{% endfor %}",
+    "{% macro f(l) %}{% for x in l %}{{ x }}{% endfor %}{% endmacro %}{{ f([messages[0].role] + ['b']) }}{{ f(['c'] + [messages[0].role] | default(['e'])) }}{{ f(([messages[0].role] + ['b']) | default(['e'])) }}",
+    "{% set l = ['a'] + [messages[0].role] %}{{ l | list | tojson }}{{ (l | list)[1] }}",
+];
+
+/// Uses of a concatenation the direct renderer may leave to minijinja.
+const SEQUENCE_ADD_AGREE_PROBES: &[&str] = &[
+    "{{ [1] + [2] }}",
+    "{{ ([1] + [2])[0] }}|{{ ([1] + [2]).x }}",
+    "{{ [1] + 'a' }}",
+    "{{ 'a' + [1] }}",
+    "{{ ([1] + [2]) | tojson }}",
+    "{{ ([1] + ([2] + [3])) | length }}",
+    "{{ ([1] + [2]) == [1, 2] }}",
+    "{{ [1] + none }}",
+    "{{ [1] + messages[0] }}",
+    "{{ (([1] + [2]) + 3) | length }}",
+    "{{ ([1] + [2]) | first }}",
+    // Folded by minijinja's compiler into a constant of its own.
+    "{{ ([] + []) | length }}{% if [] + [] %}T{% endif %}",
+];
+
+#[test]
+fn sequence_additions_agree_with_minijinja() {
+    check_probes(SEQUENCE_ADD_PROBES, Expect::Direct);
+    check_probes(SEQUENCE_ADD_AGREE_PROBES, Expect::Agrees);
+}
+
+/// An integer index into minijinja's iterables (a slice, a `+` of
+/// sequences) takes the `nth` item, a negative one counted back from the
+/// length; past either end it is undefined.
+#[test]
+fn iterables_index_as_minijinja_does() {
+    check_probes(
+        &[
+            "{% set rest = messages[1:] %}{{ rest[-1].role }}|{{ rest[0].role }}|{{ rest[-9] is defined }}|{{ rest[9] is defined }}|{{ rest[-(rest | length)].role }}",
+            "{% set l = [messages[0].role] + ['b'] %}{{ l[0] }}{{ l[-1] }}{{ l[1] }}|{{ l[2] is defined }}{{ l[-3] is defined }}",
+            "{% set m = messages[1:] if messages[0].role == 'system' else messages %}{% if m[-1].role == 'assistant' %}A{% endif %}{% set m = m[:-1] %}{{ m | length }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{{ messages[1:][9223372036854775807] is defined }}|{{ messages[1:]['x'] }}|{{ messages[1:][1.0] }}",
+            "{% set l = [1] + [2] %}{{ l['x'] }}|{{ l[true] }}",
+        ],
+        Expect::Agrees,
+    );
+}
+
+/// A name a macro sets at its body's own level is bound in its frame for
+/// the statements after it, even where the top level assigns it too.
+#[test]
+fn a_macros_own_sets_bind_its_later_reads() {
+    check_probes(
+        &[
+            "{% set ns = namespace(a=0) %}{% macro f() %}{% set ns = namespace(a=5) %}{% for m in messages %}{% set ns.a = ns.a + 1 %}{% endfor %}{{ ns.a }}{% endmacro %}{{ f() }}{{ ns.a }}",
+            "{% set x = 'top' %}{% macro f() %}{{ x }}{% endmacro %}{% macro g() %}{% set x = 'g' %}{{ x }}{{ f() }}{% endmacro %}{{ g() }}",
+            "{% set x = 1 %}{% macro f() %}{% set x %}in{% endset %}{% if messages %}{{ x }}{% endif %}{% endmacro %}{{ f() }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{% set x = 1 %}{% macro f() %}{{ x }}{% set x = 2 %}{{ x }}{% endmacro %}{{ f() }}",
+            "{% set x = 1 %}{% macro f() %}{% if messages %}{% set x = 2 %}{% endif %}{{ x }}{% endmacro %}{{ f() }}",
+        ],
+        Expect::Declines,
+    );
+}
+
+/// A string's `format(...)`: pycompat's `str.format`, minijinja's own
+/// `format_filter`; errors and other bases are minijinja's.
+#[test]
+fn string_format_agrees_with_minijinja() {
+    check_probes(
+        &[
+            "{% set t = ':x' %}{{ '<a{}>'.format(t) }}|{{ '{} {}'.format(messages[0].role, messages | length) }}|{{ '{1}-{0}'.format('a', messages[0].role) }}|{{ '{{}}'.format() }}|{{ ('<b>{}' | safe).format(messages[0].role) }}",
+            "{{ '{:>6}|{:<4}|{:^5}'.format(messages[0].role, 'ab', messages | length) }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{{ '{}'.format() }}",
+            "{{ '{x}'.format(x=messages[0].role) }}",
+            "{{ messages.format(1) }}|{{ (messages | length).format() }}",
+            "{{ '{:.2f}|{!r}'.format(1.5, messages[0].role) }}",
+            "{{ '{}'.format(messages[1:]) }}|{{ '{0[role]}'.format(messages[0]) }}",
+            "{{ '{}{}'.format(nothing, none) }}",
+        ],
+        Expect::Agrees,
+    );
+}
+
+/// `in` a mapping of minijinja's own (a dict literal, a constant): its
+/// keys, as minijinja's lookup finds them.
+#[test]
+fn membership_in_other_mappings_agrees_with_minijinja() {
+    check_probes(
+        &[
+            "{% set nd = {} %}{{ messages[0].role in nd }}|{% set d = {'user': 1, messages[0].role: 2} %}{{ 'user' in d }}{{ 'x' not in d }}{{ messages[0].role in d }}",
+            "{% set d = {'a': 'x', 'b': 'y'} %}{% for k in ['a', 'c'] %}{{ k in d }}{% endfor %}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{% set d = {'a': nothing} %}{{ 'a' in d }}|{{ 'b' in d }}",
+            "{% set d = {1: 'x', 'a': 2} %}{{ 'a' in d }}|{{ 1 in d }}",
+            "{% set d = {'a': messages | length} %}{{ 1 in d }}|{{ none in d }}",
+        ],
+        Expect::Agrees,
+    );
+}
+
+/// A macro calling one the template defines later: minijinja's closure
+/// finds it once the later definition has run; before, the call fails.
+/// Reading such a name otherwise is left to minijinja.
+#[test]
+fn macros_call_macros_defined_later_as_minijinja_does() {
+    check_probes(
+        &[
+            "{% macro f(x) %}[{{ g(x) }}]{% endmacro %}{% macro g(y) %}{{ y }}{% endmacro %}{{ f(messages[0].role) }}",
+            "{% macro even(n) %}{% if n == 0 %}E{% else %}{{ odd(n - 1) }}{% endif %}{% endmacro %}{% macro odd(n) %}{% if n == 0 %}O{% else %}{{ even(n - 1) }}{% endif %}{% endmacro %}{{ even(messages | length) }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{% macro f() %}{{ g() }}{% endmacro %}{{ f() }}{% macro g() %}x{% endmacro %}",
+            "{% macro f() %}{{ g is defined }}{% endmacro %}{% macro g() %}x{% endmacro %}{{ f() }}",
+            "{% macro f(g) %}{{ g() }}{% endmacro %}{% macro g() %}x{% endmacro %}{{ f(1) }}",
+            "{% macro f() %}{{ g(1, 2) }}{% endmacro %}{% macro g(a) %}x{% endmacro %}{{ f() }}",
+        ],
+        Expect::Declines,
+    );
+}
+
+/// Keyword arguments of a macro call bind its parameters by name, as
+/// minijinja's macro binds them; arguments it refuses decline.
+#[test]
+fn macro_keyword_arguments_agree_with_minijinja() {
+    let f = "{% macro f(a, b='B', c='C') %}{{ a }}{{ b }}{{ c }}{% endmacro %}";
+    let direct = [
+        format!("{f}{{{{ f(messages[0].role, c='x') }}}}|{{{{ f(c=1, a=2) }}}}|{{{{ f(b=none) }}}}|{{{{ f(c=nothing) }}}}"),
+        "{% macro g() %}{{ h(y='k') }}{% endmacro %}{% macro h(x='d', y='e') %}{{ x }}{{ y }}{% endmacro %}{{ g() }}".to_owned(),
+        "{% set ns = namespace(n=0) %}{% macro bump() %}{% set ns.n = ns.n + 1 %}{{ ns.n }}{% endmacro %}{% macro f(a, b) %}{{ a }}{{ b }}{% endmacro %}{{ f(b=bump(), a=bump()) }}".to_owned(),
+    ];
+    let declined = [
+        format!("{f}{{{{ f(d=1) }}}}"),
+        format!("{f}{{{{ f(1, a=2) }}}}"),
+        format!("{f}{{{{ f(1, 2, 3, 4) }}}}"),
+        format!("{f}{{{{ f(*messages) }}}}"),
+    ];
+    check_probes(
+        &direct.iter().map(String::as_str).collect::<Vec<_>>(),
+        Expect::Direct,
+    );
+    check_probes(
+        &declined.iter().map(String::as_str).collect::<Vec<_>>(),
+        Expect::Declines,
+    );
+}
+
+/// A name set in a conditional's or a loop's statements inside a macro is
+/// bound for the statements after it in the same list.
+#[test]
+fn sets_in_a_macros_nested_statements_bind_the_reads_after_them() {
+    check_probes(
+        &[
+            "{% set ns = namespace(a='top') %}{% macro f(m) %}{% if m is mapping %}{% set ns = namespace(a=0) %}{% for k, v in m | dictsort %}{% set ns.a = ns.a + 1 %}{% endfor %}{{ ns.a }}{% else %}-{% endif %}{% endmacro %}{{ f(messages[0]) }}{{ f(1) }}{{ ns.a }}",
+            "{% set x = 'top' %}{% macro f() %}{% for m in messages %}{% set x = m.role %}{{ x }}{% endfor %}{% endmacro %}{{ f() }}{{ x }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{% set x = 'top' %}{% macro f() %}{% if messages %}{% set x = 'in' %}{% endif %}{{ x }}{% endmacro %}{{ f() }}",
+            "{% set x = 'top' %}{% macro f() %}{% for m in messages %}{% set x = m.role %}{% endfor %}{{ x }}{% endmacro %}{{ f() }}",
+        ],
+        Expect::Declines,
+    );
+}
+
+/// `min` and `max` of a sequence of integers; other items are minijinja's.
+#[test]
+fn min_and_max_of_integers_agree_with_minijinja() {
+    check_probes(
+        &[
+            "{% set n = messages | length %}{{ [n, 3] | min }}|{{ [n, 3, -1] | max }}|{{ [n] | min }}|{{ messages[:0] | min is defined }}|{{ [n, n] | max }}",
+            "{% set l = [messages | length, 2] + [0] %}{{ l | min }}{{ l | max }}{{ messages[:0] | max is defined }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{{ [messages | length, 1.5] | min }}|{{ ['b', messages[0].role] | max }}|{{ nothing | min }}|{{ [messages | length, none] | max }}",
+            "{{ messages | min }}|{{ [messages | length, true] | max }}",
+        ],
+        Expect::Agrees,
+    );
+}
+
+/// A macro parameter named `namespace` reads as the parameter; a call of
+/// a macro's parameter or local (shadowing a function or a macro) is left
+/// to minijinja.
+#[test]
+fn macro_locals_shadow_functions_and_macros() {
+    check_probes(
+        &[
+            "{% macro f(fns, namespace='functions') %}{{ 'namespace ' + namespace }}{{ fns | length }}{% endmacro %}{{ f(messages) }}|{{ f(messages, messages[0].role) }}|{{ f(messages, namespace='x') }}",
+        ],
+        Expect::Direct,
+    );
+    check_probes(
+        &[
+            "{% macro g() %}G{% endmacro %}{% macro f(g) %}{{ g() }}{% endmacro %}{{ f(messages) }}",
+            "{% macro f(namespace) %}{% set ns = namespace(a=1) %}{{ ns.a }}{% endmacro %}{{ f(messages) }}",
+        ],
+        Expect::Declines,
+    );
 }

@@ -62,10 +62,29 @@ pub(super) fn collect_assigned<'s>(stmts: &[ast::Stmt<'s>], into: &mut Vec<&'s s
     }
 }
 
+/// How a variable is read where it is named (see `Compiler::reading`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// The innermost frames that bind it, then the context.
+    Plain,
+    /// From the enclosing macro's closure: the top level's frame, then
+    /// the context.
+    Closure,
+    /// Left to minijinja.
+    No,
+}
+
 #[derive(Default, Clone)]
 pub(super) struct Scope {
-    /// Inside a macro body: its parameters.
+    /// Inside a macro body: its parameters, and the targets of the loops
+    /// (within the macro) around the node: names bound in the macro's
+    /// own frames wherever they are read here.
     macro_locals: Option<Vec<String>>,
+    /// Inside a macro body: every name the body assigns (`set`, loop
+    /// targets, block `set`s). One of them read where it may be unbound
+    /// is left to minijinja: its fallback there is the macro's closure
+    /// or the context, depending on when the top level stored it.
+    macro_assigned: Vec<String>,
     /// How many `for` loops enclose the node, within the macro or the
     /// top level.
     loop_depth: usize,
@@ -83,6 +102,9 @@ pub(super) struct Compiler<'s> {
     pub(super) names: Vec<Box<str>>,
     pub(super) macros: Vec<MacroDef>,
     pub(super) macro_names: Vec<&'s str>,
+    /// Every macro the template defines at its top level, in order, with
+    /// its parameters' names: a macro's index is its place here.
+    pub(super) top_macros: Vec<(&'s str, Vec<&'s str>)>,
     pub(super) assigned_outside_macros: Vec<&'s str>,
     pub(super) called_builtins: Vec<Name>,
     /// Every namespace attribute the template names (`namespace(a=...)`,
@@ -112,12 +134,63 @@ impl<'s> Compiler<'s> {
         self.macro_names.iter().position(|n| *n == id)
     }
 
+    /// A macro the template defines later at its top level, named inside
+    /// a macro body where no local shadows it: minijinja's closure of the
+    /// macro being compiled takes the name once the later macro is
+    /// defined (its store at the top level), so a call finds it if the
+    /// definition has run by then (checked when rendering).
+    fn later_macro(&self, id: &str) -> Option<usize> {
+        let locals = self.scope.macro_locals.as_ref()?;
+        if locals.iter().any(|l| l == id) || self.scope.macro_assigned.iter().any(|a| a == id) {
+            return None;
+        }
+        let at = self.top_macros.iter().position(|(n, _)| *n == id)?;
+        (at >= self.macro_names.len()).then_some(at)
+    }
+
+    /// A list of statements. Inside a macro, each name a statement of the
+    /// list sets (`set x = ...`, a block `set`) is bound, in the frame the
+    /// list runs in (the macro's or a loop's), for the statements after it
+    /// in the list, wherever they read it (loops and conditionals inside
+    /// see that frame); past the list's end it may be unbound.
     pub(super) fn block(
         &mut self,
         stmts: &[ast::Stmt<'s>],
         top: bool,
     ) -> Result<Vec<Stmt>, String> {
-        stmts.iter().map(|s| self.stmt(s, top)).collect()
+        let bound_before = self.scope.macro_locals.as_ref().map(Vec::len);
+        let mut out = Vec::with_capacity(stmts.len());
+        for stmt in stmts {
+            let compiled = self.stmt(stmt, top);
+            let compiled = match compiled {
+                Ok(compiled) => compiled,
+                Err(e) => {
+                    self.unbind_to(bound_before);
+                    return Err(e);
+                }
+            };
+            out.push(compiled);
+            let target = match stmt {
+                ast::Stmt::Set(s) => &s.target,
+                ast::Stmt::SetBlock(s) => &s.target,
+                _ => continue,
+            };
+            if let ast::Expr::Var(v) = target
+                && let Some(locals) = &mut self.scope.macro_locals
+                && !locals.iter().any(|l| l == v.id)
+            {
+                locals.push(v.id.to_owned());
+            }
+        }
+        self.unbind_to(bound_before);
+        Ok(out)
+    }
+
+    /// Forgets the names bound inside a macro since it had `len` of them.
+    fn unbind_to(&mut self, len: Option<usize>) {
+        if let (Some(locals), Some(len)) = (&mut self.scope.macro_locals, len) {
+            locals.truncate(len);
+        }
     }
 
     fn stmt(&mut self, stmt: &ast::Stmt<'s>, top: bool) -> Result<Stmt, String> {
@@ -148,9 +221,15 @@ impl<'s> Compiler<'s> {
                     Stmt::Set(self.name(v.id)?, value)
                 }
                 ast::Expr::GetAttr(a) => match &a.expr {
-                    ast::Expr::Var(v) if self.readable(v.id) => {
+                    ast::Expr::Var(v) if self.reading(v.id) != Reading::No => {
                         self.ns_field(a.name);
-                        Stmt::SetAttr(self.name(v.id)?, a.name.into(), self.expr(&s.expr)?)
+                        let from_closure = self.reading(v.id) == Reading::Closure;
+                        Stmt::SetAttr {
+                            name: self.name(v.id)?,
+                            from_closure,
+                            attr: a.name.into(),
+                            value: self.expr(&s.expr)?,
+                        }
                     }
                     _ => decline_stmt("`set` of an attribute of an expression"),
                 },
@@ -189,7 +268,9 @@ impl<'s> Compiler<'s> {
                     let ast::Expr::Var(v) = arg else {
                         return Err(format!("macro `{}` has an unusual parameter", m.name));
                     };
-                    if is_builtin(v.id) {
+                    // A parameter may shadow `namespace` (its calls in the
+                    // body then decline); the other functions, not.
+                    if is_builtin(v.id) && v.id != "namespace" {
                         return Err(format!("macro `{}` has a parameter `{}`", m.name, v.id));
                     }
                     params.push(self.name(v.id)?);
@@ -216,10 +297,13 @@ impl<'s> Compiler<'s> {
                     body: Vec::new(),
                 });
                 let body = if constant {
+                    let mut assigned = Vec::new();
+                    collect_assigned(&m.body, &mut assigned);
                     let outer = std::mem::replace(
                         &mut self.scope,
                         Scope {
                             macro_locals: Some(locals),
+                            macro_assigned: assigned.into_iter().map(str::to_owned).collect(),
                             ..Scope::default()
                         },
                     );
@@ -233,7 +317,7 @@ impl<'s> Compiler<'s> {
                     ))]
                 };
                 self.macros[index].body = body;
-                Stmt::Nothing
+                Stmt::DefineMacro
             }
             ast::Stmt::Extends(_)
             | ast::Stmt::Block(_)
@@ -322,6 +406,7 @@ impl<'s> Compiler<'s> {
             return Ok(decline_stmt("`for` over the items of `[::-1]`"));
         }
         let else_body = self.block(&f.else_body, false)?;
+        let (target_id, value_target_id) = (target, value_target);
         let target = self.name(target)?;
         let value_target = value_target.map(|id| self.name(id)).transpose()?;
         let outer_used = self.scope.loop_used;
@@ -330,8 +415,21 @@ impl<'s> Compiler<'s> {
         self.scope.loop_depth += 1;
         self.scope.loop_used = false;
         self.scope.loop_len_used = false;
+        // Inside a macro, the loop's targets are bound in its frame for
+        // the filter and the body.
+        let bound_before = self.scope.macro_locals.as_ref().map(Vec::len);
+        if let Some(locals) = &mut self.scope.macro_locals {
+            locals.extend(
+                std::iter::once(target_id)
+                    .chain(value_target_id)
+                    .map(str::to_owned),
+            );
+        }
         let filter = f.filter_expr.as_ref().map(|e| self.expr(e)).transpose();
         let body = self.block(&f.body, false);
+        if let (Some(locals), Some(len)) = (&mut self.scope.macro_locals, bound_before) {
+            locals.truncate(len);
+        }
         let used = self.scope.loop_used;
         let len_used = self.scope.loop_len_used;
         self.scope.loop_depth -= 1;
@@ -363,15 +461,42 @@ impl<'s> Compiler<'s> {
         })))
     }
 
-    /// Whether a variable may be read here: inside a macro, only its
-    /// parameters and names the template never assigns outside macros
-    /// (anything else would be minijinja's closure of the macro).
+    /// Whether `id` is, inside a macro, one of its parameters or a name
+    /// its body assigns.
+    fn is_macro_local(&self, id: &str) -> bool {
+        self.scope
+            .macro_locals
+            .as_ref()
+            .is_some_and(|locals| locals.iter().any(|l| l == id))
+            || self.scope.macro_assigned.iter().any(|a| a == id)
+    }
+
+    /// Whether a variable may be read here as a plain variable.
     fn readable(&self, id: &str) -> bool {
-        match &self.scope.macro_locals {
-            Some(locals) => {
-                locals.iter().any(|l| l == id) || !self.assigned_outside_macros.contains(&id)
-            }
-            None => true,
+        self.reading(id) == Reading::Plain
+    }
+
+    /// How a variable is read here. Outside macros, and inside one for
+    /// its parameters, the targets of its loops around the node and the
+    /// names the template never assigns outside macros: plainly (its
+    /// frames, then the context). A name the top level assigns and the
+    /// macro never does: from the macro's closure. minijinja encloses
+    /// such a name when it defines the macro and, the macro being defined
+    /// at the top level, every later store of the top level's frame
+    /// updates the closure, so the macro sees the top level's current
+    /// value, else the context's (module `run`, `closure`). Anything else
+    /// (a name both the macro and the top level assign, read where the
+    /// macro may not have bound it) is left to minijinja.
+    fn reading(&self, id: &str) -> Reading {
+        let Some(locals) = &self.scope.macro_locals else {
+            return Reading::Plain;
+        };
+        if locals.iter().any(|l| l == id) || !self.assigned_outside_macros.contains(&id) {
+            Reading::Plain
+        } else if !self.scope.macro_assigned.iter().any(|a| a == id) {
+            Reading::Closure
+        } else {
+            Reading::No
         }
     }
 
@@ -396,14 +521,18 @@ impl<'s> Compiler<'s> {
             ast::Expr::Var(v) => {
                 let id = v.id;
                 if id == "loop"
-                    || id == "namespace"
+                    || (id == "namespace" && !self.is_macro_local(id))
                     || id == "strftime_now"
                     || OTHER_GLOBALS.contains(&id)
                     || self.is_macro(id).is_some()
-                    || !self.readable(id)
+                    || (self.scope.macro_locals.is_some()
+                        && self.top_macros.iter().any(|(n, _)| *n == id))
+                    || self.reading(id) == Reading::No
                     || (self.scope.macro_locals.is_some() && MACRO_GLOBALS.contains(&id))
                 {
                     decline(format!("the name `{id}` here"))
+                } else if self.reading(id) == Reading::Closure {
+                    Expr::Closure(self.name(id)?)
                 } else {
                     Expr::Var(self.name(id)?)
                 }
@@ -534,7 +663,13 @@ impl<'s> Compiler<'s> {
                     .map(|x| self.expr(x))
                     .collect::<Result<_, _>>()?,
             ),
-            ast::Expr::Map(_) => decline("a dict literal"),
+            ast::Expr::Map(m) => {
+                let mut pairs = Vec::with_capacity(m.keys.len());
+                for (key, value) in m.keys.iter().zip(&m.values) {
+                    pairs.push((self.expr(key)?, self.expr(value)?));
+                }
+                Expr::Map(pairs)
+            }
         })
     }
 
@@ -591,6 +726,8 @@ impl<'s> Compiler<'s> {
                 }
             }
             ("upper", []) => FilterKind::Upper,
+            ("min", []) => FilterKind::MinMax(false),
+            ("max", []) => FilterKind::MinMax(true),
             ("int", []) => FilterKind::Int,
             ("lower", []) => FilterKind::Lower,
             ("replace", [ast::CallArg::Pos(old), ast::CallArg::Pos(new)]) => {
@@ -633,17 +770,58 @@ impl<'s> Compiler<'s> {
         Ok(Some(Expr::Filter(kind, self.boxed(source)?)))
     }
 
+    /// A call of the top level's macro `index`: each argument with the
+    /// parameter it binds, positional ones in order, keyword ones by name,
+    /// as minijinja's macro binds them. Arguments minijinja refuses (too
+    /// many, a keyword naming no parameter or one already given) decline.
+    fn macro_call(
+        &mut self,
+        name: &str,
+        index: usize,
+        args: &[ast::CallArg<'s>],
+    ) -> Result<Expr, String> {
+        let params = self
+            .top_macros
+            .get(index)
+            .map(|(_, params)| params.clone())
+            .ok_or("a macro outside the top level's")?;
+        let mut bound = Vec::with_capacity(args.len());
+        let mut taken = vec![false; params.len()];
+        for (at, arg) in args.iter().enumerate() {
+            let (slot, value) = match arg {
+                ast::CallArg::Pos(value) => (at, value),
+                ast::CallArg::Kwarg(key, value) => {
+                    let Some(slot) = params.iter().position(|p| p == key) else {
+                        return Ok(decline(format!("macro `{name}` with an unknown keyword")));
+                    };
+                    (slot, value)
+                }
+                _ => {
+                    return Ok(decline(format!("macro `{name}` with spread arguments")));
+                }
+            };
+            match taken.get_mut(slot) {
+                Some(slot_taken) if !*slot_taken => *slot_taken = true,
+                Some(_) => {
+                    return Ok(decline(format!("macro `{name}` with a duplicate argument")));
+                }
+                None => return Ok(decline(format!("macro `{name}` with extra arguments"))),
+            }
+            bound.push((slot, self.expr(value)?));
+        }
+        Ok(Expr::CallMacro(index, bound))
+    }
+
     fn call(&mut self, c: &ast::Call<'s>) -> Result<Expr, String> {
         match c.identify_call() {
             ast::CallType::Function(name) => {
-                if let Some(index) = self.is_macro(name) {
-                    let Some(args) = self.positional(&c.args)? else {
-                        return Ok(decline(format!("macro `{name}` with keyword arguments")));
-                    };
-                    if args.len() > self.macros[index].params.len() {
-                        return Ok(decline(format!("macro `{name}` with extra arguments")));
-                    }
-                    return Ok(Expr::CallMacro(index, args));
+                if self.is_macro_local(name) {
+                    // A parameter or a local of the macro shadows any
+                    // function or macro of that name.
+                    return Ok(decline(format!("a call of the local `{name}`")));
+                }
+                if let Some(index) = self.is_macro(name).or_else(|| self.later_macro(name)) {
+                    return self.macro_call(name, index, &c.args);
                 }
                 if self.assigned_outside_macros.contains(&name) {
                     return Ok(decline(format!("a call of the variable `{name}`")));
@@ -696,6 +874,7 @@ impl<'s> Compiler<'s> {
                         let new = Box::new(args.remove(1));
                         Method::Replace(Box::new(args.remove(0)), new)
                     }
+                    ("format", _) => Method::Format(std::mem::take(&mut args)),
                     ("get", 1..=2) => {
                         let mut args = args.into_iter().map(Box::new);
                         let key = args.next().ok_or("a `get` without its key")?;

@@ -28,13 +28,20 @@
 //!   context that shadows a function the template calls.
 //!
 //! The subset is what real chat templates use on ordinary requests:
-//! `+` of two strings or two integers, integer `-` and `%`, slices and
-//! `seq[::-1]` as a loop's sequence, `namespace` attributes, `loop.*`,
-//! `for k, v in map.items()`, macros (constant defaults, recursion),
-//! string methods (`strip` and its kin with or without characters,
-//! `split`, `replace`, `startswith`, `endswith`), a mapping's `get`, the
-//! filters `trim`, `length`, `tojson`, `default`, `string`, `list`,
-//! `join` and `selectattr(name, "equalto", v) | list`, and the usual
+//! `+` of two strings, two integers or two sequences (minijinja's lazy
+//! concatenation, module `value`, `Chain`), integer `-` and `%`, slices
+//! and `seq[::-1]` as a loop's sequence, integer indexes into slices and
+//! concatenations, dict literals, `namespace` attributes, `loop.*`,
+//! `for k, v in map.items()` and `map | dictsort` (any mapping, through
+//! minijinja's own `dictsort`), `in` a list, a string or a mapping,
+//! macros (constant defaults, recursion, keyword arguments, calls of
+//! macros defined later, names read from the top level as minijinja's
+//! closures read them, a parameter named `namespace`), string methods
+//! (`strip` and its kin with or without characters, `split`, `replace`,
+//! `startswith`, `endswith`, `format` through minijinja's own
+//! `format_filter`), a mapping's `get`, the filters `trim`, `length`,
+//! `tojson`, `default`, `string`, `list`, `join`, `min` and `max` of
+//! integers and `selectattr(name, "equalto", v) | list`, and the usual
 //! tests. Each declining node names its construct, so
 //! `ChatTemplate::direct_decline_reason` (and the corpus test with
 //! `TEMPLATE_CORPUS_DIRECT=1`) says what keeps a template on minijinja.
@@ -120,10 +127,29 @@ impl DirectTemplate {
         };
         let mut assigned = Vec::new();
         collect_assigned(&root.children, &mut assigned);
+        let top_macros = root
+            .children
+            .iter()
+            .filter_map(|stmt| match stmt {
+                ast::Stmt::Macro(m) => Some((
+                    m.name,
+                    m.args
+                        .iter()
+                        .map(|arg| match arg {
+                            ast::Expr::Var(v) => v.id,
+                            // Such a macro is refused when compiled.
+                            _ => "",
+                        })
+                        .collect(),
+                )),
+                _ => None,
+            })
+            .collect();
         let mut compiler = Compiler {
             names: Vec::new(),
             macros: Vec::new(),
             macro_names: Vec::new(),
+            top_macros,
             assigned_outside_macros: assigned,
             called_builtins: Vec::new(),
             ns_fields: Vec::new(),
@@ -185,6 +211,8 @@ impl DirectTemplate {
             globals: by_name,
             vars: Vec::with_capacity(16),
             barrier: 0,
+            macros_defined: 0,
+            top_end: 0,
             loops: Vec::with_capacity(4),
             flow: run::Flow::Next,
             namespaces: Vec::new(),

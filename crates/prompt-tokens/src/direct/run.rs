@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 use std::hash::Hasher as _;
+use std::rc::Rc;
 
 use minijinja::value::{Value, ValueKind};
 
@@ -20,7 +21,7 @@ pub(super) struct Encoded<'a> {
     hashers: Vec<ahash::AHasher>,
 }
 use super::tree::{Arith, Cmp, Expr, FilterKind, ForLoop, LoopAttr, Method, Side, Stmt, TestKind};
-use super::value::{V, compare, int, vec_items};
+use super::value::{Chain, MERGE_MAX_DEPTH, V, compare, int, vec_items};
 use super::{DirectTemplate, MAX_MACRO_DEPTH, Name, Step, declined};
 use crate::clock_text::strftime_cached;
 use crate::request::{small_map_entries, small_map_get};
@@ -33,7 +34,14 @@ enum Sum {
     Int(i64),
     /// Strings written straight to the output (a chain `{{ }}` prints).
     Written,
+    /// Sequences joined: the items so far, and the depth minijinja counts
+    /// for the concatenation (0: a plain sequence).
+    List(Vec<Value>, usize),
 }
+
+/// The most items a `+` of sequences makes here: each `+` copies them,
+/// so longer concatenations are left to minijinja.
+const MAX_CHAIN_ITEMS: usize = 4096;
 
 pub(super) struct LoopState<'a> {
     index: usize,
@@ -59,6 +67,14 @@ pub(super) struct Run<'a> {
     pub(super) vars: Vec<(Name, V<'a>)>,
     /// Lookups in `vars` stop here: the start of the running macro's frame.
     pub(super) barrier: usize,
+    /// How many of the top level's macros are defined so far (they are
+    /// defined in order): a call of a later one declines (minijinja has
+    /// no such name yet).
+    pub(super) macros_defined: usize,
+    /// While a loop or a macro runs: the length of `vars` when the
+    /// outermost one began, the end of the top level's frame (what a
+    /// macro's closure reads).
+    pub(super) top_end: usize,
     pub(super) loops: Vec<LoopState<'a>>,
     /// Set by `break` / `continue` until their loop takes it.
     pub(super) flow: Flow,
@@ -83,6 +99,32 @@ pub(super) struct Run<'a> {
     pub(super) capturing: usize,
     /// The last memoized loop's items, encoded.
     pub(super) encoded: Option<Encoded<'a>>,
+}
+
+/// An operand of `+` that minijinja concatenates as a sequence (a plain
+/// list, a slice, a chain): its items and its concatenation depth.
+fn sequence_operand<'v>(v: &'v V<'_>) -> Option<(&'v [Value], usize)> {
+    match v {
+        V::Chain(chain) => Some((&chain.items, chain.depth)),
+        V::Slice(list) => Some((list, 0)),
+        V::Ref(_) | V::Own(_) => v.items().map(|items| (items, 0)),
+        V::Ns(_) => None,
+    }
+}
+
+/// The key/value pairs of the mapping `map` in the order minijinja's
+/// `dictsort` filter (no arguments) gives them, computed by that filter.
+fn dictsort_pairs(map: &Value) -> Step<Vec<(Value, Value)>> {
+    let no_arguments = minijinja::value::Kwargs::from_iter(std::iter::empty::<(&str, Value)>());
+    let sorted = minijinja::filters::dictsort(map, no_arguments).map_err(|_| declined!())?;
+    let pairs = sorted.try_iter().map_err(|_| declined!())?;
+    pairs
+        .map(|pair| {
+            let key = pair.get_item(&Value::from(0)).map_err(|_| declined!())?;
+            let value = pair.get_item(&Value::from(1)).map_err(|_| declined!())?;
+            Ok((key, value))
+        })
+        .collect()
 }
 
 /// What the iterations of the memoized loop read from outside themselves
@@ -156,11 +198,21 @@ impl<'a> Run<'a> {
                     let value = self.eval(e)?;
                     self.vars.push((*name, value));
                 }
-                Stmt::SetAttr(name, attr, e) => {
-                    let V::Ns(ns) = self.lookup(*name) else {
+                Stmt::SetAttr {
+                    name,
+                    from_closure,
+                    attr,
+                    value,
+                } => {
+                    let base = if *from_closure {
+                        self.closure(*name)
+                    } else {
+                        self.lookup(*name)
+                    };
+                    let V::Ns(ns) = base else {
                         return Err(declined!());
                     };
-                    let value = self.eval(e)?;
+                    let value = self.eval(value)?;
                     let fields = &mut self.namespaces[ns];
                     match fields.iter_mut().find(|(k, _)| *k == &**attr) {
                         Some(slot) => slot.1 = value,
@@ -177,7 +229,7 @@ impl<'a> Run<'a> {
                     // No auto-escaping: minijinja captures a plain string.
                     self.vars.push((*name, V::Own(Value::from(text))));
                 }
-                Stmt::Nothing => {}
+                Stmt::DefineMacro => self.macros_defined += 1,
                 Stmt::Break => self.flow = Flow::Break,
                 Stmt::Continue => self.flow = Flow::Continue,
                 Stmt::Decline(what) => {
@@ -238,6 +290,9 @@ impl<'a> Run<'a> {
         memo_items: Option<&'a [Value]>,
         mut bind: impl FnMut(&mut Self, usize) -> Step<()>,
     ) -> Step<()> {
+        if self.at_top() {
+            self.top_end = self.vars.len();
+        }
         self.loops.push(LoopState {
             index: 0,
             len,
@@ -339,13 +394,30 @@ impl<'a> Run<'a> {
     /// other value (undefined, a dict from the context, a namespace) is
     /// minijinja's.
     fn for_pairs(&mut self, f: &'a ForLoop, value_target: Option<Name>, map: V<'a>) -> Step<()> {
+        if f.sorted
+            && let Ok(value) = map.value()
+            && value.kind() == ValueKind::Map
+            && small_map_entries(value).is_none()
+        {
+            // Any other mapping (a dict literal, one from the context):
+            // its pairs as minijinja's own `dictsort` sorts them.
+            let pairs = dictsort_pairs(value)?;
+            return self.iterate(f, pairs.len(), None, false, None, |run, index| {
+                let (key, value) = pairs.get(index).ok_or(declined!())?;
+                run.vars.push((f.target, V::Own(key.clone())));
+                if let Some(value_target) = value_target {
+                    run.vars.push((value_target, V::Own(value.clone())));
+                }
+                Ok(())
+            });
+        }
         let (mut borrowed, mut owned) = match map {
             V::Ref(value) => (Some(small_map_entries(value).ok_or(declined!())?), None),
             V::Own(value) => (
                 None,
                 Some(small_map_entries(&value).ok_or(declined!())?.to_vec()),
             ),
-            V::Ns(_) | V::Slice(_) => return Err(declined!()),
+            V::Ns(_) | V::Slice(_) | V::Chain(_) => return Err(declined!()),
         };
         if f.sorted {
             // minijinja's `dictsort`: a stable sort on the keys compared
@@ -585,6 +657,14 @@ impl<'a> Run<'a> {
         match v {
             V::Ref(value) => self.encode_plain(buf, value),
             V::Own(value) => self.encode_plain(buf, value),
+            V::Chain(chain) => {
+                // Its items and its depth (which decides when a later `+`
+                // makes a list) are all it is.
+                buf.push(12);
+                buf.extend_from_slice(&(chain.depth as u64).to_le_bytes());
+                buf.extend_from_slice(&(chain.items.len() as u64).to_le_bytes());
+                chain.items.iter().all(|item| encode(buf, item))
+            }
             V::Slice(list) => {
                 if self.is_messages(list) {
                     return false;
@@ -720,6 +800,8 @@ impl<'a> Run<'a> {
             V::Ns(ns) => Ok(!self.namespaces[*ns].is_empty()),
             // minijinja's slice is a lazy iterable; left to it.
             V::Slice(_) => Err(declined!()),
+            // Its `+` of sequences knows its length: true when not empty.
+            V::Chain(chain) => Ok(!chain.items.is_empty()),
         }
     }
 
@@ -746,6 +828,36 @@ impl<'a> Run<'a> {
             Some(value) => V::Ref(value),
             None => V::undefined(),
         }
+    }
+
+    /// `name` as a macro reads it from its closure: the top level's
+    /// current binding, else the context's value. minijinja's closure
+    /// holds the value the name had when the macro was defined (the top
+    /// level's or the context's) and takes every later store of the top
+    /// level's frame; loops and macros store in frames of their own.
+    fn closure(&mut self, name: Name) -> V<'a> {
+        if let Some(rec) = &mut self.rec {
+            // Read from outside the memoized loop's iterations, which
+            // run at the top level: its mark is the top level's end.
+            rec.read(name);
+        }
+        self.outer(name, self.top_len())
+    }
+
+    /// How many of `vars` are the top level's frame: all of them at the
+    /// top level, else those before the outermost loop or macro began.
+    fn top_len(&self) -> usize {
+        if self.at_top() {
+            self.vars.len()
+        } else {
+            self.top_end.min(self.vars.len())
+        }
+    }
+
+    /// Whether the running statement is in the top level's frame (no
+    /// loop or macro around it).
+    fn at_top(&self) -> bool {
+        self.depth == 0 && self.loops.is_empty()
     }
 
     /// `name`'s value as the memoized loop's iterations find it outside
@@ -788,7 +900,7 @@ impl<'a> Run<'a> {
                 match sum {
                     Sum::Int(n) => self.print(&Value::from(n)),
                     Sum::Written => Ok(()),
-                    Sum::Empty | Sum::Text(_) => Err(declined!()),
+                    Sum::Empty | Sum::Text(_) | Sum::List(..) => Err(declined!()),
                 }
             }
             Expr::Text(_, text) => {
@@ -820,17 +932,26 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    fn call_macro(&mut self, index: usize, args: &'a [Expr]) -> Step<()> {
+    fn call_macro(&mut self, index: usize, args: &'a [(usize, Expr)]) -> Step<()> {
         self.step()?;
-        let def = &self.template.macros[index];
+        if index >= self.macros_defined {
+            return Err(declined!());
+        }
+        let def = self.template.macros.get(index).ok_or(declined!())?;
         if self.depth >= MAX_MACRO_DEPTH {
             return Err(declined!());
         }
-        let mut values = Vec::with_capacity(def.params.len());
-        for arg in args {
-            values.push(self.eval(arg)?);
+        // Evaluated in the call's order, each into its parameter's slot
+        // (the rest undefined, as minijinja leaves them).
+        let mut values = vec![V::undefined(); def.params.len()];
+        for (slot, arg) in args {
+            let value = self.eval(arg)?;
+            *values.get_mut(*slot).ok_or(declined!())? = value;
         }
         let mark = self.vars.len();
+        if self.at_top() {
+            self.top_end = mark;
+        }
         let outer_barrier = std::mem::replace(&mut self.barrier, mark);
         let mut values = values.into_iter();
         for (&param, default) in def.params.iter().zip(&def.defaults) {
@@ -852,7 +973,7 @@ impl<'a> Run<'a> {
         done
     }
 
-    fn capture_macro(&mut self, index: usize, args: &'a [Expr]) -> Step<V<'a>> {
+    fn capture_macro(&mut self, index: usize, args: &'a [(usize, Expr)]) -> Step<V<'a>> {
         let outer = std::mem::take(&mut self.out);
         self.capturing += 1;
         let done = self.call_macro(index, args);
@@ -867,6 +988,7 @@ impl<'a> Run<'a> {
         Ok(match e {
             Expr::Const(value) | Expr::Text(value, _) => V::Ref(value),
             Expr::Var(name) => self.lookup(*name),
+            Expr::Closure(name) => self.closure(*name),
             Expr::Loop(attr) => {
                 if let Some(rec) = &mut self.rec
                     && self.loops.len() == rec.depth
@@ -989,7 +1111,7 @@ impl<'a> Run<'a> {
             }
             Expr::Test(kind, inner) => {
                 let v = self.eval(inner)?;
-                if let V::Slice(_) = v {
+                if let V::Slice(_) | V::Chain(_) = v {
                     // An iterable: defined, and no sequence.
                     return Ok(V::bool(matches!(
                         kind,
@@ -1021,6 +1143,18 @@ impl<'a> Run<'a> {
                     list.push(self.eval(element)?.value()?.clone());
                 }
                 V::Own(Value::from(list))
+            }
+            Expr::Map(pairs) => {
+                // As minijinja's `BuildMap`: each key, then its value, in
+                // the literal's order, into its own map (a repeated key
+                // keeps its first place and takes the last value).
+                let mut entries = Vec::with_capacity(pairs.len());
+                for (key, value) in pairs {
+                    let key = self.eval(key)?.value()?.clone();
+                    let value = self.eval(value)?.value()?.clone();
+                    entries.push((key, value));
+                }
+                V::Own(Value::from_iter(entries))
             }
             Expr::CallMacro(index, args) => self.capture_macro(*index, args)?,
             Expr::Namespace(fields) => {
@@ -1153,6 +1287,24 @@ impl<'a> Run<'a> {
                         V::Own(Value::from(text.replace(old, new)))
                     }
                     Method::Get(..) => return Err(declined!()),
+                    Method::Format(args) => {
+                        // pycompat's `str.format` is minijinja's own
+                        // `format_filter` in its `str.format` style.
+                        let mut values = Vec::with_capacity(args.len());
+                        for arg in args {
+                            values.push(self.eval(arg)?.value()?.clone());
+                        }
+                        let text = minijinja::format_filter(
+                            minijinja::FormatStyle::StrFormat,
+                            text,
+                            &values,
+                        )
+                        .map_err(|_| declined!())?;
+                        if text.len() > self.max_output {
+                            return Err(declined!());
+                        }
+                        V::Own(Value::from(text))
+                    }
                 }
             }
             Expr::Add(..) => {
@@ -1161,6 +1313,9 @@ impl<'a> Run<'a> {
                 match sum {
                     Sum::Text(text) => V::Own(Value::from(text)),
                     Sum::Int(n) => V::Own(Value::from(n)),
+                    // Materialized by minijinja: a plain list.
+                    Sum::List(items, 0) => V::Own(Value::from(items)),
+                    Sum::List(items, depth) => V::Chain(Rc::new(Chain { items, depth })),
                     Sum::Empty | Sum::Written => return Err(declined!()),
                 }
             }
@@ -1242,9 +1397,32 @@ impl<'a> Run<'a> {
         if let Expr::Add(left, right) = e {
             self.step()?;
             self.add(sum, left, write)?;
+            if matches!(sum, Sum::List(..)) && matches!(**right, Expr::Add(..)) {
+                // `a + (b + c)` of sequences nests unlike a left-to-right
+                // chain: minijinja's depth is not the one counted here.
+                return Err(declined!());
+            }
             return self.add(sum, right, write);
         }
         let v = self.eval(e)?;
+        if let Some((items, depth)) = sequence_operand(&v) {
+            // minijinja's `+` of two sequences or iterables: a lazy
+            // concatenation one level deeper than its deeper operand,
+            // made a list at once past its maximal depth.
+            match sum {
+                Sum::Empty => *sum = Sum::List(items.to_vec(), depth),
+                Sum::List(joined, joined_depth) => {
+                    if joined.len().saturating_add(items.len()) > MAX_CHAIN_ITEMS {
+                        return Err(declined!());
+                    }
+                    joined.extend_from_slice(items);
+                    let nested = (*joined_depth).max(depth) + 1;
+                    *joined_depth = if nested > MERGE_MAX_DEPTH { 0 } else { nested };
+                }
+                _ => return Err(declined!()),
+            }
+            return Ok(());
+        }
         let v = v.value()?;
         if v.kind() == ValueKind::String {
             let text = v.as_str().ok_or(declined!())?;
@@ -1261,7 +1439,7 @@ impl<'a> Run<'a> {
                     }
                     joined.push_str(text);
                 }
-                Sum::Int(_) => return Err(declined!()),
+                Sum::Int(_) | Sum::List(..) => return Err(declined!()),
             }
             return Ok(());
         }
@@ -1269,7 +1447,7 @@ impl<'a> Run<'a> {
         *sum = match *sum {
             Sum::Empty => Sum::Int(n),
             Sum::Int(m) => Sum::Int(m.checked_add(n).ok_or(declined!())?),
-            Sum::Text(_) | Sum::Written => return Err(declined!()),
+            Sum::Text(_) | Sum::Written | Sum::List(..) => return Err(declined!()),
         };
         Ok(())
     }
@@ -1321,15 +1499,30 @@ impl<'a> Run<'a> {
                 }
                 value.get_attr(name).map(V::Own).map_err(|_| declined!())
             }
-            V::Slice(_) => Err(declined!()),
+            V::Slice(_) | V::Chain(_) => Err(declined!()),
         }
     }
 
     fn item(&self, base: V<'a>, key: &Value) -> Step<V<'a>> {
-        if let (V::Slice(_), Some(i)) = (&base, int(key))
-            && i < 0
+        if let Some(i) = int(key)
+            && matches!(base, V::Slice(_) | V::Chain(_))
         {
-            return Err(declined!());
+            // minijinja's iterables (a slice, a `+` of sequences) have no
+            // items of their own: an integer index takes the `nth` item,
+            // a negative one counted back from their known length.
+            let len = base.items().map_or(0, <[Value]>::len) as i64;
+            let at = if i < 0 { len + i } else { i };
+            let Ok(at) = usize::try_from(at) else {
+                return Ok(V::undefined());
+            };
+            return Ok(match &base {
+                V::Slice(list) => list.get(at).map_or_else(V::undefined, V::Ref),
+                V::Chain(chain) => chain
+                    .items
+                    .get(at)
+                    .map_or_else(V::undefined, |item| V::Own(item.clone())),
+                _ => return Err(declined!()),
+            });
         }
         if let (Some(list), Some(i)) = (base.borrowed_items(), int(key)) {
             let len = list.len() as i64;
@@ -1347,7 +1540,7 @@ impl<'a> Run<'a> {
             return Ok(found.map_or_else(V::undefined, V::Ref));
         }
         match base {
-            V::Ns(_) | V::Slice(_) => Err(declined!()),
+            V::Ns(_) | V::Slice(_) | V::Chain(_) => Err(declined!()),
             other => other
                 .value()?
                 .get_item(key)
@@ -1410,9 +1603,27 @@ impl<'a> Run<'a> {
             }
             return Ok(V::Own(Value::from(joined)));
         }
-        if let V::Slice(list) = v {
+        if let FilterKind::MinMax(largest) = kind {
+            // minijinja's `min` / `max`: the items' least or greatest
+            // under its ordering of values, undefined when there are
+            // none; taken here for integers only, whose order is theirs.
+            let items = v.items().ok_or(declined!())?;
+            let mut best: Option<(&Value, i64)> = None;
+            for item in items {
+                let n = int(item).ok_or(declined!())?;
+                // Rust's `min` keeps the first least item and `max` the
+                // last greatest: equal integers are the same value anyway.
+                if best.is_none_or(|(_, b)| if *largest { n >= b } else { n < b }) {
+                    best = Some((item, n));
+                }
+            }
+            return Ok(best.map_or_else(V::undefined, |(item, _)| V::Own(item.clone())));
+        }
+        if let V::Slice(_) | V::Chain(_) = v {
+            // An iterable of known length.
+            let len = v.items().ok_or(declined!())?.len();
             return match kind {
-                FilterKind::Length => Ok(V::Own(Value::from(list.len() as i64))),
+                FilterKind::Length => Ok(V::Own(Value::from(len as i64))),
                 FilterKind::Default(_) => Ok(v),
                 _ => Err(declined!()),
             };
@@ -1510,7 +1721,10 @@ impl<'a> Run<'a> {
                     V::Own(Value::from(crate::pyfilters::python_text(value)))
                 }
             }
-            FilterKind::List | FilterKind::SelectAttrEq(..) | FilterKind::Join(_) => {
+            FilterKind::List
+            | FilterKind::SelectAttrEq(..)
+            | FilterKind::Join(_)
+            | FilterKind::MinMax(_) => {
                 return Err(declined!());
             }
         })

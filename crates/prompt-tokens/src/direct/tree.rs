@@ -19,11 +19,19 @@ pub(super) enum Stmt {
     If(Expr, Vec<Stmt>, Vec<Stmt>),
     For(Box<ForLoop>),
     Set(Name, Expr),
-    SetAttr(Name, Box<str>, Expr),
+    /// `set name.attr = value` on a namespace; `from_closure`: `name` is
+    /// read as [`Expr::Closure`] reads it.
+    SetAttr {
+        name: Name,
+        from_closure: bool,
+        attr: Box<str>,
+        value: Expr,
+    },
     /// `{% set x %}...{% endset %}`: the body's output, as a string.
     SetBlock(Name, Vec<Stmt>),
-    /// A macro definition: macros are resolved when compiling.
-    Nothing,
+    /// A macro definition (the next of the top level's, in order):
+    /// macros are resolved when compiling; this marks it defined.
+    DefineMacro,
     /// `{% break %}` / `{% continue %}` in a loop of the same body.
     Break,
     Continue,
@@ -54,6 +62,9 @@ pub(super) enum Expr {
     /// A string constant: its value, and its text to print as is.
     Text(Value, Box<str>),
     Var(Name),
+    /// A name a macro reads from the top level (minijinja's closure): the
+    /// top level's current binding, else the context's value.
+    Closure(Name),
     Loop(LoopAttr),
     Attr(Box<Expr>, Box<str>),
     Item(Box<Expr>, Box<Expr>),
@@ -72,7 +83,11 @@ pub(super) enum Expr {
     Test(TestKind, Box<Expr>),
     Filter(FilterKind, Box<Expr>),
     List(Vec<Expr>),
-    CallMacro(usize, Vec<Expr>),
+    /// A dict literal that is not a constant: its key and value pairs.
+    Map(Vec<(Expr, Expr)>),
+    /// A call of the top level's macro of that index: each argument with
+    /// the parameter it binds, in the call's order.
+    CallMacro(usize, Vec<(usize, Expr)>),
     Namespace(Vec<(Box<str>, Expr)>),
     StrftimeNow(Box<Expr>),
     Method(Box<Expr>, Method),
@@ -146,6 +161,8 @@ pub(super) enum FilterKind {
     Join(Option<Box<Expr>>),
     /// `list` of a sequence: its items as a new list.
     List,
+    /// `min` (false) or `max` (true) of a sequence of integers.
+    MinMax(bool),
     /// `selectattr(name, "equalto", value) | list`: the items whose
     /// attribute `name` equals `value`.
     SelectAttrEq(Box<str>, Box<Expr>),
@@ -164,6 +181,8 @@ pub(super) enum Method {
     Replace(Box<Expr>, Box<Expr>),
     /// A mapping's `get(key)` or `get(key, default)`.
     Get(Box<Expr>, Option<Box<Expr>>),
+    /// A string's `format(...)` with positional arguments.
+    Format(Vec<Expr>),
 }
 
 #[derive(Clone, Copy)]

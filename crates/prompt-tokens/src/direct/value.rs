@@ -1,5 +1,7 @@
 //! Values during a rendering, and the comparisons on them.
 
+use std::rc::Rc;
+
 use minijinja::value::{Value, ValueKind};
 
 use super::tree::Cmp;
@@ -18,14 +20,32 @@ pub(super) enum V<'a> {
     Ns(usize),
     /// A slice of a borrowed sequence (`messages[1:]`), not copied.
     Slice(&'a [Value]),
+    /// Sequences joined with `+`: minijinja's lazy concatenation.
+    Chain(Rc<Chain>),
 }
+
+/// What minijinja's `+` makes of two sequences (its `MergeSeq`): an
+/// iterable, not a sequence (`is sequence` is false, an index takes the
+/// `nth` item), of known length, true when not empty. Held here as its
+/// items, flattened, and the nesting depth minijinja counts: a `+` whose
+/// result would nest deeper than [`MERGE_MAX_DEPTH`] makes a plain list.
+pub(super) struct Chain {
+    pub(super) items: Vec<Value>,
+    /// 1 for a `+` of two plain sequences, one more for each `+` that
+    /// takes a chain as an operand.
+    pub(super) depth: usize,
+}
+
+/// minijinja's `MergeSeq::MAX_DEPTH`: deeper concatenations are made
+/// into a list at once.
+pub(super) const MERGE_MAX_DEPTH: usize = 32;
 
 impl<'a> V<'a> {
     pub(super) fn value(&self) -> Step<&Value> {
         match self {
             V::Ref(v) => Ok(v),
             V::Own(v) => Ok(v),
-            V::Ns(_) | V::Slice(_) => Err(declined!()),
+            V::Ns(_) | V::Slice(_) | V::Chain(_) => Err(declined!()),
         }
     }
 
@@ -35,6 +55,7 @@ impl<'a> V<'a> {
             V::Ref(v) => items(v),
             V::Own(v) => items(v),
             V::Slice(list) => Some(list),
+            V::Chain(chain) => Some(&chain.items),
             V::Ns(_) => None,
         }
     }
@@ -121,6 +142,30 @@ fn contains(container: &Value, item: &Value) -> Step<bool> {
     }
     if let Some(entries) = small_map_entries(container) {
         return Ok(entries.iter().any(|(k, _)| k == item));
+    }
+    if container.kind() == ValueKind::Map && item.kind() == ValueKind::String {
+        // Any other mapping here is minijinja's own (a dict literal, a
+        // large object of the request): minijinja asks it for the key.
+        // A key equal to `item` among its keys is what its lookup finds;
+        // found, the value it holds must be defined to tell it apart from
+        // a missing one, else this declines.
+        let keys = container.try_iter().map_err(|_| declined!())?;
+        let mut found = false;
+        for key in keys {
+            if key.kind() != ValueKind::String {
+                return Err(declined!());
+            }
+            found |= key == *item;
+        }
+        if found
+            && container
+                .get_item(item)
+                .map_err(|_| declined!())?
+                .is_undefined()
+        {
+            return Err(declined!());
+        }
+        return Ok(found);
     }
     Err(declined!())
 }
