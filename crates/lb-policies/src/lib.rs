@@ -128,7 +128,7 @@ pub use decision::{Decision, DecisionCounters, DecisionCounts, DecisionReason};
 pub use error::PolicyError;
 pub use membership::MembershipEvent;
 pub use policies::cache_aware::{
-    CacheAware, CacheAwareConfig, DEFAULT_MAX_TREE_BYTES, LoadGate, TokenChoice,
+    CHAT_ROLE_ROOTS, CacheAware, CacheAwareConfig, DEFAULT_MAX_TREE_BYTES, LoadGate, TokenChoice,
 };
 pub use policies::consistent_hash::{ConsistentHash, ConsistentHashConfig};
 pub use policies::cost::{

@@ -141,6 +141,62 @@ fn cache_aware_instance_knows_the_fleet_from_the_first_request() {
     assert_eq!(third.reason, DecisionReason::CacheLowMatch);
 }
 
+/// Chat routing texts all begin with a role, which the default
+/// `text_roots` spread over shards of their own: routing is what it is
+/// without them (a repeat is a cache hit on the same worker, a text that
+/// shares only the role is a low match), and bad roots are a config error.
+#[test]
+fn chat_texts_under_the_default_roots_route_as_without_them() {
+    let fleet = fleet(3);
+    let with_roots = PolicyConfig::named("cache_aware");
+    assert_eq!(
+        with_roots.cache_aware.text_roots,
+        lb_policies::CHAT_ROLE_ROOTS.map(String::from)
+    );
+    let mut without_roots = PolicyConfig::named("cache_aware");
+    without_roots.cache_aware.text_roots.clear();
+    let conversation = format!(
+        "system: {}\nuser: Hi there\n",
+        "You answer briefly and politely. ".repeat(8)
+    );
+    let follow_up = format!("{conversation}assistant: Hello!\nuser: And now?\n");
+    let other = "user: something else entirely, and long enough to count\n";
+    let mut decisions = Vec::new();
+    for config in [with_roots, without_roots] {
+        let registry = PolicyRegistry::<BasicBackend>::new(config).expect("valid");
+        for b in &fleet {
+            registry.on_membership(MembershipEvent::Added { key: b.key() });
+        }
+        let select = |text: &str| {
+            let ctx = RequestContext::new("llama").with_text(text);
+            let d = registry.select(&fleet, &ctx).expect("ok").expect("up");
+            (d.index, d.reason)
+        };
+        let first = select(&conversation);
+        let again = select(&follow_up);
+        assert_eq!(again, (first.0, DecisionReason::CacheHit));
+        let unrelated = select(other);
+        assert_eq!(unrelated.1, DecisionReason::CacheLowMatch);
+        decisions.push((first, again, unrelated));
+    }
+    assert_eq!(decisions[0], decisions[1], "roots change no decision");
+
+    for roots in [vec!["user: ", "user"], vec![""], vec!["r"; 9]] {
+        let mut bad = PolicyConfig::named("cache_aware");
+        bad.cache_aware.text_roots = roots.iter().map(|r| r.to_string()).collect();
+        assert!(
+            matches!(
+                PolicyRegistry::<BasicBackend>::new(bad),
+                Err(PolicyError::InvalidConfig {
+                    field: "text_roots",
+                    ..
+                })
+            ),
+            "{roots:?}"
+        );
+    }
+}
+
 /// A custom policy: always the last available candidate.
 struct LastAvailable;
 

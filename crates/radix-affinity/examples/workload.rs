@@ -8,9 +8,10 @@
 //! Options: `--json` (one JSON line on stdout; otherwise a table per
 //! variant), `--reps N` (default 5), `--variant ascii|unicode|chat`
 //! (default all three; `chat` is this workspace's chat-shaped extension of
-//! the spec, every text beginning with `system: `, so all of them fall in
-//! one first-symbol shard). Progress and the checksum verification go to
-//! stderr.
+//! the spec, every text beginning with `system: `, so without roots all of
+//! them fall in one first-symbol shard; its trees are told the roots
+//! `system: ` and `user: ` unless `--no-roots` is given). Progress and the
+//! checksum verification go to stderr.
 //!
 //! Single-threaded phases are timed on the thread's on-CPU time
 //! (`/proc/thread-self/schedstat`), with wall time as secondary; the
@@ -58,8 +59,24 @@ struct Setup {
     ids: Vec<TenantId>,
 }
 
+/// Whether `--no-roots` was given: the chat variant's trees get no roots.
+static NO_ROOTS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// An empty text tree for `variant`: the chat variant's is told the roles
+/// that begin its texts (as the router's `cache_aware` does), unless
+/// `--no-roots`.
+fn new_tree(variant: Variant) -> TextTree {
+    if variant == Variant::Chat && !NO_ROOTS.get().copied().unwrap_or(false) {
+        TextTree::new()
+            .with_text_roots(&["system: ", "user: "])
+            .expect("valid roots")
+    } else {
+        TextTree::new()
+    }
+}
+
 fn warm_tree(w: &Workload) -> Setup {
-    let tree = TextTree::new();
+    let tree = new_tree(w.variant);
     let ids: Vec<TenantId> = (0..workload::TENANT_COUNT)
         .map(|i| tree.intern(&workload::tenant_name(i)))
         .collect();
@@ -219,7 +236,7 @@ fn one_rep(w: &Workload, s: &Sets) -> Rep {
     // takes the same write lock. One thread, then two, each on a fresh tree.
     let routes = &s.templated_routes;
     let templated_tree = || {
-        let tree = TextTree::new();
+        let tree = new_tree(w.variant);
         let ids: Vec<TenantId> = (0..workload::TENANT_COUNT)
             .map(|i| tree.intern(&workload::tenant_name(i)))
             .collect();
@@ -757,6 +774,9 @@ fn main() {
         return;
     }
     let json = args.iter().any(|a| a == "--json");
+    NO_ROOTS
+        .set(args.iter().any(|a| a == "--no-roots"))
+        .expect("set once");
     let reps = value_of("--reps")
         .map(|n| {
             n.parse::<usize>()

@@ -67,6 +67,9 @@ struct MNode {
 pub struct Model {
     nodes: Vec<MNode>,
     clock: u64,
+    /// Roots: a text that begins with one and goes on past it has a node
+    /// boundary at the root's end, as in a tree told these roots.
+    roots: Vec<Vec<char>>,
 }
 
 impl Default for Model {
@@ -87,6 +90,18 @@ impl Model {
                 alive: true,
             }],
             clock: 0,
+            roots: Vec::new(),
+        }
+    }
+
+    /// An empty model of a tree told `roots` (see
+    /// [`RadixTree::with_roots`]): its texts under a root have a node
+    /// boundary at the root's end, which changes eviction's granularity and
+    /// nothing else.
+    pub fn with_roots(roots: &[&str]) -> Self {
+        Self {
+            roots: roots.iter().map(|r| r.chars().collect()).collect(),
+            ..Self::new()
         }
     }
 
@@ -98,6 +113,18 @@ impl Model {
     /// Inserts `text` for `tenant`.
     pub fn insert(&mut self, text: &[char], tenant: u8) {
         let now = self.tick();
+        let root = self
+            .roots
+            .iter()
+            .find(|r| text.len() > r.len() && text.starts_with(r))
+            .cloned();
+        if let Some(root) = root {
+            self.insert_at(&root, tenant, now);
+        }
+        self.insert_at(text, tenant, now);
+    }
+
+    fn insert_at(&mut self, text: &[char], tenant: u8, now: u64) {
         let mut node = 0;
         let mut pos = 0;
         while pos < text.len() {
@@ -341,9 +368,24 @@ impl Model {
 /// Runs `ops` against a [`TextTree`], a [`TokenTree`] (chars as token ids) and
 /// the [`Model`], panicking on the first disagreement or broken invariant.
 pub fn check_ops(ops: &[Op]) {
-    let text = TextTree::with_clock(Clock::Logical);
-    let tokens = TokenTree::with_clock(Clock::Logical);
-    let mut model = Model::new();
+    check_ops_rooted(ops, &[]);
+}
+
+/// [`check_ops`] with trees told `roots` and a model of them; besides, until
+/// the first explicit eviction, every lookup and size must equal those of a
+/// model without roots (roots change where texts live, not what the tree
+/// answers; evictions differ only in granularity, since a root ends a node).
+pub fn check_ops_rooted(ops: &[Op], roots: &[&str]) {
+    let root_chars: Vec<Vec<char>> = roots.iter().map(|r| r.chars().collect()).collect();
+    let root_tokens: Vec<Vec<u32>> = root_chars.iter().map(|r| to_tokens(r)).collect();
+    let text = TextTree::with_clock(Clock::Logical)
+        .with_text_roots(roots)
+        .expect("valid roots");
+    let tokens = TokenTree::with_clock(Clock::Logical)
+        .with_roots(&root_tokens)
+        .expect("valid roots");
+    let mut model = Model::with_roots(roots);
+    let mut plain = Some(Model::new());
     let names: Vec<String> = (0..TENANTS)
         .map(|i| format!("http://worker-{i}:8000"))
         .collect();
@@ -366,6 +408,9 @@ pub fn check_ops(ops: &[Op]) {
                 }
                 tokens.insert_symbols(&to_tokens(&chars), token_ids[t as usize]);
                 model.insert(&chars, t);
+                if let Some(plain) = &mut plain {
+                    plain.insert(&chars, t);
+                }
             }
             Op::Match {
                 text: s,
@@ -379,6 +424,13 @@ pub fn check_ops(ops: &[Op]) {
                 };
                 let got_tokens = tokens.prefix_match_symbols(&to_tokens(&chars));
                 let (want_tenant, want_matched) = model.prefix_match(&chars);
+                if let Some(plain) = &mut plain {
+                    assert_eq!(
+                        plain.prefix_match(&chars),
+                        (want_tenant, want_matched),
+                        "step {step}: the model with roots and the one without disagree on {s:?}"
+                    );
+                }
                 let got_pair = (got.tenant.map(tenant_index), got.matched, got.input);
                 let want = (want_tenant, want_matched, chars.len());
                 assert_eq!(got_pair, want, "step {step}: text tree prefix_match({s:?})");
@@ -437,20 +489,29 @@ pub fn check_ops(ops: &[Op]) {
                 text.evict_tenant_by_size(*max);
                 tokens.evict_tenant_by_size(*max);
                 model.evict_tenants(*max);
+                plain = None;
             }
             Op::EvictTotal(budget) => {
                 text.evict_to_total(*budget);
                 tokens.evict_to_total(*budget);
                 model.evict_total(*budget);
+                plain = None;
             }
             Op::Remove(tenant) => {
                 let t = tenant % TENANTS;
                 text.remove_tenant(text_ids[t as usize]);
                 tokens.remove_tenant(token_ids[t as usize]);
                 model.remove(t);
+                if let Some(plain) = &mut plain {
+                    plain.remove(t);
+                }
             }
         }
         let want: Vec<usize> = (0..TENANTS).map(|t| model.size(t)).collect();
+        if let Some(plain) = &plain {
+            let unrooted: Vec<usize> = (0..TENANTS).map(|t| plain.size(t)).collect();
+            assert_eq!(unrooted, want, "step {step}: sizes with and without roots");
+        }
         let sizes = |sizes: Vec<(TenantId, usize)>| -> Vec<usize> {
             sizes.into_iter().map(|(_, s)| s).collect()
         };
@@ -497,22 +558,39 @@ pub fn check_ops(ops: &[Op]) {
 /// equal the model's, and the accounted bytes equal a recount
 /// (`validate`).
 pub fn check_budget_ops(ops: &[Op], limit: u64, tenant_limit: Option<usize>) {
-    budgeted::<char>(ops, limit, tenant_limit, |c| c);
-    budgeted::<u32>(ops, limit, tenant_limit, |c| c as u32);
+    check_budget_ops_rooted(ops, limit, tenant_limit, &[]);
+}
+
+/// [`check_budget_ops`] with trees told `roots` and a model of them.
+pub fn check_budget_ops_rooted(
+    ops: &[Op],
+    limit: u64,
+    tenant_limit: Option<usize>,
+    roots: &[&str],
+) {
+    budgeted::<char>(ops, limit, tenant_limit, roots, |c| c);
+    budgeted::<u32>(ops, limit, tenant_limit, roots, |c| c as u32);
 }
 
 fn budgeted<S: Symbol>(
     ops: &[Op],
     limit: u64,
     tenant_limit: Option<usize>,
+    roots: &[&str],
     symbol: impl Fn(char) -> S,
 ) {
     let budget = MemoryBudget::new(limit);
+    let root_symbols: Vec<Vec<S>> = roots
+        .iter()
+        .map(|r| r.chars().map(&symbol).collect())
+        .collect();
     let tree: RadixTree<S> =
-        RadixTree::with_eviction_log(Clock::Logical, Some(Arc::clone(&budget)));
+        RadixTree::with_eviction_log(Clock::Logical, Some(Arc::clone(&budget)))
+            .with_roots(&root_symbols)
+            .expect("valid roots");
     tree.set_tenant_limit(tenant_limit);
     tree.set_eviction_samples(1 << 16);
-    let mut model = Model::new();
+    let mut model = Model::with_roots(roots);
     let ids: Vec<TenantId> = (0..TENANTS)
         .map(|i| tree.intern(&format!("http://worker-{i}:8000")))
         .collect();
@@ -624,8 +702,14 @@ pub const ALPHABET: [char; 8] = ['a', 'b', 'c', 'é', '一', '丁', '😀', '�
 /// Decodes arbitrary bytes into operations and runs [`check_ops`]. Never
 /// panics unless the tree disagrees with the model (a bug).
 pub fn radix_ops(data: &[u8]) {
-    check_ops(&decode_ops(data));
+    let ops = decode_ops(data);
+    check_ops(&ops);
+    check_ops_rooted(&ops, &FUZZ_ROOTS);
 }
+
+/// Roots of the rooted run of [`radix_ops`]: texts over [`ALPHABET`] begin
+/// with them often, and two share a first byte with other symbols.
+pub const FUZZ_ROOTS: [&str; 3] = ["ab", "é", "😀丁"];
 
 /// The operation sequence [`radix_ops`] runs for `data` (at most 64 ops).
 pub fn decode_ops(data: &[u8]) -> Vec<Op> {

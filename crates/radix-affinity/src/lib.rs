@@ -51,6 +51,15 @@
 //!   ASCII first character and 128 hashed buckets for the rest. A text lives
 //!   entirely in the shard of its first symbol, so a lookup or an insert
 //!   touches exactly one shard.
+//! - **Roots.** Texts that all begin alike (every chat routing text begins
+//!   with a role) would share one shard. A tree told such beginnings
+//!   ([`RadixTree::with_roots`]) keeps 64 more shards for them: a text that
+//!   begins with a root and goes on past it is stored as the root, in the
+//!   shard of its first symbol, and the rest, in one of the root's shards
+//!   chosen by the symbol after the root. A lookup walks the rest's shard
+//!   and, only when nothing matches past the root there, the root's; an
+//!   insert writes both. Matches, sizes and eviction order are those of the
+//!   tree without roots (`src/tree/roots.rs` says why).
 //! - **Arena nodes.** A shard stores its nodes in an arena addressed by `u32`
 //!   index, with a free list; parents are indices, so there are no reference
 //!   cycles and dropping the tree frees everything. The arena is chunks of
@@ -209,8 +218,8 @@ pub use tenant::TenantId;
 #[doc(hidden)]
 pub use tree::EvictionRecord;
 pub use tree::{
-    DEFAULT_EVICTION_SAMPLES, LOW_WATER_DIVISOR, LockWaits, PrefixMatch, REMOVAL_BATCH, RadixTree,
-    TenantMatches, TextTree, TokenTree,
+    DEFAULT_EVICTION_SAMPLES, LOW_WATER_DIVISOR, LockWaits, MAX_ROOTS, PrefixMatch, REMOVAL_BATCH,
+    RadixTree, RootsError, TenantMatches, TextTree, TokenTree,
 };
 
 /// A broken internal invariant found by [`RadixTree::validate`]; always a bug

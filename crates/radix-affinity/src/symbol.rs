@@ -250,6 +250,11 @@ pub(crate) trait Probe<U: Unit> {
     fn take_rest(&self, pos: usize, max_units: usize, out: &mut Vec<U>) -> Step;
     /// Symbols from `pos` to the end.
     fn count_rest(&self, pos: usize) -> usize;
+    /// The rest of the input after `units` (`symbols` symbols), when the
+    /// input begins with them and goes on past them.
+    fn after(&self, units: &[U], symbols: usize) -> Option<Self>
+    where
+        Self: Sized;
 }
 
 /// A probe over encoded units.
@@ -310,6 +315,12 @@ impl<U: Unit> Probe<U> for UnitProbe<'_, U> {
             symbols: U::count_symbols(&rest[..n]),
         }
     }
+
+    #[inline]
+    fn after(&self, units: &[U], _symbols: usize) -> Option<Self> {
+        (self.0.len() > units.len() && self.0.starts_with(units))
+            .then(|| UnitProbe(&self.0[units.len()..]))
+    }
 }
 
 /// A probe over symbols that are not stored as themselves (`char`).
@@ -365,6 +376,15 @@ impl<S: Symbol> Probe<S::Unit> for SymbolProbe<'_, S> {
             label_units: out.len() - start,
             symbols: i - pos,
         }
+    }
+
+    fn after(&self, units: &[S::Unit], symbols: usize) -> Option<Self> {
+        if self.0.len() <= symbols {
+            return None;
+        }
+        let step = self.match_label(0, units, symbols);
+        (step.label_units == units.len() && step.advance == symbols)
+            .then(|| SymbolProbe(&self.0[symbols..]))
     }
 }
 

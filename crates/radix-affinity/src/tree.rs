@@ -1,4 +1,5 @@
-//! The concurrent tree: shards by first symbol, each behind its own lock.
+//! The concurrent tree: shards by first symbol (and by root, `roots.rs`),
+//! each behind its own lock.
 //!
 //! # What is locked
 //!
@@ -12,7 +13,7 @@
 //! | operation | shard lock | node locks | allocates |
 //! |---|---|---|---|
 //! | `prefix_match`, `prefix_match_tenant`, `prefix_match_tenants` | shared | none | no (once the caller's buffer has grown) |
-//! | `insert` | shared | only the nodes it changes (see `shard/mod.rs`) | the new leaf's label, before any lock; a split's shorter half; a grown array |
+//! | `insert` | shared (under a root: the rest's shard, then the root's, one after the other) | only the nodes it changes (see `shard/mod.rs`) | the new leaf's label, before any lock; a split's shorter half; a grown array |
 //! | eviction by the limits (inside `insert`, `enforce_limits`) | shared to sample candidates; exclusive for up to 32 node removals in a row | — | sample buffers |
 //! | `evict_tenant_by_size`, `evict_to_total` | shared to collect candidates; exclusive for each node removed | — | candidate heap |
 //! | `remove_tenant` | shared to list the tenant's holds; exclusive for each batch of 64 | — | the list |
@@ -50,14 +51,28 @@ use crate::sync::{AtomicU64, Mutex, Ordering, RwLock, RwLockReadGuard, RwLockWri
 use crate::tenant::{Interner, TenantId};
 
 mod evict;
+mod roots;
 
-/// Number of shards: one per ASCII code point plus 128 hashed buckets.
+pub use roots::{MAX_ROOTS, RootsError};
+use roots::{Root, Roots};
+
+/// Shards chosen by a text's first symbol: one per ASCII code point plus
+/// 128 hashed buckets.
 #[cfg(not(loom))]
-pub(crate) const SHARDS: usize = 256;
-/// Few shards under loom so that models stay small.
+pub(crate) const FIRST_SHARDS: usize = 256;
+/// Shards for the rests of texts under a root (see `tree/roots.rs`), shared
+/// out among the roots.
+#[cfg(not(loom))]
+pub(crate) const ROOTED_SHARDS: usize = 64;
+/// Few shards under loom so that models stay small, and no roots.
 #[cfg(loom)]
-pub(crate) const SHARDS: usize = 4;
+pub(crate) const FIRST_SHARDS: usize = 4;
+#[cfg(loom)]
+pub(crate) const ROOTED_SHARDS: usize = 0;
+/// Number of shards.
+pub(crate) const SHARDS: usize = FIRST_SHARDS + ROOTED_SHARDS;
 
+/// The shard of a text whose first symbol is `key`.
 #[inline]
 fn shard_index(key: u32) -> usize {
     #[cfg(not(loom))]
@@ -70,7 +85,7 @@ fn shard_index(key: u32) -> usize {
     }
     #[cfg(loom)]
     {
-        key as usize % SHARDS
+        key as usize % FIRST_SHARDS
     }
 }
 
@@ -307,6 +322,8 @@ pub struct RadixTree<S: Symbol = char> {
     seed: AtomicU64,
     /// Evictions by the limits, recorded for the model tests when on.
     eviction_log: Option<Mutex<Vec<EvictionRecord>>>,
+    /// Roots whose texts are spread over shards of their own.
+    roots: Roots<S::Unit>,
     _symbols: PhantomData<fn() -> S>,
 }
 
@@ -367,8 +384,41 @@ impl<S: Symbol> RadixTree<S> {
             samples: AtomicU64::new(DEFAULT_EVICTION_SAMPLES as u64),
             seed: AtomicU64::new(0x5EED),
             eviction_log: log.then(|| Mutex::new(Vec::new())),
+            roots: Roots::default(),
             _symbols: PhantomData,
         }
+    }
+
+    /// The same empty tree, told its *roots*: common beginnings (such as the
+    /// roles that begin every chat routing text, `system: ` or `user: `)
+    /// whose texts are spread over shards of their own, chosen by the symbol
+    /// after the root, instead of all sharing the shard of their first
+    /// symbol. Lookups, sizes and eviction order are what they would be
+    /// without roots (`src/tree/roots.rs` says why); what changes is that
+    /// traffic under one root no longer shares one shard lock, so an
+    /// eviction's exclusive hold stops a fraction of it.
+    ///
+    /// At most [`MAX_ROOTS`] roots, none empty, none beginning with another;
+    /// set on an empty tree, since they decide where texts live.
+    ///
+    /// ```
+    /// use radix_affinity::TextTree;
+    ///
+    /// let tree = TextTree::new().with_text_roots(&["system: ", "user: "]).unwrap();
+    /// let a = tree.intern("http://worker-a:8000");
+    /// tree.insert("user: Hello there\n", a);
+    /// tree.insert("user: What now?\n", a);
+    /// assert_eq!(tree.prefix_match("user: Hello you").matched, 12);
+    /// assert_eq!(tree.prefix_match("user: Why").matched, 8);
+    /// assert_eq!(tree.prefix_match("user: ").matched, 6);
+    /// assert_eq!(tree.tenant_size(a), 6 + 12 + 10); // "user: " is counted once
+    /// ```
+    pub fn with_roots(mut self, roots: &[impl AsRef<[S]>]) -> Result<Self, RootsError> {
+        if self.entries() != 0 {
+            return Err(RootsError::NotEmpty);
+        }
+        self.roots = Roots::new(roots, |key| shard_index(key) as u32)?;
+        Ok(self)
     }
 
     /// A tree that records what its limits evict, for the model tests.
@@ -595,6 +645,38 @@ impl<S: Symbol> RadixTree<S> {
                 .check()
                 .map_err(|detail| InvariantViolation { shard: i, detail })?;
         }
+        self.check_roots()
+    }
+
+    /// Under each root: a tenant that holds anything in the root's shards
+    /// holds the root text in its head shard, and the rooted shards hold
+    /// nothing that does not follow the root (their texts are rests).
+    /// Meaningful when no insert runs meanwhile.
+    fn check_roots(&self) -> Result<(), InvariantViolation> {
+        for root in self.roots.iter() {
+            let head = self.read_shard(&self.shards[root.head as usize].0);
+            let end = head.walk(&UnitProbe(&root.units), |_| true);
+            let root_node = (end.node != ROOT && end.matched == root.symbols).then_some(end.node);
+            for shard in root.shards.clone() {
+                let rooted = self.read_shard(&self.shards[shard as usize].0);
+                for tenant in 0..self.tenants.count() {
+                    if rooted.size_of(tenant) == 0 {
+                        continue;
+                    }
+                    let held = root_node
+                        .is_some_and(|node| head.node(node).owners().owner(tenant).is_some());
+                    if !held {
+                        return Err(InvariantViolation {
+                            shard: shard as usize,
+                            detail: format!(
+                                "tenant {tenant} holds texts under root {:?} but not the root",
+                                root.units
+                            ),
+                        });
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -616,11 +698,23 @@ impl<S: Symbol> RadixTree<S> {
             .collect()
     }
 
+    /// The shard of a text by its first symbol (`None` for an empty one).
+    #[inline]
     fn shard_for<P: Probe<S::Unit>>(&self, probe: &P) -> Option<&RwLock<Shard<S::Unit>>> {
         if probe.at_end(0) {
             return None;
         }
         Some(&self.shards[shard_index(probe.key_at(0))].0)
+    }
+
+    /// The rooted shard of a root's `rest` (not empty).
+    #[inline]
+    fn rooted_shard<P: Probe<S::Unit>>(
+        &self,
+        root: &Root<S::Unit>,
+        rest: &P,
+    ) -> &RwLock<Shard<S::Unit>> {
+        &self.shards[root.shard_for(rest.key_at(0)) as usize].0
     }
 
     fn insert_probe<P: Probe<S::Unit>>(&self, probe: &P, tenant: TenantId) {
@@ -631,6 +725,28 @@ impl<S: Symbol> RadixTree<S> {
             return;
         };
         let now = self.clock.now();
+        if let Some((root, rest)) = self.roots.split(probe) {
+            // The rest first, so that the tenant's bitmap marks the rooted
+            // shard before its hold on the root is refreshed (see
+            // `tree/roots.rs`, "Racing writers").
+            self.insert_into(self.rooted_shard(root, &rest), &rest, tenant, now);
+            if !self.refresh_root(shard, root, tenant.0, now) {
+                self.insert_into(shard, &UnitProbe(&root.units), tenant, now);
+            }
+        } else {
+            self.insert_into(shard, probe, tenant, now);
+        }
+        self.enforce_limits_after(tenant.0);
+    }
+
+    /// Inserts `probe` into `shard` with stamp `now`.
+    fn insert_into<P: Probe<S::Unit>>(
+        &self,
+        shard: &RwLock<Shard<S::Unit>>,
+        probe: &P,
+        tenant: TenantId,
+        now: u64,
+    ) {
         // Inserts share the shard lock with lookups and with each other and
         // lock only the nodes they change; the shard is taken exclusively
         // only to grow its arena or tenant table, or to free retired arrays.
@@ -653,7 +769,6 @@ impl<S: Symbol> RadixTree<S> {
                 break;
             }
         }
-        self.enforce_limits_after(tenant.0);
     }
 
     #[inline]
@@ -665,6 +780,34 @@ impl<S: Symbol> RadixTree<S> {
                 input: 0,
             };
         };
+        if let Some((root, rest)) = self.roots.split(probe) {
+            // A match past the root is in the rooted shard; anything shorter
+            // in the head shard, where the walk below looks.
+            let mut now = None;
+            let found = self.match_in(self.rooted_shard(root, &rest), &rest, &mut now);
+            if let Some(tenant) = found.tenant {
+                let now = now.unwrap_or_else(|| self.clock.now());
+                self.refresh_root(shard, root, tenant.0, now);
+                return PrefixMatch {
+                    tenant: found.tenant,
+                    matched: root.symbols + found.matched,
+                    input: root.symbols + found.input,
+                };
+            }
+        }
+        self.match_in(shard, probe, &mut None)
+    }
+
+    /// The longest match of `probe` in `shard` alone, its most recent owner
+    /// refreshed along the path with the stamp in `now` (read from the
+    /// clock into it when it is `None` and a stamp is needed).
+    #[inline]
+    fn match_in<P: Probe<S::Unit>>(
+        &self,
+        shard: &RwLock<Shard<S::Unit>>,
+        probe: &P,
+        now: &mut Option<u64>,
+    ) -> PrefixMatch {
         let (end, tenant) = {
             let shard = self.read_shard(shard);
             let end = shard.walk(probe, |_| true);
@@ -673,7 +816,8 @@ impl<S: Symbol> RadixTree<S> {
                 .flatten()
                 .map(|o| o.tenant());
             if let Some(t) = tenant {
-                shard.touch_path(end.node, t, self.clock.now());
+                let now = *now.get_or_insert_with(|| self.clock.now());
+                shard.touch_path(end.node, t, now);
             }
             (end, tenant)
         };
@@ -688,10 +832,42 @@ impl<S: Symbol> RadixTree<S> {
         }
     }
 
+    /// Refreshes `tenant`'s stamp on the root text in the head shard, if
+    /// it holds it: an insert under the root (which then need not insert
+    /// the root again), or a lookup routed to the tenant through the root's
+    /// rooted shard. Returns whether the tenant held it.
+    #[inline]
+    fn refresh_root(
+        &self,
+        head: &RwLock<Shard<S::Unit>>,
+        root: &Root<S::Unit>,
+        tenant: u32,
+        now: u64,
+    ) -> bool {
+        let shard = self.read_shard(head);
+        let end = shard.walk(&UnitProbe(&root.units), |_| true);
+        let held = end.node != ROOT
+            && end.matched == root.symbols
+            && shard.node(end.node).owners().owner(tenant).is_some();
+        if held {
+            shard.touch_path(end.node, tenant, now);
+        }
+        held
+    }
+
     fn match_tenant_probe<P: Probe<S::Unit>>(&self, probe: &P, tenant: TenantId) -> usize {
         let Some(shard) = self.shard_for(probe) else {
             return 0;
         };
+        if let Some((root, rest)) = self.roots.split(probe) {
+            let matched = self
+                .read_shard(self.rooted_shard(root, &rest))
+                .walk(&rest, |n| n.owners().owner(tenant.0).is_some())
+                .matched;
+            if matched > 0 {
+                return root.symbols + matched;
+            }
+        }
         let shard = self.read_shard(shard);
         shard
             .walk(probe, |n| n.owners().owner(tenant.0).is_some())
@@ -703,26 +879,44 @@ impl<S: Symbol> RadixTree<S> {
         let Some(shard) = self.shard_for(probe) else {
             return;
         };
-        let end = {
-            let shard = self.read_shard(shard);
-            // A tenant holding a node holds its ancestors, so each tenant's
-            // last record on the way down is its deepest node on the path.
-            shard.walk_visiting(
-                probe,
-                |_| true,
-                |node, matched| {
-                    for owner in node.owners().iter() {
-                        out.record(owner.tenant(), matched);
-                    }
-                },
-            )
-        };
-        // As in `match_probe`: the unmatched tail is counted unlocked.
+        // A tenant holding a node holds its ancestors, so each tenant's last
+        // record on the way down is its deepest node on the path. Under a
+        // root, the head shard's walk ends at the root at the latest, and the
+        // rooted shard's walk goes on from there.
+        let end = self.read_shard(shard).walk_visiting(
+            probe,
+            |_| true,
+            |node, matched| {
+                for owner in node.owners().iter() {
+                    out.record(owner.tenant(), matched);
+                }
+            },
+        );
         out.input = end.matched + probe.count_rest(end.pos);
+        if let Some((root, rest)) = self.roots.split(probe) {
+            let end = self
+                .read_shard(self.rooted_shard(root, &rest))
+                .walk_visiting(
+                    &rest,
+                    |_| true,
+                    |node, matched| {
+                        for owner in node.owners().iter() {
+                            out.record(owner.tenant(), root.symbols + matched);
+                        }
+                    },
+                );
+            out.input = root.symbols + end.matched + rest.count_rest(end.pos);
+        }
     }
 }
 
 impl RadixTree<char> {
+    /// [`with_roots`](Self::with_roots) for roots given as text.
+    pub fn with_text_roots(self, roots: &[&str]) -> Result<Self, RootsError> {
+        let roots: Vec<Vec<char>> = roots.iter().map(|r| r.chars().collect()).collect();
+        self.with_roots(&roots)
+    }
+
     /// Records that `tenant` holds `text` (and so every prefix of it).
     ///
     /// Ids not interned by this tree are ignored.

@@ -2,7 +2,9 @@
 //! (`radix_affinity::fuzzing::Model`), on ASCII and on multi-byte text.
 
 use proptest::prelude::*;
-use radix_affinity::fuzzing::{Op, check_budget_ops, check_ops};
+use radix_affinity::fuzzing::{
+    Op, check_budget_ops, check_budget_ops_rooted, check_ops, check_ops_rooted,
+};
 use radix_affinity::{Clock, TenantMatches, TextTree, TokenTree};
 
 /// Texts over a small alphabet so that prefixes are shared often; built from a
@@ -75,6 +77,42 @@ proptest! {
         tenant_limit in prop::option::of(0usize..40),
     ) {
         check_budget_ops(&ops, limit, tenant_limit);
+    }
+}
+
+/// Roots for the ASCII alphabet: the stems "ab" and "abcab" begin with the
+/// first, "ccc" with the second.
+const ASCII_ROOTS: &[&str] = &["ab", "c"];
+/// Roots for the multi-byte alphabet: the stems as the strategy maps them
+/// ("aé", "aé一aé", "一一一") begin with them.
+const MULTIBYTE_ROOTS: &[&str] = &["aé", "一"];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Trees told roots (chat roles, in the router) answer as the model of
+    /// such a tree, and as a model without roots until the first explicit
+    /// eviction (`check_ops_rooted`).
+    #[test]
+    fn rooted_ascii_text_matches_model(ops in prop::collection::vec(op(ASCII), 1..60)) {
+        check_ops_rooted(&ops, ASCII_ROOTS);
+    }
+
+    #[test]
+    fn rooted_multibyte_text_matches_model(ops in prop::collection::vec(op(MULTIBYTE), 1..60)) {
+        check_ops_rooted(&ops, MULTIBYTE_ROOTS);
+    }
+
+    /// With roots, the limits still evict exactly the model's least
+    /// recently used leaves (a hold on a root is a leaf only once the tenant
+    /// holds nothing under it) and hold after every operation.
+    #[test]
+    fn rooted_limits_hold_after_every_operation(
+        ops in prop::collection::vec(op(MULTIBYTE), 1..60),
+        limit in 0u64..6000,
+        tenant_limit in prop::option::of(0usize..40),
+    ) {
+        check_budget_ops_rooted(&ops, limit, tenant_limit, MULTIBYTE_ROOTS);
     }
 }
 

@@ -286,3 +286,70 @@ fn lookups_never_miss_a_held_text_while_its_labels_split() {
         assert_eq!(tree.tenant_size(tenants[w]), prefixes.len());
     }
 }
+
+/// Racing writers on a tree told roots (the router's chat roles): inserts
+/// under a root write two shards, evictions by a budget must not take a
+/// tenant's hold on a root while it holds texts under it, and removal goes
+/// over the head shards before the rooted ones. Once the threads are done,
+/// every tenant that holds a text under a root holds the root
+/// (`validate`), and the counters equal a recount.
+#[test]
+fn racing_writers_under_roots_keep_every_roots_hold() {
+    let budget = radix_affinity::MemoryBudget::new(8 << 10);
+    let tree = Arc::new(
+        TextTree::with_budget(radix_affinity::Clock::Coarse, Arc::clone(&budget))
+            .with_text_roots(&["system: ", "一丁"])
+            .unwrap(),
+    );
+    let tenants: Vec<TenantId> = (0..6).map(|i| tree.intern(&format!("w{i}"))).collect();
+    let workers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let tree = Arc::clone(&tree);
+            let tenants = tenants.clone();
+            thread::spawn(move || {
+                let mut rng = Rng(w * 104_729 + 3);
+                for _ in 0..20_000 {
+                    let t = tenants[rng.below(tenants.len() as u64) as usize];
+                    match rng.below(100) {
+                        0..=59 => tree.insert(&text(&mut rng), t),
+                        60..=89 => {
+                            let s = text(&mut rng);
+                            let m = tree.prefix_match(&s);
+                            assert!(m.matched <= m.input);
+                            assert_eq!(m.input, s.chars().count());
+                            assert_eq!(m.tenant.is_some(), m.matched > 0);
+                        }
+                        90..=95 => {
+                            let s = text(&mut rng);
+                            assert!(tree.prefix_match_tenant(&s, t) <= s.chars().count());
+                        }
+                        96..=97 => tree.evict_tenant_by_size(rng.below(2000) as usize),
+                        _ => tree.remove_tenant(t),
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    tree.validate().unwrap();
+    assert!(tree.evicted() > 0, "the budget made inserts evict");
+    // A lower limit, met by sampled eviction alone: holds on roots and the
+    // texts under them often share a stamp (a millisecond clock), and the
+    // roots' shards sort first, so only the pin keeps them.
+    budget.set_limit(budget.used() / 3);
+    for _ in 0..64 {
+        tree.enforce_limits();
+    }
+    tree.validate().unwrap();
+    assert!(budget.used() <= budget.limit() + (4 << 10));
+    for (id, recounted) in tree.recount() {
+        assert_eq!(tree.tenant_size(id), recounted, "tenant {id:?}");
+    }
+    for &t in &tenants {
+        tree.remove_tenant(t);
+    }
+    assert_eq!(tree.total_size(), 0);
+    tree.validate().unwrap();
+}

@@ -110,6 +110,15 @@ pub enum TokenChoice {
 /// Kubernetes manifests' 4 GiB limit with room for the rest of the router.
 pub const DEFAULT_MAX_TREE_BYTES: u64 = 1 << 30;
 
+/// Default of [`CacheAwareConfig::text_roots`]: the beginnings of a chat
+/// request's routing text, `role: ` with each role OpenAI's API names. The
+/// routing text of a chat request is `role: content\n` per message (as
+/// `router-http` builds it), so every chat text begins with one of these,
+/// and without roots all of them would share the text tree's one or two
+/// shards of `s` and `u`.
+pub const CHAT_ROLE_ROOTS: [&str; 5] =
+    ["system: ", "developer: ", "user: ", "assistant: ", "tool: "];
+
 /// Knobs of [`CacheAware`].
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(
@@ -188,6 +197,14 @@ pub struct CacheAwareConfig {
     /// the default, turns it off. vllm-router's
     /// `--kv-aware-session-affinity-ttl-secs`.
     pub session_affinity_ttl: Duration,
+    /// Roots of the text trees ([`radix_affinity::RadixTree::with_roots`]):
+    /// beginnings that many routing texts share, whose texts are spread
+    /// over shards of their own by the symbol that follows. Matches, sizes
+    /// and eviction are unchanged; what changes is that traffic under one
+    /// root does not share one shard lock. Default [`CHAT_ROLE_ROOTS`]; at
+    /// most [`radix_affinity::MAX_ROOTS`], none empty, none beginning with
+    /// another.
+    pub text_roots: Vec<String>,
 }
 
 impl Default for CacheAwareConfig {
@@ -206,6 +223,7 @@ impl Default for CacheAwareConfig {
             cost: CostModel::default(),
             token_choice: TokenChoice::default(),
             session_affinity_ttl: Duration::ZERO,
+            text_roots: CHAT_ROLE_ROOTS.iter().map(|&r| r.to_owned()).collect(),
         }
     }
 }
@@ -252,7 +270,18 @@ impl CacheAwareConfig {
                 reason: "must be greater than zero".to_owned(),
             });
         }
+        if let Err(e) = TextTree::new().with_text_roots(&self.root_strs()) {
+            return Err(PolicyError::InvalidConfig {
+                field: "text_roots",
+                reason: e.to_string(),
+            });
+        }
         self.cost.validate()
+    }
+
+    /// [`text_roots`](Self::text_roots) as string slices.
+    fn root_strs(&self) -> Vec<&str> {
+        self.text_roots.iter().map(String::as_str).collect()
     }
 
     /// Whether a preferred worker at `preferred` load yields to a least
@@ -318,8 +347,13 @@ impl ModelState {
         members: impl IntoIterator<Item = &'k (Arc<str>, bool)>,
     ) -> Self {
         let clock = config.tree_clock;
+        // The roots were checked by `CacheAwareConfig::validate`; a tree
+        // without them answers the same, only less spread.
+        let text = TextTree::with_budget(clock, Arc::clone(budget))
+            .with_text_roots(&config.root_strs())
+            .unwrap_or_else(|_| TextTree::with_budget(clock, Arc::clone(budget)));
         let state = ModelState {
-            text: TextTree::with_budget(clock, Arc::clone(budget)),
+            text,
             tokens: TokenTree::with_budget(clock, Arc::clone(budget)),
             members: RwLock::new(Members::default()),
         };

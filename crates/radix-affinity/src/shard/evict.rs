@@ -122,6 +122,41 @@ impl<U: Unit> Shard<U> {
         }
     }
 
+    /// `tenant`'s hold on `node` as an eviction candidate, if it is one of
+    /// the tenant's leaves (shared access; `evict` re-validates it).
+    pub(crate) fn candidate(&self, node: u32, tenant: u32) -> Option<Candidate> {
+        let n = self.node(node);
+        let generation = n.generation.load(Ordering::Relaxed);
+        n.owners()
+            .owner(tenant)
+            .filter(|o| o.held() == 0)
+            .map(|o| Candidate {
+                stamp: o.stamp(),
+                tenant,
+                shard: self.index,
+                node,
+                generation,
+            })
+    }
+
+    /// Whether the units from the root to the end of `node` are `units`
+    /// (exclusive access).
+    pub(crate) fn is_path(&self, mut node: u32, units: &[U]) -> bool {
+        if node == ROOT || node as usize >= self.slots_used() {
+            return false;
+        }
+        let mut rest = units;
+        while node != ROOT {
+            let view = self.node(node).view_owned();
+            let Some(upper) = rest.strip_suffix(view.label) else {
+                return false;
+            };
+            rest = upper;
+            node = view.parent;
+        }
+        rest.is_empty()
+    }
+
     /// Removes the candidate's hold if it is still the tenant's leaf with the
     /// collected stamp (exclusive access).
     pub(crate) fn evict(&mut self, c: Candidate) -> Evicted {

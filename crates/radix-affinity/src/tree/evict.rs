@@ -9,8 +9,8 @@ use super::{
     EVICTION_ATTEMPTS, EVICTION_ROUNDS, EVICTIONS_PER_INSERT, EvictionRecord, REMOVAL_BATCH,
     RadixTree, low_water, pick_shards,
 };
-use crate::shard::{Candidate, Evicted};
-use crate::symbol::{Symbol, Unit};
+use crate::shard::{Candidate, Evicted, ROOT, Shard};
+use crate::symbol::{Symbol, Unit, UnitProbe};
 use crate::sync::Ordering;
 use crate::tenant::TenantId;
 
@@ -77,13 +77,18 @@ impl<S: Symbol> RadixTree<S> {
             let Some(Reverse(candidate)) = heap.pop() else {
                 break;
             };
-            let outcome = self
-                .write_shard(&self.shards[candidate.shard as usize].0)
-                .evict(candidate);
+            let outcome = {
+                let mut shard = self.write_shard(&self.shards[candidate.shard as usize].0);
+                if self.pinned(&shard, candidate) {
+                    Evicted::Stale
+                } else {
+                    shard.evict(candidate)
+                }
+            };
             match outcome {
                 Evicted::Removed { symbols, next } => {
                     size = size.saturating_sub(symbols);
-                    if let Some(next) = next {
+                    if let Some(next) = next.or_else(|| self.released_root(candidate)) {
                         heap.push(Reverse(next));
                     }
                 }
@@ -198,13 +203,26 @@ impl<S: Symbol> RadixTree<S> {
             let index = first.shard;
             let mut shard = self.write_shard(&self.shards[index as usize].0);
             let mut candidate = first;
+            // A rooted shard's eviction that made a hold on a root a leaf:
+            // it joins the pool once this shard is released.
+            let mut released = None;
             loop {
                 attempts += 1;
-                let path = self
-                    .eviction_log
-                    .as_ref()
-                    .map(|_| <S::Unit as Unit>::symbols(&shard.path(candidate.node)));
-                match shard.evict(candidate) {
+                let path = self.eviction_log.as_ref().map(|_| {
+                    let mut units = self
+                        .roots
+                        .owning(index)
+                        .map(|root| root.units.to_vec())
+                        .unwrap_or_default();
+                    units.extend(shard.path(candidate.node));
+                    <S::Unit as Unit>::symbols(&units)
+                });
+                let outcome = if self.pinned(&shard, candidate) {
+                    Evicted::Stale
+                } else {
+                    shard.evict(candidate)
+                };
+                match outcome {
                     Evicted::Removed { next, .. } => {
                         evicted += 1;
                         self.accounts.count_evicted();
@@ -217,6 +235,11 @@ impl<S: Symbol> RadixTree<S> {
                         }
                         if let Some(next) = next {
                             pool.push(Reverse(next));
+                        } else if let Some(root) = self.roots.owning(index)
+                            && !root.marked(&self.accounts.shards(Some(candidate.tenant), 0))
+                        {
+                            released = Some(candidate);
+                            break;
                         }
                     }
                     // Used since it was sampled: it goes back with its new
@@ -236,6 +259,41 @@ impl<S: Symbol> RadixTree<S> {
                 }
             }
             drop(shard);
+            if let Some(root) = released.and_then(|c| self.released_root(c)) {
+                pool.push(Reverse(root));
+            }
         }
+    }
+
+    /// Whether `candidate` is a tenant's hold on a root text while the
+    /// tenant holds something under the root: not a leaf of the tenant,
+    /// though nothing below it is in its shard (`shard` is the candidate's,
+    /// held exclusively; see `tree/roots.rs`).
+    fn pinned(&self, shard: &Shard<S::Unit>, candidate: Candidate) -> bool {
+        if self.roots.is_empty() {
+            return false;
+        }
+        self.roots.iter().any(|root| {
+            root.head == candidate.shard
+                && root.marked(&self.accounts.shards(Some(candidate.tenant), 0))
+                && shard.is_path(candidate.node, &root.units)
+        })
+    }
+
+    /// After `evicted`, a hold in a rooted shard, was removed: the tenant's
+    /// hold on the root, when that was the tenant's last hold under the
+    /// root (so the root text became its leaf). Takes the head shard's lock
+    /// shared; call it with no shard lock held.
+    fn released_root(&self, evicted: Candidate) -> Option<Candidate> {
+        let root = self.roots.owning(evicted.shard)?;
+        if root.marked(&self.accounts.shards(Some(evicted.tenant), 0)) {
+            return None;
+        }
+        let head = self.read_shard(&self.shards[root.head as usize].0);
+        let end = head.walk(&UnitProbe(&root.units), |_| true);
+        if end.node == ROOT || end.matched != root.symbols {
+            return None;
+        }
+        head.candidate(end.node, evicted.tenant)
     }
 }

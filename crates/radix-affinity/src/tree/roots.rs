@@ -1,0 +1,230 @@
+//! Roots: common beginnings whose texts are spread over shards of their own.
+//!
+//! Every chat routing text begins with a role (`system: `, `user: `), so with
+//! shards chosen by the first symbol all chat traffic would share one or two
+//! shards, and one eviction's exclusive hold would stop all of it. A tree
+//! told its *roots* stores a text that begins with a root and goes on past
+//! it in two parts:
+//!
+//! - the root itself, as a text of its own, in the shard of its first symbol
+//!   (the *head* shard), where texts that do not begin with a root live too;
+//! - the rest, after the root, in one of the root's own *rooted* shards,
+//!   chosen by the symbol that follows the root.
+//!
+//! # Why lookups stay exact
+//!
+//! Write `r` for the root a lookup's input begins with and `k` for the
+//! symbol after it.
+//!
+//! - A match longer than `r` can only come from texts that begin with `r`
+//!   and then `k`; all of them are in the rooted shard of `(r, k)`, which
+//!   holds nothing but the rests of `r`'s texts. So a walk there that
+//!   matches anything gives the answer, and its deepest node is the same
+//!   node, with the same owners and stamps, as in a tree without roots that
+//!   has a node boundary at the end of `r`.
+//! - Otherwise the answer is at most `r` long, and it is in the head shard:
+//!   no text there goes on past `r` (those are all in rooted shards), and a
+//!   tenant that holds anything under `r` holds the text `r` there (see
+//!   below), with a stamp refreshed by every use of its texts under `r`.
+//!
+//! # The root's hold
+//!
+//! A tenant's hold on the root text `r` in the head shard stands for its
+//! hold on `r` as the prefix of all its texts under `r`: an insert under `r`
+//! inserts the rest into the rooted shard first, then `r` into the head
+//! shard with the same stamp, and a lookup that routes to a tenant through a
+//! rooted shard refreshes that tenant's stamp on `r` too. Eviction treats
+//! that hold as a leaf only when the tenant holds nothing in `r`'s rooted
+//! shards (its shard bitmap says so): exactly when the tree without roots
+//! would find no held child below `r`. When an eviction takes a tenant's
+//! last hold under `r`, the tenant's hold on `r` becomes a leaf and joins the
+//! candidates at once, so evictions happen in the same order as there.
+//!
+//! Sizes are unchanged as well: the rests are counted in the rooted shards
+//! and `r` once, in the head shard.
+//!
+//! # Racing writers
+//!
+//! An insert marks the rooted shard in the tenant's bitmap before it
+//! refreshes `r`, and an eviction of `r` checks the bitmap under the head
+//! shard's exclusive lock, which the insert's second step waits for. So an
+//! eviction racing an insert may take `r` just before the insert puts it
+//! back, never after the insert returned. Until then a lookup may report
+//! that tenant at most `r` long where it holds more, as any insert not yet
+//! finished may be reported short (see the crate docs).
+//!
+//! `remove_tenant` ignores the pin: it takes everything. It goes over the
+//! head shards before the rooted ones (their indices come after), so an
+//! insert racing it can leave the root behind without the rest, a state the
+//! tree without roots has too, but never the rest without the root.
+//!
+//! Under loom (`cfg(loom)`) there are no rooted shards and a tree refuses
+//! roots ([`RootsError::Unsupported`]): the loom models keep to four
+//! shards. The rooted paths are the same shard operations in another
+//! order; the model tests and `tests/stress.rs` cover them.
+
+use std::ops::Range;
+
+use super::{FIRST_SHARDS, ROOTED_SHARDS};
+use crate::budget::SHARD_WORDS;
+use crate::symbol::{Probe, Symbol, Unit};
+
+/// Most roots one tree may have: each gets at least
+/// `ROOTED_SHARDS / MAX_ROOTS` shards of its own.
+pub const MAX_ROOTS: usize = 8;
+
+/// Why [`RadixTree::with_roots`](crate::RadixTree::with_roots) refused a set
+/// of roots.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RootsError {
+    /// More roots than [`MAX_ROOTS`].
+    #[error("{0} roots given, at most {MAX_ROOTS} are supported")]
+    TooMany(usize),
+    /// An empty root.
+    #[error("root {0} is empty")]
+    Empty(usize),
+    /// One root begins with another, so a text under the longer one would
+    /// belong to both.
+    #[error("root {longer} begins with root {shorter}")]
+    Nested {
+        /// Index of the root that begins with the other.
+        shorter: usize,
+        /// Index of the root that the other begins.
+        longer: usize,
+    },
+    /// The tree already holds something: roots decide where texts live, so
+    /// they are set on an empty tree.
+    #[error("the tree is not empty")]
+    NotEmpty,
+    /// This build has no shards for roots (the crate's loom models).
+    #[error("this build has no rooted shards")]
+    Unsupported,
+}
+
+/// One root and where its texts live.
+#[derive(Debug)]
+pub(crate) struct Root<U> {
+    /// The root's units.
+    pub(crate) units: Box<[U]>,
+    /// Its length in symbols.
+    pub(crate) symbols: usize,
+    /// The head shard: where the root text itself lives.
+    pub(crate) head: u32,
+    /// Its rooted shards.
+    pub(crate) shards: Range<u32>,
+}
+
+impl<U: Unit> Root<U> {
+    /// The rooted shard of a rest whose first symbol is `key`.
+    #[inline]
+    pub(crate) fn shard_for(&self, key: u32) -> u32 {
+        let width = self.shards.end - self.shards.start;
+        self.shards.start + (key.wrapping_mul(0x9E37_79B1) >> 16) % width
+    }
+
+    /// Whether `tenant`'s shard bitmap marks any of this root's shards.
+    #[inline]
+    pub(crate) fn marked(&self, map: &[u64; SHARD_WORDS]) -> bool {
+        self.shards
+            .clone()
+            .any(|s| map[s as usize / 64] & (1 << (s % 64)) != 0)
+    }
+}
+
+/// A tree's roots, in the order given.
+#[derive(Debug)]
+pub(crate) struct Roots<U> {
+    roots: Box<[Root<U>]>,
+}
+
+impl<U: Unit> Default for Roots<U> {
+    fn default() -> Self {
+        Self {
+            roots: Box::new([]),
+        }
+    }
+}
+
+impl<U: Unit> Roots<U> {
+    /// Checks `roots` and gives each its range of rooted shards.
+    pub(crate) fn new<S: Symbol<Unit = U>>(
+        roots: &[impl AsRef<[S]>],
+        head: impl Fn(u32) -> u32,
+    ) -> Result<Self, RootsError> {
+        if roots.is_empty() {
+            return Ok(Self::default());
+        }
+        if ROOTED_SHARDS == 0 {
+            return Err(RootsError::Unsupported);
+        }
+        if roots.len() > MAX_ROOTS {
+            return Err(RootsError::TooMany(roots.len()));
+        }
+        let width = (ROOTED_SHARDS / roots.len()) as u32;
+        let mut built = Vec::with_capacity(roots.len());
+        for (i, root) in roots.iter().enumerate() {
+            let symbols = root.as_ref();
+            let Some(first) = symbols.first() else {
+                return Err(RootsError::Empty(i));
+            };
+            let mut units = Vec::new();
+            let mut buf = [U::ZERO; 4];
+            for &symbol in symbols {
+                let n = symbol.encode(&mut buf);
+                units.extend_from_slice(&buf[..n]);
+            }
+            let start = FIRST_SHARDS as u32 + i as u32 * width;
+            built.push(Root {
+                units: units.into_boxed_slice(),
+                symbols: symbols.len(),
+                head: head(first.key()),
+                shards: start..start + width,
+            });
+        }
+        for (a, ra) in built.iter().enumerate() {
+            for (b, rb) in built.iter().enumerate() {
+                if a != b && rb.units.starts_with(&ra.units) {
+                    return Err(RootsError::Nested {
+                        shorter: a,
+                        longer: b,
+                    });
+                }
+            }
+        }
+        Ok(Self {
+            roots: built.into_boxed_slice(),
+        })
+    }
+
+    /// Whether there are no roots.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.roots.is_empty()
+    }
+
+    /// The roots.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Root<U>> {
+        self.roots.iter()
+    }
+
+    /// The root `probe` begins with and goes on past, and the probe of the
+    /// rest after it.
+    #[inline]
+    pub(crate) fn split<'p, P: Probe<U>>(&'p self, probe: &P) -> Option<(&'p Root<U>, P)> {
+        if self.roots.is_empty() || probe.at_end(0) {
+            return None;
+        }
+        self.roots.iter().find_map(|root| {
+            probe
+                .after(&root.units, root.symbols)
+                .map(|rest| (root, rest))
+        })
+    }
+
+    /// The root whose rooted shards include `shard`.
+    #[inline]
+    pub(crate) fn owning(&self, shard: u32) -> Option<&Root<U>> {
+        self.roots.iter().find(|r| r.shards.contains(&shard))
+    }
+}
