@@ -421,6 +421,15 @@ impl<S: Symbol> RadixTree<S> {
         Ok(self)
     }
 
+    /// Whether `roots` are a valid set for
+    /// [`with_roots`](Self::with_roots), without building a tree: at most
+    /// [`MAX_ROOTS`], none empty, none beginning with another. (A build
+    /// without rooted shards, the crate's loom models, refuses any roots
+    /// when a tree is told them.)
+    pub fn check_roots(roots: &[impl AsRef<[S]>]) -> Result<(), RootsError> {
+        roots::check(roots)
+    }
+
     /// A tree that records what its limits evict, for the model tests.
     #[doc(hidden)]
     pub fn with_eviction_log(clock: Clock, budget: Option<Arc<MemoryBudget>>) -> Self {
@@ -645,14 +654,14 @@ impl<S: Symbol> RadixTree<S> {
                 .check()
                 .map_err(|detail| InvariantViolation { shard: i, detail })?;
         }
-        self.check_roots()
+        self.check_root_holds()
     }
 
     /// Under each root: a tenant that holds anything in the root's shards
     /// holds the root text in its head shard, and the rooted shards hold
     /// nothing that does not follow the root (their texts are rests).
     /// Meaningful when no insert runs meanwhile.
-    fn check_roots(&self) -> Result<(), InvariantViolation> {
+    fn check_root_holds(&self) -> Result<(), InvariantViolation> {
         for root in self.roots.iter() {
             let head = self.read_shard(&self.shards[root.head as usize].0);
             let end = head.walk(&UnitProbe(&root.units), |_| true);
@@ -787,7 +796,9 @@ impl<S: Symbol> RadixTree<S> {
             let found = self.match_in(self.rooted_shard(root, &rest), &rest, &mut now);
             if let Some(tenant) = found.tenant {
                 let now = now.unwrap_or_else(|| self.clock.now());
-                self.refresh_root(shard, root, tenant.0, now);
+                if root.touch_due(tenant.0, now) {
+                    self.refresh_root(shard, root, tenant.0, now);
+                }
                 return PrefixMatch {
                     tenant: found.tenant,
                     matched: root.symbols + found.matched,
@@ -846,13 +857,7 @@ impl<S: Symbol> RadixTree<S> {
     ) -> bool {
         let shard = self.read_shard(head);
         let end = shard.walk(&UnitProbe(&root.units), |_| true);
-        let held = end.node != ROOT
-            && end.matched == root.symbols
-            && shard.node(end.node).owners().owner(tenant).is_some();
-        if held {
-            shard.touch_path(end.node, tenant, now);
-        }
-        held
+        end.matched == root.symbols && shard.touch_held(end.node, tenant, now)
     }
 
     fn match_tenant_probe<P: Probe<S::Unit>>(&self, probe: &P, tenant: TenantId) -> usize {

@@ -270,7 +270,12 @@ impl CacheAwareConfig {
                 reason: "must be greater than zero".to_owned(),
             });
         }
-        if let Err(e) = TextTree::new().with_text_roots(&self.root_strs()) {
+        let roots: Vec<Vec<char>> = self
+            .text_roots
+            .iter()
+            .map(|r| r.chars().collect())
+            .collect();
+        if let Err(e) = TextTree::check_roots(&roots) {
             return Err(PolicyError::InvalidConfig {
                 field: "text_roots",
                 reason: e.to_string(),
@@ -348,7 +353,8 @@ impl ModelState {
     ) -> Self {
         let clock = config.tree_clock;
         // The roots were checked by `CacheAwareConfig::validate`; a tree
-        // without them answers the same, only less spread.
+        // without them answers the same, only less spread (and a loom build
+        // has no shards for roots).
         let text = TextTree::with_budget(clock, Arc::clone(budget))
             .with_text_roots(&config.root_strs())
             .unwrap_or_else(|_| TextTree::with_budget(clock, Arc::clone(budget)));

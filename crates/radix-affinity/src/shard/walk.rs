@@ -115,6 +115,23 @@ impl<U: Unit> Shard<U> {
         }
     }
 
+    /// Refreshes `tenant`'s stamp on `node` and all its ancestors if it
+    /// holds `node` (one search of `node`'s owners); returns whether it
+    /// does.
+    #[inline]
+    pub(crate) fn touch_held(&self, node: u32, tenant: u32, now: u64) -> bool {
+        if node == ROOT {
+            return false;
+        }
+        let n = self.node(node);
+        let Some(o) = n.owners().owner(tenant) else {
+            return false;
+        };
+        o.touch(now);
+        self.touch_path(n.parent.load(Ordering::Acquire), tenant, now);
+        true
+    }
+
     /// The units from the root to the end of `node`'s label (exclusive
     /// access; for the model tests' eviction log).
     pub(crate) fn path(&self, mut node: u32) -> Vec<U> {

@@ -68,6 +68,7 @@ use std::ops::Range;
 use super::{FIRST_SHARDS, ROOTED_SHARDS};
 use crate::budget::SHARD_WORDS;
 use crate::symbol::{Probe, Symbol, Unit};
+use crate::sync::{AtomicU64, Ordering};
 
 /// Most roots one tree may have: each gets at least
 /// `ROOTED_SHARDS / MAX_ROOTS` shards of its own.
@@ -102,6 +103,31 @@ pub enum RootsError {
     Unsupported,
 }
 
+/// Checks a set of roots without building a tree: at most [`MAX_ROOTS`],
+/// none empty, none beginning with another. (Whether this build has shards
+/// for them is a tree's own matter, [`RootsError::Unsupported`].)
+pub(crate) fn check<S: Symbol>(roots: &[impl AsRef<[S]>]) -> Result<(), RootsError> {
+    if roots.len() > MAX_ROOTS {
+        return Err(RootsError::TooMany(roots.len()));
+    }
+    for (i, root) in roots.iter().enumerate() {
+        if root.as_ref().is_empty() {
+            return Err(RootsError::Empty(i));
+        }
+    }
+    for (a, ra) in roots.iter().enumerate() {
+        for (b, rb) in roots.iter().enumerate() {
+            if a != b && rb.as_ref().starts_with(ra.as_ref()) {
+                return Err(RootsError::Nested {
+                    shorter: a,
+                    longer: b,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One root and where its texts live.
 #[derive(Debug)]
 pub(crate) struct Root<U> {
@@ -113,7 +139,17 @@ pub(crate) struct Root<U> {
     pub(crate) head: u32,
     /// Its rooted shards.
     pub(crate) shards: Range<u32>,
+    /// The last stamp a lookup refreshed some tenants' holds on the root
+    /// with, by tenant modulo [`TOUCH_SLOTS`] (see [`Root::touch_due`]).
+    touched: Box<[AtomicU64]>,
 }
+
+/// Slots of [`Root`]'s lookup refresh record.
+const TOUCH_SLOTS: usize = 256;
+
+/// Bits of a stamp kept in a refresh record's slot; the tenant id takes
+/// the others.
+const TOUCH_STAMP_BITS: u32 = 40;
 
 impl<U: Unit> Root<U> {
     /// The rooted shard of a rest whose first symbol is `key`.
@@ -121,6 +157,30 @@ impl<U: Unit> Root<U> {
     pub(crate) fn shard_for(&self, key: u32) -> u32 {
         let width = self.shards.end - self.shards.start;
         self.shards.start + (key.wrapping_mul(0x9E37_79B1) >> 16) % width
+    }
+
+    /// Whether a lookup that routed to `tenant` through this root's shards
+    /// at stamp `now` still has to refresh the tenant's hold on the root:
+    /// false when an earlier lookup did so at the same stamp. A lookup's
+    /// refresh only raises the stamp to `now` where the hold exists, so
+    /// skipping a second one at the same stamp changes nothing; with
+    /// [`Clock::Coarse`](crate::Clock::Coarse) most lookups are skipped
+    /// (one refresh per tenant and millisecond), with
+    /// [`Clock::Logical`](crate::Clock::Logical) none is. The record is
+    /// read before it is written, so lookups on several threads share its
+    /// cache line instead of passing it between them.
+    #[inline]
+    pub(crate) fn touch_due(&self, tenant: u32, now: u64) -> bool {
+        if u64::from(tenant) >= (1 << (64 - TOUCH_STAMP_BITS)) - 1 {
+            return true;
+        }
+        let mark = (u64::from(tenant) << TOUCH_STAMP_BITS) | (now & ((1 << TOUCH_STAMP_BITS) - 1));
+        let slot = &self.touched[tenant as usize % TOUCH_SLOTS];
+        if slot.load(Ordering::Relaxed) == mark {
+            return false;
+        }
+        slot.store(mark, Ordering::Relaxed);
+        true
     }
 
     /// Whether `tenant`'s shard bitmap marks any of this root's shards.
@@ -147,27 +207,23 @@ impl<U: Unit> Default for Roots<U> {
 }
 
 impl<U: Unit> Roots<U> {
-    /// Checks `roots` and gives each its range of rooted shards.
+    /// Checks `roots` (see [`check`]) and gives each its range of rooted
+    /// shards.
     pub(crate) fn new<S: Symbol<Unit = U>>(
         roots: &[impl AsRef<[S]>],
         head: impl Fn(u32) -> u32,
     ) -> Result<Self, RootsError> {
+        check(roots)?;
         if roots.is_empty() {
             return Ok(Self::default());
         }
         if ROOTED_SHARDS == 0 {
             return Err(RootsError::Unsupported);
         }
-        if roots.len() > MAX_ROOTS {
-            return Err(RootsError::TooMany(roots.len()));
-        }
         let width = (ROOTED_SHARDS / roots.len()) as u32;
         let mut built = Vec::with_capacity(roots.len());
         for (i, root) in roots.iter().enumerate() {
             let symbols = root.as_ref();
-            let Some(first) = symbols.first() else {
-                return Err(RootsError::Empty(i));
-            };
             let mut units = Vec::new();
             let mut buf = [U::ZERO; 4];
             for &symbol in symbols {
@@ -178,19 +234,11 @@ impl<U: Unit> Roots<U> {
             built.push(Root {
                 units: units.into_boxed_slice(),
                 symbols: symbols.len(),
-                head: head(first.key()),
+                head: head(symbols[0].key()),
                 shards: start..start + width,
+                // u64::MAX is no tenant's mark: the first lookup refreshes.
+                touched: (0..TOUCH_SLOTS).map(|_| AtomicU64::new(u64::MAX)).collect(),
             });
-        }
-        for (a, ra) in built.iter().enumerate() {
-            for (b, rb) in built.iter().enumerate() {
-                if a != b && rb.units.starts_with(&ra.units) {
-                    return Err(RootsError::Nested {
-                        shorter: a,
-                        longer: b,
-                    });
-                }
-            }
         }
         Ok(Self {
             roots: built.into_boxed_slice(),
@@ -226,5 +274,66 @@ impl<U: Unit> Roots<U> {
     #[inline]
     pub(crate) fn owning(&self, shard: u32) -> Option<&Root<U>> {
         self.roots.iter().find(|r| r.shards.contains(&shard))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn roots(list: &[&str]) -> Result<Roots<u8>, RootsError> {
+        let chars: Vec<Vec<char>> = list.iter().map(|r| r.chars().collect()).collect();
+        Roots::new(&chars, |key| key % 128)
+    }
+
+    #[test]
+    fn a_lookups_refresh_is_skipped_only_at_the_same_stamp_for_the_same_tenant() {
+        let roots = roots(&["user: "]).unwrap();
+        let root = roots.iter().next().unwrap();
+        assert!(root.touch_due(3, 1000), "the first lookup refreshes");
+        assert!(
+            !root.touch_due(3, 1000),
+            "the same tenant at the same stamp"
+        );
+        assert!(root.touch_due(3, 1001), "a later stamp");
+        assert!(
+            root.touch_due(3 + TOUCH_SLOTS as u32, 1001),
+            "another tenant in the slot"
+        );
+        assert!(root.touch_due(3, 1001), "which took the slot");
+        let too_large = (1u32 << (64 - TOUCH_STAMP_BITS)) - 1;
+        assert!(root.touch_due(too_large, 7) && root.touch_due(too_large, 7));
+    }
+
+    #[test]
+    fn bad_roots_are_refused_and_good_ones_get_disjoint_shards() {
+        assert_eq!(roots(&["a", ""]).unwrap_err(), RootsError::Empty(1));
+        assert_eq!(
+            roots(&["user", "user: "]).unwrap_err(),
+            RootsError::Nested {
+                shorter: 0,
+                longer: 1
+            }
+        );
+        assert_eq!(
+            roots(&["x"; MAX_ROOTS + 1]).unwrap_err(),
+            RootsError::TooMany(MAX_ROOTS + 1)
+        );
+        let five = roots(&["system: ", "developer: ", "user: ", "assistant: ", "tool: "]).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for root in five.iter() {
+            assert_eq!(root.shards.len(), ROOTED_SHARDS / 5);
+            assert!(root.shards.start as usize >= FIRST_SHARDS);
+            assert!((root.shards.end as usize) <= FIRST_SHARDS + ROOTED_SHARDS);
+            for key in 0..1000 {
+                assert!(root.shards.contains(&root.shard_for(key)));
+            }
+            assert!(root.shards.clone().all(|s| seen.insert(s)), "disjoint");
+            assert_eq!(
+                five.owning(root.shards.start).map(|r| r.head),
+                Some(root.head)
+            );
+        }
+        assert!(five.owning(0).is_none());
     }
 }
