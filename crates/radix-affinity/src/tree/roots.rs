@@ -11,6 +11,18 @@
 //! - the rest, after the root, in one of the root's own *rooted* shards,
 //!   chosen by the symbol that follows the root.
 //!
+//! # What it splits, and what it cannot
+//!
+//! Texts under a root are spread by the one symbol after the root: chat
+//! texts whose first message begins with different words land in different
+//! shards, up to the root's share of the 64 rooted shards (12 each with the
+//! router's five roles). Texts that share more than the root (one system
+//! prompt for many users) still share a shard, and no key can split them
+//! while a lookup stays one walk per shard: whatever decides the shard, all
+//! texts that share the beginning the lookup matches must be found by the
+//! same walk. That traffic shares its long prefix's nodes anyway, and what
+//! it shares is read, not locked (see the crate docs, "Concurrency").
+//!
 //! # Why lookups stay exact
 //!
 //! Write `r` for the root a lookup's input begins with and `k` for the
@@ -303,6 +315,63 @@ mod tests {
         assert!(root.touch_due(3, 1001), "which took the slot");
         let too_large = (1u32 << (64 - TOUCH_STAMP_BITS)) - 1;
         assert!(root.touch_due(too_large, 7) && root.touch_due(too_large, 7));
+    }
+
+    /// Issue 38's "chat traffic spreads": a thousand distinct chat texts,
+    /// all beginning with the same role, share one shard without roots and
+    /// spread over all of the role's shards with them, answering the same.
+    #[test]
+    fn chat_texts_under_one_role_spread_over_the_roles_shards() {
+        let plain = crate::TextTree::new();
+        let rooted = crate::TextTree::new()
+            .with_text_roots(&["system: ", "user: "])
+            .unwrap();
+        // Each text's first word after the role is a random one of 52
+        // letters (lower and upper case), then a random number.
+        let texts: Vec<String> = (0..1000u64)
+            .map(|i| {
+                let n = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
+                let letter =
+                    b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"[(n % 52) as usize];
+                format!(
+                    "user: {}{n} tell me about item {i}\nassistant: ",
+                    letter as char
+                )
+            })
+            .collect();
+        for tree in [&plain, &rooted] {
+            let w = tree.intern("w");
+            for text in &texts {
+                tree.insert(text, w);
+            }
+        }
+        let shards_used = |tree: &crate::TextTree| {
+            tree.shards
+                .iter()
+                .filter(|s| s.0.read().sizes().any(|size| size > 0))
+                .count()
+        };
+        assert_eq!(shards_used(&plain), 1);
+        // The rests in the shards of `user: ` that the 52 letters map to,
+        // and the root in the shard of `u`.
+        let user = rooted.roots.iter().nth(1).unwrap();
+        let spread: std::collections::HashSet<u32> = texts
+            .iter()
+            .map(|t| user.shard_for(t[6..].chars().next().unwrap() as u32))
+            .collect();
+        assert!(spread.len() >= ROOTED_SHARDS / 4, "{} shards", spread.len());
+        assert_eq!(shards_used(&rooted), spread.len() + 1);
+        let w = (
+            plain.tenant_id("w").unwrap(),
+            rooted.tenant_id("w").unwrap(),
+        );
+        assert_eq!(plain.tenant_size(w.0), rooted.tenant_size(w.1));
+        for text in &texts {
+            let probe = format!("{}and more", &text[..text.len() - 4]);
+            let (a, b) = (plain.prefix_match(&probe), rooted.prefix_match(&probe));
+            assert_eq!((a.matched, a.input), (b.matched, b.input), "{probe:?}");
+        }
+        rooted.validate().unwrap();
     }
 
     #[test]
