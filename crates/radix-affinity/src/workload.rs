@@ -336,7 +336,9 @@ pub enum Variant {
     /// system prompt begins with `system: ` and every request's own part
     /// with `\nuser: `, as a router's routing text of a chat request does.
     /// So every text begins with the same eight characters, and the tree's
-    /// first-symbol shards see all of them in one shard.
+    /// first-symbol shards see all of them in one shard unless the tree is
+    /// told `system: ` as a root (the `workload` example does, as the
+    /// router's `cache_aware` does; `--no-roots` leaves them out).
     Chat,
 }
 
