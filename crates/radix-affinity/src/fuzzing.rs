@@ -590,6 +590,7 @@ fn budgeted<S: Symbol>(
             .expect("valid roots");
     tree.set_tenant_limit(tenant_limit);
     tree.set_eviction_samples(1 << 16);
+    tree.sample_every_shard(true);
     let mut model = Model::with_roots(roots);
     let ids: Vec<TenantId> = (0..TENANTS)
         .map(|i| tree.intern(&format!("http://worker-{i}:8000")))

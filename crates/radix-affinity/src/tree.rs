@@ -318,6 +318,9 @@ pub struct RadixTree<S: Symbol = char> {
     tenant_limit: AtomicU64,
     /// Holds (or node slots) one eviction looks at per shard.
     samples: AtomicU64,
+    /// Whether an eviction samples every shard where there is something to
+    /// evict, not [`SHARDS_SAMPLED`] of them (for the model tests).
+    every_shard: std::sync::atomic::AtomicBool,
     /// Seeds of the eviction samplers.
     seed: AtomicU64,
     /// Evictions by the limits, recorded for the model tests when on.
@@ -382,6 +385,7 @@ impl<S: Symbol> RadixTree<S> {
             accounts,
             tenant_limit: AtomicU64::new(u64::MAX),
             samples: AtomicU64::new(DEFAULT_EVICTION_SAMPLES as u64),
+            every_shard: std::sync::atomic::AtomicBool::new(false),
             seed: AtomicU64::new(0x5EED),
             eviction_log: log.then(|| Mutex::new(Vec::new())),
             roots: Roots::default(),
@@ -468,6 +472,17 @@ impl<S: Symbol> RadixTree<S> {
     /// holds at most this many is searched exactly. At least 1.
     pub fn set_eviction_samples(&self, samples: usize) {
         self.samples.store(samples.max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// Makes evictions sample every shard where there is something to
+    /// evict instead of a few: with
+    /// [`set_eviction_samples`](Self::set_eviction_samples) at least the
+    /// largest shard's holds, eviction is exact LRU (what the model tests
+    /// compare with). Not for production: it costs a pass over the shards.
+    #[doc(hidden)]
+    pub fn sample_every_shard(&self, every: bool) {
+        self.every_shard
+            .store(every, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The memory budget this tree charges, if any.

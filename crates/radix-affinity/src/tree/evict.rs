@@ -188,9 +188,16 @@ impl<S: Symbol> RadixTree<S> {
             if pool.is_empty() {
                 sampled.clear();
                 let map = self.accounts.shards(tenant, self.tenants.count());
-                for shard in pick_shards(&map, &mut rng).iter().flatten() {
-                    self.read_shard(&self.shards[*shard as usize].0)
-                        .sample_leaves(tenant, samples, &mut rng, &mut scratch, &mut sampled);
+                if self.every_shard.load(std::sync::atomic::Ordering::Relaxed) {
+                    for shard in every_set_bit(&map) {
+                        self.read_shard(&self.shards[shard as usize].0)
+                            .sample_leaves(tenant, samples, &mut rng, &mut scratch, &mut sampled);
+                    }
+                } else {
+                    for shard in pick_shards(&map, &mut rng).iter().flatten() {
+                        self.read_shard(&self.shards[*shard as usize].0)
+                            .sample_leaves(tenant, samples, &mut rng, &mut scratch, &mut sampled);
+                    }
                 }
                 if sampled.is_empty() {
                     return;
@@ -296,4 +303,17 @@ impl<S: Symbol> RadixTree<S> {
         }
         head.candidate(end.node, evicted.tenant)
     }
+}
+
+/// The shards whose bit is set in `map`, in order.
+fn every_set_bit(map: &[u64; crate::budget::SHARD_WORDS]) -> Vec<u32> {
+    let mut shards = Vec::new();
+    for (word, &bits) in map.iter().enumerate() {
+        let mut bits = bits;
+        while bits != 0 {
+            shards.push(word as u32 * 64 + bits.trailing_zeros());
+            bits &= bits - 1;
+        }
+    }
+    shards
 }
