@@ -64,11 +64,12 @@ pub(crate) const FIRST_SHARDS: usize = 256;
 /// out among the roots.
 #[cfg(not(loom))]
 pub(crate) const ROOTED_SHARDS: usize = 64;
-/// Few shards under loom so that models stay small, and no roots.
+/// Few shards under loom so that models stay small: four by first symbol,
+/// and two for roots (one root with two shards, or two with one each).
 #[cfg(loom)]
 pub(crate) const FIRST_SHARDS: usize = 4;
 #[cfg(loom)]
-pub(crate) const ROOTED_SHARDS: usize = 0;
+pub(crate) const ROOTED_SHARDS: usize = 2;
 /// Number of shards.
 pub(crate) const SHARDS: usize = FIRST_SHARDS + ROOTED_SHARDS;
 
@@ -427,8 +428,8 @@ impl<S: Symbol> RadixTree<S> {
 
     /// Whether `roots` are a valid set for
     /// [`with_roots`](Self::with_roots), without building a tree: at most
-    /// [`MAX_ROOTS`], none empty, none beginning with another. (A build
-    /// without rooted shards, the crate's loom models, refuses any roots
+    /// [`MAX_ROOTS`], none empty, none beginning with another. (The crate's
+    /// loom build has two rooted shards and refuses more than two roots
     /// when a tree is told them.)
     pub fn check_roots(roots: &[impl AsRef<[S]>]) -> Result<(), RootsError> {
         roots::check(roots)

@@ -353,8 +353,8 @@ impl ModelState {
     ) -> Self {
         let clock = config.tree_clock;
         // The roots were checked by `CacheAwareConfig::validate`; a tree
-        // without them answers the same, only less spread (and a loom build
-        // has no shards for roots).
+        // without them answers the same, only less spread (and the tree
+        // crate's loom build has shards for two roots, not five).
         let text = TextTree::with_budget(clock, Arc::clone(budget))
             .with_text_roots(&config.root_strs())
             .unwrap_or_else(|_| TextTree::with_budget(clock, Arc::clone(budget)));
