@@ -110,7 +110,8 @@
 //!
 //! - `src/tree.rs`: which operation takes which lock, polling a taken
 //!   shard lock; `src/tree/evict.rs`: eviction and removal in bounded
-//!   holds;
+//!   holds; `src/tree/roots.rs`: texts under a root in two shards, and why
+//!   a tenant never holds a rest without its root;
 //! - `src/shard/mod.rs`: node versions and the walk, why that is enough, what
 //!   an insert locks, what a racing lookup can see, reclamation, and
 //!   eviction's re-validation under the exclusive lock;

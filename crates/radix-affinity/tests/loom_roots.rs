@@ -15,30 +15,35 @@ mod loom_support;
 use loom::sync::Arc;
 use loom::thread;
 use loom_support::model;
-use radix_affinity::{Clock, TextTree};
+use radix_affinity::{Clock, TenantId, TextTree};
 
-fn rooted() -> TextTree {
-    TextTree::with_clock(Clock::Logical)
-        .with_text_roots(&["r"])
-        .unwrap()
+/// A tree with the root "r" in which `t0` holds "ra", and `op` run on it
+/// while another thread inserts "rb" for `t0`; returns the tree once both
+/// are done.
+fn race_insert_rb(op: impl FnOnce(&TextTree, TenantId)) -> (Arc<TextTree>, TenantId) {
+    let tree = Arc::new(
+        TextTree::with_clock(Clock::Logical)
+            .with_text_roots(&["r"])
+            .unwrap(),
+    );
+    let t0 = tree.intern("t0");
+    tree.insert("ra", t0);
+    let writer = {
+        let tree = Arc::clone(&tree);
+        // Marks a rooted shard, then refreshes (or puts back) the root.
+        thread::spawn(move || tree.insert("rb", t0))
+    };
+    op(&tree, t0);
+    writer.join().unwrap();
+    (tree, t0)
 }
 
 #[test]
 fn an_insert_under_a_root_races_the_roots_eviction() {
     model(|| {
-        let tree = Arc::new(rooted());
-        let t0 = tree.intern("t0");
-        tree.insert("ra", t0);
-
-        let writer = {
-            let tree = Arc::clone(&tree);
-            // Marks a rooted shard, then refreshes (or puts back) the root.
-            thread::spawn(move || tree.insert("rb", t0))
-        };
         // Evicts the rest "a" and then the root, once nothing under it is
         // held: the pin must hold while "b" is being inserted.
-        tree.evict_tenant_by_size(0);
-        writer.join().unwrap();
+        let (tree, t0) = race_insert_rb(|tree, _| tree.evict_tenant_by_size(0));
 
         tree.validate().unwrap();
         let size = tree.tenant_size(t0);
@@ -58,18 +63,9 @@ fn an_insert_under_a_root_races_the_roots_eviction() {
 #[test]
 fn an_insert_under_a_root_races_an_eviction_that_keeps_one_symbol() {
     model(|| {
-        let tree = Arc::new(rooted());
-        let t0 = tree.intern("t0");
         // "r" and "a" share a stamp, and the root's shard sorts first: only
         // the pin keeps the root while "a" (or "b") is held.
-        tree.insert("ra", t0);
-
-        let writer = {
-            let tree = Arc::clone(&tree);
-            thread::spawn(move || tree.insert("rb", t0))
-        };
-        tree.evict_tenant_by_size(1);
-        writer.join().unwrap();
+        let (tree, t0) = race_insert_rb(|tree, _| tree.evict_tenant_by_size(1));
 
         tree.validate().unwrap();
         let size = tree.tenant_size(t0);
@@ -85,16 +81,7 @@ fn an_insert_under_a_root_races_an_eviction_that_keeps_one_symbol() {
 #[test]
 fn an_insert_under_a_root_races_the_tenants_removal() {
     model(|| {
-        let tree = Arc::new(rooted());
-        let t0 = tree.intern("t0");
-        tree.insert("ra", t0);
-
-        let writer = {
-            let tree = Arc::clone(&tree);
-            thread::spawn(move || tree.insert("rb", t0))
-        };
-        tree.remove_tenant(t0);
-        writer.join().unwrap();
+        let (tree, t0) = race_insert_rb(|tree, t0| tree.remove_tenant(t0));
 
         // The removal may leave the root without a rest (it went over the
         // head shard first), never a rest without the root.

@@ -7,7 +7,7 @@ use std::collections::BinaryHeap;
 
 use super::{
     EVICTION_ATTEMPTS, EVICTION_ROUNDS, EVICTIONS_PER_INSERT, EvictionRecord, REMOVAL_BATCH,
-    RadixTree, low_water, pick_shards,
+    RadixTree, Root, low_water, pick_shards,
 };
 use crate::shard::{Candidate, Evicted, ROOT, Shard};
 use crate::symbol::{Symbol, Unit, UnitProbe};
@@ -242,9 +242,7 @@ impl<S: Symbol> RadixTree<S> {
                         }
                         if let Some(next) = next {
                             pool.push(Reverse(next));
-                        } else if let Some(root) = self.roots.owning(index)
-                            && !root.marked(&self.accounts.shards(Some(candidate.tenant), 0))
-                        {
+                        } else if self.root_left(candidate).is_some() {
                             released = Some(candidate);
                             break;
                         }
@@ -287,15 +285,20 @@ impl<S: Symbol> RadixTree<S> {
         })
     }
 
+    /// The root whose rooted shard held `evicted`, when its tenant holds
+    /// nothing in the root's shards any more (its shard bitmap says so).
+    fn root_left(&self, evicted: Candidate) -> Option<&Root<S::Unit>> {
+        self.roots
+            .owning(evicted.shard)
+            .filter(|root| !root.marked(&self.accounts.shards(Some(evicted.tenant), 0)))
+    }
+
     /// After `evicted`, a hold in a rooted shard, was removed: the tenant's
     /// hold on the root, when that was the tenant's last hold under the
     /// root (so the root text became its leaf). Takes the head shard's lock
     /// shared; call it with no shard lock held.
     fn released_root(&self, evicted: Candidate) -> Option<Candidate> {
-        let root = self.roots.owning(evicted.shard)?;
-        if root.marked(&self.accounts.shards(Some(evicted.tenant), 0)) {
-            return None;
-        }
+        let root = self.root_left(evicted)?;
         let head = self.read_shard(&self.shards[root.head as usize].0);
         let end = head.walk(&UnitProbe(&root.units), |_| true);
         if end.node == ROOT || end.matched != root.symbols {
