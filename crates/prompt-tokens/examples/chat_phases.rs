@@ -38,7 +38,9 @@
 //! ```
 //!
 //! `--memo-bytes N` bounds the chat template's render memo
-//! (`TokenizerOptions::render_memo_bytes`; 0 turns it off, to compare).
+//! (`TokenizerOptions::render_memo_bytes`; 0 turns it off, to compare),
+//! `--prefix-memo-bytes N` the tokenizer's prefix memo
+//! (`TokenizerOptions::prefix_memo_bytes`; 0 turns it off).
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -90,6 +92,7 @@ struct Args {
     looped: Option<(String, usize)>,
     loop_bytes: usize,
     memo_bytes: usize,
+    prefix_memo_bytes: usize,
 }
 
 fn args() -> Result<Args, String> {
@@ -101,6 +104,7 @@ fn args() -> Result<Args, String> {
         looped: None,
         loop_bytes: 8192,
         memo_bytes: prompt_tokens::DEFAULT_RENDER_MEMO_BYTES,
+        prefix_memo_bytes: prompt_tokens::DEFAULT_PREFIX_MEMO_BYTES,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -114,6 +118,11 @@ fn args() -> Result<Args, String> {
             }
             "--memo-bytes" => {
                 out.memo_bytes = value()?.parse().map_err(|e| format!("--memo-bytes: {e}"))?;
+            }
+            "--prefix-memo-bytes" => {
+                out.prefix_memo_bytes = value()?
+                    .parse()
+                    .map_err(|e| format!("--prefix-memo-bytes: {e}"))?;
             }
             "--rounds" => out.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
             "--loop" => {
@@ -133,6 +142,7 @@ fn args() -> Result<Args, String> {
 fn tokenizer(args: &Args) -> Result<PromptTokenizer, Box<dyn std::error::Error>> {
     let options = TokenizerOptions {
         render_memo_bytes: args.memo_bytes,
+        prefix_memo_bytes: args.prefix_memo_bytes,
         ..TokenizerOptions::default()
     };
     if let Some(dir) = &args.model_dir {
@@ -234,6 +244,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some((phase, calls)) = &args.looped {
         time_phase(&tokenizer, phase, args.loop_bytes, *calls, &mut serial)?;
+        let memo = tokenizer.prefix_memo_stats();
+        eprintln!(
+            "prefix memo: {} lookups, {} reused, {} bytes reused",
+            memo.lookups, memo.reused, memo.reused_bytes
+        );
         return Ok(());
     }
     for bytes in [1024, 8192] {

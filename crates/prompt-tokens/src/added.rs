@@ -72,6 +72,8 @@ pub(crate) struct AddedTokens {
     /// found by comparing its bytes is the automaton's (see
     /// [`AddedTokens::find_iter`]).
     maximal: Vec<bool>,
+    /// The longest pattern's length in bytes.
+    longest: usize,
 }
 
 /// How many recently matched tokens [`AddedTokens::find_iter`] tries by
@@ -106,13 +108,21 @@ impl AddedTokens {
             .build(&patterns)
             .map_err(|e| e.to_string())?;
         let maximal = maximal_patterns(&patterns);
+        let longest = patterns.iter().map(|p| p.len()).max().unwrap_or(0);
         Ok(Some(Self {
             dfa,
             ids,
             first: FirstBytes::of(&patterns),
             patterns: patterns.iter().map(|p| p.as_bytes().into()).collect(),
             maximal,
+            longest,
         }))
+    }
+
+    /// The longest token's length in bytes: how far past a place the
+    /// cutting reads to decide what starts there.
+    pub(crate) fn longest(&self) -> usize {
+        self.longest
     }
 
     /// The longest token that starts at `at`, if any, with its pattern
@@ -155,8 +165,19 @@ impl AddedTokens {
     /// longer match would be a pattern it is a proper prefix of), so it is
     /// exactly what the automaton would find, for a `memcmp` of its bytes.
     pub(crate) fn find_iter<'t>(&'t self, text: &'t str) -> impl Iterator<Item = Found> + 't {
+        self.find_iter_from(text, 0)
+    }
+
+    /// [`find_iter`](Self::find_iter) from byte `from` on: the tokens a
+    /// search of the whole text finds after `from` when one of them ends
+    /// at `from` (a search never looks behind where it starts).
+    pub(crate) fn find_iter_from<'t>(
+        &'t self,
+        text: &'t str,
+        from: usize,
+    ) -> impl Iterator<Item = Found> + 't {
         let haystack = text.as_bytes();
-        let mut from = 0;
+        let mut from = from;
         // Pattern indices, most recent first; `usize::MAX` is empty.
         let mut recent = [usize::MAX; RECENT];
         std::iter::from_fn(move || {

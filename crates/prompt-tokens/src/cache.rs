@@ -44,7 +44,9 @@ pub const ENTRY_OVERHEAD_BYTES: usize = 96;
 /// cut into segments, count in neither.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SegmentUse {
-    /// Segments whose ids came from the cache.
+    /// Segments whose ids came from the cache, or from the prefix memo
+    /// with the earlier rendering they repeat
+    /// ([`PromptTokenizer::prefix_memo_stats`](crate::PromptTokenizer::prefix_memo_stats)).
     pub cache_hits: u32,
     /// Segments tokenized on a miss (and then cached).
     pub cache_misses: u32,

@@ -29,6 +29,7 @@ use crate::added::AddedTokens;
 use crate::cache::{SegmentCache, SegmentUse};
 use crate::error::{Error, Result};
 use crate::interrupt::Interrupt;
+use crate::prefix::{Cut, PrefixMemo};
 
 /// How a chat rendering is tokenized.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +48,9 @@ pub(crate) struct HfTokenizer {
     splitter: Option<AddedTokens>,
     mode: SegmentMode,
     pub(crate) cache: SegmentCache,
+    /// Earlier renderings and their ids, for the next turn of each
+    /// conversation (see [`crate::prefix`]).
+    pub(crate) prefix: PrefixMemo,
     pub(crate) path: PathBuf,
     format: Format,
     /// The encoder that runs instead of `tokenizer`'s pipeline, when there
@@ -203,6 +207,7 @@ impl HfTokenizer {
             splitter,
             mode,
             cache,
+            prefix: PrefixMemo::new(crate::prefix::DEFAULT_PREFIX_MEMO_BYTES),
             path: path.to_owned(),
             format,
             direct: None,
@@ -289,28 +294,70 @@ impl HfTokenizer {
 
     /// The ids of a chat rendering (no special tokens added), through the
     /// segment cache when the tokenizer allows it; `interrupt` is checked
-    /// before each segment the cache misses.
+    /// before each segment the cache misses. A rendering that begins as
+    /// an earlier one did takes that one's ids for what they share, from
+    /// the prefix memo (see [`crate::prefix`]), and is kept there for the
+    /// next.
     pub(crate) fn encode_chat(
         &self,
-        text: &str,
+        text: String,
         interrupt: Option<&Interrupt>,
         uses: &mut SegmentUse,
     ) -> Result<Vec<u32>> {
         if self.mode != SegmentMode::Segments {
-            return self.encode_whole(text, false);
+            return self.encode_whole(&text, false);
         }
+        let Some(added) = &self.splitter else {
+            let mut out = Vec::with_capacity(text.len() / 3 + 16);
+            self.push_segment(&text, &mut out, interrupt, uses)?;
+            return Ok(out);
+        };
+        let memo = self.prefix.takes(&text);
+        let reuse = if memo {
+            self.prefix.find(&text, added.longest())
+        } else {
+            None
+        };
         // About a token per three or four bytes of prose and markup; the
         // output grows past that only for unusual text.
         let mut out = Vec::with_capacity(text.len() / 3 + 16);
+        let mut cuts = Vec::new();
         let mut at = 0;
-        if let Some(added) = &self.splitter {
-            for found in added.find_iter(text) {
-                self.push_segment(&text[at..found.start], &mut out, interrupt, uses)?;
-                out.push(found.id);
-                at = found.end;
+        if let Some(reuse) = &reuse {
+            out.extend_from_slice(reuse.ids());
+            cuts.extend_from_slice(reuse.cuts());
+            uses.cache_hits += reuse.segments();
+            match reuse.cut() {
+                Some(cut) => at = cut.end as usize,
+                None => {
+                    self.prefix
+                        .store(text, &out, cuts, reuse.segments(), Some(reuse));
+                    return Ok(out);
+                }
+            }
+        }
+        for found in added.find_iter_from(&text, at) {
+            self.push_segment(&text[at..found.start], &mut out, interrupt, uses)?;
+            out.push(found.id);
+            at = found.end;
+            if memo {
+                cuts.push(Cut {
+                    end: u32::try_from(at).unwrap_or(u32::MAX),
+                    ids: u32::try_from(out.len()).unwrap_or(u32::MAX),
+                    segments: uses.cache_hits + uses.cache_misses,
+                });
             }
         }
         self.push_segment(&text[at..], &mut out, interrupt, uses)?;
+        if memo && u32::try_from(text.len()).is_ok() {
+            self.prefix.store(
+                text,
+                &out,
+                cuts,
+                uses.cache_hits + uses.cache_misses,
+                reuse.as_ref(),
+            );
+        }
         Ok(out)
     }
 

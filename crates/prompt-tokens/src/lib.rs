@@ -31,7 +31,11 @@
 //!   ids of tokenizing the whole rendering (tokenizers where that would
 //!   not hold are detected and tokenized whole; see [`SegmentMode`]). With
 //!   a tiktoken vocabulary, pieces of up to 16 bytes are encoded directly:
-//!   cheaper than a lookup.
+//!   cheaper than a lookup. A **prefix memo** goes further for a long
+//!   conversation: its next rendering takes the ids of the text it shares
+//!   with the previous one, up to an added token the difference cannot
+//!   have moved, and is cut and looked up only after it
+//!   ([`PromptTokenizer::prefix_memo_stats`]).
 //!
 //! # vLLM's rules, and where they come from
 //!
@@ -113,9 +117,9 @@
 //! # Concurrency
 //!
 //! [`PromptTokenizer`] is `Send + Sync`; share one per model in an `Arc`.
-//! Rendering holds no lock; the segment cache is sharded, each shard a
-//! `parking_lot::Mutex` held only for one map operation, never while
-//! tokenizing.
+//! Rendering holds no lock; the segment cache and the prefix memo are
+//! sharded, each shard a `parking_lot::Mutex` held only for one map
+//! operation, never while tokenizing or comparing texts.
 //!
 //! # Known differences from Python Jinja
 //!
@@ -146,6 +150,7 @@ mod interrupt;
 mod markup;
 pub mod messages;
 mod o200k_split;
+mod prefix;
 mod pyfilters;
 mod pyrepr;
 mod request;
@@ -167,6 +172,7 @@ pub use error::{Error, Result};
 pub use hf::{SegmentMode, TextEncoder};
 pub use interrupt::Interrupt;
 pub use messages::ContentFormat;
+pub use prefix::{DEFAULT_PREFIX_MEMO_BYTES, PrefixMemoStats};
 pub use request::{
     ChatFields, ChatRequest, CompletionPrompt, CompletionRequest, Conversation, TextPieces,
 };

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::hf::{HfTokenizer, SegmentMode, TextEncoder};
 use crate::interrupt::Interrupt;
 use crate::messages::ContentFormat;
+use crate::prefix::PrefixMemoStats;
 use crate::request::{ChatRequest, CompletionPrompt, CompletionRequest};
 use crate::synthetic;
 use crate::template::{ChatTemplate, Clock, RenderLimits, SystemClock};
@@ -42,6 +43,14 @@ pub struct TokenizerOptions {
     /// [`DEFAULT_RENDER_MEMO_BYTES`](crate::DEFAULT_RENDER_MEMO_BYTES)
     /// (32 MiB); 0 turns it off.
     pub render_memo_bytes: usize,
+    /// The bound, in bytes, of the prefix memo: earlier renderings and
+    /// their ids, so that a conversation's next turn takes the ids of the
+    /// text it shares with the previous one instead of cutting and
+    /// looking up every segment again (exact: see
+    /// [`PromptTokenizer::prefix_memo_stats`]). Default
+    /// [`DEFAULT_PREFIX_MEMO_BYTES`](crate::DEFAULT_PREFIX_MEMO_BYTES)
+    /// (16 MiB); 0 turns it off.
+    pub prefix_memo_bytes: usize,
 }
 
 impl Default for TokenizerOptions {
@@ -54,6 +63,7 @@ impl Default for TokenizerOptions {
             content_format: None,
             direct_encoder: true,
             render_memo_bytes: crate::DEFAULT_RENDER_MEMO_BYTES,
+            prefix_memo_bytes: crate::DEFAULT_PREFIX_MEMO_BYTES,
         }
     }
 }
@@ -143,7 +153,7 @@ impl PromptTokenizer {
     }
 
     fn assemble(
-        tokenizer: HfTokenizer,
+        mut tokenizer: HfTokenizer,
         config: TokenizerConfig,
         template_origin: Option<PathBuf>,
         options: TokenizerOptions,
@@ -176,6 +186,7 @@ impl PromptTokenizer {
             None
         };
         let explicit_flags = config.add_bos_token.is_some() || config.add_eos_token.is_some();
+        tokenizer.prefix = crate::prefix::PrefixMemo::new(options.prefix_memo_bytes);
         Ok(Self {
             backend: Backend::Hf {
                 tokenizer: Box::new(tokenizer),
@@ -259,6 +270,22 @@ impl PromptTokenizer {
         }
     }
 
+    /// The prefix memo's counters (all zero for the synthetic tokenizer).
+    ///
+    /// A chat rendering of at least 1 KB is looked up there: the earlier
+    /// rendering that shares the most of its beginning gives the ids up to
+    /// the last added token at least the longest added token's length
+    /// before the first differing byte. The cutting at added tokens and the
+    /// segments before such a token depend on nothing after it, so the ids
+    /// are those the segment cache would give (the module docs of
+    /// `prefix.rs` give the argument; `tests/prefix.rs` checks it).
+    pub fn prefix_memo_stats(&self) -> PrefixMemoStats {
+        match &self.backend {
+            Backend::Hf { tokenizer, .. } => tokenizer.prefix.stats(),
+            Backend::Synthetic { .. } => PrefixMemoStats::default(),
+        }
+    }
+
     /// The segment cache's counters (all zero for the synthetic tokenizer).
     pub fn cache_stats(&self) -> CacheStats {
         match &self.backend {
@@ -333,7 +360,7 @@ impl PromptTokenizer {
                 synthetic::synthetic_tokenize(&text, *chars_per_token)
             }
             Backend::Hf { .. } if request.add_special_tokens => self.text_tokens(&text, true)?,
-            Backend::Hf { tokenizer, .. } => tokenizer.encode_chat(&text, interrupt, &mut uses)?,
+            Backend::Hf { tokenizer, .. } => tokenizer.encode_chat(text, interrupt, &mut uses)?,
         };
         Ok((ids, uses))
     }

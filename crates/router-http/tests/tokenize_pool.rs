@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use worker_lifecycle::BreakerState;
 
-/// A trained BPE tokenizer with the ChatML template, no segment cache (each
-/// request's work is all its own).
+/// A trained BPE tokenizer with the ChatML template, no segment cache and
+/// no prefix memo (each request's work is all its own).
 fn trained(name: &str) -> Arc<PromptTokenizer> {
     let dir = std::env::temp_dir().join(format!("tokenize-pool-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -35,6 +35,7 @@ fn trained(name: &str) -> Arc<PromptTokenizer> {
     .unwrap();
     let options = prompt_tokens::TokenizerOptions {
         cache_bytes: 0,
+        prefix_memo_bytes: 0,
         ..prompt_tokens::TokenizerOptions::default()
     };
     let tokenizer = PromptTokenizer::from_path_with(&dir, None, options).unwrap();

@@ -158,3 +158,87 @@ async fn a_content_part_of_unknown_type_is_a_400_naming_it() {
     }
     fixture.shutdown().await;
 }
+
+/// A real (trained) tokenizer behind the router: a conversation's later
+/// turns take the ids of what they share with the earlier ones from the
+/// prefix memo, and `/metrics` says so; the ids are those of the whole
+/// rendering tokenized at once.
+#[tokio::test]
+async fn later_turns_reuse_the_earlier_renderings_ids_and_the_metrics_count_it() {
+    use prompt_tokens::testing::{TestTokenizerKind, write_model_dir};
+    let dir = std::env::temp_dir().join(format!("tokens-prefix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_model_dir(
+        &dir,
+        prompt_tokens::TemplateFamily::ChatMl,
+        TestTokenizerKind::ByteLevelRegex,
+    )
+    .unwrap();
+    let tokenizer = Arc::new(PromptTokenizer::from_path(&dir, None).unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = RouterConfig {
+        tokenizers: Tokenizers::default().with_default(Arc::clone(&tokenizer)),
+        ..RouterConfig::default()
+    };
+    let fixture = Fixture::start(config, vec![EngineConfig::default(); 2]).await;
+    // A fresh tokenizer of the same model, without the memo: the reference.
+    let reference_dir = std::env::temp_dir().join(format!("tokens-ref-{}", std::process::id()));
+    std::fs::create_dir_all(&reference_dir).unwrap();
+    write_model_dir(
+        &reference_dir,
+        prompt_tokens::TemplateFamily::ChatMl,
+        TestTokenizerKind::ByteLevelRegex,
+    )
+    .unwrap();
+    let reference = PromptTokenizer::from_path_with(
+        &reference_dir,
+        None,
+        prompt_tokens::TokenizerOptions {
+            prefix_memo_bytes: 0,
+            ..prompt_tokens::TokenizerOptions::default()
+        },
+    )
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&reference_dir);
+    for turns in 0..4 {
+        let body = conversation(turns);
+        let (status, _, _) = call(
+            fixture.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            body.to_string(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        // The router's tokenizer (memo and all) against the reference.
+        let request = prompt_tokens::ChatRequest::from_value(&body).unwrap();
+        assert_eq!(
+            tokenizer.chat_tokens(&request).unwrap(),
+            reference.chat_tokens_uncached(&request).unwrap(),
+            "turn {turns}"
+        );
+    }
+    let (_, _, metrics) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let metrics = String::from_utf8(metrics.to_vec()).unwrap();
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}{{model=\"*\"}} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    assert_eq!(value("router_tokens_routed_total"), 4.0, "{metrics}");
+    // The system prompt alone is over 1 KB: every rendering after the
+    // first reuses (the router's four, and this test's own four calls).
+    assert!(
+        value("router_tokens_prefix_reused_total") >= 3.0,
+        "{metrics}"
+    );
+    assert!(
+        value("router_tokens_prefix_reused_bytes_total") >= 3.0 * 1024.0,
+        "{metrics}"
+    );
+    assert!(value("router_tokens_prefix_bytes") > 0.0, "{metrics}");
+    fixture.shutdown().await;
+}

@@ -8,6 +8,8 @@
 //! template). The `tokenizer.json` vocabularies are encoded by
 //! prompt-tokens' direct byte-level BPE encoder; `--tokenizers-encoder`
 //! keeps them on the `tokenizers` pipeline instead, for comparison.
+//! `--prefix-memo-bytes N` bounds the warm tokenizers' prefix memo (0
+//! turns it off, for comparison; the cold ones never have one).
 //!
 //! ```sh
 //! cargo run --release -p router-http --example overhead -- --json
@@ -173,6 +175,17 @@ fn main() {
     };
     if args.iter().any(|a| a == "--tokenizers-encoder") {
         let _ = tokenized::TOKENIZERS_ENCODER.set(());
+    }
+    if let Some(bytes) = args
+        .iter()
+        .position(|a| a == "--prefix-memo-bytes")
+        .and_then(|i| args.get(i + 1))
+    {
+        let Ok(bytes) = bytes.parse::<usize>() else {
+            eprintln!("--prefix-memo-bytes {bytes}: expected a number of bytes");
+            std::process::exit(2);
+        };
+        let _ = tokenized::PREFIX_MEMO_BYTES.set(bytes);
     }
     let quick = args.iter().any(|a| a == "--quick");
     let duration = if quick {

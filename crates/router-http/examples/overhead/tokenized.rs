@@ -59,6 +59,10 @@ pub(super) fn chat_template_arg() -> Option<std::path::PathBuf> {
 /// `tokenizers` pipeline (prompt-tokens' `direct_encoder: false`).
 pub(super) static TOKENIZERS_ENCODER: std::sync::OnceLock<()> = std::sync::OnceLock::new();
 
+/// `--prefix-memo-bytes N`: the tokenizers' prefix memo bound (0 turns it
+/// off; the default is prompt-tokens'). A cold tokenizer has none.
+pub(super) static PREFIX_MEMO_BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
 /// `--model-dir` and `--chat-template` of `--vocab model`.
 pub(super) static MODEL: std::sync::OnceLock<(std::path::PathBuf, Option<std::path::PathBuf>)> =
     std::sync::OnceLock::new();
@@ -98,6 +102,14 @@ pub(super) fn tokenizer(tokens: Tokens, vocab: Vocab) -> Arc<prompt_tokens::Prom
             prompt_tokens::TokenizerOptions::default().cache_bytes
         },
         direct_encoder: TOKENIZERS_ENCODER.get().is_none(),
+        prefix_memo_bytes: if tokens == Tokens::Cold {
+            0
+        } else {
+            PREFIX_MEMO_BYTES
+                .get()
+                .copied()
+                .unwrap_or(prompt_tokens::DEFAULT_PREFIX_MEMO_BYTES)
+        },
         ..prompt_tokens::TokenizerOptions::default()
     };
     let tokenizer = match vocab {

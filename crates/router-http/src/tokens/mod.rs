@@ -691,7 +691,7 @@ impl Tokenizers {
             return;
         }
         type Read = fn(&ModelTokens) -> u64;
-        let families: [(&str, MetricType, &str, Read); 9] = [
+        let families: [(&str, MetricType, &str, Read); 12] = [
             (
                 "router_tokens_routed_total",
                 MetricType::Counter,
@@ -745,6 +745,24 @@ impl Tokenizers {
                 MetricType::Gauge,
                 "Segments the cache holds.",
                 |m| m.tokenizer.cache_stats().entries,
+            ),
+            (
+                "router_tokens_prefix_reused_total",
+                MetricType::Counter,
+                "Chat renderings (1 KB or more) that took the ids of the text they share with an earlier rendering from the prefix memo.",
+                |m| m.tokenizer.prefix_memo_stats().reused,
+            ),
+            (
+                "router_tokens_prefix_reused_bytes_total",
+                MetricType::Counter,
+                "Bytes of rendered text whose ids came from the prefix memo.",
+                |m| m.tokenizer.prefix_memo_stats().reused_bytes,
+            ),
+            (
+                "router_tokens_prefix_bytes",
+                MetricType::Gauge,
+                "Bytes the prefix memo holds (renderings, their ids and cuts).",
+                |m| m.tokenizer.prefix_memo_stats().bytes,
             ),
         ];
         for (name, kind, help, read) in families {
