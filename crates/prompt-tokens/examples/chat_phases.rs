@@ -31,7 +31,7 @@
 //!
 //! ```sh
 //! valgrind --tool=callgrind --collect-atstart=no \
-//!     --toggle-collect='prompt_tokens::request::ChatRequest::from_json' \
+//!     --toggle-collect='prompt_tokens::request::ChatRequest::from_json*' \
 //!     --toggle-collect='prompt_tokens::tokenizer::PromptTokenizer::chat_tokens' \
 //!     target/release/examples/chat_phases --model-dir ... --loop warm 200
 //! callgrind_annotate --inclusive=yes callgrind.out.PID | grep -E 'from_json|chat_tokens|render_until|encode_chat'
@@ -40,7 +40,10 @@
 //! `--memo-bytes N` bounds the chat template's render memo
 //! (`TokenizerOptions::render_memo_bytes`; 0 turns it off, to compare),
 //! `--prefix-memo-bytes N` the tokenizer's prefix memo
-//! (`TokenizerOptions::prefix_memo_bytes`; 0 turns it off).
+//! (`TokenizerOptions::prefix_memo_bytes`; 0 turns it off), and
+//! `--message-memo-bytes N` the message memo the `parse` and `warm`
+//! phases read bodies through (`ChatRequest::from_json_with`, as the
+//! router does; 0 reads them with `ChatRequest::from_json`).
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -93,6 +96,7 @@ struct Args {
     loop_bytes: usize,
     memo_bytes: usize,
     prefix_memo_bytes: usize,
+    message_memo_bytes: usize,
 }
 
 fn args() -> Result<Args, String> {
@@ -105,6 +109,7 @@ fn args() -> Result<Args, String> {
         loop_bytes: 8192,
         memo_bytes: prompt_tokens::DEFAULT_RENDER_MEMO_BYTES,
         prefix_memo_bytes: prompt_tokens::DEFAULT_PREFIX_MEMO_BYTES,
+        message_memo_bytes: prompt_tokens::DEFAULT_MESSAGE_MEMO_BYTES,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -118,6 +123,11 @@ fn args() -> Result<Args, String> {
             }
             "--memo-bytes" => {
                 out.memo_bytes = value()?.parse().map_err(|e| format!("--memo-bytes: {e}"))?;
+            }
+            "--message-memo-bytes" => {
+                out.message_memo_bytes = value()?
+                    .parse()
+                    .map_err(|e| format!("--message-memo-bytes: {e}"))?;
             }
             "--prefix-memo-bytes" => {
                 out.prefix_memo_bytes = value()?
@@ -211,7 +221,7 @@ fn time_phase(
     match phase {
         "parse" => {
             for body in &bodies {
-                black_box(ChatRequest::from_json(black_box(body.as_bytes()))?);
+                black_box(parse(black_box(body.as_bytes()))?);
             }
         }
         "render" => {
@@ -221,12 +231,25 @@ fn time_phase(
         }
         _ => {
             for body in &bodies {
-                let request = ChatRequest::from_json(black_box(body.as_bytes()))?;
+                let request = parse(black_box(body.as_bytes()))?;
                 black_box(tokenizer.chat_tokens(&request)?);
             }
         }
     }
     Ok(started.elapsed().as_secs_f64() * 1e6 / count.max(1) as f64)
+}
+
+/// The message memo `--message-memo-bytes` asks for (none for 0).
+static MESSAGE_MEMO: std::sync::OnceLock<Option<prompt_tokens::MessageMemo>> =
+    std::sync::OnceLock::new();
+
+/// A body read as the router reads it: through the message memo when
+/// there is one.
+fn parse(body: &[u8]) -> prompt_tokens::Result<ChatRequest> {
+    match MESSAGE_MEMO.get().and_then(Option::as_ref) {
+        Some(memo) => ChatRequest::from_json_with(body, memo),
+        None => ChatRequest::from_json(body),
+    }
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -236,11 +259,15 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
+    let _ = MESSAGE_MEMO.set(
+        (args.message_memo_bytes > 0)
+            .then(|| prompt_tokens::MessageMemo::new(args.message_memo_bytes)),
+    );
     let tokenizer = tokenizer(&args)?;
     let mut serial = 0;
     // Warm the segment cache with the history every body shares.
     for bytes in [1024, 8192] {
-        tokenizer.chat_tokens(&ChatRequest::from_json(chat_body(bytes, 0).as_bytes())?)?;
+        tokenizer.chat_tokens(&parse(chat_body(bytes, 0).as_bytes())?)?;
     }
     if let Some((phase, calls)) = &args.looped {
         time_phase(&tokenizer, phase, args.loop_bytes, *calls, &mut serial)?;

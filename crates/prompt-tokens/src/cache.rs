@@ -82,7 +82,7 @@ impl Entry {
 /// The shard maps' hasher: their keys already are seeded 64-bit hashes of
 /// the text, so hashing them again (SipHash, by default) would be wasted work.
 #[derive(Default)]
-struct KeyHasher(u64);
+pub(crate) struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {

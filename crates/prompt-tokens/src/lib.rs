@@ -148,6 +148,7 @@ mod generators;
 mod hf;
 mod interrupt;
 mod markup;
+mod message_memo;
 pub mod messages;
 mod o200k_split;
 mod prefix;
@@ -171,6 +172,7 @@ pub use direct::{DEFAULT_RENDER_MEMO_BYTES, RenderMemoStats};
 pub use error::{Error, Result};
 pub use hf::{SegmentMode, TextEncoder};
 pub use interrupt::Interrupt;
+pub use message_memo::{DEFAULT_MESSAGE_MEMO_BYTES, MIN_BODY_BYTES, MessageMemo, MessageMemoStats};
 pub use messages::ContentFormat;
 pub use prefix::{DEFAULT_PREFIX_MEMO_BYTES, PrefixMemoStats};
 pub use request::{

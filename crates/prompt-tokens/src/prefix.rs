@@ -45,10 +45,13 @@
 //! to model.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+
+use crate::cache::KeyHasher;
 
 /// The default bound of a tokenizer's prefix memo, in bytes
 /// ([`TokenizerOptions::prefix_memo_bytes`](crate::TokenizerOptions::prefix_memo_bytes)):
@@ -168,7 +171,8 @@ pub struct PrefixMemoStats {
 
 #[derive(Debug, Default)]
 struct Shard {
-    map: HashMap<u64, Vec<Arc<Rendering>>>,
+    /// Keyed by the head's seeded hash, which the map uses as it is.
+    map: HashMap<u64, Vec<Arc<Rendering>>, BuildHasherDefault<KeyHasher>>,
     /// (key, serial) in order of insertion; records of renderings already
     /// gone are skipped when popped.
     order: VecDeque<(u64, u64)>,

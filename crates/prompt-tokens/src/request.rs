@@ -21,6 +21,7 @@ use serde::de::{self as de, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::error::{Error, Result};
+use crate::message_memo::MessageMemo;
 
 /// A JSON value as the template engine sees it (order-preserving).
 #[derive(Debug, Clone, Default)]
@@ -46,6 +47,76 @@ impl<'de> Deserialize<'de> for MessagesValue {
         let repeated = Cell::new(false);
         let value = JsonSeed(&repeated).deserialize(deserializer)?;
         Ok(Self(value, repeated.get()))
+    }
+}
+
+/// Reads `messages` through a [`MessageMemo`]: an array's elements as
+/// their raw JSON text, each looked up and parsed only when not found;
+/// any other value as [`MessagesValue`] reads it. Only for serde_json's
+/// deserializers of text (`from_str`, `from_slice`), which lend the raw
+/// text of a value.
+struct MessagesSeed<'m>(&'m MessageMemo);
+
+impl<'de> DeserializeSeed<'de> for MessagesSeed<'_> {
+    type Value = MessagesValue;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<MessagesValue, D::Error> {
+        deserializer.deserialize_any(MessagesVisitor(self.0))
+    }
+}
+
+struct MessagesVisitor<'m>(&'m MessageMemo);
+
+macro_rules! messages_primitive {
+    ($($name:ident: $ty:ty),* $(,)?) => {
+        $(fn $name<E: serde::de::Error>(self, v: $ty) -> Result<MessagesValue, E> {
+            Ok(MessagesValue(Value::from(v), false))
+        })*
+    };
+}
+
+impl<'de> Visitor<'de> for MessagesVisitor<'_> {
+    type Value = MessagesValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    messages_primitive!(
+        visit_bool: bool,
+        visit_i64: i64,
+        visit_i128: i128,
+        visit_u64: u64,
+        visit_u128: u128,
+        visit_f64: f64,
+        visit_str: &str,
+        visit_string: String,
+        visit_bytes: &[u8],
+    );
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<MessagesValue, E> {
+        Ok(MessagesValue(Value::from(()), false))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<MessagesValue, E> {
+        Ok(MessagesValue(Value::from(()), false))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<MessagesValue, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        let mut repeated = false;
+        while let Some(raw) = seq.next_element::<&'de serde_json::value::RawValue>()? {
+            let (item, repeats) = self.0.value_of(raw.get()).map_err(de::Error::custom)?;
+            repeated |= repeats;
+            items.push(item);
+        }
+        Ok(MessagesValue(Value::from(items), repeated))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<MessagesValue, A::Error> {
+        let repeated = Cell::new(false);
+        let value = JsonVisitor(&repeated).visit_map(map)?;
+        Ok(MessagesValue(value, repeated.get()))
     }
 }
 
@@ -153,7 +224,7 @@ fn object_noting_repeats(mut pairs: Vec<(Value, Value)>) -> (Value, bool) {
 /// [`object_from_pairs`]. Sets the flag when some object repeats a key
 /// (the value keeps the last, as a Python dict does).
 #[derive(Clone, Copy)]
-struct JsonSeed<'f>(&'f Cell<bool>);
+pub(crate) struct JsonSeed<'f>(pub(crate) &'f Cell<bool>);
 
 impl<'de> DeserializeSeed<'de> for JsonSeed<'_> {
     type Value = Value;
@@ -270,6 +341,46 @@ impl ChatRequest {
         let mut request: Self = parsed.map_err(|e| Error::InvalidRequest(e.to_string()))?;
         request.body_len = body.len();
         Ok(request)
+    }
+
+    /// [`from_json`](Self::from_json), with each element of `messages`
+    /// taken from `memo` when an earlier request had it byte for byte (and
+    /// kept there when not): a conversation's next request parses only its
+    /// new messages (see [`MessageMemo`]). The same request as `from_json`'s,
+    /// and the same errors but the wording of some. A body under
+    /// [`MIN_BODY_BYTES`](crate::MIN_BODY_BYTES) is read by
+    /// `from_json`.
+    pub fn from_json_with(body: &[u8], memo: &MessageMemo) -> Result<Self> {
+        if body.len() < crate::message_memo::MIN_BODY_BYTES {
+            return Self::from_json(body);
+        }
+        let Ok(text) = std::str::from_utf8(body) else {
+            return Self::from_json(body);
+        };
+        struct Body<'m>(&'m MessageMemo);
+        impl<'de> Visitor<'de> for Body<'_> {
+            type Value = ChatFields;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("struct ChatRequest")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ChatFields, A::Error> {
+                let mut fields = ChatFields::default();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if !fields.read_with_memo(&key, &mut map, self.0)? {
+                        map.next_value::<de::IgnoredAny>()?;
+                    }
+                }
+                Ok(fields)
+            }
+        }
+        let mut de = serde_json::Deserializer::from_str(text);
+        let fields = de
+            .deserialize_map(Body(memo))
+            .and_then(|fields| de.end().map(|()| fields))
+            .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+        fields.finish(body.len())
     }
 
     /// Reads a request body that is already parsed. Object keys come in
@@ -408,6 +519,29 @@ impl ChatFields {
         key: &str,
         map: &mut A,
     ) -> Result<bool, A::Error> {
+        self.read_field(key, map, None)
+    }
+
+    /// [`read`](Self::read), with the elements of `messages` taken from
+    /// `memo` when an earlier request had them byte for byte (see
+    /// [`MessageMemo`]). Only for serde_json's deserializers of text
+    /// (`from_str`, `from_slice`): another deserializer's `messages` is an
+    /// error.
+    pub fn read_with_memo<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: &str,
+        map: &mut A,
+        memo: &MessageMemo,
+    ) -> Result<bool, A::Error> {
+        self.read_field(key, map, Some(memo))
+    }
+
+    fn read_field<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: &str,
+        map: &mut A,
+        memo: Option<&MessageMemo>,
+    ) -> Result<bool, A::Error> {
         let Some(index) = CHAT_FIELDS.iter().position(|name| *name == key) else {
             return Ok(false);
         };
@@ -417,7 +551,12 @@ impl ChatFields {
         }
         self.seen |= bit;
         match index {
-            0 => self.messages = Some(map.next_value()?),
+            0 => {
+                self.messages = Some(match memo {
+                    Some(memo) => map.next_value_seed(MessagesSeed(memo))?,
+                    None => map.next_value()?,
+                });
+            }
             1 => self.tools = map.next_value()?,
             2 => self.documents = map.next_value()?,
             3 => self.chat_template_kwargs = map.next_value()?,

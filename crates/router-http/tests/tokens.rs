@@ -201,7 +201,10 @@ async fn later_turns_reuse_the_earlier_renderings_ids_and_the_metrics_count_it()
     .unwrap();
     let _ = std::fs::remove_dir_all(&reference_dir);
     for turns in 0..4 {
-        let body = conversation(turns);
+        let mut body = conversation(turns);
+        // Over 2 KB: the body is read through the message memo too.
+        body["messages"][0]["content"] =
+            serde_json::json!("You answer questions about the tides of the North Sea. ".repeat(45));
         let (status, _, _) = call(
             fixture.addr,
             "POST",
@@ -240,5 +243,24 @@ async fn later_turns_reuse_the_earlier_renderings_ids_and_the_metrics_count_it()
         "{metrics}"
     );
     assert!(value("router_tokens_prefix_bytes") > 0.0, "{metrics}");
+    // The system message (the only one of 48 bytes or more) was parsed
+    // once; the three later bodies took it from the message memo.
+    let global = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    assert_eq!(
+        global("router_tokens_message_memo_lookups_total"),
+        4.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        global("router_tokens_message_memo_hits_total"),
+        3.0,
+        "{metrics}"
+    );
     fixture.shutdown().await;
 }

@@ -64,9 +64,18 @@ fn measure_bodies(
     };
     // A router of its own per measurement, on its own thread. The
     // tokenizers are shared with it, so their compute time can be read.
-    let tokenizers = tokenizer
-        .clone()
-        .map(|t| router_http::tokens::Tokenizers::default().with_default(t));
+    let message_memo_bytes = match policy {
+        Some((_, Tokens::Cold)) => 0,
+        _ => super::tokenized::PREFIX_MEMO_BYTES
+            .get()
+            .copied()
+            .unwrap_or(prompt_tokens::DEFAULT_MESSAGE_MEMO_BYTES),
+    };
+    let tokenizers = tokenizer.clone().map(|t| {
+        router_http::tokens::Tokenizers::default()
+            .with_default(t)
+            .with_message_memo(prompt_tokens::MessageMemo::new(message_memo_bytes))
+    });
     let router_tokenizers = tokenizers.clone();
     let router_thread = policy.map(|(policy, tokens)| {
         // Distinct names (at most 15 bytes, the kernel's limit) so that a

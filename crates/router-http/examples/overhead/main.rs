@@ -8,8 +8,9 @@
 //! template). The `tokenizer.json` vocabularies are encoded by
 //! prompt-tokens' direct byte-level BPE encoder; `--tokenizers-encoder`
 //! keeps them on the `tokenizers` pipeline instead, for comparison.
-//! `--prefix-memo-bytes N` bounds the warm tokenizers' prefix memo (0
-//! turns it off, for comparison; the cold ones never have one).
+//! `--prefix-memo-bytes N` bounds the warm tokenizers' prefix memo and
+//! the router's message memo (0 turns both off, for comparison; the cold
+//! measurements never have them).
 //!
 //! ```sh
 //! cargo run --release -p router-http --example overhead -- --json

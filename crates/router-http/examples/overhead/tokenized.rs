@@ -60,7 +60,8 @@ pub(super) fn chat_template_arg() -> Option<std::path::PathBuf> {
 pub(super) static TOKENIZERS_ENCODER: std::sync::OnceLock<()> = std::sync::OnceLock::new();
 
 /// `--prefix-memo-bytes N`: the tokenizers' prefix memo bound (0 turns it
-/// off; the default is prompt-tokens'). A cold tokenizer has none.
+/// off; the default is prompt-tokens'), and the router's message memo's
+/// (`Tokenizers::with_message_memo`). A cold tokenizer has neither.
 pub(super) static PREFIX_MEMO_BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 /// `--model-dir` and `--chat-template` of `--vocab model`.

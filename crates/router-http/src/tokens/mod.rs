@@ -85,7 +85,9 @@ use crate::metrics::Counter;
 use bytes::Bytes;
 use once::{ChatOnce, CompletionOnce};
 use prom_text::{Exposition, MetricType};
-use prompt_tokens::{ChatRequest, CompletionRequest, Error, Interrupt, PromptTokenizer};
+use prompt_tokens::{
+    ChatRequest, CompletionRequest, Error, Interrupt, MessageMemo, PromptTokenizer,
+};
 use serde_json::Value;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -279,6 +281,9 @@ pub struct Tokenizers {
     /// The router's tokenizer pool; without one (a `Tokenizers` used as a
     /// library, outside a router) everything is computed inline.
     pool: Option<Arc<TokenPool>>,
+    /// Chat messages' template values by their JSON text, shared by every
+    /// model: a conversation's next request parses only its new messages.
+    messages: Arc<MessageMemo>,
 }
 
 impl fmt::Debug for Tokenizers {
@@ -303,6 +308,16 @@ impl Tokenizers {
     /// that name no model).
     pub fn with_default(mut self, tokenizer: Arc<PromptTokenizer>) -> Self {
         self.default = Some(ModelTokens::new(tokenizer));
+        self
+    }
+
+    /// `memo` for the chat messages of every model, in place of the
+    /// default one ([`prompt_tokens::DEFAULT_MESSAGE_MEMO_BYTES`]): a chat
+    /// body of 2 KB or more takes each message an earlier body had byte
+    /// for byte from it, and parses only the others. `MessageMemo::new(0)`
+    /// parses every message.
+    pub fn with_message_memo(mut self, memo: MessageMemo) -> Self {
+        self.messages = Arc::new(memo);
         self
     }
 
@@ -407,7 +422,7 @@ impl Tokenizers {
             return Ok(info);
         }
         let started = Instant::now();
-        if let Some(once) = ChatOnce::read(body) {
+        if let Some(once) = ChatOnce::read(body, &self.messages) {
             return Ok(self.with_chat_ids(once, started, interrupt));
         }
         let extracted = crate::extract_deferred(kind, body)?;
@@ -771,6 +786,21 @@ impl Tokenizers {
                 family.sample(&[("model", &model)], read(entry));
             }
         }
+        let memo = self.messages.stats();
+        exposition
+            .family(
+                "router_tokens_message_memo_lookups_total",
+                MetricType::Counter,
+                "Chat messages (of bodies of 2 KB or more) looked up in the message memo by their JSON text.",
+            )
+            .sample(&[], memo.lookups);
+        exposition
+            .family(
+                "router_tokens_message_memo_hits_total",
+                MetricType::Counter,
+                "Chat messages whose template value came from the message memo (not parsed again).",
+            )
+            .sample(&[], memo.hits);
         let mut family = exposition.family(
             "router_tokens_compute_seconds_total",
             MetricType::Counter,

@@ -30,7 +30,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use prompt_tokens::{ChatFields, ChatRequest, CompletionPrompt, CompletionRequest};
+use prompt_tokens::{ChatFields, ChatRequest, CompletionPrompt, CompletionRequest, MessageMemo};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::extract::{RequestInfo, RoutingInputBuf, routing_text};
@@ -56,11 +56,16 @@ impl fmt::Debug for ChatOnce {
 impl ChatOnce {
     /// Reads a `/v1/chat/completions` body in one parse, or `None` for a
     /// body the two parses must read (see the module docs).
-    pub(crate) fn read(body: &[u8]) -> Option<Self> {
+    /// The elements of `messages` an earlier request had byte for byte
+    /// come from `memo` (see [`MessageMemo`]).
+    pub(crate) fn read(body: &[u8], memo: &MessageMemo) -> Option<Self> {
         // As in `extract`: one UTF-8 check of the whole body.
         let text = std::str::from_utf8(body).ok()?;
         let mut de = serde_json::Deserializer::from_str(text);
-        let read = de.deserialize_map(ChatVisit).ok()?;
+        // A short body parses in about the time its messages' lookups
+        // would take.
+        let memo = (body.len() >= prompt_tokens::MIN_BODY_BYTES).then_some(memo);
+        let read = de.deserialize_map(ChatVisit(memo)).ok()?;
         de.end().ok()?;
         let request = read.prompt.finish(body.len()).ok()?;
         request.conversation()?;
@@ -144,14 +149,15 @@ struct ChatRead<'a> {
     prompt: ChatFields,
 }
 
-/// A chat body's object, key by key.
-struct ChatVisit;
+/// A chat body's object, key by key, with the memo of its messages
+/// (none for a short body).
+struct ChatVisit<'m>(Option<&'m MessageMemo>);
 
 /// The fields `extract` reads on other routes than the chat's: a chat body
 /// that has one is left to `extract`, which reads (and may refuse) it.
 const NOT_CHAT: [&str; 5] = ["prompt", "input", "query", "text", "input_ids"];
 
-impl<'de> Visitor<'de> for ChatVisit {
+impl<'de> Visitor<'de> for ChatVisit<'_> {
     type Value = ChatRead<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -170,7 +176,11 @@ impl<'de> Visitor<'de> for ChatVisit {
             if NOT_CHAT.contains(&&*key) {
                 return Err(give_up());
             }
-            if !read.prompt.read(&key, &mut map)? {
+            let read_prompt = match self.0 {
+                Some(memo) => read.prompt.read_with_memo(&key, &mut map, memo)?,
+                None => read.prompt.read(&key, &mut map)?,
+            };
+            if !read_prompt {
                 map.next_value::<IgnoredAny>()?;
             }
         }
@@ -356,10 +366,30 @@ impl<'de> Visitor<'de> for CompletionVisit {
 /// whether it read the body. For the tests and the fuzz target
 /// `request_body`; panics on a difference.
 pub(crate) fn check_against_two_parses(body: &[u8]) -> bool {
-    let Some(once) = ChatOnce::read(body) else {
+    // A memo of the checks' whole run (an element of an earlier body is a
+    // hit), and a fresh one: the two must read the body alike.
+    static SHARED: std::sync::LazyLock<MessageMemo> =
+        std::sync::LazyLock::new(MessageMemo::default);
+    let fresh = ChatOnce::read(body, &MessageMemo::default());
+    let Some(once) = ChatOnce::read(body, &SHARED) else {
+        assert!(fresh.is_none(), "read with one memo, not another");
         return false;
     };
     let shown = String::from_utf8_lossy(body);
+    let fresh = fresh.unwrap_or_else(|| panic!("read with one memo, not another: {shown}"));
+    assert_eq!(
+        format!("{:?}", fresh.request),
+        format!("{:?}", once.request),
+        "the prompt of {shown}, read with a fresh memo"
+    );
+    // prompt-tokens' own reading through a memo agrees too.
+    let with_memo = ChatRequest::from_json_with(body, &SHARED)
+        .unwrap_or_else(|err| panic!("read once, not by the memo's parse ({err}): {shown}"));
+    assert_eq!(
+        format!("{with_memo:?}"),
+        format!("{:?}", once.request),
+        "the prompt of {shown}, from_json_with"
+    );
     let info = crate::extract(crate::ApiKind::ChatCompletions, body)
         .unwrap_or_else(|err| panic!("read once, refused by extract ({err}): {shown}"));
     let request = ChatRequest::from_json(body)
@@ -445,7 +475,13 @@ mod tests {
         ] {
             assert!(!check(body), "read once: {body}");
         }
-        assert!(ChatOnce::read(b"{\"messages\":[],\"model\":\"\xff\"}").is_none());
+        assert!(
+            ChatOnce::read(
+                b"{\"messages\":[],\"model\":\"\xff\"}",
+                &prompt_tokens::MessageMemo::default()
+            )
+            .is_none()
+        );
     }
 
     #[test]
@@ -501,6 +537,9 @@ mod tests {
                 Just("true".to_owned()),
                 Just(r#"{"a":[1,{"b":2}]}"#.to_owned()),
                 Just("[]".to_owned()),
+                // Long enough that a body with it is read through the
+                // message memo (`prompt_tokens::MIN_BODY_BYTES`).
+                Just(format!(r#""{}""#, "a long text ".repeat(180))),
             ]
         }
 
