@@ -67,10 +67,26 @@ impl<'de> DeserializeSeed<'de> for MessagesSeed<'_> {
 
 struct MessagesVisitor<'m>(&'m MessageMemo);
 
-macro_rules! messages_primitive {
-    ($($name:ident: $ty:ty),* $(,)?) => {
-        $(fn $name<E: serde::de::Error>(self, v: $ty) -> Result<MessagesValue, E> {
-            Ok(MessagesValue(Value::from(v), false))
+/// A visitor's methods for JSON's scalars: each scalar as minijinja's own
+/// deserializer makes it (`Value::from`), then through `$wrap` into the
+/// visitor's value.
+macro_rules! visit_primitives {
+    ($wrap:expr) => {
+        visit_primitives!($wrap;
+            visit_bool: bool,
+            visit_i64: i64,
+            visit_i128: i128,
+            visit_u64: u64,
+            visit_u128: u128,
+            visit_f64: f64,
+            visit_str: &str,
+            visit_string: String,
+            visit_bytes: &[u8],
+        );
+    };
+    ($wrap:expr; $($name:ident: $ty:ty),* $(,)?) => {
+        $(fn $name<E: serde::de::Error>(self, v: $ty) -> Result<Self::Value, E> {
+            Ok(($wrap)(Value::from(v)))
         })*
     };
 }
@@ -82,17 +98,8 @@ impl<'de> Visitor<'de> for MessagesVisitor<'_> {
         f.write_str("a JSON value")
     }
 
-    messages_primitive!(
-        visit_bool: bool,
-        visit_i64: i64,
-        visit_i128: i128,
-        visit_u64: u64,
-        visit_u128: u128,
-        visit_f64: f64,
-        visit_str: &str,
-        visit_string: String,
-        visit_bytes: &[u8],
-    );
+    // Anything but an array is read as the whole-body parse reads it.
+    visit_primitives!(|value| MessagesValue(value, false));
 
     fn visit_none<E: serde::de::Error>(self) -> Result<MessagesValue, E> {
         Ok(MessagesValue(Value::from(()), false))
@@ -236,14 +243,6 @@ impl<'de> DeserializeSeed<'de> for JsonSeed<'_> {
 
 struct JsonVisitor<'f>(&'f Cell<bool>);
 
-macro_rules! visit_primitive {
-    ($($name:ident: $ty:ty),* $(,)?) => {
-        $(fn $name<E: serde::de::Error>(self, v: $ty) -> Result<Value, E> {
-            Ok(Value::from(v))
-        })*
-    };
-}
-
 impl<'de> Visitor<'de> for JsonVisitor<'_> {
     type Value = Value;
 
@@ -251,17 +250,7 @@ impl<'de> Visitor<'de> for JsonVisitor<'_> {
         f.write_str("a JSON value")
     }
 
-    visit_primitive!(
-        visit_bool: bool,
-        visit_i64: i64,
-        visit_i128: i128,
-        visit_u64: u64,
-        visit_u128: u128,
-        visit_f64: f64,
-        visit_str: &str,
-        visit_string: String,
-        visit_bytes: &[u8],
-    );
+    visit_primitives!(|value| value);
 
     fn visit_none<E: serde::de::Error>(self) -> Result<Value, E> {
         Ok(Value::from(()))

@@ -159,14 +159,11 @@ async fn a_content_part_of_unknown_type_is_a_400_naming_it() {
     fixture.shutdown().await;
 }
 
-/// A real (trained) tokenizer behind the router: a conversation's later
-/// turns take the ids of what they share with the earlier ones from the
-/// prefix memo, and `/metrics` says so; the ids are those of the whole
-/// rendering tokenized at once.
-#[tokio::test]
-async fn later_turns_reuse_the_earlier_renderings_ids_and_the_metrics_count_it() {
+/// A trained BPE tokenizer with the ChatML template (a model directory of
+/// its own, removed once loaded), built with `options`.
+fn trained(name: &str, options: prompt_tokens::TokenizerOptions) -> PromptTokenizer {
     use prompt_tokens::testing::{TestTokenizerKind, write_model_dir};
-    let dir = std::env::temp_dir().join(format!("tokens-prefix-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("tokens-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     write_model_dir(
         &dir,
@@ -174,32 +171,34 @@ async fn later_turns_reuse_the_earlier_renderings_ids_and_the_metrics_count_it()
         TestTokenizerKind::ByteLevelRegex,
     )
     .unwrap();
-    let tokenizer = Arc::new(PromptTokenizer::from_path(&dir, None).unwrap());
+    let tokenizer = PromptTokenizer::from_path_with(&dir, None, options).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+    tokenizer
+}
+
+/// A real (trained) tokenizer behind the router: a conversation's later
+/// turns take the ids of what they share with the earlier ones from the
+/// prefix memo, and `/metrics` says so; the ids are those of the whole
+/// rendering tokenized at once.
+#[tokio::test]
+async fn later_turns_reuse_the_earlier_renderings_ids_and_the_metrics_count_it() {
+    let tokenizer = Arc::new(trained(
+        "prefix",
+        prompt_tokens::TokenizerOptions::default(),
+    ));
     let config = RouterConfig {
         tokenizers: Tokenizers::default().with_default(Arc::clone(&tokenizer)),
         ..RouterConfig::default()
     };
     let fixture = Fixture::start(config, vec![EngineConfig::default(); 2]).await;
     // A fresh tokenizer of the same model, without the memo: the reference.
-    let reference_dir = std::env::temp_dir().join(format!("tokens-ref-{}", std::process::id()));
-    std::fs::create_dir_all(&reference_dir).unwrap();
-    write_model_dir(
-        &reference_dir,
-        prompt_tokens::TemplateFamily::ChatMl,
-        TestTokenizerKind::ByteLevelRegex,
-    )
-    .unwrap();
-    let reference = PromptTokenizer::from_path_with(
-        &reference_dir,
-        None,
+    let reference = trained(
+        "reference",
         prompt_tokens::TokenizerOptions {
             prefix_memo_bytes: 0,
             ..prompt_tokens::TokenizerOptions::default()
         },
-    )
-    .unwrap();
-    let _ = std::fs::remove_dir_all(&reference_dir);
+    );
     for turns in 0..4 {
         let mut body = conversation(turns);
         // Over 2 KB: the body is read through the message memo too.
@@ -224,13 +223,15 @@ async fn later_turns_reuse_the_earlier_renderings_ids_and_the_metrics_count_it()
     }
     let (_, _, metrics) = call(fixture.addr, "GET", "/metrics", &[], "").await;
     let metrics = String::from_utf8(metrics.to_vec()).unwrap();
-    let value = |name: &str| -> f64 {
+    // A sample's value: `series` is the name with its labels, if any.
+    let sample = |series: &str| -> f64 {
         metrics
             .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}{{model=\"*\"}} ")))
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
             .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+            .unwrap_or_else(|| panic!("{series} in {metrics}"))
     };
+    let value = |name: &str| sample(&format!("{name}{{model=\"*\"}}"));
     assert_eq!(value("router_tokens_routed_total"), 4.0, "{metrics}");
     // The system prompt alone is over 1 KB: every rendering after the
     // first reuses (the router's four, and this test's own four calls).
@@ -245,20 +246,13 @@ async fn later_turns_reuse_the_earlier_renderings_ids_and_the_metrics_count_it()
     assert!(value("router_tokens_prefix_bytes") > 0.0, "{metrics}");
     // The system message (the only one of 48 bytes or more) was parsed
     // once; the three later bodies took it from the message memo.
-    let global = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{name} in {metrics}"))
-    };
     assert_eq!(
-        global("router_tokens_message_memo_lookups_total"),
+        sample("router_tokens_message_memo_lookups_total"),
         4.0,
         "{metrics}"
     );
     assert_eq!(
-        global("router_tokens_message_memo_hits_total"),
+        sample("router_tokens_message_memo_hits_total"),
         3.0,
         "{metrics}"
     );
