@@ -22,11 +22,27 @@ impl Router {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        let route = self.route_of(&request);
         #[cfg(feature = "otel")]
-        if let Some(traced) = crate::otel::server_span(&self.config().trace, &request) {
-            return self.handle_traced(request, traced).await;
+        if let Some(traced) = crate::otel::server_span(&self.config().trace, &request, route) {
+            return self.handle_traced(request, route, traced).await;
         }
-        self.handle_untraced(request).await
+        self.handle_untraced(request, route).await
+    }
+
+    /// The route of `request`'s method and path: one of the router's, or a
+    /// configured passthrough path, or [`Route::NotFound`].
+    fn route_of<B>(&self, request: &Request<B>) -> Route {
+        let route = Route::of(request.method(), request.uri().path());
+        if route == Route::NotFound
+            && crate::routes::passthrough_matches(
+                &self.config().passthrough_paths,
+                request.uri().path(),
+            )
+        {
+            return Route::Proxy(ApiKind::Other);
+        }
+        route
     }
 
     /// [`handle`](Self::handle) with the request's server span: started
@@ -38,6 +54,7 @@ impl Router {
     async fn handle_traced<B>(
         &self,
         mut request: Request<B>,
+        route: Route,
         traced: crate::otel::Traced,
     ) -> Response<BoxBody>
     where
@@ -46,24 +63,17 @@ impl Router {
     {
         use http_body_util::BodyExt as _;
         request.extensions_mut().insert(traced.clone());
-        let response = self.handle_untraced(request).await;
+        let response = self.handle_untraced(request, route).await;
         traced.record_response(response.status());
         response.map(|body| crate::otel::SpanBody::new(body, traced).boxed_unsync())
     }
 
-    async fn handle_untraced<B>(&self, request: Request<B>) -> Response<BoxBody>
+    async fn handle_untraced<B>(&self, request: Request<B>, route: Route) -> Response<BoxBody>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
         let started = Instant::now();
-        let config = self.config();
-        let mut route = Route::of(request.method(), request.uri().path());
-        if route == Route::NotFound
-            && crate::routes::passthrough_matches(&config.passthrough_paths, request.uri().path())
-        {
-            route = Route::Proxy(ApiKind::Other);
-        }
         let result = match self.authorize(route, request.headers()) {
             Err(err) => Err(err),
             Ok(()) => match route {

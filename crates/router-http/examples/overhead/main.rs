@@ -27,13 +27,24 @@
 //! answers at once, `ratio0` samples none (spans are built, not recorded),
 //! `down` exports to a closed port and `hanging` to a collector that
 //! accepts and never answers. `export_cpu_us_per_req` is then the CPU of
-//! the export threads (the SDK's batch processor and the export runtime)
+//! the export threads (the pipeline's batching thread and the export runtime)
 //! per request, beside the router thread's own; `collector_cpu_us_per_req`
 //! is the in-process collector's, on a thread of its own and not part of
 //! the router's cost (until 2026-12-06 it ran on the export runtime and
 //! was counted in `export_cpu_us_per_req`). `--trace-batch N` and
 //! `--trace-queue N` set the export's batch and queue sizes
 //! (`ExportConfig::max_export_batch_size` and `max_queue_size`).
+//!
+//! `--trace paired` measures tracing against itself in one run, for the
+//! `--only` cases (default `1KB_nonstream_32c`), round_robin and
+//! cache_aware: an untraced and a traced router side by side, the load
+//! sent to one at a time in `--rounds N` pairs (default 10) of
+//! `--phase-ms MS` phases (default 1500), alternating which goes first
+//! (`paired.rs`). It prints each router's CPU per request over all its
+//! phases, the export threads' per traced request, the whole traced cost
+//! over the untraced one, and the median and range of the per-round
+//! ratios. `--pin` runs the routers on CPU 0 and every other thread on
+//! CPU 1. The other routed groups are not run.
 //!
 //! `--sustain SECS` instead runs cache_aware at 32 connections with a unique
 //! 1 KB prompt per request for SECS seconds, evicting the tree every 10 s to
@@ -64,6 +75,8 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod load;
+#[cfg(feature = "otel")]
+mod paired;
 mod sustain;
 mod tokenized;
 mod trace;
@@ -124,8 +137,9 @@ fn main() {
         Some("ratio0") => TraceMode::Ratio0,
         Some("down") => TraceMode::Down,
         Some("hanging") => TraceMode::Hanging,
+        Some("paired") => TraceMode::Paired,
         Some(other) => {
-            eprintln!("--trace {other}: expected off, on, ratio0, down or hanging");
+            eprintln!("--trace {other}: expected off, on, ratio0, down, hanging or paired");
             std::process::exit(2);
         }
     };
@@ -144,7 +158,15 @@ fn main() {
                 }
             }
         };
-        start_tracing(trace, number("--trace-batch"), number("--trace-queue"));
+        start_tracing(
+            if trace == TraceMode::Paired {
+                TraceMode::On
+            } else {
+                trace
+            },
+            number("--trace-batch"),
+            number("--trace-queue"),
+        );
     }
     let vocab = match args
         .iter()
@@ -234,6 +256,41 @@ fn main() {
         return;
     }
     let mut results = serde_json::Map::new();
+    #[cfg(feature = "otel")]
+    if trace == TraceMode::Paired {
+        let number = |flag: &str, default: u64| {
+            args.iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1))
+                .map_or(default, |value| {
+                    value.parse().unwrap_or_else(|_| {
+                        eprintln!("{flag} {value}: expected a number");
+                        std::process::exit(2);
+                    })
+                })
+        };
+        let rounds = number("--rounds", 10) as usize;
+        let phase = Duration::from_millis(number("--phase-ms", 1500));
+        let only = args
+            .iter()
+            .position(|a| a == "--only")
+            .and_then(|i| args.get(i + 1))
+            .map_or("1KB_nonstream_32c", String::as_str);
+        for name in only.split(',') {
+            let Some(case) = parse_case(name) else {
+                eprintln!("--only {name}: expected a case such as 1KB_stream16_32c");
+                std::process::exit(2);
+            };
+            let pin = args.iter().any(|a| a == "--pin");
+            let figures = paired::paired(case, upstream, rounds, phase, pin);
+            if !json {
+                eprintln!("{name}: {figures}");
+            }
+            results.insert(name.to_owned(), figures);
+        }
+        println!("{}", serde_json::Value::Object(results));
+        return;
+    }
     let mut cases = Vec::new();
     for body_bytes in [1024, 8 * 1024] {
         for stream in [false, true] {
@@ -351,6 +408,24 @@ fn main() {
         results.insert(name, serde_json::Value::Object(entry));
     }
     println!("{}", serde_json::Value::Object(results));
+}
+
+/// A case's name as the results spell it (`1KB_stream16_32c`).
+#[cfg(feature = "otel")]
+fn parse_case(name: &str) -> Option<Case> {
+    let mut parts = name.split('_');
+    let body_bytes = parts.next()?.strip_suffix("KB")?.parse::<usize>().ok()? * 1024;
+    let stream = match parts.next()? {
+        "stream16" => true,
+        "nonstream" => false,
+        _ => return None,
+    };
+    let connections = parts.next()?.strip_suffix('c')?.parse().ok()?;
+    parts.next().is_none().then_some(Case {
+        body_bytes,
+        stream,
+        connections,
+    })
 }
 
 fn round(x: f64) -> f64 {

@@ -15,6 +15,9 @@ pub(super) enum TraceMode {
     Down,
     /// Every request sampled, the collector accepts and never answers.
     Hanging,
+    /// A traced and an untraced router side by side, their load in
+    /// alternating phases (`paired.rs`).
+    Paired,
 }
 
 pub(super) static TRACE: std::sync::OnceLock<TraceMode> = std::sync::OnceLock::new();
@@ -97,8 +100,8 @@ pub(super) fn start_tracing(_: TraceMode, _: Option<usize>, _: Option<usize>) {
     std::process::exit(2);
 }
 
-/// On-CPU nanoseconds of the export threads (the SDK's batch processor
-/// and the `otel-export` runtime; not the in-process collector's).
+/// On-CPU nanoseconds of the export threads (the pipeline's `otel-batch`
+/// thread and the `otel-export` runtime; not the in-process collector's).
 pub(super) fn export_cpu_ns() -> u64 {
     named_threads_cpu_ns(|name| name.starts_with("otel") || name.starts_with("OpenTelemetry"))
 }

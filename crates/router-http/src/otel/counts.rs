@@ -3,7 +3,7 @@
 use super::*;
 
 /// What became of the spans given to a pipeline: shared by its
-/// [`CountingProcessor`] (admitted or dropped at once) and its
+/// [`SpanQueue`] (admitted or dropped at once) and its
 /// [`CountingExporter`] (exported or failed).
 #[derive(Debug, Default)]
 pub(super) struct SpanCounts {
@@ -16,22 +16,35 @@ pub(super) struct SpanCounts {
 }
 
 impl SpanCounts {
-    /// Takes one place in the queue, or none when `capacity` are taken.
-    fn admit(&self, capacity: usize) -> bool {
-        self.queued
+    /// Takes up to `spans` places in the queue, as many as are free of
+    /// `capacity`: how many it took, and how many are taken after it.
+    pub(super) fn admit(&self, spans: usize, capacity: usize) -> (usize, usize) {
+        match self
+            .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < capacity).then_some(n + 1)
-            })
-            .is_ok()
+                (n < capacity).then(|| n + spans.min(capacity - n))
+            }) {
+            Ok(before) => {
+                let admitted = spans.min(capacity - before);
+                (admitted, before + admitted)
+            }
+            Err(before) => (0, before),
+        }
     }
 
-    /// `spans` admitted spans went through an export, accepted or not.
-    fn settle(&self, spans: usize, exported: bool) {
+    /// Gives back `spans` places taken by [`admit`](Self::admit) for spans
+    /// that never reached an export.
+    pub(super) fn release(&self, spans: usize) {
         let _ = self
             .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 Some(n.saturating_sub(spans))
             });
+    }
+
+    /// `spans` admitted spans went through an export, accepted or not.
+    fn settle(&self, spans: usize, exported: bool) {
+        self.release(spans);
         let spans = u64::try_from(spans).unwrap_or(u64::MAX);
         if exported {
             self.exported.add(spans);
@@ -65,47 +78,6 @@ impl SpanCounts {
                 "Trace spans waiting for export or in an export under way.",
             )
             .sample(&[], queued);
-    }
-}
-
-/// The SDK's batch processor behind a bound of its own: a span finding
-/// `capacity` spans queued is dropped and counted, so the SDK's queue
-/// (as large) never fills and never drops a span uncounted. `on_end` is
-/// one atomic update before the SDK's non-blocking send.
-#[derive(Debug)]
-pub(super) struct CountingProcessor {
-    pub(super) inner: BatchSpanProcessor,
-    pub(super) counts: Arc<SpanCounts>,
-    pub(super) capacity: usize,
-    pub(super) stopped: AtomicBool,
-}
-
-impl SpanProcessor for CountingProcessor {
-    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
-        self.inner.on_start(span, cx);
-    }
-
-    fn on_end(&self, span: SpanData) {
-        if self.stopped.load(Ordering::Relaxed) {
-            self.counts.shutdown.inc();
-        } else if self.counts.admit(self.capacity) {
-            self.inner.on_end(span);
-        } else {
-            self.counts.queue_full.inc();
-        }
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.stopped.store(true, Ordering::Relaxed);
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
-        self.inner.set_resource(resource);
     }
 }
 

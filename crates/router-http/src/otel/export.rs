@@ -81,7 +81,7 @@ pub(super) struct GrpcExporter {
     pub(super) client: ExportClient,
     /// `http(s)://HOST:PORT` with the call's path.
     pub(super) uri: http::Uri,
-    /// Reused from batch to batch (the batch processor exports one at a
+    /// Reused from batch to batch (the export thread exports one at a
     /// time, so the lock is never contended).
     pub(super) encoder: parking_lot::Mutex<TraceEncoder>,
 }
@@ -247,7 +247,7 @@ impl SpanExporter for HttpExporter {
 }
 
 /// The OTLP exporters' HTTP client: the request runs as a task on the
-/// router's runtime (the batch processor's thread has no runtime of its
+/// router's runtime (the pipeline's export thread has no runtime of its
 /// own), bounded by the export timeout, its response body by 4 MiB.
 /// HTTP/1.1 for OTLP/HTTP, HTTP/2 only for gRPC (prior knowledge over
 /// cleartext, ALPN `h2` over TLS); TLS when the endpoint is `https://`.

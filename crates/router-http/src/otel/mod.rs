@@ -86,8 +86,9 @@
 //! field through the bridge, its values formatted, the OpenTelemetry
 //! context carried into each child, and the server span was entered and
 //! left on every poll of the request and every frame of its body. Here a
-//! span is one record with typed attributes, filled in place and handed
-//! to the batch processor once when it ends; the parent is the server
+//! span is one record with typed attributes, filled in place when it
+//! ends and handed to the export with its request's other spans; the
+//! parent is the server
 //! span's context, carried explicitly with the request; nothing happens
 //! per poll or per frame. The SDK's own tracer is not used either: it
 //! samples, draws ids and wraps each span in a shared object that the
@@ -97,10 +98,14 @@
 //!
 //! # Export never slows a request
 //!
-//! Finished spans go into the SDK's batch processor: a bounded queue
-//! ([`ExportConfig::max_queue_size`]) drained by its own thread. When the
-//! queue is full, spans are dropped; a slow or absent collector costs the
-//! export thread its timeout ([`ExportConfig::timeout`]), never a request.
+//! A request's finished spans wait with its server span and go to the
+//! export together when it ends: one send on a bounded queue
+//! ([`ExportConfig::max_queue_size`] spans) drained by the pipeline's own
+//! thread, which batches and exports them as the SDK's batch processor
+//! would (one hand-over per request instead of one per span: see
+//! `queue.rs`). When the queue is full, the request's spans are dropped;
+//! a slow or absent collector costs the export thread its timeout
+//! ([`ExportConfig::timeout`]), never a request.
 //!
 //! # Transports
 //!
@@ -141,9 +146,8 @@
 //! | `router_trace_spans_dropped_total{reason="shutdown"}` | ended after the pipeline stopped |
 //! | `router_trace_spans_queued` | spans waiting for export or in an export under way (gauge) |
 //!
-//! The queue's bound is the router's own (a counter in front of the SDK's
-//! batch processor, whose queue is never fuller than it): admitting or
-//! dropping a span is one atomic update, and a span is counted exported or
+//! The queue's bound is a count of spans: admitting or dropping a
+//! request's spans is one atomic update, and a span is counted exported or
 //! failed when its batch's export ends. A collector that is down shows as
 //! `export_failed`; one that hangs, as `export_failed` at each timeout and
 //! then `queue_full` while the queue stays full.
@@ -157,9 +161,7 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry_http::{HeaderExtractor, HttpError};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor,
-};
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -368,9 +370,10 @@ pub enum TraceError {
     Tls(String),
 }
 
-/// The export pipeline: a bounded, counting queue in front of the SDK's batch
-/// processor, feeding an OTLP exporter (HTTP/protobuf or gRPC, see [Transports](self#transports)). Dropping it flushes and shuts the export down
-/// (bounded by [`ExportConfig::timeout`]).
+/// The export pipeline: a bounded, counting queue and the thread that
+/// batches its spans for an OTLP exporter (HTTP/protobuf or gRPC, see
+/// [Transports](self#transports)). Dropping it flushes and shuts the
+/// export down (waiting at most [`ExportConfig::timeout`] and a second).
 #[derive(Debug)]
 pub struct Tracing {
     sink: Arc<SpanSink>,
@@ -379,7 +382,7 @@ pub struct Tracing {
 
 impl Tracing {
     /// Builds the pipeline. Export requests run on `runtime` (the router's
-    /// tokio runtime); the batch processor's own thread only waits for them.
+    /// tokio runtime); the pipeline's export thread only waits for them.
     /// Fails on an endpoint that is not an `http://` or `https://` URL
     /// with a host (or, for gRPC, has a path), and for an `https://` one
     /// when no certificate to trust can be loaded; nothing is started then.
@@ -486,60 +489,39 @@ impl Tracing {
     /// Exports every finished span now, waiting for the export (a test, or
     /// before a planned stop). Errors are the exporter's, as text.
     pub fn force_flush(&self) -> Result<(), String> {
-        self.sink
-            .processor
-            .force_flush()
-            .map_err(|err| err.to_string())
+        self.sink.queue.force_flush().map_err(|err| err.to_string())
     }
 
     /// Flushes and stops the export; later spans are dropped.
     pub fn shutdown(&self) -> Result<(), String> {
-        self.sink
-            .processor
-            .shutdown()
-            .map_err(|err| err.to_string())
+        self.sink.queue.shutdown().map_err(|err| err.to_string())
     }
 }
 
 impl Drop for Tracing {
     fn drop(&mut self) {
-        let _ = self.sink.processor.shutdown();
+        let _ = self.sink.queue.shutdown();
     }
 }
 
-/// The sink of a pipeline: the router's bounded, counting queue
-/// ([`CountingProcessor`]) in front of the SDK's batch processor and
-/// `exporter`, which exports with the pipeline's resource (its service
-/// name).
+/// The sink of a pipeline: the router's bounded, counting queue and its
+/// export thread ([`SpanQueue`]) in front of `exporter`, which exports
+/// with the pipeline's resource (its service name).
 fn span_sink<E: SpanExporter + 'static>(
     config: &ExportConfig,
     exporter: E,
     counts: &Arc<SpanCounts>,
 ) -> SpanSink {
-    let capacity = config.max_queue_size.max(1);
-    let exporter = CountingExporter {
+    let mut exporter = CountingExporter {
         inner: exporter,
         counts: Arc::clone(counts),
-    };
-    let batch = BatchConfigBuilder::default()
-        .with_max_queue_size(capacity)
-        .with_max_export_batch_size(config.max_export_batch_size.clamp(1, capacity))
-        .with_scheduled_delay(config.scheduled_delay)
-        .build();
-    let mut processor = CountingProcessor {
-        inner: BatchSpanProcessor::builder(exporter)
-            .with_batch_config(batch)
-            .build(),
-        counts: Arc::clone(counts),
-        capacity,
-        stopped: AtomicBool::new(false),
     };
     let resource = opentelemetry_sdk::Resource::builder_empty()
         .with_service_name(config.service_name.clone())
         .build();
-    processor.set_resource(&resource);
+    exporter.set_resource(&resource);
     SpanSink {
-        processor,
+        queue: SpanQueue::start(config, exporter, counts),
         scope: opentelemetry::InstrumentationScope::builder("router-http").build(),
     }
 }
@@ -547,12 +529,14 @@ fn span_sink<E: SpanExporter + 'static>(
 mod counts;
 mod encode;
 mod export;
+mod queue;
 mod spans;
 
 pub use encode::TraceEncoder;
 
-use counts::{CountingExporter, CountingProcessor, SpanCounts};
+use counts::{CountingExporter, SpanCounts};
 use export::{ExportClient, GRPC_EXPORT_PATH, GrpcExporter, HttpExporter, tls_config};
+use queue::SpanQueue;
 #[doc(hidden)]
 pub use spans::trace_one_request_for_bench;
 pub(crate) use spans::*;

@@ -3,8 +3,10 @@
 //!
 //! Each span is the SDK's finished-span record ([`SpanData`]) filled in
 //! place: started with an explicit parent (the server span's context,
-//! carried in [`Traced`]) and typed attributes, and handed to the
-//! pipeline's processor once, where its work ends. Nothing is entered or
+//! carried in [`Traced`]) and typed attributes, and ended once, where its
+//! work ends. A request's spans wait with its server span and are handed
+//! to the pipeline's queue together when the server span ends (one
+//! hand-over per request, see `queue.rs`). Nothing is entered or
 //! left on a poll, no attribute value is formatted unless it is an
 //! error's text, and no `tracing` span exists for a trace (see the module
 //! docs for why).
@@ -16,9 +18,8 @@
 //! ends. The router has already sampled (before it builds anything) and
 //! knows every span's parent, so it writes the record directly, when the
 //! span ends: a quarter fewer instructions for a request's spans
-//! (`examples/span_cost.rs`; docs/benchmarks.md, "Tracing"). The SDK's
-//! batch processor, the exporters and the encoder take the same records
-//! as before.
+//! (`examples/span_cost.rs`; docs/benchmarks.md, "Tracing"). The
+//! exporters and the encoder take the SDK's records.
 
 use super::*;
 use opentelemetry::trace::TraceContextExt as _;
@@ -33,18 +34,28 @@ use std::time::SystemTime;
 /// counted as dropped.
 const MAX_ATTRIBUTES: usize = 128;
 
-/// Where a pipeline's spans go: its processor, and the instrumentation
-/// scope every span names.
+/// Where a pipeline's spans go: its queue, and the instrumentation scope
+/// every span names.
 #[derive(Debug)]
 pub(crate) struct SpanSink {
-    pub(super) processor: CountingProcessor,
+    pub(super) queue: SpanQueue,
     pub(super) scope: InstrumentationScope,
+}
+
+/// Where an ended span's record goes.
+#[derive(Debug)]
+enum Destination {
+    /// Straight to the pipeline's queue, alone.
+    Sink(Arc<SpanSink>),
+    /// To its request's server span, which hands it over with the
+    /// request's other spans (alone when the server span already ended).
+    Request(Arc<ServerSpan>),
 }
 
 /// One span of the request path, handed to its pipeline when it is ended
 /// or dropped. Its fields are the record's; the record itself
 /// ([`SpanData`]) is made once, when the span ends (no allocation for the
-/// span itself, one move into the processor).
+/// span itself).
 #[derive(Debug)]
 pub(crate) struct OtelSpan {
     context: SpanContext,
@@ -57,7 +68,7 @@ pub(crate) struct OtelSpan {
     dropped_attributes: u32,
     status: Status,
     /// `None` once ended.
-    sink: Option<Arc<SpanSink>>,
+    to: Option<Destination>,
 }
 
 impl OtelSpan {
@@ -65,7 +76,7 @@ impl OtelSpan {
     /// the client's), in `parent`'s trace when that is valid, else in a
     /// new one.
     fn start(
-        sink: &Arc<SpanSink>,
+        to: Destination,
         parent: &SpanContext,
         parent_is_remote: bool,
         name: std::borrow::Cow<'static, str>,
@@ -100,14 +111,14 @@ impl OtelSpan {
             attributes,
             dropped_attributes: 0,
             status: Status::Unset,
-            sink: Some(Arc::clone(sink)),
+            to: Some(to),
         }
     }
 
     /// Adds an attribute (dropped, and counted so, past
     /// [`MAX_ATTRIBUTES`]; none once the span ended).
     pub(crate) fn set_attribute(&mut self, attribute: KeyValue) {
-        if self.sink.is_none() {
+        if self.to.is_none() {
             return;
         }
         if self.attributes.len() < MAX_ATTRIBUTES {
@@ -120,7 +131,7 @@ impl OtelSpan {
     /// Sets the status when it ranks above the current one (Ok above
     /// Error above Unset, as the SDK's spans do).
     pub(crate) fn set_status(&mut self, status: Status) {
-        if self.sink.is_some() && status > self.status {
+        if self.to.is_some() && status > self.status {
             self.status = status;
         }
     }
@@ -130,11 +141,25 @@ impl OtelSpan {
         &self.context
     }
 
-    /// Ends the span now and hands its record to the pipeline; later
-    /// calls do nothing.
+    /// Ends the span now and hands its record on (to its request's server
+    /// span, or to the pipeline); later calls do nothing.
     pub(crate) fn end(&mut self) {
-        let Some(sink) = self.sink.take() else {
+        let Some((data, to)) = self.finish() else {
             return;
+        };
+        match to {
+            Destination::Sink(sink) => sink.queue.hand_off(vec![data]),
+            Destination::Request(server) => server.keep(data),
+        }
+    }
+
+    /// Ends the span now: its record, and where it goes. `None` when it
+    /// already ended.
+    fn finish(&mut self) -> Option<(SpanData, Destination)> {
+        let to = self.to.take()?;
+        let scope = match &to {
+            Destination::Sink(sink) => sink.scope.clone(),
+            Destination::Request(server) => server.sink.scope.clone(),
         };
         let data = SpanData {
             span_context: self.context.clone(),
@@ -149,9 +174,9 @@ impl OtelSpan {
             events: SpanEvents::default(),
             links: SpanLinks::default(),
             status: std::mem::replace(&mut self.status, Status::Unset),
-            instrumentation_scope: sink.scope.clone(),
+            instrumentation_scope: scope,
         };
-        sink.processor.on_end(data);
+        Some((data, to))
     }
 }
 
@@ -176,15 +201,64 @@ pub(crate) struct Traced {
     server: Arc<ServerSpan>,
 }
 
-/// A request's server span, shared by the clones of its [`Traced`]: its
-/// context (read without a lock) and the span itself, ended once by the
-/// body that carries the response.
+/// A request's server span, shared by the clones of its [`Traced`] and
+/// by its other spans: its context (read without a lock), the span
+/// itself, ended once by the body that carries the response, and the
+/// request's spans that ended before it.
 #[derive(Debug)]
 struct ServerSpan {
     context: SpanContext,
     /// The pipeline, for the request's other spans.
     sink: Arc<SpanSink>,
-    span: parking_lot::Mutex<OtelSpan>,
+    state: parking_lot::Mutex<ServerState>,
+}
+
+#[derive(Debug)]
+struct ServerState {
+    span: OtelSpan,
+    /// The request's spans that ended before the server span, handed
+    /// over with it.
+    ended_children: Vec<SpanData>,
+}
+
+/// Room for a request's usual spans besides the server span (admission,
+/// read body, extract, a decision and an attempt, and a retry's pair)
+/// without regrowth.
+const CHILDREN: usize = 8;
+
+impl ServerSpan {
+    /// Keeps a child's record for the server span's hand-over, or hands
+    /// it over alone when the server span already ended.
+    fn keep(&self, data: SpanData) {
+        let mut state = self.state.lock();
+        if state.span.to.is_some() {
+            state.ended_children.push(data);
+            return;
+        }
+        drop(state);
+        self.sink.queue.hand_off(vec![data]);
+    }
+
+    /// Ends the server span now and hands it over with the children that
+    /// ended before it; later calls do nothing.
+    fn end(&self) {
+        let mut state = self.state.lock();
+        let Some((data, _sink)) = state.span.finish() else {
+            return;
+        };
+        let mut spans = std::mem::take(&mut state.ended_children);
+        drop(state);
+        spans.push(data);
+        self.sink.queue.hand_off(spans);
+    }
+}
+
+impl Drop for ServerSpan {
+    /// A request whose body was never made (it failed before a response)
+    /// still hands its spans over.
+    fn drop(&mut self) {
+        self.end();
+    }
 }
 
 /// The sink of the pipeline whose [`Tracing::layer`] is in the current
@@ -200,8 +274,13 @@ fn current_sink() -> Option<Arc<SpanSink>> {
 
 /// The server span of a request, or `None` when it is not traced (tracing
 /// off, an excluded path, not sampled, or no pipeline's layer in the
-/// current subscriber). Continues the request's `traceparent`.
-pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) -> Option<Traced> {
+/// current subscriber). Continues the request's `traceparent`. `route`
+/// is the request's ([`Route::of`], or a passthrough path's).
+pub(crate) fn server_span<B>(
+    trace: &TraceConfig,
+    request: &http::Request<B>,
+    route: Route,
+) -> Option<Traced> {
     let path = request.uri().path();
     if !trace.traces(path) {
         return None;
@@ -214,7 +293,7 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
     // Only paths the router knows name a route: an unknown path is not a
     // low-cardinality span name. A known path's route and span name are
     // static strings (no allocation on the request path).
-    let known = match Route::of(request.method(), path) {
+    let known = match route {
         Route::NotFound | Route::InvalidTarget | Route::WrongMethod { .. } => None,
         _ => Route::known_path(path),
     };
@@ -241,7 +320,7 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
     // A request without (valid) trace context starts a new trace.
     let remote = parent.span();
     let span = OtelSpan::start(
-        &sink,
+        Destination::Sink(Arc::clone(&sink)),
         remote.span_context(),
         true,
         name,
@@ -252,7 +331,10 @@ pub(crate) fn server_span<B>(trace: &TraceConfig, request: &http::Request<B>) ->
         server: Arc::new(ServerSpan {
             context: span.span_context().clone(),
             sink,
-            span: parking_lot::Mutex::new(span),
+            state: parking_lot::Mutex::new(ServerState {
+                span,
+                ended_children: Vec::with_capacity(CHILDREN),
+            }),
         }),
     })
 }
@@ -323,7 +405,7 @@ impl Traced {
         attributes: Vec<KeyValue>,
     ) -> OtelSpan {
         OtelSpan::start(
-            &self.server.sink,
+            Destination::Request(Arc::clone(&self.server)),
             &self.server.context,
             false,
             name.into(),
@@ -339,7 +421,7 @@ impl Traced {
 
     /// Records the response status on the server span (5xx is an error).
     pub(crate) fn record_response(&self, status: http::StatusCode) {
-        let mut span = self.server.span.lock();
+        let span = &mut self.server.state.lock().span;
         span.set_attribute(KeyValue::new(
             "http.response.status_code",
             i64::from(status.as_u16()),
@@ -351,7 +433,7 @@ impl Traced {
 
     /// Records the request's model and id on the server span.
     pub(crate) fn record_request(&self, model: &str, request_id: &http::HeaderValue) {
-        let mut span = self.server.span.lock();
+        let span = &mut self.server.state.lock().span;
         if !model.is_empty() {
             span.set_attribute(KeyValue::new("gen_ai.request.model", model.to_owned()));
         }
@@ -362,7 +444,7 @@ impl Traced {
 
     /// Ends the server span now (the response body ended or was dropped).
     fn end(&self) {
-        self.server.span.lock().end();
+        self.server.end();
     }
 
     /// The span of the body's extraction: one parse of the JSON, and for
@@ -764,7 +846,8 @@ pub fn trace_one_request_for_bench(config: &TraceConfig) -> bool {
         .header("x-request-id", "bench-request-1")
         .body(())
         .expect("a valid request");
-    let Some(traced) = server_span(config, &request) else {
+    let route = Route::of(request.method(), request.uri().path());
+    let Some(traced) = server_span(config, &request, route) else {
         return false;
     };
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -894,10 +977,107 @@ mod tests {
     }
 
     fn kept_sink() -> (Arc<SpanSink>, Kept) {
+        let (sink, kept, _counts) = kept_sink_with(&ExportConfig::default());
+        (sink, kept)
+    }
+
+    fn kept_sink_with(config: &ExportConfig) -> (Arc<SpanSink>, Kept, Arc<SpanCounts>) {
         let kept = Kept::default();
         let counts = Arc::new(SpanCounts::default());
-        let sink = super::super::span_sink(&ExportConfig::default(), kept.clone(), &counts);
-        (Arc::new(sink), kept)
+        let sink = super::super::span_sink(config, kept.clone(), &counts);
+        (Arc::new(sink), kept, counts)
+    }
+
+    /// A request's server span on `sink`, in a new trace.
+    fn traced(sink: &Arc<SpanSink>) -> Traced {
+        let span = OtelSpan::start(
+            Destination::Sink(Arc::clone(sink)),
+            &SpanContext::empty_context(),
+            true,
+            "POST /v1/chat/completions".into(),
+            SpanKind::Server,
+            Vec::new(),
+        );
+        Traced {
+            server: Arc::new(ServerSpan {
+                context: span.span_context().clone(),
+                sink: Arc::clone(sink),
+                state: parking_lot::Mutex::new(ServerState {
+                    span,
+                    ended_children: Vec::new(),
+                }),
+            }),
+        }
+    }
+
+    fn names(kept: &Kept) -> Vec<String> {
+        kept.0
+            .lock()
+            .iter()
+            .map(|span| span.name.to_string())
+            .collect()
+    }
+
+    /// A request's spans that end before its server span go to the export
+    /// with it, in one hand-over: a bound of three keeps the last three
+    /// of the five (per-span hand-overs would keep the first three). A
+    /// span that ends after the server span goes alone, still exported.
+    #[test]
+    fn a_requests_spans_go_to_the_export_with_its_server_span() {
+        let (sink, kept, counts) = kept_sink_with(&ExportConfig {
+            max_queue_size: 3,
+            scheduled_delay: Duration::from_secs(3600),
+            ..ExportConfig::default()
+        });
+        let traced = traced(&sink);
+        for name in ["admission", "read body", "extract", "route"] {
+            drop(traced.child(name, SpanKind::Internal, Vec::new()));
+        }
+        let mut body = traced.child("POST", SpanKind::Client, Vec::new());
+        sink.queue.force_flush().unwrap();
+        assert!(
+            kept.0.lock().is_empty(),
+            "nothing handed over before the server span ends"
+        );
+        traced.end();
+        traced.end();
+        sink.queue.force_flush().unwrap();
+        assert_eq!(
+            names(&kept),
+            ["extract", "route", "POST /v1/chat/completions"]
+        );
+        assert_eq!(counts.queue_full.get(), 2);
+        body.end();
+        sink.queue.force_flush().unwrap();
+        assert_eq!(names(&kept).last().unwrap(), "POST");
+        let spans = kept.0.lock();
+        let server = &spans[2];
+        assert_eq!(server.span_kind, SpanKind::Server);
+        for child in [&spans[0], &spans[1], &spans[3]] {
+            assert_eq!(child.parent_span_id, server.span_context.span_id());
+            assert_eq!(
+                child.span_context.trace_id(),
+                server.span_context.trace_id()
+            );
+        }
+    }
+
+    /// A request that never made a response body (its server span never
+    /// ended by one) hands its spans over when its last holder drops.
+    #[test]
+    fn a_server_span_never_ended_hands_its_spans_over_when_dropped() {
+        let (sink, kept, _counts) = kept_sink_with(&ExportConfig {
+            scheduled_delay: Duration::from_secs(3600),
+            ..ExportConfig::default()
+        });
+        let traced = traced(&sink);
+        let extract = traced.child("extract", SpanKind::Internal, Vec::new());
+        drop(traced);
+        sink.queue.force_flush().unwrap();
+        assert!(kept.0.lock().is_empty(), "a child still holds the request");
+        drop(extract);
+        sink.queue.force_flush().unwrap();
+        assert_eq!(names(&kept), ["extract", "POST /v1/chat/completions"]);
     }
 
     /// The records the router writes are what the SDK's spans were: ids
@@ -916,7 +1096,7 @@ mod tests {
             "vendor=abc".parse().unwrap(),
         );
         let mut server = OtelSpan::start(
-            &sink,
+            Destination::Sink(Arc::clone(&sink)),
             &client,
             true,
             "POST /v1/chat/completions".into(),
@@ -925,7 +1105,7 @@ mod tests {
         );
         let server_context = server.span_context().clone();
         let mut child = OtelSpan::start(
-            &sink,
+            Destination::Sink(Arc::clone(&sink)),
             &server_context,
             false,
             "route".into(),
@@ -941,7 +1121,7 @@ mod tests {
         child.end();
         drop(child);
         let root = OtelSpan::start(
-            &sink,
+            Destination::Sink(Arc::clone(&sink)),
             &SpanContext::empty_context(),
             true,
             "GET".into(),
@@ -953,7 +1133,7 @@ mod tests {
         server.set_status(Status::Ok);
         server.set_status(Status::error("after ok"));
         drop(server);
-        sink.processor.force_flush().unwrap();
+        sink.queue.force_flush().unwrap();
 
         let spans = kept.0.lock();
         assert_eq!(spans.len(), 3, "each span handed over once");
@@ -990,7 +1170,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for _ in 0..1000 {
             let span = OtelSpan::start(
-                &sink,
+                Destination::Sink(Arc::clone(&sink)),
                 &SpanContext::empty_context(),
                 false,
                 "x".into(),
