@@ -142,26 +142,36 @@ impl OtelSpan {
     }
 
     /// Ends the span now and hands its record on (to its request's server
-    /// span, or to the pipeline); later calls do nothing.
+    /// span, or to the pipeline); later calls do nothing. The record is
+    /// made where it goes (into the request's buffer under its lock), not
+    /// made and then moved there.
     pub(crate) fn end(&mut self) {
-        let Some((data, to)) = self.finish() else {
-            return;
-        };
-        match to {
-            Destination::Sink(sink) => sink.queue.hand_off(vec![data]),
-            Destination::Request(server) => server.keep(data),
+        match self.to.take() {
+            None => {}
+            Some(Destination::Sink(sink)) => {
+                let record = self.record(&sink.scope);
+                sink.queue.hand_off(vec![record]);
+            }
+            Some(Destination::Request(server)) => {
+                let mut state = server.state.lock();
+                if state.span.to.is_some() {
+                    let record = self.record(&server.sink.scope);
+                    state.ended_children.push(record);
+                } else {
+                    // The server span ended first: this one goes alone.
+                    drop(state);
+                    let record = self.record(&server.sink.scope);
+                    server.sink.queue.hand_off(vec![record]);
+                }
+            }
         }
     }
 
-    /// Ends the span now: its record, and where it goes. `None` when it
-    /// already ended.
-    fn finish(&mut self) -> Option<(SpanData, Destination)> {
-        let to = self.to.take()?;
-        let scope = match &to {
-            Destination::Sink(sink) => sink.scope.clone(),
-            Destination::Request(server) => server.sink.scope.clone(),
-        };
-        let data = SpanData {
+    /// The span's record, ended now (its name, attributes and status are
+    /// moved out: called once, when `to` was taken).
+    #[inline(always)]
+    fn record(&mut self, scope: &InstrumentationScope) -> SpanData {
+        SpanData {
             span_context: self.context.clone(),
             parent_span_id: self.parent_span_id,
             parent_span_is_remote: self.parent_is_remote,
@@ -174,9 +184,8 @@ impl OtelSpan {
             events: SpanEvents::default(),
             links: SpanLinks::default(),
             status: std::mem::replace(&mut self.status, Status::Unset),
-            instrumentation_scope: scope,
-        };
-        Some((data, to))
+            instrumentation_scope: scope.clone(),
+        }
     }
 }
 
@@ -227,28 +236,17 @@ struct ServerState {
 const CHILDREN: usize = 8;
 
 impl ServerSpan {
-    /// Keeps a child's record for the server span's hand-over, or hands
-    /// it over alone when the server span already ended.
-    fn keep(&self, data: SpanData) {
-        let mut state = self.state.lock();
-        if state.span.to.is_some() {
-            state.ended_children.push(data);
-            return;
-        }
-        drop(state);
-        self.sink.queue.hand_off(vec![data]);
-    }
-
     /// Ends the server span now and hands it over with the children that
     /// ended before it; later calls do nothing.
     fn end(&self) {
         let mut state = self.state.lock();
-        let Some((data, _sink)) = state.span.finish() else {
+        if state.span.to.take().is_none() {
             return;
-        };
+        }
+        let record = state.span.record(&self.sink.scope);
         let mut spans = std::mem::take(&mut state.ended_children);
         drop(state);
-        spans.push(data);
+        spans.push(record);
         self.sink.queue.hand_off(spans);
     }
 }
@@ -285,7 +283,14 @@ pub(crate) fn server_span<B>(
     if !trace.traces(path) {
         return None;
     }
-    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(request.headers()));
+    // The propagator answers the current context for a request without
+    // a `traceparent` (as it does for one it cannot read): most requests,
+    // spared its header lookups and parse.
+    let parent = if request.headers().contains_key(TRACEPARENT) {
+        TraceContextPropagator::new().extract(&HeaderExtractor(request.headers()))
+    } else {
+        opentelemetry::Context::current()
+    };
     if !head_sampled(&parent, trace.sampling_ratio) {
         return None;
     }
