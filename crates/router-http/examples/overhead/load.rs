@@ -86,35 +86,21 @@ fn measure_bodies(
             Tokens::Cold => "cold",
         };
         let name = format!("rt-{}-{mode}", &policy[..policy.len().min(8)]);
-        spawn_runtime(&name, move |rt| {
-            rt.block_on(async move {
-                let mut config = RouterConfig {
-                    policy: lb_policies::PolicyConfig::named(policy),
-                    ..RouterConfig::default()
-                };
-                if let Some(tokenizers) = router_tokenizers {
-                    config.tokenizers = tokenizers;
-                }
-                #[cfg(feature = "otel")]
-                {
-                    config.trace.enabled = trace_mode() != TraceMode::Off;
-                    if trace_mode() == TraceMode::Ratio0 {
-                        config.trace.sampling_ratio = 0.0;
-                    }
-                }
-                config.client.pool_max_idle_per_host = 1024;
-                let router = Router::new(config).expect("config");
-                router
-                    .add_worker(&format!("http://{upstream}"), None, None)
-                    .expect("worker");
-                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-                let addr = listener.local_addr().expect("addr");
-                tokio::spawn(async move {
-                    router.serve(listener, std::future::pending()).await;
-                });
-                (addr, thread_id())
-            })
-        })
+        let mut config = RouterConfig {
+            policy: lb_policies::PolicyConfig::named(policy),
+            ..RouterConfig::default()
+        };
+        if let Some(tokenizers) = router_tokenizers {
+            config.tokenizers = tokenizers;
+        }
+        #[cfg(feature = "otel")]
+        {
+            config.trace.enabled = trace_mode() != TraceMode::Off;
+            if trace_mode() == TraceMode::Ratio0 {
+                config.trace.sampling_ratio = 0.0;
+            }
+        }
+        spawn_router(&name, config, upstream)
     });
     let target = router_thread.map_or(upstream, |(addr, _)| addr);
     let router_tid = router_thread.map(|(_, tid)| tid);
@@ -209,6 +195,31 @@ fn measure_bodies(
         collector_cpu_us_per_req: collector_ns
             .map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),
     }
+}
+
+/// A router with `config` (and a connection pool large enough for every
+/// connection of a case) routing to `upstream`, served on a thread of its
+/// own named `name`: its address and thread id.
+pub(super) fn spawn_router(
+    name: &str,
+    mut config: RouterConfig,
+    upstream: SocketAddr,
+) -> (SocketAddr, u32) {
+    config.client.pool_max_idle_per_host = 1024;
+    spawn_runtime(name, move |rt| {
+        rt.block_on(async move {
+            let router = Router::new(config).expect("config");
+            router
+                .add_worker(&format!("http://{upstream}"), None, None)
+                .expect("worker");
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            tokio::spawn(async move {
+                router.serve(listener, std::future::pending()).await;
+            });
+            (addr, thread_id())
+        })
+    })
 }
 
 pub(super) fn make_bodies(case: Case, count: usize) -> Vec<Bytes> {

@@ -17,11 +17,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_http::{Router, RouterConfig};
-use tokio::net::TcpListener;
+use router_http::RouterConfig;
 
 use super::load::{make_bodies, run_load};
-use super::threads::{spawn_runtime, thread_cpu_ns, thread_id};
+use super::threads::{spawn_runtime, thread_cpu_ns};
 use super::trace::{collector_cpu_ns, export_cpu_ns};
 use super::{Case, round3};
 
@@ -33,26 +32,12 @@ fn spawn_router(
     traced: bool,
     upstream: SocketAddr,
 ) -> (SocketAddr, u32) {
-    spawn_runtime(name, move |rt| {
-        rt.block_on(async move {
-            let mut config = RouterConfig {
-                policy: lb_policies::PolicyConfig::named(policy),
-                ..RouterConfig::default()
-            };
-            config.trace.enabled = traced;
-            config.client.pool_max_idle_per_host = 1024;
-            let router = Router::new(config).expect("config");
-            router
-                .add_worker(&format!("http://{upstream}"), None, None)
-                .expect("worker");
-            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-            let addr = listener.local_addr().expect("addr");
-            tokio::spawn(async move {
-                router.serve(listener, std::future::pending()).await;
-            });
-            (addr, thread_id())
-        })
-    })
+    let mut config = RouterConfig {
+        policy: lb_policies::PolicyConfig::named(policy),
+        ..RouterConfig::default()
+    };
+    config.trace.enabled = traced;
+    super::load::spawn_router(name, config, upstream)
 }
 
 /// Pins this process's threads to the machine's first two CPUs: the
