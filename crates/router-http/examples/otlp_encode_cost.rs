@@ -5,8 +5,10 @@
 //! extract, route, attempt, with the attributes the router sets).
 //!
 //! `--path sdk` is what the router's exporters did before their own
-//! encoder: opentelemetry-proto's `group_spans_by_resource_and_scope`,
-//! then prost's `encode_to_vec`. `--path own` is
+//! encoder: the SDK's records of the spans (`SpanData`), converted by
+//! opentelemetry-proto's `group_spans_by_resource_and_scope`, then
+//! prost's `encode_to_vec`. `--path own` is the router's records
+//! ([`router_http::otel::SpanRecord`]) written by
 //! [`router_http::otel::TraceEncoder`], reused from batch to batch, and
 //! the copy of its bytes into the request body. Each consumes its batch
 //! (the exporter owns it), so both include dropping it.
@@ -24,17 +26,15 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use bytes::Bytes;
-use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
-use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry::InstrumentationScope;
+use opentelemetry::trace::{SpanKind, Status};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
 use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+use opentelemetry_sdk::trace::SpanData;
 use prost::Message as _;
-use router_http::otel::TraceEncoder;
+use router_http::otel::{Attribute, SpanRecord, TraceEncoder};
 
 /// Requests in the batch (six spans each).
 const REQUESTS: u64 = 85;
@@ -45,38 +45,32 @@ fn span(
     parent: u64,
     kind: SpanKind,
     name: &'static str,
-    attributes: Vec<KeyValue>,
-) -> SpanData {
+    attributes: Vec<Attribute>,
+) -> SpanRecord {
     let start = UNIX_EPOCH + Duration::from_nanos(1_780_000_000_000_000_000 + request * 1_000_000);
-    SpanData {
-        span_context: SpanContext::new(
-            TraceId::from(0x5eed_0000_0000_0000_0000_0000_0000_0000 | u128::from(request)),
-            SpanId::from((request << 8) | index),
-            TraceFlags::SAMPLED,
-            false,
-            TraceState::default(),
-        ),
+    SpanRecord {
+        trace_id: (0x5eed_0000_0000_0000_0000_0000_0000_0000 | u128::from(request)).to_be_bytes(),
+        span_id: ((request << 8) | index).to_be_bytes(),
         parent_span_id: if parent == 0 {
-            SpanId::INVALID
+            [0; 8]
         } else {
-            SpanId::from((request << 8) | parent)
+            ((request << 8) | parent).to_be_bytes()
         },
-        parent_span_is_remote: false,
-        span_kind: kind,
+        trace_flags: 1,
+        parent_is_remote: false,
+        trace_state: None,
+        kind,
         name: Cow::Borrowed(name),
-        start_time: start + Duration::from_micros(index * 40),
-        end_time: start + Duration::from_micros(index * 40 + 900),
+        start: start + Duration::from_micros(index * 40),
+        end: start + Duration::from_micros(index * 40 + 900),
         attributes,
-        dropped_attributes_count: 0,
-        events: SpanEvents::default(),
-        links: SpanLinks::default(),
+        dropped_attributes: 0,
         status: Status::Unset,
-        instrumentation_scope: InstrumentationScope::builder("router-http").build(),
     }
 }
 
 /// The spans of one regular request, as the router builds them.
-fn request_spans(request: u64) -> Vec<SpanData> {
+fn request_spans(request: u64) -> Vec<SpanRecord> {
     let worker = format!("http://10.0.0.{}:8000", request % 8);
     vec![
         span(request, 2, 1, SpanKind::Internal, "admission", vec![]),
@@ -88,8 +82,8 @@ fn request_spans(request: u64) -> Vec<SpanData> {
             SpanKind::Internal,
             "extract",
             vec![
-                KeyValue::new("router.routing_input", "text"),
-                KeyValue::new("router.routing_chars", 1024_i64),
+                Attribute::new("router.routing_input", "text"),
+                Attribute::new("router.routing_chars", 1024_i64),
             ],
         ),
         span(
@@ -99,12 +93,12 @@ fn request_spans(request: u64) -> Vec<SpanData> {
             SpanKind::Internal,
             "route",
             vec![
-                KeyValue::new("router.policy", "cache_aware"),
-                KeyValue::new("router.candidates", 4_i64),
-                KeyValue::new("router.decision.reason", "cache_hit"),
-                KeyValue::new("router.decision.match_rate", 0.75),
-                KeyValue::new("router.decision.matched", 768_i64),
-                KeyValue::new("router.worker", worker.clone()),
+                Attribute::new("router.policy", "cache_aware"),
+                Attribute::new("router.candidates", 4_i64),
+                Attribute::new("router.decision.reason", "cache_hit"),
+                Attribute::new("router.decision.match_rate", 0.75),
+                Attribute::new("router.decision.matched", 768_i64),
+                Attribute::new("router.worker", worker.clone()),
             ],
         ),
         span(
@@ -114,12 +108,12 @@ fn request_spans(request: u64) -> Vec<SpanData> {
             SpanKind::Client,
             "POST",
             vec![
-                KeyValue::new("http.request.method", "POST"),
-                KeyValue::new("url.full", format!("{worker}/v1/chat/completions")),
-                KeyValue::new("http.request.resend_count", 0_i64),
-                KeyValue::new("http.response.status_code", 200_i64),
-                KeyValue::new("router.time_to_first_byte_ms", 3.25),
-                KeyValue::new("router.body.end", "complete"),
+                Attribute::new("http.request.method", "POST"),
+                Attribute::new("url.full", format!("{worker}/v1/chat/completions")),
+                Attribute::new("http.request.resend_count", 0_i64),
+                Attribute::new("http.response.status_code", 200_i64),
+                Attribute::new("router.time_to_first_byte_ms", 3.25),
+                Attribute::new("router.body.end", "complete"),
             ],
         ),
         span(
@@ -129,12 +123,12 @@ fn request_spans(request: u64) -> Vec<SpanData> {
             SpanKind::Server,
             "POST /v1/chat/completions",
             vec![
-                KeyValue::new("http.request.method", "POST"),
-                KeyValue::new("http.route", "/v1/chat/completions"),
-                KeyValue::new("url.path", "/v1/chat/completions"),
-                KeyValue::new("http.response.status_code", 200_i64),
-                KeyValue::new("gen_ai.request.model", "llama-3.1-8b-instruct"),
-                KeyValue::new("request.id", format!("req-{request:016x}")),
+                Attribute::new("http.request.method", "POST"),
+                Attribute::new("http.route", "/v1/chat/completions"),
+                Attribute::new("url.path", "/v1/chat/completions"),
+                Attribute::new("http.response.status_code", 200_i64),
+                Attribute::new("gen_ai.request.model", "llama-3.1-8b-instruct"),
+                Attribute::new("request.id", format!("req-{request:016x}")),
             ],
         ),
     ]
@@ -151,7 +145,7 @@ fn encode_sdk(batch: Vec<SpanData>, resource: &ResourceAttributesWithSchema) -> 
 
 /// The router's encoder and the copy into a request body.
 #[inline(never)]
-fn encode_own(batch: Vec<SpanData>, encoder: &mut TraceEncoder) -> usize {
+fn encode_own(batch: Vec<SpanRecord>, encoder: &mut TraceEncoder) -> usize {
     let body = Bytes::copy_from_slice(encoder.encode(&batch));
     drop(batch);
     body.len()
@@ -171,23 +165,36 @@ fn main() {
             }
         }
     }
-    let batch: Vec<SpanData> = (0..REQUESTS).flat_map(request_spans).collect();
+    let batch: Vec<SpanRecord> = (0..REQUESTS).flat_map(request_spans).collect();
     let spans = batch.len();
     let resource = Resource::builder_empty()
         .with_service_name("affinity-router")
         .build();
     let converted: ResourceAttributesWithSchema = (&resource).into();
+    let scope = InstrumentationScope::builder("router-http").build();
     let mut encoder = TraceEncoder::new();
     encoder.set_resource(&resource);
-    // The batches are cloned before the clock starts: the exporter gets
-    // its batch owned, and cloning is not part of its work.
-    let batches: Vec<Vec<SpanData>> = (0..loops).map(|_| batch.clone()).collect();
+    encoder.set_scope(&scope);
+    // The batches are made before the clock starts: the exporter gets its
+    // batch owned, and making it is not part of its work. The SDK's path
+    // gets the SDK's records of the same spans.
+    let sdk_batch: Vec<SpanData> = batch.iter().map(|span| span.to_span_data(&scope)).collect();
+    let mut records: Vec<Vec<SpanRecord>> = Vec::new();
+    let mut sdk_records: Vec<Vec<SpanData>> = Vec::new();
+    for _ in 0..loops {
+        match path.as_str() {
+            "sdk" => sdk_records.push(sdk_batch.clone()),
+            _ => records.push(batch.clone()),
+        }
+    }
     let started = Instant::now();
     let mut bytes = 0;
-    for batch in batches {
+    let mut sdk_records = sdk_records.into_iter();
+    let mut records = records.into_iter();
+    for _ in 0..loops {
         bytes = match path.as_str() {
-            "sdk" => encode_sdk(batch, &converted),
-            "own" => encode_own(batch, &mut encoder),
+            "sdk" => encode_sdk(sdk_records.next().expect("a batch"), &converted),
+            "own" => encode_own(records.next().expect("a batch"), &mut encoder),
             other => {
                 eprintln!("--path {other}: expected sdk or own");
                 std::process::exit(2);

@@ -193,6 +193,13 @@ impl WorkerUrl {
         &self.text
     }
 
+    /// The canonical URL as shared text: a clone is a reference count,
+    /// not a copy (for a record that names the worker, such as a trace
+    /// span's attribute).
+    pub fn as_shared(&self) -> &std::sync::Arc<str> {
+        &self.text
+    }
+
     /// Whether the scheme is `https`.
     pub fn is_https(&self) -> bool {
         self.https

@@ -48,7 +48,12 @@ fn spawn_router(
 /// `false` when the machine has fewer than two CPUs or a router's thread
 /// could not be pinned.
 fn pin_threads() -> bool {
-    if std::thread::available_parallelism().map_or(0, usize::from) < 2 {
+    // The CPUs this process may use, read once: after the first pinning
+    // this thread is on one CPU, and would read 1 (the reason the second
+    // policy's routers were once measured unpinned).
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(0, usize::from));
+    if cpus < 2 {
         return false;
     }
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -73,8 +78,11 @@ fn pin_threads() -> bool {
             libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
         };
         // A thread that ended since the listing (a blocking-pool thread
-        // past its idle time) is not a failure; a router not pinned is.
-        pinned &= result == 0 || cpu == 1;
+        // past its idle time, or a router of the previous policy shutting
+        // down: ESRCH) is not a failure; a live router not pinned is.
+        let ended =
+            result != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        pinned &= result == 0 || cpu == 1 || ended;
     }
     pinned
 }

@@ -103,10 +103,10 @@ impl Drop for Settle {
     }
 }
 
-impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
+impl<E: Export> Export for CountingExporter<E> {
     fn export(
         &self,
-        batch: Vec<SpanData>,
+        batch: &[SpanRecord],
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
         let settle = Settle {
             counts: Arc::clone(&self.counts),
@@ -123,15 +123,7 @@ impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
         }
     }
 
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
-        self.inner.set_resource(resource);
+    fn shutdown(&self) -> OTelSdkResult {
+        self.inner.shutdown()
     }
 }

@@ -1,5 +1,6 @@
 //! The OTLP protobuf encoder: an `ExportTraceServiceRequest` written
-//! straight from the SDK's [`SpanData`], with no intermediate messages.
+//! straight from the router's span records ([`SpanRecord`]), with no
+//! intermediate messages.
 //!
 //! # Why our own
 //!
@@ -28,13 +29,14 @@
 //! # What it writes
 //!
 //! One `ResourceSpans` (the resource given to
-//! [`TraceEncoder::set_resource`]), with one `ScopeSpans` per distinct
-//! instrumentation scope in the order the scopes first appear in the batch,
-//! each holding its spans in batch order: the SDK's grouping.
+//! [`TraceEncoder::set_resource`]) with one `ScopeSpans` (the scope given
+//! to [`TraceEncoder::set_scope`]: a pipeline's spans are all in its scope)
+//! holding the batch's spans in order: what the SDK's grouping makes of
+//! spans of one scope.
 
+use super::record::{AttributeValue, SpanRecord};
 use opentelemetry::trace::{SpanKind, Status};
 use opentelemetry::{Array, KeyValue, Value};
-use opentelemetry_sdk::trace::SpanData;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Protobuf wire types.
@@ -77,24 +79,8 @@ mod field {
     pub(super) const SPAN_END: u32 = 8;
     pub(super) const SPAN_ATTRIBUTES: u32 = 9;
     pub(super) const SPAN_DROPPED_ATTRIBUTES: u32 = 10;
-    pub(super) const SPAN_EVENTS: u32 = 11;
-    pub(super) const SPAN_DROPPED_EVENTS: u32 = 12;
-    pub(super) const SPAN_LINKS: u32 = 13;
-    pub(super) const SPAN_DROPPED_LINKS: u32 = 14;
     pub(super) const SPAN_STATUS: u32 = 15;
     pub(super) const SPAN_FLAGS: u32 = 16;
-    /// `Span.Event`.
-    pub(super) const EVENT_TIME: u32 = 1;
-    pub(super) const EVENT_NAME: u32 = 2;
-    pub(super) const EVENT_ATTRIBUTES: u32 = 3;
-    pub(super) const EVENT_DROPPED_ATTRIBUTES: u32 = 4;
-    /// `Span.Link`.
-    pub(super) const LINK_TRACE_ID: u32 = 1;
-    pub(super) const LINK_SPAN_ID: u32 = 2;
-    pub(super) const LINK_TRACE_STATE: u32 = 3;
-    pub(super) const LINK_ATTRIBUTES: u32 = 4;
-    pub(super) const LINK_DROPPED_ATTRIBUTES: u32 = 5;
-    pub(super) const LINK_FLAGS: u32 = 6;
     /// `Status`.
     pub(super) const STATUS_MESSAGE: u32 = 2;
     pub(super) const STATUS_CODE: u32 = 3;
@@ -115,19 +101,20 @@ mod field {
 const FLAGS_HAS_IS_REMOTE: u32 = 0x100;
 const FLAGS_IS_REMOTE: u32 = 0x200;
 
-/// Encodes batches of finished spans as OTLP `ExportTraceServiceRequest`
-/// messages (protobuf), as opentelemetry-proto's conversion and prost
-/// would, byte for byte, without building their messages.
+/// Encodes batches of finished spans ([`SpanRecord`]) as OTLP
+/// `ExportTraceServiceRequest` messages (protobuf), byte for byte as
+/// prost encodes the SDK's conversion of the same spans
+/// ([`SpanRecord::to_span_data`]), without building its messages.
 ///
 /// The message is written back to front in one pass (each nested
 /// message's length goes in front of its content once that is written),
 /// from the spans' borrowed attributes: no per-attribute `String`, no
-/// sizing pass. Spans are grouped as the SDK groups them: one
-/// `ResourceSpans`, one `ScopeSpans` per distinct instrumentation scope in
-/// order of first appearance, spans in batch order.
+/// sizing pass. A batch is one `ResourceSpans` (the resource of
+/// [`set_resource`](Self::set_resource)) with one `ScopeSpans` (the scope
+/// of [`set_scope`](Self::set_scope)) holding the spans in batch order.
 ///
-/// Keep one and reuse it: its buffer and scratch space stay allocated
-/// from one batch to the next.
+/// Keep one and reuse it: its buffer stays allocated from one batch to
+/// the next.
 ///
 /// ```
 /// # use router_http::otel::TraceEncoder;
@@ -137,6 +124,7 @@ const FLAGS_IS_REMOTE: u32 = 0x200;
 ///         .with_service_name("my-router")
 ///         .build(),
 /// );
+/// encoder.set_scope(&opentelemetry::InstrumentationScope::builder("my-router").build());
 /// let message: &[u8] = encoder.encode(&[]);
 /// // One ResourceSpans with the resource and no spans.
 /// assert!(!message.is_empty());
@@ -150,21 +138,20 @@ pub struct TraceEncoder {
     resource: Vec<u8>,
     /// `ResourceSpans.schema_url`.
     resource_schema_url: String,
-    /// Scratch: the distinct scopes of a batch (index of the first span
-    /// with each), each span's scope, and the spans ordered by scope.
-    scopes: Vec<usize>,
-    scope_of: Vec<u32>,
-    order: Vec<u32>,
+    /// The `InstrumentationScope` message's content, encoded once.
+    scope: Vec<u8>,
+    /// `ScopeSpans.schema_url`.
+    scope_schema_url: String,
 }
 
 impl TraceEncoder {
-    /// An encoder with an empty resource (no attributes, no schema URL).
+    /// An encoder with an empty resource (no attributes, no schema URL)
+    /// and an empty scope (no name).
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Sets the resource every later batch is exported with (the SDK calls
-    /// `SpanExporter::set_resource` once, when the provider is built).
+    /// Sets the resource every later batch is exported with.
     pub fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
         // Encoded once here with the same writer, then kept as bytes.
         self.reset();
@@ -180,9 +167,22 @@ impl TraceEncoder {
         self.reset();
     }
 
+    /// Sets the instrumentation scope every later batch's spans are in.
+    pub fn set_scope(&mut self, scope: &opentelemetry::InstrumentationScope) {
+        self.reset();
+        let attributes: Vec<&KeyValue> = scope.attributes().collect();
+        self.attributes(field::SCOPE_ATTRIBUTES, attributes.iter().copied());
+        self.string(field::SCOPE_VERSION, scope.version().unwrap_or_default());
+        self.string(field::SCOPE_NAME, scope.name());
+        self.scope.clear();
+        self.scope.extend_from_slice(&self.buf[self.start..]);
+        self.scope_schema_url = scope.schema_url().unwrap_or_default().to_owned();
+        self.reset();
+    }
+
     /// The `ExportTraceServiceRequest` of `batch`, valid until the next
     /// call.
-    pub fn encode(&mut self, batch: &[SpanData]) -> &[u8] {
+    pub fn encode(&mut self, batch: &[SpanRecord]) -> &[u8] {
         self.encode_message(batch);
         &self.buf[self.start..]
     }
@@ -190,7 +190,7 @@ impl TraceEncoder {
     /// The `ExportTraceServiceRequest` of `batch` in one gRPC message frame
     /// (not compressed, 32-bit big-endian length), or `None` when the
     /// message exceeds that length. Valid until the next call.
-    pub fn encode_grpc_frame(&mut self, batch: &[SpanData]) -> Option<&[u8]> {
+    pub fn encode_grpc_frame(&mut self, batch: &[SpanRecord]) -> Option<&[u8]> {
         self.encode_message(batch);
         let length = u32::try_from(self.written()).ok()?;
         self.raw(&length.to_be_bytes());
@@ -198,32 +198,27 @@ impl TraceEncoder {
         Some(&self.buf[self.start..])
     }
 
-    fn encode_message(&mut self, batch: &[SpanData]) {
+    fn encode_message(&mut self, batch: &[SpanRecord]) {
         self.reset();
-        self.group(batch);
         let request_end = self.written();
         let schema_url = std::mem::take(&mut self.resource_schema_url);
         self.string(field::RS_SCHEMA_URL, &schema_url);
         self.resource_schema_url = schema_url;
-        // Scopes, and each scope's spans, last to first.
-        let mut next = self.order.len();
-        for group in (0..self.scopes.len()).rev() {
+        // No spans, no ScopeSpans (as the SDK's grouping).
+        if !batch.is_empty() {
             let scope_end = self.written();
-            let first = &batch[self.scopes[group]];
-            let scope = &first.instrumentation_scope;
-            self.string(field::SS_SCHEMA_URL, scope.schema_url().unwrap_or_default());
-            while next > 0 && self.scope_of[self.order[next - 1] as usize] as usize == group {
-                next -= 1;
-                let span = &batch[self.order[next] as usize];
+            let schema_url = std::mem::take(&mut self.scope_schema_url);
+            self.string(field::SS_SCHEMA_URL, &schema_url);
+            self.scope_schema_url = schema_url;
+            for span in batch.iter().rev() {
                 let span_end = self.written();
                 self.span(span);
                 self.close(field::SS_SPANS, span_end);
             }
             let end = self.written();
-            let attributes: Vec<&KeyValue> = scope.attributes().collect();
-            self.attributes(field::SCOPE_ATTRIBUTES, attributes.iter().copied());
-            self.string(field::SCOPE_VERSION, scope.version().unwrap_or_default());
-            self.string(field::SCOPE_NAME, scope.name());
+            let scope = std::mem::take(&mut self.scope);
+            self.raw(&scope);
+            self.scope = scope;
             self.close(field::SS_SCOPE, end);
             self.close(field::RS_SCOPE_SPANS, scope_end);
         }
@@ -235,50 +230,11 @@ impl TraceEncoder {
         self.close(field::REQUEST_RESOURCE_SPANS, request_end);
     }
 
-    /// Fills `scopes`, `scope_of` and `order` (span indices grouped by
-    /// scope, scopes in order of first appearance, spans in batch order).
-    fn group(&mut self, batch: &[SpanData]) {
-        self.scopes.clear();
-        self.scope_of.clear();
-        for (index, span) in batch.iter().enumerate() {
-            let scope = &span.instrumentation_scope;
-            // A batch has few scopes (the router's has one): a linear
-            // search with the SDK's own equality beats hashing each span's.
-            let group = match self
-                .scopes
-                .iter()
-                .position(|&first| batch[first].instrumentation_scope == *scope)
-            {
-                Some(group) => group,
-                None => {
-                    self.scopes.push(index);
-                    self.scopes.len() - 1
-                }
-            };
-            self.scope_of.push(group as u32);
-        }
-        // A counting sort by group, stable in batch order.
-        self.order.clear();
-        self.order.resize(batch.len(), 0);
-        let mut offsets = vec![0u32; self.scopes.len() + 1];
-        for &group in &self.scope_of {
-            offsets[group as usize + 1] += 1;
-        }
-        for group in 1..offsets.len() {
-            offsets[group] += offsets[group - 1];
-        }
-        for (index, &group) in self.scope_of.iter().enumerate() {
-            let slot = &mut offsets[group as usize];
-            self.order[*slot as usize] = index as u32;
-            *slot += 1;
-        }
-    }
-
-    /// One `Span`'s content, fields in descending order.
-    fn span(&mut self, span: &SpanData) {
-        let context = &span.span_context;
-        let mut flags = u32::from(context.trace_flags().to_u8()) | FLAGS_HAS_IS_REMOTE;
-        if span.parent_span_is_remote {
+    /// One `Span`'s content, fields in descending order (the record has
+    /// no events or links: their fields are empty, and left out).
+    fn span(&mut self, span: &SpanRecord) {
+        let mut flags = u32::from(span.trace_flags) | FLAGS_HAS_IS_REMOTE;
+        if span.parent_is_remote {
             flags |= FLAGS_IS_REMOTE;
         }
         self.fixed32(field::SPAN_FLAGS, flags);
@@ -292,52 +248,38 @@ impl TraceEncoder {
         self.uint(field::STATUS_CODE, code);
         self.string(field::STATUS_MESSAGE, message);
         self.close(field::SPAN_STATUS, end);
-        self.uint(field::SPAN_DROPPED_LINKS, span.links.dropped_count.into());
-        for link in span.links.links.iter().rev() {
-            let end = self.written();
-            let linked = &link.span_context;
-            let mut flags = u32::from(linked.trace_flags().to_u8()) | FLAGS_HAS_IS_REMOTE;
-            if linked.is_remote() {
-                flags |= FLAGS_IS_REMOTE;
-            }
-            self.fixed32(field::LINK_FLAGS, flags);
-            self.uint(
-                field::LINK_DROPPED_ATTRIBUTES,
-                link.dropped_attributes_count.into(),
-            );
-            self.attributes(field::LINK_ATTRIBUTES, link.attributes.iter());
-            self.string(field::LINK_TRACE_STATE, &linked.trace_state().header());
-            self.bytes(field::LINK_SPAN_ID, &linked.span_id().to_bytes());
-            self.bytes(field::LINK_TRACE_ID, &linked.trace_id().to_bytes());
-            self.close(field::SPAN_LINKS, end);
-        }
-        self.uint(field::SPAN_DROPPED_EVENTS, span.events.dropped_count.into());
-        for event in span.events.events.iter().rev() {
-            let end = self.written();
-            self.uint(
-                field::EVENT_DROPPED_ATTRIBUTES,
-                event.dropped_attributes_count.into(),
-            );
-            self.attributes(field::EVENT_ATTRIBUTES, event.attributes.iter());
-            self.string(field::EVENT_NAME, &event.name);
-            self.fixed64(field::EVENT_TIME, unix_nanos(event.timestamp));
-            self.close(field::SPAN_EVENTS, end);
-        }
         self.uint(
             field::SPAN_DROPPED_ATTRIBUTES,
-            span.dropped_attributes_count.into(),
+            span.dropped_attributes.into(),
         );
-        self.attributes(field::SPAN_ATTRIBUTES, span.attributes.iter());
-        self.fixed64(field::SPAN_END, unix_nanos(span.end_time));
-        self.fixed64(field::SPAN_START, unix_nanos(span.start_time));
-        self.uint(field::SPAN_KIND, kind(&span.span_kind));
-        self.string(field::SPAN_NAME, &span.name);
-        if span.parent_span_id != opentelemetry::trace::SpanId::INVALID {
-            self.bytes(field::SPAN_PARENT_SPAN_ID, &span.parent_span_id.to_bytes());
+        for attribute in span.attributes.iter().rev() {
+            // One mark for both: the value's message, then the key, make
+            // the `KeyValue`.
+            let end = self.written();
+            match &attribute.value {
+                AttributeValue::String(text) => self.one_of_string(text),
+                AttributeValue::Shared(text) => self.one_of_string(text),
+                AttributeValue::I64(value) => self.one_of_int(*value),
+                AttributeValue::F64(value) => self.one_of_double(*value),
+                AttributeValue::Bool(value) => self.one_of_bool(*value),
+            }
+            self.close(field::KV_VALUE, end);
+            self.string(field::KV_KEY, attribute.key);
+            self.close(field::SPAN_ATTRIBUTES, end);
         }
-        self.string(field::SPAN_TRACE_STATE, &context.trace_state().header());
-        self.bytes(field::SPAN_SPAN_ID, &context.span_id().to_bytes());
-        self.bytes(field::SPAN_TRACE_ID, &context.trace_id().to_bytes());
+        self.fixed64(field::SPAN_END, unix_nanos(span.end));
+        self.fixed64(field::SPAN_START, unix_nanos(span.start));
+        self.uint(field::SPAN_KIND, kind(&span.kind));
+        self.string(field::SPAN_NAME, &span.name);
+        if span.parent_span_id != [0; 8] {
+            self.bytes(field::SPAN_PARENT_SPAN_ID, &span.parent_span_id);
+        }
+        self.string(
+            field::SPAN_TRACE_STATE,
+            span.trace_state.as_deref().unwrap_or_default(),
+        );
+        self.bytes(field::SPAN_SPAN_ID, &span.span_id);
+        self.bytes(field::SPAN_TRACE_ID, &span.trace_id);
     }
 
     /// Repeated `KeyValue`s as field `number`, in their order.
@@ -586,26 +528,31 @@ fn kind(kind: &SpanKind) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::TraceEncoder;
-    use opentelemetry::trace::{
-        Event, Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-    };
-    use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
+    use crate::otel::record::{Attribute, AttributeValue, SpanRecord};
+    use opentelemetry::trace::{SpanKind, Status, TraceState};
+    use opentelemetry::{InstrumentationScope, KeyValue, Value};
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
     use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
     use opentelemetry_sdk::Resource;
-    use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
     use proptest::prelude::*;
     use proptest::strategy::ValueTree as _;
     use prost::Message as _;
     use std::borrow::Cow;
+    use std::sync::Arc;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    /// What the SDK's own exporters sent: its conversion, encoded by prost.
-    fn reference(batch: &[SpanData], resource: &Resource) -> ExportTraceServiceRequest {
+    /// What the SDK's own exporters would send for the same spans: its
+    /// conversion of their `SpanData`, encoded by prost.
+    fn reference(
+        batch: &[SpanRecord],
+        resource: &Resource,
+        scope: &InstrumentationScope,
+    ) -> ExportTraceServiceRequest {
         let resource: ResourceAttributesWithSchema = resource.into();
+        let spans = batch.iter().map(|span| span.to_span_data(scope)).collect();
         ExportTraceServiceRequest {
-            resource_spans: group_spans_by_resource_and_scope(batch.to_vec(), &resource),
+            resource_spans: group_spans_by_resource_and_scope(spans, &resource),
         }
     }
 
@@ -614,26 +561,47 @@ mod tests {
         prop_oneof![Just(String::new()), "[a-z.]{1,12}", "\\PC{0,40}"]
     }
 
-    fn value() -> impl Strategy<Value = Value> {
+    /// Keys are static: a few, the empty one and a multi-byte one among
+    /// them.
+    const KEYS: [&str; 5] = ["http.route", "router.worker", "", "ü.key", "k"];
+
+    fn attribute_value() -> impl Strategy<Value = AttributeValue> {
         let double = any::<f64>().prop_filter("NaN is not equal to itself", |v| !v.is_nan());
         prop_oneof![
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::I64),
-            double.clone().prop_map(Value::F64),
-            text().prop_map(|s| Value::String(s.into())),
-            prop::collection::vec(any::<bool>(), 0..4).prop_map(|v| Value::Array(Array::Bool(v))),
-            prop::collection::vec(any::<i64>(), 0..4).prop_map(|v| Value::Array(Array::I64(v))),
-            prop::collection::vec(double, 0..4).prop_map(|v| Value::Array(Array::F64(v))),
-            prop::collection::vec(text(), 0..4).prop_map(|v| Value::Array(Array::String(
-                v.into_iter().map(StringValue::from).collect()
-            ))),
+            any::<bool>().prop_map(AttributeValue::Bool),
+            any::<i64>().prop_map(AttributeValue::I64),
+            double.prop_map(AttributeValue::F64),
+            text().prop_map(AttributeValue::from),
+            Just(AttributeValue::from("static text")),
+            text().prop_map(|text| AttributeValue::Shared(Arc::from(text))),
         ]
     }
 
-    fn attributes() -> impl Strategy<Value = Vec<KeyValue>> {
+    fn attributes() -> impl Strategy<Value = Vec<Attribute>> {
         prop::collection::vec(
-            (text(), value()).prop_map(|(key, value)| KeyValue::new(key, value)),
-            0..5,
+            (0..KEYS.len(), attribute_value()).prop_map(|(key, value)| Attribute {
+                key: KEYS[key],
+                value,
+            }),
+            0..6,
+        )
+    }
+
+    /// Resource and scope attributes: the SDK's values, arrays included.
+    fn sdk_attributes() -> impl Strategy<Value = Vec<KeyValue>> {
+        use opentelemetry::{Array, StringValue};
+        let value = prop_oneof![
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::I64),
+            text().prop_map(|s| Value::String(s.into())),
+            prop::collection::vec(any::<i64>(), 0..4).prop_map(|v| Value::Array(Array::I64(v))),
+            prop::collection::vec(text(), 0..4).prop_map(|v| Value::Array(Array::String(
+                v.into_iter().map(StringValue::from).collect()
+            ))),
+        ];
+        prop::collection::vec(
+            (text(), value).prop_map(|(key, value)| KeyValue::new(key, value)),
+            0..4,
         )
     }
 
@@ -646,50 +614,18 @@ mod tests {
         ]
     }
 
-    fn trace_state() -> impl Strategy<Value = TraceState> {
-        prop::collection::vec(("[a-z][a-z0-9_]{0,6}", "[a-zA-Z0-9 ]{0,8}[a-z]"), 0..3)
-            .prop_map(|pairs| TraceState::from_key_value(pairs).unwrap_or_default())
-    }
-
-    fn context() -> impl Strategy<Value = SpanContext> {
-        (
-            any::<u128>(),
-            any::<u64>(),
-            any::<u8>(),
-            any::<bool>(),
-            trace_state(),
+    fn trace_state() -> impl Strategy<Value = Option<Arc<str>>> {
+        prop::collection::vec(("[a-z][a-z0-9_]{0,6}", "[a-zA-Z0-9 ]{0,8}[a-z]"), 0..3).prop_map(
+            |pairs| {
+                let header = TraceState::from_key_value(pairs)
+                    .unwrap_or_default()
+                    .header();
+                (!header.is_empty()).then(|| Arc::from(header))
+            },
         )
-            .prop_map(|(trace, span, flags, remote, state)| {
-                SpanContext::new(
-                    TraceId::from(trace),
-                    SpanId::from(span),
-                    TraceFlags::new(flags),
-                    remote,
-                    state,
-                )
-            })
     }
 
-    /// A few scopes, two of them equal (the same attributes in another
-    /// order), so batches mix scopes and group them.
-    fn scopes() -> Vec<InstrumentationScope> {
-        vec![
-            InstrumentationScope::builder("router-http").build(),
-            InstrumentationScope::builder("lib")
-                .with_version("1.2.3")
-                .with_schema_url("https://opentelemetry.io/schemas/1.30.0")
-                .with_attributes([KeyValue::new("a", 1), KeyValue::new("b", "x")])
-                .build(),
-            InstrumentationScope::builder("lib")
-                .with_version("1.2.3")
-                .with_schema_url("https://opentelemetry.io/schemas/1.30.0")
-                .with_attributes([KeyValue::new("b", "x"), KeyValue::new("a", 1)])
-                .build(),
-            InstrumentationScope::builder("").with_version("ü").build(),
-        ]
-    }
-
-    fn span() -> impl Strategy<Value = SpanData> {
+    fn span() -> impl Strategy<Value = SpanRecord> {
         let kind = prop_oneof![
             Just(SpanKind::Internal),
             Just(SpanKind::Server),
@@ -702,67 +638,44 @@ mod tests {
             Just(Status::Ok),
             text().prop_map(Status::error),
         ];
-        let event = (text(), time(), attributes(), any::<u32>()).prop_map(
-            |(name, time, attributes, dropped)| Event::new(name, time, attributes, dropped),
-        );
-        let link = (context(), attributes(), any::<u32>())
-            .prop_map(|(context, attributes, dropped)| Link::new(context, attributes, dropped));
-        let events =
-            (prop::collection::vec(event, 0..3), any::<u32>()).prop_map(|(events, dropped)| {
-                let mut all = SpanEvents::default();
-                all.events = events;
-                all.dropped_count = dropped;
-                all
-            });
-        let links =
-            (prop::collection::vec(link, 0..3), any::<u32>()).prop_map(|(links, dropped)| {
-                let mut all = SpanLinks::default();
-                all.links = links;
-                all.dropped_count = dropped;
-                all
-            });
         (
             (
-                context(),
-                prop_oneof![Just(0u64), any::<u64>()],
+                any::<[u8; 16]>(),
+                any::<[u8; 8]>(),
+                prop_oneof![Just([0u8; 8]), any::<[u8; 8]>()],
+                any::<u8>(),
                 any::<bool>(),
-                kind,
-                text(),
+                trace_state(),
             ),
-            (
-                time(),
-                time(),
-                attributes(),
-                prop_oneof![Just(0u32), any::<u32>()],
-            ),
-            (events, links, status, 0..scopes().len()),
+            (kind, text(), time(), time()),
+            (attributes(), prop_oneof![Just(0u32), any::<u32>()], status),
         )
             .prop_map(
                 |(
-                    (context, parent, parent_remote, kind, name),
-                    (start, end, attributes, dropped),
-                    (events, links, status, scope),
-                )| SpanData {
-                    span_context: context,
-                    parent_span_id: SpanId::from(parent),
-                    parent_span_is_remote: parent_remote,
-                    span_kind: kind,
+                    (trace_id, span_id, parent_span_id, trace_flags, parent_is_remote, trace_state),
+                    (kind, name, start, end),
+                    (attributes, dropped_attributes, status),
+                )| SpanRecord {
+                    trace_id,
+                    span_id,
+                    parent_span_id,
+                    trace_flags,
+                    parent_is_remote,
+                    trace_state,
+                    kind,
                     name: Cow::Owned(name),
-                    start_time: start,
-                    end_time: end,
+                    start,
+                    end,
                     attributes,
-                    dropped_attributes_count: dropped,
-                    events,
-                    links,
+                    dropped_attributes,
                     status,
-                    instrumentation_scope: scopes()[scope].clone(),
                 },
             )
     }
 
     fn resource() -> impl Strategy<Value = Resource> {
         (
-            attributes(),
+            sdk_attributes(),
             prop::option::of("https://[a-z]{1,8}\\.io/[0-9.]{1,6}"),
         )
             .prop_map(|(attributes, schema)| match schema {
@@ -775,19 +688,41 @@ mod tests {
             })
     }
 
+    fn scope() -> impl Strategy<Value = InstrumentationScope> {
+        (
+            text(),
+            prop::option::of(text()),
+            prop::option::of("https://[a-z]{1,8}\\.io/[0-9.]{1,6}"),
+            sdk_attributes(),
+        )
+            .prop_map(|(name, version, schema, attributes)| {
+                let mut scope = InstrumentationScope::builder(name).with_attributes(attributes);
+                if let Some(version) = version {
+                    scope = scope.with_version(version);
+                }
+                if let Some(schema) = schema {
+                    scope = scope.with_schema_url(schema);
+                }
+                scope.build()
+            })
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
-        /// Our bytes are prost's encoding of the SDK's conversion, and
-        /// decode (with the OTLP definitions) to the same request.
+        /// Our bytes are prost's encoding of the SDK's conversion of the
+        /// same spans, and decode (with the OTLP definitions) to the same
+        /// request.
         #[test]
         fn encodes_what_the_sdk_and_prost_encode(
             batch in prop::collection::vec(span(), 0..8),
             resource in resource(),
+            scope in scope(),
         ) {
             let mut encoder = TraceEncoder::new();
             encoder.set_resource(&resource);
-            let expected = reference(&batch, &resource);
+            encoder.set_scope(&scope);
+            let expected = reference(&batch, &resource, &scope);
             let ours = encoder.encode(&batch).to_vec();
             let decoded = ExportTraceServiceRequest::decode(ours.as_slice())
                 .expect("our bytes decode as an ExportTraceServiceRequest");
@@ -802,10 +737,12 @@ mod tests {
     #[test]
     fn a_grpc_frame_is_the_message_behind_its_flag_and_length() {
         let resource = Resource::builder_empty().with_service_name("svc").build();
+        let scope = InstrumentationScope::builder("router-http").build();
         let mut encoder = TraceEncoder::new();
         encoder.set_resource(&resource);
+        encoder.set_scope(&scope);
         let runner = &mut proptest::test_runner::TestRunner::deterministic();
-        let batch: Vec<SpanData> = (0..20)
+        let batch: Vec<SpanRecord> = (0..20)
             .map(|_| span().new_tree(runner).expect("a span").current())
             .collect();
         let message = encoder.encode(&batch).to_vec();
@@ -816,41 +753,40 @@ mod tests {
             message.len()
         );
         assert_eq!(&frame[5..], message.as_slice());
-        assert_eq!(message, reference(&batch, &resource).encode_to_vec());
+        assert_eq!(
+            message,
+            reference(&batch, &resource, &scope).encode_to_vec()
+        );
     }
 
     #[test]
     fn a_batch_larger_than_the_first_buffer_grows_it() {
         // Far more than the first 4 KiB: the content moves as it grows.
         let resource = Resource::builder_empty().with_service_name("svc").build();
+        let scope = InstrumentationScope::builder("router-http").build();
         let mut encoder = TraceEncoder::new();
         encoder.set_resource(&resource);
+        encoder.set_scope(&scope);
         let long = "é".repeat(3000);
-        let batch: Vec<SpanData> = (0..40)
-            .map(|i| SpanData {
-                span_context: SpanContext::new(
-                    TraceId::from(i as u128 + 1),
-                    SpanId::from(i + 1),
-                    TraceFlags::SAMPLED,
-                    false,
-                    TraceState::default(),
-                ),
-                parent_span_id: SpanId::INVALID,
-                parent_span_is_remote: false,
-                span_kind: SpanKind::Server,
+        let batch: Vec<SpanRecord> = (0..40u8)
+            .map(|i| SpanRecord {
+                trace_id: [i + 1; 16],
+                span_id: [i + 1; 8],
+                parent_span_id: [0; 8],
+                trace_flags: 1,
+                parent_is_remote: false,
+                trace_state: None,
+                kind: SpanKind::Server,
                 name: Cow::Borrowed("POST /v1/chat/completions"),
-                start_time: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
-                end_time: UNIX_EPOCH + Duration::from_secs(1_700_000_001),
-                attributes: vec![KeyValue::new("long", long.clone())],
-                dropped_attributes_count: 0,
-                events: SpanEvents::default(),
-                links: SpanLinks::default(),
+                start: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+                end: UNIX_EPOCH + Duration::from_secs(1_700_000_001),
+                attributes: vec![Attribute::new("long", long.clone())],
+                dropped_attributes: 0,
                 status: Status::Unset,
-                instrumentation_scope: InstrumentationScope::builder("router-http").build(),
             })
             .collect();
         let ours = encoder.encode(&batch).to_vec();
         assert!(ours.len() > 200_000);
-        assert_eq!(ours, reference(&batch, &resource).encode_to_vec());
+        assert_eq!(ours, reference(&batch, &resource, &scope).encode_to_vec());
     }
 }

@@ -89,7 +89,7 @@ pub(super) struct GrpcExporter {
 impl GrpcExporter {
     /// The export call of `batch`: a gRPC length-prefixed message, not
     /// compressed.
-    fn request(&self, batch: &[SpanData]) -> Result<http::Request<Bytes>, String> {
+    fn request(&self, batch: &[SpanRecord]) -> Result<http::Request<Bytes>, String> {
         let body = {
             let mut encoder = self.encoder.lock();
             // A gRPC frame's length is 32 bits; a batch (at most 512
@@ -155,14 +155,13 @@ pub(super) fn grpc_outcome(
     ))
 }
 
-impl SpanExporter for GrpcExporter {
+impl Export for GrpcExporter {
     fn export(
         &self,
-        batch: Vec<SpanData>,
+        batch: &[SpanRecord],
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-        // Encoded now: the batch is freed when this returns, before the
-        // exchange.
-        let request = self.request(&batch);
+        // Encoded now, on the export thread; the exchange is the future.
+        let request = self.request(batch);
         let client = self.client.clone();
         async move {
             let request = request.map_err(OTelSdkError::InternalFailure)?;
@@ -173,10 +172,6 @@ impl SpanExporter for GrpcExporter {
             grpc_outcome(parts.status, &parts.headers, trailers.as_ref())
                 .map_err(OTelSdkError::InternalFailure)
         }
-    }
-
-    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
-        self.encoder.get_mut().set_resource(resource);
     }
 }
 
@@ -198,7 +193,7 @@ pub(super) struct HttpExporter {
 
 impl HttpExporter {
     /// The `POST` of `batch`.
-    fn request(&self, batch: &[SpanData]) -> http::Request<Bytes> {
+    fn request(&self, batch: &[SpanRecord]) -> http::Request<Bytes> {
         let body = Bytes::copy_from_slice(self.encoder.lock().encode(batch));
         let mut request = http::Request::new(body);
         *request.method_mut() = http::Method::POST;
@@ -216,14 +211,13 @@ impl HttpExporter {
     }
 }
 
-impl SpanExporter for HttpExporter {
+impl Export for HttpExporter {
     fn export(
         &self,
-        batch: Vec<SpanData>,
+        batch: &[SpanRecord],
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-        // Encoded now: the batch is freed when this returns, before the
-        // exchange.
-        let request = self.request(&batch);
+        // Encoded now, on the export thread; the exchange is the future.
+        let request = self.request(batch);
         let client = self.client.clone();
         async move {
             let (parts, _body, _trailers) = client
@@ -239,10 +233,6 @@ impl SpanExporter for HttpExporter {
                 )))
             }
         }
-    }
-
-    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
-        self.encoder.get_mut().set_resource(resource);
     }
 }
 

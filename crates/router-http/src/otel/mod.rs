@@ -1,8 +1,9 @@
 //! OpenTelemetry traces of the request path (feature `otel`).
 //!
-//! The router writes its spans as the OpenTelemetry SDK's span records
-//! (explicit parents, typed attributes, each span ended once where its
-//! work ends; not through the SDK's tracer, see `spans.rs`), and the
+//! The router writes its spans as records of its own ([`SpanRecord`]:
+//! explicit parents, typed attributes with static keys, each span ended
+//! once where its work ends; not through the SDK's tracer, see
+//! `spans.rs`, nor as the SDK's `SpanData`, see `record.rs`), and the
 //! [`Tracing`] pipeline exports them in batches over OTLP, on
 //! HTTP/protobuf or gRPC, cleartext or TLS (see [Transports](#transports)).
 //! `tracing` stays the router's logging front end: a host connects a
@@ -112,8 +113,8 @@
 //! [`ExportConfig::protocol`] picks OTLP's transport, both on the
 //! router's own hyper client (no tonic, no reqwest), both sending the
 //! batch's protobuf `ExportTraceServiceRequest` as [`TraceEncoder`]
-//! writes it (straight from the SDK's span data, with no intermediate
-//! messages):
+//! writes it (straight from the router's span records, with no
+//! intermediate messages):
 //!
 //! - [`Protocol::HttpProtobuf`]: a `POST` of the message to the
 //!   endpoint's URL, as configured, over HTTP/1.1 (`content-type:
@@ -161,7 +162,6 @@ use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry_http::{HeaderExtractor, HttpError};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -425,7 +425,7 @@ impl Tracing {
                 let exporter = HttpExporter {
                     client,
                     uri,
-                    encoder: Default::default(),
+                    encoder: pipeline_encoder(config),
                 };
                 span_sink(config, exporter, &counts)
             }
@@ -447,7 +447,7 @@ impl Tracing {
                 let exporter = GrpcExporter {
                     client,
                     uri: export_uri,
-                    encoder: Default::default(),
+                    encoder: pipeline_encoder(config),
                 };
                 span_sink(config, exporter, &counts)
             }
@@ -505,38 +505,46 @@ impl Drop for Tracing {
 }
 
 /// The sink of a pipeline: the router's bounded, counting queue and its
-/// export thread ([`SpanQueue`]) in front of `exporter`, which exports
-/// with the pipeline's resource (its service name).
-fn span_sink<E: SpanExporter + 'static>(
-    config: &ExportConfig,
-    exporter: E,
-    counts: &Arc<SpanCounts>,
-) -> SpanSink {
-    let mut exporter = CountingExporter {
+/// export thread ([`SpanQueue`]) in front of `exporter`.
+fn span_sink<E: Export>(config: &ExportConfig, exporter: E, counts: &Arc<SpanCounts>) -> SpanSink {
+    let exporter = CountingExporter {
         inner: exporter,
         counts: Arc::clone(counts),
     };
-    let resource = opentelemetry_sdk::Resource::builder_empty()
-        .with_service_name(config.service_name.clone())
-        .build();
-    exporter.set_resource(&resource);
     SpanSink {
         queue: SpanQueue::start(config, exporter, counts),
-        scope: opentelemetry::InstrumentationScope::builder("router-http").build(),
     }
+}
+
+/// The instrumentation scope of the router's spans.
+pub const SCOPE_NAME: &str = "router-http";
+
+/// An exporter's encoder: the pipeline's resource (its service name) and
+/// the router's scope ([`SCOPE_NAME`]).
+fn pipeline_encoder(config: &ExportConfig) -> parking_lot::Mutex<TraceEncoder> {
+    let mut encoder = TraceEncoder::new();
+    encoder.set_resource(
+        &opentelemetry_sdk::Resource::builder_empty()
+            .with_service_name(config.service_name.clone())
+            .build(),
+    );
+    encoder.set_scope(&opentelemetry::InstrumentationScope::builder(SCOPE_NAME).build());
+    parking_lot::Mutex::new(encoder)
 }
 
 mod counts;
 mod encode;
 mod export;
 mod queue;
+mod record;
 mod spans;
 
 pub use encode::TraceEncoder;
+pub use record::{Attribute, AttributeValue, SpanRecord};
 
 use counts::{CountingExporter, SpanCounts};
 use export::{ExportClient, GRPC_EXPORT_PATH, GrpcExporter, HttpExporter, tls_config};
-use queue::SpanQueue;
+use queue::{Export, SpanQueue};
 #[doc(hidden)]
 pub use spans::trace_one_request_for_bench;
 pub(crate) use spans::*;

@@ -25,6 +25,23 @@ use super::*;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::Instant;
 
+/// Where the export thread sends its batches: an OTLP exporter (behind
+/// [`CountingExporter`]), or a test's recorder.
+pub(super) trait Export: Send + 'static {
+    /// Exports `batch`. The export thread waits for the future (the
+    /// network exchange itself runs on the router's runtime, see
+    /// [`ExportClient`]); the batch is freed after it ends.
+    fn export(
+        &self,
+        batch: &[SpanRecord],
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send;
+
+    /// Stops the exporter, after its last export.
+    fn shutdown(&self) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
 /// What the export thread is asked to do, besides its scheduled export.
 enum Control {
     /// A batch's worth of spans may be waiting: take them.
@@ -42,7 +59,7 @@ pub(super) struct SpanQueue {
     /// Hand-overs, one message each (a request's spans, or a single late
     /// one), admitted in the count. The export thread takes them when it
     /// wakes: a hand-over does not wake it.
-    spans: SyncSender<Vec<SpanData>>,
+    spans: SyncSender<Vec<SpanRecord>>,
     /// What wakes the export thread before its scheduled export.
     control: SyncSender<Control>,
     /// Set when a [`Control::BatchReady`] is on its way (one at a time);
@@ -69,7 +86,7 @@ impl std::fmt::Debug for Control {
 impl SpanQueue {
     /// Starts the export thread for `exporter` (already counting, see
     /// [`CountingExporter`]) with `config`'s bound, batch size and delay.
-    pub(super) fn start<E: SpanExporter + 'static>(
+    pub(super) fn start<E: Export>(
         config: &ExportConfig,
         exporter: E,
         counts: &Arc<SpanCounts>,
@@ -117,7 +134,7 @@ impl SpanQueue {
     /// not fit in the bound (`queue_full`), the first ones (a request's
     /// server span is its last). Never blocks; wakes the export thread
     /// only when a batch's worth is queued.
-    pub(super) fn hand_off(&self, mut spans: Vec<SpanData>) {
+    pub(super) fn hand_off(&self, mut spans: Vec<SpanRecord>) {
         let n = spans.len();
         if n == 0 {
             return;
@@ -192,7 +209,7 @@ impl SpanQueue {
 /// what waits and exports it (see the module docs).
 struct ExportThread<E> {
     exporter: E,
-    spans: Receiver<Vec<SpanData>>,
+    spans: Receiver<Vec<SpanRecord>>,
     control: Receiver<Control>,
     batch_signalled: Arc<AtomicBool>,
     counts: Arc<SpanCounts>,
@@ -200,10 +217,10 @@ struct ExportThread<E> {
     delay: Duration,
     /// Spans taken and not yet exported (fewer than a batch between
     /// wake-ups).
-    batch: Vec<SpanData>,
+    batch: Vec<SpanRecord>,
 }
 
-impl<E: SpanExporter> ExportThread<E> {
+impl<E: Export> ExportThread<E> {
     fn run(mut self) {
         let mut due = Instant::now() + self.delay;
         loop {
@@ -277,19 +294,19 @@ impl<E: SpanExporter> ExportThread<E> {
 
     /// Exports the first `n` spans taken, waiting on this thread (the
     /// network exchange runs on the router's runtime, see
-    /// [`ExportClient`]). The rest stay, in a buffer that keeps its size
-    /// from batch to batch.
+    /// [`ExportClient`]), then frees them. The rest stay, in a buffer that
+    /// keeps its size from batch to batch.
     fn export_first(&mut self, n: usize) -> OTelSdkResult {
-        let batch: Vec<SpanData> = self.batch.drain(..n).collect();
-        futures_executor::block_on(self.exporter.export(batch))
+        let result = futures_executor::block_on(self.exporter.export(&self.batch[..n]));
+        self.batch.drain(..n);
+        result
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::trace::{SpanContext, SpanKind, Status};
-    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
+    use opentelemetry::trace::{SpanKind, Status};
 
     /// An exporter that keeps each batch's span names, and can be held
     /// inside an export until released.
@@ -299,10 +316,10 @@ mod tests {
         hold: Arc<parking_lot::Mutex<Option<std::sync::mpsc::Receiver<()>>>>,
     }
 
-    impl SpanExporter for Recorder {
+    impl Export for Recorder {
         fn export(
             &self,
-            batch: Vec<SpanData>,
+            batch: &[SpanRecord],
         ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
             if let Some(hold) = self.hold.lock().take() {
                 let _ = hold.recv_timeout(Duration::from_secs(30));
@@ -314,25 +331,25 @@ mod tests {
         }
     }
 
-    fn record(name: &str) -> SpanData {
-        SpanData {
-            span_context: SpanContext::empty_context(),
-            parent_span_id: opentelemetry::trace::SpanId::INVALID,
-            parent_span_is_remote: false,
-            span_kind: SpanKind::Internal,
+    fn record(name: &str) -> SpanRecord {
+        SpanRecord {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+            parent_span_id: [0; 8],
+            trace_flags: 1,
+            parent_is_remote: false,
+            trace_state: None,
+            kind: SpanKind::Internal,
             name: name.to_owned().into(),
-            start_time: std::time::SystemTime::now(),
-            end_time: std::time::SystemTime::now(),
+            start: std::time::SystemTime::now(),
+            end: std::time::SystemTime::now(),
             attributes: Vec::new(),
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
+            dropped_attributes: 0,
             status: Status::Unset,
-            instrumentation_scope: Default::default(),
         }
     }
 
-    fn records(names: &[&str]) -> Vec<SpanData> {
+    fn records(names: &[&str]) -> Vec<SpanRecord> {
         names.iter().map(|name| record(name)).collect()
     }
 

@@ -1,8 +1,8 @@
 //! The spans of the request path, and the body that ends the server span
 //! with its last byte.
 //!
-//! Each span is the SDK's finished-span record ([`SpanData`]) filled in
-//! place: started with an explicit parent (the server span's context,
+//! Each span is the router's finished-span record ([`SpanRecord`]) filled
+//! in place: started with an explicit parent (the server span's context,
 //! carried in [`Traced`]) and typed attributes, and ended once, where its
 //! work ends. A request's spans wait with its server span and are handed
 //! to the pipeline's queue together when the server span ends (one
@@ -14,32 +14,30 @@
 //! # Why not the SDK's tracer
 //!
 //! The SDK's `Tracer` builds each span through its sampler, id generator
-//! and a shared `Span` wrapper, and converts it to a [`SpanData`] when it
+//! and a shared `Span` wrapper, and converts it to a `SpanData` when it
 //! ends. The router has already sampled (before it builds anything) and
 //! knows every span's parent, so it writes the record directly, when the
 //! span ends: a quarter fewer instructions for a request's spans
-//! (`examples/span_cost.rs`; docs/benchmarks.md, "Tracing"). The
-//! exporters and the encoder take the SDK's records.
+//! (`examples/span_cost.rs`; docs/benchmarks.md, "Tracing"). The record
+//! is the router's own, not the SDK's `SpanData` (see `record.rs` for
+//! why).
 
+use super::record::{Attribute, AttributeValue, SpanRecord};
 use super::*;
 use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
 };
-use opentelemetry::{InstrumentationScope, KeyValue, Value};
-use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
 use std::time::SystemTime;
 
 /// Most attributes one span keeps (the SDK's default limit); more are
 /// counted as dropped.
 const MAX_ATTRIBUTES: usize = 128;
 
-/// Where a pipeline's spans go: its queue, and the instrumentation scope
-/// every span names.
+/// Where a pipeline's spans go: its queue.
 #[derive(Debug)]
 pub(crate) struct SpanSink {
     pub(super) queue: SpanQueue,
-    pub(super) scope: InstrumentationScope,
 }
 
 /// Where an ended span's record goes.
@@ -54,17 +52,20 @@ enum Destination {
 
 /// One span of the request path, handed to its pipeline when it is ended
 /// or dropped. Its fields are the record's; the record itself
-/// ([`SpanData`]) is made once, when the span ends (no allocation for the
-/// span itself).
+/// ([`SpanRecord`]) is made once, when the span ends (no allocation for
+/// the span itself).
 #[derive(Debug)]
 pub(crate) struct OtelSpan {
     context: SpanContext,
+    /// The context's trace state as its header's text (`None` when
+    /// empty), shared with the request's other spans.
+    trace_state: Option<Arc<str>>,
     parent_span_id: SpanId,
     parent_is_remote: bool,
     kind: SpanKind,
     name: std::borrow::Cow<'static, str>,
     start: SystemTime,
-    attributes: Vec<KeyValue>,
+    attributes: Vec<Attribute>,
     dropped_attributes: u32,
     status: Status,
     /// `None` once ended.
@@ -74,23 +75,25 @@ pub(crate) struct OtelSpan {
 impl OtelSpan {
     /// A span started now under `parent` (`parent_is_remote` when it is
     /// the client's), in `parent`'s trace when that is valid, else in a
-    /// new one.
+    /// new one. `trace_state` is `parent`'s, as its header's text.
     fn start(
         to: Destination,
         parent: &SpanContext,
+        trace_state: Option<Arc<str>>,
         parent_is_remote: bool,
         name: std::borrow::Cow<'static, str>,
         kind: SpanKind,
-        attributes: Vec<KeyValue>,
+        attributes: Vec<Attribute>,
     ) -> OtelSpan {
         // Every span the router builds is sampled: it decided before
         // building any (`head_sampled`). A parent's other flags carry on.
-        let (trace_id, parent_span_id, flags, state) = if parent.is_valid() {
+        let (trace_id, parent_span_id, flags, state, trace_state) = if parent.is_valid() {
             (
                 parent.trace_id(),
                 parent.span_id(),
                 parent.trace_flags().with_sampled(true),
                 parent.trace_state().clone(),
+                trace_state,
             )
         } else {
             let id = (u128::from(random_u64()) << 64) | u128::from(random_u64());
@@ -99,10 +102,12 @@ impl OtelSpan {
                 SpanId::INVALID,
                 TraceFlags::SAMPLED,
                 TraceState::default(),
+                None,
             )
         };
         OtelSpan {
             context: SpanContext::new(trace_id, SpanId::from(random_u64()), flags, false, state),
+            trace_state,
             parent_span_id,
             parent_is_remote: parent_is_remote && parent.is_valid(),
             kind,
@@ -117,7 +122,7 @@ impl OtelSpan {
 
     /// Adds an attribute (dropped, and counted so, past
     /// [`MAX_ATTRIBUTES`]; none once the span ended).
-    pub(crate) fn set_attribute(&mut self, attribute: KeyValue) {
+    pub(crate) fn set_attribute(&mut self, attribute: Attribute) {
         if self.to.is_none() {
             return;
         }
@@ -149,18 +154,18 @@ impl OtelSpan {
         match self.to.take() {
             None => {}
             Some(Destination::Sink(sink)) => {
-                let record = self.record(&sink.scope);
+                let record = self.record();
                 sink.queue.hand_off(vec![record]);
             }
             Some(Destination::Request(server)) => {
                 let mut state = server.state.lock();
                 if state.span.to.is_some() {
-                    let record = self.record(&server.sink.scope);
+                    let record = self.record();
                     state.ended_children.push(record);
                 } else {
                     // The server span ended first: this one goes alone.
                     drop(state);
-                    let record = self.record(&server.sink.scope);
+                    let record = self.record();
                     server.sink.queue.hand_off(vec![record]);
                 }
             }
@@ -170,21 +175,21 @@ impl OtelSpan {
     /// The span's record, ended now (its name, attributes and status are
     /// moved out: called once, when `to` was taken).
     #[inline(always)]
-    fn record(&mut self, scope: &InstrumentationScope) -> SpanData {
-        SpanData {
-            span_context: self.context.clone(),
-            parent_span_id: self.parent_span_id,
-            parent_span_is_remote: self.parent_is_remote,
-            span_kind: self.kind.clone(),
+    fn record(&mut self) -> SpanRecord {
+        SpanRecord {
+            trace_id: self.context.trace_id().to_bytes(),
+            span_id: self.context.span_id().to_bytes(),
+            parent_span_id: self.parent_span_id.to_bytes(),
+            trace_flags: self.context.trace_flags().to_u8(),
+            parent_is_remote: self.parent_is_remote,
+            trace_state: self.trace_state.take(),
+            kind: self.kind.clone(),
             name: std::mem::take(&mut self.name),
-            start_time: self.start,
-            end_time: SystemTime::now(),
+            start: self.start,
+            end: SystemTime::now(),
             attributes: std::mem::take(&mut self.attributes),
-            dropped_attributes_count: self.dropped_attributes,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
+            dropped_attributes: self.dropped_attributes,
             status: std::mem::replace(&mut self.status, Status::Unset),
-            instrumentation_scope: scope.clone(),
         }
     }
 }
@@ -217,6 +222,9 @@ pub(crate) struct Traced {
 #[derive(Debug)]
 struct ServerSpan {
     context: SpanContext,
+    /// The context's trace state as its header's text, for every span of
+    /// the request.
+    trace_state: Option<Arc<str>>,
     /// The pipeline, for the request's other spans.
     sink: Arc<SpanSink>,
     state: parking_lot::Mutex<ServerState>,
@@ -227,13 +235,14 @@ struct ServerState {
     span: OtelSpan,
     /// The request's spans that ended before the server span, handed
     /// over with it.
-    ended_children: Vec<SpanData>,
+    ended_children: Vec<SpanRecord>,
 }
 
-/// Room for a request's usual spans besides the server span (admission,
-/// read body, extract, a decision and an attempt, and a retry's pair)
-/// without regrowth.
-const CHILDREN: usize = 8;
+/// Room for a request's usual spans (admission, read body, extract, a
+/// decision and an attempt) and its server span, which joins them when
+/// it ends: 960 bytes, within the allocator's small sizes (a retry's pair
+/// of spans regrows it).
+const CHILDREN: usize = 6;
 
 impl ServerSpan {
     /// Ends the server span now and hands it over with the children that
@@ -243,7 +252,7 @@ impl ServerSpan {
         if state.span.to.take().is_none() {
             return;
         }
-        let record = state.span.record(&self.sink.scope);
+        let record = state.span.record();
         let mut spans = std::mem::take(&mut state.ended_children);
         drop(state);
         spans.push(record);
@@ -306,27 +315,33 @@ pub(crate) fn server_span<B>(
     // status, the model and the request id): no regrowth on the request
     // path.
     let mut attributes = Vec::with_capacity(6);
-    attributes.push(KeyValue::new(
+    attributes.push(Attribute::new(
         "http.request.method",
         method_value(request.method()),
     ));
     let name = match known {
         Some((index, route)) => {
-            attributes.push(KeyValue::new("http.route", route));
+            attributes.push(Attribute::new("http.route", route));
             server_span_name(request.method(), index, route)
         }
         None => method_value_name(request.method()),
     };
     let url_path = match known {
-        Some((_, route)) if route == path => Value::from(route),
-        _ => Value::from(path.to_owned()),
+        Some((_, route)) if route == path => AttributeValue::from(route),
+        _ => AttributeValue::from(path.to_owned()),
     };
-    attributes.push(KeyValue::new("url.path", url_path));
+    attributes.push(Attribute::new("url.path", url_path));
     // A request without (valid) trace context starts a new trace.
     let remote = parent.span();
+    let remote_context = remote.span_context();
+    // The client's trace state, as text once for all the request's spans
+    // (none for most requests: no allocation then).
+    let header = remote_context.trace_state().header();
+    let trace_state = (!header.is_empty()).then(|| Arc::<str>::from(header));
     let span = OtelSpan::start(
         Destination::Sink(Arc::clone(&sink)),
-        remote.span_context(),
+        remote_context,
+        trace_state.clone(),
         true,
         name,
         SpanKind::Server,
@@ -335,6 +350,7 @@ pub(crate) fn server_span<B>(
     Some(Traced {
         server: Arc::new(ServerSpan {
             context: span.span_context().clone(),
+            trace_state: span.trace_state.clone(),
             sink,
             state: parking_lot::Mutex::new(ServerState {
                 span,
@@ -374,8 +390,8 @@ fn server_span_name(
 }
 
 /// A method as an attribute value: the common ones without allocating.
-fn method_value(method: &http::Method) -> Value {
-    Value::String(method_value_name(method).into())
+fn method_value(method: &http::Method) -> AttributeValue {
+    AttributeValue::String(method_value_name(method))
 }
 
 fn method_value_name(method: &http::Method) -> std::borrow::Cow<'static, str> {
@@ -407,11 +423,12 @@ impl Traced {
         &self,
         name: impl Into<std::borrow::Cow<'static, str>>,
         kind: SpanKind,
-        attributes: Vec<KeyValue>,
+        attributes: Vec<Attribute>,
     ) -> OtelSpan {
         OtelSpan::start(
             Destination::Request(Arc::clone(&self.server)),
             &self.server.context,
+            self.server.trace_state.clone(),
             false,
             name.into(),
             kind,
@@ -427,7 +444,7 @@ impl Traced {
     /// Records the response status on the server span (5xx is an error).
     pub(crate) fn record_response(&self, status: http::StatusCode) {
         let span = &mut self.server.state.lock().span;
-        span.set_attribute(KeyValue::new(
+        span.set_attribute(Attribute::new(
             "http.response.status_code",
             i64::from(status.as_u16()),
         ));
@@ -440,10 +457,10 @@ impl Traced {
     pub(crate) fn record_request(&self, model: &str, request_id: &http::HeaderValue) {
         let span = &mut self.server.state.lock().span;
         if !model.is_empty() {
-            span.set_attribute(KeyValue::new("gen_ai.request.model", model.to_owned()));
+            span.set_attribute(Attribute::new("gen_ai.request.model", model.to_owned()));
         }
         if let Ok(id) = request_id.to_str() {
-            span.set_attribute(KeyValue::new("request.id", id.to_owned()));
+            span.set_attribute(Attribute::new("request.id", id.to_owned()));
         }
     }
 
@@ -469,9 +486,12 @@ impl Traced {
             .iter()
             .chain(lb_policies::INDEX_POLICIES.iter())
             .find(|name| **name == policy)
-            .map_or_else(|| Value::from(policy.to_owned()), |name| Value::from(*name));
-        attributes.push(KeyValue::new("router.policy", policy));
-        attributes.push(KeyValue::new("router.candidates", count(candidates)));
+            .map_or_else(
+                || AttributeValue::from(policy.to_owned()),
+                |name| AttributeValue::from(*name),
+            );
+        attributes.push(Attribute::new("router.policy", policy));
+        attributes.push(Attribute::new("router.candidates", count(candidates)));
         self.child("route", SpanKind::Internal, attributes)
     }
 
@@ -482,16 +502,16 @@ impl Traced {
     pub(crate) fn attempt_span(
         &self,
         method: &http::Method,
-        worker: &str,
+        worker: &Arc<str>,
         resend: u32,
     ) -> OtelSpan {
         // HTTP client spans are named by their method alone (OpenTelemetry's
         // semantic conventions: the URL is not a low-cardinality name); the
         // worker is `url.full`.
         let mut attributes = Vec::with_capacity(8);
-        attributes.push(KeyValue::new("http.request.method", method_value(method)));
-        attributes.push(KeyValue::new("url.full", worker.to_owned()));
-        attributes.push(KeyValue::new(
+        attributes.push(Attribute::new("http.request.method", method_value(method)));
+        attributes.push(Attribute::new("url.full", Arc::clone(worker)));
+        attributes.push(Attribute::new(
             "http.request.resend_count",
             i64::from(resend),
         ));
@@ -525,29 +545,29 @@ pub(crate) async fn phase<F: std::future::Future>(
 pub(crate) fn record_routing_input(span: &mut OtelSpan, info: &crate::RequestInfo) {
     use lb_policies::RoutingInputBuf;
     if let Some(uses) = info.segment_cache {
-        span.set_attribute(KeyValue::new(
+        span.set_attribute(Attribute::new(
             "router.tokens.segment_cache_hits",
             i64::from(uses.hits),
         ));
-        span.set_attribute(KeyValue::new(
+        span.set_attribute(Attribute::new(
             "router.tokens.segment_cache_misses",
             i64::from(uses.misses),
         ));
     }
     match &info.routing {
         RoutingInputBuf::Tokens(ids) => {
-            span.set_attribute(KeyValue::new("router.routing_input", "tokens"));
-            span.set_attribute(KeyValue::new("router.routing_tokens", count(ids.len())));
+            span.set_attribute(Attribute::new("router.routing_input", "tokens"));
+            span.set_attribute(Attribute::new("router.routing_tokens", count(ids.len())));
         }
         RoutingInputBuf::Text(text) => {
-            span.set_attribute(KeyValue::new("router.routing_input", "text"));
-            span.set_attribute(KeyValue::new(
+            span.set_attribute(Attribute::new("router.routing_input", "text"));
+            span.set_attribute(Attribute::new(
                 "router.routing_chars",
                 count(text.chars().count()),
             ));
         }
         RoutingInputBuf::None => {
-            span.set_attribute(KeyValue::new("router.routing_input", "none"));
+            span.set_attribute(Attribute::new("router.routing_input", "none"));
         }
     }
 }
@@ -559,19 +579,19 @@ pub(crate) fn record_decision(
     span: &mut OtelSpan,
     reason: &'static str,
     (match_permille, matched): (Option<u16>, Option<usize>),
-    worker: &str,
+    worker: &Arc<str>,
 ) {
-    span.set_attribute(KeyValue::new("router.decision.reason", reason));
+    span.set_attribute(Attribute::new("router.decision.reason", reason));
     if let Some(permille) = match_permille {
-        span.set_attribute(KeyValue::new(
+        span.set_attribute(Attribute::new(
             "router.decision.match_rate",
             f64::from(permille) / 1000.0,
         ));
     }
     if let Some(matched) = matched {
-        span.set_attribute(KeyValue::new("router.decision.matched", count(matched)));
+        span.set_attribute(Attribute::new("router.decision.matched", count(matched)));
     }
-    span.set_attribute(KeyValue::new("router.worker", worker.to_owned()));
+    span.set_attribute(Attribute::new("router.worker", Arc::clone(worker)));
 }
 
 /// Records that no worker could be chosen.
@@ -582,13 +602,13 @@ pub(crate) fn record_no_decision(span: &mut OtelSpan, error: &dyn std::fmt::Disp
 /// Marks `span` failed, `error.type` the error's text.
 fn record_error(span: &mut OtelSpan, error: &dyn std::fmt::Display) {
     span.set_status(Status::error(""));
-    span.set_attribute(KeyValue::new("error.type", error.to_string()));
+    span.set_attribute(Attribute::new("error.type", error.to_string()));
 }
 
 /// Records on an attempt or leg span the time from `sent` (just before the
 /// request went out) to its response head.
 pub(crate) fn record_first_byte(span: &mut OtelSpan, sent: tokio::time::Instant) {
-    span.set_attribute(KeyValue::new(
+    span.set_attribute(Attribute::new(
         "router.time_to_first_byte_ms",
         sent.elapsed().as_secs_f64() * 1000.0,
     ));
@@ -608,7 +628,7 @@ pub(crate) fn record_body_end(span: &mut OtelSpan, end: crate::body::BodyEnd) {
         }
         BodyEnd::Dropped => "client_disconnected",
     };
-    span.set_attribute(KeyValue::new("router.body.end", end));
+    span.set_attribute(Attribute::new("router.body.end", end));
     span.end();
 }
 
@@ -675,19 +695,19 @@ pub(crate) fn leg_span(legs: &PdLegs, phase: &'static str, url: &str, body: &[u8
         .and_then(|params| serde_json::to_vec(&params).ok())
         .map(|bytes| count(bytes.len()));
     let mut attributes = Vec::with_capacity(12);
-    attributes.push(KeyValue::new("http.request.method", "POST"));
-    attributes.push(KeyValue::new("url.full", url.to_owned()));
+    attributes.push(Attribute::new("http.request.method", "POST"));
+    attributes.push(Attribute::new("url.full", url.to_owned()));
     if let Some(host) = host {
-        attributes.push(KeyValue::new("server.address", host.to_owned()));
+        attributes.push(Attribute::new("server.address", host.to_owned()));
     }
     if let Some(port) = port {
-        attributes.push(KeyValue::new("server.port", port));
+        attributes.push(Attribute::new("server.port", port));
     }
-    attributes.push(KeyValue::new("router.worker", worker.to_owned()));
-    attributes.push(KeyValue::new("router.pd.phase", phase));
-    attributes.push(KeyValue::new("router.pd.connector", legs.connector));
+    attributes.push(Attribute::new("router.worker", worker.to_owned()));
+    attributes.push(Attribute::new("router.pd.phase", phase));
+    attributes.push(Attribute::new("router.pd.connector", legs.connector));
     if let Some(bytes) = kv_bytes {
-        attributes.push(KeyValue::new("router.pd.kv_transfer_params.bytes", bytes));
+        attributes.push(Attribute::new("router.pd.kv_transfer_params.bytes", bytes));
     }
     legs.traced.child(phase, SpanKind::Client, attributes)
 }
@@ -751,13 +771,13 @@ pub(crate) fn with_context<B>(
 
 /// Records the worker's status on an attempt span (5xx is an error).
 pub(crate) fn record_attempt_status(span: &mut OtelSpan, status: u16) {
-    span.set_attribute(KeyValue::new(
+    span.set_attribute(Attribute::new(
         "http.response.status_code",
         i64::from(status),
     ));
     if status >= 500 {
         span.set_status(Status::error(""));
-        span.set_attribute(KeyValue::new("error.type", status.to_string()));
+        span.set_attribute(Attribute::new("error.type", status.to_string()));
     }
 }
 
@@ -768,7 +788,7 @@ pub(crate) fn record_attempt_error(span: &mut OtelSpan, error: &dyn std::fmt::Di
 
 /// Records that the request is retried after this attempt, and why.
 pub(crate) fn record_retry(span: &mut OtelSpan, cause: &dyn std::fmt::Display) {
-    span.set_attribute(KeyValue::new("router.retry.cause", cause.to_string()));
+    span.set_attribute(Attribute::new("router.retry.cause", cause.to_string()));
 }
 
 pin_project_lite::pin_project! {
@@ -874,7 +894,10 @@ pub fn trace_one_request_for_bench(config: &TraceConfig) -> bool {
         "bench-model",
         request.headers().get("x-request-id").expect("set"),
     );
-    let worker = "http://127.0.0.1:8001";
+    // A worker's URL is shared text, made once with the worker.
+    static WORKER: std::sync::LazyLock<Arc<str>> =
+        std::sync::LazyLock::new(|| Arc::from("http://127.0.0.1:8001"));
+    let worker = &*WORKER;
     let mut decision = traced.decision_span("cache_aware", 2);
     record_decision(&mut decision, "cache_hit", (Some(640), Some(512)), worker);
     drop(decision);
@@ -969,14 +992,14 @@ mod tests {
 
     /// An exporter that keeps what it is given.
     #[derive(Debug, Clone, Default)]
-    struct Kept(Arc<parking_lot::Mutex<Vec<SpanData>>>);
+    struct Kept(Arc<parking_lot::Mutex<Vec<SpanRecord>>>);
 
-    impl SpanExporter for Kept {
+    impl super::super::Export for Kept {
         fn export(
             &self,
-            batch: Vec<SpanData>,
+            batch: &[SpanRecord],
         ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-            self.0.lock().extend(batch);
+            self.0.lock().extend_from_slice(batch);
             std::future::ready(Ok(()))
         }
     }
@@ -998,6 +1021,7 @@ mod tests {
         let span = OtelSpan::start(
             Destination::Sink(Arc::clone(sink)),
             &SpanContext::empty_context(),
+            None,
             true,
             "POST /v1/chat/completions".into(),
             SpanKind::Server,
@@ -1006,6 +1030,7 @@ mod tests {
         Traced {
             server: Arc::new(ServerSpan {
                 context: span.span_context().clone(),
+                trace_state: None,
                 sink: Arc::clone(sink),
                 state: parking_lot::Mutex::new(ServerState {
                     span,
@@ -1057,13 +1082,10 @@ mod tests {
         assert_eq!(names(&kept).last().unwrap(), "POST");
         let spans = kept.0.lock();
         let server = &spans[2];
-        assert_eq!(server.span_kind, SpanKind::Server);
+        assert_eq!(server.kind, SpanKind::Server);
         for child in [&spans[0], &spans[1], &spans[3]] {
-            assert_eq!(child.parent_span_id, server.span_context.span_id());
-            assert_eq!(
-                child.span_context.trace_id(),
-                server.span_context.trace_id()
-            );
+            assert_eq!(child.parent_span_id, server.span_id);
+            assert_eq!(child.trace_id, server.trace_id);
         }
     }
 
@@ -1087,8 +1109,8 @@ mod tests {
 
     /// The records the router writes are what the SDK's spans were: ids
     /// in the parent's trace (or a new one), the parent's id and
-    /// remoteness, the scope, times in order, the status ranked, the
-    /// attributes bounded, and one hand-over per span.
+    /// remoteness, the client's trace state, times in order, the status
+    /// ranked, the attributes bounded, and one hand-over per span.
     #[test]
     fn spans_are_recorded_as_the_sdk_records_them() {
         let (sink, kept) = kept_sink();
@@ -1103,22 +1125,24 @@ mod tests {
         let mut server = OtelSpan::start(
             Destination::Sink(Arc::clone(&sink)),
             &client,
+            Some("vendor=abc".into()),
             true,
             "POST /v1/chat/completions".into(),
             SpanKind::Server,
-            vec![KeyValue::new("a", 1)],
+            vec![Attribute::new("a", 1_i64)],
         );
         let server_context = server.span_context().clone();
         let mut child = OtelSpan::start(
             Destination::Sink(Arc::clone(&sink)),
             &server_context,
+            server.trace_state.clone(),
             false,
             "route".into(),
             SpanKind::Internal,
             Vec::new(),
         );
         for n in 0..MAX_ATTRIBUTES + 3 {
-            child.set_attribute(KeyValue::new("n", n as i64));
+            child.set_attribute(Attribute::new("n", n as i64));
         }
         child.set_status(Status::error("first"));
         child.set_status(Status::Unset);
@@ -1128,6 +1152,7 @@ mod tests {
         let root = OtelSpan::start(
             Destination::Sink(Arc::clone(&sink)),
             &SpanContext::empty_context(),
+            Some("ignored=1".into()),
             true,
             "GET".into(),
             SpanKind::Server,
@@ -1143,29 +1168,33 @@ mod tests {
         let spans = kept.0.lock();
         assert_eq!(spans.len(), 3, "each span handed over once");
         let (child, root, server) = (&spans[0], &spans[1], &spans[2]);
-        assert_eq!(server.span_context.trace_id(), trace_id);
-        assert_eq!(server.parent_span_id, client.span_id());
-        assert!(server.parent_span_is_remote);
-        assert_eq!(server.span_context.trace_flags(), TraceFlags::new(0x03));
-        assert_eq!(server.span_context.trace_state().header(), "vendor=abc");
+        assert_eq!(server.trace_id, trace_id.to_bytes());
+        assert_eq!(server.parent_span_id, client.span_id().to_bytes());
+        assert_eq!(server.span_id, server_context.span_id().to_bytes());
+        assert!(server.parent_is_remote);
+        assert_eq!(server.trace_flags, 0x03);
+        assert_eq!(server.trace_state.as_deref(), Some("vendor=abc"));
         assert_eq!(server.status, Status::Ok);
-        assert_eq!(server.span_kind, SpanKind::Server);
-        assert_eq!(server.instrumentation_scope.name(), "router-http");
-        assert!(server.start_time <= server.end_time);
+        assert_eq!(server.kind, SpanKind::Server);
+        assert_eq!(server.attributes, [Attribute::new("a", 1_i64)]);
+        assert!(server.start <= server.end);
 
-        assert_eq!(child.span_context.trace_id(), trace_id);
-        assert_eq!(child.parent_span_id, server.span_context.span_id());
-        assert!(!child.parent_span_is_remote);
-        assert_ne!(child.span_context.span_id(), server.span_context.span_id());
+        assert_eq!(child.trace_id, trace_id.to_bytes());
+        assert_eq!(child.parent_span_id, server.span_id);
+        assert!(!child.parent_is_remote);
+        assert_ne!(child.span_id, server.span_id);
+        assert_eq!(child.trace_state.as_deref(), Some("vendor=abc"));
         assert_eq!(child.attributes.len(), MAX_ATTRIBUTES);
-        assert_eq!(child.dropped_attributes_count, 3);
+        assert_eq!(child.dropped_attributes, 3);
         assert_eq!(child.status, Status::error("first"));
-        assert!(child.end_time <= server.end_time);
+        assert!(child.end <= server.end);
 
+        // A new trace has no parent, and no trace state of one.
         assert!(root_context.is_valid() && root_context.is_sampled());
-        assert_ne!(root.span_context.trace_id(), trace_id);
-        assert_eq!(root.parent_span_id, SpanId::INVALID);
-        assert!(!root.parent_span_is_remote);
+        assert_ne!(root.trace_id, trace_id.to_bytes());
+        assert_eq!(root.parent_span_id, [0; 8]);
+        assert_eq!(root.trace_state, None);
+        assert!(!root.parent_is_remote);
     }
 
     /// Ids come from each thread's generator: distinct, never zero.
@@ -1177,6 +1206,7 @@ mod tests {
             let span = OtelSpan::start(
                 Destination::Sink(Arc::clone(&sink)),
                 &SpanContext::empty_context(),
+                None,
                 false,
                 "x".into(),
                 SpanKind::Internal,

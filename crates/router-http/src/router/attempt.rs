@@ -111,7 +111,7 @@ impl Regular<'_> {
                     span,
                     reserved.reason.as_str(),
                     (reserved.match_permille, reserved.matched),
-                    reserved.guard.worker().url(),
+                    reserved.guard.worker().endpoint().worker_url().as_shared(),
                 ),
                 Err(err) => crate::otel::record_no_decision(span, err),
             }
@@ -149,9 +149,13 @@ impl Attempts for Regular<'_> {
         };
         let worker = Arc::clone(guard.worker());
         #[cfg(feature = "otel")]
-        let mut span = self
-            .traced
-            .map(|traced| traced.attempt_span(&self.parts.method, worker.url(), n));
+        let mut span = self.traced.map(|traced| {
+            traced.attempt_span(
+                &self.parts.method,
+                worker.endpoint().worker_url().as_shared(),
+                n,
+            )
+        });
         #[cfg(not(feature = "otel"))]
         let _ = n;
         let upstream =
