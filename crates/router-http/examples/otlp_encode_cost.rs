@@ -83,7 +83,7 @@ fn request_spans(request: u64) -> Vec<SpanRecord> {
             "extract",
             vec![
                 Attribute::new("router.routing_input", "text"),
-                Attribute::new("router.routing_chars", 1024_i64),
+                Attribute::new("router.routing_bytes", 1024_i64),
             ],
         ),
         span(

@@ -8,7 +8,7 @@
 
 use crate::body::{BoxBody, BoxError};
 use crate::extract::ApiKind;
-use crate::router::Router;
+use crate::router::{RequestTrace, Router};
 use crate::routes::Route;
 use bytes::Bytes;
 use http::{Request, Response};
@@ -27,7 +27,8 @@ impl Router {
         if let Some(traced) = crate::otel::server_span(&self.config().trace, &request, route) {
             return self.handle_traced(request, route, traced).await;
         }
-        self.handle_untraced(request, route).await
+        self.handle_untraced(request, route, RequestTrace::default())
+            .await
     }
 
     /// The route of `request`'s method and path: one of the router's, or a
@@ -46,14 +47,13 @@ impl Router {
     }
 
     /// [`handle`](Self::handle) with the request's server span: started
-    /// here, given to the request path in the request's extensions (the
-    /// parent of its other spans), and ended by the response body at its
-    /// end. The request's future is not instrumented: nothing is done per
-    /// poll.
+    /// here, handed to the request path (the parent of its other spans),
+    /// and ended by the response body at its end. The request's future is
+    /// not instrumented: nothing is done per poll.
     #[cfg(feature = "otel")]
     async fn handle_traced<B>(
         &self,
-        mut request: Request<B>,
+        request: Request<B>,
         route: Route,
         traced: crate::otel::Traced,
     ) -> Response<BoxBody>
@@ -62,13 +62,19 @@ impl Router {
         B::Error: Into<BoxError>,
     {
         use http_body_util::BodyExt as _;
-        request.extensions_mut().insert(traced.clone());
-        let response = self.handle_untraced(request, route).await;
+        let response = self
+            .handle_untraced(request, route, Some(traced.clone()))
+            .await;
         traced.record_response(response.status());
         response.map(|body| crate::otel::SpanBody::new(body, traced).boxed_unsync())
     }
 
-    async fn handle_untraced<B>(&self, request: Request<B>, route: Route) -> Response<BoxBody>
+    async fn handle_untraced<B>(
+        &self,
+        request: Request<B>,
+        route: Route,
+        trace: RequestTrace,
+    ) -> Response<BoxBody>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
@@ -77,8 +83,8 @@ impl Router {
         let result = match self.authorize(route, request.headers()) {
             Err(err) => Err(err),
             Ok(()) => match route {
-                Route::Proxy(kind) => self.proxy(kind, request, started).await,
-                Route::Models => self.proxy(ApiKind::Other, request, started).await,
+                Route::Proxy(kind) => self.proxy(kind, request, started, trace).await,
+                Route::Models => self.proxy(ApiKind::Other, request, started, trace).await,
                 other => crate::admin::handle(self, other, request).await,
             },
         };

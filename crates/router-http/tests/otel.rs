@@ -753,7 +753,8 @@ fn check_retry_trace(spans: &[Span], fixture: &Fixture, trace_id: &str) {
     assert!(admission.end_time_unix_nano <= read.start_time_unix_nano);
     assert!(read.end_time_unix_nano <= extract.start_time_unix_nano);
     assert_eq!(str_attr(extract, "router.routing_input"), "text");
-    assert!(int_attr(extract, "router.routing_chars") > 0);
+    // The routing text of the chat: "user: hello traces\n".
+    assert_eq!(int_attr(extract, "router.routing_bytes"), 19);
 
     // Two decisions and two attempts, all children of the server span.
     let children = |keep: &dyn Fn(&Span) -> bool| -> Vec<&Span> {

@@ -324,8 +324,12 @@ async fn a_deadline_spent_tokenizing_is_the_routers_504_not_the_workers_failure(
         max_time: Duration::from_secs(600),
         ..TokenizeConfig::default()
     };
+    // Each 3 MB prompt takes about a second to tokenize in a debug build
+    // on a quiet machine: a 1 s deadline was sometimes met before the
+    // request reached the worker. 400 ms leaves the tokenization well
+    // past it, and the body's read (milliseconds) well within it.
     let config = RouterConfig {
-        request_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_millis(400),
         ..config(Arc::clone(&tokenizer), tokenize)
     };
     let fixture = Fixture::start(config, vec![EngineConfig::instant()]).await;

@@ -137,45 +137,51 @@ pub(super) fn paired(
             eprintln!("--pin: the threads could not be pinned; measuring unpinned");
         }
         let bodies = Arc::new(make_bodies(case, 512));
-        let (untraced, traced, export_ns, collector_ns) = spawn_runtime("loadgen", move |rt| {
-            rt.block_on(async move {
-                let warm = Duration::from_millis(300);
-                run_load(off.0, case, bodies.clone(), warm, false).await;
-                run_load(on.0, case, bodies.clone(), warm, false).await;
-                let (mut untraced, mut traced) = (Tally::default(), Tally::default());
-                let export_before = export_cpu_ns();
-                let collector_before = collector_cpu_ns();
-                for round in 0..rounds {
-                    let order = if round % 2 == 0 {
-                        [(off, false), (on, true)]
-                    } else {
-                        [(on, true), (off, false)]
-                    };
-                    for ((addr, tid), is_traced) in order {
-                        let before = thread_cpu_ns(tid);
-                        let requests = run_load(addr, case, bodies.clone(), phase, false)
-                            .await
-                            .len();
-                        let cpu = thread_cpu_ns(tid).saturating_sub(before);
-                        if is_traced {
-                            traced.add(cpu, requests);
+        let (untraced, traced, export_ns, collector_ns, warm_requests) =
+            spawn_runtime("loadgen", move |rt| {
+                rt.block_on(async move {
+                    let warm = Duration::from_millis(300);
+                    let warm_off = run_load(off.0, case, bodies.clone(), warm, false)
+                        .await
+                        .len();
+                    let warm_on = run_load(on.0, case, bodies.clone(), warm, false)
+                        .await
+                        .len();
+                    let (mut untraced, mut traced) = (Tally::default(), Tally::default());
+                    let export_before = export_cpu_ns();
+                    let collector_before = collector_cpu_ns();
+                    for round in 0..rounds {
+                        let order = if round % 2 == 0 {
+                            [(off, false), (on, true)]
                         } else {
-                            untraced.add(cpu, requests);
+                            [(on, true), (off, false)]
+                        };
+                        for ((addr, tid), is_traced) in order {
+                            let before = thread_cpu_ns(tid);
+                            let requests = run_load(addr, case, bodies.clone(), phase, false)
+                                .await
+                                .len();
+                            let cpu = thread_cpu_ns(tid).saturating_sub(before);
+                            if is_traced {
+                                traced.add(cpu, requests);
+                            } else {
+                                untraced.add(cpu, requests);
+                            }
                         }
                     }
-                }
-                // The last batch is exported within the scheduled delay of
-                // the pipeline (5 s): wait for it, so that the export's
-                // CPU covers every traced request.
-                tokio::time::sleep(Duration::from_secs(6)).await;
-                (
-                    untraced,
-                    traced,
-                    export_cpu_ns().saturating_sub(export_before),
-                    collector_cpu_ns().saturating_sub(collector_before),
-                )
-            })
-        });
+                    // The last batch is exported within the scheduled delay of
+                    // the pipeline (5 s): wait for it, so that the export's
+                    // CPU covers every traced request.
+                    tokio::time::sleep(Duration::from_secs(6)).await;
+                    (
+                        untraced,
+                        traced,
+                        export_cpu_ns().saturating_sub(export_before),
+                        collector_cpu_ns().saturating_sub(collector_before),
+                        (warm_off, warm_on),
+                    )
+                })
+            });
         let off_us = untraced.us_per_request();
         let on_us = traced.us_per_request();
         let export_us = export_ns as f64 / 1000.0 / traced.requests.max(1) as f64;
@@ -208,6 +214,10 @@ pub(super) fn paired(
                 ),
                 "requests_off": untraced.requests,
                 "requests_on": traced.requests,
+                // Every request a router served, its warm-up included: the
+                // divisor of a whole-thread count (callgrind's, say).
+                "served_off": untraced.requests + warm_requests.0,
+                "served_on": traced.requests + warm_requests.1,
                 "pinned": pinned,
                 "rounds": rounds,
                 "phase_ms": phase.as_millis() as u64,

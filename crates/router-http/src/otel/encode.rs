@@ -272,14 +272,14 @@ impl TraceEncoder {
         self.uint(field::SPAN_KIND, kind(&span.kind));
         self.string(field::SPAN_NAME, &span.name);
         if span.parent_span_id != [0; 8] {
-            self.bytes(field::SPAN_PARENT_SPAN_ID, &span.parent_span_id);
+            self.id(field::SPAN_PARENT_SPAN_ID, span.parent_span_id);
         }
         self.string(
             field::SPAN_TRACE_STATE,
             span.trace_state.as_deref().unwrap_or_default(),
         );
-        self.bytes(field::SPAN_SPAN_ID, &span.span_id);
-        self.bytes(field::SPAN_TRACE_ID, &span.trace_id);
+        self.id(field::SPAN_SPAN_ID, span.span_id);
+        self.id(field::SPAN_TRACE_ID, span.trace_id);
     }
 
     /// Repeated `KeyValue`s as field `number`, in their order.
@@ -366,7 +366,7 @@ impl TraceEncoder {
 
     #[inline]
     fn one_of_double(&mut self, value: f64) {
-        self.raw(&value.to_le_bytes());
+        self.array(value.to_le_bytes());
         self.tag(field::ANY_DOUBLE, FIXED64);
     }
 
@@ -394,6 +394,17 @@ impl TraceEncoder {
         self.tag(number, LEN);
     }
 
+    /// An id (a bytes field of fixed length, never empty here: a zero
+    /// parent id is left out by the caller). The length is a constant, so
+    /// the copy is a store or two, not a call.
+    #[inline(always)]
+    fn id<const N: usize>(&mut self, number: u32, value: [u8; N]) {
+        const { assert!(N > 0 && N < 0x80) };
+        self.array(value);
+        self.byte(N as u8);
+        self.tag(number, LEN);
+    }
+
     /// A varint field (uint32, enum), left out when zero (proto3).
     #[inline]
     fn uint(&mut self, number: u32, value: u64) {
@@ -407,7 +418,7 @@ impl TraceEncoder {
     #[inline]
     fn fixed64(&mut self, number: u32, value: u64) {
         if value != 0 {
-            self.raw(&value.to_le_bytes());
+            self.array(value.to_le_bytes());
             self.tag(number, FIXED64);
         }
     }
@@ -416,7 +427,7 @@ impl TraceEncoder {
     #[inline]
     fn fixed32(&mut self, number: u32, value: u32) {
         if value != 0 {
-            self.raw(&value.to_le_bytes());
+            self.array(value.to_le_bytes());
             self.tag(number, FIXED32);
         }
     }
@@ -480,6 +491,19 @@ impl TraceEncoder {
         }
         let start = self.start - bytes.len();
         self.buf[start..self.start].copy_from_slice(bytes);
+        self.start = start;
+    }
+
+    /// Puts a fixed number of bytes in front of what is written: with the
+    /// length a constant, the copy compiles to stores (a call to `memcpy`
+    /// for each of a span's ids and times was a fifth of the encoding).
+    #[inline(always)]
+    fn array<const N: usize>(&mut self, bytes: [u8; N]) {
+        if self.start < N {
+            self.grow(N);
+        }
+        let start = self.start - N;
+        self.buf[start..self.start].copy_from_slice(&bytes);
         self.start = start;
     }
 

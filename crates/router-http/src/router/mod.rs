@@ -60,6 +60,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use worker_lifecycle::{RetryBudget, RolePool, Worker};
 
+/// A request's server span, when it is traced: handed to the proxy path
+/// as an argument (not in the request's extensions, whose map a traced
+/// request would otherwise allocate). Nothing without the `otel` feature.
+#[cfg(feature = "otel")]
+pub(crate) type RequestTrace = Option<crate::otel::Traced>;
+/// A request's server span, when it is traced: nothing without the `otel`
+/// feature.
+#[cfg(not(feature = "otel"))]
+pub(crate) type RequestTrace = NoTrace;
+
+/// What [`RequestTrace`] is without the `otel` feature: nothing.
+#[cfg(not(feature = "otel"))]
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct NoTrace;
+
 /// The header carrying a worker's data-parallel rank to the engine.
 pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
 

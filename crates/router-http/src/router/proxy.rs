@@ -27,16 +27,15 @@ impl Router {
         kind: ApiKind,
         request: Request<B>,
         started: Instant,
+        // Spans of the decision and the attempts go under the server span
+        // (`Router::handle`), only when this request is traced.
+        #[cfg_attr(not(feature = "otel"), allow(unused_variables))] traced: super::RequestTrace,
     ) -> Result<Response<BoxBody>, ApiError>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
         let shared = &self.shared;
-        // Spans of the decision and the attempts, under the server span
-        // (`Router::handle`), only when this request is traced.
-        #[cfg(feature = "otel")]
-        let traced = request.extensions().get::<crate::otel::Traced>().cloned();
         if !self.is_accepting() {
             return Err(ApiError::ShuttingDown);
         }
