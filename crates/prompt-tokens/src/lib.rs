@@ -20,7 +20,10 @@
 //!   two equal). A **render memo** keeps the state the template's loop
 //!   over the messages reached, so a conversation's next turn renders
 //!   only its new messages, byte for byte as a full rendering
-//!   ([`ChatTemplate::with_render_memo`]).
+//!   ([`ChatTemplate::with_render_memo`]). Messages read through a
+//!   [`MessageMemo`] are the same objects turn after turn, and each
+//!   template keeps what vLLM's message preparation made of them by that
+//!   identity, so only new messages are prepared.
 //! * **Tokenization** of a `tokenizer.json` or a tiktoken-format
 //!   vocabulary ([`tiktoken`]: `*.tiktoken`, o200k pre-tokenization, the
 //!   gpt-oss harmony special tokens), or engine-sim's [`synthetic`] rule

@@ -188,6 +188,16 @@ pub(crate) fn small_map_entries(value: &Value) -> Option<&[(Value, Value)]> {
         .map(|map| map.entries.as_slice())
 }
 
+/// Where an object [`JsonSeed`] built as a [`SmallMap`] lives: an
+/// identity that holds while some clone of `value` is alive (no other
+/// object can have this address then), for memos keyed by the object
+/// itself rather than by its contents. `None` for any other value.
+pub(crate) fn small_map_identity(value: &Value) -> Option<usize> {
+    value
+        .downcast_object_ref::<SmallMap>()
+        .map(|map| std::ptr::from_ref(map) as usize)
+}
+
 /// The value under the string `key` in an object [`JsonSeed`] built as a
 /// [`SmallMap`], borrowed: `None` for any other value, `Some(None)` when
 /// the key is absent.
@@ -296,7 +306,7 @@ fn yes() -> bool {
 /// it. Defaults follow vLLM's `ChatCompletionRequest`:
 /// `add_generation_prompt = true`, `continue_final_message = false`,
 /// `add_special_tokens = false`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 pub struct ChatRequest {
     pub(crate) messages: MessagesValue,
     #[serde(default)]
@@ -315,6 +325,29 @@ pub struct ChatRequest {
     /// rendering (which is mostly the messages' text).
     #[serde(skip)]
     pub(crate) body_len: usize,
+    /// Whether `messages` were read through a [`MessageMemo`], whose
+    /// messages come back as the same objects in a conversation's next
+    /// request: worth keeping their preparation by identity
+    /// (`messages::PreparedMemo`); fresh objects would never be seen again.
+    #[serde(skip)]
+    pub(crate) messages_shared: bool,
+}
+
+/// The request's fields; not how its messages were read (through a
+/// message memo or not), which changes nothing it renders to.
+impl fmt::Debug for ChatRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatRequest")
+            .field("messages", &self.messages)
+            .field("tools", &self.tools)
+            .field("documents", &self.documents)
+            .field("chat_template_kwargs", &self.chat_template_kwargs)
+            .field("add_generation_prompt", &self.add_generation_prompt)
+            .field("continue_final_message", &self.continue_final_message)
+            .field("add_special_tokens", &self.add_special_tokens)
+            .field("body_len", &self.body_len)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ChatRequest {
@@ -402,6 +435,7 @@ impl ChatRequest {
             continue_final_message: false,
             add_special_tokens: false,
             body_len: 0,
+            messages_shared: false,
         })
     }
 
@@ -482,6 +516,8 @@ pub struct ChatFields {
     add_special_tokens: bool,
     /// One bit per field read, in [`CHAT_FIELDS`]'s order.
     seen: u8,
+    /// `messages` were read through a memo.
+    messages_shared: bool,
 }
 
 /// The fields [`ChatFields`] reads, by name.
@@ -545,6 +581,7 @@ impl ChatFields {
                     Some(memo) => map.next_value_seed(MessagesSeed(memo))?,
                     None => map.next_value()?,
                 });
+                self.messages_shared = memo.is_some();
             }
             1 => self.tools = map.next_value()?,
             2 => self.documents = map.next_value()?,
@@ -571,6 +608,7 @@ impl ChatFields {
             continue_final_message: self.continue_final_message,
             add_special_tokens: self.add_special_tokens,
             body_len,
+            messages_shared: self.messages_shared,
         })
     }
 }

@@ -124,6 +124,9 @@ pub struct ChatTemplate {
     limits: RenderLimits,
     special: SpecialTokens,
     content_format: ContentFormat,
+    /// Messages prepared for this template's format, by the identity of
+    /// messages read through a message memo (see [`messages::PreparedMemo`]).
+    prepared: messages::PreparedMemo,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -232,6 +235,7 @@ impl ChatTemplate {
             limits,
             special,
             content_format: ContentFormat::detect(&source),
+            prepared: messages::PreparedMemo::default(),
         })
     }
 
@@ -253,6 +257,8 @@ impl ChatTemplate {
     /// `--chat-template-content-format string|openai`).
     pub fn with_content_format(mut self, format: ContentFormat) -> Self {
         self.content_format = format;
+        // Its messages were prepared for the other format.
+        self.prepared = messages::PreparedMemo::default();
         self
     }
 
@@ -472,7 +478,11 @@ impl ChatTemplate {
                 "add_generation_prompt and continue_final_message cannot both be true".into(),
             ));
         }
-        let mut messages = messages::prepare(&request.messages.0, self.content_format)?;
+        let mut messages = messages::prepare_with(
+            &request.messages.0,
+            self.content_format,
+            request.messages_shared.then_some(&self.prepared),
+        )?;
         let final_text = if request.continue_final_message {
             let (tagged, final_text) = tag_final_message(&messages)?;
             messages = tagged;

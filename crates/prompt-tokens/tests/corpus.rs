@@ -543,14 +543,28 @@ fn the_render_memo_renders_every_turn_as_a_cold_rendering_does() {
         .filter(|path| path.extension().is_some_and(|e| e == "jinja"))
         .collect();
     templates.sort();
-    let outcome = |template: &ChatTemplate, body: &Value| {
-        let request = ChatRequest::from_json(body.to_string().as_bytes());
+    let outcome = |template: &ChatTemplate, request: prompt_tokens::Result<ChatRequest>| {
         request.map_err(|e| e.to_string()).and_then(|request| {
             template
                 .render(&request)
                 .map_err(|e| format!("refused: {e}"))
         })
     };
+    // The memo side reads each body as the router does, through one
+    // message memo for the whole run: a turn's earlier messages come back
+    // as the objects the turn before had (and the template's memo of
+    // prepared messages serves them). Its bodies are padded past the
+    // memo's threshold with a field the request ignores.
+    let messages_memo = prompt_tokens::MessageMemo::default();
+    let padding = ".".repeat(prompt_tokens::MIN_BODY_BYTES);
+    let read_memo = |body: &Value| {
+        let mut padded = body.clone();
+        if let Some(object) = padded.as_object_mut() {
+            object.insert("x_padding".into(), Value::String(padding.clone()));
+        }
+        ChatRequest::from_json_with(padded.to_string().as_bytes(), &messages_memo)
+    };
+    let read_cold = |body: &Value| ChatRequest::from_json(body.to_string().as_bytes());
     let (mut renders, mut differ, mut hit_templates) = (0, Vec::new(), Vec::new());
     let (mut lookups, mut hits) = (0, 0);
     for path in &templates {
@@ -574,7 +588,8 @@ fn the_render_memo_renders_every_turn_as_a_cold_rendering_does() {
             let turns = prefixes(body);
             for turn in turns.iter().chain(&memo_variants(body)) {
                 renders += 1;
-                let (got, want) = (outcome(&memo, turn), outcome(&cold, turn));
+                let got = outcome(&memo, read_memo(turn));
+                let want = outcome(&cold, read_cold(turn));
                 if got != want {
                     differ.push(format!(
                         "{name}/{conversation}: {turn}\n  memo: {got:?}\n  cold: {want:?}"
@@ -589,14 +604,20 @@ fn the_render_memo_renders_every_turn_as_a_cold_rendering_does() {
             hit_templates.push(format!("{name} ({} of {})", stats.hits, stats.lookups));
         }
     }
+    let message_stats = messages_memo.stats();
     println!(
         "render memo: {renders} renders over {} templates, {} differences; {hits} of {lookups} \
-         loop lookups resumed a stored state, on {} templates:\n  {}",
+         loop lookups resumed a stored state, on {} templates; {} of {} messages read from the \
+         message memo:\n  {}",
         templates.len(),
         differ.len(),
         hit_templates.len(),
+        message_stats.hits,
+        message_stats.lookups,
         hit_templates.join("\n  ")
     );
+    // The padded turns did go through the message memo.
+    assert!(message_stats.hits > 0, "{message_stats:?}");
     assert!(differ.is_empty(), "{}", differ.join("\n"));
     assert!(hits > 0, "the memo never resumed a rendering");
 }
