@@ -557,8 +557,8 @@ pub(crate) struct PreparedMemo {
     budget: usize,
 }
 
-/// The bytes a [`PreparedMemo`] holds by default: about a thousand 8 KB
-/// conversations of 68 messages.
+/// The bytes a [`PreparedMemo`] holds by default: about 800 conversations
+/// of 68 messages and 8 KB (some 600 bytes charged a message).
 pub(crate) const PREPARED_MEMO_BYTES: usize = 32 * 1024 * 1024;
 
 /// What an entry is charged beyond its message's text: the map entry, the
