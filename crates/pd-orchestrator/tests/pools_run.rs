@@ -13,7 +13,10 @@ use bytes::Bytes;
 use http::StatusCode;
 use lb_policies::{OwnedContext, PolicyConfig};
 use pd_orchestrator::bootstrap::Sleeper;
-use pd_orchestrator::pools::{PdCall, PdConfig, PdPools, PdScope, PdWorkerConfig, RunError, run};
+use pd_orchestrator::pools::{
+    PdCall, PdConfig, PdPools, PdScope, PdWorkerConfig, RunError, RunObserver, Selected, run,
+    run_observed,
+};
 use pd_orchestrator::{FlowConfig, ForwardHeaders, Nixl, PdConnector, PdError, PdFlow, Phase};
 use serde_json::json;
 use support::*;
@@ -163,4 +166,101 @@ fn with_no_fresh_pair_left_the_client_hears_the_last_flow_error() {
     for worker in pools.workers() {
         assert_eq!(worker.load(), 0, "{}", worker.key());
     }
+}
+
+/// Writes down what [`run_observed`] tells it, in order.
+#[derive(Default)]
+struct Events(Vec<String>);
+
+impl RunObserver for &mut Events {
+    type Selection = u32;
+
+    fn selecting(&mut self, n: u32) -> u32 {
+        self.0.push(format!("selecting {n}"));
+        n
+    }
+
+    fn selected(&mut self, n: u32, outcome: Result<Selected<'_>, &worker_lifecycle::SelectError>) {
+        let event = match outcome {
+            Ok(selected) => {
+                let prefill = selected.prefill;
+                format!(
+                    "selected {n}: prefill {} among {} ({}), decode {}",
+                    prefill.worker().key(),
+                    prefill.decision().candidates,
+                    prefill.decision().reason.as_str(),
+                    selected
+                        .decode
+                        .map_or("late".into(), |d| d.worker().key().to_owned()),
+                )
+            }
+            Err(err) => format!("selected {n}: none ({err})"),
+        };
+        self.0.push(event);
+    }
+
+    fn retrying(&mut self, error: &PdError) {
+        self.0.push(format!("retrying: {error}"));
+    }
+}
+
+#[test]
+fn the_observer_sees_each_attempts_selection_and_each_retry_in_order() {
+    let log = Log::default();
+    let transport = ScriptedTransport::new(&log);
+    transport.push(Phase::Prefill, prefill_ok());
+    transport.push(Phase::Decode, Step::transport_error("connection refused"));
+    let pools = pools(&[D1]);
+    let flow = PdFlow::new(transport, Arc::clone(&pools), FlowConfig::default());
+    let policy = RetryPolicy::default();
+    let budget = RetryBudget::new(RetryBudgetConfig::default(), Instant::now());
+    let mut retries = RequestRetries::start(&policy, &budget, 1, Instant::now());
+    let call = call();
+    let scope = Arc::clone(&call.scope);
+    let mut events = Events::default();
+    let error = ready(run_observed(
+        &flow,
+        &Nixl,
+        call,
+        &mut retries,
+        &Waits::default(),
+        &mut events,
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(error, RunError::Flow(PdError::DecodeFailed { .. })),
+        "{error:?}"
+    );
+    let prefill_key = pools.prefill().workers()[0].key().to_owned();
+    let events = events.0;
+    assert_eq!(events.len(), 5, "{events:#?}");
+    assert_eq!(events[0], "selecting 0");
+    // NIXL chooses its decode worker late: the first selection names the
+    // prefill alone, and the scope says how the decode was chosen.
+    assert_eq!(
+        events[1],
+        format!("selected 0: prefill {prefill_key} among 1 (round_robin), decode late")
+    );
+    assert!(events[2].starts_with("retrying: "), "{events:#?}");
+    assert_eq!(events[3], "selecting 1");
+    // The retry finds no fresh decode worker: told as the selection's
+    // error, though the client hears the flow's.
+    assert!(events[4].starts_with("selected 1: none ("), "{events:#?}");
+    let late = scope
+        .late_decode()
+        .expect("the first attempt chose its decode late");
+    assert_eq!(late.candidates, 1);
+    assert_eq!(late.reason.as_str(), "round_robin");
+}
+
+#[test]
+fn a_pair_chosen_at_once_names_both_decisions() {
+    let pools = pools(&[D1, D2]);
+    let call = call();
+    let pair = pools.select_pair(&call.scope).unwrap();
+    assert_eq!(pair.prefill.decision().candidates, 1);
+    assert_eq!(pair.decode.decision().candidates, 2);
+    assert_eq!(pair.decode.decision().reason.as_str(), "round_robin");
+    assert_eq!(pair.decode.decision().match_permille, None);
+    assert_eq!(call.scope.late_decode(), None, "not a late choice");
 }

@@ -476,12 +476,24 @@ pub(crate) async fn proxy(
         .uri
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned());
+    let scope = Arc::new(PdScope::new(request));
     #[cfg(feature = "otel")]
     let legs = traced.map(|traced| {
+        // The roles' policies for the model, named on decision spans.
+        let model = scope.request().model.as_str();
+        let name = |role: &pd_orchestrator::pools::PdRolePool| {
+            let policy = role.policies().policy(model).ok();
+            policy
+                .as_deref()
+                .map_or("", lb_policies::PolicyState::name)
+                .to_owned()
+        };
         Arc::new(crate::otel::PdLegs::new(
             traced,
             pd.pools().connector().as_str(),
             path.clone(),
+            (name(pd.pools().prefill()), name(pd.pools().decode())),
+            Arc::clone(&scope),
         ))
     });
     let call = PdCall {
@@ -490,23 +502,21 @@ pub(crate) async fn proxy(
         parsed: Some(parsed),
         request_id: flow_id.clone(),
         forward,
-        scope: Arc::new(PdScope::new(request)),
+        scope,
     };
-    let run = pd_orchestrator::pools::run(
+    let observer = PdObserver {
+        flow_id: &flow_id,
+        metrics,
+        #[cfg(feature = "otel")]
+        traced: legs.as_deref(),
+    };
+    let run = pd_orchestrator::pools::run_observed(
         &pd.flow,
         &*pd.connector,
         call,
         &mut retries,
         &TokioSleeper,
-        |error| {
-            tracing::warn!(request_id = flow_id, %error, "prefill/decode attempt failed; retrying");
-            metrics.retries.inc();
-            // The failed attempt's decode leg, if it answered, ends now.
-            #[cfg(feature = "otel")]
-            if let Some(legs) = &legs {
-                end_decode(legs, matches!(error, PdError::DecodeBodyFailed { .. }));
-            }
-        },
+        observer,
     );
     #[cfg(feature = "otel")]
     let outcome = match &legs {
@@ -550,6 +560,53 @@ pub(crate) async fn proxy(
         answer.decode_span = decode_span;
     }
     Ok(answer)
+}
+
+/// What [`proxy`] does as a request's attempts run: each retried error is
+/// logged and counted (and a traced attempt's answered decode leg ends);
+/// a traced request's selections each get a `route` span, which names the
+/// pair the role policies chose.
+struct PdObserver<'a> {
+    flow_id: &'a str,
+    metrics: &'a RouterMetrics,
+    /// A traced request's legs.
+    #[cfg(feature = "otel")]
+    traced: Option<&'a crate::otel::PdLegs>,
+}
+
+impl pd_orchestrator::pools::RunObserver for PdObserver<'_> {
+    #[cfg(feature = "otel")]
+    type Selection = Option<crate::otel::OtelSpan>;
+    #[cfg(not(feature = "otel"))]
+    type Selection = ();
+
+    fn selecting(&mut self, _: u32) -> Self::Selection {
+        #[cfg(feature = "otel")]
+        return self.traced.map(crate::otel::PdLegs::pair_decision_span);
+    }
+
+    fn selected(
+        &mut self,
+        selection: Self::Selection,
+        outcome: Result<pd_orchestrator::pools::Selected<'_>, &worker_lifecycle::SelectError>,
+    ) {
+        #[cfg(feature = "otel")]
+        if let Some(mut span) = selection {
+            crate::otel::record_pair(&mut span, outcome);
+        }
+        #[cfg(not(feature = "otel"))]
+        let ((), _) = (selection, outcome);
+    }
+
+    fn retrying(&mut self, error: &PdError) {
+        tracing::warn!(request_id = self.flow_id, %error, "prefill/decode attempt failed; retrying");
+        self.metrics.retries.inc();
+        // The failed attempt's decode leg, if it answered, ends now.
+        #[cfg(feature = "otel")]
+        if let Some(legs) = self.traced {
+            end_decode(legs, matches!(error, PdError::DecodeBodyFailed { .. }));
+        }
+    }
 }
 
 /// The answering decode leg's span, for the response body to end; when

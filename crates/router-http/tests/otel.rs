@@ -337,6 +337,13 @@ fn int_attr(span: &Span, key: &str) -> i64 {
     }
 }
 
+fn bool_attr(span: &Span, key: &str) -> bool {
+    match attr(span, key) {
+        Some(Value::BoolValue(b)) => *b,
+        other => panic!("{}: {key} is {other:?}", span.name),
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -1134,17 +1141,42 @@ impl PdRouter {
 
     /// [`start`](Self::start), the decode engine injecting `decode_faults`.
     async fn start_with(config: RouterConfig, decode_faults: FaultConfig) -> Self {
+        Self::start_full(config, decode_faults, None).await
+    }
+
+    /// [`start_with`](Self::start_with), the decode role choosing by
+    /// `decode_policy` (default: the router's policy).
+    async fn start_full(
+        config: RouterConfig,
+        decode_faults: FaultConfig,
+        decode_policy: Option<lb_policies::PolicyConfig>,
+    ) -> Self {
+        Self::start_on(
+            router_http::PdConnector::Nixl,
+            config,
+            &[decode_faults],
+            decode_policy,
+        )
+        .await
+    }
+
+    /// [`start_full`](Self::start_full) through `connector` (NIXL or
+    /// MoRI-IO: neither needs a bootstrap server), with a decode engine
+    /// for each of `decode_faults` (`engines[1..]`).
+    async fn start_on(
+        connector: router_http::PdConnector,
+        config: RouterConfig,
+        decode_faults: &[FaultConfig],
+        decode_policy: Option<lb_policies::PolicyConfig>,
+    ) -> Self {
         use engine_sim::{Role, TransferRegistry};
         use router_http::{PdConfig, PdConnector, PdWorkerConfig, Router};
-        let connector = PdConnector::Nixl;
         let (kv, mode) = fleet_sim::for_deployment(connector).unwrap();
         let registry = TransferRegistry::new();
         let mut engines = Vec::new();
-        for role in [Role::Prefill, Role::Decode] {
-            let faults = match role {
-                Role::Decode => decode_faults.clone(),
-                _ => FaultConfig::default(),
-            };
+        let roles = std::iter::once((Role::Prefill, FaultConfig::default()))
+            .chain(decode_faults.iter().map(|f| (Role::Decode, f.clone())));
+        for (role, faults) in roles {
             let config = EngineConfig {
                 role,
                 kv_connector: kv,
@@ -1158,9 +1190,22 @@ impl PdRouter {
             };
             engines.push(engine_sim::spawn(config, options).await.unwrap());
         }
+        let worker = |engine: &engine_sim::EngineHandle| {
+            let worker = PdWorkerConfig::new(engine.url());
+            match connector {
+                PdConnector::MoriIo(_) => worker.with_moriio(pd_orchestrator::MoriIoEndpoint {
+                    handshake_port: 7301,
+                    notify_port: 7302,
+                    dp_size: 1,
+                    tp_size: 1,
+                }),
+                _ => worker,
+            }
+        };
         let mut pd = PdConfig::new(connector);
-        pd.prefill = vec![PdWorkerConfig::new(engines[0].url())];
-        pd.decode = vec![PdWorkerConfig::new(engines[1].url())];
+        pd.prefill = vec![worker(&engines[0])];
+        pd.decode = engines[1..].iter().map(worker).collect();
+        pd.decode_policy = decode_policy;
         let config = RouterConfig {
             pd: Some(pd),
             ..config
@@ -1196,7 +1241,12 @@ impl PdRouter {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_leg_of_a_prefill_decode_request_is_a_span_continued_into_its_engine() {
     pipeline();
-    let pd = PdRouter::start(traced_config()).await;
+    let config = RouterConfig {
+        policy: lb_policies::PolicyConfig::named("cache_aware"),
+        ..traced_config()
+    };
+    let round_robin = lb_policies::PolicyConfig::named("round_robin");
+    let pd = PdRouter::start_full(config, FaultConfig::default(), Some(round_robin)).await;
     let (addr, engines) = (pd.addr, &pd.engines);
 
     let trace_id = "d4cda95b652f4a1592b449d5929fda1b";
@@ -1213,15 +1263,63 @@ async fn each_leg_of_a_prefill_decode_request_is_a_span_continued_into_its_engin
     )
     .await;
     assert_eq!(status, 200, "{body:?}");
-    // Server, admission, read body, extract, prefill, decode.
-    let spans = spans_of(&unhex(trace_id), 6).await;
+    // Server, admission, read body, extract, route, prefill, decode.
+    let spans = spans_of(&unhex(trace_id), 7).await;
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(spans.len(), 6, "{names:?}");
+    assert_eq!(spans.len(), 7, "{names:?}");
     let server_span = spans
         .iter()
         .find(|s| s.kind == SpanKind::Server as i32)
         .expect("the server span");
     assert_eq!(hex(&server_span.parent_span_id), PARENT_SPAN);
+    // The pair decision: both roles' policies, and the prefill worker
+    // with why and among how many. NIXL chooses the decode worker late
+    // (when the prefill has answered): the route span says so, and the
+    // decode leg's span tells that choice.
+    let route = spans
+        .iter()
+        .find(|s| s.name == "route")
+        .unwrap_or_else(|| panic!("no route span in {names:?}"));
+    assert_eq!(route.parent_span_id, server_span.span_id);
+    assert_eq!(str_attr(route, "router.pd.prefill.policy"), "cache_aware");
+    assert_eq!(str_attr(route, "router.pd.decode.policy"), "round_robin");
+    assert_eq!(
+        str_attr(route, "router.pd.prefill.worker"),
+        engines[0].url()
+    );
+    assert_eq!(int_attr(route, "router.pd.prefill.candidates"), 1);
+    // A first request matches nothing cached: a low match, rate 0.
+    assert_eq!(
+        str_attr(route, "router.pd.prefill.reason"),
+        "cache_low_match"
+    );
+    assert_eq!(float_attr(route, "router.pd.prefill.match_rate"), 0.0);
+    assert!(bool_attr(route, "router.pd.decode.late"));
+    assert!(attr(route, "router.pd.decode.worker").is_none());
+    let decode_leg = spans
+        .iter()
+        .find(|s| s.name == "decode")
+        .unwrap_or_else(|| panic!("no decode span in {names:?}"));
+    assert_eq!(
+        str_attr(decode_leg, "router.pd.decode.policy"),
+        "round_robin"
+    );
+    assert_eq!(
+        str_attr(decode_leg, "router.pd.decode.reason"),
+        "round_robin"
+    );
+    assert_eq!(int_attr(decode_leg, "router.pd.decode.candidates"), 1);
+    assert!(attr(decode_leg, "router.pd.decode.match_rate").is_none());
+    let legs_start = spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::Client as i32)
+        .map(|s| s.start_time_unix_nano)
+        .min()
+        .expect("the legs");
+    assert!(
+        route.end_time_unix_nano <= legs_start,
+        "decided before the legs"
+    );
     let legs: Vec<&Span> = spans
         .iter()
         .filter(|s| s.kind == SpanKind::Client as i32)
@@ -1261,6 +1359,96 @@ async fn each_leg_of_a_prefill_decode_request_is_a_span_continued_into_its_engin
     };
     assert!(prefill.start_time_unix_nano <= decode.start_time_unix_nano);
     assert!(server_span.end_time_unix_nano >= decode.end_time_unix_nano);
+    pd.stop().await;
+}
+
+/// A prefill/decode request whose connector chooses both workers at
+/// arrival (MoRI-IO WRITE, both legs at once), retried: each attempt has
+/// its own `route` span naming the pair, and its own two legs. Of two
+/// decode engines one always fails; round_robin sends one of two requests
+/// (at least) to it first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_attempt_of_a_prefill_decode_request_has_its_pair_decision_span() {
+    use pd_orchestrator::MoriIoMode as PdMoriIoMode;
+    use router_http::PdConnector;
+    pipeline();
+    let failing = FaultConfig {
+        fixed_status: Some(503),
+        ..FaultConfig::default()
+    };
+    let pd = PdRouter::start_on(
+        PdConnector::MoriIo(PdMoriIoMode::Write),
+        traced_config(),
+        &[failing, FaultConfig::default()],
+        Some(lb_policies::PolicyConfig::named("round_robin")),
+    )
+    .await;
+    let (addr, engines) = (pd.addr, &pd.engines);
+    let (failing, healthy) = (engines[1].url(), engines[2].url());
+    let mut retried = None;
+    for trace_id in [
+        "5e0b8f3a0c1d4e2f8a9b0c1d2e3f4a5b",
+        "6f1c904b1d2e5f309bac1d2e3f405b6c",
+    ] {
+        let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+        let (status, _, body) = call(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("content-type", "application/json"),
+                ("traceparent", &traceparent),
+            ],
+            chat_body("two legs at once", false),
+        )
+        .await;
+        assert_eq!(status, 200, "{body:?}");
+        // Server, admission, read body, extract, then per attempt a route,
+        // a prefill and a decode (a request's spans arrive together).
+        let spans = spans_of(&unhex(trace_id), 7).await;
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+        let routes = spans.iter().filter(|s| s.name == "route").count();
+        assert_eq!(spans.len(), 4 + 3 * routes, "{names:?}");
+        if routes == 2 {
+            retried = Some(spans);
+            break;
+        }
+        assert_eq!(routes, 1, "{names:?}");
+    }
+    let spans = retried.expect("one of the two requests went to the failing engine first");
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .expect("the server span");
+    let sorted = |name: &str| {
+        let mut named: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
+        named.sort_by_key(|s| s.start_time_unix_nano);
+        named
+    };
+    let (routes, decodes) = (sorted("route"), sorted("decode"));
+    assert_eq!(decodes.len(), 2);
+    for (route, decode_worker) in routes.iter().zip([&failing, &healthy]) {
+        assert_eq!(route.parent_span_id, server.span_id);
+        assert_eq!(
+            str_attr(route, "router.pd.prefill.worker"),
+            engines[0].url()
+        );
+        assert_eq!(int_attr(route, "router.pd.prefill.candidates"), 1);
+        assert_eq!(str_attr(route, "router.pd.decode.worker"), *decode_worker);
+        assert_eq!(str_attr(route, "router.pd.decode.policy"), "round_robin");
+        assert!(!str_attr(route, "router.pd.prefill.reason").is_empty());
+        assert!(attr(route, "router.pd.decode.late").is_none());
+    }
+    // Both engines were candidates the first time; the retry left the
+    // failed one out.
+    assert_eq!(int_attr(routes[0], "router.pd.decode.candidates"), 2);
+    assert_eq!(int_attr(routes[1], "router.pd.decode.candidates"), 1);
+    assert_eq!(str_attr(decodes[0], "router.worker"), failing);
+    assert!(is_error(decodes[0]), "the first decode leg failed");
+    assert!(!is_error(decodes[1]));
+    // The retry is decided after the failed attempt, before its own legs.
+    assert!(routes[1].start_time_unix_nano >= decodes[0].end_time_unix_nano);
+    assert!(routes[1].end_time_unix_nano <= decodes[1].start_time_unix_nano);
     pd.stop().await;
 }
 
@@ -1815,10 +2003,10 @@ async fn the_decode_leg_span_ends_with_the_client_stream() {
     .await;
     assert_eq!(status, 200, "{body:?}");
     assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
-    // Server, admission, read body, extract, prefill, decode.
-    let spans = spans_of(&unhex(trace_id), 6).await;
+    // Server, admission, read body, extract, route, prefill, decode.
+    let spans = spans_of(&unhex(trace_id), 7).await;
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(spans.len(), 6, "{names:?}");
+    assert_eq!(spans.len(), 7, "{names:?}");
     let leg = |name: &str| -> &Span {
         spans
             .iter()
@@ -1852,7 +2040,7 @@ async fn the_decode_leg_span_ends_with_the_client_stream() {
     let trace_id = "c8be7c827a314442c8be7c827a314442";
     let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
     disconnect_after_head(pd.addr, &[("traceparent", &traceparent)]).await;
-    let spans = spans_of(&unhex(trace_id), 6).await;
+    let spans = spans_of(&unhex(trace_id), 7).await;
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
     let decode = spans
         .iter()

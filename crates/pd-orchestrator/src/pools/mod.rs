@@ -48,6 +48,9 @@
 //! its worker ([`PdError::failed_worker`](crate::PdError::failed_worker)); [`run`] leaves it out and, within
 //! the request's [`RequestRetries`](worker_lifecycle::RequestRetries),
 //! selects a fresh pair and runs the whole request again.
+//! [`run_observed`] is the same loop telling a [`RunObserver`] each
+//! attempt's selection (every [`PdTarget`] carries its [`PdDecision`]:
+//! why its policy chose it, the match, among how many) and each retry.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -80,9 +83,9 @@ mod scope;
 
 pub use config::{PdConfig, PdWorkerConfig, PoolsError};
 pub use role::{LearnHook, PdRolePool, StaticWorker};
-pub use run::{PdCall, RunError, flow_request_id, run};
+pub use run::{PdCall, RunError, RunObserver, Selected, flow_request_id, run, run_observed};
 
-pub use scope::{PdPair, PdScope, PdTarget};
+pub use scope::{PdDecision, PdPair, PdScope, PdTarget};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -384,7 +387,13 @@ impl PdPools {
                     self.connector
                 ),
             })?;
-        Ok(PdTarget::new(choice.worker, endpoint, scope))
+        let decision = PdDecision {
+            reason: choice.reason,
+            match_permille: choice.match_permille,
+            matched: choice.matched,
+            candidates: eligible.workers().len(),
+        };
+        Ok(PdTarget::new(choice.worker, endpoint, scope, decision))
     }
 
     /// The decode worker of a late decode choice, chosen by the decode
@@ -457,7 +466,10 @@ impl PdBackend for PdPools {
     fn select_decode(&self, prefill: &PdTarget) -> Option<PdTarget> {
         let scope = prefill.scope();
         match self.select_decode_at(scope, Instant::now()) {
-            Ok(decode) => Some(decode),
+            Ok(decode) => {
+                scope.set_late_decode(*decode.decision());
+                Some(decode)
+            }
             Err(err) => {
                 tracing::warn!(
                     request_id = scope.request().request_id.as_deref().unwrap_or(""),

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use worker_lifecycle::{Attempted, Attempts, RequestRetries, RoleKind, SelectError, run_attempts};
 
-use super::{PdPools, PdScope};
+use super::{PdPools, PdScope, PdTarget};
 use crate::PdRequest;
 use crate::bootstrap::Sleeper;
 use crate::connector::KvConnector;
@@ -52,7 +52,8 @@ pub enum RunError {
 /// the prefill alone when the decode is chosen late), run the flow, and on
 /// a retryable failure leave the failed worker out, wait the backoff
 /// `retries` grants (through `sleeper`) and run again with a fresh pair.
-/// `on_retry` sees each error that is retried, for metrics and logs.
+/// `on_retry` sees each error that is retried, for metrics and logs;
+/// [`run_observed`] also sees each attempt's selection.
 ///
 /// The caller bounds the whole of it with its own deadline (dropping the
 /// future is safe at any await: every reserved phase is finished as
@@ -74,15 +75,90 @@ where
     C: KvConnector + ?Sized,
     S: Sleeper + ?Sized,
 {
+    run_observed(flow, connector, call, retries, sleeper, OnRetry(on_retry)).await
+}
+
+/// [`run`], with `observer` told of each attempt's selection as well as of
+/// each retried error: what a caller needs to trace the routing decision
+/// of every attempt (`router-http` opens a span in
+/// [`selecting`](RunObserver::selecting) and records the pair in
+/// [`selected`](RunObserver::selected)).
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_observed<T, C, S, O>(
+    flow: &PdFlow<T, PdPools>,
+    connector: &C,
+    call: PdCall,
+    retries: &mut RequestRetries<'_>,
+    sleeper: &S,
+    observer: O,
+) -> Result<PdResponse<T::Body, PdPools>, RunError>
+where
+    T: Transport,
+    C: KvConnector + ?Sized,
+    S: Sleeper + ?Sized,
+    O: RunObserver,
+{
     let mut attempts = WholeAttempts {
         flow,
         connector,
         call,
         retries,
         sleeper,
-        on_retry,
+        observer,
     };
     run_attempts(&mut attempts, None).await
+}
+
+/// What one attempt of [`run_observed`] selected: the prefill worker, and
+/// the decode worker unless the pools choose it late
+/// ([`PdPools::late_decode`]: the flow chooses it when the prefill has
+/// answered, and the decode leg names it).
+#[derive(Debug, Clone, Copy)]
+pub struct Selected<'a> {
+    /// The prefill worker and how its policy chose it.
+    pub prefill: &'a PdTarget,
+    /// The decode worker and how its policy chose it; `None` for a late
+    /// decode.
+    pub decode: Option<&'a PdTarget>,
+}
+
+/// What [`run_observed`] reports of a request's attempts, in order: for
+/// each attempt [`selecting`](Self::selecting) then
+/// [`selected`](Self::selected), and [`retrying`](Self::retrying) for a
+/// failed attempt that is run again. Called on the request's task, inside
+/// its run: keep them cheap.
+pub trait RunObserver {
+    /// What the observer keeps from just before a selection to its
+    /// outcome (a span, a start time).
+    type Selection;
+
+    /// Attempt `n` (0 for the first) is about to select its workers.
+    fn selecting(&mut self, n: u32) -> Self::Selection;
+
+    /// What attempt's selection gave: the workers, or why none could be
+    /// chosen (the request then ends; a retry reports the error that made
+    /// it retry instead, see [`RunError::Flow`]).
+    fn selected(&mut self, selection: Self::Selection, outcome: Result<Selected<'_>, &SelectError>);
+
+    /// A failed attempt's `error` is retried.
+    fn retrying(&mut self, error: &PdError);
+}
+
+/// [`run`]'s observer: a closure that sees each retried error.
+struct OnRetry<F>(F);
+
+impl<F: FnMut(&PdError)> RunObserver for OnRetry<F> {
+    type Selection = ();
+
+    fn selecting(&mut self, _: u32) {}
+
+    fn selected(&mut self, (): (), _: Result<Selected<'_>, &SelectError>) {}
+
+    fn retrying(&mut self, error: &PdError) {
+        (self.0)(error);
+    }
 }
 
 /// A whole P/D request's attempts, run by worker-lifecycle's one attempt
@@ -91,21 +167,21 @@ where
 /// `retries` grants it, the next attempt runs after the backoff. The
 /// failure is carried over, so that a retry which finds no pair reports why
 /// the request was retried rather than the selection's error.
-struct WholeAttempts<'a, 'r, T, C: ?Sized, S: ?Sized, R> {
+struct WholeAttempts<'a, 'r, T, C: ?Sized, S: ?Sized, O> {
     flow: &'a PdFlow<T, PdPools>,
     connector: &'a C,
     call: PdCall,
     retries: &'a mut RequestRetries<'r>,
     sleeper: &'a S,
-    on_retry: R,
+    observer: O,
 }
 
-impl<T, C, S, R> Attempts for WholeAttempts<'_, '_, T, C, S, R>
+impl<T, C, S, O> Attempts for WholeAttempts<'_, '_, T, C, S, O>
 where
     T: Transport,
     C: KvConnector + ?Sized,
     S: Sleeper + ?Sized,
-    R: FnMut(&PdError),
+    O: RunObserver,
 {
     type Answer = Result<PdResponse<T::Body, PdPools>, RunError>;
     type Failure = PdError;
@@ -119,6 +195,7 @@ where
     ) -> Attempted<Self::Answer, PdError> {
         let call = &mut self.call;
         let pools = self.flow.backend();
+        let selection = self.observer.selecting(n);
         let selected = if pools.late_decode() {
             pools
                 .select_prefill(&call.scope)
@@ -128,6 +205,13 @@ where
                 .select_pair(&call.scope)
                 .map(|pair| (pair.prefill, Some(pair.decode)))
         };
+        self.observer.selected(
+            selection,
+            selected.as_ref().map(|(prefill, decode)| Selected {
+                prefill,
+                decode: decode.as_ref(),
+            }),
+        );
         let (prefill, decode) = match selected {
             Ok(selected) => selected,
             Err(err) => {
@@ -189,7 +273,7 @@ where
     ) -> Result<(Duration, Option<PdError>), Self::Answer> {
         match self.retries.next(Instant::now()) {
             Some(backoff) => {
-                (self.on_retry)(&error);
+                self.observer.retrying(&error);
                 Ok((backoff, Some(error)))
             }
             None => Err(Err(RunError::Flow(error))),

@@ -18,6 +18,7 @@ pub struct PdScope {
     request: OwnedContext,
     failed_prefill: Mutex<Vec<Box<str>>>,
     failed_decode: Mutex<Vec<Box<str>>>,
+    late_decode: Mutex<Option<PdDecision>>,
 }
 
 impl PdScope {
@@ -27,7 +28,22 @@ impl PdScope {
             request,
             failed_prefill: Mutex::default(),
             failed_decode: Mutex::default(),
+            late_decode: Mutex::default(),
         }
+    }
+
+    /// How the decode policy chose the latest decode worker chosen late
+    /// for this request ([`PdPools::late_decode`](super::PdPools::late_decode)):
+    /// set right before that worker's decode leg is dispatched, so a
+    /// caller that sees the leg (a trace's leg span) can say why it went
+    /// there. `None` before any such choice, and always when the pools
+    /// choose the pair at once ([`PdTarget::decision`] has it then).
+    pub fn late_decode(&self) -> Option<PdDecision> {
+        *self.late_decode.lock()
+    }
+
+    pub(super) fn set_late_decode(&self, decision: PdDecision) {
+        *self.late_decode.lock() = Some(decision);
     }
 
     /// What the policies see.
@@ -71,6 +87,25 @@ pub struct PdTarget {
     worker: Arc<Worker>,
     endpoint: Arc<PdEndpoint>,
     scope: Arc<PdScope>,
+    decision: PdDecision,
+}
+
+/// How a role's policy chose a [`PdTarget`]: what a caller reports of the
+/// choice (a trace's decision span, a log line) without asking again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PdDecision {
+    /// Why the policy chose this worker.
+    pub reason: lb_policies::DecisionReason,
+    /// For prefix-matching policies, the request's best prefix match in
+    /// thousandths of its input.
+    pub match_permille: Option<u16>,
+    /// For prefix-matching policies, that match's length in the request's
+    /// units (token ids or characters).
+    pub matched: Option<usize>,
+    /// How many workers of the role the policy chose among: the role's
+    /// eligible workers (those that failed the request left out, unless
+    /// that left none).
+    pub candidates: usize,
 }
 
 impl std::fmt::Debug for PdTarget {
@@ -86,12 +121,19 @@ impl PdTarget {
         worker: Arc<Worker>,
         endpoint: Arc<PdEndpoint>,
         scope: &Arc<PdScope>,
+        decision: PdDecision,
     ) -> Self {
         Self {
             worker,
             endpoint,
             scope: Arc::clone(scope),
+            decision,
         }
+    }
+
+    /// How the role's policy chose this worker.
+    pub fn decision(&self) -> &PdDecision {
+        &self.decision
     }
 
     /// The worker.

@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::threads::{spawn_runtime, thread_cpu_ns, thread_id, thread_user_system_ticks};
 use super::tokenized::{SERIAL, Tokens, Vocab, make_chat_bodies, tokenizer, with_serial};
-use super::trace::{TraceMode, collector_cpu_ns, export_cpu_ns, trace_mode};
+use super::trace::{TraceMode, collector_cpu_ns, export_cpu_ns, pool_cpu_ns, trace_mode};
 use super::{Case, Measured};
 
 pub(super) fn measure(
@@ -119,7 +119,7 @@ fn measure_bodies(
         elapsed,
         (cpu_ns, ticks),
         lookups,
-        (compute, export_ns, collector_ns),
+        (compute, export_ns, collector_ns, pool_ns),
     ) = spawn_runtime("loadgen", move |rt| {
         rt.block_on(async move {
             // Warm-up: connections open, pools filled, the segment cache
@@ -139,6 +139,7 @@ fn measure_bodies(
             let compute_before = compute_seconds();
             let export_before = export_cpu_ns();
             let collector_before = collector_cpu_ns();
+            let pool_before = pool_cpu_ns();
             let started = Instant::now();
             let latencies = run_load(target, case, bodies, duration, unique).await;
             let elapsed = started.elapsed();
@@ -157,6 +158,8 @@ fn measure_bodies(
                 .zip(compute_before)
                 .map(|(after, before)| after - before);
             let requests = latencies.len();
+            let pool =
+                (router_tid.is_some() && unique).then(|| pool_cpu_ns().saturating_sub(pool_before));
             let export = (trace_mode() != TraceMode::Off && router_tid.is_some())
                 .then(|| export_cpu_ns().saturating_sub(export_before));
             let collector = export
@@ -168,7 +171,7 @@ fn measure_bodies(
                 elapsed,
                 (cpu, ticks),
                 lookups,
-                (compute, export, collector),
+                (compute, export, collector, pool),
             )
         })
     });
@@ -191,6 +194,7 @@ fn measure_bodies(
             .filter(|(hits, misses)| hits + misses > 0)
             .map(|(hits, misses)| hits as f64 / (hits + misses) as f64),
         tokenize_us_per_req: compute.map(|s| s * 1e6 / requests.max(1) as f64),
+        pool_cpu_us_per_req: pool_ns.map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),
         export_cpu_us_per_req: export_ns.map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),
         collector_cpu_us_per_req: collector_ns
             .map(|ns| ns as f64 / 1000.0 / requests.max(1) as f64),

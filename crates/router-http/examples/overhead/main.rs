@@ -113,9 +113,15 @@ struct Measured {
     /// during the measurement.
     segment_hit_rate: Option<f64>,
     /// With tokenization on: the router's time computing token ids
-    /// (`router_tokens_compute_seconds_total`) per request, part of
-    /// `router_cpu_us_per_req`.
+    /// (`router_tokens_compute_seconds_total`, wall time) per request,
+    /// part of `router_cpu_us_per_req` where a body is tokenized inline and
+    /// on the tokenizer pool's threads where it is not.
     tokenize_us_per_req: Option<f64>,
+    /// With tokenization on: the tokenizer pool's threads' own CPU time per
+    /// request (the router's cost beside its thread's; unlike
+    /// `tokenize_us_per_req`, not counting time a pool thread waited for a
+    /// core).
+    pool_cpu_us_per_req: Option<f64>,
     /// With `--trace`: the export threads' CPU time per request.
     export_cpu_us_per_req: Option<f64>,
     /// With `--trace`: the in-process collector's CPU time per request
@@ -346,6 +352,9 @@ fn main() {
             }
             if let Some(us) = routed.tokenize_us_per_req {
                 figures["tokenize_us_per_req"] = round3(us).into();
+            }
+            if let Some(us) = routed.pool_cpu_us_per_req {
+                figures["pool_cpu_us_per_req"] = round3(us).into();
             }
             if let Some(us) = routed.export_cpu_us_per_req {
                 figures["export_cpu_us_per_req"] = round3(us).into();

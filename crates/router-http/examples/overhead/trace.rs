@@ -112,6 +112,12 @@ pub(super) fn collector_cpu_ns() -> u64 {
     named_threads_cpu_ns(|name| name == "collector")
 }
 
+/// On-CPU nanoseconds of the runtimes' blocking threads: the router's
+/// tokenizer pool, where a body too long to tokenize inline is tokenized.
+pub(super) fn pool_cpu_ns() -> u64 {
+    named_threads_cpu_ns(|name| name == super::threads::BLOCKING_THREAD_NAME)
+}
+
 fn named_threads_cpu_ns(wanted: impl Fn(&str) -> bool) -> u64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return 0;

@@ -5,6 +5,11 @@
 /// Runs `f` on a new thread named `name` with its own current-thread
 /// runtime, returns what `f` returned, and keeps the runtime running (its
 /// spawned tasks alive) for the rest of the program.
+/// The name of every runtime's blocking threads (`spawn_blocking`): in
+/// the overhead example only the router's use them, for its tokenizer pool.
+#[allow(dead_code)] // not every example reads it
+pub(crate) const BLOCKING_THREAD_NAME: &str = "blocking-pool";
+
 pub(crate) fn spawn_runtime<T: Send + 'static>(
     name: &str,
     f: impl FnOnce(&tokio::runtime::Runtime) -> T + Send + 'static,
@@ -15,6 +20,7 @@ pub(crate) fn spawn_runtime<T: Send + 'static>(
         .spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
+                .thread_name(BLOCKING_THREAD_NAME)
                 .build()
                 .expect("runtime");
             let value = f(&runtime);

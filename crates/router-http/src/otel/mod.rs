@@ -23,16 +23,25 @@
 //! └── POST http://worker           ...with its own traceparent to the worker
 //! ```
 //!
-//! A prefill/decode request has, instead of the decisions and attempts,
-//! one client span per leg sent to an engine (each attempt of the whole
-//! request adds its pair):
+//! A prefill/decode request has, instead of the attempts, one client span
+//! per leg sent to an engine, after its pair decision (each attempt of
+//! the whole request adds a decision and its two legs):
 //!
 //! ```text
 //! POST /v1/chat/completions        server span
 //! ├── admission, read body, extract
+//! ├── route                        the pair decision (both roles' policies)
 //! ├── prefill                      the prefill leg (client span)
 //! └── decode                       the decode leg (client span)
 //! ```
+//!
+//! A pair decision names each role's policy (`router.pd.prefill.policy`,
+//! `router.pd.decode.policy`) and, for each role chosen, its worker,
+//! reason, match and candidates (`router.pd.prefill.worker`, `.reason`,
+//! `.match_rate`, `.matched`, `.candidates`; the same under
+//! `router.pd.decode.`). A decode worker chosen late (NIXL, sequential
+//! Mooncake: when the prefill has answered) is marked
+//! `router.pd.decode.late`, and its choice is on its decode leg's span.
 //!
 //! A leg span has `http.request.method`, `url.full`, `server.address`,
 //! `server.port`, `http.response.status_code` (or `error.type`), and

@@ -473,17 +473,24 @@ impl Traced {
         // These two, then the decision's four (`record_decision`) or its
         // error.
         let mut attributes = Vec::with_capacity(6);
-        // A built-in policy's name is a static string (no allocation).
-        let policy = lb_policies::BUILTIN_POLICIES
-            .iter()
-            .chain(lb_policies::INDEX_POLICIES.iter())
-            .find(|name| **name == policy)
-            .map_or_else(
-                || AttributeValue::from(policy.to_owned()),
-                |name| AttributeValue::from(*name),
-            );
-        attributes.push(Attribute::new("router.policy", policy));
+        attributes.push(Attribute::new("router.policy", policy_value(policy)));
         attributes.push(Attribute::new("router.candidates", count(candidates)));
+        self.child("route", SpanKind::Internal, attributes)
+    }
+
+    /// The span of one prefill/decode pair decision, the policies of the
+    /// two roles named; [`record_pair`] records what they chose.
+    pub(crate) fn pair_decision_span(&self, prefill_policy: &str, decode_policy: &str) -> OtelSpan {
+        // These two, then up to six a role (`record_pair`).
+        let mut attributes = Vec::with_capacity(14);
+        attributes.push(Attribute::new(
+            PREFILL_KEYS.policy,
+            policy_value(prefill_policy),
+        ));
+        attributes.push(Attribute::new(
+            DECODE_KEYS.policy,
+            policy_value(decode_policy),
+        ));
         self.child("route", SpanKind::Internal, attributes)
     }
 
@@ -585,6 +592,100 @@ pub(crate) fn record_decision(
     span.set_attribute(Attribute::new("router.worker", Arc::clone(worker)));
 }
 
+/// The attribute keys of one role's choice in a pair decision.
+struct RoleKeys {
+    policy: &'static str,
+    worker: &'static str,
+    reason: &'static str,
+    match_rate: &'static str,
+    matched: &'static str,
+    candidates: &'static str,
+}
+
+const PREFILL_KEYS: RoleKeys = RoleKeys {
+    policy: "router.pd.prefill.policy",
+    worker: "router.pd.prefill.worker",
+    reason: "router.pd.prefill.reason",
+    match_rate: "router.pd.prefill.match_rate",
+    matched: "router.pd.prefill.matched",
+    candidates: "router.pd.prefill.candidates",
+};
+
+const DECODE_KEYS: RoleKeys = RoleKeys {
+    policy: "router.pd.decode.policy",
+    worker: "router.pd.decode.worker",
+    reason: "router.pd.decode.reason",
+    match_rate: "router.pd.decode.match_rate",
+    matched: "router.pd.decode.matched",
+    candidates: "router.pd.decode.candidates",
+};
+
+/// Adds a role's decision (reason, best prefix match as rate and length
+/// for a prefix-matching policy, candidates) under `keys`.
+fn push_decision(
+    attributes: &mut Vec<Attribute>,
+    keys: &RoleKeys,
+    decision: &pd_orchestrator::pools::PdDecision,
+) {
+    attributes.push(Attribute::new(keys.reason, decision.reason.as_str()));
+    if let Some(permille) = decision.match_permille {
+        attributes.push(Attribute::new(
+            keys.match_rate,
+            f64::from(permille) / 1000.0,
+        ));
+    }
+    if let Some(matched) = decision.matched {
+        attributes.push(Attribute::new(keys.matched, count(matched)));
+    }
+    attributes.push(Attribute::new(keys.candidates, count(decision.candidates)));
+}
+
+/// Records a prefill/decode pair decision on its span: for each role
+/// chosen, the worker, the reason, the best prefix match (rate and
+/// length, for a prefix-matching policy) and how many workers the policy
+/// chose among. A decode worker chosen late (NIXL, sequential Mooncake:
+/// after the prefill answers) is marked `router.pd.decode.late`, and its
+/// decision is on the decode leg's span under the same keys. No pair: the
+/// span fails with the selection's error.
+pub(crate) fn record_pair(
+    span: &mut OtelSpan,
+    outcome: Result<pd_orchestrator::pools::Selected<'_>, &worker_lifecycle::SelectError>,
+) {
+    let selected = match outcome {
+        Ok(selected) => selected,
+        Err(err) => return record_error(span, err),
+    };
+    let mut attributes = Vec::with_capacity(12);
+    let mut push = |target: &pd_orchestrator::pools::PdTarget, keys: &RoleKeys| {
+        attributes.push(Attribute::new(
+            keys.worker,
+            Arc::clone(target.worker().endpoint().worker_url().as_shared()),
+        ));
+        push_decision(&mut attributes, keys, target.decision());
+    };
+    push(selected.prefill, &PREFILL_KEYS);
+    match selected.decode {
+        Some(decode) => push(decode, &DECODE_KEYS),
+        None => attributes.push(Attribute::new("router.pd.decode.late", true)),
+    }
+    for attribute in attributes {
+        span.set_attribute(attribute);
+    }
+}
+
+/// A policy's name as an attribute value: a built-in policy's is a static
+/// string (no allocation).
+fn policy_value(policy: &str) -> AttributeValue {
+    lb_policies::BUILTIN_POLICIES
+        .iter()
+        .chain(lb_policies::INDEX_POLICIES.iter())
+        .find(|name| **name == policy)
+        .map_or_else(
+            || AttributeValue::from(policy.to_owned()),
+            |name| AttributeValue::from(*name),
+        )
+}
+
 /// Records that no worker could be chosen.
 pub(crate) fn record_no_decision(span: &mut OtelSpan, error: &dyn std::fmt::Display) {
     record_error(span, error);
@@ -634,6 +735,12 @@ pub(crate) struct PdLegs {
     pub(crate) connector: &'static str,
     /// The client's path, the tail of every leg's URL after the worker's.
     pub(crate) path: String,
+    /// The names of the prefill and the decode role's policies for the
+    /// request's model.
+    pub(crate) policies: (String, String),
+    /// What the request routes by: it says how a decode worker chosen late
+    /// was chosen (recorded on that decode leg's span).
+    pub(crate) scope: Arc<pd_orchestrator::pools::PdScope>,
     /// The span of the latest decode leg that got a response head. The
     /// transport parks it here because the decode body outlives the leg's
     /// send: `pd::proxy` hands it to the client's response body, or ends
@@ -642,14 +749,30 @@ pub(crate) struct PdLegs {
 }
 
 impl PdLegs {
-    /// The legs of the request `traced` for `path` through `connector`.
-    pub(crate) fn new(traced: Traced, connector: &'static str, path: String) -> Self {
+    /// The legs of the request `traced` for `path` through `connector`,
+    /// routed by `scope` with the roles' `policies` (their names: prefill,
+    /// decode).
+    pub(crate) fn new(
+        traced: Traced,
+        connector: &'static str,
+        path: String,
+        policies: (String, String),
+        scope: Arc<pd_orchestrator::pools::PdScope>,
+    ) -> Self {
         Self {
             traced,
             connector,
             path,
+            policies,
+            scope,
             decode: parking_lot::Mutex::new(None),
         }
+    }
+
+    /// The span of one attempt's pair decision (see [`record_pair`]).
+    pub(crate) fn pair_decision_span(&self) -> OtelSpan {
+        let (prefill, decode) = &self.policies;
+        self.traced.pair_decision_span(prefill, decode)
     }
 
     /// Keeps a decode leg's span alive past its response head. A failed
@@ -699,6 +822,18 @@ pub(crate) fn leg_span(legs: &PdLegs, phase: &'static str, url: &str, body: &[u8
     attributes.push(Attribute::new("router.pd.connector", legs.connector));
     if let Some(bytes) = kv_bytes {
         attributes.push(Attribute::new("router.pd.kv_transfer_params.bytes", bytes));
+    }
+    // A decode worker chosen late was chosen just now, for this leg: its
+    // decision is told here, under the keys the pair's `route` span would
+    // have had.
+    if phase == "decode"
+        && let Some(decision) = legs.scope.late_decode()
+    {
+        attributes.push(Attribute::new(
+            DECODE_KEYS.policy,
+            policy_value(&legs.policies.1),
+        ));
+        push_decision(&mut attributes, &DECODE_KEYS, &decision);
     }
     legs.traced.child(phase, SpanKind::Client, attributes)
 }
