@@ -159,6 +159,75 @@ async fn a_content_part_of_unknown_type_is_a_400_naming_it() {
     fixture.shutdown().await;
 }
 
+/// A request the model's chat template refuses (`raise_exception`) is the
+/// client's, not the router's error: the router routes it on text
+/// (counted as a fallback) and the engine answers it, as vLLM does with a
+/// 400 carrying the template's message (engine-sim renders no template
+/// and answers 200). The router never answers it with a 500, and the next
+/// request the template accepts routes on tokens.
+#[tokio::test]
+async fn a_request_the_template_refuses_is_left_for_the_engine_to_answer() {
+    use prompt_tokens::testing::{TestTokenizerKind, write_model_dir};
+    let dir = std::env::temp_dir().join(format!("tokens-raise-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_model_dir(
+        &dir,
+        prompt_tokens::TemplateFamily::ChatMl,
+        TestTokenizerKind::ByteLevelRegex,
+    )
+    .unwrap();
+    let template = dir.join("refusing.jinja");
+    std::fs::write(
+        &template,
+        "{% if messages[0].role != 'system' %}{{ raise_exception('a system message comes first') }}{% endif %}\
+         {% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+         {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    .unwrap();
+    let tokenizer = PromptTokenizer::from_path_with(
+        &dir,
+        Some(template.as_path()),
+        prompt_tokens::TokenizerOptions::default(),
+    )
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = RouterConfig {
+        tokenizers: Tokenizers::default().with_default(Arc::new(tokenizer)),
+        ..RouterConfig::default()
+    };
+    let fixture = Fixture::start(config, vec![EngineConfig::default()]).await;
+    let refused = serde_json::json!({"model": "sim-model", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "Hello?"}]});
+    let (status, _, body) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        refused.to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the engine's answer: {body:?}");
+    assert_eq!(fixture.engines[0].stats().requests_finished, 1);
+    let (status, _, _) = call(
+        fixture.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        conversation(0).to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, _, metrics) = call(fixture.addr, "GET", "/metrics", &[], "").await;
+    let metrics = String::from_utf8(metrics.to_vec()).unwrap();
+    for line in [
+        "router_tokens_fallbacks_total{model=\"*\"} 1",
+        "router_tokens_routed_total{model=\"*\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    fixture.shutdown().await;
+}
+
 /// A trained BPE tokenizer with the ChatML template (a model directory of
 /// its own, removed once loaded), built with `options`.
 fn trained(name: &str, options: prompt_tokens::TokenizerOptions) -> PromptTokenizer {

@@ -21,6 +21,13 @@
 //! cargo run --release -p router-http --example overhead -- --only 1KB_nonstream_1c --vocab trained
 //! ```
 //!
+//! With tokenization, `tokenize_us_per_req` is the router's time computing
+//! token ids per request (`router_tokens_compute_seconds_total`: wall
+//! time, inline on the router thread for a 1 KB body, on the tokenizer
+//! pool for an 8 KB one) and `pool_cpu_us_per_req` the pool threads' own
+//! CPU time per request (they are the runtimes' blocking threads, named
+//! `blocking-pool`): the router's cost beside its thread's.
+//!
 //! `--trace on|ratio0|down|hanging` (needs the `otel` feature, which the
 //! workspace build turns on) measures every routed case with OpenTelemetry
 //! tracing: `on` samples every request and exports to an OTLP sink that
