@@ -11,10 +11,12 @@
 //!     target/release/examples/span_cost --loop 300
 //! ```
 //! The difference between two `--loop` values' `Collected`, divided by
-//! the difference of the values, is the instructions per request (the
-//! pipeline's export thread is not counted: it only runs when a batch is
-//! full, and then on its own thread). Without valgrind it prints the mean
-//! time per request.
+//! the difference of the values, is the instructions per request,
+//! encoding the request's spans for the export included (it runs on the
+//! request's thread when its server span ends; the pipeline's export
+//! thread, which only puts encoded spans into requests when a batch is
+//! full, is not counted). Without valgrind it prints the mean time per
+//! request.
 //!
 //! The pipeline exports to a closed local port (every batch fails, which
 //! costs only the export thread), and its queue holds every span of the

@@ -106,11 +106,11 @@ impl Drop for Settle {
 impl<E: Export> Export for CountingExporter<E> {
     fn export(
         &self,
-        batch: &[SpanRecord],
+        batch: &[EncodedSpans],
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
         let settle = Settle {
             counts: Arc::clone(&self.counts),
-            spans: batch.len(),
+            spans: batch.iter().map(EncodedSpans::len).sum(),
             exported: false,
         };
         let export = self.inner.export(batch);

@@ -101,6 +101,39 @@ mod field {
 const FLAGS_HAS_IS_REMOTE: u32 = 0x100;
 const FLAGS_IS_REMOTE: u32 = 0x200;
 
+/// Spans encoded by [`TraceEncoder::encode_spans`], each as the
+/// `ScopeSpans.spans` field (tag, length, `Span` message) an export
+/// request holds it in, in order: what the router's request path hands to
+/// the export thread, which puts the batch's into one request
+/// ([`TraceEncoder::encode_encoded`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EncodedSpans {
+    bytes: Vec<u8>,
+    spans: usize,
+    /// The records they were encoded from, for the unit tests' exporters
+    /// (which check what the request path ended, not its bytes: the
+    /// encoder's own tests check those against prost's).
+    #[cfg(test)]
+    pub(super) records: Vec<SpanRecord>,
+}
+
+impl EncodedSpans {
+    /// How many spans.
+    pub fn len(&self) -> usize {
+        self.spans
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.spans == 0
+    }
+
+    /// Their bytes (the fields, back to back).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 /// Encodes batches of finished spans ([`SpanRecord`]) as OTLP
 /// `ExportTraceServiceRequest` messages (protobuf), byte for byte as
 /// prost encodes the SDK's conversion of the same spans
@@ -183,7 +216,17 @@ impl TraceEncoder {
     /// The `ExportTraceServiceRequest` of `batch`, valid until the next
     /// call.
     pub fn encode(&mut self, batch: &[SpanRecord]) -> &[u8] {
-        self.encode_message(batch);
+        self.encode_message(!batch.is_empty(), |encoder| encoder.spans(batch));
+        &self.buf[self.start..]
+    }
+
+    /// The `ExportTraceServiceRequest` of `batch`'s spans encoded earlier
+    /// ([`encode_spans`](Self::encode_spans), maybe by another encoder),
+    /// in order: the same bytes as [`encode`](Self::encode) of their
+    /// records, with each span's encoding copied rather than made. Valid
+    /// until the next call.
+    pub fn encode_encoded(&mut self, batch: &[EncodedSpans]) -> &[u8] {
+        self.encode_message(!batch.is_empty(), |encoder| encoder.encoded(batch));
         &self.buf[self.start..]
     }
 
@@ -191,30 +234,75 @@ impl TraceEncoder {
     /// (not compressed, 32-bit big-endian length), or `None` when the
     /// message exceeds that length. Valid until the next call.
     pub fn encode_grpc_frame(&mut self, batch: &[SpanRecord]) -> Option<&[u8]> {
-        self.encode_message(batch);
+        self.encode_message(!batch.is_empty(), |encoder| encoder.spans(batch));
+        self.grpc_frame()
+    }
+
+    /// [`encode_encoded`](Self::encode_encoded) in one gRPC message frame,
+    /// as [`encode_grpc_frame`](Self::encode_grpc_frame) frames it.
+    pub fn encode_grpc_frame_encoded(&mut self, batch: &[EncodedSpans]) -> Option<&[u8]> {
+        self.encode_message(!batch.is_empty(), |encoder| encoder.encoded(batch));
+        self.grpc_frame()
+    }
+
+    /// `spans`, each as the `ScopeSpans.spans` field an export request
+    /// holds it in, for [`encode_encoded`](Self::encode_encoded) to put
+    /// into a request later. Where spans end on one thread and are
+    /// exported on another, encoding them where they ended keeps their
+    /// records (and every allocation in them) on that thread: one buffer
+    /// crosses instead.
+    pub fn encode_spans(&mut self, spans: &[SpanRecord]) -> EncodedSpans {
+        self.reset();
+        self.spans(spans);
+        let encoded = EncodedSpans {
+            bytes: self.buf[self.start..].to_vec(),
+            spans: spans.len(),
+            #[cfg(test)]
+            records: spans.to_vec(),
+        };
+        self.reset();
+        encoded
+    }
+
+    /// Frames the message written as one gRPC message.
+    fn grpc_frame(&mut self) -> Option<&[u8]> {
         let length = u32::try_from(self.written()).ok()?;
         self.raw(&length.to_be_bytes());
         self.byte(0);
         Some(&self.buf[self.start..])
     }
 
-    fn encode_message(&mut self, batch: &[SpanRecord]) {
+    /// Writes `batch` as `ScopeSpans.spans` fields, last to first.
+    fn spans(&mut self, batch: &[SpanRecord]) {
+        for span in batch.iter().rev() {
+            let span_end = self.written();
+            self.span(span);
+            self.close(field::SS_SPANS, span_end);
+        }
+    }
+
+    /// Writes the spans of `batch`, encoded earlier, last to first.
+    fn encoded(&mut self, batch: &[EncodedSpans]) {
+        for spans in batch.iter().rev() {
+            self.raw(&spans.bytes);
+        }
+    }
+
+    /// The request around the spans `write_spans` writes (`has_spans`:
+    /// whether there are any).
+    fn encode_message(&mut self, has_spans: bool, write_spans: impl FnOnce(&mut Self)) {
         self.reset();
         let request_end = self.written();
         let schema_url = std::mem::take(&mut self.resource_schema_url);
         self.string(field::RS_SCHEMA_URL, &schema_url);
         self.resource_schema_url = schema_url;
         // No spans, no ScopeSpans (as the SDK's grouping).
-        if !batch.is_empty() {
+        if has_spans {
             let scope_end = self.written();
             let schema_url = std::mem::take(&mut self.scope_schema_url);
             self.string(field::SS_SCHEMA_URL, &schema_url);
             self.scope_schema_url = schema_url;
-            for span in batch.iter().rev() {
-                let span_end = self.written();
-                self.span(span);
-                self.close(field::SS_SPANS, span_end);
-            }
+            write_spans(self);
             let end = self.written();
             let scope = std::mem::take(&mut self.scope);
             self.raw(&scope);
@@ -551,7 +639,7 @@ fn kind(kind: &SpanKind) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::TraceEncoder;
+    use super::{EncodedSpans, TraceEncoder};
     use crate::otel::record::{Attribute, AttributeValue, SpanRecord};
     use opentelemetry::trace::{SpanKind, Status, TraceState};
     use opentelemetry::{InstrumentationScope, KeyValue, Value};
@@ -755,6 +843,33 @@ mod tests {
             // The reused encoder's next batch is as a fresh one's.
             let again = encoder.encode(&batch).to_vec();
             prop_assert_eq!(again, expected.encode_to_vec());
+        }
+
+        /// Spans encoded in hand-overs (by another encoder, as the
+        /// request path does) and put into one request make the bytes of
+        /// the whole batch encoded at once, in a gRPC frame too.
+        #[test]
+        fn hand_overs_encoded_apart_make_the_batchs_request(
+            hand_overs in prop::collection::vec(prop::collection::vec(span(), 1..4), 0..5),
+            resource in resource(),
+            scope in scope(),
+        ) {
+            let mut request_path = TraceEncoder::new();
+            let encoded: Vec<EncodedSpans> = hand_overs
+                .iter()
+                .map(|spans| request_path.encode_spans(spans))
+                .collect();
+            for (spans, encoded) in hand_overs.iter().zip(&encoded) {
+                prop_assert_eq!(encoded.len(), spans.len());
+            }
+            let batch: Vec<SpanRecord> = hand_overs.concat();
+            let mut export = TraceEncoder::new();
+            export.set_resource(&resource);
+            export.set_scope(&scope);
+            let expected = reference(&batch, &resource, &scope).encode_to_vec();
+            prop_assert_eq!(export.encode_encoded(&encoded).to_vec(), expected.clone());
+            let frame = export.encode_grpc_frame_encoded(&encoded).expect("a frame").to_vec();
+            prop_assert_eq!(&frame[5..], expected.as_slice());
         }
     }
 

@@ -89,14 +89,15 @@ pub(super) struct GrpcExporter {
 impl GrpcExporter {
     /// The export call of `batch`: a gRPC length-prefixed message, not
     /// compressed.
-    fn request(&self, batch: &[SpanRecord]) -> Result<http::Request<Bytes>, String> {
+    fn request(&self, batch: &[EncodedSpans]) -> Result<http::Request<Bytes>, String> {
         let body = {
             let mut encoder = self.encoder.lock();
             // A gRPC frame's length is 32 bits; a batch (at most 512
             // spans) is far below it, and one that is not fails as a whole.
-            let frame = encoder
-                .encode_grpc_frame(batch)
-                .ok_or_else(|| format!("a batch of {} spans exceeds a gRPC frame", batch.len()))?;
+            let frame = encoder.encode_grpc_frame_encoded(batch).ok_or_else(|| {
+                let spans: usize = batch.iter().map(EncodedSpans::len).sum();
+                format!("a batch of {spans} spans exceeds a gRPC frame")
+            })?;
             Bytes::copy_from_slice(frame)
         };
         let mut request = http::Request::new(body);
@@ -158,9 +159,10 @@ pub(super) fn grpc_outcome(
 impl Export for GrpcExporter {
     fn export(
         &self,
-        batch: &[SpanRecord],
+        batch: &[EncodedSpans],
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-        // Encoded now, on the export thread; the exchange is the future.
+        // The request put together now, on the export thread; the
+        // exchange is the future.
         let request = self.request(batch);
         let client = self.client.clone();
         async move {
@@ -193,8 +195,8 @@ pub(super) struct HttpExporter {
 
 impl HttpExporter {
     /// The `POST` of `batch`.
-    fn request(&self, batch: &[SpanRecord]) -> http::Request<Bytes> {
-        let body = Bytes::copy_from_slice(self.encoder.lock().encode(batch));
+    fn request(&self, batch: &[EncodedSpans]) -> http::Request<Bytes> {
+        let body = Bytes::copy_from_slice(self.encoder.lock().encode_encoded(batch));
         let mut request = http::Request::new(body);
         *request.method_mut() = http::Method::POST;
         *request.uri_mut() = self.uri.clone();
@@ -214,9 +216,10 @@ impl HttpExporter {
 impl Export for HttpExporter {
     fn export(
         &self,
-        batch: &[SpanRecord],
+        batch: &[EncodedSpans],
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-        // Encoded now, on the export thread; the exchange is the future.
+        // The request put together now, on the export thread; the
+        // exchange is the future.
         let request = self.request(batch);
         let client = self.client.clone();
         async move {

@@ -109,13 +109,15 @@
 //! # Export never slows a request
 //!
 //! A request's finished spans wait with its server span and go to the
-//! export together when it ends: one send on a bounded queue
-//! ([`ExportConfig::max_queue_size`] spans) drained by the pipeline's own
-//! thread, which batches and exports them as the SDK's batch processor
-//! would (one hand-over per request instead of one per span: see
-//! `queue.rs`). When the queue is full, the request's spans are dropped;
-//! a slow or absent collector costs the export thread its timeout
-//! ([`ExportConfig::timeout`]), never a request.
+//! export together when it ends: encoded there, on the request's thread
+//! ([`TraceEncoder::encode_spans`]), and sent as one buffer on a bounded
+//! queue ([`ExportConfig::max_queue_size`] spans) drained by the
+//! pipeline's own thread, which batches and exports them as the SDK's
+//! batch processor would (one hand-over per request instead of one per
+//! span, whole hand-overs per export: see `queue.rs`). When the queue is
+//! full, the request's spans are dropped; a slow or absent collector
+//! costs the export thread its timeout ([`ExportConfig::timeout`]), never
+//! a request.
 //!
 //! # Transports
 //!
@@ -334,7 +336,8 @@ pub struct ExportConfig {
     pub max_queue_size: usize,
     /// Spans in one export request at most (default 512; at most
     /// [`max_queue_size`](Self::max_queue_size)). A batch is sent as soon as
-    /// this many spans wait.
+    /// this many spans wait; it holds whole requests' spans (a request
+    /// with more spans than this goes alone, above it).
     pub max_export_batch_size: usize,
     /// How often a batch is sent (default 5 s, or sooner when a full batch
     /// is ready).
@@ -548,7 +551,7 @@ mod queue;
 mod record;
 mod spans;
 
-pub use encode::TraceEncoder;
+pub use encode::{EncodedSpans, TraceEncoder};
 pub use record::{Attribute, AttributeValue, SpanRecord};
 
 use counts::{CountingExporter, SpanCounts};

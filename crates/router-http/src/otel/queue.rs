@@ -6,7 +6,16 @@
 //! ~300-byte slot written on the request's thread and read on the export
 //! thread (a cache miss across cores per span). Here a request's spans
 //! are kept with its server span until it ends ([`Traced`]) and handed
-//! over together: one bound check and one send per request. The thread
+//! over together: one bound check and one send per request. They are
+//! encoded before they go ([`TraceEncoder::encode_spans`], with the
+//! request thread's own encoder), so their records and all they hold are
+//! freed where they were made and one buffer crosses to the export
+//! thread, which only copies the buffers of a batch into its request:
+//! records freed on the export thread made every later allocation of
+//! the request's thread that reused their memory, and every shared
+//! URL's reference count, a miss across cores (docs/benchmarks.md,
+//! "Tracing"). An export holds whole hand-overs: a request's spans are
+//! never split between two exports. The thread
 //! behind the channel does what the SDK's does: it sleeps until a batch's
 //! worth ([`ExportConfig::max_export_batch_size`]) is queued (the hand-over
 //! that reaches it wakes the thread, no other does), a flush or shutdown
@@ -28,12 +37,14 @@ use std::time::Instant;
 /// Where the export thread sends its batches: an OTLP exporter (behind
 /// [`CountingExporter`]), or a test's recorder.
 pub(super) trait Export: Send + 'static {
-    /// Exports `batch`. The export thread waits for the future (the
-    /// network exchange itself runs on the router's runtime, see
-    /// [`ExportClient`]); the batch is freed after it ends.
+    /// Exports `batch`: hand-overs of spans encoded where they ended
+    /// ([`TraceEncoder::encode_spans`]), in order. The export thread
+    /// waits for the future (the network exchange itself runs on the
+    /// router's runtime, see [`ExportClient`]); the batch is freed after
+    /// it ends.
     fn export(
         &self,
-        batch: &[SpanRecord],
+        batch: &[EncodedSpans],
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send;
 
     /// Stops the exporter, after its last export.
@@ -57,9 +68,9 @@ enum Control {
 #[derive(Debug)]
 pub(super) struct SpanQueue {
     /// Hand-overs, one message each (a request's spans, or a single late
-    /// one), admitted in the count. The export thread takes them when it
-    /// wakes: a hand-over does not wake it.
-    spans: SyncSender<Vec<SpanRecord>>,
+    /// one, encoded), admitted in the count. The export thread takes them
+    /// when it wakes: a hand-over does not wake it.
+    spans: SyncSender<EncodedSpans>,
     /// What wakes the export thread before its scheduled export.
     control: SyncSender<Control>,
     /// Set when a [`Control::BatchReady`] is on its way (one at a time);
@@ -108,6 +119,7 @@ impl SpanQueue {
             batch_size,
             delay: config.scheduled_delay,
             batch: Vec::new(),
+            batch_spans: 0,
         };
         let spawned = std::thread::Builder::new()
             .name("otel-batch".into())
@@ -152,7 +164,18 @@ impl SpanQueue {
             // The server span is last: the request's other spans go first.
             spans.drain(..n - admitted);
         }
-        match self.spans.try_send(spans) {
+        // Encoded here, on the thread where the spans ended: their
+        // records, and everything they hold (attribute vectors, strings,
+        // shared URLs' counts), are freed on the thread that made them,
+        // and one buffer crosses to the export thread. Made and freed on
+        // another core, they cost the request's thread more than the
+        // encoding does (docs/benchmarks.md, "Tracing").
+        let encoded = ENCODER
+            .try_with(|encoder| encoder.borrow_mut().encode_spans(&spans))
+            // A span ending while its thread's locals are torn down.
+            .unwrap_or_else(|_| TraceEncoder::new().encode_spans(&spans));
+        drop(spans);
+        match self.spans.try_send(encoded) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 // Not while the count admits (see `start`); kept exact.
@@ -204,20 +227,28 @@ impl SpanQueue {
     }
 }
 
+thread_local! {
+    /// Each request thread's span encoder: its buffer is kept from one
+    /// hand-over to the next.
+    static ENCODER: std::cell::RefCell<TraceEncoder> = std::cell::RefCell::new(TraceEncoder::new());
+}
+
 /// The export thread's side: it sleeps until a batch is signalled, a
 /// flush or shutdown is asked, or the scheduled delay passes; then takes
 /// what waits and exports it (see the module docs).
 struct ExportThread<E> {
     exporter: E,
-    spans: Receiver<Vec<SpanRecord>>,
+    spans: Receiver<EncodedSpans>,
     control: Receiver<Control>,
     batch_signalled: Arc<AtomicBool>,
     counts: Arc<SpanCounts>,
     batch_size: usize,
     delay: Duration,
-    /// Spans taken and not yet exported (fewer than a batch between
-    /// wake-ups).
-    batch: Vec<SpanRecord>,
+    /// Hand-overs taken and not yet exported (fewer spans than a batch
+    /// between wake-ups).
+    batch: Vec<EncodedSpans>,
+    /// The spans in `batch`.
+    batch_spans: usize,
 }
 
 impl<E: Export> ExportThread<E> {
@@ -230,8 +261,8 @@ impl<E: Export> ExportThread<E> {
             {
                 Ok(Control::BatchReady) => {
                     self.take();
-                    while self.batch.len() >= self.batch_size {
-                        let _ = self.export_first(self.batch_size);
+                    while self.batch_spans >= self.batch_size {
+                        let _ = self.export_batch();
                         due = Instant::now() + self.delay;
                     }
                 }
@@ -275,7 +306,8 @@ impl<E: Export> ExportThread<E> {
     fn take(&mut self) {
         self.batch_signalled.store(false, Ordering::Release);
         while let Ok(spans) = self.spans.try_recv() {
-            self.batch.extend(spans);
+            self.batch_spans += spans.len();
+            self.batch.push(spans);
         }
     }
 
@@ -284,7 +316,7 @@ impl<E: Export> ExportThread<E> {
     fn export_all(&mut self) -> OTelSdkResult {
         let mut result = Ok(());
         while !self.batch.is_empty() {
-            let outcome = self.export_first(self.batch_size.min(self.batch.len()));
+            let outcome = self.export_batch();
             if result.is_ok() {
                 result = outcome;
             }
@@ -292,13 +324,27 @@ impl<E: Export> ExportThread<E> {
         result
     }
 
-    /// Exports the first `n` spans taken, waiting on this thread (the
-    /// network exchange runs on the router's runtime, see
-    /// [`ExportClient`]), then frees them. The rest stay, in a buffer that
-    /// keeps its size from batch to batch.
-    fn export_first(&mut self, n: usize) -> OTelSdkResult {
-        let result = futures_executor::block_on(self.exporter.export(&self.batch[..n]));
-        self.batch.drain(..n);
+    /// Exports the first hand-overs taken, as many whole ones as hold at
+    /// most a batch's spans (at least one: a hand-over larger than a
+    /// batch goes alone), waiting on this thread (the network exchange
+    /// runs on the router's runtime, see [`ExportClient`]), then frees
+    /// them. A request's spans are never split between two exports. The
+    /// rest stay, in a buffer that keeps its size from batch to batch.
+    fn export_batch(&mut self) -> OTelSdkResult {
+        let mut spans = 0;
+        let taken = self
+            .batch
+            .iter()
+            .take_while(|hand_over| {
+                let first = spans == 0;
+                spans += hand_over.len();
+                first || spans <= self.batch_size
+            })
+            .count();
+        let spans: usize = self.batch[..taken].iter().map(EncodedSpans::len).sum();
+        let result = futures_executor::block_on(self.exporter.export(&self.batch[..taken]));
+        self.batch.drain(..taken);
+        self.batch_spans -= spans;
         result
     }
 }
@@ -319,14 +365,18 @@ mod tests {
     impl Export for Recorder {
         fn export(
             &self,
-            batch: &[SpanRecord],
+            batch: &[EncodedSpans],
         ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
             if let Some(hold) = self.hold.lock().take() {
                 let _ = hold.recv_timeout(Duration::from_secs(30));
             }
-            self.batches
-                .lock()
-                .push(batch.iter().map(|span| span.name.to_string()).collect());
+            self.batches.lock().push(
+                batch
+                    .iter()
+                    .flat_map(|spans| &spans.records)
+                    .map(|span| span.name.to_string())
+                    .collect(),
+            );
             std::future::ready(Ok(()))
         }
     }
@@ -374,26 +424,32 @@ mod tests {
         }
     }
 
+    /// A batch is as many whole hand-overs as hold at most the batch size
+    /// (a request's spans are never split between two exports), and a
+    /// hand-over larger than a batch goes alone.
     #[test]
     fn full_batches_go_at_once_and_the_rest_on_a_flush() {
         let (queue, recorder, counts) = queue(ExportConfig {
             max_export_batch_size: 4,
             ..no_delay_config()
         });
-        queue.hand_off(records(&["a", "b", "c"]));
-        queue.hand_off(records(&["d", "e", "f"]));
-        queue.hand_off(records(&["g", "h", "i"]));
+        queue.hand_off(records(&["a", "b"]));
+        queue.hand_off(records(&["c", "d"]));
+        queue.hand_off(records(&["e", "f", "g"]));
+        queue.hand_off(records(&["h", "i", "j", "k", "l"]));
+        queue.hand_off(records(&["m"]));
         queue.force_flush().unwrap();
         let batches = recorder.batches.lock().clone();
         assert_eq!(
             batches,
             [
                 vec!["a", "b", "c", "d"],
-                vec!["e", "f", "g", "h"],
-                vec!["i"]
+                vec!["e", "f", "g"],
+                vec!["h", "i", "j", "k", "l"],
+                vec!["m"]
             ]
         );
-        assert_eq!(counts.exported.get(), 9);
+        assert_eq!(counts.exported.get(), 13);
         assert_eq!(counts.queued.load(Ordering::Relaxed), 0);
     }
 
@@ -405,14 +461,15 @@ mod tests {
             max_export_batch_size: 4,
             ..no_delay_config()
         });
-        queue.hand_off(records(&["a", "b", "c"]));
-        queue.hand_off(records(&["d", "e", "f"]));
+        queue.hand_off(records(&["a", "b"]));
+        queue.hand_off(records(&["c", "d"]));
+        queue.hand_off(records(&["e"]));
         let deadline = Instant::now() + Duration::from_secs(10);
         while counts.exported.get() < 4 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(*recorder.batches.lock(), [vec!["a", "b", "c", "d"]]);
-        assert_eq!(counts.queued.load(Ordering::Relaxed), 2);
+        assert_eq!(counts.queued.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The record of a finished span: what the router's spans write when they
-//! end, what the export queue carries and what [`TraceEncoder`] writes.
+//! end and what [`TraceEncoder`] encodes, on the request's thread, before
+//! the export queue carries the bytes.
 //!
 //! # Why not the SDK's `SpanData`
 //!

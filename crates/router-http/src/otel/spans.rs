@@ -1123,9 +1123,12 @@ mod tests {
     impl super::super::Export for Kept {
         fn export(
             &self,
-            batch: &[SpanRecord],
+            batch: &[super::super::EncodedSpans],
         ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-            self.0.lock().extend_from_slice(batch);
+            let mut kept = self.0.lock();
+            for spans in batch {
+                kept.extend_from_slice(&spans.records);
+            }
             std::future::ready(Ok(()))
         }
     }
