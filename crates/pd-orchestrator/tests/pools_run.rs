@@ -131,14 +131,21 @@ fn a_failed_decode_is_left_out_of_the_retry_which_runs_on_a_fresh_pair() {
     assert_eq!(pools.metrics().outcomes(Phase::Decode, "worker_failure"), 1);
 }
 
-#[test]
-fn with_no_fresh_pair_left_the_client_hears_the_last_flow_error() {
-    let log = Log::default();
-    let transport = ScriptedTransport::new(&log);
+/// A flow over one prefill and one decode worker (D1), whose first
+/// prefill answers and whose first decode leg finds its connection
+/// refused: a retry has no fresh decode worker.
+fn one_decode_that_refuses_connections() -> (PdFlow<ScriptedTransport, PdPools>, Arc<PdPools>) {
+    let transport = ScriptedTransport::new(&Log::default());
     transport.push(Phase::Prefill, prefill_ok());
     transport.push(Phase::Decode, Step::transport_error("connection refused"));
     let pools = pools(&[D1]);
     let flow = PdFlow::new(transport, Arc::clone(&pools), FlowConfig::default());
+    (flow, pools)
+}
+
+#[test]
+fn with_no_fresh_pair_left_the_client_hears_the_last_flow_error() {
+    let (flow, pools) = one_decode_that_refuses_connections();
     let policy = RetryPolicy::default();
     let budget = RetryBudget::new(RetryBudgetConfig::default(), Instant::now());
     let mut retries = RequestRetries::start(&policy, &budget, 1, Instant::now());
@@ -206,12 +213,7 @@ impl RunObserver for &mut Events {
 
 #[test]
 fn the_observer_sees_each_attempts_selection_and_each_retry_in_order() {
-    let log = Log::default();
-    let transport = ScriptedTransport::new(&log);
-    transport.push(Phase::Prefill, prefill_ok());
-    transport.push(Phase::Decode, Step::transport_error("connection refused"));
-    let pools = pools(&[D1]);
-    let flow = PdFlow::new(transport, Arc::clone(&pools), FlowConfig::default());
+    let (flow, pools) = one_decode_that_refuses_connections();
     let policy = RetryPolicy::default();
     let budget = RetryBudget::new(RetryBudgetConfig::default(), Instant::now());
     let mut retries = RequestRetries::start(&policy, &budget, 1, Instant::now());

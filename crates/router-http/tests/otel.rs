@@ -289,6 +289,33 @@ async fn spans_of(trace_id: &[u8], count: usize) -> Vec<Span> {
     spans_within(trace_id, count, Duration::from_secs(20)).await
 }
 
+/// [`spans_of`], asserting that the trace has exactly `count` spans.
+async fn exactly_spans_of(trace_id: &str, count: usize) -> Vec<Span> {
+    let spans = spans_of(&unhex(trace_id), count).await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(spans.len(), count, "{names:?}");
+    spans
+}
+
+/// A chat to the router at `addr` in the client's trace `trace_id` (its
+/// `traceparent` names [`PARENT_SPAN`]), answered 200; its body.
+async fn traced_chat(addr: SocketAddr, trace_id: &str, content: &str, stream: bool) -> Bytes {
+    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
+    let (status, _, body) = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("content-type", "application/json"),
+            ("traceparent", &traceparent),
+        ],
+        chat_body(content, stream),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+    body
+}
+
 /// [`spans_of`], waiting at most `wait`.
 async fn spans_within(trace_id: &[u8], count: usize, wait: Duration) -> Vec<Span> {
     let deadline = tokio::time::Instant::now() + wait;
@@ -1250,23 +1277,10 @@ async fn each_leg_of_a_prefill_decode_request_is_a_span_continued_into_its_engin
     let (addr, engines) = (pd.addr, &pd.engines);
 
     let trace_id = "d4cda95b652f4a1592b449d5929fda1b";
-    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
-    let (status, _, body) = call(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        &[
-            ("content-type", "application/json"),
-            ("traceparent", &traceparent),
-        ],
-        chat_body("prefill then decode", false),
-    )
-    .await;
-    assert_eq!(status, 200, "{body:?}");
+    traced_chat(addr, trace_id, "prefill then decode", false).await;
     // Server, admission, read body, extract, route, prefill, decode.
-    let spans = spans_of(&unhex(trace_id), 7).await;
+    let spans = exactly_spans_of(trace_id, 7).await;
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(spans.len(), 7, "{names:?}");
     let server_span = spans
         .iter()
         .find(|s| s.kind == SpanKind::Server as i32)
@@ -1390,19 +1404,7 @@ async fn each_attempt_of_a_prefill_decode_request_has_its_pair_decision_span() {
         "5e0b8f3a0c1d4e2f8a9b0c1d2e3f4a5b",
         "6f1c904b1d2e5f309bac1d2e3f405b6c",
     ] {
-        let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
-        let (status, _, body) = call(
-            addr,
-            "POST",
-            "/v1/chat/completions",
-            &[
-                ("content-type", "application/json"),
-                ("traceparent", &traceparent),
-            ],
-            chat_body("two legs at once", false),
-        )
-        .await;
-        assert_eq!(status, 200, "{body:?}");
+        traced_chat(addr, trace_id, "two legs at once", false).await;
         // Server, admission, read body, extract, then per attempt a route,
         // a prefill and a decode (a request's spans arrive together).
         let spans = spans_of(&unhex(trace_id), 7).await;
@@ -1989,24 +1991,11 @@ async fn the_decode_leg_span_ends_with_the_client_stream() {
     };
     let pd = PdRouter::start_with(traced_config(), stalled).await;
     let trace_id = "b7ad6b7169203331b7ad6b7169203331";
-    let traceparent = format!("00-{trace_id}-{PARENT_SPAN}-01");
-    let (status, _, body) = call(
-        pd.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[
-            ("content-type", "application/json"),
-            ("traceparent", &traceparent),
-        ],
-        chat_body("slow decode", true),
-    )
-    .await;
-    assert_eq!(status, 200, "{body:?}");
+    let body = traced_chat(pd.addr, trace_id, "slow decode", true).await;
     assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
     // Server, admission, read body, extract, route, prefill, decode.
-    let spans = spans_of(&unhex(trace_id), 7).await;
+    let spans = exactly_spans_of(trace_id, 7).await;
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(spans.len(), 7, "{names:?}");
     let leg = |name: &str| -> &Span {
         spans
             .iter()

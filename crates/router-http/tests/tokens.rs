@@ -134,25 +134,7 @@ async fn a_content_part_of_unknown_type_is_a_400_naming_it() {
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("'bogus'"), "{body}");
 
-    let (status, _, _) = call(
-        fixture.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        conversation(0).to_string(),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
-    let (_, _, metrics) = call(fixture.addr, "GET", "/metrics", &[], "").await;
-    let metrics = String::from_utf8(metrics.to_vec()).unwrap();
-    assert!(
-        metrics.contains("router_tokens_fallbacks_total{model=\"*\"} 1"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("router_tokens_routed_total{model=\"*\"} 1"),
-        "{metrics}"
-    );
+    the_next_good_request_routes_on_tokens(&fixture).await;
     for engine in &fixture.engines {
         assert_eq!(engine.stats().running, 0, "no request left running");
     }
@@ -167,30 +149,12 @@ async fn a_content_part_of_unknown_type_is_a_400_naming_it() {
 /// request the template accepts routes on tokens.
 #[tokio::test]
 async fn a_request_the_template_refuses_is_left_for_the_engine_to_answer() {
-    use prompt_tokens::testing::{TestTokenizerKind, write_model_dir};
-    let dir = std::env::temp_dir().join(format!("tokens-raise-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    write_model_dir(
-        &dir,
-        prompt_tokens::TemplateFamily::ChatMl,
-        TestTokenizerKind::ByteLevelRegex,
-    )
-    .unwrap();
-    let template = dir.join("refusing.jinja");
-    std::fs::write(
-        &template,
+    let tokenizer = trained_with_template(
+        "raise",
         "{% if messages[0].role != 'system' %}{{ raise_exception('a system message comes first') }}{% endif %}\
          {% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
          {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
-    )
-    .unwrap();
-    let tokenizer = PromptTokenizer::from_path_with(
-        &dir,
-        Some(template.as_path()),
-        prompt_tokens::TokenizerOptions::default(),
-    )
-    .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    );
     let config = RouterConfig {
         tokenizers: Tokenizers::default().with_default(Arc::new(tokenizer)),
         ..RouterConfig::default()
@@ -208,6 +172,14 @@ async fn a_request_the_template_refuses_is_left_for_the_engine_to_answer() {
     .await;
     assert_eq!(status, StatusCode::OK, "the engine's answer: {body:?}");
     assert_eq!(fixture.engines[0].stats().requests_finished, 1);
+    the_next_good_request_routes_on_tokens(&fixture).await;
+    fixture.shutdown().await;
+}
+
+/// After one request counted as a fallback to text, a conversation the
+/// template accepts is answered and routed on tokens: `/metrics` counts
+/// one of each.
+async fn the_next_good_request_routes_on_tokens(fixture: &Fixture) {
     let (status, _, _) = call(
         fixture.addr,
         "POST",
@@ -225,12 +197,29 @@ async fn a_request_the_template_refuses_is_left_for_the_engine_to_answer() {
     ] {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
-    fixture.shutdown().await;
 }
 
 /// A trained BPE tokenizer with the ChatML template (a model directory of
 /// its own, removed once loaded), built with `options`.
 fn trained(name: &str, options: prompt_tokens::TokenizerOptions) -> PromptTokenizer {
+    trained_in(name, None, options)
+}
+
+/// [`trained`] with the default options and `template` (a chat
+/// template's source) in place of the model directory's own.
+fn trained_with_template(name: &str, template: &str) -> PromptTokenizer {
+    trained_in(
+        name,
+        Some(template),
+        prompt_tokens::TokenizerOptions::default(),
+    )
+}
+
+fn trained_in(
+    name: &str,
+    template: Option<&str>,
+    options: prompt_tokens::TokenizerOptions,
+) -> PromptTokenizer {
     use prompt_tokens::testing::{TestTokenizerKind, write_model_dir};
     let dir = std::env::temp_dir().join(format!("tokens-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -240,7 +229,12 @@ fn trained(name: &str, options: prompt_tokens::TokenizerOptions) -> PromptTokeni
         TestTokenizerKind::ByteLevelRegex,
     )
     .unwrap();
-    let tokenizer = PromptTokenizer::from_path_with(&dir, None, options).unwrap();
+    let template = template.map(|source| {
+        let path = dir.join("override.jinja");
+        std::fs::write(&path, source).unwrap();
+        path
+    });
+    let tokenizer = PromptTokenizer::from_path_with(&dir, template.as_deref(), options).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     tokenizer
 }

@@ -620,24 +620,24 @@ const DECODE_KEYS: RoleKeys = RoleKeys {
     candidates: "router.pd.decode.candidates",
 };
 
-/// Adds a role's decision (reason, best prefix match as rate and length
-/// for a prefix-matching policy, candidates) under `keys`.
-fn push_decision(
-    attributes: &mut Vec<Attribute>,
+/// Gives `add` a role's decision (reason, best prefix match as rate and
+/// length for a prefix-matching policy, candidates) under `keys`.
+fn add_decision(
+    mut add: impl FnMut(Attribute),
     keys: &RoleKeys,
     decision: &pd_orchestrator::pools::PdDecision,
 ) {
-    attributes.push(Attribute::new(keys.reason, decision.reason.as_str()));
+    add(Attribute::new(keys.reason, decision.reason.as_str()));
     if let Some(permille) = decision.match_permille {
-        attributes.push(Attribute::new(
+        add(Attribute::new(
             keys.match_rate,
             f64::from(permille) / 1000.0,
         ));
     }
     if let Some(matched) = decision.matched {
-        attributes.push(Attribute::new(keys.matched, count(matched)));
+        add(Attribute::new(keys.matched, count(matched)));
     }
-    attributes.push(Attribute::new(keys.candidates, count(decision.candidates)));
+    add(Attribute::new(keys.candidates, count(decision.candidates)));
 }
 
 /// Records a prefill/decode pair decision on its span: for each role
@@ -655,21 +655,21 @@ pub(crate) fn record_pair(
         Ok(selected) => selected,
         Err(err) => return record_error(span, err),
     };
-    let mut attributes = Vec::with_capacity(12);
-    let mut push = |target: &pd_orchestrator::pools::PdTarget, keys: &RoleKeys| {
-        attributes.push(Attribute::new(
+    let mut record = |target: &pd_orchestrator::pools::PdTarget, keys: &RoleKeys| {
+        span.set_attribute(Attribute::new(
             keys.worker,
             Arc::clone(target.worker().endpoint().worker_url().as_shared()),
         ));
-        push_decision(&mut attributes, keys, target.decision());
+        add_decision(
+            |attribute| span.set_attribute(attribute),
+            keys,
+            target.decision(),
+        );
     };
-    push(selected.prefill, &PREFILL_KEYS);
+    record(selected.prefill, &PREFILL_KEYS);
     match selected.decode {
-        Some(decode) => push(decode, &DECODE_KEYS),
-        None => attributes.push(Attribute::new("router.pd.decode.late", true)),
-    }
-    for attribute in attributes {
-        span.set_attribute(attribute);
+        Some(decode) => record(decode, &DECODE_KEYS),
+        None => span.set_attribute(Attribute::new("router.pd.decode.late", true)),
     }
 }
 
@@ -833,7 +833,11 @@ pub(crate) fn leg_span(legs: &PdLegs, phase: &'static str, url: &str, body: &[u8
             DECODE_KEYS.policy,
             policy_value(&legs.policies.1),
         ));
-        push_decision(&mut attributes, &DECODE_KEYS, &decision);
+        add_decision(
+            |attribute| attributes.push(attribute),
+            &DECODE_KEYS,
+            &decision,
+        );
     }
     legs.traced.child(phase, SpanKind::Client, attributes)
 }
